@@ -1,0 +1,63 @@
+"""Options shared by every command that builds a schedule (the flags of DESIGN.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import typer
+
+from ..costs import Costs
+from ..errors import ConfigError
+
+Ranks = typer.Option(4, "--ranks", "-p", help="Pipeline ranks (devices), p.")
+Microbatches = typer.Option(8, "--microbatches", "-m", help="Microbatches per iteration, m.")
+Chunks = typer.Option(None, "--chunks", "-v", help="Chunks (stages) per rank, v; default per schedule.")
+CostsOpt = typer.Option(None, "--costs", help="Per-microbatch costs F,B,W of one rank's share, e.g. 1,1.4,0.6.")
+Comm = typer.Option(0.0, "--comm", help="Latency of every cross-rank transfer, in cost units.")
+MemoryLimit = typer.Option(None, "--memory-limit", help="Peak activations per rank, in one microbatch's activations.")
+Multipliers = typer.Option(
+    None, "--stage-multipliers", help="Cost factors along the model's depth, e.g. 1.3,1,1,1.3."
+)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the shared flags describe."""
+
+    ranks: int
+    microbatches: int
+    chunks: Optional[int]
+    costs: Costs
+    memory_limit: Optional[float]
+
+
+def parse_multipliers(text: Optional[str]) -> Optional[tuple[float, ...]]:
+    if text is None or not text.strip():
+        return None
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--stage-multipliers {text!r}: expected numbers separated by commas") from None
+
+
+def setup(
+    ranks: int,
+    microbatches: int,
+    chunks: Optional[int],
+    costs: Optional[str],
+    comm: float,
+    memory_limit: Optional[float],
+    multipliers: Optional[str],
+) -> Setup:
+    """Check and bundle the shared flags (bad values raise ConfigError: one line, exit 2)."""
+    if ranks < 1:
+        raise ConfigError(f"--ranks must be at least 1, got {ranks}")
+    if microbatches < 1:
+        raise ConfigError(f"--microbatches must be at least 1, got {microbatches}")
+    if chunks is not None and chunks < 1:
+        raise ConfigError(f"--chunks must be at least 1, got {chunks}")
+    if memory_limit is not None and not memory_limit > 0:
+        raise ConfigError(f"--memory-limit must be above 0, got {memory_limit}")
+    parsed = Costs.parse(costs, comm=comm, multipliers=parse_multipliers(multipliers))
+    return Setup(ranks, microbatches, chunks, parsed, memory_limit)

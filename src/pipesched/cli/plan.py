@@ -1,0 +1,184 @@
+"""Planning commands: ``list``, ``export``, ``simulate``, ``compare``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import ConfigError, PipeschedError
+from ..outfiles import check_output_path, write_atomic
+from ..registry import Family, build_schedule, families, get_family
+from ..schedule import Schedule
+from ..simulate import SimResult, simulate
+from . import app
+from . import options as opt
+
+
+@app.command("list")
+def list_schedules() -> None:
+    """Each schedule: when to use it, its chunks, placement and memory."""
+    table = Table(title="pipesched schedules", show_lines=False)
+    for column in ("name", "when to use it", "chunks", "placement", "backward", "peak memory"):
+        table.add_column(column, no_wrap=column == "name")
+    for f in families():
+        table.add_row(
+            f.name, f.summary, f.chunks_text(), f.placement,
+            "split (I+W)" if f.split_backward else "full (B)", f.memory,
+        )
+    Console().print(table)
+
+
+@app.command("export")
+def export(
+    name: str = typer.Argument(..., help="Schedule name (pipesched list)."),
+    ranks: int = opt.Ranks,
+    microbatches: int = opt.Microbatches,
+    chunks: Optional[int] = opt.Chunks,
+    costs: Optional[str] = opt.CostsOpt,
+    comm: float = opt.Comm,
+    memory_limit: Optional[float] = opt.MemoryLimit,
+    stage_multipliers: Optional[str] = opt.Multipliers,
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="CSV file (default: stdout)."),
+) -> None:
+    """Write a schedule as torch.distributed.pipelining's compute-only CSV."""
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
+    if output is not None:
+        check_output_path(output, [".csv"])
+    schedule = build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit)
+    text = schedule.to_csv()
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        write_atomic(output, text)
+        typer.echo(f"wrote {output} ({schedule.describe()})", err=True)
+
+
+def load_csv_file(path: Path, ranks: Optional[int] = None) -> Schedule:
+    """Read and parse a schedule CSV; a missing file or wrong rank count is a ConfigError."""
+    if not path.is_file():
+        raise ConfigError(f"schedule CSV {str(path)!r} does not exist")
+    schedule = Schedule.from_csv(path.read_text(encoding="utf-8"), name=path.stem)
+    if ranks is not None and schedule.ranks != ranks:
+        raise ConfigError(f"{path} holds {schedule.ranks} ranks, but --ranks is {ranks}")
+    return schedule
+
+
+@app.command("simulate")
+def simulate_cmd(
+    name: Optional[str] = typer.Argument(None, help="Schedule name (or give --csv)."),
+    ranks: int = opt.Ranks,
+    microbatches: int = opt.Microbatches,
+    chunks: Optional[int] = opt.Chunks,
+    costs: Optional[str] = opt.CostsOpt,
+    comm: float = opt.Comm,
+    memory_limit: Optional[float] = opt.MemoryLimit,
+    stage_multipliers: Optional[str] = opt.Multipliers,
+    csv: Optional[Path] = typer.Option(None, "--csv", help="Simulate a schedule CSV (torch's compute-only format)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
+) -> None:
+    """Simulate one schedule: makespan, span, bubble ratio, busy time and peak memory per rank."""
+    if (name is None) == (csv is None):
+        raise ConfigError("give a schedule name or --csv FILE (one of the two)")
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
+    if csv is not None:
+        from ..validate import validate
+
+        schedule = validate(load_csv_file(csv))
+    else:
+        schedule = build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit)
+    result = simulate(schedule, s.costs)
+    if as_json:
+        typer.echo(json.dumps(result.metrics()))
+        return
+    print_result(result)
+
+
+def print_result(result: SimResult) -> None:
+    """A short human summary of one simulation."""
+    console = Console()
+    sched = result.schedule
+    console.print(f"[bold]{sched.describe()}[/bold]")
+    console.print(
+        f"makespan {result.makespan:g}  span {result.span:g}  "
+        f"bubble {100 * result.bubble_ratio:.1f}%  peak memory {result.max_peak_memory:g}"
+    )
+    table = Table()
+    for column in ("rank", "actions", "busy", "idle", "peak memory"):
+        table.add_column(column, justify="right")
+    for r in range(sched.ranks):
+        table.add_row(
+            str(r), str(len(result.timeline[r])), f"{result.busy[r]:g}",
+            f"{result.makespan - result.busy[r]:g}", f"{result.peak_memory[r]:g}",
+        )
+    console.print(table)
+
+
+def compare_rows(setup: opt.Setup) -> list[dict]:
+    """Simulate every family for one configuration; failures become rows with a reason."""
+    rows = []
+    for family in families():
+        v = setup.chunks if _accepts(family, setup.chunks) else family.default_chunks
+        limit = setup.memory_limit if family.uses_memory_limit else None
+        try:
+            schedule = build_schedule(family.name, setup.ranks, setup.microbatches, v, setup.costs, limit)
+            result = simulate(schedule, setup.costs)
+        except PipeschedError as err:
+            rows.append({"schedule": family.name, "chunks": v, "error": str(err)})
+            continue
+        fits = setup.memory_limit is None or result.max_peak_memory <= setup.memory_limit + 1e-9
+        rows.append({**result.metrics(), "schedule": family.name, "fits": fits})
+    base = next((r for r in rows if r["schedule"] == "1f1b" and "makespan" in r), None)
+    for row in rows:
+        if base and "makespan" in row:
+            row["speedup_vs_1f1b"] = base["makespan"] / row["makespan"]
+    return rows
+
+
+def _accepts(family: Family, chunks: Optional[int]) -> bool:
+    if chunks is None:
+        return False
+    return chunks >= family.min_chunks and (family.max_chunks is None or chunks <= family.max_chunks)
+
+
+@app.command("compare")
+def compare(
+    ranks: int = opt.Ranks,
+    microbatches: int = opt.Microbatches,
+    chunks: Optional[int] = opt.Chunks,
+    costs: Optional[str] = opt.CostsOpt,
+    comm: float = opt.Comm,
+    memory_limit: Optional[float] = opt.MemoryLimit,
+    stage_multipliers: Optional[str] = opt.Multipliers,
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as a JSON list."),
+) -> None:
+    """Every schedule for one configuration, side by side."""
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
+    rows = compare_rows(s)
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    c = s.costs
+    table = Table(
+        title=f"p={s.ranks} m={s.microbatches}  F,B,W={c.F:g},{c.B:g},{c.W:g} comm={c.comm:g}"
+        + (f"  memory limit {s.memory_limit:g}" if s.memory_limit else "")
+    )
+    for column in ("schedule", "v", "makespan", "span", "bubble", "peak memory (max)", "per rank", "vs 1f1b"):
+        table.add_column(column, justify="left" if column in ("schedule", "per rank") else "right", no_wrap=column == "schedule")
+    for row in rows:
+        if "error" in row:
+            table.add_row(row["schedule"], str(row["chunks"]), "[red]" + row["error"] + "[/red]", "", "", "", "", "")
+            continue
+        peaks = row["peak_memory"]
+        per_rank = " ".join(f"{x:g}" for x in peaks) if len(peaks) <= 8 else f"{min(peaks):g}..{max(peaks):g}"
+        mark = "" if row.get("fits", True) else " [red](over limit)[/red]"
+        table.add_row(
+            row["schedule"], str(row["chunks"]), f"{row['makespan']:.4g}", f"{row['span']:.4g}",
+            f"{100 * row['bubble_ratio']:.1f}%", f"{max(peaks):g}{mark}", per_rank,
+            f"{row.get('speedup_vs_1f1b', float('nan')):.3f}x",
+        )
+    Console().print(table)

@@ -1,0 +1,99 @@
+"""The cost model: how long each action takes.
+
+``F``, ``B`` and ``W`` are per microbatch for one rank's whole share of the model (the Zero
+Bubble paper's convention), so a rank holding ``k`` stages pays ``F/k`` per stage forward. ``B``
+is the input-gradient backward (action ``I``); a full backward (action ``B``) costs ``B + W``.
+``comm`` is a latency on every dependency that crosses ranks; it does not occupy either rank.
+
+``stage_multipliers`` describe imbalance along the model's depth (a heavy embedding or head):
+a list of ``L`` factors splits the model into ``L`` equal segments. A schedule with ``S`` stages
+uses it directly when ``L == S``, repeats each factor when ``L`` divides ``S`` (so the same
+``p`` factors serve 1-chunk and 2-chunk schedules), and averages groups when ``S`` divides ``L``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Per-microbatch costs of one rank's share of the model, plus cross-rank latency."""
+
+    F: float = 1.0
+    B: float = 1.0
+    W: float = 1.0
+    comm: float = 0.0
+    stage_multipliers: Optional[tuple[float, ...]] = None
+
+    def __post_init__(self) -> None:
+        for label in ("F", "B", "W"):
+            value = getattr(self, label)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"cost {label}={value!r} must be a finite number above 0")
+        if not isinstance(self.comm, (int, float)) or not math.isfinite(self.comm) or self.comm < 0:
+            raise ConfigError(f"comm={self.comm!r} must be a finite number of 0 or more")
+        if self.stage_multipliers is not None:
+            mults = tuple(float(x) for x in self.stage_multipliers)
+            if not mults:
+                raise ConfigError("stage multipliers must hold at least one factor")
+            for i, x in enumerate(mults):
+                if not math.isfinite(x) or x <= 0:
+                    raise ConfigError(f"stage multiplier {i} is {x!r}: each must be a finite number above 0")
+            object.__setattr__(self, "stage_multipliers", mults)
+
+    @classmethod
+    def parse(
+        cls,
+        text: Optional[str] = None,
+        comm: float = 0.0,
+        multipliers: Optional[Sequence[float]] = None,
+    ) -> "Costs":
+        """Build from CLI text ``"F,B,W"`` (defaults 1,1,1)."""
+        if text is None or not text.strip():
+            f, b, w = 1.0, 1.0, 1.0
+        else:
+            parts = [p.strip() for p in text.split(",")]
+            if len(parts) != 3:
+                raise ConfigError(f"--costs {text!r}: expected three numbers F,B,W such as 1,1.4,0.6")
+            try:
+                f, b, w = (float(p) for p in parts)
+            except ValueError:
+                raise ConfigError(f"--costs {text!r}: expected three numbers F,B,W such as 1,1.4,0.6") from None
+        return cls(F=f, B=b, W=w, comm=comm, stage_multipliers=tuple(multipliers) if multipliers else None)
+
+    def multipliers(self, stages: int) -> list[float]:
+        """One factor per stage for a schedule of ``stages`` stages (see the module docstring)."""
+        mults = self.stage_multipliers
+        if mults is None:
+            return [1.0] * stages
+        n = len(mults)
+        if n == stages:
+            return list(mults)
+        if stages % n == 0:
+            rep = stages // n
+            return [mults[s // rep] for s in range(stages)]
+        if n % stages == 0:
+            group = n // stages
+            return [sum(mults[s * group:(s + 1) * group]) / group for s in range(stages)]
+        raise ConfigError(
+            f"{n} stage multipliers do not fit {stages} stages: give {stages} factors, "
+            f"or a number of factors that divides {stages} or that {stages} divides"
+        )
+
+    def kind_cost(self, kind: str) -> float:
+        """Cost of one action kind for a rank's whole share (B is the fused B+W)."""
+        if kind == "F":
+            return self.F
+        if kind == "I":
+            return self.B
+        if kind == "W":
+            return self.W
+        return self.B + self.W
+
+
+UNIT = Costs()

@@ -1,0 +1,64 @@
+"""torch.distributed.pipelining's own schedules as pipesched Schedules (needs torch).
+
+torch's schedule classes build their per-rank ``pipeline_order`` in the constructor; stages can
+be mocked, so no process group is needed (torch's own visualiser does the same). We convert the
+order into a :class:`~pipesched.Schedule` to simulate it under our cost model and compare.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+from unittest import mock
+
+from ..actions import Action
+from ..schedule import Schedule
+
+# pipesched name -> torch class name, stages per rank
+TORCH_COUNTERPARTS = {
+    "gpipe": ("ScheduleGPipe", 1),
+    "1f1b": ("Schedule1F1B", 1),
+    "interleaved-1f1b": ("ScheduleInterleaved1F1B", None),
+    "looped-bfs": ("ScheduleLoopedBFS", None),
+    "interleaved-zb": ("ScheduleInterleavedZeroBubble", None),
+    "zb-v": ("ScheduleZBVZeroBubble", 2),
+    "dualpipev": ("ScheduleDualPipeV", 2),
+}
+
+
+def torch_schedule(name: str, ranks: int, microbatches: int, chunks: int = 2) -> Optional[Schedule]:
+    """torch's counterpart of pipesched schedule ``name``, or None where torch refuses the case.
+
+    Compound actions (DualPipeV's overlapped F/B) are flattened into their sub-actions.
+    """
+    import torch.distributed.pipelining.schedules as ts
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    class_name, fixed_chunks = TORCH_COUNTERPARTS[name]
+    per_rank = fixed_chunks or chunks
+    cls = getattr(ts, class_name)
+    stage = mock.create_autospec(PipelineStage, instance=True)
+    stage.group_rank = 0
+    stage.group_size = ranks
+    stage.submod = None
+    stage.num_stages = per_rank * ranks
+    stages = stage if issubclass(cls, ts.PipelineScheduleSingle) else [stage] * per_rank
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            instance = cls(stages, microbatches)
+    except (ValueError, AssertionError, RuntimeError):
+        return None
+    orders = []
+    for rank in range(ranks):
+        row = []
+        for action in instance.pipeline_order[rank]:
+            if action is None:
+                row.append(None)
+                continue
+            subs = action.sub_actions or (action,)
+            for sub in subs:
+                kind = sub.computation_type.value
+                row.append(Action(sub.stage_index, kind, sub.microbatch_index))
+        orders.append(row)
+    return Schedule.from_orders(orders, name=f"torch:{class_name}")

@@ -1,0 +1,144 @@
+"""A pipeline schedule as data: every rank's ordered list of actions, and where each stage lives.
+
+The schedule is global: every rank derives the same object, so every rank knows what every other
+rank does and in which order. It round-trips torch.distributed.pipelining's compute-only CSV
+(one row per rank, one action per cell, an empty cell for an idle slot), so schedules move both
+ways between pipesched and torch/torchtitan.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Sequence
+
+from .actions import Action
+from .errors import CSVFormatError
+from .placement import placement_style, stages_by_rank
+
+Slot = Optional[Action]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-rank program order plus the stage-to-rank placement.
+
+    ``orders[r]`` is rank ``r``'s program: actions run in this order, ``None`` marks an idle
+    slot (kept only so that CSVs written by torch round-trip exactly; it costs no time).
+    """
+
+    ranks: int
+    microbatches: int
+    placement: tuple[int, ...]
+    orders: tuple[tuple[Slot, ...], ...]
+    name: str = "custom"
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def stages(self) -> int:
+        return len(self.placement)
+
+    @property
+    def chunks(self) -> int:
+        """Stages per rank (the largest, if ranks hold different numbers of stages)."""
+        return max(len(s) for s in stages_by_rank(self.placement, self.ranks))
+
+    @property
+    def style(self) -> str:
+        """``"loop"``, ``"v"`` or ``"custom"``."""
+        return placement_style(self.placement, self.ranks)
+
+    def rank_actions(self, rank: int) -> list[Action]:
+        """Rank ``rank``'s actions in program order, idle slots dropped."""
+        return [a for a in self.orders[rank] if a is not None]
+
+    def actions(self) -> Iterator[tuple[int, Action]]:
+        """Every (rank, action) pair, rank by rank in program order."""
+        for rank, order in enumerate(self.orders):
+            for action in order:
+                if action is not None:
+                    yield rank, action
+
+    @property
+    def split_backward(self) -> bool:
+        """True when the schedule uses I/W (split backward) anywhere."""
+        return any(a.kind in "IW" for _, a in self.actions())
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.actions())
+
+    def describe(self) -> str:
+        """One line: name, ranks, stages, chunks, microbatches, placement."""
+        return (
+            f"{self.name}: ranks={self.ranks} microbatches={self.microbatches} "
+            f"stages={self.stages} chunks={self.chunks} placement={self.style}"
+        )
+
+    # -- torch's compute-only CSV -------------------------------------------------------------
+
+    def to_csv(self) -> str:
+        """torch's compute-only CSV text: one row per rank, written as torch's csv.writer does."""
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        for order in self.orders:
+            writer.writerow(["" if a is None else str(a) for a in order])
+        return buffer.getvalue()
+
+    @classmethod
+    def from_csv(cls, text: str, name: str = "csv") -> "Schedule":
+        """Parse torch's compute-only CSV; placement is inferred from which row holds a stage."""
+        rows = list(csv.reader(io.StringIO(text)))
+        while rows and not any(cell.strip() for cell in rows[-1]):
+            rows.pop()
+        if not rows:
+            raise CSVFormatError("the schedule CSV is empty: expected one row of actions per rank")
+        orders = [_parse_row(row, r) for r, row in enumerate(rows)]
+        return cls.from_orders(orders, name=name)
+
+    @classmethod
+    def from_orders(cls, orders: Sequence[Sequence[Slot]], name: str = "custom") -> "Schedule":
+        """Build from per-rank action lists, inferring placement and microbatch count."""
+        stage_rank: dict[int, int] = {}
+        most_mb = -1
+        for rank, order in enumerate(orders):
+            for action in order:
+                if action is None:
+                    continue
+                held = stage_rank.setdefault(action.stage, rank)
+                if held != rank:
+                    raise CSVFormatError(
+                        f"stage {action.stage} appears on rank {held} and on rank {rank} "
+                        f"(action {action}): each stage must live on one rank"
+                    )
+                most_mb = max(most_mb, action.microbatch)
+        if not stage_rank:
+            raise CSVFormatError("the schedule holds no actions")
+        stages = max(stage_rank) + 1
+        missing = [s for s in range(stages) if s not in stage_rank]
+        if missing:
+            raise CSVFormatError(
+                f"stages {missing} have no actions, but stage {stages - 1} does: "
+                "stages must be numbered 0..S-1 without gaps"
+            )
+        placement = tuple(stage_rank[s] for s in range(stages))
+        return cls(
+            ranks=len(orders),
+            microbatches=most_mb + 1,
+            placement=placement,
+            orders=tuple(tuple(o) for o in orders),
+            name=name,
+        )
+
+
+def _parse_row(row: list[str], rank: int) -> list[Slot]:
+    slots: list[Slot] = []
+    for col, cell in enumerate(row):
+        if not cell.strip():
+            slots.append(None)
+            continue
+        try:
+            slots.append(Action.parse(cell))
+        except CSVFormatError as err:
+            raise CSVFormatError(f"row {rank + 1} (rank {rank}), cell {col + 1}: {err}") from None
+    return slots

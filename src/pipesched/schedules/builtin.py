@@ -1,0 +1,56 @@
+"""Registers the built-in schedule families, simplest first."""
+
+from __future__ import annotations
+
+from ..registry import Family, register
+from . import gpipe, interleaved, interleaved_zb, one_f_one_b, zbv, zero_bubble
+
+register(Family(
+    name="gpipe", build=gpipe.build,
+    summary="all forwards, then all backwards: the simplest to reason about, for experiments",
+    placement="loop", split_backward=False, default_chunks=1, min_chunks=1, max_chunks=1,
+    memory="m (every microbatch held)", torch_name="ScheduleGPipe",
+))
+register(Family(
+    name="1f1b", build=one_f_one_b.build,
+    summary="the reliable default: GPipe's bubble at p microbatches of memory instead of m",
+    placement="loop", split_backward=False, default_chunks=1, min_chunks=1, max_chunks=1,
+    memory="min(p, m)", torch_name="Schedule1F1B",
+))
+register(Family(
+    name="interleaved-1f1b", build=interleaved.build_interleaved,
+    summary="v chunks per rank cut 1F1B's bubble by v, at v times the messages (Megatron's VPP)",
+    placement="loop", split_backward=False, default_chunks=2, min_chunks=2, max_chunks=None,
+    memory="about p(1+1/v)", torch_name="ScheduleInterleaved1F1B",
+))
+register(Family(
+    name="looped-bfs", build=interleaved.build_looped_bfs,
+    summary="breadth-first over chunks: interleaving's bubble with GPipe's memory (pairs with FSDP)",
+    placement="loop", split_backward=False, default_chunks=2, min_chunks=1, max_chunks=None,
+    memory="m", torch_name="ScheduleLoopedBFS",
+))
+register(Family(
+    name="zb-h1", build=zero_bubble.build_h1,
+    summary="zero bubble at 1F1B's memory: split backward, a third of 1F1B's bubble",
+    placement="loop", split_backward=True, default_chunks=1, min_chunks=1, max_chunks=1,
+    memory="p (as 1F1B)",
+))
+register(Family(
+    name="zb-h2", build=zero_bubble.build_h2,
+    summary="no bubble once iterations overlap, for about twice 1F1B's memory",
+    placement="loop", split_backward=True, default_chunks=1, min_chunks=1, max_chunks=1,
+    memory="about 2p (limit steers W deferral)", uses_memory_limit=True,
+))
+register(Family(
+    name="zb-v", build=zbv.build,
+    summary="no bubble at 1F1B's memory: two chunks in a V, split backward (2x messages)",
+    placement="v", split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2,
+    memory="p (as 1F1B)", torch_name="ScheduleZBVZeroBubble",
+))
+register(Family(
+    name="interleaved-zb", build=interleaved_zb.build,
+    summary="interleaving plus split backward: the densest loop-placed schedule for large systems",
+    placement="loop", split_backward=True, default_chunks=2, min_chunks=2, max_chunks=None,
+    memory="p by default (limit steers W deferral)", torch_name="ScheduleInterleavedZeroBubble",
+    uses_memory_limit=True,
+))

@@ -1,0 +1,136 @@
+"""Interleaved 1F1B (Megatron's virtual pipeline) and looped breadth-first.
+
+Each rank holds ``v`` chunks in loop placement (stage ``c*p + r`` on rank ``r``), so a microbatch
+crosses every rank ``v`` times in smaller steps and the warm-up and cool-down shrink by ``v``:
+bubble ``(p-1)(F+B+W)/v``, at the price of ``v`` times more point-to-point messages.
+
+Order (Megatron's schedule table): microbatches go in groups of ``G`` (a last, smaller group takes the
+remainder); within a group all chunk-0
+forwards come first, then chunk 1, and so on; backwards follow the same table with the chunks
+reversed. Rank ``r`` runs ``2(p-r-1) + (v-1)G`` warm-up forwards, then alternates one forward
+and one backward. With ``p`` dividing ``m``, ``G = p`` gives Megatron's schedule exactly. For
+other ``m`` (which Megatron's old code and torch refuse in many cases) every feasible ``G`` is a
+valid schedule; we simulate a few and keep the fastest under the given costs.
+
+Looped BFS (breadth-first) runs every microbatch through one chunk before the next: the same
+bubble, but memory grows with ``m`` like GPipe.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..actions import Action
+from ..costs import UNIT, Costs
+from ..errors import DeadlockError
+from ..placement import loop_placement
+from ..schedule import Schedule
+
+
+def schedule_table(microbatches: int, chunks: int, group: int) -> list[tuple[int, int]]:
+    """Megatron's forward order of (chunk, microbatch): groups of ``group`` microbatches, each
+    group chunk by chunk; a last, smaller group holds the remainder."""
+    group = max(1, min(group, microbatches))
+    table = []
+    for first in range(0, microbatches, group):
+        last = min(first + group, microbatches)
+        for chunk in range(chunks):
+            table.extend((chunk, k) for k in range(first, last))
+    return table
+
+
+def rank_order(
+    rank: int,
+    ranks: int,
+    microbatches: int,
+    chunks: int,
+    group: int,
+    warmup_per_hop: int = 2,
+    backward: str = "B",
+) -> list[Action]:
+    """Rank ``rank``'s program: warm-up forwards, then one forward and one backward in turn.
+
+    ``backward`` is ``"B"`` (full) or ``"I"`` (input gradient only; the caller adds the ``W``s).
+    """
+    table = schedule_table(microbatches, chunks, group)
+    forwards = [Action(c * ranks + rank, "F", k) for c, k in table]
+    backwards = [Action((chunks - 1 - c) * ranks + rank, backward, k) for c, k in table]
+    total = len(table)
+    warmup = min(warmup_per_hop * (ranks - rank - 1) + (chunks - 1) * min(group, microbatches), total)
+    order = forwards[:warmup]
+    next_forward = warmup
+    for b in backwards:
+        if next_forward < total:
+            order.append(forwards[next_forward])
+            next_forward += 1
+        order.append(b)
+    return order
+
+
+def group_candidates(ranks: int, microbatches: int, limit: int = 8) -> list[int]:
+    """Group sizes worth trying: ``p`` when it divides ``m``, else a few around ``p`` and ``m``."""
+    if microbatches % ranks == 0:
+        return [ranks]
+    if microbatches < ranks:
+        return [microbatches]
+    span = list(range(ranks, min(microbatches, 2 * ranks - 1) + 1))
+    if len(span) > limit:
+        step = len(span) / limit
+        span = sorted({span[int(i * step)] for i in range(limit)} | {ranks})
+    return sorted(set(span) | {microbatches})
+
+
+def pick_fastest(candidates, costs: Costs) -> Schedule:
+    """The candidate with the smallest (makespan, peak memory) under ``costs``; skips deadlocks."""
+    from ..simulate import simulate  # local: simulate imports the schedule layer
+
+    best, best_key = None, None
+    for schedule in candidates:
+        try:
+            result = simulate(schedule, costs)
+        except DeadlockError:
+            continue
+        key = (round(result.makespan, 9), result.max_peak_memory)
+        if best_key is None or key < best_key:
+            best, best_key = schedule, key
+    if best is None:
+        raise RuntimeError("no candidate schedule is free of deadlock")  # a bug, never bad input
+    return best
+
+
+def build_interleaved(
+    ranks: int,
+    microbatches: int,
+    chunks: int = 2,
+    costs: Optional[Costs] = None,
+    memory_limit: Optional[float] = None,
+) -> Schedule:
+    """Interleaved 1F1B, Megatron order, the best group size for ``m`` under ``costs``."""
+    placement = loop_placement(ranks, chunks)
+    candidates = []
+    for group in group_candidates(ranks, microbatches):
+        orders = tuple(
+            tuple(rank_order(r, ranks, microbatches, chunks, group)) for r in range(ranks)
+        )
+        candidates.append(
+            Schedule(ranks, microbatches, placement, orders, name="interleaved-1f1b", meta={"group": group})
+        )
+    if len(candidates) == 1:
+        return candidates[0]
+    return pick_fastest(candidates, costs or UNIT)
+
+
+def build_looped_bfs(
+    ranks: int,
+    microbatches: int,
+    chunks: int = 2,
+    costs: Optional[Costs] = None,
+    memory_limit: Optional[float] = None,
+) -> Schedule:
+    """Breadth-first: chunk by chunk, all microbatches forward; then backward in reverse chunks."""
+    orders = []
+    for r in range(ranks):
+        order = [Action(c * ranks + r, "F", k) for c in range(chunks) for k in range(microbatches)]
+        order += [Action(c * ranks + r, "B", k) for c in reversed(range(chunks)) for k in range(microbatches)]
+        orders.append(tuple(order))
+    return Schedule(ranks, microbatches, loop_placement(ranks, chunks), tuple(orders), name="looped-bfs")

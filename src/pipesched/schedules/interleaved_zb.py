@@ -1,0 +1,55 @@
+"""Interleaved Zero Bubble: loop placement with ``v`` chunks per rank and a split backward.
+
+Interleaving shrinks the warm-up bubble by ``v``; splitting the backward lets the weight passes
+(W) fill what is left. The forwards and input-gradient backwards follow the interleaved 1F1B
+table (:mod:`.interleaved`); the Ws are then placed into the waits by :mod:`.wfill`, deferred no
+further than the memory limit allows (default ``p``, the same as 1F1B). Warm-up depth and group
+size are chosen by simulation under the given costs, preferring candidates within the limit.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..costs import UNIT, Costs
+from ..errors import DeadlockError
+from ..placement import loop_placement
+from ..schedule import Schedule
+from .interleaved import group_candidates, rank_order
+from .wfill import fill_weight_passes
+
+
+def build(
+    ranks: int,
+    microbatches: int,
+    chunks: int = 2,
+    costs: Optional[Costs] = None,
+    memory_limit: Optional[float] = None,
+) -> Schedule:
+    """Interleaved ZB: the fastest candidate whose peak memory fits ``memory_limit``."""
+    from ..simulate import simulate
+
+    costs = costs or UNIT
+    limit = float(memory_limit) if memory_limit is not None else float(ranks)
+    placement = loop_placement(ranks, chunks)
+    best, best_key = None, None
+    for warmup_per_hop in (1, 2):
+        for group in group_candidates(ranks, microbatches):
+            skeleton = [
+                rank_order(r, ranks, microbatches, chunks, group, warmup_per_hop, backward="I")
+                for r in range(ranks)
+            ]
+            try:
+                schedule = fill_weight_passes(
+                    skeleton, placement, microbatches, costs, limit, name="interleaved-zb"
+                )
+                result = simulate(schedule, costs)
+            except DeadlockError:
+                continue
+            over = max(0.0, result.max_peak_memory - limit)
+            key = (over, round(result.makespan, 9), result.max_peak_memory)
+            if best_key is None or key < best_key:
+                best, best_key = schedule, key
+    if best is None:
+        raise RuntimeError("no interleaved-zb candidate is free of deadlock")  # a bug
+    return best

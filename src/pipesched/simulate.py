@@ -1,0 +1,133 @@
+"""The simulator: time and memory of a schedule under a cost model.
+
+Times follow :mod:`pipesched.execution` (ranks in program order, asynchronous sends, a ``comm``
+latency on cross-rank inputs). Memory counts activations: a stage-microbatch holds them from the
+start of its ``F`` to the end of its ``W`` (or full ``B``). One unit is one microbatch's
+activations for a rank's whole share of the model (the Zero Bubble paper's M_B), so a stage on a
+rank holding ``k`` stages weighs ``1/k``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .costs import UNIT, Costs
+from .execution import Span, execute
+from .placement import stages_by_rank
+from .schedule import Schedule
+from .validate import check_structure
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What a schedule costs: the timeline and its metrics.
+
+    - ``makespan``: wall time, all ranks starting at 0 (iterations synchronise at the optimizer).
+    - ``span``: max over ranks of last end minus first start (the period when iterations overlap).
+    - ``bubble_ratio``: ``1 - sum(busy) / (ranks * makespan)``.
+    - ``busy[r]``: compute time of rank r; ``peak_memory[r]``: its peak activations in M_B.
+    """
+
+    schedule: Schedule
+    costs: Costs
+    timeline: tuple[tuple[Span, ...], ...]
+    makespan: float
+    span: float
+    bubble_ratio: float
+    busy: tuple[float, ...]
+    peak_memory: tuple[float, ...]
+
+    @property
+    def max_peak_memory(self) -> float:
+        return max(self.peak_memory)
+
+    def memory_curve(self, rank: int) -> list[tuple[float, float]]:
+        """(time, activations held) steps for one rank, in M_B units, starting at (0, 0)."""
+        weight = 1.0 / _stages_on_rank(self.schedule)[rank]
+        events: list[tuple[float, int, float]] = []
+        for span in self.timeline[rank]:
+            if span.action.kind == "F":
+                events.append((span.start, 1, weight))
+            elif span.action.kind in "WB":
+                events.append((span.end, 0, -weight))
+        events.sort()
+        level = 0.0
+        curve = [(0.0, 0.0)]
+        for time, _order, delta in events:
+            level += delta
+            curve.append((time, max(level, 0.0)))
+        return curve
+
+    def metrics(self) -> dict:
+        """The metrics as plain numbers (what ``simulate --json`` prints)."""
+        return {
+            "schedule": self.schedule.name,
+            "ranks": self.schedule.ranks,
+            "microbatches": self.schedule.microbatches,
+            "chunks": self.schedule.chunks,
+            "makespan": self.makespan,
+            "span": self.span,
+            "bubble_ratio": self.bubble_ratio,
+            "busy": list(self.busy),
+            "peak_memory": list(self.peak_memory),
+        }
+
+
+def _stages_on_rank(schedule: Schedule) -> list[int]:
+    return [max(1, len(s)) for s in stages_by_rank(schedule.placement, schedule.ranks)]
+
+
+def action_durations(schedule: Schedule, costs: Costs) -> dict[tuple[int, str], float]:
+    """Duration of each (stage, kind) under ``costs`` for this schedule's placement."""
+    return durations_for(schedule.placement, schedule.ranks, costs)
+
+
+def durations_for(placement: tuple[int, ...], ranks: int, costs: Costs) -> dict[tuple[int, str], float]:
+    """Duration of each (stage, kind) under ``costs`` for a stage-to-rank placement."""
+    per_rank = [max(1, len(s)) for s in stages_by_rank(placement, ranks)]
+    mults = costs.multipliers(len(placement))
+    table = {}
+    for s, rank in enumerate(placement):
+        for kind in "FIWB":
+            table[(s, kind)] = costs.kind_cost(kind) * mults[s] / per_rank[rank]
+    return table
+
+
+def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
+    """Simulate ``schedule`` under ``costs`` (unit costs, no latency, by default)."""
+    costs = costs or UNIT
+    check_structure(schedule)
+    table = action_durations(schedule, costs)
+    orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
+    spans = execute(orders, schedule.placement, lambda a: table[(a.stage, a.kind)], costs.comm)
+    makespan = max((rs[-1].end for rs in spans if rs), default=0.0)
+    span = max((rs[-1].end - rs[0].start for rs in spans if rs), default=0.0)
+    busy = tuple(sum(x.end - x.start for x in rs) for rs in spans)
+    ranks = schedule.ranks
+    bubble = 1.0 - sum(busy) / (ranks * makespan) if makespan > 0 else 0.0
+    peaks = tuple(_peak(rs, k) for rs, k in zip(spans, _stages_on_rank(schedule)))
+    return SimResult(
+        schedule=schedule,
+        costs=costs,
+        timeline=tuple(tuple(rs) for rs in spans),
+        makespan=makespan,
+        span=span,
+        bubble_ratio=max(0.0, bubble),
+        busy=busy,
+        peak_memory=peaks,
+    )
+
+
+def _peak(spans: list[Span], stages_here: int) -> float:
+    """Peak activations on a rank: count whole stage-microbatches, divide by stages held."""
+    held = peak = 0
+    for span in spans:
+        kind = span.action.kind
+        if kind == "F":
+            held += 1
+            if held > peak:
+                peak = held
+        elif kind in "WB":
+            held -= 1
+    return peak / stages_here

@@ -1,0 +1,84 @@
+"""Is a schedule runnable? Structural rules, then a deadlock check under the execution model.
+
+Structure: every action names a stage on its own rank and a microbatch in range; each
+(stage, microbatch) has one ``F`` and either one ``B`` or one ``I`` and one ``W``; on its rank,
+``F`` comes before the backward and ``I`` before ``W``. Then the programs are executed under
+:mod:`pipesched.execution` with unit costs: if some rank can never move, the schedule deadlocks.
+"""
+
+from __future__ import annotations
+
+from .errors import ScheduleError
+from .execution import execute
+from .schedule import Schedule
+
+
+def check_structure(schedule: Schedule) -> None:
+    """Raise ScheduleError naming the first broken rule; return None when the structure holds."""
+    p, m, stages = schedule.ranks, schedule.microbatches, schedule.stages
+    if p < 1 or m < 1:
+        raise ScheduleError(f"a schedule needs ranks >= 1 and microbatches >= 1, got {p} and {m}")
+    if len(schedule.orders) != p:
+        raise ScheduleError(f"the schedule has {len(schedule.orders)} rank programs for {p} ranks")
+    for stage, rank in enumerate(schedule.placement):
+        if not 0 <= rank < p:
+            raise ScheduleError(f"stage {stage} is placed on rank {rank}; ranks are 0..{p - 1}")
+    seen: dict[tuple[int, str, int], int] = {}
+    for rank, order in enumerate(schedule.orders):
+        for position, action in enumerate(order):
+            if action is None:
+                continue
+            s, kind, k = action
+            if not 0 <= s < stages:
+                raise ScheduleError(f"rank {rank} runs {action}: stage {s} is outside 0..{stages - 1}")
+            if schedule.placement[s] != rank:
+                raise ScheduleError(
+                    f"rank {rank} runs {action}, but stage {s} lives on rank {schedule.placement[s]}"
+                )
+            if not 0 <= k < m:
+                raise ScheduleError(f"rank {rank} runs {action}: microbatch {k} is outside 0..{m - 1}")
+            if (s, kind, k) in seen:
+                raise ScheduleError(f"rank {rank} runs {action} twice")
+            seen[(s, kind, k)] = position
+    for s in range(stages):
+        rank = schedule.placement[s]
+        for k in range(m):
+            _check_pair(seen, rank, s, k)
+    for rank in range(p):
+        if not schedule.rank_actions(rank):
+            raise ScheduleError(f"rank {rank} has no actions: every rank must hold a stage")
+
+
+def _check_pair(seen: dict, rank: int, s: int, k: int) -> None:
+    f = seen.get((s, "F", k))
+    b = seen.get((s, "B", k))
+    i = seen.get((s, "I", k))
+    w = seen.get((s, "W", k))
+    if f is None:
+        raise ScheduleError(f"rank {rank} never runs {s}F{k}: every stage needs one forward per microbatch")
+    if b is not None and (i is not None or w is not None):
+        raise ScheduleError(f"rank {rank} runs both {s}B{k} and a split backward ({s}I{k}/{s}W{k})")
+    if b is None and (i is None or w is None):
+        missing = [f"{s}{x}{k}" for x, pos in (("I", i), ("W", w)) if pos is None]
+        if i is None and w is None:
+            raise ScheduleError(f"rank {rank} never runs a backward of stage {s} for microbatch {k} ({s}B{k} or {s}I{k}+{s}W{k})")
+        raise ScheduleError(f"rank {rank} is missing {', '.join(missing)}: a split backward needs both I and W")
+    back = b if b is not None else i
+    if back < f:
+        kind = "B" if b is not None else "I"
+        raise ScheduleError(f"rank {rank} runs {s}{kind}{k} before its forward {s}F{k}")
+    if w is not None and w < i:
+        raise ScheduleError(f"rank {rank} runs {s}W{k} before {s}I{k}")
+
+
+def check_deadlock(schedule: Schedule) -> None:
+    """Raise DeadlockError if the programs cannot all finish under the execution model."""
+    orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
+    execute(orders, schedule.placement, lambda _a: 1.0, 0.0)
+
+
+def validate(schedule: Schedule) -> Schedule:
+    """Check structure and freedom from deadlock; return the schedule unchanged when valid."""
+    check_structure(schedule)
+    check_deadlock(schedule)
+    return schedule
