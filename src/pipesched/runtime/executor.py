@@ -152,14 +152,15 @@ class PipelineRuntime:
         sync = self.sync_each_action
         transport.start_step()
         for action, send, need in zip(plan.actions, plan.sends, plan.needs):
-            start = perf_counter() - t0
             s, kind, k = action
             key = (s, k)
+            received = transport.receive(need, action) if need is not None else None
+            start = perf_counter() - t0  # after the wait: waiting is idle time, not the action's
             if kind == "F":
                 if s == 0:
                     x = in_mbs[k]
                 else:
-                    x = transport.receive(need, action) if need else state.local_act.pop((s - 1, k))
+                    x = received if need is not None else state.local_act.pop((s - 1, k))
                     x.requires_grad_(True)
                 y = stages[s](x)
                 if s == last:
@@ -180,7 +181,7 @@ class PipelineRuntime:
                 if s == last:
                     grad = None
                 else:
-                    grad = transport.receive(need, action) if need else state.local_grad.pop((s + 1, k))
+                    grad = received if need is not None else state.local_grad.pop((s + 1, k))
                 if kind == "I":
                     entries: list = []
                     stash.collecting = entries
