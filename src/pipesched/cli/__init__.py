@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     _register_commands()
     try:
-        app(args=argv, prog_name="pipesched", standalone_mode=False)
+        status = app(args=argv, prog_name="pipesched", standalone_mode=False)
     except PipeschedError as err:
         typer.echo(f"pipesched: error: {err}", err=True)
         sys.exit(2)
@@ -51,4 +51,5 @@ def main(argv: list[str] | None = None) -> None:
             typer.echo(f"pipesched: error: {err.format_message()}", err=True)
             sys.exit(err.exit_code)
         raise
-    sys.exit(0)
+    # click returns a raised typer.Exit's code instead of exiting when standalone_mode is off
+    sys.exit(status if isinstance(status, int) else 0)

@@ -129,9 +129,22 @@ def _collect(procs: list, results, timeout_s: float) -> dict[int, Any]:
                 if rank not in done and rank not in errors:
                     errors[rank] = f"rank {rank} was stopped after the failure"
     if errors:
-        ordered = sorted(errors.items(), key=lambda kv: ("stopped" in kv[1], "died" not in kv[1], kv[0]))
-        raise DistributedRunError("; ".join(m if m.startswith("rank") else f"rank {r}: {m}" for r, m in ordered))
+        raise DistributedRunError(_failure_text(errors))
     return {rank: pickle.loads(blob) for rank, blob in done.items()}
+
+
+def _failure_text(errors: dict[int, str]) -> str:
+    """One line: deaths first, then each distinct reason once (with the ranks that gave it)."""
+    by_text: dict[str, list[int]] = {}
+    for rank, text in sorted(errors.items()):
+        by_text.setdefault(text, []).append(rank)
+    parts = []
+    for text, ranks in sorted(by_text.items(), key=lambda kv: ("stopped" in kv[0], "died" not in kv[0], kv[1])):
+        if text.startswith("rank"):
+            parts.append(text)
+        else:
+            parts.append(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {text}")
+    return "; ".join(parts)
 
 
 def _drain(results, done: dict, errors: dict, wait: float) -> None:

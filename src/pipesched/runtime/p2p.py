@@ -9,6 +9,7 @@ completes.
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -108,6 +109,7 @@ class Transport:
             ok = work.wait(self.timeout)
         except RuntimeError as err:
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            reason = re.sub(r"^\[[^\]]*\]\s*", "", reason)  # gloo's source-location prefix
             raise PeerFailure(f"rank {self.rank} gave up waiting {what}: {reason}") from None
         if ok is False:
             raise PeerFailure(f"rank {self.rank} timed out after {self.timeout.total_seconds():g}s waiting {what}")
