@@ -59,7 +59,8 @@ class PipelineRuntime:
 
     Call on every rank of an initialised process group with the same arguments.
     ``sample_input`` is one microbatch's input (or any tensor of that shape and dtype: only
-    its shape is used, to size receive buffers once).
+    its shape is used, to size receive buffers once). ``sync_actions`` (default: on CUDA)
+    synchronises the device after each action so that the recorded spans are true durations.
     """
 
     def __init__(
@@ -76,6 +77,7 @@ class PipelineRuntime:
         device: Optional[torch.device] = None,
         timeout_s: float = 300.0,
         skip_nonfinite: bool = False,
+        sync_actions: Optional[bool] = None,
     ) -> None:
         validate(schedule)
         self.schedule = schedule
@@ -102,7 +104,8 @@ class PipelineRuntime:
         self.plan = plan_rank(schedule, self.rank)
         groups = make_link_groups(links(schedule), timeout_s)
         self.transport = Transport(self.plan, groups, shapes, self.device, timeout_s)
-        self.sync_each_action = self.device.type == "cuda"
+        # On CUDA, an action's span is only its real duration if we wait for it (costs overlap)
+        self.sync_each_action = self.device.type == "cuda" if sync_actions is None else sync_actions
         self.steps_done = 0
 
     # -- one step --------------------------------------------------------------------------
