@@ -9,7 +9,7 @@ Structure: every action names a stage on its own rank and a microbatch in range;
 from __future__ import annotations
 
 from .errors import ScheduleError
-from .execution import execute
+from .execution import Program, lower, run
 from .schedule import Schedule
 
 
@@ -24,29 +24,49 @@ def check_structure(schedule: Schedule) -> None:
         if not 0 <= rank < p:
             raise ScheduleError(f"stage {stage} is placed on rank {rank}; ranks are 0..{p - 1}")
     seen: dict[tuple[int, str, int], int] = {}
+    placement = schedule.placement
     for rank, order in enumerate(schedule.orders):
         for position, action in enumerate(order):
             if action is None:
                 continue
             s, kind, k = action
-            if not 0 <= s < stages:
-                raise ScheduleError(f"rank {rank} runs {action}: stage {s} is outside 0..{stages - 1}")
-            if schedule.placement[s] != rank:
-                raise ScheduleError(
-                    f"rank {rank} runs {action}, but stage {s} lives on rank {schedule.placement[s]}"
-                )
-            if not 0 <= k < m:
-                raise ScheduleError(f"rank {rank} runs {action}: microbatch {k} is outside 0..{m - 1}")
-            if (s, kind, k) in seen:
-                raise ScheduleError(f"rank {rank} runs {action} twice")
-            seen[(s, kind, k)] = position
-    for s in range(stages):
-        rank = schedule.placement[s]
-        for k in range(m):
-            _check_pair(seen, rank, s, k)
+            if not (0 <= s < stages and placement[s] == rank and 0 <= k < m) or action in seen:
+                _explain_bad_action(schedule, rank, action, seen)
+            seen[action] = position
+    if len(seen) != 3 * stages * m or not _pairs_fast_ok(seen, stages, m):
+        for s in range(stages):
+            for k in range(m):
+                _check_pair(seen, placement[s], s, k)
     for rank in range(p):
         if not schedule.rank_actions(rank):
             raise ScheduleError(f"rank {rank} has no actions: every rank must hold a stage")
+
+
+def _pairs_fast_ok(seen: dict, stages: int, m: int) -> bool:
+    """Quick pass for the common all-split or all-full case: every pair present and ordered."""
+    get = seen.get
+    for s in range(stages):
+        for k in range(m):
+            f = get((s, "F", k))
+            i = get((s, "I", k))
+            if f is None or i is None or i < f:
+                return False
+            w = get((s, "W", k))
+            if w is None or w < i:
+                return False
+    return True
+
+
+def _explain_bad_action(schedule: Schedule, rank: int, action, seen: dict) -> None:
+    s, kind, k = action
+    stages, m = schedule.stages, schedule.microbatches
+    if not 0 <= s < stages:
+        raise ScheduleError(f"rank {rank} runs {action}: stage {s} is outside 0..{stages - 1}")
+    if schedule.placement[s] != rank:
+        raise ScheduleError(f"rank {rank} runs {action}, but stage {s} lives on rank {schedule.placement[s]}")
+    if not 0 <= k < m:
+        raise ScheduleError(f"rank {rank} runs {action}: microbatch {k} is outside 0..{m - 1}")
+    raise ScheduleError(f"rank {rank} runs {action} twice")
 
 
 def _check_pair(seen: dict, rank: int, s: int, k: int) -> None:
@@ -71,14 +91,28 @@ def _check_pair(seen: dict, rank: int, s: int, k: int) -> None:
         raise ScheduleError(f"rank {rank} runs {s}W{k} before {s}I{k}")
 
 
+def lowered(schedule: Schedule) -> Program:
+    """The schedule's programs lowered to ids (computed once, kept with the schedule)."""
+    program = schedule.meta.get(_PROGRAM)
+    if program is None:
+        orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
+        program = schedule.meta[_PROGRAM] = lower(orders, schedule.placement)
+    return program
+
+
 def check_deadlock(schedule: Schedule) -> None:
     """Raise DeadlockError if the programs cannot all finish under the execution model."""
-    orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
-    execute(orders, schedule.placement, lambda _a: 1.0, 0.0)
+    program = lowered(schedule)
+    run(program, [1.0] * len(program.actions), 0.0)
 
 
 def validate(schedule: Schedule) -> Schedule:
     """Check structure and freedom from deadlock; return the schedule unchanged when valid."""
     check_structure(schedule)
     check_deadlock(schedule)
+    schedule.meta[VALIDATED] = True
     return schedule
+
+
+VALIDATED = "_validated"  # meta flag: the structure was checked, so simulate need not repeat it
+_PROGRAM = "_program"  # meta cache: the lowered programs
