@@ -69,6 +69,17 @@ def load_csv_file(path: Path, ranks: Optional[int] = None) -> Schedule:
     return schedule
 
 
+def schedule_from_flags(name: Optional[str], csv: Optional[Path], s: opt.Setup) -> Schedule:
+    """The schedule a command names: a registered one built for the flags, or a CSV file."""
+    if (name is None) == (csv is None):
+        raise ConfigError("give a schedule name or --csv FILE (one of the two)")
+    if csv is not None:
+        from ..validate import validate
+
+        return validate(load_csv_file(csv))
+    return build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit)
+
+
 @app.command("simulate")
 def simulate_cmd(
     name: Optional[str] = typer.Argument(None, help="Schedule name (or give --csv)."),
@@ -84,16 +95,10 @@ def simulate_cmd(
     draw: bool = typer.Option(False, "--draw", help="Also draw the timeline in the terminal."),
 ) -> None:
     """Simulate one schedule: makespan, span, bubble ratio, busy time and peak memory per rank."""
-    if (name is None) == (csv is None):
-        raise ConfigError("give a schedule name or --csv FILE (one of the two)")
+    if draw and as_json:
+        raise ConfigError("--draw prints a chart and --json prints data for programs: give one of them")
     s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
-    if csv is not None:
-        from ..validate import validate
-
-        schedule = validate(load_csv_file(csv))
-    else:
-        schedule = build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit)
-    result = simulate(schedule, s.costs)
+    result = simulate(schedule_from_flags(name, csv, s), s.costs)
     if as_json:
         typer.echo(json.dumps(result.metrics()))
         return
