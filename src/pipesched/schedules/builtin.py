@@ -21,7 +21,7 @@ register(Family(
     name="interleaved-1f1b", build=interleaved.build_interleaved,
     summary="v chunks per rank cut 1F1B's bubble by v, at v times the messages (Megatron's VPP)",
     placement="loop", split_backward=False, default_chunks=2, min_chunks=2, max_chunks=None,
-    memory="about p(1+1/v)", torch_name="ScheduleInterleaved1F1B",
+    memory="about p(1+1/v)", torch_name="ScheduleInterleaved1F1B", uses_memory_limit=True,
 ))
 register(Family(
     name="looped-bfs", build=interleaved.build_looped_bfs,
