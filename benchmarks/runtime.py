@@ -1,6 +1,6 @@
 """Runtime benchmark: pipesched's engine against torch.distributed.pipelining, side by side.
 
-Two ranks (gloo, one thread each), the same blocks, data, partition and SGD for both; each pair of
+Two ranks (gloo, one thread each), the same blocks, data, partition (balanced per placement from the models' block cost estimates) and SGD for both; each pair of
 schedules (ours / torch's counterpart) is measured in the same processes, round-robin, so that
 the shared machine's noise hits both alike. Reports medians and ratios, and for our schedules the
 measured step against the simulator fed with the measured per-action costs and p2p latency, the
@@ -26,7 +26,7 @@ import pipesched
 from pipesched.runtime.executor import PipelineRuntime
 from pipesched.runtime.launch import run_torchrun, spawn, under_torchrun
 from pipesched.runtime.models import get_model
-from pipesched.runtime.partition import build_block_seeded, stage_block_ranges
+from pipesched.runtime.partition import balanced_counts, build_block_seeded, stage_block_ranges
 from pipesched.runtime.timeline import compare_to_simulation
 from pipesched.runtime.train import measure_latency
 
@@ -52,7 +52,7 @@ def _torch_runner(md, name: str, schedule: pipesched.Schedule, rank: int):
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining import schedules as ts
 
-    ranges = stage_block_ranges(md.num_blocks, schedule.stages)
+    ranges = stage_block_ranges(md.num_blocks, schedule.stages, balanced_counts(md.block_costs, schedule.placement))
     owned = [s for s, r in enumerate(schedule.placement) if r == rank]
     device = _device()
     mods = {s: nn.Sequential(*(build_block_seeded(md.build_block, i, SEED) for i in ranges[s])).to(device) for s in owned}
@@ -84,6 +84,7 @@ def _ours_runner(md, schedule: pipesched.Schedule, timelines: list):
     rt = PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
         x0[: BATCH // MICROBATCHES], seed=SEED, device=_device(), sync_actions=False,
+        block_counts=balanced_counts(md.block_costs, schedule.placement),
     )
 
     def step(x, y) -> float:
