@@ -1,13 +1,13 @@
 """Runtime benchmark: pipesched's engine against torch.distributed.pipelining, side by side.
 
 Two ranks (gloo, one thread each), the same blocks, data, partition (balanced per placement from the models' block cost estimates) and SGD for both; each pair of
-schedules (ours / torch's counterpart) is measured in the same processes, round-robin, so that
-the shared machine's noise hits both alike. Reports medians and ratios, and for our schedules the
+schedules (ours / torch's counterpart) is measured in the same processes, one step of each
+variant in turn, so that the shared machine's noise hits all of them alike. Reports medians and ratios, and for our schedules the
 measured step against the simulator fed with the measured per-action costs and p2p latency, the
 zero-bubble gain against the simulator's predicted gain, and split backward (I + W) against one
 full backward on a transformer block.
 
-    PYTHONPATH=src python benchmarks/runtime.py [--rounds 5] [--steps 4] [--json out.json]
+    PYTHONPATH=src python benchmarks/runtime.py [--rounds 30] [--models mlp,gpt] [--json out.json]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ PAIRS = [  # ours, torch's class
 ]
 MODELS = {
     "mlp": dict(blocks=8, dim=256, hidden=1024),  # 9 blocks: 8 residual MLPs + head
-    "gpt": dict(layers=6, dim=128, heads=4, context=64),  # 8 blocks: embedding, 6 layers, head
+    "gpt": dict(layers=6, dim=128, heads=4, context=32),  # 8 blocks: embedding, 6 layers, head
 }
 BATCH, MICROBATCHES, SEED, LR = 64, 8, 0, 0.05
 
@@ -96,10 +96,10 @@ def _ours_runner(md, schedule: pipesched.Schedule, timelines: list):
 
 
 def bench_worker(rank: int, world: int, job: tuple) -> dict:
-    model, rounds, steps = job
+    model, rounds, steps, pairs = job
     md = get_model(model, **MODELS[model])
     runners, times, spans = {}, {}, {}
-    for ours, theirs in PAIRS:
+    for ours, theirs in pairs:
         schedule = pipesched.build_schedule(ours, world, MICROBATCHES)
         spans[ours] = []
         runners[ours] = _ours_runner(md, schedule, spans[ours])
@@ -110,10 +110,10 @@ def bench_worker(rank: int, world: int, job: tuple) -> dict:
         times[label] = []
     for label in spans:
         spans[label].clear()
-    for _ in range(rounds):
+    for i in range(rounds):  # one step of each variant in turn: noise spreads evenly over them
+        x, y = batches[i % len(batches)]
         for label, run in runners.items():
-            for x, y in batches:
-                times[label].append(run(x, y))
+            times[label].append(run(x, y))
     with torch.no_grad():  # the latency probe carries one activation (the first block's output)
         act = build_block_seeded(md.build_block, 0, SEED)(md.batch(0, BATCH // MICROBATCHES, SEED)[0])
     latency = measure_latency(act.shape, act.dtype, _device())
@@ -167,10 +167,10 @@ def split_backward_check(repeats: int = 30) -> dict:
     return {"full_backward_ms": 1000 * f, "I_ms": 1000 * i, "W_ms": 1000 * w, "ratio": (i + w) / f}
 
 
-def summarise(model: str, res: dict) -> list[dict]:
+def summarise(model: str, res: dict, pairs: list) -> list[dict]:
     rows = []
     sims = {}
-    for ours, theirs in PAIRS:
+    for ours, theirs in pairs:
         schedule = pipesched.build_schedule(ours, 2, MICROBATCHES)
         mine = statistics.median(res["step_times"][ours])
         torch_t = statistics.median(res["step_times"]["torch:" + theirs])
@@ -181,8 +181,8 @@ def summarise(model: str, res: dict) -> list[dict]:
             "ratio": mine / torch_t, "sim_ms": 1000 * c.simulated_makespan, "measured_over_sim": mine / c.simulated_makespan,
             "actions_end_ms": 1000 * c.measured_makespan, "bubble": c.measured_bubble, "sim_bubble": c.simulated_bubble,
         })
-    base_meas, base_sim = sims["1f1b"]
-    for row in rows:
+    base_meas, base_sim = sims.get("1f1b", (None, None))
+    for row in rows if base_meas else []:
         if row["schedule"] in ("zb-v", "interleaved-zb"):
             meas, sim = sims[row["schedule"]]
             row["gain"] = 1 - meas / base_meas
@@ -192,18 +192,20 @@ def summarise(model: str, res: dict) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=30, help="measured steps of each variant")
+    parser.add_argument("--steps", type=int, default=4, help="distinct batches cycled through")
     parser.add_argument("--models", default="mlp,gpt")
+    parser.add_argument("--schedules", default=",".join(o for o, _ in PAIRS), help="ours, among " + ", ".join(o for o, _ in PAIRS))
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     rows = []
     for model in args.models.split(","):
-        job = (model, args.rounds, args.steps)
+        pairs = [pair for pair in PAIRS if pair[0] in args.schedules.split(",")]
+        job = (model, args.rounds, args.steps, pairs)
         res = run_torchrun(bench_worker, job, 300) if under_torchrun() else spawn(bench_worker, 2, job, timeout_s=300)[0]
         if not res:  # a torchrun rank other than 0
             continue
-        rows += summarise(model, res)
+        rows += summarise(model, res, pairs)
         print(f"p2p latency ({model} activation, one way): {1000 * res['latency']:.3f} ms", flush=True)
     print("| model | schedule | ours ms | torch ms | ours/torch | target | simulated ms | measured/sim | gain vs 1f1b | predicted gain |")
     print("|---|---|---|---|---|---|---|---|---|---|")
