@@ -43,6 +43,7 @@ class StepResult:
     step_time: float
     spans: list[Span]
     skipped: bool = False
+    origin: float = 0.0  # this rank's perf_counter() at the step's start (same clock on one host)
 
 
 @dataclass
@@ -137,7 +138,7 @@ class PipelineRuntime:
             torch.cuda.synchronize(self.device)
         step_time = perf_counter() - t0
         self.steps_done += 1
-        return StepResult(loss, step_time, spans, skipped)
+        return StepResult(loss, step_time, spans, skipped, t0)
 
     def _split(self, batch: Optional[torch.Tensor], what: str) -> tuple[torch.Tensor, ...]:
         m = self.schedule.microbatches
