@@ -32,6 +32,7 @@ class Family:
     memory: str  # peak activations, in words
     torch_name: Optional[str] = None  # the torch.distributed.pipelining counterpart
     uses_memory_limit: bool = False  # True when memory_limit steers the construction
+    uses_objective: bool = False  # True when build() takes objective="makespan"|"span"
 
     def chunks_text(self) -> str:
         if self.max_chunks == self.min_chunks:
@@ -102,13 +103,16 @@ def build_schedule(
     chunks: Optional[int] = None,
     costs: Optional[Costs] = None,
     memory_limit: Optional[float] = None,
+    objective: Optional[str] = None,
 ) -> Schedule:
     """Build, validate and return the schedule ``name`` for ``ranks`` ranks and ``microbatches``.
 
     ``chunks`` is the number of stages per rank (families that fix it accept only that value);
     ``costs`` steer the cost-aware choices; ``memory_limit`` (activations per rank, in one
     microbatch's activations for the rank's share) caps peak memory: families that can trade
-    speed for memory honour it, the others raise if they need more.
+    speed for memory honour it, the others raise if they need more. ``objective``
+    (``"makespan"`` or ``"span"``) steers the families that search (``uses_objective``); the
+    others ignore it.
     """
     family = get_family(name)
     _check_int("ranks", ranks)
@@ -118,7 +122,14 @@ def build_schedule(
     if memory_limit is not None:
         if isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)) or not math.isfinite(memory_limit) or memory_limit <= 0:
             raise ConfigError(f"memory_limit must be a number above 0, got {memory_limit!r}")
-    schedule = family.build(ranks, microbatches, chunks=v, costs=costs, memory_limit=memory_limit)
+    extra = {}
+    if objective is not None:
+        from .schedules.choose import check_objective
+
+        check_objective(objective)
+        if family.uses_objective:
+            extra["objective"] = objective
+    schedule = family.build(ranks, microbatches, chunks=v, costs=costs, memory_limit=memory_limit, **extra)
     validate(schedule)
     if memory_limit is not None:
         peak = peak_memory(schedule)

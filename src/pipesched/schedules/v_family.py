@@ -1,0 +1,128 @@
+"""The V family: two chunks per rank in a V, split backward, at a chosen memory budget.
+
+- ``zb-v``: 1F1B's memory (``p``) by default, near-zero bubble; any limit is accepted.
+- ``v-half``: about half of it, ``(p+2)//2``; bubble about half of 1F1B's.
+- ``v-min``: about a third, ``(p+4)//3``; bubble about two thirds of 1F1B's.
+
+Each builder simulates its candidates under the given costs and keeps the fastest whose peak
+memory fits: the handcrafted program (:mod:`.zbv`, for ``zb-v``) or the building block
+(:mod:`.v_blocks`, for ``v-half``/``v-min``), and the cost-aware greedy (:mod:`.greedy`) with
+several switch settings at the same limit. The greedy's memory rule makes every limit from one
+microbatch's activations upward feasible.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator, Optional
+
+from ..costs import UNIT, Costs
+from ..errors import ConfigError
+from ..placement import v_placement
+from ..schedule import Schedule
+from .choose import best_schedule
+from .greedy import Knobs, build_greedy
+from .v_blocks import block_orders, v_half_offsets, v_min_offsets
+from .zbv import rank_order
+
+SMALLEST_LIMIT = 1.0  # one microbatch's activations: rank p-1 runs two stages of one microbatch back to back
+
+
+def v_knobs(ranks: int, microbatches: int, reserves: tuple[int, ...] = (1, 2)) -> list[Knobs]:
+    """Greedy settings worth trying for a V placement (fewer for very large instances)."""
+    if ranks * microbatches > 2048:
+        return [Knobs(True, wait, fill, True, 1) for wait, fill in itertools.product((True, False), repeat=2)]
+    return [
+        Knobs(first, wait, fill, True, reserve)
+        for first, wait, fill, reserve in itertools.product((True, False), (True, False), (True, False), reserves)
+    ]
+
+
+def check_limit(limit: float, family: str) -> float:
+    if limit < SMALLEST_LIMIT - 1e-9:
+        raise ConfigError(
+            f"memory_limit={limit:g} is below one microbatch's activations, the least any {family} "
+            f"schedule needs: the smallest feasible limit is {SMALLEST_LIMIT:g}"
+        )
+    return float(limit)
+
+
+def greedy_v_candidates(
+    ranks: int, microbatches: int, costs: Costs, limit: float, name: str, knobs: list[Knobs]
+) -> Iterator[Optional[Schedule]]:
+    placement = v_placement(ranks)
+    for k in knobs:
+        yield build_greedy(placement, ranks, microbatches, costs, limit, k, name)
+
+
+def _finish(best, family: str, limit: float) -> Schedule:
+    if best is None:  # the greedy always fits a limit >= 1; reaching here is a bug
+        raise RuntimeError(f"{family}: no candidate fits memory_limit={limit:g}")
+    schedule, _ = best
+    return Schedule(schedule.ranks, schedule.microbatches, schedule.placement, schedule.orders, name=family)
+
+
+def _from_orders(ranks: int, microbatches: int, orders, name: str) -> Schedule:
+    return Schedule(ranks, microbatches, v_placement(ranks), tuple(tuple(o) for o in orders), name=name)
+
+
+def build_zb_v(
+    ranks: int,
+    microbatches: int,
+    chunks: int = 2,
+    costs: Optional[Costs] = None,
+    memory_limit: Optional[float] = None,
+    objective: str = "makespan",
+) -> Schedule:
+    """ZB-V: the handcrafted program where it fits, else (or if faster) the greedy V."""
+    costs = costs or UNIT
+    limit = check_limit(memory_limit if memory_limit is not None else ranks, "zb-v")
+    handcrafted = _from_orders(ranks, microbatches, [rank_order(r, ranks, microbatches) for r in range(ranks)], "zb-v")
+    candidates = itertools.chain(
+        [handcrafted], greedy_v_candidates(ranks, microbatches, costs, limit, "zb-v", v_knobs(ranks, microbatches))
+    )
+    return _finish(best_schedule(candidates, costs, limit, objective), "zb-v", limit)
+
+
+def v_half_limit(ranks: int) -> int:
+    return (ranks + 2) // 2
+
+
+def v_min_limit(ranks: int) -> int:
+    return (ranks + 4) // 3
+
+
+def _build_budgeted(ranks, microbatches, costs, memory_limit, objective, family, budget, offsets) -> Schedule:
+    costs = costs or UNIT
+    limit = check_limit(min(budget, memory_limit) if memory_limit is not None else budget, family)
+    block = _from_orders(ranks, microbatches, block_orders(ranks, microbatches, offsets), family)
+    reserves = tuple(range(1, max(2, int(limit)) + 1))[:4]
+    knobs = v_knobs(ranks, microbatches, reserves)
+    candidates = itertools.chain([block], greedy_v_candidates(ranks, microbatches, costs, limit, family, knobs))
+    return _finish(best_schedule(candidates, costs, limit, objective), family, limit)
+
+
+def build_v_half(
+    ranks: int,
+    microbatches: int,
+    chunks: int = 2,
+    costs: Optional[Costs] = None,
+    memory_limit: Optional[float] = None,
+    objective: str = "makespan",
+) -> Schedule:
+    """V-Half: peak ``(p+2)//2`` (or a lower ``memory_limit``), about half of 1F1B's bubble."""
+    return _build_budgeted(ranks, microbatches, costs, memory_limit, objective, "v-half",
+                           v_half_limit(ranks), v_half_offsets)
+
+
+def build_v_min(
+    ranks: int,
+    microbatches: int,
+    chunks: int = 2,
+    costs: Optional[Costs] = None,
+    memory_limit: Optional[float] = None,
+    objective: str = "makespan",
+) -> Schedule:
+    """V-Min: peak ``(p+4)//3`` (or a lower ``memory_limit``), about two thirds of 1F1B's bubble."""
+    return _build_budgeted(ranks, microbatches, costs, memory_limit, objective, "v-min",
+                           v_min_limit(ranks), v_min_offsets)
