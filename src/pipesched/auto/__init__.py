@@ -3,7 +3,7 @@
 :func:`build_auto` simulates every candidate of :mod:`.search` under the given costs, keeps the
 best by the objective among those whose peak memory fits the limit, and, for small instances,
 tries to improve it exactly with a mixed-integer program (:mod:`.milp`). The registry's
-``zb-auto`` family calls it with the default objective; ``build_schedule("zb-auto", ...,
+``zb-auto`` family calls it (with a 2 s refinement budget); ``build_schedule("zb-auto", ...,
 objective="span")`` or this function choose the other.
 
 The result's ``meta`` says which candidate won and what the exact refinement found
@@ -19,7 +19,7 @@ from ..costs import UNIT, Costs
 from ..errors import ConfigError
 from ..schedule import Schedule
 from ..schedules.choose import best_schedule, check_objective
-from .search import greedy_candidates, handcrafted_candidates
+from .search import all_candidates
 
 MILP_MAX_SIZE = 256  # ranks * microbatches up to which the exact refinement runs
 SMALLEST_LIMIT = 1.0  # one microbatch's activations: a rank must hold at least one
@@ -46,13 +46,14 @@ def build_auto(
     memory_limit: Optional[float] = None,
     objective: str = "makespan",
     milp: bool = True,
-    time_limit: float = 5.0,
+    time_limit: float = 2.0,
 ) -> Schedule:
     """The best schedule found for these costs within ``memory_limit`` (activations per rank).
 
     ``objective``: ``"makespan"`` (ranks synchronise at the optimizer step) or ``"span"``
-    (iterations overlap). ``milp``: refine exactly when ``ranks * microbatches <= 256``, for at
-    most ``time_limit`` seconds; the greedy result is kept unless the solver beats it.
+    (iterations overlap). ``milp``: when ``ranks * microbatches <= 256``, refine the best
+    candidate within ``time_limit`` seconds, half by swapping neighbouring actions, half by the
+    exact MILP; the candidate is kept unless they beat it.
     """
     costs = costs or UNIT
     check_objective(objective)
@@ -66,21 +67,20 @@ def build_auto(
                 origins[id(schedule)] = origin
                 yield schedule
 
-    import itertools
-
-    candidates = itertools.chain(
-        tagged(handcrafted_candidates(ranks, microbatches, costs, limit)),
-        tagged(greedy_candidates(ranks, microbatches, costs, limit)),
-    )
-    best = best_schedule(candidates, costs, limit, objective)
+    best = best_schedule(tagged(all_candidates(ranks, microbatches, costs, limit)), costs, limit, objective)
     if best is None:  # the 1-chunk greedy fits any limit >= 1; reaching here is a bug
         raise RuntimeError(f"zb-auto: no candidate fits memory_limit={limit:g}")
     schedule, result = best
     meta = {"origin": origins.get(id(schedule), "?"), "objective": objective, "memory_limit": limit}
     if milp and time_limit > 0 and ranks * microbatches <= MILP_MAX_SIZE:
+        from .local import improve_by_swaps
         from .milp import refine
 
-        found = refine(schedule, costs, limit, objective, time_limit)
+        polished = improve_by_swaps(schedule, costs, limit, objective, time_limit / 2)
+        if polished.orders != schedule.orders:
+            schedule = polished
+            meta["origin"] += " + swaps"
+        found = refine(schedule, costs, limit, objective, time_limit / 2)
         meta["milp"] = {
             "status": found.status, "greedy": found.greedy_value, "best": found.best_value,
             "lower_bound": found.lower_bound, "gap": found.gap, "seconds": found.seconds,

@@ -4,7 +4,9 @@
   setting of its switches (the Zero Bubble heuristic's search);
 - the same greedy with two chunks per rank in a V;
 - every handcrafted schedule of ours that fits the limit (1F1B, ZB-H1, ZB-H2 and interleaved ZB
-  at the limit, ZB-V's program, the V-Half/V-Min blocks, ...), so the result is never worse.
+  at the limit, ZB-V's program, the V-Half/V-Min blocks, ...), so the result is never worse;
+- each split-backward candidate again with its W passes re-placed for these costs
+  (:mod:`pipesched.schedules.wfill`): the handcrafted programs put W by a unit-cost rule.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..schedule import Schedule
 from ..schedules.greedy import Knobs, build_greedy
 from ..schedules.v_blocks import block_orders, v_half_offsets, v_min_offsets
 from ..schedules.v_family import v_knobs
+from ..schedules.wfill import fill_weight_passes
 from ..schedules.zbv import rank_order
 
 HANDCRAFTED = ("1f1b", "zb-h1", "zb-h2", "interleaved-zb", "interleaved-1f1b", "gpipe", "looped-bfs")
@@ -69,3 +72,27 @@ def _knob_text(k: Knobs) -> str:
         ("fill-partial", k.fill_partial_gaps),
     ) if value]
     return "(" + ", ".join(on) + (f", reserve {k.reserve}" if k.reserve != 1 else "") + ")"
+
+
+def with_weights_replaced(
+    schedule: Schedule, costs: Costs, limit: float
+) -> Optional[Schedule]:
+    """The same forwards and input-gradient backwards, W passes put into this cost model's waits."""
+    if any(a.kind == "B" for _, a in schedule.actions()) or not schedule.split_backward:
+        return None
+    skeleton = [[a for a in schedule.rank_actions(r) if a.kind != "W"] for r in range(schedule.ranks)]
+    return fill_weight_passes(skeleton, schedule.placement, schedule.microbatches, costs, limit, schedule.name)
+
+
+def all_candidates(ranks: int, microbatches: int, costs: Costs, limit: float) -> Iterator[tuple[str, Schedule]]:
+    """Every candidate with where it came from, W re-placed variants right after their originals."""
+    for origin, schedule in itertools.chain(
+        handcrafted_candidates(ranks, microbatches, costs, limit),
+        greedy_candidates(ranks, microbatches, costs, limit),
+    ):
+        if schedule is None:
+            continue
+        yield origin, schedule
+        variant = with_weights_replaced(schedule, costs, limit)
+        if variant is not None:
+            yield origin + " + W re-placed", variant
