@@ -43,13 +43,14 @@ def export(
     comm: float = opt.Comm,
     memory_limit: Optional[float] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
+    objective: Optional[str] = opt.Objective,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="CSV file (default: stdout)."),
 ) -> None:
     """Write a schedule as torch.distributed.pipelining's compute-only CSV."""
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective)
     if output is not None:
         check_output_path(output, [".csv"])
-    schedule = build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit)
+    schedule = build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective)
     text = schedule.to_csv()
     if output is None:
         typer.echo(text, nl=False)
@@ -78,19 +79,20 @@ def simulate_cmd(
     comm: float = opt.Comm,
     memory_limit: Optional[float] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
+    objective: Optional[str] = opt.Objective,
     csv: Optional[Path] = typer.Option(None, "--csv", help="Simulate a schedule CSV (torch's compute-only format)."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
 ) -> None:
     """Simulate one schedule: makespan, span, bubble ratio, busy time and peak memory per rank."""
     if (name is None) == (csv is None):
         raise ConfigError("give a schedule name or --csv FILE (one of the two)")
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective)
     if csv is not None:
         from ..validate import validate
 
         schedule = validate(load_csv_file(csv))
     else:
-        schedule = build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit)
+        schedule = build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective)
     result = simulate(schedule, s.costs)
     if as_json:
         typer.echo(json.dumps(result.metrics()))
@@ -125,7 +127,9 @@ def compare_rows(setup: opt.Setup) -> list[dict]:
         v = setup.chunks if _accepts(family, setup.chunks) else family.default_chunks
         limit = setup.memory_limit if family.uses_memory_limit else None
         try:
-            schedule = build_schedule(family.name, setup.ranks, setup.microbatches, v, setup.costs, limit)
+            schedule = build_schedule(
+                family.name, setup.ranks, setup.microbatches, v, setup.costs, limit, setup.objective
+            )
             result = simulate(schedule, setup.costs)
         except PipeschedError as err:
             rows.append({"schedule": family.name, "chunks": v, "error": str(err)})
@@ -154,10 +158,11 @@ def compare(
     comm: float = opt.Comm,
     memory_limit: Optional[float] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
+    objective: Optional[str] = opt.Objective,
     as_json: bool = typer.Option(False, "--json", help="Print the rows as a JSON list."),
 ) -> None:
     """Every schedule for one configuration, side by side."""
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective)
     rows = compare_rows(s)
     if as_json:
         typer.echo(json.dumps(rows))
