@@ -33,17 +33,20 @@ class Family:
     torch_name: Optional[str] = None  # the torch.distributed.pipelining counterpart
     uses_memory_limit: bool = False  # True when memory_limit steers the construction
     uses_objective: bool = False  # True when build() takes objective="makespan"|"span"
+    searches_chunks: bool = False  # True: chunks=None reaches build(), which tries every count
 
     def chunks_text(self) -> str:
+        if self.searches_chunks:
+            return f"chunks {self.min_chunks}..{self.max_chunks} (default: searched)"
         if self.max_chunks == self.min_chunks:
             return f"chunks={self.min_chunks}"
         if self.max_chunks is None:
             return f"chunks>={self.min_chunks} (default {self.default_chunks})"
         return f"chunks {self.min_chunks}..{self.max_chunks} (default {self.default_chunks})"
 
-    def resolve_chunks(self, chunks: Optional[int]) -> int:
+    def resolve_chunks(self, chunks: Optional[int]) -> Optional[int]:
         if chunks is None:
-            return self.default_chunks
+            return None if self.searches_chunks else self.default_chunks
         _check_int("chunks", chunks)
         if chunks < self.min_chunks or (self.max_chunks is not None and chunks > self.max_chunks):
             hint = {

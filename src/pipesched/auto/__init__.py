@@ -47,13 +47,15 @@ def build_auto(
     objective: str = "makespan",
     milp: bool = True,
     time_limit: float = 2.0,
+    chunks: Optional[int] = None,
 ) -> Schedule:
     """The best schedule found for these costs within ``memory_limit`` (activations per rank).
 
     ``objective``: ``"makespan"`` (ranks synchronise at the optimizer step) or ``"span"``
     (iterations overlap). ``milp``: when ``ranks * microbatches <= 256``, refine the best
     candidate within ``time_limit`` seconds, half by swapping neighbouring actions, half by the
-    exact MILP; the candidate is kept unless they beat it.
+    exact MILP; the candidate is kept unless they beat it. ``chunks`` (1 or 2) restricts the
+    search to that many stages per rank; by default both are searched.
     """
     costs = costs or UNIT
     check_objective(objective)
@@ -67,19 +69,21 @@ def build_auto(
                 origins[id(schedule)] = origin
                 yield schedule
 
-    best = best_schedule(tagged(all_candidates(ranks, microbatches, costs, limit)), costs, limit, objective)
+    best = best_schedule(tagged(all_candidates(ranks, microbatches, costs, limit, chunks)), costs, limit, objective)
     if best is None:  # the 1-chunk greedy fits any limit >= 1; reaching here is a bug
         raise RuntimeError(f"zb-auto: no candidate fits memory_limit={limit:g}")
     schedule, result = best
     meta = {"origin": origins.get(id(schedule), "?"), "objective": objective, "memory_limit": limit}
     if milp and time_limit > 0 and ranks * microbatches <= MILP_MAX_SIZE:
+        from ..schedules.choose import objective_value
         from .local import improve_by_swaps
-        from .milp import refine
+        from .milp import refine, work_bound
 
-        polished = improve_by_swaps(schedule, costs, limit, objective, time_limit / 2)
-        if polished.orders != schedule.orders:
-            schedule = polished
-            meta["origin"] += " + swaps"
+        if objective_value(result, objective) > work_bound(schedule, costs, objective) * (1 + 1e-9):
+            polished = improve_by_swaps(schedule, costs, limit, objective, time_limit / 2)
+            if polished.orders != schedule.orders:
+                schedule = polished
+                meta["origin"] += " + swaps"
         found = refine(schedule, costs, limit, objective, time_limit / 2)
         meta["milp"] = {
             "status": found.status, "greedy": found.greedy_value, "best": found.best_value,
@@ -100,5 +104,5 @@ def build(
     memory_limit: Optional[float] = None,
     objective: str = "makespan",
 ) -> Schedule:
-    """The registry's builder: ``chunks`` is chosen by the search (1 or 2), so it is ignored."""
-    return build_auto(ranks, microbatches, costs, memory_limit, objective)
+    """The registry's builder (``chunks=None``: the search picks 1 or 2 stages per rank)."""
+    return build_auto(ranks, microbatches, costs, memory_limit, objective, chunks=chunks)

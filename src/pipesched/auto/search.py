@@ -33,11 +33,14 @@ def loop_knobs(ranks: int, microbatches: int) -> list[Knobs]:
     return [Knobs(first, wait, fill) for first, wait, fill in itertools.product(bits, (True, False), (True, False))]
 
 
-def greedy_candidates(ranks: int, microbatches: int, costs: Costs, limit: float) -> Iterator[tuple[str, Optional[Schedule]]]:
+def greedy_candidates(
+    ranks: int, microbatches: int, costs: Costs, limit: float, chunks: Optional[int] = None
+) -> Iterator[tuple[str, Optional[Schedule]]]:
     loop = loop_placement(ranks)
-    for k in loop_knobs(ranks, microbatches):
-        yield f"greedy 1-chunk {_knob_text(k)}", build_greedy(loop, ranks, microbatches, costs, limit, k, "zb-auto")
-    if ranks > 1:
+    if chunks in (None, 1):
+        for k in loop_knobs(ranks, microbatches):
+            yield f"greedy 1-chunk {_knob_text(k)}", build_greedy(loop, ranks, microbatches, costs, limit, k, "zb-auto")
+    if chunks in (None, 2):
         v = v_placement(ranks)
         for k in v_knobs(ranks, microbatches):
             yield f"greedy V {_knob_text(k)}", build_greedy(v, ranks, microbatches, costs, limit, k, "zb-auto")
@@ -56,14 +59,13 @@ def handcrafted_candidates(ranks: int, microbatches: int, costs: Costs, limit: f
         except PipeschedError:
             continue
         yield name, schedule
-    if ranks > 1:
-        v = v_placement(ranks)
-        for name, orders in (
-            ("zb-v", [rank_order(r, ranks, microbatches) for r in range(ranks)]),
-            ("v-half block", block_orders(ranks, microbatches, v_half_offsets)),
-            ("v-min block", block_orders(ranks, microbatches, v_min_offsets)),
-        ):
-            yield name, Schedule(ranks, microbatches, v, tuple(tuple(o) for o in orders), name=name)
+    v = v_placement(ranks)
+    for name, orders in (
+        ("zb-v", [rank_order(r, ranks, microbatches) for r in range(ranks)]),
+        ("v-half block", block_orders(ranks, microbatches, v_half_offsets)),
+        ("v-min block", block_orders(ranks, microbatches, v_min_offsets)),
+    ):
+        yield name, Schedule(ranks, microbatches, v, tuple(tuple(o) for o in orders), name=name)
 
 
 def _knob_text(k: Knobs) -> str:
@@ -84,13 +86,16 @@ def with_weights_replaced(
     return fill_weight_passes(skeleton, schedule.placement, schedule.microbatches, costs, limit, schedule.name)
 
 
-def all_candidates(ranks: int, microbatches: int, costs: Costs, limit: float) -> Iterator[tuple[str, Schedule]]:
-    """Every candidate with where it came from, W re-placed variants right after their originals."""
+def all_candidates(
+    ranks: int, microbatches: int, costs: Costs, limit: float, chunks: Optional[int] = None
+) -> Iterator[tuple[str, Schedule]]:
+    """Every candidate (with ``chunks`` per rank, if given) and where it came from; the W
+    re-placed variants come right after their originals."""
     for origin, schedule in itertools.chain(
         handcrafted_candidates(ranks, microbatches, costs, limit),
-        greedy_candidates(ranks, microbatches, costs, limit),
+        greedy_candidates(ranks, microbatches, costs, limit, chunks),
     ):
-        if schedule is None:
+        if schedule is None or (chunks is not None and schedule.chunks != chunks):
             continue
         yield origin, schedule
         variant = with_weights_replaced(schedule, costs, limit)

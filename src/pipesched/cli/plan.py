@@ -124,7 +124,7 @@ def compare_rows(setup: opt.Setup) -> list[dict]:
     """Simulate every family for one configuration; failures become rows with a reason."""
     rows = []
     for family in families():
-        v = setup.chunks if _accepts(family, setup.chunks) else family.default_chunks
+        v = setup.chunks if _accepts(family, setup.chunks) else None
         limit = setup.memory_limit if family.uses_memory_limit else None
         try:
             schedule = build_schedule(
@@ -132,7 +132,7 @@ def compare_rows(setup: opt.Setup) -> list[dict]:
             )
             result = simulate(schedule, setup.costs)
         except PipeschedError as err:
-            rows.append({"schedule": family.name, "chunks": v, "error": str(err)})
+            rows.append({"schedule": family.name, "chunks": v or family.default_chunks, "error": str(err)})
             continue
         fits = setup.memory_limit is None or result.max_peak_memory <= setup.memory_limit + 1e-9
         rows.append({**result.metrics(), "schedule": family.name, "fits": fits})

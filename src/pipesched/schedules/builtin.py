@@ -61,6 +61,7 @@ register(Family(
     summary="measured costs + a memory budget: searches loop and V placements, never worse than the above",
     placement="loop or v", split_backward=True, default_chunks=1, min_chunks=1, max_chunks=2,
     memory="memory limit (default p); needs >= 1", uses_memory_limit=True, uses_objective=True,
+    searches_chunks=True,
 ))
 register(Family(
     name="v-half", build=v_family.build_v_half,
