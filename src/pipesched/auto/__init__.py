@@ -18,11 +18,12 @@ from typing import Optional
 from ..costs import UNIT, Costs
 from ..errors import ConfigError
 from ..schedule import Schedule
-from ..schedules.choose import best_schedule, check_objective
-from .search import all_candidates
+from ..schedules.choose import best_schedule, check_objective, ranked_schedules
+from .search import all_candidates, with_weights_replaced
 
 MILP_MAX_SIZE = 256  # ranks * microbatches up to which the exact refinement runs
 SMALLEST_LIMIT = 1.0  # one microbatch's activations: a rank must hold at least one
+TOP_FOR_W_REPLACEMENT = 3  # best candidates tried again with W re-placed for the costs
 
 
 def check_memory_limit(limit: Optional[float], ranks: int) -> float:
@@ -62,14 +63,15 @@ def build_auto(
     limit = check_memory_limit(memory_limit, ranks)
     costs.multipliers(ranks)  # a multiplier list that fits no stage count fails here, in one line
     origins: dict[int, str] = {}
-
-    def tagged(pairs):
-        for origin, schedule in pairs:
-            if schedule is not None:
-                origins[id(schedule)] = origin
-                yield schedule
-
-    best = best_schedule(tagged(all_candidates(ranks, microbatches, costs, limit, chunks)), costs, limit, objective)
+    pool = _tagged(all_candidates(ranks, microbatches, costs, limit, chunks), origins)
+    ranked = ranked_schedules(pool, costs, limit, objective)
+    variants = []
+    for _, _, leader, _ in ranked[:TOP_FOR_W_REPLACEMENT]:
+        variant = with_weights_replaced(leader, costs, limit)
+        if variant is not None:
+            origins[id(variant)] = origins[id(leader)] + " + W re-placed"
+            variants.append(variant)
+    best = best_schedule([ranked[0][2]] + variants if ranked else variants, costs, limit, objective)
     if best is None:  # the 1-chunk greedy fits any limit >= 1; reaching here is a bug
         raise RuntimeError(f"zb-auto: no candidate fits memory_limit={limit:g}")
     schedule, result = best
@@ -106,3 +108,10 @@ def build(
 ) -> Schedule:
     """The registry's builder (``chunks=None``: the search picks 1 or 2 stages per rank)."""
     return build_auto(ranks, microbatches, costs, memory_limit, objective, chunks=chunks)
+
+
+def _tagged(pairs, origins: dict):
+    """Yield the schedules of (origin, schedule) pairs, noting each one's origin by id."""
+    for origin, schedule in pairs:
+        origins[id(schedule)] = origin
+        yield schedule

@@ -5,8 +5,8 @@
 - the same greedy with two chunks per rank in a V;
 - every handcrafted schedule of ours that fits the limit (1F1B, ZB-H1, ZB-H2 and interleaved ZB
   at the limit, ZB-V's program, the V-Half/V-Min blocks, ...), so the result is never worse;
-- each split-backward candidate again with its W passes re-placed for these costs
-  (:mod:`pipesched.schedules.wfill`): the handcrafted programs put W by a unit-cost rule.
+- the best few again with their W passes re-placed for these costs
+  (:func:`with_weights_replaced`): the handcrafted programs put W by a unit-cost rule.
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ from ..schedules.wfill import fill_weight_passes
 from ..schedules.zbv import rank_order
 
 HANDCRAFTED = ("1f1b", "zb-h1", "zb-h2", "interleaved-zb", "interleaved-1f1b", "gpipe", "looped-bfs")
+HOLD_EVERY_MICROBATCH = ("gpipe", "looped-bfs")
+LARGE = 512  # ranks * microbatches above which fewer greedy settings are tried
 
 
 def loop_knobs(ranks: int, microbatches: int) -> list[Knobs]:
     """Greedy settings for one chunk per rank (the stage order and reserve do not matter there)."""
-    bits = (True,) if ranks * microbatches > 2048 else (True, False)
+    bits = (True,) if ranks * microbatches > LARGE else (True, False)
     return [Knobs(first, wait, fill) for first, wait, fill in itertools.product(bits, (True, False), (True, False))]
 
 
@@ -42,7 +44,7 @@ def greedy_candidates(
             yield f"greedy 1-chunk {_knob_text(k)}", build_greedy(loop, ranks, microbatches, costs, limit, k, "zb-auto")
     if chunks in (None, 2):
         v = v_placement(ranks)
-        for k in v_knobs(ranks, microbatches):
+        for k in v_knobs(ranks, microbatches, large=LARGE):
             yield f"greedy V {_knob_text(k)}", build_greedy(v, ranks, microbatches, costs, limit, k, "zb-auto")
 
 
@@ -51,6 +53,8 @@ def handcrafted_candidates(ranks: int, microbatches: int, costs: Costs, limit: f
 
     for name in HANDCRAFTED:
         family = get_family(name)
+        if name in HOLD_EVERY_MICROBATCH and microbatches > limit:
+            continue  # their peak is m
         try:
             schedule = family.build(
                 ranks, microbatches, chunks=family.default_chunks, costs=costs,
@@ -89,15 +93,10 @@ def with_weights_replaced(
 def all_candidates(
     ranks: int, microbatches: int, costs: Costs, limit: float, chunks: Optional[int] = None
 ) -> Iterator[tuple[str, Schedule]]:
-    """Every candidate (with ``chunks`` per rank, if given) and where it came from; the W
-    re-placed variants come right after their originals."""
+    """Every candidate (with ``chunks`` per rank, if given) and where it came from."""
     for origin, schedule in itertools.chain(
         handcrafted_candidates(ranks, microbatches, costs, limit),
         greedy_candidates(ranks, microbatches, costs, limit, chunks),
     ):
-        if schedule is None or (chunks is not None and schedule.chunks != chunks):
-            continue
-        yield origin, schedule
-        variant = with_weights_replaced(schedule, costs, limit)
-        if variant is not None:
-            yield origin + " + W re-placed", variant
+        if schedule is not None and (chunks is None or schedule.chunks == chunks):
+            yield origin, schedule

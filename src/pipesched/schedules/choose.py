@@ -25,31 +25,40 @@ def objective_value(result, objective: str) -> float:
     return result.makespan if objective == "makespan" else result.span
 
 
+def ranked_schedules(
+    candidates: Iterable[Optional[Schedule]],
+    costs: Costs,
+    memory_limit: float,
+    objective: str,
+) -> list:
+    """(key, order, schedule, SimResult) of every candidate within the limit, best first.
+
+    The key is the objective, then the other metric; ``order`` keeps earlier candidates ahead
+    on ties, so callers list the schedule they would rather keep first.
+    """
+    from ..simulate import simulate
+
+    ranked = []
+    for order, schedule in enumerate(candidates):
+        if schedule is None:
+            continue
+        result = simulate(schedule, costs)
+        if result.max_peak_memory > memory_limit + _EPS:
+            continue
+        other = result.span if objective == "makespan" else result.makespan
+        key = (round(objective_value(result, objective), 9), round(other, 9))
+        ranked.append((key, order, schedule, result))
+    ranked.sort(key=lambda item: (item[0], item[1]))
+    return ranked
+
+
 def best_schedule(
     candidates: Iterable[Optional[Schedule]],
     costs: Costs,
     memory_limit: float,
     objective: str,
 ):
-    """The (schedule, SimResult) with the best objective among candidates within the limit.
-
-    Earlier candidates win ties, so callers list the schedule they would rather keep first.
-    Returns None when no candidate fits.
-    """
-    from ..simulate import simulate
-
-    best, best_key = None, None
-    for schedule in candidates:
-        if schedule is None:
-            continue
-        result = simulate(schedule, costs)
-        if result.max_peak_memory > memory_limit + _EPS:
-            continue
-        main = objective_value(result, objective)
-        other = result.span if objective == "makespan" else result.makespan
-        key = (main, other)
-        if best_key is None or key[0] < best_key[0] - _EPS or (
-            abs(key[0] - best_key[0]) <= _EPS and key[1] < best_key[1] - _EPS
-        ):
-            best, best_key = (schedule, result), key
-    return best
+    """The (schedule, SimResult) with the best objective among candidates within the limit,
+    or None when no candidate fits (earlier candidates win ties)."""
+    ranked = ranked_schedules(candidates, costs, memory_limit, objective)
+    return (ranked[0][2], ranked[0][3]) if ranked else None

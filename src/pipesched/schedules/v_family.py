@@ -28,10 +28,12 @@ from .zbv import rank_order
 SMALLEST_LIMIT = 1.0  # one microbatch's activations: rank p-1 runs two stages of one microbatch back to back
 
 
-def v_knobs(ranks: int, microbatches: int, reserves: tuple[int, ...] = (1, 2)) -> list[Knobs]:
-    """Greedy settings worth trying for a V placement (fewer for very large instances)."""
-    if ranks * microbatches > 2048:
-        return [Knobs(True, wait, fill, True, 1) for wait, fill in itertools.product((True, False), repeat=2)]
+def v_knobs(
+    ranks: int, microbatches: int, reserves: tuple[int, ...] = (1, 2), large: int = 2048
+) -> list[Knobs]:
+    """Greedy settings worth trying for a V placement (fewer when ``ranks * microbatches > large``)."""
+    if ranks * microbatches > large:
+        return [Knobs(first, True, fill, True, 1) for first, fill in itertools.product((True, False), repeat=2)]
     return [
         Knobs(first, wait, fill, True, reserve)
         for first, wait, fill, reserve in itertools.product((True, False), (True, False), (True, False), reserves)
