@@ -216,7 +216,7 @@ def refine(
     upper[n:obj_var] = 1.0
     upper[obj_var] = cutoff
     constraints = LinearConstraint(coo_matrix((vals, (rows, cols)), shape=(len(lo), nv)).tocsr(), lo, hi)
-    remaining = max(0.05, 0.9 * time_limit - (time.perf_counter() - t0))  # room to read the result
+    remaining = max(0.05, 0.8 * time_limit - (time.perf_counter() - t0))  # room to read the result
     from scipy.optimize import Bounds
 
     res = milp(c, integrality=integrality, bounds=Bounds(lower, upper), constraints=constraints,

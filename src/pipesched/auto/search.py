@@ -27,10 +27,13 @@ from ..schedules.zbv import rank_order
 HANDCRAFTED = ("1f1b", "zb-h1", "zb-h2", "interleaved-zb", "interleaved-1f1b", "gpipe", "looped-bfs")
 HOLD_EVERY_MICROBATCH = ("gpipe", "looped-bfs")
 LARGE = 512  # ranks * microbatches above which fewer greedy settings are tried
+HUGE = 4096  # ... and above which only two per placement
 
 
 def loop_knobs(ranks: int, microbatches: int) -> list[Knobs]:
     """Greedy settings for one chunk per rank (the stage order and reserve do not matter there)."""
+    if ranks * microbatches > HUGE:
+        return [Knobs(True, False, False), Knobs(True, True, True)]
     bits = (True,) if ranks * microbatches > LARGE else (True, False)
     return [Knobs(first, wait, fill) for first, wait, fill in itertools.product(bits, (True, False), (True, False))]
 
@@ -44,7 +47,10 @@ def greedy_candidates(
             yield f"greedy 1-chunk {_knob_text(k)}", build_greedy(loop, ranks, microbatches, costs, limit, k, "zb-auto")
     if chunks in (None, 2):
         v = v_placement(ranks)
-        for k in v_knobs(ranks, microbatches, large=LARGE):
+        knobs = v_knobs(ranks, microbatches, large=LARGE)
+        if ranks * microbatches > HUGE:
+            knobs = [Knobs(True, True, True), Knobs(False, True, False)]
+        for k in knobs:
             yield f"greedy V {_knob_text(k)}", build_greedy(v, ranks, microbatches, costs, limit, k, "zb-auto")
 
 
