@@ -10,7 +10,8 @@
    costs) whose peak fits p; the margin over the best of each; the MILP's status and the gap
    between the result and the proven lower bound where it runs (p*m <= 256).
 3. V family at unit costs: peak memory and bubble against 1F1B's (published: 1/2 and 2/3).
-4. Speed: median wall time of zb-auto at p=16 m=64 and p=32 m=256 (greedy only), and the MILP's
+4. DualPipeV: torch's schedule, flattened to plain actions, against zb-auto at its peak memory.
+5. Speed: median wall time of zb-auto at p=16 m=64 and p=32 m=256 (greedy only), and the MILP's
    time against its bound.
 """
 
@@ -123,6 +124,27 @@ def v_family(quick: bool) -> None:
     print()
 
 
+def dualpipev(quick: bool) -> None:
+    try:
+        from pipesched.interop.torch_schedules import torch_schedule
+    except ImportError:
+        return
+    print("### torch's DualPipeV (overlapped F&B flattened) against zb-auto at the same memory\n")
+    print("| costs | p | m | dualpipev makespan | its peak | zb-auto at that limit | zb-v | margin |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, costs in (("unit", Costs()), ("skewed", SKEWED)):
+        for p, m in [(4, 16)] if quick else [(4, 8), (4, 16), (8, 32)]:
+            theirs = torch_schedule("dualpipev", p, m, 2)
+            if theirs is None:
+                continue
+            r = simulate(theirs, costs)
+            ours = simulate(build_auto(p, m, costs, memory_limit=r.max_peak_memory, milp=False), costs)
+            zbv = simulate(build_schedule("zb-v", p, m, costs=costs), costs)
+            print(f"| {label} | {p} | {m} | {r.makespan:.4g} | {r.max_peak_memory:g} | {ours.makespan:.4g} | "
+                  f"{zbv.makespan:.4g} | {100 * (r.makespan / ours.makespan - 1):+.2f}% |")
+    print()
+
+
 def _median_seconds(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -160,6 +182,7 @@ def main() -> None:
     unit_figures(args.quick)
     skewed(args.quick)
     v_family(args.quick)
+    dualpipev(args.quick)
     speed(args.quick)
 
 
