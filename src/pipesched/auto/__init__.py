@@ -12,32 +12,16 @@ The result's ``meta`` says which candidate won and what the exact refinement fou
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 from ..costs import UNIT, Costs
-from ..errors import ConfigError
 from ..schedule import Schedule
 from ..schedules.choose import best_schedule, check_objective, ranked_schedules
+from ..schedules.limits import resolve_limit
 from .search import all_candidates, with_weights_replaced
 
 MILP_MAX_SIZE = 256  # ranks * microbatches up to which the exact refinement runs
-SMALLEST_LIMIT = 1.0  # one microbatch's activations: a rank must hold at least one
 TOP_FOR_W_REPLACEMENT = 3  # best candidates tried again with W re-placed for the costs
-
-
-def check_memory_limit(limit: Optional[float], ranks: int) -> float:
-    """The limit to use (default ``ranks``, as 1F1B), or a one-line error naming the smallest one."""
-    if limit is None:
-        return float(ranks)
-    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit):
-        raise ConfigError(f"memory_limit must be a finite number, got {limit!r}")
-    if limit < SMALLEST_LIMIT - 1e-9:
-        raise ConfigError(
-            f"memory_limit={limit:g} is below one microbatch's activations, the least any schedule "
-            f"needs: the smallest feasible limit is {SMALLEST_LIMIT:g}"
-        )
-    return float(limit)
 
 
 def build_auto(
@@ -60,7 +44,7 @@ def build_auto(
     """
     costs = costs or UNIT
     check_objective(objective)
-    limit = check_memory_limit(memory_limit, ranks)
+    limit = resolve_limit(memory_limit, ranks, "zb-auto")
     costs.multipliers(ranks)  # a multiplier list that fits no stage count fails here, in one line
     origins: dict[int, str] = {}
     pool = _tagged(all_candidates(ranks, microbatches, costs, limit, chunks), origins)

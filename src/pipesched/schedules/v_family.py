@@ -17,15 +17,13 @@ import itertools
 from typing import Iterator, Optional
 
 from ..costs import UNIT, Costs
-from ..errors import ConfigError
 from ..placement import v_placement
 from ..schedule import Schedule
 from .choose import best_schedule
 from .greedy import Knobs, build_greedy
+from .limits import resolve_limit
 from .v_blocks import block_orders, v_half_offsets, v_min_offsets
 from .zbv import rank_order
-
-SMALLEST_LIMIT = 1.0  # one microbatch's activations: rank p-1 runs two stages of one microbatch back to back
 
 
 def v_knobs(
@@ -38,15 +36,6 @@ def v_knobs(
         Knobs(first, wait, fill, True, reserve)
         for first, wait, fill, reserve in itertools.product((True, False), (True, False), (True, False), reserves)
     ]
-
-
-def check_limit(limit: float, family: str) -> float:
-    if limit < SMALLEST_LIMIT - 1e-9:
-        raise ConfigError(
-            f"memory_limit={limit:g} is below one microbatch's activations, the least any {family} "
-            f"schedule needs: the smallest feasible limit is {SMALLEST_LIMIT:g}"
-        )
-    return float(limit)
 
 
 def greedy_v_candidates(
@@ -78,7 +67,7 @@ def build_zb_v(
 ) -> Schedule:
     """ZB-V: the handcrafted program where it fits, else (or if faster) the greedy V."""
     costs = costs or UNIT
-    limit = check_limit(memory_limit if memory_limit is not None else ranks, "zb-v")
+    limit = resolve_limit(memory_limit, ranks, "zb-v")
     handcrafted = _from_orders(ranks, microbatches, [rank_order(r, ranks, microbatches) for r in range(ranks)], "zb-v")
     candidates = itertools.chain(
         [handcrafted], greedy_v_candidates(ranks, microbatches, costs, limit, "zb-v", v_knobs(ranks, microbatches))
@@ -96,7 +85,8 @@ def v_min_limit(ranks: int) -> int:
 
 def _build_budgeted(ranks, microbatches, costs, memory_limit, objective, family, budget, offsets) -> Schedule:
     costs = costs or UNIT
-    limit = check_limit(min(budget, memory_limit) if memory_limit is not None else budget, family)
+    limit = resolve_limit(memory_limit, budget, family)
+    limit = min(limit, float(budget))
     block = _from_orders(ranks, microbatches, block_orders(ranks, microbatches, offsets), family)
     reserves = tuple(range(1, max(2, int(limit)) + 1))[:4]
     knobs = v_knobs(ranks, microbatches, reserves)
@@ -104,27 +94,28 @@ def _build_budgeted(ranks, microbatches, costs, memory_limit, objective, family,
     return _finish(best_schedule(candidates, costs, limit, objective), family, limit)
 
 
-def build_v_half(
-    ranks: int,
-    microbatches: int,
-    chunks: int = 2,
-    costs: Optional[Costs] = None,
-    memory_limit: Optional[float] = None,
-    objective: str = "makespan",
-) -> Schedule:
-    """V-Half: peak ``(p+2)//2`` (or a lower ``memory_limit``), about half of 1F1B's bubble."""
-    return _build_budgeted(ranks, microbatches, costs, memory_limit, objective, "v-half",
-                           v_half_limit(ranks), v_half_offsets)
+def _budgeted_family(family: str, budget_of, offsets, summary: str):
+    def build(
+        ranks: int,
+        microbatches: int,
+        chunks: int = 2,
+        costs: Optional[Costs] = None,
+        memory_limit: Optional[float] = None,
+        objective: str = "makespan",
+    ) -> Schedule:
+        return _build_budgeted(ranks, microbatches, costs, memory_limit, objective, family,
+                               budget_of(ranks), offsets)
+
+    build.__name__ = f"build_{family.replace('-', '_')}"
+    build.__doc__ = summary
+    return build
 
 
-def build_v_min(
-    ranks: int,
-    microbatches: int,
-    chunks: int = 2,
-    costs: Optional[Costs] = None,
-    memory_limit: Optional[float] = None,
-    objective: str = "makespan",
-) -> Schedule:
-    """V-Min: peak ``(p+4)//3`` (or a lower ``memory_limit``), about two thirds of 1F1B's bubble."""
-    return _build_budgeted(ranks, microbatches, costs, memory_limit, objective, "v-min",
-                           v_min_limit(ranks), v_min_offsets)
+build_v_half = _budgeted_family(
+    "v-half", v_half_limit, v_half_offsets,
+    "V-Half: peak ``(p+2)//2`` (or a lower ``memory_limit``), about half of 1F1B's bubble.",
+)
+build_v_min = _budgeted_family(
+    "v-min", v_min_limit, v_min_offsets,
+    "V-Min: peak ``(p+4)//3`` (or a lower ``memory_limit``), about two thirds of 1F1B's bubble.",
+)
