@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import cost_strategies
 from pipesched import ConfigError, Costs, build_schedule, simulate, validate
 from pipesched.auto import build_auto
 
@@ -18,10 +19,7 @@ def skewed_with_heavy_ends(p: int) -> Costs:
     return Costs(F=1, B=1.4, W=0.6, comm=0.1, stage_multipliers=(1.3,) + (1.0,) * (p - 2) + (1.3,))
 
 
-costs_strategy = st.builds(
-    Costs,
-    F=st.floats(0.2, 3), B=st.floats(0.2, 3), W=st.floats(0.2, 3), comm=st.floats(0, 0.5),
-)
+costs_strategy = cost_strategies.costs()
 
 
 @settings(max_examples=30, deadline=None)

@@ -8,15 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import cost_strategies
 from pipesched import Costs, Schedule, simulate, validate
 from pipesched.auto import build_auto
-from pipesched.auto.milp import refine, work_bound
-from pipesched.schedules.choose import objective_value
+from pipesched.auto.milp import refine
+from pipesched.schedules.choose import objective_value, work_bound
 
-costs_strategy = st.builds(
-    Costs,
-    F=st.floats(0.3, 2), B=st.floats(0.3, 2), W=st.floats(0.3, 2), comm=st.floats(0, 0.3),
-)
+costs_strategy = cost_strategies.costs(0.3, 2.0, 0.3)
 
 
 @settings(max_examples=8, deadline=None)

@@ -6,13 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import cost_strategies
 from pipesched import ConfigError, Costs, build_schedule, simulate, validate
 from pipesched.placement import v_placement
 
-costs_strategy = st.builds(
-    Costs,
-    F=st.floats(0.2, 3), B=st.floats(0.2, 3), W=st.floats(0.2, 3), comm=st.floats(0, 0.5),
-)
+costs_strategy = cost_strategies.costs()
 BUDGET = {"v-half": lambda p: (p + 2) // 2, "v-min": lambda p: (p + 4) // 3, "zb-v": lambda p: p}
 
 

@@ -61,9 +61,9 @@ def build_auto(
     schedule, result = best
     meta = {"origin": origins.get(id(schedule), "?"), "objective": objective, "memory_limit": limit}
     if milp and time_limit > 0 and ranks * microbatches <= MILP_MAX_SIZE:
-        from ..schedules.choose import objective_value
+        from ..schedules.choose import objective_value, work_bound
         from .local import improve_by_swaps
-        from .milp import refine, work_bound
+        from .milp import refine
 
         if objective_value(result, objective) > work_bound(schedule, costs, objective) * (1 + 1e-9):
             polished = improve_by_swaps(schedule, costs, limit, objective, time_limit / 2)

@@ -68,24 +68,6 @@ def _closure(n: int, preds: list[list[int]], topo: list[int]) -> list[int]:
     return anc
 
 
-def work_bound(schedule: Schedule, costs: Costs, objective: str) -> float:
-    """A lower bound on the objective for any order: each rank's work after its earliest start."""
-    from ..simulate import action_durations
-
-    dur = action_durations(schedule, costs)
-    stages = schedule.stages
-    head = [0.0] * stages  # earliest start of stage s's first forward
-    for s in range(1, stages):
-        hop = costs.comm if schedule.placement[s] != schedule.placement[s - 1] else 0.0
-        head[s] = head[s - 1] + dur[(s - 1, "F")] + hop
-    best = 0.0
-    for r, held in enumerate(stages_by_rank(schedule.placement, schedule.ranks)):
-        work = sum(dur[(a.stage, a.kind)] for a in schedule.rank_actions(r))
-        start = min(head[s] for s in held) if objective == "makespan" else 0.0
-        best = max(best, start + work)
-    return best
-
-
 def refine(
     schedule: Schedule,
     costs: Costs,
@@ -98,7 +80,7 @@ def refine(
     from scipy.sparse import coo_matrix
 
     from ..simulate import action_durations, simulate
-    from ..schedules.choose import objective_value
+    from ..schedules.choose import objective_value, work_bound
 
     t0 = time.perf_counter()
     greedy = objective_value(simulate(schedule, costs), objective)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 from ..costs import Costs
+from ..placement import stages_by_rank
 from ..schedule import Schedule
 
 OBJECTIVES = ("makespan", "span")
@@ -62,3 +63,21 @@ def best_schedule(
     or None when no candidate fits (earlier candidates win ties)."""
     ranked = ranked_schedules(candidates, costs, memory_limit, objective)
     return (ranked[0][2], ranked[0][3]) if ranked else None
+
+
+def work_bound(schedule: Schedule, costs: Costs, objective: str) -> float:
+    """A lower bound on the objective for any order: each rank's work after its earliest start."""
+    from ..simulate import action_durations
+
+    dur = action_durations(schedule, costs)
+    stages = schedule.stages
+    head = [0.0] * stages  # earliest start of stage s's first forward
+    for s in range(1, stages):
+        hop = costs.comm if schedule.placement[s] != schedule.placement[s - 1] else 0.0
+        head[s] = head[s - 1] + dur[(s - 1, "F")] + hop
+    best = 0.0
+    for r, held in enumerate(stages_by_rank(schedule.placement, schedule.ranks)):
+        work = sum(dur[(a.stage, a.kind)] for a in schedule.rank_actions(r))
+        start = min(head[s] for s in held) if objective == "makespan" else 0.0
+        best = max(best, start + work)
+    return best

@@ -19,7 +19,7 @@ from typing import Iterator, Optional
 from ..costs import UNIT, Costs
 from ..placement import v_placement
 from ..schedule import Schedule
-from .choose import best_schedule
+from .choose import best_schedule, objective_value, work_bound
 from .greedy import Knobs, build_greedy
 from .limits import resolve_limit
 from .v_blocks import block_orders, v_half_offsets, v_min_offsets
@@ -27,7 +27,7 @@ from .zbv import rank_order
 
 
 def v_knobs(
-    ranks: int, microbatches: int, reserves: tuple[int, ...] = (1, 2), large: int = 2048
+    ranks: int, microbatches: int, reserves: tuple[int, ...] = (1, 2), large: int = 512
 ) -> list[Knobs]:
     """Greedy settings worth trying for a V placement (fewer when ``ranks * microbatches > large``)."""
     if ranks * microbatches > large:
@@ -69,10 +69,20 @@ def build_zb_v(
     costs = costs or UNIT
     limit = resolve_limit(memory_limit, ranks, "zb-v")
     handcrafted = _from_orders(ranks, microbatches, [rank_order(r, ranks, microbatches) for r in range(ranks)], "zb-v")
+    if _meets_work_bound(handcrafted, costs, limit, objective):
+        return handcrafted  # nothing can be faster (always so at equal costs): skip the search
     candidates = itertools.chain(
         [handcrafted], greedy_v_candidates(ranks, microbatches, costs, limit, "zb-v", v_knobs(ranks, microbatches))
     )
     return _finish(best_schedule(candidates, costs, limit, objective), "zb-v", limit)
+
+
+def _meets_work_bound(schedule: Schedule, costs: Costs, limit: float, objective: str) -> bool:
+    from ..simulate import simulate
+
+    result = simulate(schedule, costs)
+    return (result.max_peak_memory <= limit + 1e-9
+            and objective_value(result, objective) <= work_bound(schedule, costs, objective) * (1 + 1e-9))
 
 
 def v_half_limit(ranks: int) -> int:
