@@ -51,10 +51,12 @@ def build_auto(
     ranked = ranked_schedules(pool, costs, limit, objective)
     variants = []
     for _, _, leader, _ in ranked[:TOP_FOR_W_REPLACEMENT]:
-        variant = with_weights_replaced(leader, costs, limit)
-        if variant is not None:
-            origins[id(variant)] = origins[id(leader)] + " + W re-placed"
-            variants.append(variant)
+        for partial in (False, True):
+            variant = with_weights_replaced(leader, costs, limit, fill_partial_waits=partial)
+            if variant is not None:
+                how = " + W re-placed" + (" (partial waits too)" if partial else "")
+                origins[id(variant)] = origins[id(leader)] + how
+                variants.append(variant)
     best = best_schedule([ranked[0][2]] + variants if ranked else variants, costs, limit, objective)
     if best is None:  # the 1-chunk greedy fits any limit >= 1; reaching here is a bug
         raise RuntimeError(f"zb-auto: no candidate fits memory_limit={limit:g}")

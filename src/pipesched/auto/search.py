@@ -87,13 +87,15 @@ def _knob_text(k: Knobs) -> str:
 
 
 def with_weights_replaced(
-    schedule: Schedule, costs: Costs, limit: float
+    schedule: Schedule, costs: Costs, limit: float, fill_partial_waits: bool = False
 ) -> Optional[Schedule]:
-    """The same forwards and input-gradient backwards, W passes put into this cost model's waits."""
+    """The same forwards and input-gradient backwards, W passes put into this cost model's waits
+    (``fill_partial_waits``: also into waits shorter than a W)."""
     if any(a.kind == "B" for _, a in schedule.actions()) or not schedule.split_backward:
         return None
     skeleton = [[a for a in schedule.rank_actions(r) if a.kind != "W"] for r in range(schedule.ranks)]
-    return fill_weight_passes(skeleton, schedule.placement, schedule.microbatches, costs, limit, schedule.name)
+    return fill_weight_passes(skeleton, schedule.placement, schedule.microbatches, costs, limit,
+                              schedule.name, fill_partial_waits=fill_partial_waits)
 
 
 def all_candidates(
