@@ -4,8 +4,7 @@ A building block fixes, for rank ``i``, when (in unit slots, 6 slots per microba
 forwards, two input-gradient backwards, two weight passes) microbatch 0's passes run; microbatch
 ``j`` repeats it ``6j`` slots later. The activation memory of a rank is set by the lifespans
 (forward to weight pass) of its two chunks, and the blocks below keep their sum near ``4p``
-(V-Min, about p/3 of a microbatch per rank... ``(p+4)//3``) or ``6p`` (V-Half, ``(p+2)//2``)
-slots. Each W takes the first free slot after its backward. The per-rank programs are the
+slots (V-Min: peak ``(p+4)//3`` microbatches per rank) or ``6p`` slots (V-Half: ``(p+2)//2``). Each W takes the first free slot after its backward. The per-rank programs are the
 passes sorted by slot; the simulator then runs them as early as their inputs allow, which is the
 paper's "squeeze" (our memory count depends on the order only, so squeezing cannot raise it).
 """
