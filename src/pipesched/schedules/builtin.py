@@ -58,7 +58,7 @@ register(Family(
 ))
 register(Family(
     name="zb-auto", build=auto.build,
-    summary="measured costs + a memory budget: searches loop and V placements, never worse than the above",
+    summary="measured costs + a memory budget: searches loop and V placements; never slower than a handcrafted schedule that fits",
     placement="loop or v", split_backward=True, default_chunks=1, min_chunks=1, max_chunks=2,
     memory="memory limit (default p); needs >= 1", uses_memory_limit=True, uses_objective=True,
     searches_chunks=True,

@@ -56,133 +56,139 @@ def greedy_orders(
     knobs: Knobs = Knobs(),
 ) -> Optional[list[list[Action]]]:
     """Per-rank programs built greedily under ``costs``; None if the limit admits no progress."""
-    from ..simulate import durations_for
+    run = _GreedyRun(placement, ranks, microbatches, costs, memory_limit, knobs)
+    return run.orders()
 
-    m = microbatches
-    stages = len(placement)
-    held_by = stages_by_rank(placement, ranks)
-    dur = durations_for(placement, ranks, costs)
-    cap = [int(memory_limit * len(h) + _EPS) for h in held_by]
-    f_end: list[list[Optional[float]]] = [[None] * m for _ in range(stages)]
-    g_end: list[list[Optional[float]]] = [[None] * m for _ in range(stages)]
-    next_f = [0] * stages
-    next_i = [0] * stages
-    clock = [0.0] * ranks
-    held = [0] * ranks
-    pending: list[deque] = [deque() for _ in range(ranks)]
-    out: list[list[Action]] = [[] for _ in range(ranks)]
-    remaining = [3 * m * len(h) for h in held_by]
-    order_of_stage = {s: (sorted(h, reverse=knobs.later_stage_first)) for h in held_by for s in h}
-    scan = [order_of_stage[h[0]] if h else [] for h in held_by]
 
-    def hop(src: int, dst: int) -> float:
-        return costs.comm if placement[src] != placement[dst] else 0.0
+class _GreedyRun:
+    """One construction: per-rank clocks and memory, what each stage has done, a wake-up queue.
 
-    def arrival(kind: str, s: int) -> Optional[float]:
+    Ranks are visited in time order; a rank whose next input is not known yet sleeps until an
+    action it depends on is placed. A W placed while a rank slept starts at the rank's clock
+    (the rank was idle then), so waits can be filled after the fact.
+    """
+
+    def __init__(self, placement, ranks, microbatches, costs, memory_limit, knobs) -> None:
+        from ..simulate import durations_for
+
+        self.placement = placement
+        self.m = microbatches
+        self.stages = len(placement)
+        self.knobs = knobs
+        self.comm = costs.comm
+        self.held_by = stages_by_rank(placement, ranks)
+        self.dur = durations_for(placement, ranks, costs)
+        self.cap = [int(memory_limit * len(h) + _EPS) for h in self.held_by]
+        self.f_end: list[list[Optional[float]]] = [[None] * microbatches for _ in range(self.stages)]
+        self.g_end: list[list[Optional[float]]] = [[None] * microbatches for _ in range(self.stages)]
+        self.next_f = [0] * self.stages
+        self.next_i = [0] * self.stages
+        self.clock = [0.0] * ranks
+        self.held = [0] * ranks
+        self.pending: list[deque] = [deque() for _ in range(ranks)]
+        self.out: list[list[Action]] = [[] for _ in range(ranks)]
+        self.remaining = [3 * microbatches * len(h) for h in self.held_by]
+        self.scan = [sorted(h, reverse=knobs.later_stage_first) for h in self.held_by]
+        self.heap: list[tuple[float, int, int]] = []
+        self.tick = itertools.count()
+
+    def orders(self) -> Optional[list[list[Action]]]:
+        for r in range(len(self.clock)):
+            self.wake(r, 0.0)
+        while self.heap:
+            now, _, r = heapq.heappop(self.heap)
+            if self.remaining[r] == 0 or now < self.clock[r] - _EPS:
+                continue
+            self.step(r, max(now, self.clock[r]))
+        return None if any(self.remaining) else self.out
+
+    def hop(self, src: int, dst: int) -> float:
+        return self.comm if self.placement[src] != self.placement[dst] else 0.0
+
+    def arrival(self, kind: str, s: int) -> Optional[float]:
+        """When the input of stage ``s``'s next ``kind`` pass arrives (None: not produced yet)."""
         if kind == "F":
-            k = next_f[s]
             if s == 0:
                 return 0.0
-            t = f_end[s - 1][k]
-            return None if t is None else t + hop(s - 1, s)
-        k = next_i[s]
-        if s == stages - 1:
-            return f_end[s][k]
-        t = g_end[s + 1][k]
-        return None if t is None else t + hop(s + 1, s)
+            t = self.f_end[s - 1][self.next_f[s]]
+            return None if t is None else t + self.hop(s - 1, s)
+        k = self.next_i[s]
+        if s == self.stages - 1:
+            return self.f_end[s][k]
+        t = self.g_end[s + 1][k]
+        return None if t is None else t + self.hop(s + 1, s)
 
-    def room_for_forward(r: int, s: int) -> bool:
-        reserve = knobs.reserve if s != held_by[r][-1] else 0
-        return held[r] + 1 + reserve <= cap[r]
+    def room_for_forward(self, r: int, s: int) -> bool:
+        reserve = self.knobs.reserve if s != self.held_by[r][-1] else 0
+        return self.held[r] + 1 + reserve <= self.cap[r]
 
-    heap: list[tuple[float, int, int]] = []
-    tick = itertools.count()
+    def wake(self, r: int, at: float) -> None:
+        heapq.heappush(self.heap, (max(at, self.clock[r]), next(self.tick), r))
 
-    def wake(r: int, at: float) -> None:
-        heapq.heappush(heap, (max(at, clock[r]), next(tick), r))
-
-    def place(r: int, action: Action, start: float) -> None:
+    def place(self, r: int, action: Action, start: float) -> None:
         s, kind, k = action
-        end = start + dur[(s, kind)]
-        clock[r] = end
-        out[r].append(action)
-        remaining[r] -= 1
+        end = start + self.dur[(s, kind)]
+        self.clock[r] = end
+        self.out[r].append(action)
+        self.remaining[r] -= 1
         if kind == "F":
-            held[r] += 1
-            next_f[s] += 1
-            f_end[s][k] = end
-            if s + 1 < stages:
-                wake(placement[s + 1], end + hop(s, s + 1))
+            self.held[r] += 1
+            self.next_f[s] += 1
+            self.f_end[s][k] = end
+            if s + 1 < self.stages:
+                self.wake(self.placement[s + 1], end + self.hop(s, s + 1))
         elif kind == "I":
-            next_i[s] += 1
-            g_end[s][k] = end
-            pending[r].append(Action(s, "W", k))
+            self.next_i[s] += 1
+            self.g_end[s][k] = end
+            self.pending[r].append(Action(s, "W", k))
             if s > 0:
-                wake(placement[s - 1], end + hop(s, s - 1))
+                self.wake(self.placement[s - 1], end + self.hop(s, s - 1))
         else:
-            held[r] -= 1
-        wake(r, end)
+            self.held[r] -= 1
+        self.wake(r, end)
 
-    for r in range(ranks):
-        wake(r, 0.0)
-    while heap:
-        now, _, r = heapq.heappop(heap)
-        if remaining[r] == 0 or now < clock[r] - _EPS:
-            continue
-        now = max(now, clock[r])
-        _step(r, now, knobs, scan[r], m, next_f, next_i, arrival, room_for_forward,
-              pending[r], clock, dur, place, wake)
-    if any(remaining):
-        return None
-    return out
-
-
-def _step(r, now, knobs, stage_scan, m, next_f, next_i, arrival, room_for_forward,
-          pending, clock, dur, place, wake) -> None:
-    """Decide and place one action on rank ``r`` (or schedule a wake-up)."""
-    backs, fwds, blocked = [], [], []
-    for s in stage_scan:
-        if next_i[s] < m and next_i[s] < next_f[s]:
-            backs.append((arrival("I", s), s))
-        if next_f[s] < m:
-            a = arrival("F", s)
-            (fwds if room_for_forward(r, s) else blocked).append((a, s))
-    ready_b = [(a, s) for a, s in backs if a is not None and a <= now + _EPS]
-    ready_f = [(a, s) for a, s in fwds if a is not None and a <= now + _EPS]
-    first, second = (ready_b, ready_f) if knobs.backward_first else (ready_f, ready_b)
-    choice = None
-    if first:
-        choice = ("I" if first is ready_b else "F", first[0])
-    elif second:
-        choice = ("I" if second is ready_b else "F", second[0])
-    if choice is not None and choice[0] == "F" and knobs.wait_for_backward:
-        start_f = max(clock[r], choice[1][0])
-        soon = [(a, s) for a, s in backs if a is not None and now < a < start_f + dur[(choice[1][1], "F")] - _EPS]
-        if soon:
-            choice = ("I", min(soon))
-    if choice is not None and choice[1][0] <= now + _EPS:
-        kind, (a, s) = choice
-        if pending and _w_fits(pending[0], clock[r], a, knobs, dur):
-            place(r, pending.popleft(), clock[r])
-        else:
-            k = next_f[s] if kind == "F" else next_i[s]
-            place(r, Action(s, kind, k), max(clock[r], a))
-        return
-    if pending and any(a is not None and a <= now + _EPS for a, _ in blocked):
-        place(r, pending.popleft(), clock[r])  # a forward waits for the memory this W frees
-        return
-    known = [a for a, _ in backs + fwds if a is not None]
-    if pending:
-        known += [a for a, _ in blocked if a is not None]
-    soonest = min(known) if known else None
-    if choice is not None:
-        soonest = choice[1][0]
-    if pending and (soonest is None and not backs and not fwds and not blocked
-                    or soonest is not None and _w_fits(pending[0], clock[r], soonest, knobs, dur)):
-        place(r, pending.popleft(), clock[r])
-        return
-    if soonest is not None:
-        wake(r, soonest)
+    def step(self, r: int, now: float) -> None:
+        """Place one action on rank ``r`` (or schedule its next wake-up)."""
+        knobs, pending, clock = self.knobs, self.pending[r], self.clock[r]
+        next_f, next_i, m, arrival = self.next_f, self.next_i, self.m, self.arrival
+        backs, fwds, blocked = [], [], []
+        for s in self.scan[r]:
+            if next_i[s] < m and next_i[s] < next_f[s]:
+                backs.append((arrival("I", s), s))
+            if next_f[s] < m:
+                a = arrival("F", s)
+                (fwds if self.room_for_forward(r, s) else blocked).append((a, s))
+        ready_b = [(a, s) for a, s in backs if a is not None and a <= now + _EPS]
+        ready_f = [(a, s) for a, s in fwds if a is not None and a <= now + _EPS]
+        order = (("I", ready_b), ("F", ready_f)) if knobs.backward_first else (("F", ready_f), ("I", ready_b))
+        choice = next(((kind, ready[0]) for kind, ready in order if ready), None)
+        if choice is not None and choice[0] == "F" and knobs.wait_for_backward:
+            f_end = max(clock, choice[1][0]) + self.dur[(choice[1][1], "F")]
+            soon = [(a, s) for a, s in backs if a is not None and now < a < f_end - _EPS]
+            if soon:
+                choice = ("I", min(soon))  # not ready yet: handled as a wait below
+        if choice is not None and choice[1][0] <= now + _EPS:
+            kind, (a, s) = choice
+            if pending and _w_fits(pending[0], clock, a, knobs, self.dur):
+                self.place(r, pending.popleft(), clock)
+            else:
+                k = self.next_f[s] if kind == "F" else self.next_i[s]
+                self.place(r, Action(s, kind, k), max(clock, a))
+            return
+        if pending and any(a is not None and a <= now + _EPS for a, _ in blocked):
+            self.place(r, pending.popleft(), clock)  # a forward waits for the memory this W frees
+            return
+        known = [a for a, _ in backs + fwds if a is not None]
+        if pending:
+            known += [a for a, _ in blocked if a is not None]
+        soonest = choice[1][0] if choice is not None else (min(known) if known else None)
+        only_weights_left = not backs and not fwds and not blocked
+        if pending and (soonest is None and only_weights_left
+                        or soonest is not None and _w_fits(pending[0], clock, soonest, knobs, self.dur)):
+            self.place(r, pending.popleft(), clock)
+            return
+        if soonest is not None:
+            self.wake(r, soonest)
 
 
 def _w_fits(w: Action, free_at: float, arrival: float, knobs: Knobs, dur) -> bool:
