@@ -176,7 +176,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer configurations")
     args = parser.parse_args()
-    print("## Automatic schedules\n")
+    print("## Automatic schedules (`python benchmarks/auto.py`)\n")
     print("Produced by `python benchmarks/auto.py`. Costs are per microbatch for one rank's "
           "share; memory in one microbatch's activations per rank (M_B).\n")
     unit_figures(args.quick)

@@ -54,6 +54,7 @@ class Program:
     cross: list[bool]  # True when the dependency lives on another rank
     rank_of: list[int]  # rank of each id
     placement: tuple[int, ...]
+    index: dict  # action -> id (a duplicated action keeps its last id)
 
 
 def lower(orders: Sequence[Sequence[Action]], placement: Sequence[int]) -> Program:
@@ -64,8 +65,7 @@ def lower(orders: Sequence[Sequence[Action]], placement: Sequence[int]) -> Progr
     index: dict = {}
     for r, order in enumerate(orders):
         ids = list(range(len(actions), len(actions) + len(order)))
-        for i, action in zip(ids, order):
-            index[action] = i
+        index.update(zip(order, ids))
         actions.extend(order)
         rank_of.extend([r] * len(order))
         rank_ids.append(ids)
@@ -86,7 +86,7 @@ def lower(orders: Sequence[Sequence[Action]], placement: Sequence[int]) -> Progr
             d = get((s, "F", k), MISSING)
         append(d)
     cross = [d >= 0 and rank_of[d] != r for d, r in zip(dep, rank_of)]
-    return Program(actions, rank_ids, dep, cross, rank_of, tuple(placement))
+    return Program(actions, rank_ids, dep, cross, rank_of, tuple(placement), index)
 
 
 def run(program: Program, durations: Sequence[float], comm: float) -> tuple[list[float], list[float]]:

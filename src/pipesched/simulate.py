@@ -17,7 +17,7 @@ from .costs import UNIT, Costs
 from .execution import Program, Span, run
 from .placement import stages_by_rank
 from .schedule import Schedule
-from .validate import VALIDATED, check_structure, lowered
+from .validate import UNIT_RUN, VALIDATED, check_structure, lowered
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,13 @@ def durations_for(placement: tuple[int, ...], ranks: int, costs: Costs) -> dict[
     return table
 
 
+def durations_by_id(schedule: Schedule, program: Program, costs: Costs) -> list[float]:
+    """Duration of every action of the lowered program, in id order."""
+    flat = action_durations(schedule, costs)
+    table = [{kind: flat[(s, kind)] for kind in "FIWB"} for s in range(schedule.stages)]
+    return [table[s][kind] for s, kind, _k in program.actions]
+
+
 def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
     """Simulate ``schedule`` under ``costs`` (unit costs, no latency, by default).
 
@@ -113,11 +120,13 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
     costs = costs or UNIT
     if not schedule.meta.get(VALIDATED):
         check_structure(schedule)
-    flat = action_durations(schedule, costs)
-    table = [{kind: flat[(s, kind)] for kind in "FIWB"} for s in range(schedule.stages)]
     program = lowered(schedule)
-    durations = [table[s][kind] for s, kind, _k in program.actions]
-    starts, ends = run(program, durations, costs.comm)
+    cached = schedule.meta.get(UNIT_RUN) if costs == UNIT else None
+    if cached is not None:
+        durations, starts, ends = cached
+    else:
+        durations = durations_by_id(schedule, program, costs)
+        starts, ends = run(program, durations, costs.comm)
     busy, peaks, first, last = [], [], [], []
     for ids, k in zip(program.rank_ids, _stages_on_rank(schedule)):
         busy.append(sum([durations[i] for i in ids]))

@@ -23,22 +23,20 @@ def check_structure(schedule: Schedule) -> None:
     for stage, rank in enumerate(schedule.placement):
         if not 0 <= rank < p:
             raise ScheduleError(f"stage {stage} is placed on rank {rank}; ranks are 0..{p - 1}")
-    seen: dict[tuple[int, str, int], int] = {}
     placement = schedule.placement
-    for rank, order in enumerate(schedule.orders):
-        for position, action in enumerate(order):
-            if action is None:
-                continue
-            s, kind, k = action
-            if not (0 <= s < stages and placement[s] == rank and 0 <= k < m) or action in seen:
-                _explain_bad_action(schedule, rank, action, seen)
-            seen[action] = position
+    program = lowered(schedule)
+    seen = program.index  # action -> id; ids grow along each rank's program
+    if len(seen) != len(program.actions) or not all(
+        0 <= s < stages and placement[s] == rank and 0 <= k < m
+        for (s, _kind, k), rank in zip(program.actions, program.rank_of)
+    ):
+        _explain_bad_actions(schedule, program)
     if len(seen) != 3 * stages * m or not _pairs_fast_ok(seen, stages, m):
         for s in range(stages):
             for k in range(m):
                 _check_pair(seen, placement[s], s, k)
     for rank in range(p):
-        if not schedule.rank_actions(rank):
+        if not program.rank_ids[rank]:
             raise ScheduleError(f"rank {rank} has no actions: every rank must hold a stage")
 
 
@@ -57,16 +55,21 @@ def _pairs_fast_ok(seen: dict, stages: int, m: int) -> bool:
     return True
 
 
-def _explain_bad_action(schedule: Schedule, rank: int, action, seen: dict) -> None:
-    s, kind, k = action
+def _explain_bad_actions(schedule: Schedule, program: Program) -> None:
+    """Raise for the first action off its stage's rank, out of range, or repeated."""
     stages, m = schedule.stages, schedule.microbatches
-    if not 0 <= s < stages:
-        raise ScheduleError(f"rank {rank} runs {action}: stage {s} is outside 0..{stages - 1}")
-    if schedule.placement[s] != rank:
-        raise ScheduleError(f"rank {rank} runs {action}, but stage {s} lives on rank {schedule.placement[s]}")
-    if not 0 <= k < m:
-        raise ScheduleError(f"rank {rank} runs {action}: microbatch {k} is outside 0..{m - 1}")
-    raise ScheduleError(f"rank {rank} runs {action} twice")
+    once: set = set()
+    for action, rank in zip(program.actions, program.rank_of):
+        s, _kind, k = action
+        if not 0 <= s < stages:
+            raise ScheduleError(f"rank {rank} runs {action}: stage {s} is outside 0..{stages - 1}")
+        if schedule.placement[s] != rank:
+            raise ScheduleError(f"rank {rank} runs {action}, but stage {s} lives on rank {schedule.placement[s]}")
+        if not 0 <= k < m:
+            raise ScheduleError(f"rank {rank} runs {action}: microbatch {k} is outside 0..{m - 1}")
+        if action in once:
+            raise ScheduleError(f"rank {rank} runs {action} twice")
+        once.add(action)
 
 
 def _check_pair(seen: dict, rank: int, s: int, k: int) -> None:
@@ -101,9 +104,16 @@ def lowered(schedule: Schedule) -> Program:
 
 
 def check_deadlock(schedule: Schedule) -> None:
-    """Raise DeadlockError if the programs cannot all finish under the execution model."""
+    """Raise DeadlockError if the programs cannot all finish under the execution model.
+
+    The run uses unit costs; its times are kept so that a unit-cost simulation can reuse them.
+    """
+    from .costs import UNIT
+    from .simulate import durations_by_id
+
     program = lowered(schedule)
-    run(program, [1.0] * len(program.actions), 0.0)
+    durations = durations_by_id(schedule, program, UNIT)
+    schedule.meta[UNIT_RUN] = (durations, *run(program, durations, 0.0))
 
 
 def validate(schedule: Schedule) -> Schedule:
@@ -116,3 +126,4 @@ def validate(schedule: Schedule) -> Schedule:
 
 VALIDATED = "_validated"  # meta flag: the structure was checked, so simulate need not repeat it
 _PROGRAM = "_program"  # meta cache: the lowered programs
+UNIT_RUN = "_unit_run"  # meta cache: (durations, starts, ends) of the unit-cost run

@@ -10,9 +10,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import ConfigError, PipeschedError
+from ..compare import simulate_all
+from ..errors import ConfigError
 from ..outfiles import check_output_path, write_atomic
-from ..registry import Family, build_schedule, families, get_family
+from ..registry import build_schedule, families
 from ..schedule import Schedule
 from ..simulate import SimResult, simulate
 from . import app
@@ -69,6 +70,17 @@ def load_csv_file(path: Path, ranks: Optional[int] = None) -> Schedule:
     return schedule
 
 
+def schedule_from_flags(name: Optional[str], csv: Optional[Path], s: opt.Setup) -> Schedule:
+    """The schedule a command names: a registered one built for the flags, or a CSV file."""
+    if (name is None) == (csv is None):
+        raise ConfigError("give a schedule name or --csv FILE (one of the two)")
+    if csv is not None:
+        from ..validate import validate
+
+        return validate(load_csv_file(csv))
+    return build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective)
+
+
 @app.command("simulate")
 def simulate_cmd(
     name: Optional[str] = typer.Argument(None, help="Schedule name (or give --csv)."),
@@ -82,22 +94,21 @@ def simulate_cmd(
     objective: Optional[str] = opt.Objective,
     csv: Optional[Path] = typer.Option(None, "--csv", help="Simulate a schedule CSV (torch's compute-only format)."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
+    draw: bool = typer.Option(False, "--draw", help="Also draw the timeline in the terminal."),
 ) -> None:
     """Simulate one schedule: makespan, span, bubble ratio, busy time and peak memory per rank."""
-    if (name is None) == (csv is None):
-        raise ConfigError("give a schedule name or --csv FILE (one of the two)")
+    if draw and as_json:
+        raise ConfigError("--draw prints a chart and --json prints data for programs: give one of them")
     s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective)
-    if csv is not None:
-        from ..validate import validate
-
-        schedule = validate(load_csv_file(csv))
-    else:
-        schedule = build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective)
-    result = simulate(schedule, s.costs)
+    result = simulate(schedule_from_flags(name, csv, s), s.costs)
     if as_json:
         typer.echo(json.dumps(result.metrics()))
         return
     print_result(result)
+    if draw:
+        from ..render.terminal import print_timeline
+
+        print_timeline(result)
 
 
 def print_result(result: SimResult) -> None:
@@ -122,31 +133,10 @@ def print_result(result: SimResult) -> None:
 
 def compare_rows(setup: opt.Setup) -> list[dict]:
     """Simulate every family for one configuration; failures become rows with a reason."""
-    rows = []
-    for family in families():
-        v = setup.chunks if _accepts(family, setup.chunks) else None
-        limit = setup.memory_limit if family.uses_memory_limit else None
-        try:
-            schedule = build_schedule(
-                family.name, setup.ranks, setup.microbatches, v, setup.costs, limit, setup.objective
-            )
-            result = simulate(schedule, setup.costs)
-        except PipeschedError as err:
-            rows.append({"schedule": family.name, "chunks": v or family.default_chunks, "error": str(err)})
-            continue
-        fits = setup.memory_limit is None or result.max_peak_memory <= setup.memory_limit + 1e-9
-        rows.append({**result.metrics(), "schedule": family.name, "fits": fits})
-    base = next((r for r in rows if r["schedule"] == "1f1b" and "makespan" in r), None)
-    for row in rows:
-        if base and "makespan" in row:
-            row["speedup_vs_1f1b"] = base["makespan"] / row["makespan"]
-    return rows
-
-
-def _accepts(family: Family, chunks: Optional[int]) -> bool:
-    if chunks is None:
-        return False
-    return chunks >= family.min_chunks and (family.max_chunks is None or chunks <= family.max_chunks)
+    outcomes = simulate_all(
+        setup.ranks, setup.microbatches, setup.chunks, setup.costs, setup.memory_limit, setup.objective
+    )
+    return [o.row() for o in outcomes]
 
 
 @app.command("compare")

@@ -17,7 +17,7 @@ from ..costs import UNIT, Costs
 from ..errors import DeadlockError
 from ..placement import loop_placement
 from ..schedule import Schedule
-from .interleaved import group_candidates, rank_order
+from .interleaved import group_candidates, pick_fastest, rank_order
 from .wfill import fill_weight_passes
 
 
@@ -29,30 +29,20 @@ def build(
     memory_limit: Optional[float] = None,
 ) -> Schedule:
     """Interleaved ZB: the fastest candidate whose peak memory fits ``memory_limit``."""
-    from ..simulate import simulate
-
     costs = costs or UNIT
     limit = float(memory_limit) if memory_limit is not None else float(ranks)
     placement = loop_placement(ranks, chunks)
-    best, best_key = None, None
-    for warmup_per_hop in (1, 2):
-        for group in group_candidates(ranks, microbatches):
-            skeleton = [
-                rank_order(r, ranks, microbatches, chunks, group, warmup_per_hop, backward="I")
-                for r in range(ranks)
-            ]
-            for schedule in _weight_placements(skeleton, placement, microbatches, costs, limit):
-                try:
-                    result = simulate(schedule, costs)
-                except DeadlockError:
-                    continue
-                over = max(0.0, result.max_peak_memory - limit)
-                key = (over, round(result.makespan, 9), result.max_peak_memory)
-                if best_key is None or key < best_key:
-                    best, best_key = schedule, key
-    if best is None:
-        raise RuntimeError("no interleaved-zb candidate is free of deadlock")  # a bug
-    return best
+
+    def candidates():
+        for warmup_per_hop in (1, 2):
+            for group in group_candidates(ranks, microbatches):
+                skeleton = [
+                    rank_order(r, ranks, microbatches, chunks, group, warmup_per_hop, backward="I")
+                    for r in range(ranks)
+                ]
+                yield from _weight_placements(skeleton, placement, microbatches, costs, limit)
+
+    return pick_fastest(candidates(), costs, limit)
 
 
 def _lagged(order: list[Action], lag: int) -> list[Action]:
