@@ -20,6 +20,12 @@ from . import app
 from . import options as opt
 
 
+def wide_console() -> Console:
+    """A console at least 120 columns wide: tables stay whole when piped or in a narrow pane."""
+    console = Console()
+    return console if console.width >= 120 else Console(width=120)
+
+
 @app.command("list")
 def list_schedules() -> None:
     """Each schedule: when to use it, its chunks, placement and memory."""
@@ -31,7 +37,7 @@ def list_schedules() -> None:
             f.name, f.summary, f.chunks_text(), f.placement,
             "split (I+W)" if f.split_backward else "full (B)", f.memory,
         )
-    Console().print(table)
+    wide_console().print(table)
 
 
 @app.command("export")
@@ -176,4 +182,4 @@ def compare(
             f"{100 * row['bubble_ratio']:.1f}%", f"{max(peaks):g}{mark}", per_rank,
             f"{row.get('speedup_vs_1f1b', float('nan')):.3f}x",
         )
-    Console().print(table)
+    wide_console().print(table)
