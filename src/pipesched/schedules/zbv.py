@@ -14,16 +14,13 @@ activation load. The program of rank ``r``, in named phases:
 The phases need ``m >= 2p-1`` microbatches; for fewer, the program is built for ``2p-1`` and the
 missing microbatches are dropped, which keeps it deadlock-free. With ``F = B = W`` the span per
 rank is exactly ``3m`` once ``m >= 2p``, and peak memory is ``p`` (the same as 1F1B).
+The ``zb-v`` family (:mod:`.v_family`) uses this program where it fits the memory limit and is
+fastest under the given costs.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
 from ..actions import Action
-from ..costs import Costs
-from ..placement import v_placement
-from ..schedule import Schedule
 
 
 F0, I0, W0, F1, I1, W1 = range(6)  # the six passes of a rank: (kind, chunk)
@@ -58,15 +55,3 @@ def rank_order(rank: int, ranks: int, microbatches: int) -> list[Action]:
             order.append(made[c][k])
         count[c] = k + 1
     return order
-
-
-def build(
-    ranks: int,
-    microbatches: int,
-    chunks: int = 2,
-    costs: Optional[Costs] = None,
-    memory_limit: Optional[float] = None,
-) -> Schedule:
-    """ZB-V with V placement and two chunks per rank."""
-    orders = tuple(tuple(rank_order(r, ranks, microbatches)) for r in range(ranks))
-    return Schedule(ranks, microbatches, v_placement(ranks), orders, name="zb-v")
