@@ -66,6 +66,11 @@ def report(
     """Every schedule for one configuration in one offline HTML page: charts, metrics, when to choose each."""
     check_output_path(output, [".html", ".htm"])
     s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
+    write_report(s, output)
+
+
+def write_report(s: opt.Setup, output: Path) -> None:
+    """Simulate every schedule for ``s`` and write the HTML report to ``output``."""
     from ..render.html import report_html
 
     outcomes = simulate_all(s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit)

@@ -163,6 +163,11 @@ def compare(
     if as_json:
         typer.echo(json.dumps(rows))
         return
+    print_compare(s, rows)
+
+
+def print_compare(s: opt.Setup, rows: list[dict]) -> None:
+    """The compare table: one row per schedule, speed-up over 1f1b in the last column."""
     c = s.costs
     table = Table(
         title=f"p={s.ranks} m={s.microbatches}  F,B,W={c.F:g},{c.B:g},{c.W:g} comm={c.comm:g}"
