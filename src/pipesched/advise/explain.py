@@ -71,7 +71,7 @@ def explain(advice: "Advice") -> tuple[str, list[str]]:
         if faster is not None:
             reason += (
                 f" {faster.label()} would be {best.value(unit) / faster.value(unit):.2f}x faster but needs "
-                f"{faster.peak_memory_reference:.3g} M_B per rank, above the limit."
+                f"{memory_text(faster)} per rank, above the limit."
             )
     else:
         versus = (
@@ -130,34 +130,42 @@ def _guide_default(advice: "Advice") -> str:
         return ""
     if not base.fits:
         return (
-            f"The guide's default, 1F1B, needs {base.peak_memory_reference:.3g} M_B per rank at "
+            f"The guide's default, 1F1B, needs {memory_text(base)} per rank at "
             f"m={base.microbatches}, above the limit; the recommendation fits with "
-            f"{best.peak_memory_reference:.3g}."
+            f"{memory_text(best)}."
         )
     gain = 100 * (base.value(unit) / best.value(unit) - 1)
     if gain < 0.05:
         return ""
     return (
-        f"The guide's default, 1F1B, fits (peak {base.peak_memory_reference:.3g} M_B) but is "
+        f"The guide's default, 1F1B, fits (peak {memory_text(base)}) but is "
         f"{gain:.1f}% slower: its bubble is {100 * base.bubble_ratio:.1f}% against "
         f"{100 * best.bubble_ratio:.1f}% here."
     )
 
 
 def _simpler_alternative(fitting: list["Candidate"], best: "Candidate", unit: str, ranks: int) -> str:
-    simpler = [
-        c for c in fitting[1:]
-        if c.value(unit) <= best.value(unit) * (1 + NEAR)
-        and (c.chunks < best.chunks or (c.messages < best.messages))
-    ]
-    if not simpler:
-        return ""
-    alt = simpler[0]
-    slower = 100 * (alt.value(unit) / best.value(unit) - 1)
-    return (
-        f"{alt.label()} is within {slower:.1f}% with fewer chunks or messages; prefer it if "
-        "point-to-point communication is slower than modelled."
-    )
+    for alt in fitting[1:]:
+        if alt.value(unit) > best.value(unit) * (1 + NEAR):
+            break
+        savings = []
+        if alt.peak_memory_reference < 0.9 * best.peak_memory_reference:
+            savings.append(f"{memory_text(alt)} per rank instead of {memory_text(best)}")
+        if alt.messages < best.messages:
+            savings.append(f"{alt.messages} instead of {best.messages} cross-rank transfers per microbatch")
+        if savings:
+            slower = 100 * (alt.value(unit) / best.value(unit) - 1)
+            return (
+                f"{alt.label()} is only {slower:.1f}% slower and needs {' and '.join(savings)}; prefer it "
+                "if memory headroom or point-to-point bandwidth is tighter than modelled."
+            )
+    return ""
+
+
+def memory_text(c: "Candidate") -> str:
+    """Peak memory in M_B units of the reference microbatch, plus GB when known."""
+    text = f"{c.peak_memory_reference:.3g} M_B"
+    return text + (f" ({c.memory_gb:.1f} GB)" if c.memory_gb is not None else "")
 
 
 def _microbatch_choice(advice: "Advice") -> str:
@@ -165,9 +173,9 @@ def _microbatch_choice(advice: "Advice") -> str:
     if len(options) <= 1:
         return ""
     best = advice.recommended
-    size = f" of {best.microbatch_size} samples" if best.microbatch_size else ""
+    size = f" of {best.microbatch_size} sample{'s' if best.microbatch_size != 1 else ''}" if best.microbatch_size else ""
     text = (
-        f"Microbatches: {best.microbatches}{size}, out of {len(options)} counts tried "
+        f"Microbatches: {best.microbatches}{size} each, out of {len(options)} counts tried "
         f"({', '.join(str(m) for m in options)}), each for the same global batch."
     )
     if best.microbatches == options[-1]:
