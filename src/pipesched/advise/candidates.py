@@ -10,6 +10,7 @@ geometric ladder so the search stays fast.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
@@ -94,12 +95,16 @@ def thin(values: Sequence[int], keep: int, limit: int) -> list[int]:
     if len(values) <= limit:
         return values
     lo, hi = values[0], values[-1]
-    chosen = {keep, lo, hi}
-    steps = limit - 1
-    for i in range(1, steps):
-        target = lo * (hi / lo) ** (i / steps)
-        chosen.add(min(values, key=lambda v: abs(v - target)))
-    return sorted(chosen)
+    ladder = {lo, hi}
+    for i in range(1, limit - 1):
+        target = lo * (hi / lo) ** (i / (limit - 1))
+        ladder.add(min(values, key=lambda v: abs(math.log(v / target))))
+    if keep not in ladder:
+        if len(ladder) >= limit:
+            inner = ladder - {lo, hi}
+            ladder.discard(min(inner, key=lambda v: abs(math.log(v / keep))))
+        ladder.add(keep)
+    return sorted(ladder)
 
 
 def chunk_options(family: Family, max_chunks: int) -> range:
