@@ -35,8 +35,8 @@ def screenshot(page: Path, png: Path, width: int = 1400, height: int = 1000, tim
         )
 
 
-def png_pixels(path: Path) -> tuple[int, int, list[bytes]]:
-    """Decode an 8-bit RGB/RGBA, non-interlaced PNG: (width, height, rows of raw pixel bytes)."""
+def png_pixels(path: Path) -> list[list[tuple[int, int, int]]]:
+    """Decode an 8-bit RGB/RGBA, non-interlaced PNG (what Chromium writes) into rows of RGB."""
     data = Path(path).read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG file"
     pos, idat, header = 8, b"", None
@@ -71,7 +71,7 @@ def png_pixels(path: Path) -> tuple[int, int, list[bytes]]:
                 line[i] = (line[i] + _paeth(left, up, corner)) & 255
         rows.append(bytes(line))
         previous = line
-    return width, height, [bytes(r[i:i + 3]) for r in rows for i in range(0, stride, bpp)] and rows
+    return [[tuple(row[i:i + 3]) for i in range(0, stride, bpp)] for row in rows]
 
 
 def _paeth(a: int, b: int, c: int) -> int:

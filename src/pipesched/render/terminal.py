@@ -7,6 +7,7 @@ bubbles show as gaps.
 
 from __future__ import annotations
 
+import textwrap
 from typing import Optional, Union
 
 from rich.console import Console
@@ -30,7 +31,11 @@ def timeline_text(source: Union[SimResult, Timeline], width: int) -> Text:
     chunks = timeline.chunks
     out = Text()
     out.append(timeline.name, style="bold")
-    out.append(f"  {summary_line(timeline)}\n")
+    summary = summary_line(timeline)
+    if len(timeline.name) + 2 + len(summary) <= width:
+        out.append(f"  {summary}\n")
+    else:
+        out.append("\n" + "\n".join(textwrap.wrap(summary, width)) + "\n")
     for rank, spans in enumerate(timeline.spans):
         cells = _cells(spans, columns, step)
         out.append(LABEL.format(rank), style="bold")
