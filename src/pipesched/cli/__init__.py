@@ -19,6 +19,7 @@ app = typer.Typer(
 
 def _register_commands() -> None:
     from . import plan  # noqa: F401  (list, export, simulate, compare)
+    from . import draw  # noqa: F401  (draw, report)
     from . import advise  # noqa: F401  (advise)
 
 

@@ -10,9 +10,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import ConfigError, PipeschedError
+from ..compare import simulate_all
+from ..errors import ConfigError
 from ..outfiles import check_output_path, write_atomic
-from ..registry import Family, build_schedule, families, get_family
+from ..registry import build_schedule, families
 from ..schedule import Schedule
 from ..simulate import SimResult, simulate
 from . import app
@@ -80,6 +81,7 @@ def simulate_cmd(
     stage_multipliers: Optional[str] = opt.Multipliers,
     csv: Optional[Path] = typer.Option(None, "--csv", help="Simulate a schedule CSV (torch's compute-only format)."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
+    draw: bool = typer.Option(False, "--draw", help="Also draw the timeline in the terminal."),
 ) -> None:
     """Simulate one schedule: makespan, span, bubble ratio, busy time and peak memory per rank."""
     if (name is None) == (csv is None):
@@ -96,6 +98,10 @@ def simulate_cmd(
         typer.echo(json.dumps(result.metrics()))
         return
     print_result(result)
+    if draw:
+        from ..render.terminal import print_timeline
+
+        print_timeline(result)
 
 
 def print_result(result: SimResult) -> None:
@@ -120,29 +126,8 @@ def print_result(result: SimResult) -> None:
 
 def compare_rows(setup: opt.Setup) -> list[dict]:
     """Simulate every family for one configuration; failures become rows with a reason."""
-    rows = []
-    for family in families():
-        v = setup.chunks if _accepts(family, setup.chunks) else family.default_chunks
-        limit = setup.memory_limit if family.uses_memory_limit else None
-        try:
-            schedule = build_schedule(family.name, setup.ranks, setup.microbatches, v, setup.costs, limit)
-            result = simulate(schedule, setup.costs)
-        except PipeschedError as err:
-            rows.append({"schedule": family.name, "chunks": v, "error": str(err)})
-            continue
-        fits = setup.memory_limit is None or result.max_peak_memory <= setup.memory_limit + 1e-9
-        rows.append({**result.metrics(), "schedule": family.name, "fits": fits})
-    base = next((r for r in rows if r["schedule"] == "1f1b" and "makespan" in r), None)
-    for row in rows:
-        if base and "makespan" in row:
-            row["speedup_vs_1f1b"] = base["makespan"] / row["makespan"]
-    return rows
-
-
-def _accepts(family: Family, chunks: Optional[int]) -> bool:
-    if chunks is None:
-        return False
-    return chunks >= family.min_chunks and (family.max_chunks is None or chunks <= family.max_chunks)
+    outcomes = simulate_all(setup.ranks, setup.microbatches, setup.chunks, setup.costs, setup.memory_limit)
+    return [o.row() for o in outcomes]
 
 
 @app.command("compare")

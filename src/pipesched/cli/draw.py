@@ -1,0 +1,96 @@
+"""Drawing commands: ``draw`` (SVG, PNG or Perfetto trace of one schedule) and ``report`` (HTML)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..compare import simulate_all
+from ..errors import ConfigError
+from ..outfiles import check_output_path, write_atomic
+from ..registry import build_schedule
+from ..simulate import simulate
+from . import app
+from . import options as opt
+from .plan import load_csv_file
+
+DRAW_SUFFIXES = (".svg", ".png", ".json")
+
+
+@app.command("draw")
+def draw(
+    name: Optional[str] = typer.Argument(None, help="Schedule name (or give --csv)."),
+    ranks: int = opt.Ranks,
+    microbatches: int = opt.Microbatches,
+    chunks: Optional[int] = opt.Chunks,
+    costs: Optional[str] = opt.CostsOpt,
+    comm: float = opt.Comm,
+    memory_limit: Optional[float] = opt.MemoryLimit,
+    stage_multipliers: Optional[str] = opt.Multipliers,
+    csv: Optional[Path] = typer.Option(None, "--csv", help="Draw a schedule CSV (torch's compute-only format)."),
+    output: Path = typer.Option(..., "--output", "-o", help="chart.svg, chart.png (needs Pillow) or trace.json (Perfetto)."),
+) -> None:
+    """Draw one schedule's simulated timeline: Gantt chart (SVG/PNG) or Perfetto trace (JSON)."""
+    if (name is None) == (csv is None):
+        raise ConfigError("give a schedule name or --csv FILE (one of the two)")
+    check_output_path(output, DRAW_SUFFIXES)
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
+    if csv is not None:
+        from ..validate import validate
+
+        schedule = validate(load_csv_file(csv))
+    else:
+        schedule = build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit)
+    result = simulate(schedule, s.costs)
+    suffix = output.suffix.lower()
+    if suffix == ".svg":
+        from ..render.svg import gantt_svg
+
+        data: str | bytes = gantt_svg(result)
+    elif suffix == ".png":
+        from ..render.png import gantt_png
+
+        data = gantt_png(result)
+    else:
+        from ..render.trace import trace_json
+
+        data = trace_json(result)
+    write_atomic(output, data)
+    typer.echo(f"wrote {output} ({schedule.describe()})", err=True)
+
+
+@app.command("report")
+def report(
+    ranks: int = opt.Ranks,
+    microbatches: int = opt.Microbatches,
+    chunks: Optional[int] = opt.Chunks,
+    costs: Optional[str] = opt.CostsOpt,
+    comm: float = opt.Comm,
+    memory_limit: Optional[float] = opt.MemoryLimit,
+    stage_multipliers: Optional[str] = opt.Multipliers,
+    output: Path = typer.Option(Path("report.html"), "--output", "-o", help="The HTML file to write."),
+) -> None:
+    """Every schedule for one configuration in one offline HTML page: charts, metrics, when to choose each."""
+    check_output_path(output, [".html", ".htm"])
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
+    from ..render.html import report_html
+
+    outcomes = simulate_all(s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit)
+    write_atomic(output, report_html(outcomes, config_line(s)))
+    drawn = sum(1 for o in outcomes if o.result is not None)
+    typer.echo(f"wrote {output} ({drawn} schedules, p={s.ranks} m={s.microbatches})", err=True)
+
+
+def config_line(s: opt.Setup) -> str:
+    """The configuration in one line, as the report's subtitle."""
+    c = s.costs
+    text = f"p={s.ranks}, m={s.microbatches}, costs F,B,W={c.F:g},{c.B:g},{c.W:g}, comm={c.comm:g}"
+    if s.chunks is not None:
+        text += f", chunks={s.chunks} where a schedule accepts it"
+    if c.stage_multipliers:
+        text += ", stage multipliers " + ",".join(f"{x:g}" for x in c.stage_multipliers)
+    if s.memory_limit is not None:
+        text += f", memory limit {s.memory_limit:g}"
+    return text

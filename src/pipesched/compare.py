@@ -1,0 +1,76 @@
+"""Every registered schedule for one configuration, simulated side by side.
+
+Shared by ``pipesched compare`` (the table), ``pipesched report`` (the charts) and whatever
+else ranks schedules: a family that cannot be built for the configuration becomes an outcome
+with the reason instead of a result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .costs import Costs
+from .errors import PipeschedError
+from .registry import Family, build_schedule, families
+from .simulate import SimResult, simulate
+
+BASELINE = "1f1b"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One family's simulation (``result``), or why it could not be built (``error``)."""
+
+    family: Family
+    chunks: int
+    result: Optional[SimResult] = None
+    error: Optional[str] = None
+    fits: bool = True  # peak memory within the memory limit
+    speedup_vs_1f1b: Optional[float] = None  # 1f1b's makespan over this one's
+
+    def row(self) -> dict:
+        """Plain numbers, as ``compare --json`` prints them."""
+        if self.result is None:
+            return {"schedule": self.family.name, "chunks": self.chunks, "error": self.error}
+        row = {**self.result.metrics(), "schedule": self.family.name, "fits": self.fits}
+        if self.speedup_vs_1f1b is not None:
+            row["speedup_vs_1f1b"] = self.speedup_vs_1f1b
+        return row
+
+
+def simulate_all(
+    ranks: int,
+    microbatches: int,
+    chunks: Optional[int],
+    costs: Costs,
+    memory_limit: Optional[float] = None,
+) -> list[Outcome]:
+    """Build and simulate every family; ``chunks`` applies where a family accepts it."""
+    outcomes = []
+    for family in families():
+        v = chunks if accepts_chunks(family, chunks) else family.default_chunks
+        limit = memory_limit if family.uses_memory_limit else None
+        try:
+            schedule = build_schedule(family.name, ranks, microbatches, v, costs, limit)
+            result = simulate(schedule, costs)
+        except PipeschedError as err:
+            outcomes.append(Outcome(family, v, error=str(err)))
+            continue
+        fits = memory_limit is None or result.max_peak_memory <= memory_limit + 1e-9
+        outcomes.append(Outcome(family, v, result, fits=fits))
+    base = next((o.result for o in outcomes if o.family.name == BASELINE and o.result), None)
+    if base is None:
+        return outcomes
+    return [
+        Outcome(o.family, o.chunks, o.result, o.error, o.fits, base.makespan / o.result.makespan)
+        if o.result else o
+        for o in outcomes
+    ]
+
+
+def accepts_chunks(family: Family, chunks: Optional[int]) -> bool:
+    """True when ``family`` can be built with ``chunks`` chunks per rank."""
+    if chunks is None:
+        return False
+    return chunks >= family.min_chunks and (family.max_chunks is None or chunks <= family.max_chunks)

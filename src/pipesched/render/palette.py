@@ -1,0 +1,50 @@
+"""Colours for the four action kinds, from the Okabe-Ito palette (safe for colour-blind readers).
+
+A schedule with several chunks per rank draws chunk 0 in the full colour and later chunks in
+lighter shades of it, so the kind stays recognisable and the chunk can still be told apart.
+"""
+
+from __future__ import annotations
+
+BASE = {"F": "#0072B2", "I": "#E69F00", "W": "#009E73", "B": "#D55E00"}
+KIND_NAMES = {"F": "forward", "I": "input grad", "W": "weight grad", "B": "full backward"}
+LIGHTEST = 0.6  # how far the last chunk's shade moves towards white
+
+
+def style_key(kind: str, chunk: int) -> str:
+    """The name of one kind-and-chunk colour (also the SVG's CSS class)."""
+    return f"{kind}{chunk}"
+
+
+def box_colour(kind: str, chunk: int, chunks: int) -> str:
+    """Fill colour of a box: the kind's colour, lighter for later chunks."""
+    base = BASE[kind]
+    if chunks <= 1 or chunk <= 0:
+        return base
+    return _towards_white(base, LIGHTEST * min(chunk, chunks - 1) / (chunks - 1))
+
+
+def text_colour(fill: str) -> str:
+    """Black or white, whichever reads better on ``fill``."""
+    r, g, b = _rgb(fill)
+    luminance = 0.2126 * _linear(r) + 0.7152 * _linear(g) + 0.0722 * _linear(b)
+    return "#000000" if luminance > 0.22 else "#ffffff"
+
+
+def palette(chunks: int) -> dict[str, str]:
+    """Every style key a chart with ``chunks`` chunks per rank can use, with its fill."""
+    return {style_key(k, c): box_colour(k, c, chunks) for k in BASE for c in range(max(1, chunks))}
+
+
+def _rgb(colour: str) -> tuple[int, int, int]:
+    return int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16)
+
+
+def _linear(channel: int) -> float:
+    c = channel / 255
+    return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+
+def _towards_white(colour: str, fraction: float) -> str:
+    r, g, b = (round(c + (255 - c) * fraction) for c in _rgb(colour))
+    return f"#{r:02x}{g:02x}{b:02x}"

@@ -1,0 +1,96 @@
+"""What every renderer draws: per-rank executed spans, where stages live, and memory over time.
+
+A simulated run gives one through :meth:`Timeline.from_sim`; a measured run (the runtime's
+recorder) builds one directly from its ``Span(action, start, end)`` lists, in its own time unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from ..execution import Span
+from ..placement import stages_by_rank
+from ..simulate import SimResult
+
+Curve = tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Executed actions per rank (``spans[r]`` in start order) and the stage-to-rank placement.
+
+    ``memory[r]``, when given, is rank r's activations over time as ``(time, level)`` steps.
+    ``unit`` names the time unit, for axis labels.
+    """
+
+    spans: tuple[tuple[Span, ...], ...]
+    placement: tuple[int, ...]
+    memory: Optional[tuple[Curve, ...]] = None
+    name: str = "timeline"
+    unit: str = "cost units"
+
+    @classmethod
+    def from_sim(cls, result: SimResult) -> "Timeline":
+        sched = result.schedule
+        curves = tuple(tuple(result.memory_curve(r)) for r in range(sched.ranks))
+        return cls(result.timeline, sched.placement, curves, sched.name)
+
+    @property
+    def ranks(self) -> int:
+        return len(self.spans)
+
+    @property
+    def chunks(self) -> int:
+        return max((len(s) for s in stages_by_rank(self.placement, self.ranks)), default=1)
+
+    @property
+    def microbatches(self) -> int:
+        return 1 + max((s.action.microbatch for rs in self.spans for s in rs), default=-1)
+
+    def chunk_of_stage(self) -> list[int]:
+        """Each stage's chunk index on its rank (0 for the rank's first stage)."""
+        chunk = [0] * len(self.placement)
+        for stages in stages_by_rank(self.placement, self.ranks):
+            for i, s in enumerate(sorted(stages)):
+                chunk[s] = i
+        return chunk
+
+    @property
+    def makespan(self) -> float:
+        return max((rs[-1].end for rs in self.spans if rs), default=0.0)
+
+    @property
+    def span(self) -> float:
+        return max((rs[-1].end - rs[0].start for rs in self.spans if rs), default=0.0)
+
+    @property
+    def bubble_ratio(self) -> float:
+        busy = sum(s.end - s.start for rs in self.spans for s in rs)
+        total = self.ranks * self.makespan
+        return max(0.0, 1.0 - busy / total) if total > 0 else 0.0
+
+    def peak_memory(self) -> Optional[list[float]]:
+        if self.memory is None:
+            return None
+        return [max((level for _, level in curve), default=0.0) for curve in self.memory]
+
+
+def as_timeline(source: Union[Timeline, SimResult]) -> Timeline:
+    """Accept either a simulation result or a ready timeline."""
+    return source if isinstance(source, Timeline) else Timeline.from_sim(source)
+
+
+def summary_line(timeline: Timeline) -> str:
+    """The chart's title figures: p, m, v, makespan, span, bubble and peak memory."""
+    parts = [
+        f"p={timeline.ranks}  m={timeline.microbatches}  v={timeline.chunks}",
+        f"makespan {timeline.makespan:.4g}",
+        f"span {timeline.span:.4g}",
+        f"bubble {100 * timeline.bubble_ratio:.1f}%",
+    ]
+    peaks = timeline.peak_memory()
+    if peaks:
+        parts.append(f"peak memory {max(peaks):.3g} M_B")
+    return "   ".join(parts)
+
