@@ -155,11 +155,17 @@ def advise(
 
     built: list[Candidate] = []
     skipped: list[tuple[str, int, int, str]] = []
+    over_limit: list[Setting] = []  # families that could not get under the limit when steered
     for setting in settings(family_list, plan, max_chunks):
         try:
             built.append(_evaluate(setting, ranks, plan, cost_model))
         except PipeschedError as err:
+            if isinstance(err, _SteeredOverLimit):
+                over_limit.append(setting)
             skipped.append((setting.family.name, setting.chunks, setting.microbatches, str(err)))
+    if not any(c.fits for c in built):  # show what they need, for the smallest feasible limit
+        for setting in over_limit:
+            built.append(_evaluate(setting, ranks, plan, cost_model, steer=False))
     if not built:
         reasons = "; ".join(f"{s} chunks={v} m={m}: {why}" for s, v, m, why in skipped[:3])
         raise ConfigError(f"no schedule could be built for ranks={ranks}: {reasons}")
@@ -186,21 +192,24 @@ def advise(
     )
 
 
-def _evaluate(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel) -> Candidate:
+class _SteeredOverLimit(ConfigError):
+    """A family that honours memory limits could not get under this one."""
+
+
+def _evaluate(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, steer: bool = True) -> Candidate:
+    """Build and simulate one setting; families that honour a limit are built to it when ``steer``."""
     family, v, m = setting.family, setting.chunks, setting.microbatches
     stages = ranks * v
     scale = plan.scale(m)
     costs = model.costs(stages, family.placement, scale)
     limit = model.memory_limit(stages, family.placement, scale)
-    steer = limit if family.uses_memory_limit and limit is not None else None
+    steer_to = limit if steer and family.uses_memory_limit and limit is not None else None
     try:
-        schedule = build_schedule(family.name, ranks, m, v, costs, steer)
-    except PipeschedError:
-        if steer is None:
+        schedule = build_schedule(family.name, ranks, m, v, costs, steer_to)
+    except PipeschedError as err:
+        if steer_to is None:
             raise
-        # The family cannot get under the limit; build it unsteered to show what it needs.
-        steer = None
-        schedule = build_schedule(family.name, ranks, m, v, costs, None)
+        raise _SteeredOverLimit(str(err)) from None
     result = simulate(schedule, costs)
     peaks = result.peak_memory
     peak = max(peaks)
@@ -209,7 +218,7 @@ def _evaluate(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel) -
         chunks=v,
         microbatches=m,
         microbatch_size=plan.size(m),
-        memory_limit=steer,
+        memory_limit=steer_to,
         costs=costs,
         makespan=result.makespan,
         span=result.span,

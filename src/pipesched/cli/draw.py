@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from html import escape
 from pathlib import Path
 from typing import Optional
 
@@ -78,7 +79,7 @@ def report(
     from ..render.html import report_html
 
     outcomes = simulate_all(s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit)
-    write_atomic(output, report_html(outcomes, config_line(s)))
+    write_atomic(output, report_html(outcomes, config_line(s), [advice_section(s)]))
     drawn = sum(1 for o in outcomes if o.result is not None)
     typer.echo(f"wrote {output} ({drawn} schedules, p={s.ranks} m={s.microbatches})", err=True)
 
@@ -94,3 +95,17 @@ def config_line(s: opt.Setup) -> str:
     if s.memory_limit is not None:
         text += f", memory limit {s.memory_limit:g}"
     return text
+
+
+def advice_section(s: opt.Setup) -> "Section":
+    """The advisor's recommendation and ranked table for the report's configuration."""
+    from ..advise import advise
+    from ..advise.html import advice_html
+    from ..errors import PipeschedError
+    from ..render.html import Section
+
+    try:
+        body = advice_html(advise(s.ranks, s.memory_limit, microbatches=s.microbatches, costs=s.costs))
+    except PipeschedError as err:
+        body = f"<p>{escape(str(err))}</p>"
+    return Section("Which schedule to choose (pipesched advise)", body)

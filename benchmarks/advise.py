@@ -1,0 +1,102 @@
+"""Advisor figures: search time at p=16, the recommendation checked against re-simulation over a
+grid, and the cases where the guide's generic advice is beaten.
+
+Run: PYTHONPATH=src python benchmarks/advise.py   (prints a Markdown section for RESULTS.md)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pipesched
+from pipesched import Costs, build_schedule, simulate
+from pipesched.advise import NoCandidateFitsError, advise
+
+SKEWED = Costs(1, 1.4, 0.6, comm=0.1)
+
+
+def timed(repeats: int, **kwargs):
+    times, advice = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        advice = advise(**kwargs)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), advice
+
+
+def speed() -> list[str]:
+    lines = ["| setup | candidates simulated | median time (3 runs) |", "|---|---|---|"]
+    cases = [
+        ("p=16, m=64, F,B,W=1,1.4,0.6 comm 0.1, limit 16", dict(ranks=16, memory_limit=16, microbatches=64, costs=SKEWED)),
+        ("p=16, G=512 b=4 (m searched), same costs, limit 16",
+         dict(ranks=16, memory_limit=16, global_batch=512, microbatch_size=4, costs=SKEWED)),
+    ]
+    for label, kwargs in cases:
+        seconds, advice = timed(3, **kwargs)
+        lines.append(f"| {label} | {len(advice.candidates)} | {seconds:.2f} s |")
+    return lines
+
+
+def grid() -> tuple[int, int, int]:
+    """(configurations, recommendation == fastest fitting and re-simulates identically, no fit)."""
+    configs = ok = nofit = 0
+    for p in (2, 4, 8):
+        for m in (p - 1 or 1, p, 2 * p, 4 * p):
+            for costs in (Costs(), SKEWED, Costs(1, 1.2, 0.8, comm=0.05, stage_multipliers=(1.3, 1, 1, 1.3))):
+                for limit in (p / 2, p, 2 * p, None):
+                    configs += 1
+                    try:
+                        advice = advise(p, limit, microbatches=m, costs=costs)
+                    except NoCandidateFitsError:
+                        nofit += 1
+                        continue
+                    rows = advice.to_json()
+                    best = rows[0]
+                    c = best["costs"]
+                    rc = Costs(c["F"], c["B"], c["W"], comm=c["comm"], stage_multipliers=c["stage_multipliers"])
+                    again = simulate(build_schedule(best["schedule"], p, best["microbatches"], best["chunks"], rc,
+                                                    best["memory_limit"]), rc)
+                    fastest = min(r["makespan"] for r in rows if r["fits"])
+                    if (abs(again.makespan - best["makespan"]) < 1e-9 and best["makespan"] <= fastest + 1e-9
+                            and (limit is None or again.max_peak_memory <= limit + 1e-9)):
+                        ok += 1
+    return configs, ok, nofit
+
+
+def guide_cases() -> list[str]:
+    lines = ["| case | recommended | vs 1f1b | note |", "|---|---|---|---|"]
+    cases = [
+        ("F=B=W, p=8, m=32, limit p", dict(ranks=8, memory_limit=8, microbatches=32)),
+        ("F=B=W, p=8, m=32, limit p/2+1 (half of 1F1B)", dict(ranks=8, memory_limit=5, microbatches=32)),
+        ("F,B,W=1,1.4,0.6 comm 0.1, p=8, m=32, limit p", dict(ranks=8, memory_limit=8, microbatches=32, costs=SKEWED)),
+        ("F=B=W, p=8, m=6 (m <= p), limit p", dict(ranks=8, memory_limit=8, microbatches=6)),
+    ]
+    for label, kwargs in cases:
+        try:
+            advice = advise(**kwargs)
+        except NoCandidateFitsError as err:
+            lines.append(f"| {label} | none fits | - | {err} |")
+            continue
+        best = advice.recommended
+        note = advice.notes[0] if advice.notes else ""
+        speedup = f"{best.speedup_vs_1f1b:.3f}x" if best.speedup_vs_1f1b else "-"
+        lines.append(f"| {label} | {best.label()} | {speedup} | {note} |")
+    return lines
+
+
+def main() -> None:
+    print("## Advisor\n")
+    print(f"Families searched: {', '.join(pipesched.schedule_names())}; chunks up to 4.\n")
+    print("### Search time\n")
+    print("\n".join(speed()))
+    configs, ok, nofit = grid()
+    print(f"\n### Recommendation = fastest fitting candidate, re-simulated from its JSON fields\n")
+    print(f"{ok} of {configs - nofit} configurations agree ({nofit} of {configs} had no fitting candidate "
+          "and raised the 'smallest feasible limit' error).\n")
+    print("### Where the guide's generic advice is beaten\n")
+    print("\n".join(guide_cases()))
+
+
+if __name__ == "__main__":
+    main()
