@@ -195,9 +195,13 @@ class TransformerCosts:
         if self.hardware.gpu_memory is None:
             return None if self.limit is None else self.limit / scale
         budget = self.hardware.gpu_memory * GB
+        layouts = [(stages, placement)]
+        if placement not in ("loop", "v"):  # the family picks its layout: hold it to the tighter one
+            layouts = [(stages, "loop")] + ([(2 * self.ranks, "v")] if 2 * self.ranks <= self.spec.layers else [])
         return min(
             (budget - self._state_bytes(r)) / self._activation_bytes(r, scale)
-            for r in self._ranks_of(stages, placement)
+            for n, style in layouts
+            for r in self._ranks_of(n, style)
         )
 
     def memory_gb(self, stages: int, placement: str, scale: float, peaks: tuple[float, ...]) -> Optional[float]:

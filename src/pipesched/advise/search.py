@@ -47,6 +47,7 @@ class Candidate:
     speedup_vs_1f1b: Optional[float] = None
     layers_per_stage: Optional[tuple[int, ...]] = None
     memory_gb: Optional[float] = None
+    objective: Optional[str] = None  # pass to build_schedule for families that search by it
 
     @property
     def peak_memory_reference(self) -> float:
@@ -83,6 +84,7 @@ class Candidate:
             "layers_per_stage": list(self.layers_per_stage) if self.layers_per_stage else None,
             "memory_gb": self.memory_gb,
             "messages_per_microbatch": self.messages,
+            "objective": self.objective,
         }
 
 
@@ -156,16 +158,22 @@ def advise(
     built: list[Candidate] = []
     skipped: list[tuple[str, int, int, str]] = []
     over_limit: list[Setting] = []  # families that could not get under the limit when steered
+    chooses_chunks: set[tuple[str, int]] = set()  # (family, m) whose builder picks its own chunks
     for setting in settings(family_list, plan, max_chunks):
+        if (setting.family.name, setting.microbatches) in chooses_chunks:
+            continue
         try:
-            built.append(_evaluate(setting, ranks, plan, cost_model))
+            candidate = _evaluate(setting, ranks, plan, cost_model, objective)
+            if candidate.chunks != setting.chunks:
+                chooses_chunks.add((setting.family.name, setting.microbatches))
+            built.append(candidate)
         except PipeschedError as err:
             if isinstance(err, _SteeredOverLimit):
                 over_limit.append(setting)
             skipped.append((setting.family.name, setting.chunks, setting.microbatches, str(err)))
     if not any(c.fits for c in built):  # show what they need, for the smallest feasible limit
         for setting in over_limit:
-            built.append(_evaluate(setting, ranks, plan, cost_model, steer=False))
+            built.append(_evaluate(setting, ranks, plan, cost_model, objective, steer=False))
     if not built:
         reasons = "; ".join(f"{s} chunks={v} m={m}: {why}" for s, v, m, why in skipped[:3])
         raise ConfigError(f"no schedule could be built for ranks={ranks}: {reasons}")
@@ -192,11 +200,18 @@ def advise(
     )
 
 
+def objective_option(family: Family, objective: str) -> dict:
+    """``objective=`` for ``build_schedule`` where the family searches by it, else nothing."""
+    return {"objective": objective} if getattr(family, "uses_objective", False) else {}
+
+
 class _SteeredOverLimit(ConfigError):
     """A family that honours memory limits could not get under this one."""
 
 
-def _evaluate(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, steer: bool = True) -> Candidate:
+def _evaluate(
+    setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str, steer: bool = True
+) -> Candidate:
     """Build and simulate one setting; families that honour a limit are built to it when ``steer``."""
     family, v, m = setting.family, setting.chunks, setting.microbatches
     stages = ranks * v
@@ -205,17 +220,19 @@ def _evaluate(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, s
     limit = model.memory_limit(stages, family.placement, scale)
     steer_to = limit if steer and family.uses_memory_limit and limit is not None else None
     try:
-        schedule = build_schedule(family.name, ranks, m, v, costs, steer_to)
+        schedule = build_schedule(family.name, ranks, m, v, costs, steer_to, **objective_option(family, objective))
     except PipeschedError as err:
         if steer_to is None:
             raise
         raise _SteeredOverLimit(str(err)) from None
+    if schedule.stages != stages:  # the family chose its own chunk count: hold it to that layout
+        limit = model.memory_limit(schedule.stages, schedule.style, scale)
     result = simulate(schedule, costs)
     peaks = result.peak_memory
     peak = max(peaks)
     return Candidate(
         schedule=family.name,
-        chunks=v,
+        chunks=schedule.chunks,
         microbatches=m,
         microbatch_size=plan.size(m),
         memory_limit=steer_to,
@@ -230,8 +247,9 @@ def _evaluate(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, s
         limit=limit,
         placement=schedule.style,
         messages=sum(1 for a, b in zip(schedule.placement, schedule.placement[1:]) if a != b),
-        layers_per_stage=model.layers_per_stage(stages),
-        memory_gb=model.memory_gb(stages, family.placement, scale, tuple(peaks)),
+        layers_per_stage=model.layers_per_stage(schedule.stages),
+        memory_gb=model.memory_gb(schedule.stages, schedule.style, scale, tuple(peaks)),
+        objective=objective if getattr(family, "uses_objective", False) else None,
     )
 
 
