@@ -54,7 +54,10 @@ def why(c: "Candidate", ranks: int) -> str:
             template = get_family(c.schedule).summary
         except UnknownScheduleError:
             template = c.schedule
-    return template.format(v=c.chunks, msg=_message_ratio(c, ranks), p=ranks)
+    text = template.format(v=c.chunks, msg=_message_ratio(c, ranks), p=ranks)
+    if c.peak_memory_reference < 0.9 * ranks:
+        text += f"; here it holds {memory_text(c)} per rank, {c.peak_memory_reference / ranks:.0%} of 1F1B's p"
+    return text
 
 
 def explain(advice: "Advice") -> tuple[str, list[str]]:

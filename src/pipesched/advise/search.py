@@ -171,9 +171,9 @@ def advise(
             if isinstance(err, _SteeredOverLimit):
                 over_limit.append(setting)
             skipped.append((setting.family.name, setting.chunks, setting.microbatches, str(err)))
-    if not any(c.fits for c in built):  # show what they need, for the smallest feasible limit
+    if not any(c.fits for c in built):  # what they need at least, for the smallest feasible limit
         for setting in over_limit:
-            built.append(_evaluate(setting, ranks, plan, cost_model, objective, steer=False))
+            built.append(_leanest(setting, ranks, plan, cost_model, objective))
     if not built:
         reasons = "; ".join(f"{s} chunks={v} m={m}: {why}" for s, v, m, why in skipped[:3])
         raise ConfigError(f"no schedule could be built for ranks={ranks}: {reasons}")
@@ -209,8 +209,18 @@ class _SteeredOverLimit(ConfigError):
     """A family that honours memory limits could not get under this one."""
 
 
+def _leanest(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str) -> Candidate:
+    """A family that honours limits, built to one microbatch's activations (the least any
+    schedule holds), or as it comes when it cannot get that low."""
+    try:
+        return _evaluate(setting, ranks, plan, model, objective, steer_to_floor=True)
+    except PipeschedError:
+        return _evaluate(setting, ranks, plan, model, objective, steer=False)
+
+
 def _evaluate(
-    setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str, steer: bool = True
+    setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str,
+    steer: bool = True, steer_to_floor: bool = False,
 ) -> Candidate:
     """Build and simulate one setting; families that honour a limit are built to it when ``steer``."""
     family, v, m = setting.family, setting.chunks, setting.microbatches
@@ -219,6 +229,8 @@ def _evaluate(
     costs = model.costs(stages, family.placement, scale)
     limit = model.memory_limit(stages, family.placement, scale)
     steer_to = limit if steer and family.uses_memory_limit and limit is not None else None
+    if steer_to_floor:
+        steer_to = 1.0
     try:
         schedule = build_schedule(family.name, ranks, m, v, costs, steer_to, **objective_option(family, objective))
     except PipeschedError as err:
