@@ -6,12 +6,15 @@ import json
 
 import pytest
 
-from pipesched import Costs, build_schedule, simulate
+from pipesched import Costs, build_schedule, schedule_names, simulate
+
+# Every family but zb-auto, whose time-limited exact refinement takes seconds per build.
+FAST = ",".join(n for n in schedule_names() if n != "zb-auto")
 
 
 def test_json_lists_candidates_best_first_and_each_rebuilds(cli):
     out = cli("advise", "--ranks", "4", "--memory-limit", "4", "--microbatches", "8",
-              "--costs", "1,1.4,0.6", "--comm", "0.1", "--json")
+              "--costs", "1,1.4,0.6", "--comm", "0.1", "--json", "--schedules", FAST)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     for key in ("schedule", "chunks", "microbatches", "memory_limit", "makespan", "span",
@@ -27,7 +30,7 @@ def test_json_lists_candidates_best_first_and_each_rebuilds(cli):
 
 
 def test_table_shows_the_recommendation_and_why(cli):
-    out = cli("advise", "--ranks", "4", "--memory-limit", "4", "--microbatches", "4")
+    out = cli("advise", "--ranks", "4", "--memory-limit", "4", "--microbatches", "4", "--schedules", FAST)
     assert out.returncode == 0, out.stderr
     assert "Recommendation:" in out.stdout and "vs 1f1b" in out.stdout
     assert "never fills" in out.stdout
@@ -37,13 +40,14 @@ def test_table_shows_the_recommendation_and_why(cli):
 def test_model_description_gives_layers_per_stage(cli):
     out = cli("advise", "--ranks", "4", "--layers", "14", "--hidden", "1024", "--seq-len", "1024",
               "--microbatch-size", "2", "--vocab", "50000", "--global-batch", "32",
-              "--gpu-memory", "40", "--bandwidth", "20")
+              "--gpu-memory", "40", "--bandwidth", "20", "--schedules", FAST)
     assert out.returncode == 0, out.stderr
     assert "Layers per stage" in out.stdout and "GB" in out.stdout
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--memory-limit", "2", "--microbatches", "8"], "smallest feasible limit is 4"),
+    (["--memory-limit", "0.5", "--microbatches", "8"], "smallest feasible limit is"),
+    (["--microbatches", "8", "--schedules", "1f1b,zb-h9"], "unknown schedule 'zb-h9'"),
     (["--global-batch", "10", "--microbatch-size", "3"], "not divisible by microbatch size 3"),
     (["--layers", "12", "--microbatch-size", "2", "--microbatches", "8"], "missing --hidden, --seq-len"),
     (["--gpu-memory", "80", "--microbatches", "8"], "missing --layers"),
@@ -52,7 +56,7 @@ def test_model_description_gives_layers_per_stage(cli):
     (["--microbatches", "8", "--objective", "fast"], "objective must be one of"),
 ])
 def test_bad_input_is_one_line_and_exit_2(cli, args, message):
-    out = cli("advise", "--ranks", "4", *args)
+    out = cli("advise", "--ranks", "4", *args, *([] if "--schedules" in args else ["--schedules", FAST]))
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in out.stderr

@@ -14,6 +14,7 @@ from ..advise.estimate import DEFAULT_TFLOPS, Hardware, TransformerCosts, Transf
 from ..advise.explain import memory_text
 from ..costs import Costs
 from ..errors import ConfigError
+from ..registry import get_family
 from . import app
 from . import options as opt
 
@@ -46,6 +47,9 @@ def advise_cmd(
     gpu_memory: Optional[float] = typer.Option(None, "--gpu-memory", help="GB per device: sets the memory limit."),
     bandwidth: Optional[float] = typer.Option(None, "--bandwidth", help="GB/s between neighbouring ranks: sets comm."),
     flops: Optional[float] = typer.Option(None, "--flops", help=f"Effective TFLOP/s per device (default {DEFAULT_TFLOPS:g})."),
+    schedules: Optional[str] = typer.Option(
+        None, "--schedules", help="Only these schedules, comma-separated (default: every registered one)."
+    ),
     top: int = typer.Option(12, "--top", help="Rows in the table."),
     as_json: bool = typer.Option(False, "--json", help="Print the candidates as a JSON list, best first."),
 ) -> None:
@@ -64,12 +68,21 @@ def advise_cmd(
         ranks, memory_limit, microbatches=microbatches, global_batch=global_batch,
         microbatch_size=microbatch_size, costs=c, cost_model=model, objective=objective,
         max_chunks=max_chunks, min_microbatch_size=min_microbatch_size,
-        max_microbatches=max_microbatches, overhead=overhead,
+        max_microbatches=max_microbatches, overhead=overhead, families=_families(schedules),
     )
     if as_json:
         typer.echo(json.dumps(result.to_json()))
         return
     print_advice(result, model, top)
+
+
+def _families(names: Optional[str]) -> Optional[list]:
+    if names is None:
+        return None
+    chosen = [get_family(n) for n in names.split(",") if n.strip()]
+    if not chosen:
+        raise ConfigError("--schedules needs at least one schedule name (pipesched list shows them)")
+    return chosen
 
 
 def _model(ranks, given, microbatch_size, memory_limit, costs, comm, multipliers) -> TransformerCosts:
