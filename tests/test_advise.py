@@ -151,9 +151,9 @@ def test_global_batch_search_compares_time_for_the_same_samples():
 
 
 def test_overhead_that_does_not_shrink_can_favour_fewer_microbatches():
-    free = advise(4, None, global_batch=256, microbatch_size=4, costs=Costs(1, 1, 1), families=FAST)
+    free = advise(4, None, global_batch=64, microbatch_size=2, costs=Costs(1, 1, 1), families=FAST)
     assert free.recommended.microbatches == max(free.plan.options)
-    costly = advise(4, None, global_batch=256, microbatch_size=4, costs=Costs(1, 1, 1), overhead=0.9, families=FAST)
+    costly = advise(4, None, global_batch=64, microbatch_size=2, costs=Costs(1, 1, 1), overhead=0.9, families=FAST)
     assert costly.recommended.microbatches < max(costly.plan.options)
 
 
