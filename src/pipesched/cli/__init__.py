@@ -20,6 +20,7 @@ app = typer.Typer(
 def _register_commands() -> None:
     from . import plan  # noqa: F401  (list, export, simulate, compare)
     from . import draw  # noqa: F401  (draw, report)
+    from . import train  # noqa: F401  (train; imports torch only when run)
     from . import advise  # noqa: F401  (advise)
 
 
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     _register_commands()
     try:
-        app(args=argv, prog_name="pipesched", standalone_mode=False)
+        status = app(args=argv, prog_name="pipesched", standalone_mode=False)
     except PipeschedError as err:
         typer.echo(f"pipesched: error: {err}", err=True)
         sys.exit(2)
@@ -52,4 +53,5 @@ def main(argv: list[str] | None = None) -> None:
             typer.echo(f"pipesched: error: {err.format_message()}", err=True)
             sys.exit(err.exit_code)
         raise
-    sys.exit(0)
+    # click returns a raised typer.Exit's code instead of exiting when standalone_mode is off
+    sys.exit(status if isinstance(status, int) else 0)

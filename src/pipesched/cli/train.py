@@ -1,0 +1,113 @@
+"""``pipesched train``: run a schedule for real on local processes or under torchrun.
+
+torch is imported inside the command, so every other command works without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import ConfigError
+from ..outfiles import check_output_path
+from ..registry import build_schedule
+from ..schedule import Schedule
+from . import app, fail
+from . import options as opt
+
+TORCH_MISSING = "pipesched train needs PyTorch: pip install 'pipesched[torch]' (CPU: pip install torch==2.13.0)"
+
+
+@app.command("train")
+def train(
+    model: str = typer.Option("mlp", "--model", help="mlp (residual MLP stack) or gpt (char-level GPT)."),
+    schedule: str = typer.Option("1f1b", "--schedule", "-s", help="Schedule name, or none for the single-process reference."),
+    ranks: int = opt.Ranks,
+    microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m", help="Microbatches per step (default 8; a CSV brings its own)."),
+    chunks: Optional[int] = opt.Chunks,
+    steps: int = typer.Option(10, "--steps", help="Optimizer steps."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Samples per step, split into the microbatches."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the weights (block i uses seed+i) and the data."),
+    lr: float = typer.Option(0.05, "--lr", help="SGD learning rate."),
+    stage_blocks: Optional[str] = typer.Option(None, "--stage-blocks", help="Blocks per stage, e.g. 2,3,3,2 (default: even)."),
+    csv: Optional[Path] = typer.Option(None, "--csv", help="Run a schedule from torch's compute-only CSV."),
+    save_params: Optional[Path] = typer.Option(None, "--save-params", help="Write the trained state_dict (.pt), unpipelined names."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Write the measured timeline of every step (.json)."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds a rank waits for a peer before failing."),
+    skip_nonfinite: bool = typer.Option(False, "--skip-nonfinite", help="Skip steps whose loss is NaN/inf instead of stopping."),
+) -> None:
+    """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise fail(TORCH_MISSING) from None
+    from ..runtime.models import MODELS, get_model
+    from ..runtime.partition import block_counts
+    from ..runtime.train import TrainConfig, run
+
+    if model not in MODELS:
+        raise ConfigError(f"--model {model!r} is not known: use one of {', '.join(MODELS)}")
+    for label, value in (("--ranks", ranks), ("--steps", steps), ("--batch-size", batch_size)):
+        if value < 1:
+            raise ConfigError(f"{label} must be at least 1, got {value}")
+    if not timeout > 0:
+        raise ConfigError(f"--timeout must be above 0 seconds, got {timeout:g}")
+    if save_params is not None:
+        check_output_path(save_params, [".pt", ".pth"])
+    if trace is not None:
+        check_output_path(trace, [".json"])
+    plan = _schedule(schedule, csv, ranks, microbatches, chunks)
+    model_def = get_model(model)
+    counts = _parse_counts(stage_blocks)
+    if plan is not None:
+        try:
+            block_counts(model_def.num_blocks, plan.stages, counts)
+        except ConfigError as err:
+            raise ConfigError(f"{plan.name} (ranks={plan.ranks}, chunks={plan.chunks}) on --model {model}: {err}") from None
+        if batch_size % plan.microbatches:
+            raise ConfigError(
+                f"--batch-size {batch_size} does not split into {plan.microbatches} equal microbatches: "
+                f"use a multiple of {plan.microbatches}"
+            )
+    cfg = TrainConfig(
+        model, plan, steps, batch_size, seed=seed, lr=lr, block_counts=counts, timeout_s=timeout,
+        skip_nonfinite=skip_nonfinite, want_params=save_params is not None, show_progress=True,
+    )
+    try:
+        result = run(cfg)
+    except Exception as err:
+        if type(err).__name__ in ("DistributedRunError", "NonFiniteLoss", "PeerFailure"):
+            typer.echo(f"pipesched: error: {err}", err=True)
+            raise typer.Exit(code=1) from None
+        raise
+    if result is None:  # a torchrun rank other than 0
+        return
+    from .train_report import print_summary, write_outputs
+
+    print_summary(plan, result)
+    write_outputs(plan, result, save_params, trace)
+
+
+def _schedule(name: str, csv: Optional[Path], ranks: int, microbatches: Optional[int], chunks: Optional[int]) -> Optional[Schedule]:
+    if csv is not None:
+        from ..validate import validate
+        from .plan import load_csv_file
+
+        loaded = validate(load_csv_file(csv, ranks))
+        if microbatches is not None and microbatches != loaded.microbatches:
+            raise ConfigError(f"{csv} has {loaded.microbatches} microbatches but --microbatches is {microbatches}")
+        return loaded
+    if name.strip().lower() == "none":
+        return None
+    return build_schedule(name, ranks, microbatches if microbatches is not None else 8, chunks)
+
+
+def _parse_counts(text: Optional[str]) -> Optional[tuple[int, ...]]:
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--stage-blocks {text!r}: expected whole numbers separated by commas, e.g. 2,3,3,2") from None

@@ -1,0 +1,56 @@
+"""What ``pipesched train`` prints and writes after a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from rich.console import Console
+
+from ..schedule import Schedule
+
+
+def print_summary(schedule: Optional[Schedule], result) -> None:
+    """Loss, median step time, and for a pipeline the measured bubble against the simulator's."""
+    console = Console(stderr=False)
+    name = schedule.describe() if schedule is not None else "reference (one process, no pipeline)"
+    console.print(f"[bold]{name}[/bold]")
+    console.print(
+        f"loss {result.losses[0]:.6f} -> {result.losses[-1]:.6f}   "
+        f"median step {1000 * result.median_step_time():.2f} ms (steps after the first)"
+    )
+    if schedule is None or not result.timelines:
+        return
+    from ..runtime.timeline import compare_to_simulation
+
+    steps = result.timelines[1:] or result.timelines
+    c = compare_to_simulation(schedule, steps, result.comm_latency)
+    costs = "  ".join(f"{k} {1000 * v:.3f}" for k, v in c.kind_costs.items())
+    console.print(f"median action (ms, per stage): {costs}   p2p latency {1000 * c.comm:.3f} ms")
+    console.print(
+        f"measured: actions end at {1000 * c.measured_makespan:.2f} ms, bubble {100 * c.measured_bubble:.1f}%   "
+        f"simulated from measured costs: {1000 * c.simulated_makespan:.2f} ms, bubble {100 * c.simulated_bubble:.1f}%   "
+        f"measured/simulated {c.ratio:.3f}"
+    )
+
+
+def write_outputs(schedule: Optional[Schedule], result, save_params: Optional[Path], trace: Optional[Path]) -> None:
+    if save_params is not None:
+        import io
+
+        import torch
+
+        from ..outfiles import write_atomic
+
+        buffer = io.BytesIO()
+        torch.save(result.params, buffer)
+        write_atomic(save_params, buffer.getvalue())
+        print(f"wrote {save_params} ({len(result.params)} tensors)")
+    if trace is not None:
+        if schedule is None:
+            print("no timeline for the reference run (--trace needs a schedule)")
+            return
+        from ..runtime.timeline import write_timeline
+
+        write_timeline(trace, schedule, result.timelines)
+        print(f"wrote {trace} ({len(result.timelines)} steps, times in seconds)")

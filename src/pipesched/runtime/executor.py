@@ -1,0 +1,252 @@
+"""One engine that runs any validated Schedule on a torch.distributed process group.
+
+Each rank interprets its own list of actions (F, I, W, B) from the global schedule; there is no
+per-schedule loop. Training semantics equal the unpipelined model's: the batch is split into
+``m`` microbatches along dim 0, the loss is the mean over microbatches (each microbatch's loss
+is scaled by ``1/m`` before its backward), gradients accumulate over the step, and each rank
+steps its optimizer once per step, after its last action and after the step's loss is known to
+be finite on every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Callable, Iterable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import ConfigError
+from ..execution import Span
+from ..schedule import Schedule
+from ..validate import validate
+from .p2p import Transport, make_link_groups
+from .partition import BlockBuilder, Stage, build_stage, infer_boundary_shapes, stage_block_ranges
+from .plan import ACT, GRAD, links, plan_rank
+from .split_backward import WeightGradStash, apply_weight_grads, make_weight_grads_deferrable
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss of some microbatch is NaN or infinite (weights were not updated)."""
+
+
+@dataclass
+class StepResult:
+    """The true mean loss of the step (on every rank), this rank's step time and action spans."""
+
+    loss: float
+    step_time: float
+    spans: list[Span]
+    skipped: bool = False
+
+
+@dataclass
+class _StepState:
+    inputs: dict = field(default_factory=dict)  # (stage, mb) -> stage input (a leaf)
+    outputs: dict = field(default_factory=dict)  # (stage, mb) -> stage output, or scaled loss
+    local_act: dict = field(default_factory=dict)  # (stage, mb) -> output handed to stage+1 here
+    local_grad: dict = field(default_factory=dict)  # (stage, mb) -> input grad handed to stage-1 here
+    deferred: dict = field(default_factory=dict)  # (stage, mb) -> stashed Linear backward parts
+
+
+class PipelineRuntime:
+    """The stages of one rank, their optimizer, and the engine that runs the schedule's steps.
+
+    Call on every rank of an initialised process group with the same arguments.
+    ``sample_input`` is one microbatch's input (or any tensor of that shape and dtype: only
+    its shape is used, to size receive buffers once).
+    """
+
+    def __init__(
+        self,
+        build_block: BlockBuilder,
+        num_blocks: int,
+        schedule: Schedule,
+        loss_fn: LossFn,
+        optimizer: OptimizerFactory,
+        sample_input: torch.Tensor,
+        *,
+        seed: int = 0,
+        block_counts: Optional[Sequence[int]] = None,
+        device: Optional[torch.device] = None,
+        timeout_s: float = 300.0,
+        skip_nonfinite: bool = False,
+    ) -> None:
+        validate(schedule)
+        self.schedule = schedule
+        self.rank = dist.get_rank()
+        if dist.get_world_size() != schedule.ranks:
+            raise ConfigError(f"the schedule has {schedule.ranks} ranks but the process group {dist.get_world_size()}")
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.loss_fn = loss_fn
+        self.skip_nonfinite = skip_nonfinite
+        self.last_stage = schedule.stages - 1
+        ranges = stage_block_ranges(num_blocks, schedule.stages, block_counts)
+        self.stage_ranges = ranges
+        owned = [s for s, r in enumerate(schedule.placement) if r == self.rank]
+        self.stages: dict[int, Stage] = {s: build_stage(build_block, ranges[s], s, seed, self.device) for s in owned}
+        self.stash = WeightGradStash()
+        if schedule.split_backward:
+            for stage in self.stages.values():
+                make_weight_grads_deferrable(stage, self.stash)
+        self.parameters = [p for s in owned for p in self.stages[s].parameters()]
+        self.optimizer = optimizer(self.parameters)
+        outs = infer_boundary_shapes(build_block, ranges, sample_input)
+        shapes = {(ACT, s): outs[s] for s in range(schedule.stages)}
+        shapes.update({(GRAD, s): outs[s - 1] for s in range(1, schedule.stages)})
+        self.plan = plan_rank(schedule, self.rank)
+        groups = make_link_groups(links(schedule), timeout_s)
+        self.transport = Transport(self.plan, groups, shapes, self.device, timeout_s)
+        self.sync_each_action = self.device.type == "cuda"
+        self.steps_done = 0
+
+    # -- one step --------------------------------------------------------------------------
+
+    def step(self, inputs: Optional[torch.Tensor], targets: Optional[torch.Tensor]) -> StepResult:
+        """Run one training step. ``inputs`` are read on the first stage's rank, ``targets`` on
+        the last stage's; other ranks may pass None."""
+        m = self.schedule.microbatches
+        in_mbs = self._split(inputs, "inputs") if 0 in self.stages else None
+        tgt_mbs = self._split(targets, "targets") if self.last_stage in self.stages else None
+        self.optimizer.zero_grad(set_to_none=True)
+        losses: list[Optional[torch.Tensor]] = [None] * m
+        dist.barrier()
+        t0 = perf_counter()
+        spans = self._run_actions(in_mbs, tgt_mbs, losses, t0)
+        loss, bad_mb, bad_value = self._agree_on_loss(losses)
+        skipped = False
+        if bad_mb >= 0:
+            if not self.skip_nonfinite:
+                raise NonFiniteLoss(
+                    f"step {self.steps_done}: the loss of microbatch {bad_mb} is {bad_value} "
+                    "(weights not updated; --skip-nonfinite skips such steps)"
+                )
+            self.optimizer.zero_grad(set_to_none=True)
+            skipped = True
+        else:
+            self.optimizer.step()
+        if self.sync_each_action:
+            torch.cuda.synchronize(self.device)
+        step_time = perf_counter() - t0
+        self.steps_done += 1
+        return StepResult(loss, step_time, spans, skipped)
+
+    def _split(self, batch: Optional[torch.Tensor], what: str) -> tuple[torch.Tensor, ...]:
+        m = self.schedule.microbatches
+        if batch is None:
+            raise ConfigError(f"rank {self.rank} holds a first or last stage and needs the {what}")
+        if batch.shape[0] % m:
+            raise ConfigError(f"the batch of {batch.shape[0]} does not split into {m} equal microbatches")
+        return batch.to(self.device, non_blocking=True).chunk(m)
+
+    def _run_actions(self, in_mbs, tgt_mbs, losses, t0: float) -> list[Span]:
+        plan, stages, transport, stash = self.plan, self.stages, self.transport, self.stash
+        last, inv_m = self.last_stage, 1.0 / self.schedule.microbatches
+        state = _StepState()
+        spans: list[Span] = []
+        sync = self.sync_each_action
+        transport.start_step()
+        for action, send, need in zip(plan.actions, plan.sends, plan.needs):
+            s, kind, k = action
+            key = (s, k)
+            received = transport.receive(need, action) if need is not None else None
+            start = perf_counter() - t0  # after the wait: waiting is idle time, not the action's
+            if kind == "F":
+                if s == 0:
+                    x = in_mbs[k]
+                else:
+                    x = received if need is not None else state.local_act.pop((s - 1, k))
+                    x.requires_grad_(True)
+                y = stages[s](x)
+                if s == last:
+                    loss = self.loss_fn(y, tgt_mbs[k])
+                    losses[k] = loss.detach()
+                    y = loss * inv_m
+                elif send is not None:
+                    transport.send(send, y.detach())
+                else:
+                    state.local_act[key] = y.detach()
+                state.inputs[key] = x
+                state.outputs[key] = y
+            elif kind == "W":
+                apply_weight_grads(state.deferred.pop(key))
+            else:
+                x = state.inputs.pop(key)
+                y = state.outputs.pop(key)
+                if s == last:
+                    grad = None
+                else:
+                    grad = received if need is not None else state.local_grad.pop((s + 1, k))
+                if kind == "I":
+                    entries: list = []
+                    stash.collecting = entries
+                    torch.autograd.backward(y, grad)
+                    stash.collecting = None
+                    state.deferred[key] = entries
+                else:
+                    torch.autograd.backward(y, grad)
+                if s > 0:
+                    if send is not None:
+                        transport.send(send, x.grad)
+                    else:
+                        state.local_grad[key] = x.grad
+            transport.release_sent()
+            if sync:
+                torch.cuda.synchronize(self.device)
+            spans.append(Span(action, start, perf_counter() - t0))
+        transport.finish_step()
+        return spans
+
+    def _agree_on_loss(self, losses: list[Optional[torch.Tensor]]) -> tuple[float, int, float]:
+        """Mean loss, first non-finite microbatch (-1 if none) and its value, on every rank."""
+        info = torch.zeros(3, dtype=torch.float64, device=self.device)
+        if self.last_stage in self.stages:
+            per_mb = torch.stack(losses).double()
+            info[0] = per_mb.mean()
+            bad = (~torch.isfinite(per_mb)).nonzero()
+            if bad.numel():
+                info[1] = bad[0, 0] + 1
+                info[2] = per_mb[bad[0, 0]]
+        dist.all_reduce(info)
+        loss, bad_mb, bad_value = info.tolist()
+        return loss, int(bad_mb) - 1, bad_value
+
+    # -- gathering -------------------------------------------------------------------------
+
+    def named_parameters(self) -> Iterable[tuple[str, nn.Parameter]]:
+        """This rank's parameters under the unpipelined model's names."""
+        for stage in self.stages.values():
+            yield from stage.global_named_parameters()
+
+    def gather_state_dict(self, dst: int = 0) -> Optional[dict[str, torch.Tensor]]:
+        """The full model's state dict on rank ``dst`` (None elsewhere), unpipelined names."""
+        local = {}
+        for stage in self.stages.values():
+            local.update(stage.global_state_dict())
+        return _gather_dicts(local, dst)
+
+    def gather_gradients(self, dst: int = 0) -> Optional[dict[str, torch.Tensor]]:
+        """The last step's gradients of the full model on rank ``dst`` (None elsewhere)."""
+        local = {n: p.grad.detach().cpu().clone() for n, p in self.named_parameters() if p.grad is not None}
+        return _gather_dicts(local, dst)
+
+
+def _gather_dicts(local: dict, dst: int) -> Optional[dict]:
+    parts = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    dist.gather_object(local, parts, dst=dst)
+    if parts is None:
+        return None
+    merged = {}
+    for part in parts:
+        merged.update(part)
+    return dict(sorted(merged.items(), key=lambda kv: _block_order(kv[0])))
+
+
+def _block_order(name: str) -> tuple[int, str]:
+    head, _, rest = name.partition(".")
+    return (int(head), rest) if head.isdigit() else (1 << 30, name)

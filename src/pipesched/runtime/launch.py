@@ -1,0 +1,176 @@
+"""Start the ranks: spawn local processes (gloo, one thread each) or join torchrun's group.
+
+Local runs pick a free port on 127.0.0.1, start one process per rank and watch them: when one
+fails or dies, the others are expected to fail on their own within the timeout (their receives
+raise, naming the rank and action they waited on); whatever is still alive after that is killed,
+so no process is left behind. Ctrl-C stops every local process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import socket
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+Worker = Callable[[int, int, Any], Any]
+
+
+class DistributedRunError(RuntimeError):
+    """One or more ranks failed; the message names each rank and why."""
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_group(rank: int, world: int, backend: str, timeout_s: float) -> None:
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+
+
+def run_torchrun(worker: Worker, payload: Any, timeout_s: float) -> Any:
+    """Run ``worker`` in this process as torchrun's rank (NCCL on CUDA, one device per rank)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    backend = "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        backend = "nccl"
+    init_group(rank, world, backend, timeout_s)
+    try:
+        return worker(rank, world, payload)
+    finally:
+        dist.destroy_process_group()
+
+
+def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeout_s: float, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    try:
+        init_group(rank, world, "gloo", timeout_s)
+        # plain pickle: tensors travel as bytes, not as shared-memory handles that die with us
+        results.put(("ok", rank, pickle.dumps(worker(rank, world, payload))))
+        dist.destroy_process_group()
+    except KeyboardInterrupt:
+        os._exit(130)
+    except Exception as err:  # reported to the parent as one line
+        results.put(("error", rank, _one_line(err)))
+        results.close()
+        results.join_thread()
+        os._exit(1)  # skip the group's teardown: its peers may be gone
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    known = ("PeerFailure", "NonFiniteLoss", "ConfigError", "DistributedRunError")
+    if type(err).__name__ in known:
+        return text
+    where = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
+    at = f" ({os.path.basename(where.filename)}:{where.lineno})" if where else ""
+    return f"{type(err).__name__}: {text}{at}"
+
+
+def spawn(worker: Worker, world: int, payload: Any, timeout_s: float = 300.0) -> dict[int, Any]:
+    """Run ``worker(rank, world, payload)`` in ``world`` local processes; return each rank's result.
+
+    ``worker`` must be importable (defined at module level): processes are spawned, not forked.
+    Raises DistributedRunError naming every rank that failed.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_child, args=(r, world, port, worker, payload, timeout_s, results), daemon=True)
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        return _collect(procs, results, timeout_s)
+    except KeyboardInterrupt:
+        _stop(procs)
+        raise
+    finally:
+        _stop(procs)
+
+
+def _collect(procs: list, results, timeout_s: float) -> dict[int, Any]:
+    """Gather every rank's result; after the first failure, give the others a short grace to
+    report why they stopped (a dead peer makes their receives fail at once), then stop them."""
+    world = len(procs)
+    done: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    grace = min(timeout_s, 10.0)
+    failed_at: Optional[float] = None
+    while len(done) + len(errors) < world:
+        _drain(results, done, errors, wait=0.1)
+        for rank, p in enumerate(procs):
+            if rank not in done and rank not in errors and p.exitcode is not None:
+                _drain(results, done, errors, wait=0.2)
+                if rank not in done and rank not in errors:
+                    errors[rank] = f"rank {rank} died ({_exit_text(p.exitcode)})"
+        if errors and failed_at is None:
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > grace:
+            for rank in range(world):
+                if rank not in done and rank not in errors:
+                    errors[rank] = f"rank {rank} was stopped after the failure"
+    if errors:
+        raise DistributedRunError(_failure_text(errors))
+    return {rank: pickle.loads(blob) for rank, blob in done.items()}
+
+
+def _failure_text(errors: dict[int, str]) -> str:
+    """One line: deaths first, then each distinct reason once (with the ranks that gave it)."""
+    by_text: dict[str, list[int]] = {}
+    for rank, text in sorted(errors.items()):
+        by_text.setdefault(text, []).append(rank)
+    parts = []
+    for text, ranks in sorted(by_text.items(), key=lambda kv: ("stopped" in kv[0], "died" not in kv[0], kv[1])):
+        if text.startswith("rank"):
+            parts.append(text)
+        else:
+            parts.append(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {text}")
+    return "; ".join(parts)
+
+
+def _drain(results, done: dict, errors: dict, wait: float) -> None:
+    try:
+        kind, rank, value = results.get(timeout=wait)
+    except queue.Empty:
+        return
+    while True:
+        (done if kind == "ok" else errors)[rank] = value
+        try:
+            kind, rank, value = results.get_nowait()
+        except queue.Empty:
+            return
+
+
+def _exit_text(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+
+
+def _stop(procs: list) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 5
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()

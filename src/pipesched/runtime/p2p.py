@@ -1,0 +1,115 @@
+"""Point-to-point transfers of one rank: receives posted ahead in link order, asynchronous sends.
+
+Each directed link (src -> dst) gets its own two-rank process group, so on NCCL a pending receive
+on one link never blocks a send on another (one stream per link), and on gloo every link has its
+own connection. Receive buffers are allocated when the receive is posted and become the
+consuming stage's input as they are (no copy). Sent tensors are held only until their send
+completes.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..actions import Action
+from .plan import ACT, Message, RankPlan
+
+
+class PeerFailure(RuntimeError):
+    """A rank waited too long for a message, or its peer went away."""
+
+
+def make_link_groups(links: list[tuple[int, int]], timeout_s: float) -> dict[tuple[int, int], Any]:
+    """One process group per directed link; every rank must call this with the same links."""
+    groups = {}
+    for src, dst in links:
+        groups[(src, dst)] = dist.new_group([src, dst], timeout=timedelta(seconds=timeout_s))
+    return groups
+
+
+def describe(msg: Message) -> str:
+    what = "activation" if msg.kind == ACT else "input gradient"
+    return f"the {what} of stage {msg.stage} microbatch {msg.microbatch} from rank {msg.src}"
+
+
+class Transport:
+    """Sends and receives of one rank for one step at a time."""
+
+    def __init__(
+        self,
+        plan: RankPlan,
+        groups: dict[tuple[int, int], Any],
+        shapes: dict[tuple[str, int], tuple[torch.Size, torch.dtype]],
+        device: torch.device,
+        timeout_s: float,
+        lookahead: int = 4,
+    ) -> None:
+        self.rank = plan.rank
+        self.groups = groups
+        self.device = device
+        self.timeout = timedelta(seconds=timeout_s)
+        self.lookahead = lookahead
+        self.incoming = plan.incoming
+        self.position = plan.link_position()
+        self.buffer_spec = {
+            msg: shapes[(msg.kind, msg.stage)] for link in plan.incoming.values() for msg in link
+        }
+        self.posted: dict[int, int] = {}
+        self.works: dict[Message, tuple[Any, torch.Tensor]] = {}
+        self.pending_sends: list[tuple[Any, torch.Tensor]] = []
+
+    def start_step(self) -> None:
+        """Post the first receives of every incoming link."""
+        self.posted = {src: 0 for src in self.incoming}
+        for src in self.incoming:
+            self._post_until(src, self.lookahead)
+
+    def _post_until(self, src: int, last: int) -> None:
+        link = self.incoming[src]
+        end = min(last + 1, len(link))
+        group = self.groups[(src, self.rank)]
+        for i in range(self.posted[src], end):
+            msg = link[i]
+            shape, dtype = self.buffer_spec[msg]
+            buf = torch.empty(shape, dtype=dtype, device=self.device)
+            self.works[msg] = (dist.irecv(buf, src=src, group=group, tag=msg.tag), buf)
+        self.posted[src] = max(self.posted[src], end)
+
+    def receive(self, msg: Message, action: Action) -> torch.Tensor:
+        """The tensor ``action`` needs; posts further receives on the link first."""
+        self._post_until(msg.src, self.position[msg] + self.lookahead)
+        work, buf = self.works.pop(msg)
+        self._wait(work, f"at {action} for {describe(msg)}")
+        return buf
+
+    def send(self, msg: Message, tensor: torch.Tensor) -> None:
+        work = dist.isend(tensor, dst=msg.dst, group=self.groups[(self.rank, msg.dst)], tag=msg.tag)
+        self.pending_sends.append((work, tensor))
+
+    def release_sent(self) -> None:
+        """Drop the buffers of completed sends."""
+        if self.pending_sends:
+            self.pending_sends = [p for p in self.pending_sends if not p[0].is_completed()]
+
+    def finish_step(self) -> None:
+        """Wait for every send of the step (their receivers have them once this returns)."""
+        for work, _tensor in self.pending_sends:
+            self._wait(work, "at the end of the step for its sends to be received")
+        self.pending_sends = []
+        if self.works:
+            raise RuntimeError(f"rank {self.rank}: {len(self.works)} receives were never consumed")
+
+    def _wait(self, work: Any, what: str) -> None:
+        try:
+            ok = work.wait(self.timeout)
+        except RuntimeError as err:
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            reason = re.sub(r"^\[[^\]]*\]\s*", "", reason)  # gloo's source-location prefix
+            raise PeerFailure(f"rank {self.rank} gave up waiting {what}: {reason}") from None
+        if ok is False:
+            raise PeerFailure(f"rank {self.rank} timed out after {self.timeout.total_seconds():g}s waiting {what}")

@@ -1,0 +1,118 @@
+"""Cut a model given as ordered blocks into pipeline stages; a rank builds only the blocks it owns.
+
+Block ``i`` is built right after ``torch.manual_seed(seed + i)``, so its initial weights are the
+same on whichever rank builds it and in the single-process reference. Parameter names are those
+of the unpipelined ``nn.Sequential`` (``"3.fc1.weight"``), so state dicts line up.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+
+BlockBuilder = Callable[[int], nn.Module]
+
+
+def build_block_seeded(build_block: BlockBuilder, index: int, seed: int) -> nn.Module:
+    """Build block ``index`` with the seed that makes it identical wherever it is built."""
+    torch.manual_seed(seed + index)
+    return build_block(index)
+
+
+def block_counts(num_blocks: int, stages: int, counts: Optional[Sequence[int]] = None) -> list[int]:
+    """Blocks per stage: ``counts`` when given (checked), else as even as possible.
+
+    Uneven splits give the extra blocks to the middle stages: the first and last stages usually
+    carry the embedding and the head already.
+    """
+    if counts is not None:
+        counts = list(counts)
+        if len(counts) != stages or any(c < 1 for c in counts) or sum(counts) != num_blocks:
+            raise ConfigError(
+                f"block counts {counts} do not fit: give {stages} counts of at least 1 that sum to "
+                f"{num_blocks} (the model's blocks)"
+            )
+        return counts
+    if stages > num_blocks:
+        raise ConfigError(
+            f"{stages} stages but the model has only {num_blocks} blocks: use fewer ranks or chunks "
+            f"(at most {num_blocks} stages)"
+        )
+    base, extra = divmod(num_blocks, stages)
+    order = sorted(range(stages), key=lambda s: abs(s - (stages - 1) / 2))
+    bonus = set(order[:extra])
+    return [base + (s in bonus) for s in range(stages)]
+
+
+def stage_block_ranges(num_blocks: int, stages: int, counts: Optional[Sequence[int]] = None) -> list[range]:
+    """The block indices of every stage, in model order."""
+    ranges, start = [], 0
+    for count in block_counts(num_blocks, stages, counts):
+        ranges.append(range(start, start + count))
+        start += count
+    return ranges
+
+
+class Stage(nn.Module):
+    """A contiguous run of blocks; its state dict uses the unpipelined model's names."""
+
+    def __init__(self, index: int, blocks: dict[int, nn.Module]) -> None:
+        super().__init__()
+        self.index = index
+        self.blocks = nn.ModuleDict({str(i): b for i, b in blocks.items()})
+        self._chain = list(self.blocks.values())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self._chain:
+            x = block(x)
+        return x
+
+    def global_named_parameters(self):
+        """(name in the unpipelined model, parameter) pairs."""
+        for name, param in self.blocks.named_parameters():
+            yield name, param
+
+    def global_state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: t.detach().cpu() for name, t in self.blocks.state_dict().items()}
+
+
+def build_stage(build_block: BlockBuilder, blocks: range, stage: int, seed: int, device: torch.device) -> Stage:
+    """Materialise one stage's blocks (and no others) on ``device``."""
+    built = {i: build_block_seeded(build_block, i, seed).to(device) for i in blocks}
+    return Stage(stage, built)
+
+
+def meta_block(build_block: BlockBuilder, index: int) -> nn.Module:
+    """Block ``index`` without storage, for shape inference (copied to meta if the builder
+    returns an already materialised module, as an ``nn.Sequential`` front-end does)."""
+    with torch.device("meta"):
+        block = build_block(index)
+    if any(not p.is_meta for p in block.parameters()):
+        block = copy.deepcopy(block).to("meta")
+    return block
+
+
+def infer_boundary_shapes(
+    build_block: BlockBuilder, ranges: Sequence[range], sample: torch.Tensor
+) -> list[tuple[torch.Size, torch.dtype]]:
+    """Shape and dtype of every stage's output for one microbatch ``sample`` (run on meta)."""
+    x = torch.empty(sample.shape, dtype=sample.dtype, device="meta")
+    if not x.is_floating_point():
+        x = torch.zeros(sample.shape, dtype=sample.dtype, device="meta")
+    shapes = []
+    with torch.no_grad():
+        for blocks in ranges:
+            for i in blocks:
+                x = meta_block(build_block, i)(x)
+            shapes.append((x.shape, x.dtype))
+    return shapes
+
+
+def sequential_builder(model: nn.Sequential) -> tuple[BlockBuilder, int]:
+    """Use an existing ``nn.Sequential`` as blocks (each rank then keeps only its own blocks)."""
+    return (lambda i: model[i]), len(model)

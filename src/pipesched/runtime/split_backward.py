@@ -1,0 +1,88 @@
+"""Split backward without recomputation and without walking the autograd graph.
+
+Every ``nn.Linear`` of a stage is routed through :class:`_DeferrableLinear`. Its backward always
+returns the input gradient; while a :class:`WeightGradStash` is collecting (an ``I`` action), it
+stashes ``(input, output gradient)`` instead of computing the weight gradient, and ``W`` later
+computes ``dW = g^T x`` and ``db = sum(g)`` with one matmul per Linear. Outside collection (a full
+``B`` action) it returns the weight gradients at once, as ordinary autograd would.
+
+Other parameters (LayerNorm, embeddings) get their gradients during ``I``: they are cheap.
+The autograd graph is freed at the end of ``I``; only the stashed tensors live on until ``W``.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Entry = tuple[nn.Linear, torch.Tensor, torch.Tensor]
+
+
+class WeightGradStash:
+    """Where deferred Linear backwards put their (module, input, output gradient) triples."""
+
+    def __init__(self) -> None:
+        self.collecting: Optional[list[Entry]] = None
+
+
+class _DeferrableLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, module, stash):
+        ctx.save_for_backward(x, weight)
+        ctx.module = module
+        ctx.stash = stash
+        ctx.has_bias = bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        grad_x = grad_out.matmul(weight) if ctx.needs_input_grad[0] else None
+        pending = ctx.stash.collecting
+        if pending is not None:
+            pending.append((ctx.module, x, grad_out))
+            return grad_x, None, None, None, None
+        g2 = grad_out.reshape(-1, grad_out.shape[-1])
+        grad_w = g2.t().matmul(x.reshape(-1, x.shape[-1]))
+        grad_b = g2.sum(0) if ctx.has_bias else None
+        return grad_x, grad_w, grad_b, None, None
+
+
+def _deferrable_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return _DeferrableLinear.apply(x, self.weight, self.bias, self, self._pipesched_stash)
+
+
+def make_weight_grads_deferrable(module: nn.Module, stash: WeightGradStash) -> int:
+    """Route every ``nn.Linear`` in ``module`` through the deferrable function; returns how many.
+
+    Parameter names and state dicts are unchanged (only the instances' ``forward`` is rebound).
+    """
+    count = 0
+    for sub in module.modules():
+        if isinstance(sub, nn.Linear):
+            sub._pipesched_stash = stash
+            sub.forward = types.MethodType(_deferrable_forward, sub)
+            count += 1
+    return count
+
+
+def apply_weight_grads(entries: list[Entry]) -> None:
+    """The ``W`` action: accumulate the deferred weight and bias gradients into ``.grad``."""
+    for module, x, grad_out in entries:
+        g2 = grad_out.reshape(-1, grad_out.shape[-1])
+        x2 = x.reshape(-1, x.shape[-1])
+        weight = module.weight
+        if weight.grad is None:
+            weight.grad = g2.t().matmul(x2)
+        else:
+            weight.grad.addmm_(g2.t(), x2)
+        bias = module.bias
+        if bias is not None:
+            if bias.grad is None:
+                bias.grad = g2.sum(0)
+            else:
+                bias.grad.add_(g2.sum(0))

@@ -1,0 +1,94 @@
+"""Measured timelines: median action costs, the simulator's prediction from them, and JSON output.
+
+A timeline has the simulator's shape, ``list[list[Span]]`` (one list per rank, times in seconds
+from the step's synchronised start), so the same renderers draw measured and simulated runs.
+Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..execution import Span, execute
+from ..schedule import Schedule
+
+Timeline = list[list[Span]]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Measured step (median over steps) against the simulator fed with measured costs."""
+
+    measured_makespan: float
+    measured_bubble: float
+    simulated_makespan: float
+    simulated_bubble: float
+    comm: float
+    kind_costs: dict[str, float]  # median per action kind, all stages together, seconds
+
+    @property
+    def ratio(self) -> float:
+        return self.measured_makespan / self.simulated_makespan
+
+
+def makespan(timeline: Timeline) -> float:
+    return max((r[-1].end for r in timeline if r), default=0.0)
+
+
+def bubble(timeline: Timeline) -> float:
+    """1 - busy / (ranks * makespan), over the actions' spans."""
+    busy = sum(s.end - s.start for r in timeline for s in r)
+    return 1.0 - busy / (len(timeline) * makespan(timeline))
+
+
+def median_costs(steps: Sequence[Timeline]) -> dict[tuple[int, str], float]:
+    """Median duration of each (stage, kind) over every microbatch of every step."""
+    samples: dict[tuple[int, str], list[float]] = {}
+    for timeline in steps:
+        for rank in timeline:
+            for span in rank:
+                samples.setdefault((span.action.stage, span.action.kind), []).append(span.end - span.start)
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def compare_to_simulation(schedule: Schedule, steps: Sequence[Timeline], comm: float) -> Comparison:
+    """Replay the schedule in the simulator's execution model with the measured median cost of
+    every (stage, kind) and the measured p2p latency; compare with the measured steps."""
+    costs = median_costs(steps)
+    orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
+    predicted = execute(orders, schedule.placement, lambda a: costs[(a.stage, a.kind)], comm)
+    by_kind: dict[str, list[float]] = {}
+    for (_, kind), value in costs.items():
+        by_kind.setdefault(kind, []).append(value)
+    return Comparison(
+        measured_makespan=statistics.median(makespan(t) for t in steps),
+        measured_bubble=statistics.median(bubble(t) for t in steps),
+        simulated_makespan=makespan(predicted),
+        simulated_bubble=bubble(predicted),
+        comm=comm,
+        kind_costs={k: statistics.median(v) for k, v in sorted(by_kind.items())},
+    )
+
+
+def timeline_json(schedule: Schedule, steps: Sequence[Timeline]) -> dict:
+    """A JSON-ready record: schedule, placement and every step's per-rank spans (seconds)."""
+    return {
+        "schedule": schedule.name,
+        "ranks": schedule.ranks,
+        "microbatches": schedule.microbatches,
+        "placement": list(schedule.placement),
+        "steps": [
+            [[{"action": str(s.action), "start": s.start, "end": s.end} for s in rank] for rank in t]
+            for t in steps
+        ],
+    }
+
+
+def write_timeline(path: Path, schedule: Schedule, steps: Sequence[Timeline]) -> None:
+    from ..outfiles import write_atomic
+
+    write_atomic(path, json.dumps(timeline_json(schedule, steps)))

@@ -1,0 +1,201 @@
+"""Training runs behind ``pipesched train``: the pipelined run on every rank, and the reference.
+
+The reference (``--schedule none``) trains the same blocks, seeded the same way, on the same
+batches, in one process with one ordinary backward: the run every schedule must equal.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..schedule import Schedule
+from .executor import PipelineRuntime
+from .models import ModelDef, get_model
+from .timeline import Timeline
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a rank needs to rebuild the run by itself (picklable: sent to spawned ranks)."""
+
+    model: str
+    schedule: Optional[Schedule]  # None: the single-process reference
+    steps: int
+    batch_size: int
+    seed: int = 0
+    lr: float = 0.05
+    model_size: dict = field(default_factory=dict)
+    block_counts: Optional[tuple[int, ...]] = None
+    timeout_s: float = 300.0
+    skip_nonfinite: bool = False
+    want_params: bool = False
+    want_grads: bool = False
+    show_progress: bool = False
+
+    def model_def(self) -> ModelDef:
+        return get_model(self.model, **self.model_size)
+
+
+@dataclass
+class TrainResult:
+    """What rank 0 brings back: the true loss per step, step times, timelines, latency, params."""
+
+    losses: list[float]
+    step_times: list[float]
+    timelines: list[Timeline]  # per step, per rank
+    comm_latency: float = 0.0
+    params: Optional[dict] = None
+    grads: Optional[dict] = None  # after the first step
+
+    def median_step_time(self, skip: int = 1) -> float:
+        times = self.step_times[skip:] or self.step_times
+        return statistics.median(times)
+
+
+def _sgd(lr: float) -> Callable:
+    return lambda params: torch.optim.SGD(params, lr=lr)
+
+
+def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, float], None]] = None) -> TrainResult:
+    """The unpipelined run: whole batch, one forward and one backward per step."""
+    md = cfg.model_def()
+    model = md.sequential(cfg.seed)
+    optimizer = _sgd(cfg.lr)(list(model.parameters()))
+    losses, times, grads = [], [], None
+    for step in range(cfg.steps):
+        x, y = md.batch(step, cfg.batch_size, cfg.seed)
+        t0 = perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = md.loss_fn(model(x), y)
+        loss.backward()
+        if step == 0 and cfg.want_grads:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        optimizer.step()
+        times.append(perf_counter() - t0)
+        losses.append(loss.item())
+        if on_step:
+            on_step(step, losses[-1], times[-1])
+    params = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.want_params else None
+    return TrainResult(losses, times, [], 0.0, params, grads)
+
+
+def measure_latency(shape: torch.Size, dtype: torch.dtype, device: torch.device, rounds: int = 20) -> float:
+    """One-way p2p latency between ranks 0 and 1 (half the median round trip); 0 on one rank."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world < 2:
+        return 0.0
+    buf = torch.zeros(shape, dtype=dtype, device=device)
+    trips = []
+    dist.barrier()
+    for i in range(rounds + 3):
+        t0 = perf_counter()
+        if rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        elif rank == 1:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+        if i >= 3:
+            trips.append(perf_counter() - t0)
+    value = torch.tensor([statistics.median(trips) / 2 if rank == 0 else 0.0], dtype=torch.float64)
+    dist.broadcast(value, 0)
+    return float(value)
+
+
+def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResult]:
+    """One rank's whole run; rank 0 returns the gathered result, the others None."""
+    md = cfg.model_def()
+    schedule = cfg.schedule
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    m = schedule.microbatches
+    x0, _ = md.batch(0, cfg.batch_size, cfg.seed)
+    runtime = PipelineRuntime(
+        md.build_block, md.num_blocks, schedule, md.loss_fn, _sgd(cfg.lr), x0[: cfg.batch_size // m],
+        seed=cfg.seed, block_counts=cfg.block_counts, device=device,
+        timeout_s=cfg.timeout_s, skip_nonfinite=cfg.skip_nonfinite,
+    )
+    latency = measure_latency(*_first_link_tensor(runtime), device)
+    progress = _Progress(cfg.steps, schedule.name) if cfg.show_progress and rank == 0 else None
+    losses, times, spans, grads = [], [], [], None
+    try:
+        for step in range(cfg.steps):
+            x, y = md.batch(step, cfg.batch_size, cfg.seed)
+            result = runtime.step(x, y)
+            losses.append(result.loss)
+            times.append(result.step_time)
+            spans.append(result.spans)
+            if step == 0 and cfg.want_grads:
+                grads = runtime.gather_gradients()
+            if progress:
+                progress.update(step, result.loss, result.step_time, result.skipped)
+    finally:
+        if progress:
+            progress.close()
+    timelines = _gather_timelines(spans)
+    params = runtime.gather_state_dict() if cfg.want_params else None
+    if rank != 0:
+        return None
+    return TrainResult(losses, times, timelines, latency, params, grads)
+
+
+def _first_link_tensor(runtime: PipelineRuntime) -> tuple[torch.Size, torch.dtype]:
+    """Shape and dtype of an activation crossing ranks (the latency probe's payload)."""
+    shapes = runtime.transport.buffer_spec
+    if shapes:
+        return next(iter(shapes.values()))
+    return torch.Size([1]), torch.float32
+
+
+def _gather_timelines(per_step: list) -> list[Timeline]:
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(per_step, parts, dst=0)
+    if parts is None:
+        return []
+    return [[parts[r][step] for r in range(len(parts))] for step in range(len(per_step))]
+
+
+class _Progress:
+    """A rich progress bar on rank 0: loss and step time of each step."""
+
+    def __init__(self, steps: int, name: str) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(
+            TextColumn(f"[bold]{name}[/bold]"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"), TextColumn("step {task.fields[ms]} ms"),
+            TimeElapsedColumn(), transient=False,
+        )
+        self.task = self.bar.add_task("train", total=steps, loss="-", ms="-")
+        self.bar.start()
+
+    def update(self, step: int, loss: float, seconds: float, skipped: bool) -> None:
+        text = f"{loss:.5f}" + (" (skipped)" if skipped else "")
+        self.bar.update(self.task, advance=1, loss=text, ms=f"{1000 * seconds:.1f}")
+
+    def close(self) -> None:
+        self.bar.stop()
+
+
+def run(cfg: TrainConfig) -> Optional[TrainResult]:
+    """Run ``cfg``: the reference in this process, the pipeline on spawned local ranks, or this
+    process's rank under torchrun (the result then comes back on rank 0 only)."""
+    if cfg.schedule is None:
+        torch.set_num_threads(1)
+        progress = _Progress(cfg.steps, "reference") if cfg.show_progress else None
+        on_step = (lambda step, loss, secs: progress.update(step, loss, secs, False)) if progress else None
+        try:
+            return train_reference(cfg, on_step)
+        finally:
+            if progress:
+                progress.close()
+    from .launch import run_torchrun, spawn, under_torchrun
+
+    if under_torchrun():
+        return run_torchrun(train_worker, cfg, cfg.timeout_s)
+    return spawn(train_worker, cfg.schedule.ranks, cfg, cfg.timeout_s)[0]

@@ -1,0 +1,96 @@
+"""Workers for the multi-process runtime tests (spawned processes import them by module name)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+from torch import nn
+
+from pipesched.runtime.executor import PipelineRuntime
+from pipesched.runtime.models import get_model
+from pipesched.runtime.train import TrainConfig, train_reference
+
+STEPS = 3
+
+
+def relative_error(got: dict, want: dict) -> float:
+    """Largest over tensors of max|got - want| / max|want|."""
+    assert got.keys() == want.keys()
+    return max(float((got[k] - want[k]).abs().max() / want[k].abs().max().clamp_min(1e-30)) for k in want)
+
+
+def reference(model: str, size: dict, batch: int, seed: int = 3) -> dict:
+    cfg = TrainConfig(model, None, STEPS, batch, seed=seed, model_size=size, want_params=True, want_grads=True)
+    res = train_reference(cfg)
+    return {"loss": res.losses[0], "grads": res.grads, "params": res.params}
+
+
+def run_schedules(rank: int, world: int, job: tuple) -> dict:
+    """Train every (label, schedule) of ``job`` for STEPS steps; rank 0 returns loss, grads, params."""
+    model, size, batch, schedules = job
+    md = get_model(model, **size)
+    out = {}
+    for label, schedule in schedules:
+        torch.manual_seed(1234 + rank)  # different global RNG per rank: seeding per block must not care
+        x0, _ = md.batch(0, batch, 3)
+        rt = PipelineRuntime(
+            md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.05),
+            x0[: batch // schedule.microbatches], seed=3, timeout_s=60,
+        )
+        losses, grads = [], None
+        for step in range(STEPS):
+            x, y = md.batch(step, batch, 3)
+            losses.append(rt.step(x if rank == schedule.placement[0] else None, y if rank == schedule.placement[-1] else None).loss)
+            if step == 0:
+                grads = rt.gather_gradients()
+        params = rt.gather_state_dict()
+        out[label] = {"losses": losses, "grads": grads, "params": params}
+    return out
+
+
+class Saboteur(nn.Module):
+    """A block that, on rank 1, kills its process or hangs at one forward of the second step."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.calls = 0
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        self.calls += 1
+        if int(os.environ.get("RANK", "-1")) == 1 and self.calls == 6:
+            if self.mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(3600)
+        return self.lin(x)
+
+
+def faulty_run(rank: int, world: int, job: tuple) -> None:
+    schedule, mode, timeout_s = job
+    os.environ["RANK"] = str(rank)
+    loss = nn.functional.mse_loss
+    rt = PipelineRuntime(
+        lambda i: Saboteur(mode), 4, schedule, loss, lambda ps: torch.optim.SGD(ps, lr=0.1),
+        torch.zeros(2, 8), timeout_s=timeout_s,
+    )
+    for step in range(4):
+        rt.step(torch.randn(8, 8), torch.randn(8, 8))
+
+
+def nonfinite_run(rank: int, world: int, job: tuple) -> list:
+    schedule, skip = job
+    md = get_model("mlp", blocks=3, dim=8, hidden=16)
+    x, y = md.batch(0, 8, 0)
+    x[5] = float("inf")  # microbatch 2 of 4 (two samples each)
+    rt = PipelineRuntime(
+        md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.1),
+        x[:2], timeout_s=60, skip_nonfinite=skip,
+    )
+    before = [p.detach().clone() for p in rt.parameters]
+    result = rt.step(x, y)
+    unchanged = all(torch.equal(a, p) for a, p in zip(before, rt.parameters))
+    return [result.skipped, unchanged]

@@ -1,0 +1,76 @@
+"""``pipesched train`` through the real entry point: bad input is one line and exit 2 before any
+process starts; a CSV from torch runs; the reference and a pipeline agree on the printed loss."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import cli_env, run_cli
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+
+def _one_line_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pipesched: error:"), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["--model", "gpt", "--schedule", "interleaved-1f1b", "--ranks", "4", "--chunks", "2"], ["8 stages", "6 blocks"]),
+        (["--schedule", "1f1b", "--ranks", "2", "--microbatches", "8", "--batch-size", "30"], ["--batch-size 30", "8"]),
+        (["--schedule", "zb-v", "--ranks", "2", "--chunks", "3"], ["zb-v needs chunks=2"]),
+        (["--model", "resnet"], ["--model 'resnet'"]),
+        (["--schedule", "no-such"], ["unknown schedule"]),
+        (["--save-params", "out.txt"], [".pt"]),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, fragments):
+    _one_line_error(run_cli("train", *args, "--steps", "1"), *fragments)
+
+
+def test_csv_whose_ranks_differ_from_ranks_flag(tmp_path):
+    path = tmp_path / "s.csv"
+    path.write_text("0F0,0B0\n1F0,1B0\n")
+    _one_line_error(run_cli("train", "--csv", str(path), "--ranks", "4"), "2 ranks", "--ranks is 4")
+
+
+def test_without_torch_the_command_says_how_to_install_it():
+    code = "import sys; sys.modules['torch'] = None; from pipesched.cli import main; main(['train'])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "pipesched: error: pipesched train needs PyTorch: pip install 'pipesched[torch]' "
+        "(CPU: pip install torch==2.13.0)"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_torch_csv_runs_and_matches_the_reference(tmp_path):
+    from pipesched.interop.torch_schedules import torch_schedule
+
+    path = tmp_path / "zbv.csv"
+    path.write_text(torch_schedule("zb-v", 2, 4).to_csv())
+    common = ["--model", "gpt", "--steps", "2", "--batch-size", "8", "--seed", "1"]
+    ran = run_cli("train", "--csv", str(path), "--ranks", "2", "--trace", str(tmp_path / "t.json"), *common, timeout=110)
+    assert ran.returncode == 0, ran.stderr
+    ref = run_cli("train", "--schedule", "none", *common, timeout=60)
+    assert ref.returncode == 0, ref.stderr
+    assert _losses(ran.stdout) == pytest.approx(_losses(ref.stdout), rel=1e-5)
+    assert "simulated from measured costs" in ran.stdout
+    assert (tmp_path / "t.json").stat().st_size > 0
+
+
+def _losses(stdout: str) -> tuple[float, float]:
+    """First and last loss from the summary line ``loss A -> B ...``."""
+    words = next(line for line in stdout.splitlines() if line.startswith("loss ")).split()
+    return float(words[1]), float(words[3])

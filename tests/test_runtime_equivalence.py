@@ -1,0 +1,55 @@
+"""Every registered schedule trains exactly like the single-process model (gloo, CPU).
+
+For each schedule: the loss and every gradient after one step, and every parameter after three
+SGD steps, equal the unpipelined run within 1e-5 relative (max |a-b| / max |b| per tensor).
+All schedules of one configuration share one spawned process group (start-up is the slow part).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pipesched  # noqa: E402
+from pipesched.interop.torch_schedules import torch_schedule  # noqa: E402
+from pipesched.runtime.launch import spawn  # noqa: E402
+from runtime_cases import reference, relative_error, run_schedules  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+TOL = 1e-5
+
+
+def _assert_equal_to_reference(results: dict, ref: dict) -> None:
+    for label, got in results.items():
+        assert got["losses"][0] == pytest.approx(ref["loss"], rel=TOL), label
+        assert relative_error(got["grads"], ref["grads"]) < TOL, label
+        assert relative_error(got["params"], ref["params"]) < TOL, label
+
+
+@pytest.mark.timeout(150)
+def test_every_registered_schedule_and_torch_csvs_on_two_ranks():
+    size = dict(blocks=7, dim=16, hidden=32)
+    schedules = [(f.name, pipesched.build_schedule(f.name, 2, 4)) for f in pipesched.families()]
+    for name in ("zb-v", "interleaved-1f1b", "interleaved-zb"):
+        theirs = torch_schedule(name, 2, 4)
+        schedules.append((f"csv:{theirs.name}", pipesched.Schedule.from_csv(theirs.to_csv())))
+    results = spawn(run_schedules, 2, ("mlp", size, 8, schedules), timeout_s=60)[0]
+    assert set(results) == {label for label, _ in schedules}
+    _assert_equal_to_reference(results, reference("mlp", size, 8))
+
+
+@pytest.mark.timeout(120)
+def test_gpt_on_two_ranks_with_uneven_microbatch_count():
+    size = dict(layers=2, dim=16, heads=2, context=8)
+    schedules = [(n, pipesched.build_schedule(n, 2, 3)) for n in ("1f1b", "zb-v", "interleaved-zb")]
+    results = spawn(run_schedules, 2, ("gpt", size, 6, schedules), timeout_s=60)[0]
+    _assert_equal_to_reference(results, reference("gpt", size, 6))
+
+
+@pytest.mark.timeout(150)
+def test_smaller_model_on_four_ranks():
+    size = dict(blocks=7, dim=8, hidden=16)
+    schedules = [(n, pipesched.build_schedule(n, 4, 4)) for n in ("1f1b", "zb-v", "interleaved-zb")]
+    results = spawn(run_schedules, 4, ("mlp", size, 8, schedules), timeout_s=90)[0]
+    _assert_equal_to_reference(results, reference("mlp", size, 8))
