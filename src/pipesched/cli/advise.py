@@ -47,6 +47,10 @@ def advise_cmd(
     gpu_memory: Optional[float] = typer.Option(None, "--gpu-memory", help="GB per device: sets the memory limit."),
     bandwidth: Optional[float] = typer.Option(None, "--bandwidth", help="GB/s between neighbouring ranks: sets comm."),
     flops: Optional[float] = typer.Option(None, "--flops", help=f"Effective TFLOP/s per device (default {DEFAULT_TFLOPS:g})."),
+    profile: bool = typer.Option(False, "--profile", help="Measure the costs: run a few steps of --model on --ranks local ranks."),
+    model_name: str = typer.Option("mlp", "--model", help="With --profile: mlp or gpt (pipesched train's models)."),
+    batch_size: int = typer.Option(64, "--batch-size", help="With --profile: samples per step."),
+    profile_steps: int = typer.Option(4, "--profile-steps", help="With --profile: steps to measure (the first is warm-up)."),
     schedules: Optional[str] = typer.Option(
         None, "--schedules", help="Only these schedules, comma-separated (default: every registered one)."
     ),
@@ -59,6 +63,17 @@ def advise_cmd(
         "--gpu-memory": gpu_memory, "--bandwidth": bandwidth, "--flops": flops,
     }
     model = None
+    if profile:
+        result = _profiled(
+            ranks, memory_limit, microbatches, given, costs, comm, stage_multipliers, global_batch,
+            model_name, batch_size, profile_steps, objective=objective, max_chunks=max_chunks,
+            families=_families(schedules), quiet=as_json,
+        )
+        if as_json:
+            typer.echo(json.dumps(result.to_json()))
+        else:
+            print_advice(result, None, top)
+        return
     if any(given[f] is not None for f in _MODEL_FLAGS + _HARDWARE_FLAGS):
         model = _model(ranks, given, microbatch_size, memory_limit, costs, comm, stage_multipliers)
         c = None
@@ -74,6 +89,24 @@ def advise_cmd(
         typer.echo(json.dumps(result.to_json()))
         return
     print_advice(result, model, top)
+
+
+def _profiled(ranks, memory_limit, microbatches, given, costs, comm, multipliers, global_batch,
+              model_name, batch_size, steps, quiet: bool, **options) -> Advice:
+    """Advice from costs measured by running the model (needs torch)."""
+    clashes = [f for f, v in (("--costs", costs), ("--comm", comm), ("--stage-multipliers", multipliers),
+                              ("--global-batch", global_batch)) if v is not None]
+    clashes += [f for f, v in given.items() if v is not None]
+    if clashes:
+        raise ConfigError(f"--profile measures the costs itself: drop {', '.join(clashes)}")
+    try:
+        from ..runtime.profile import advise_from_profile, profile
+    except ImportError:
+        raise ConfigError("--profile needs PyTorch: pip install 'pipesched[torch]'") from None
+    prof = profile(model_name, ranks, microbatches or 8, batch_size, steps=steps)
+    if not quiet:
+        Console().print(prof.summary())
+    return advise_from_profile(prof, memory_limit, **options)
 
 
 def _families(names: Optional[str]) -> Optional[list]:
