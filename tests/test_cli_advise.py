@@ -60,3 +60,10 @@ def test_bad_input_is_one_line_and_exit_2(cli, args, message):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in out.stderr
+
+
+def test_html_report_carries_the_advice(cli, tmp_path):
+    out = cli("report", "--ranks", "4", "--microbatches", "8", "--memory-limit", "4", "-o", str(tmp_path / "r.html"))
+    assert out.returncode == 0, out.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert "Which schedule to choose" in page and "Recommendation:" in page and "<table>" in page
