@@ -105,7 +105,7 @@ def advice_section(s: opt.Setup) -> "Section":
     from ..render.html import Section
 
     try:
-        body = advice_html(advise(s.ranks, s.memory_limit, microbatches=s.microbatches, costs=s.costs))
+        body = advice_html(advise(s.ranks, s.memory_limit, microbatches=s.microbatches, costs=s.costs), top=3)
     except PipeschedError as err:
         body = f"<p>{escape(str(err))}</p>"
     return Section("Which schedule to choose (pipesched advise)", body)
