@@ -18,6 +18,7 @@ from ..registry import Family, build_schedule, families as registered_families
 from ..simulate import simulate
 from .candidates import BatchPlan, Setting, batch_plan, settings
 from .costmodel import CostModel, ScaledCosts
+from .parallel import default_workers, map_outcomes
 
 OBJECTIVES = ("makespan", "span")
 BASELINE = "1f1b"
@@ -133,12 +134,14 @@ def advise(
     max_microbatches: Optional[int] = None,
     overhead: float = 0.0,
     families: Optional[Sequence[Family]] = None,
+    workers: Optional[int] = None,
 ) -> Advice:
     """Rank every schedule x chunk count (x microbatch count) for this setup; see the module doc.
 
     ``memory_limit`` is peak activations per rank in M_B units of the reference microbatch
     (``microbatch_size``, or the one ``microbatches`` gives). ``costs`` are per-microbatch at that
     size; ``cost_model`` replaces ``costs`` and ``memory_limit`` (e.g. a model description).
+    ``workers``: processes for the builds (default: the CPUs, one where fork is unsafe).
     Raises :class:`NoCandidateFitsError` when nothing fits, naming the smallest feasible limit.
     """
     from .explain import explain
@@ -158,19 +161,23 @@ def advise(
     built: list[Candidate] = []
     skipped: list[tuple[str, int, int, str]] = []
     over_limit: list[Setting] = []  # families that could not get under the limit when steered
-    chooses_chunks: set[tuple[str, int]] = set()  # (family, m) whose builder picks its own chunks
-    for setting in settings(family_list, plan, max_chunks):
-        if (setting.family.name, setting.microbatches) in chooses_chunks:
-            continue
-        try:
-            candidate = _evaluate(setting, ranks, plan, cost_model, objective)
-            if candidate.chunks != setting.chunks:
-                chooses_chunks.add((setting.family.name, setting.microbatches))
-            built.append(candidate)
-        except PipeschedError as err:
-            if isinstance(err, _SteeredOverLimit):
+    # Largest instances first, so parallel workers finish together.
+    todo = sorted(settings(family_list, plan, max_chunks), key=lambda s: -s.microbatches * s.chunks)
+    outcomes = map_outcomes(
+        lambda setting: _evaluate(setting, ranks, plan, cost_model, objective), todo,
+        workers if workers is not None else default_workers(len(todo)),
+    )
+    seen: set[tuple[str, int, int]] = set()  # a family that picks its own chunks may repeat itself
+    for setting, outcome in zip(todo, outcomes):
+        if isinstance(outcome, PipeschedError):
+            if isinstance(outcome, _SteeredOverLimit):
                 over_limit.append(setting)
-            skipped.append((setting.family.name, setting.chunks, setting.microbatches, str(err)))
+            skipped.append((setting.family.name, setting.chunks, setting.microbatches, str(outcome)))
+            continue
+        key = (outcome.schedule, outcome.chunks, outcome.microbatches)
+        if key not in seen:
+            seen.add(key)
+            built.append(outcome)
     if not any(c.fits for c in built):  # what they need at least, for the smallest feasible limit
         for setting in over_limit:
             built.append(_leanest(setting, ranks, plan, cost_model, objective))
