@@ -191,3 +191,9 @@ def test_a_newly_registered_family_is_searched_without_changes():
     finally:
         del _FAMILIES["test-clone"]
     assert "test-clone" in names
+
+
+def test_parallel_search_gives_the_same_ranking_as_one_process():
+    one = advise(4, 4, microbatches=8, costs=SKEWED, families=FAST, workers=1).to_json()
+    two = advise(4, 4, microbatches=8, costs=SKEWED, families=FAST, workers=2).to_json()
+    assert one == two

@@ -54,6 +54,7 @@ def advise_cmd(
     schedules: Optional[str] = typer.Option(
         None, "--schedules", help="Only these schedules, comma-separated (default: every registered one)."
     ),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Processes for the search (default: the CPUs)."),
     top: int = typer.Option(12, "--top", help="Rows in the table."),
     as_json: bool = typer.Option(False, "--json", help="Print the candidates as a JSON list, best first."),
 ) -> None:
@@ -67,7 +68,7 @@ def advise_cmd(
         result = _profiled(
             ranks, memory_limit, microbatches, given, costs, comm, stage_multipliers, global_batch,
             model_name, batch_size, profile_steps, objective=objective, max_chunks=max_chunks,
-            families=_families(schedules), quiet=as_json,
+            families=_families(schedules), workers=workers, quiet=as_json,
         )
         if as_json:
             typer.echo(json.dumps(result.to_json()))
@@ -83,7 +84,7 @@ def advise_cmd(
         ranks, memory_limit, microbatches=microbatches, global_batch=global_batch,
         microbatch_size=microbatch_size, costs=c, cost_model=model, objective=objective,
         max_chunks=max_chunks, min_microbatch_size=min_microbatch_size,
-        max_microbatches=max_microbatches, overhead=overhead, families=_families(schedules),
+        max_microbatches=max_microbatches, overhead=overhead, families=_families(schedules), workers=workers,
     )
     if as_json:
         typer.echo(json.dumps(result.to_json()))
