@@ -194,7 +194,7 @@ def advise(
         key=lambda c: (_rounded(c.peak_memory_reference), order[c.schedule], c.value(objective)),
     )
     if not fits:
-        raise NoCandidateFitsError(_no_fit_message(over, memory_limit, cost_model))
+        raise NoCandidateFitsError(_no_fit_message(over, memory_limit))
     baseline = next(
         (c for c in built if c.schedule == BASELINE and c.microbatches == plan.reference), None
     )
@@ -287,15 +287,18 @@ def _rounded(x: float) -> float:
     return round(x, digits)
 
 
-def _no_fit_message(over: Sequence[Candidate], limit: Optional[float], model: CostModel) -> str:
-    leanest = over[0]
-    if leanest.memory_gb is not None:
+def _no_fit_message(over: Sequence[Candidate], limit: Optional[float]) -> str:
+    """Name the leanest candidate: what it needs is the smallest feasible limit."""
+    if over[0].memory_gb is not None:
+        leanest = min(over, key=lambda c: c.memory_gb)
         return (
             f"no schedule fits in the GPU memory: the leanest, {leanest.label()}, needs "
             f"{leanest.memory_gb:.3g} GB on its fullest rank; give more --gpu-memory, more ranks "
             "or a smaller microbatch"
         )
+    leanest = over[0]
+    given = f" {limit:g}" if limit is not None else ""
     return (
-        f"no schedule fits memory limit {limit:g}: the smallest feasible limit is "
+        f"no schedule fits memory limit{given}: the smallest feasible limit is "
         f"{leanest.peak_memory_reference:.4g}, reached by {leanest.label()}"
     )
