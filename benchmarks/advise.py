@@ -42,7 +42,7 @@ def speed() -> list[str]:
          dict(ranks=16, memory_limit=16, global_batch=512, microbatch_size=4, costs=SKEWED)),
     ]
     for label, kwargs in cases:
-        for workers in (1, default_workers(99)):
+        for workers in sorted({1, 2, default_workers(99)}):
             seconds, advice = timed(3, workers=workers, **kwargs)
             lines.append(f"| {label} | {len(advice.candidates)} | {workers} | {seconds:.2f} s |")
     return lines

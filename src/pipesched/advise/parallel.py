@@ -18,14 +18,16 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 MAX_WORKERS = 8
+MIN_CPUS = 4  # on two shared cores, measured: two workers were no faster than one
 _TASK: Optional[tuple[Callable, Sequence]] = None
 
 
 def default_workers(jobs: int) -> int:
     """Processes worth starting for ``jobs`` independent evaluations."""
-    if jobs < 4 or "torch" in sys.modules or "fork" not in multiprocessing.get_all_start_methods():
+    cpus = os.cpu_count() or 1
+    if jobs < 4 or cpus < MIN_CPUS or "torch" in sys.modules or "fork" not in multiprocessing.get_all_start_methods():
         return 1
-    return max(1, min(os.cpu_count() or 1, MAX_WORKERS, jobs))
+    return min(cpus, MAX_WORKERS, jobs)
 
 
 def map_outcomes(fn: Callable[[T], R], items: Sequence[T], workers: int) -> list[Union[R, PipeschedError]]:

@@ -141,7 +141,7 @@ def advise(
     ``memory_limit`` is peak activations per rank in M_B units of the reference microbatch
     (``microbatch_size``, or the one ``microbatches`` gives). ``costs`` are per-microbatch at that
     size; ``cost_model`` replaces ``costs`` and ``memory_limit`` (e.g. a model description).
-    ``workers``: processes for the builds (default: the CPUs, one where fork is unsafe).
+    ``workers``: processes for the builds (default: the CPUs when there are 4 or more, else one).
     Raises :class:`NoCandidateFitsError` when nothing fits, naming the smallest feasible limit.
     """
     from .explain import explain
