@@ -92,3 +92,10 @@ def test_report_is_self_contained_and_covers_every_schedule(tmp_path):
     for fetch in ("<script", "<link", "src=", "url(", "@import", "https://"):
         assert fetch not in html
     assert "speed-up over 1f1b" in html
+
+
+def test_drawing_imports_no_torch():
+    code = ("import sys, pipesched.render.svg, pipesched.render.trace, pipesched.render.html, "
+            "pipesched.render.terminal, pipesched.render.png; assert 'torch' not in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=cli_env())
+    assert done.returncode == 0, done.stderr

@@ -104,3 +104,17 @@ def test_large_chart_stays_small():
     svg = gantt_svg(result)
     assert len(result.schedule) == 49152
     assert len(svg.encode()) < 10 * 1024 * 1024
+
+
+def test_measured_timeline_draws_without_a_memory_strip():
+    from pipesched.actions import Action
+    from pipesched.execution import Span
+    from pipesched.render.timeline import Timeline
+
+    spans = ((Span(Action(0, "F", 0), 0.0, 0.5), Span(Action(0, "B", 0), 1.5, 2.5)),
+             (Span(Action(1, "F", 0), 0.5, 1.0), Span(Action(1, "B", 0), 1.0, 1.5)))
+    svg = gantt_svg(Timeline(spans, placement=(0, 1), name="measured", unit="s"))
+    root = ET.fromstring(svg)
+    assert sorted(tooltip_action(r) for r in boxes(svg)) == ["0B0", "0F0", "1B0", "1F0"]
+    assert not [e for e in root.iter("{%s}path" % NS["s"]) if e.get("class") == "mem"]
+    assert "time (s)" in svg and "peak memory" not in svg

@@ -41,3 +41,8 @@ def test_simulate_draw_prints_the_timeline():
     assert "makespan" in done.stdout
     assert sum(line.startswith("rank  ") for line in done.stdout.splitlines()) == 4
     assert "weight grad" in done.stdout
+
+
+def test_simulate_draw_and_json_do_not_mix():
+    done = run_cli("simulate", "1f1b", "--draw", "--json")
+    assert done.returncode == 2 and "--json" in done.stderr and done.stdout == ""

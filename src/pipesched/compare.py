@@ -45,20 +45,22 @@ def simulate_all(
     chunks: Optional[int],
     costs: Costs,
     memory_limit: Optional[float] = None,
+    objective: Optional[str] = None,
 ) -> list[Outcome]:
-    """Build and simulate every family; ``chunks`` applies where a family accepts it."""
+    """Build and simulate every family; ``chunks`` applies where a family accepts it (elsewhere
+    the family's default, or its own search); ``objective`` steers the families that search."""
     outcomes = []
     for family in families():
-        v = chunks if accepts_chunks(family, chunks) else family.default_chunks
+        v = chunks if accepts_chunks(family, chunks) else None
         limit = memory_limit if family.uses_memory_limit else None
         try:
-            schedule = build_schedule(family.name, ranks, microbatches, v, costs, limit)
+            schedule = build_schedule(family.name, ranks, microbatches, v, costs, limit, objective)
             result = simulate(schedule, costs)
         except PipeschedError as err:
-            outcomes.append(Outcome(family, v, error=str(err)))
+            outcomes.append(Outcome(family, v or family.default_chunks, error=str(err)))
             continue
         fits = memory_limit is None or result.max_peak_memory <= memory_limit + 1e-9
-        outcomes.append(Outcome(family, v, result, fits=fits))
+        outcomes.append(Outcome(family, schedule.chunks, result, fits=fits))
     base = next((o.result for o in outcomes if o.family.name == BASELINE and o.result), None)
     if base is None:
         return outcomes

@@ -5,15 +5,22 @@ An action starts when its rank has finished the previous action and its input ha
 on the last stage; ``W(s,k)`` needs ``I(s,k)``. An input from another rank arrives ``comm``
 after it was produced. Computing start times is a longest path over this graph; when no rank
 can move, the schedule deadlocks and the error names each stuck rank and what it waits for.
+
+For speed (schedules reach hundreds of thousands of actions) the programs are first lowered
+to integer ids with each action's dependency resolved once; runs then only index lists.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
 
 from .actions import Action
 from .errors import DeadlockError
+
+NO_DEPENDENCY = -1
+MISSING = -2
 
 
 class Span(NamedTuple):
@@ -22,10 +29,6 @@ class Span(NamedTuple):
     action: Action
     start: float
     end: float
-
-
-def _grad(kind: str) -> str:
-    return "G" if kind in "IB" else kind
 
 
 def dependency(action: Action, stages: int) -> tuple[int, str, int] | None:
@@ -41,70 +44,124 @@ def dependency(action: Action, stages: int) -> tuple[int, str, int] | None:
     return (s + 1, "G", k) if s < stages - 1 else (s, "F", k)
 
 
-def execute(
-    orders: Sequence[Sequence[Action]],
-    placement: Sequence[int],
-    duration: Callable[[Action], float],
-    comm: float,
-) -> list[list[Span]]:
-    """Run the per-rank programs under the execution model; return each rank's spans.
+@dataclass(frozen=True)
+class Program:
+    """Per-rank programs lowered to integer ids, each with its dependency's id."""
 
-    Raises DeadlockError naming, for every rank that cannot finish, the action it is stuck on
-    and the action that action waits for.
-    """
-    ranks = len(orders)
-    stages = len(placement)
-    done: dict[tuple[int, str, int], float] = {}
-    waiting: dict[tuple[int, str, int], list[int]] = {}
+    actions: list[Action]  # by id
+    rank_ids: list[list[int]]  # per rank, ids in program order
+    dep: list[int]  # id of the dependency, NO_DEPENDENCY or MISSING
+    cross: list[bool]  # True when the dependency lives on another rank
+    rank_of: list[int]  # rank of each id
+    placement: tuple[int, ...]
+    index: dict  # action -> id (a duplicated action keeps its last id)
+
+
+def lower(orders: Sequence[Sequence[Action]], placement: Sequence[int]) -> Program:
+    """Number the actions and resolve every dependency to an id."""
+    actions: list[Action] = []
+    rank_ids: list[list[int]] = []
+    rank_of: list[int] = []
+    index: dict = {}
+    for r, order in enumerate(orders):
+        ids = list(range(len(actions), len(actions) + len(order)))
+        index.update(zip(order, ids))
+        actions.extend(order)
+        rank_of.extend([r] * len(order))
+        rank_ids.append(ids)
+    last = len(placement) - 1
+    get = index.get
+    dep: list[int] = []
+    append = dep.append
+    for s, kind, k in actions:
+        if kind == "F":
+            d = get((s - 1, "F", k), MISSING) if s else NO_DEPENDENCY
+        elif kind == "W":
+            d = get((s, "I", k), MISSING)
+        elif s < last:
+            d = get((s + 1, "I", k))
+            if d is None:
+                d = get((s + 1, "B", k), MISSING)
+        else:
+            d = get((s, "F", k), MISSING)
+        append(d)
+    cross = [d >= 0 and rank_of[d] != r for d, r in zip(dep, rank_of)]
+    return Program(actions, rank_ids, dep, cross, rank_of, tuple(placement), index)
+
+
+def run(program: Program, durations: Sequence[float], comm: float) -> tuple[list[float], list[float]]:
+    """Start and end time of every action id; raises DeadlockError when ranks get stuck."""
+    n = len(program.actions)
+    dep, cross = program.dep, program.cross
+    starts = [0.0] * n
+    ends = [-1.0] * n
+    waiting: dict[int, list[int]] = {}
+    ranks = len(program.rank_ids)
     pos = [0] * ranks
     free = [0.0] * ranks
-    spans: list[list[Span]] = [[] for _ in range(ranks)]
     runnable = deque(range(ranks))
     while runnable:
         r = runnable.popleft()
-        order = orders[r]
+        ids = program.rank_ids[r]
+        count = len(ids)
         i = pos[r]
-        t_free = free[r]
-        out = spans[r]
-        while i < len(order):
-            action = order[i]
-            s, kind, k = action
-            dep = dependency(action, stages)
-            start = t_free
-            if dep is not None:
-                t_dep = done.get(dep)
-                if t_dep is None:
-                    waiting.setdefault(dep, []).append(r)
+        t = free[r]
+        while i < count:
+            a = ids[i]
+            d = dep[a]
+            start = t
+            if d >= 0:
+                t_dep = ends[d]
+                if t_dep < 0:
+                    waiting.setdefault(d, []).append(r)
                     break
-                if placement[dep[0]] != r:
+                if cross[a]:
                     t_dep += comm
                 if t_dep > start:
                     start = t_dep
-            t_free = start + duration(action)
-            out.append(Span(action, start, t_free))
-            key = (s, _grad(kind), k)
-            done[key] = t_free
-            woken = waiting.pop(key, None)
+            elif d == MISSING:
+                break
+            t = start + durations[a]
+            starts[a] = start
+            ends[a] = t
+            woken = waiting.pop(a, None)
             if woken:
                 runnable.extend(woken)
             i += 1
         pos[r] = i
-        free[r] = t_free
-    stuck = [r for r in range(ranks) if pos[r] < len(orders[r])]
+        free[r] = t
+    stuck = [r for r in range(ranks) if pos[r] < len(program.rank_ids[r])]
     if stuck:
-        raise DeadlockError(_deadlock_message(orders, placement, pos, stuck, done))
-    return spans
+        raise DeadlockError(_deadlock_message(program, pos, stuck))
+    return starts, ends
 
 
-def _deadlock_message(orders, placement, pos, stuck, done) -> str:
-    stages = len(placement)
+def execute(
+    orders: Sequence[Sequence[Action]],
+    placement: Sequence[int],
+    duration,
+    comm: float,
+) -> list[list[Span]]:
+    """Run the per-rank programs; ``duration`` maps an action to its time. Returns spans per rank."""
+    program = lower(orders, placement)
+    starts, ends = run(program, [duration(a) for a in program.actions], comm)
+    return [[Span(program.actions[i], starts[i], ends[i]) for i in ids] for ids in program.rank_ids]
+
+
+def _deadlock_message(program: Program, pos: list[int], stuck: list[int]) -> str:
+    stages = len(program.placement)
     parts = []
     for r in stuck:
-        action = orders[r][pos[r]]
-        dep = dependency(action, stages)
-        assert dep is not None and dep not in done
-        s, g, k = dep
-        wanted = f"{s}{'I/B' if g == 'G' else g}{k}"
-        owner = placement[s] if 0 <= s < stages else None
-        parts.append(f"rank {r} waits at {action} for {wanted} (rank {owner})")
+        action_id = program.rank_ids[r][pos[r]]
+        action = program.actions[action_id]
+        d = program.dep[action_id]
+        if d == MISSING:
+            s, g, k = dependency(action, stages)
+            wanted = f"{s}{'I/B' if g == 'G' else g}{k}"
+            parts.append(f"rank {r} waits at {action} for {wanted}, which no rank runs")
+        else:
+            owner = program.rank_of[d]
+            parts.append(
+                f"rank {r} waits at {action} for {program.actions[d]} (rank {owner})"
+            )
     return "schedule deadlocks: " + "; ".join(parts)

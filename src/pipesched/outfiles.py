@@ -27,6 +27,12 @@ def check_output_path(path: Union[str, Path], suffixes: Iterable[str]) -> Path:
     return path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Union[str, Path], data: Union[str, bytes]) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder, then rename."""
     path = Path(path)
@@ -38,6 +44,7 @@ def write_atomic(path: Union[str, Path], data: Union[str, bytes]) -> Path:
     try:
         with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8", "newline": ""})) as fh:
             fh.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
         os.replace(tmp, path)
     except BaseException:
         try:

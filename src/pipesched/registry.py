@@ -32,17 +32,21 @@ class Family:
     memory: str  # peak activations, in words
     torch_name: Optional[str] = None  # the torch.distributed.pipelining counterpart
     uses_memory_limit: bool = False  # True when memory_limit steers the construction
+    uses_objective: bool = False  # True when build() takes objective="makespan"|"span"
+    searches_chunks: bool = False  # True: chunks=None reaches build(), which tries every count
 
     def chunks_text(self) -> str:
+        if self.searches_chunks:
+            return f"chunks {self.min_chunks}..{self.max_chunks} (default: searched)"
         if self.max_chunks == self.min_chunks:
             return f"chunks={self.min_chunks}"
         if self.max_chunks is None:
             return f"chunks>={self.min_chunks} (default {self.default_chunks})"
         return f"chunks {self.min_chunks}..{self.max_chunks} (default {self.default_chunks})"
 
-    def resolve_chunks(self, chunks: Optional[int]) -> int:
+    def resolve_chunks(self, chunks: Optional[int]) -> Optional[int]:
         if chunks is None:
-            return self.default_chunks
+            return None if self.searches_chunks else self.default_chunks
         _check_int("chunks", chunks)
         if chunks < self.min_chunks or (self.max_chunks is not None and chunks > self.max_chunks):
             hint = {
@@ -102,13 +106,16 @@ def build_schedule(
     chunks: Optional[int] = None,
     costs: Optional[Costs] = None,
     memory_limit: Optional[float] = None,
+    objective: Optional[str] = None,
 ) -> Schedule:
     """Build, validate and return the schedule ``name`` for ``ranks`` ranks and ``microbatches``.
 
     ``chunks`` is the number of stages per rank (families that fix it accept only that value);
     ``costs`` steer the cost-aware choices; ``memory_limit`` (activations per rank, in one
     microbatch's activations for the rank's share) caps peak memory: families that can trade
-    speed for memory honour it, the others raise if they need more.
+    speed for memory honour it, the others raise if they need more. ``objective``
+    (``"makespan"`` or ``"span"``) steers the families that search (``uses_objective``); the
+    others ignore it.
     """
     family = get_family(name)
     _check_int("ranks", ranks)
@@ -118,7 +125,14 @@ def build_schedule(
     if memory_limit is not None:
         if isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)) or not math.isfinite(memory_limit) or memory_limit <= 0:
             raise ConfigError(f"memory_limit must be a number above 0, got {memory_limit!r}")
-    schedule = family.build(ranks, microbatches, chunks=v, costs=costs, memory_limit=memory_limit)
+    extra = {}
+    if objective is not None:
+        from .schedules.choose import check_objective
+
+        check_objective(objective)
+        if family.uses_objective:
+            extra["objective"] = objective
+    schedule = family.build(ranks, microbatches, chunks=v, costs=costs, memory_limit=memory_limit, **extra)
     validate(schedule)
     if memory_limit is not None:
         peak = peak_memory(schedule)

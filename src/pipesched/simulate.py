@@ -9,14 +9,15 @@ rank holding ``k`` stages weighs ``1/k``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Optional
 
 from .costs import UNIT, Costs
-from .execution import Span, execute
+from .execution import Program, Span, run
 from .placement import stages_by_rank
 from .schedule import Schedule
-from .validate import check_structure
+from .validate import UNIT_RUN, VALIDATED, check_structure, lowered
 
 
 @dataclass(frozen=True)
@@ -27,16 +28,26 @@ class SimResult:
     - ``span``: max over ranks of last end minus first start (the period when iterations overlap).
     - ``bubble_ratio``: ``1 - sum(busy) / (ranks * makespan)``.
     - ``busy[r]``: compute time of rank r; ``peak_memory[r]``: its peak activations in M_B.
+    - ``timeline[r]``: rank r's spans (action, start, end) in program order.
     """
 
     schedule: Schedule
     costs: Costs
-    timeline: tuple[tuple[Span, ...], ...]
     makespan: float
     span: float
     bubble_ratio: float
     busy: tuple[float, ...]
     peak_memory: tuple[float, ...]
+    _program: Program = field(repr=False, compare=False)
+    _starts: list = field(repr=False, compare=False)
+    _ends: list = field(repr=False, compare=False)
+
+    @cached_property
+    def timeline(self) -> tuple[tuple[Span, ...], ...]:
+        acts, starts, ends = self._program.actions, self._starts, self._ends
+        return tuple(
+            tuple(Span(acts[i], starts[i], ends[i]) for i in ids) for ids in self._program.rank_ids
+        )
 
     @property
     def max_peak_memory(self) -> float:
@@ -94,40 +105,60 @@ def durations_for(placement: tuple[int, ...], ranks: int, costs: Costs) -> dict[
     return table
 
 
+def durations_by_id(schedule: Schedule, program: Program, costs: Costs) -> list[float]:
+    """Duration of every action of the lowered program, in id order."""
+    flat = action_durations(schedule, costs)
+    table = [{kind: flat[(s, kind)] for kind in "FIWB"} for s in range(schedule.stages)]
+    return [table[s][kind] for s, kind, _k in program.actions]
+
+
 def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
-    """Simulate ``schedule`` under ``costs`` (unit costs, no latency, by default)."""
+    """Simulate ``schedule`` under ``costs`` (unit costs, no latency, by default).
+
+    Raises ScheduleError for a malformed schedule and DeadlockError for one that cannot finish.
+    """
     costs = costs or UNIT
-    check_structure(schedule)
-    table = action_durations(schedule, costs)
-    orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
-    spans = execute(orders, schedule.placement, lambda a: table[(a.stage, a.kind)], costs.comm)
-    makespan = max((rs[-1].end for rs in spans if rs), default=0.0)
-    span = max((rs[-1].end - rs[0].start for rs in spans if rs), default=0.0)
-    busy = tuple(sum(x.end - x.start for x in rs) for rs in spans)
-    ranks = schedule.ranks
-    bubble = 1.0 - sum(busy) / (ranks * makespan) if makespan > 0 else 0.0
-    peaks = tuple(_peak(rs, k) for rs, k in zip(spans, _stages_on_rank(schedule)))
+    if not schedule.meta.get(VALIDATED):
+        check_structure(schedule)
+    program = lowered(schedule)
+    cached = schedule.meta.get(UNIT_RUN) if costs == UNIT else None
+    if cached is not None:
+        durations, starts, ends = cached
+    else:
+        durations = durations_by_id(schedule, program, costs)
+        starts, ends = run(program, durations, costs.comm)
+    busy, peaks, first, last = [], [], [], []
+    for ids, k in zip(program.rank_ids, _stages_on_rank(schedule)):
+        busy.append(sum([durations[i] for i in ids]))
+        peaks.append(_peak([program.actions[i][1] for i in ids]) / k)
+        if ids:
+            first.append(starts[ids[0]])
+            last.append(ends[ids[-1]])
+    makespan = max(last, default=0.0)
+    span = max((e - s for s, e in zip(first, last)), default=0.0)
+    bubble = 1.0 - sum(busy) / (schedule.ranks * makespan) if makespan > 0 else 0.0
     return SimResult(
         schedule=schedule,
         costs=costs,
-        timeline=tuple(tuple(rs) for rs in spans),
         makespan=makespan,
         span=span,
         bubble_ratio=max(0.0, bubble),
-        busy=busy,
-        peak_memory=peaks,
+        busy=tuple(busy),
+        peak_memory=tuple(peaks),
+        _program=program,
+        _starts=starts,
+        _ends=ends,
     )
 
 
-def _peak(spans: list[Span], stages_here: int) -> float:
-    """Peak activations on a rank: count whole stage-microbatches, divide by stages held."""
+def _peak(kinds: list[str]) -> int:
+    """Peak count of stage-microbatches held on a rank (F adds one, W or B frees one)."""
     held = peak = 0
-    for span in spans:
-        kind = span.action.kind
+    for kind in kinds:
         if kind == "F":
             held += 1
             if held > peak:
                 peak = held
-        elif kind in "WB":
+        elif kind != "I":
             held -= 1
-    return peak / stages_here
+    return peak

@@ -9,7 +9,7 @@ Structure: every action names a stage on its own rank and a microbatch in range;
 from __future__ import annotations
 
 from .errors import ScheduleError
-from .execution import execute
+from .execution import Program, lower, run
 from .schedule import Schedule
 
 
@@ -23,30 +23,53 @@ def check_structure(schedule: Schedule) -> None:
     for stage, rank in enumerate(schedule.placement):
         if not 0 <= rank < p:
             raise ScheduleError(f"stage {stage} is placed on rank {rank}; ranks are 0..{p - 1}")
-    seen: dict[tuple[int, str, int], int] = {}
-    for rank, order in enumerate(schedule.orders):
-        for position, action in enumerate(order):
-            if action is None:
-                continue
-            s, kind, k = action
-            if not 0 <= s < stages:
-                raise ScheduleError(f"rank {rank} runs {action}: stage {s} is outside 0..{stages - 1}")
-            if schedule.placement[s] != rank:
-                raise ScheduleError(
-                    f"rank {rank} runs {action}, but stage {s} lives on rank {schedule.placement[s]}"
-                )
-            if not 0 <= k < m:
-                raise ScheduleError(f"rank {rank} runs {action}: microbatch {k} is outside 0..{m - 1}")
-            if (s, kind, k) in seen:
-                raise ScheduleError(f"rank {rank} runs {action} twice")
-            seen[(s, kind, k)] = position
-    for s in range(stages):
-        rank = schedule.placement[s]
-        for k in range(m):
-            _check_pair(seen, rank, s, k)
+    placement = schedule.placement
+    program = lowered(schedule)
+    seen = program.index  # action -> id; ids grow along each rank's program
+    if len(seen) != len(program.actions) or not all(
+        0 <= s < stages and placement[s] == rank and 0 <= k < m
+        for (s, _kind, k), rank in zip(program.actions, program.rank_of)
+    ):
+        _explain_bad_actions(schedule, program)
+    if len(seen) != 3 * stages * m or not _pairs_fast_ok(seen, stages, m):
+        for s in range(stages):
+            for k in range(m):
+                _check_pair(seen, placement[s], s, k)
     for rank in range(p):
-        if not schedule.rank_actions(rank):
+        if not program.rank_ids[rank]:
             raise ScheduleError(f"rank {rank} has no actions: every rank must hold a stage")
+
+
+def _pairs_fast_ok(seen: dict, stages: int, m: int) -> bool:
+    """Quick pass for the common all-split or all-full case: every pair present and ordered."""
+    get = seen.get
+    for s in range(stages):
+        for k in range(m):
+            f = get((s, "F", k))
+            i = get((s, "I", k))
+            if f is None or i is None or i < f:
+                return False
+            w = get((s, "W", k))
+            if w is None or w < i:
+                return False
+    return True
+
+
+def _explain_bad_actions(schedule: Schedule, program: Program) -> None:
+    """Raise for the first action off its stage's rank, out of range, or repeated."""
+    stages, m = schedule.stages, schedule.microbatches
+    once: set = set()
+    for action, rank in zip(program.actions, program.rank_of):
+        s, _kind, k = action
+        if not 0 <= s < stages:
+            raise ScheduleError(f"rank {rank} runs {action}: stage {s} is outside 0..{stages - 1}")
+        if schedule.placement[s] != rank:
+            raise ScheduleError(f"rank {rank} runs {action}, but stage {s} lives on rank {schedule.placement[s]}")
+        if not 0 <= k < m:
+            raise ScheduleError(f"rank {rank} runs {action}: microbatch {k} is outside 0..{m - 1}")
+        if action in once:
+            raise ScheduleError(f"rank {rank} runs {action} twice")
+        once.add(action)
 
 
 def _check_pair(seen: dict, rank: int, s: int, k: int) -> None:
@@ -71,14 +94,36 @@ def _check_pair(seen: dict, rank: int, s: int, k: int) -> None:
         raise ScheduleError(f"rank {rank} runs {s}W{k} before {s}I{k}")
 
 
+def lowered(schedule: Schedule) -> Program:
+    """The schedule's programs lowered to ids (computed once, kept with the schedule)."""
+    program = schedule.meta.get(_PROGRAM)
+    if program is None:
+        orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
+        program = schedule.meta[_PROGRAM] = lower(orders, schedule.placement)
+    return program
+
+
 def check_deadlock(schedule: Schedule) -> None:
-    """Raise DeadlockError if the programs cannot all finish under the execution model."""
-    orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
-    execute(orders, schedule.placement, lambda _a: 1.0, 0.0)
+    """Raise DeadlockError if the programs cannot all finish under the execution model.
+
+    The run uses unit costs; its times are kept so that a unit-cost simulation can reuse them.
+    """
+    from .costs import UNIT
+    from .simulate import durations_by_id
+
+    program = lowered(schedule)
+    durations = durations_by_id(schedule, program, UNIT)
+    schedule.meta[UNIT_RUN] = (durations, *run(program, durations, 0.0))
 
 
 def validate(schedule: Schedule) -> Schedule:
     """Check structure and freedom from deadlock; return the schedule unchanged when valid."""
     check_structure(schedule)
     check_deadlock(schedule)
+    schedule.meta[VALIDATED] = True
     return schedule
+
+
+VALIDATED = "_validated"  # meta flag: the structure was checked, so simulate need not repeat it
+_PROGRAM = "_program"  # meta cache: the lowered programs
+UNIT_RUN = "_unit_run"  # meta cache: (durations, starts, ends) of the unit-cost run

@@ -9,13 +9,11 @@ from typing import Optional
 import typer
 
 from ..compare import simulate_all
-from ..errors import ConfigError
 from ..outfiles import check_output_path, write_atomic
-from ..registry import build_schedule
 from ..simulate import simulate
 from . import app
 from . import options as opt
-from .plan import load_csv_file
+from .plan import schedule_from_flags
 
 DRAW_SUFFIXES = (".svg", ".png", ".json")
 
@@ -34,16 +32,9 @@ def draw(
     output: Path = typer.Option(..., "--output", "-o", help="chart.svg, chart.png (needs Pillow) or trace.json (Perfetto)."),
 ) -> None:
     """Draw one schedule's simulated timeline: Gantt chart (SVG/PNG) or Perfetto trace (JSON)."""
-    if (name is None) == (csv is None):
-        raise ConfigError("give a schedule name or --csv FILE (one of the two)")
     check_output_path(output, DRAW_SUFFIXES)
     s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
-    if csv is not None:
-        from ..validate import validate
-
-        schedule = validate(load_csv_file(csv))
-    else:
-        schedule = build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit)
+    schedule = schedule_from_flags(name, csv, s)
     result = simulate(schedule, s.costs)
     suffix = output.suffix.lower()
     if suffix == ".svg":
@@ -105,7 +96,8 @@ def advice_section(s: opt.Setup) -> "Section":
     from ..render.html import Section
 
     try:
-        body = advice_html(advise(s.ranks, s.memory_limit, microbatches=s.microbatches, costs=s.costs), top=3)
+        advice = advise(s.ranks, s.memory_limit, microbatches=s.microbatches, costs=s.costs)
+        body = advice_html(advice, top=3)
     except PipeschedError as err:
         body = f"<p>{escape(str(err))}</p>"
     return Section("Which schedule to choose (pipesched advise)", body)

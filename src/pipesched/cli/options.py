@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -16,6 +17,11 @@ Chunks = typer.Option(None, "--chunks", "-v", help="Chunks (stages) per rank, v;
 CostsOpt = typer.Option(None, "--costs", help="Per-microbatch costs F,B,W of one rank's share, e.g. 1,1.4,0.6.")
 Comm = typer.Option(0.0, "--comm", help="Latency of every cross-rank transfer, in cost units.")
 MemoryLimit = typer.Option(None, "--memory-limit", help="Peak activations per rank, in one microbatch's activations.")
+Objective = typer.Option(
+    None, "--objective",
+    help="What searching schedules (zb-auto, the V family) minimise: makespan (default; ranks "
+    "synchronise at the optimizer step) or span (iterations overlap).",
+)
 Multipliers = typer.Option(
     None, "--stage-multipliers", help="Cost factors along the model's depth, e.g. 1.3,1,1,1.3."
 )
@@ -30,6 +36,7 @@ class Setup:
     chunks: Optional[int]
     costs: Costs
     memory_limit: Optional[float]
+    objective: Optional[str] = None  # None: each family's default (makespan)
 
 
 def parse_multipliers(text: Optional[str]) -> Optional[tuple[float, ...]]:
@@ -49,6 +56,7 @@ def setup(
     comm: float,
     memory_limit: Optional[float],
     multipliers: Optional[str],
+    objective: Optional[str] = None,
 ) -> Setup:
     """Check and bundle the shared flags (bad values raise ConfigError: one line, exit 2)."""
     if ranks < 1:
@@ -57,7 +65,11 @@ def setup(
         raise ConfigError(f"--microbatches must be at least 1, got {microbatches}")
     if chunks is not None and chunks < 1:
         raise ConfigError(f"--chunks must be at least 1, got {chunks}")
-    if memory_limit is not None and not memory_limit > 0:
-        raise ConfigError(f"--memory-limit must be above 0, got {memory_limit}")
+    if memory_limit is not None and not (math.isfinite(memory_limit) and memory_limit > 0):
+        raise ConfigError(f"--memory-limit must be a finite number above 0, got {memory_limit}")
+    if objective is not None:
+        from ..schedules.choose import check_objective
+
+        check_objective(objective)
     parsed = Costs.parse(costs, comm=comm, multipliers=parse_multipliers(multipliers))
-    return Setup(ranks, microbatches, chunks, parsed, memory_limit)
+    return Setup(ranks, microbatches, chunks, parsed, memory_limit, objective)

@@ -20,6 +20,12 @@ from . import app
 from . import options as opt
 
 
+def wide_console() -> Console:
+    """A console at least 120 columns wide: tables stay whole when piped or in a narrow pane."""
+    console = Console()
+    return console if console.width >= 120 else Console(width=120)
+
+
 @app.command("list")
 def list_schedules() -> None:
     """Each schedule: when to use it, its chunks, placement and memory."""
@@ -31,7 +37,7 @@ def list_schedules() -> None:
             f.name, f.summary, f.chunks_text(), f.placement,
             "split (I+W)" if f.split_backward else "full (B)", f.memory,
         )
-    Console().print(table)
+    wide_console().print(table)
 
 
 @app.command("export")
@@ -44,13 +50,14 @@ def export(
     comm: float = opt.Comm,
     memory_limit: Optional[float] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
+    objective: Optional[str] = opt.Objective,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="CSV file (default: stdout)."),
 ) -> None:
     """Write a schedule as torch.distributed.pipelining's compute-only CSV."""
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective)
     if output is not None:
         check_output_path(output, [".csv"])
-    schedule = build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit)
+    schedule = build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective)
     text = schedule.to_csv()
     if output is None:
         typer.echo(text, nl=False)
@@ -69,6 +76,17 @@ def load_csv_file(path: Path, ranks: Optional[int] = None) -> Schedule:
     return schedule
 
 
+def schedule_from_flags(name: Optional[str], csv: Optional[Path], s: opt.Setup) -> Schedule:
+    """The schedule a command names: a registered one built for the flags, or a CSV file."""
+    if (name is None) == (csv is None):
+        raise ConfigError("give a schedule name or --csv FILE (one of the two)")
+    if csv is not None:
+        from ..validate import validate
+
+        return validate(load_csv_file(csv))
+    return build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective)
+
+
 @app.command("simulate")
 def simulate_cmd(
     name: Optional[str] = typer.Argument(None, help="Schedule name (or give --csv)."),
@@ -79,21 +97,16 @@ def simulate_cmd(
     comm: float = opt.Comm,
     memory_limit: Optional[float] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
+    objective: Optional[str] = opt.Objective,
     csv: Optional[Path] = typer.Option(None, "--csv", help="Simulate a schedule CSV (torch's compute-only format)."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
     draw: bool = typer.Option(False, "--draw", help="Also draw the timeline in the terminal."),
 ) -> None:
     """Simulate one schedule: makespan, span, bubble ratio, busy time and peak memory per rank."""
-    if (name is None) == (csv is None):
-        raise ConfigError("give a schedule name or --csv FILE (one of the two)")
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
-    if csv is not None:
-        from ..validate import validate
-
-        schedule = validate(load_csv_file(csv))
-    else:
-        schedule = build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit)
-    result = simulate(schedule, s.costs)
+    if draw and as_json:
+        raise ConfigError("--draw prints a chart and --json prints data for programs: give one of them")
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective)
+    result = simulate(schedule_from_flags(name, csv, s), s.costs)
     if as_json:
         typer.echo(json.dumps(result.metrics()))
         return
@@ -126,7 +139,9 @@ def print_result(result: SimResult) -> None:
 
 def compare_rows(setup: opt.Setup) -> list[dict]:
     """Simulate every family for one configuration; failures become rows with a reason."""
-    outcomes = simulate_all(setup.ranks, setup.microbatches, setup.chunks, setup.costs, setup.memory_limit)
+    outcomes = simulate_all(
+        setup.ranks, setup.microbatches, setup.chunks, setup.costs, setup.memory_limit, setup.objective
+    )
     return [o.row() for o in outcomes]
 
 
@@ -139,10 +154,11 @@ def compare(
     comm: float = opt.Comm,
     memory_limit: Optional[float] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
+    objective: Optional[str] = opt.Objective,
     as_json: bool = typer.Option(False, "--json", help="Print the rows as a JSON list."),
 ) -> None:
     """Every schedule for one configuration, side by side."""
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective)
     rows = compare_rows(s)
     if as_json:
         typer.echo(json.dumps(rows))
@@ -166,4 +182,4 @@ def compare(
             f"{100 * row['bubble_ratio']:.1f}%", f"{max(peaks):g}{mark}", per_rank,
             f"{row.get('speedup_vs_1f1b', float('nan')):.3f}x",
         )
-    Console().print(table)
+    wide_console().print(table)

@@ -37,7 +37,7 @@ def train(
     batch_size: int = typer.Option(64, "--batch-size", help="Samples per step, split into the microbatches."),
     seed: int = typer.Option(0, "--seed", help="Seed of the weights (block i uses seed+i) and the data."),
     lr: float = typer.Option(0.05, "--lr", help="SGD learning rate."),
-    stage_blocks: Optional[str] = typer.Option(None, "--stage-blocks", help="Blocks per stage, e.g. 2,3,3,2 (default: even)."),
+    stage_blocks: Optional[str] = typer.Option(None, "--stage-blocks", help="Blocks per stage, e.g. 2,3,3,2 (default: balanced for the placement)."),
     csv: Optional[Path] = typer.Option(None, "--csv", help="Run a schedule from torch's compute-only CSV."),
     save_params: Optional[Path] = typer.Option(None, "--save-params", help="Write the trained state_dict (.pt), unpipelined names."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write the measured timeline of every step (.json)."),

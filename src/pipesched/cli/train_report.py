@@ -50,7 +50,7 @@ def write_outputs(schedule: Optional[Schedule], result, save_params: Optional[Pa
         if schedule is None:
             print("no timeline for the reference run (--trace needs a schedule)")
             return
-        from ..runtime.timeline import write_timeline
+        from ..runtime.timeline import write_trace
 
-        write_timeline(trace, schedule, result.timelines)
-        print(f"wrote {trace} ({len(result.timelines)} steps, times in seconds)")
+        drawn = write_trace(trace, schedule, result.timelines)
+        print(f"wrote {trace} (Perfetto trace of step {drawn}, the median; every step in otherData)")

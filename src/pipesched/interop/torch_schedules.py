@@ -29,7 +29,8 @@ TORCH_COUNTERPARTS = {
 def torch_schedule(name: str, ranks: int, microbatches: int, chunks: int = 2) -> Optional[Schedule]:
     """torch's counterpart of pipesched schedule ``name``, or None where torch refuses the case.
 
-    Compound actions (DualPipeV's overlapped F/B) are flattened into their sub-actions.
+    Compound actions (DualPipeV's overlapped F/B) are flattened into their sub-actions; actions
+    that compute nothing (REDUCE_GRAD) are dropped.
     """
     import torch.distributed.pipelining.schedules as ts
     from torch.distributed.pipelining.stage import PipelineStage
@@ -59,6 +60,8 @@ def torch_schedule(name: str, ranks: int, microbatches: int, chunks: int = 2) ->
             subs = action.sub_actions or (action,)
             for sub in subs:
                 kind = sub.computation_type.value
+                if kind not in ("F", "I", "W", "B"):
+                    continue  # bookkeeping such as REDUCE_GRAD (torch >= 2.9 single-stage schedules)
                 row.append(Action(sub.stage_index, kind, sub.microbatch_index))
         orders.append(row)
     return Schedule.from_orders(orders, name=f"torch:{class_name}")

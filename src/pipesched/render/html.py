@@ -21,11 +21,12 @@ CSS = """
 body{font-family:DejaVu Sans,Helvetica,Arial,sans-serif;margin:24px;color:#222;background:#fff}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 2px}
 .config{color:#555;margin:0 0 16px}
-table{border-collapse:collapse;font-size:13px}
+table{border-collapse:collapse;font-size:13px;max-width:1100px}
 th,td{padding:4px 10px;border-bottom:1px solid #ddd;text-align:right}
-th:first-child,td:first-child{text-align:left}
+th:first-child,td:first-child{text-align:left;white-space:nowrap}
 td.best{font-weight:bold;color:#006b3c}
 td.error{color:#b00;text-align:left}
+.over{color:#b00;font-weight:normal}
 .when{margin:2px 0 8px;color:#444}
 .chart{overflow-x:auto}
 .chart svg{display:block}
@@ -80,7 +81,7 @@ def _metrics_table(outcomes: Sequence[Outcome]) -> str:
             rows.append(f'<tr><td>{name}</td><td>{o.chunks}</td><td class="error" colspan="5">{escape(o.error or "")}</td></tr>')
             continue
         r = o.result
-        over = "" if o.fits else " (over limit)"
+        over = "" if o.fits else ' <span class="over">(over limit)</span>'
         speedup = f"{o.speedup_vs_1f1b:.3f}\u00d7" if o.speedup_vs_1f1b is not None else "\u2013"
         rows.append(
             f'<tr><td><a href="#{name}">{name}</a></td><td>{o.chunks}</td>'

@@ -59,7 +59,6 @@ class Strip(NamedTuple):
     peak_x: float
     peak_y: float
     peak_text: str
-    top: float  # the strip's top edge, in px
 
 
 class Lane(NamedTuple):
@@ -79,7 +78,6 @@ class Chart:
     strips: list[Strip] = field(default_factory=list)
     ticks: list[tuple[float, str]] = field(default_factory=list)
     axis_y: float = 0.0
-    plot_x0: float = LABEL_W
     plot_x1: float = 0.0
     unit: str = ""
 
@@ -142,7 +140,7 @@ def _legend(timeline: Timeline, chunk: list[int]) -> list[tuple[float, str, str]
 
 
 def _strip(curve, top: float, top_level: float, px: float, makespan: float) -> Strip:
-    """Step curve of one rank's activations, the peak at its first time reached."""
+    """Step curve of one rank's activations in the strip starting at ``top``; the peak where first reached."""
     bottom = top + MEM_H - 2
     height = MEM_H - 4
 
@@ -163,7 +161,7 @@ def _strip(curve, top: float, top_level: float, px: float, makespan: float) -> S
         if new_level > peak_level + 1e-12:
             peak_level, peak_time = new_level, time
     points.append((LABEL_W + makespan * px, y_of(level)))
-    return Strip(points, LABEL_W + peak_time * px, y_of(peak_level), f"{peak_level:.3g}", top)
+    return Strip(points, LABEL_W + peak_time * px, y_of(peak_level), f"{peak_level:.3g}")
 
 
 def _tick_times(axis_end: float, px: float) -> list[float]:

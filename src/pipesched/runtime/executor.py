@@ -43,6 +43,7 @@ class StepResult:
     step_time: float
     spans: list[Span]
     skipped: bool = False
+    origin: float = 0.0  # this rank's perf_counter() at the step's start (same clock on one host)
 
 
 @dataclass
@@ -59,7 +60,8 @@ class PipelineRuntime:
 
     Call on every rank of an initialised process group with the same arguments.
     ``sample_input`` is one microbatch's input (or any tensor of that shape and dtype: only
-    its shape is used, to size receive buffers once).
+    its shape is used, to size receive buffers once). ``sync_actions`` (default: on CUDA)
+    synchronises the device after each action so that the recorded spans are true durations.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class PipelineRuntime:
         device: Optional[torch.device] = None,
         timeout_s: float = 300.0,
         skip_nonfinite: bool = False,
+        sync_actions: Optional[bool] = None,
     ) -> None:
         validate(schedule)
         self.schedule = schedule
@@ -102,7 +105,8 @@ class PipelineRuntime:
         self.plan = plan_rank(schedule, self.rank)
         groups = make_link_groups(links(schedule), timeout_s)
         self.transport = Transport(self.plan, groups, shapes, self.device, timeout_s)
-        self.sync_each_action = self.device.type == "cuda"
+        # On CUDA, an action's span is only its real duration if we wait for it (costs overlap)
+        self.sync_each_action = self.device.type == "cuda" if sync_actions is None else sync_actions
         self.steps_done = 0
 
     # -- one step --------------------------------------------------------------------------
@@ -134,7 +138,7 @@ class PipelineRuntime:
             torch.cuda.synchronize(self.device)
         step_time = perf_counter() - t0
         self.steps_done += 1
-        return StepResult(loss, step_time, spans, skipped)
+        return StepResult(loss, step_time, spans, skipped, t0)
 
     def _split(self, batch: Optional[torch.Tensor], what: str) -> tuple[torch.Tensor, ...]:
         m = self.schedule.microbatches

@@ -12,7 +12,9 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import socket
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -96,15 +98,26 @@ def spawn(worker: Worker, world: int, payload: Any, timeout_s: float = 300.0) ->
         ctx.Process(target=_child, args=(r, world, port, worker, payload, timeout_s, results), daemon=True)
         for r in range(world)
     ]
+    previous = _exit_on_sigterm()
     for p in procs:
         p.start()
     try:
         return _collect(procs, results, timeout_s)
-    except KeyboardInterrupt:
-        _stop(procs)
-        raise
     finally:
         _stop(procs)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm():
+    """Turn SIGTERM into SystemExit so that the ranks are stopped on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(_signum, _frame):
+        raise SystemExit(143)
+
+    return signal.signal(signal.SIGTERM, stop)
 
 
 def _collect(procs: list, results, timeout_s: float) -> dict[int, Any]:

@@ -90,6 +90,7 @@ class ModelDef:
     build_block: Callable[[int], nn.Module]
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     batch: Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, batch_size, seed)
+    block_costs: tuple[float, ...]  # estimated compute of each block (relative), to balance stages
 
     def sequential(self, seed: int) -> nn.Sequential:
         """The whole model in one process (the reference), block i seeded as a stage builds it."""
@@ -107,7 +108,8 @@ def mlp_model(blocks: int = 8, dim: int = 256, hidden: int = 1024) -> ModelDef:
     def batch(step: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         return random_regression_batch(step, size, seed, dim)
 
-    return ModelDef("mlp", blocks + 1, build, F.mse_loss, batch)
+    costs = (1.0,) * blocks + (dim / (2 * hidden),)  # the head's matmul against a block's two
+    return ModelDef("mlp", blocks + 1, build, F.mse_loss, batch, costs)
 
 
 def gpt_model(layers: int = 4, dim: int = 128, heads: int = 4, context: int = 64) -> ModelDef:
@@ -127,7 +129,9 @@ def gpt_model(layers: int = 4, dim: int = 128, heads: int = 4, context: int = 64
     def batch(step: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         return text_batch(step, size, seed, context)
 
-    return ModelDef("gpt", layers + 2, build, loss, batch)
+    layer = 12 * dim * dim + 2 * context * dim  # per token: projections and MLP, attention
+    costs = (0.02,) + (1.0,) * layers + (dim * vocab / layer,)
+    return ModelDef("gpt", layers + 2, build, loss, batch, costs)
 
 
 MODELS = {"mlp": mlp_model, "gpt": gpt_model}

@@ -110,6 +110,8 @@ class Transport:
         except RuntimeError as err:
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             reason = re.sub(r"^\[[^\]]*\]\s*", "", reason)  # gloo's source-location prefix
-            raise PeerFailure(f"rank {self.rank} gave up waiting {what}: {reason}") from None
+            if "timed out" not in reason.lower():
+                raise PeerFailure(f"rank {self.rank} gave up waiting {what}: {reason}") from None
+            ok = False
         if ok is False:
             raise PeerFailure(f"rank {self.rank} timed out after {self.timeout.total_seconds():g}s waiting {what}")

@@ -74,21 +74,31 @@ def compare_to_simulation(schedule: Schedule, steps: Sequence[Timeline], comm: f
     )
 
 
-def timeline_json(schedule: Schedule, steps: Sequence[Timeline]) -> dict:
-    """A JSON-ready record: schedule, placement and every step's per-rank spans (seconds)."""
-    return {
-        "schedule": schedule.name,
-        "ranks": schedule.ranks,
-        "microbatches": schedule.microbatches,
-        "placement": list(schedule.placement),
-        "steps": [
-            [[{"action": str(s.action), "start": s.start, "end": s.end} for s in rank] for rank in t]
-            for t in steps
-        ],
-    }
+def median_step(steps: Sequence[Timeline]) -> int:
+    """Index of the step whose makespan is the median (the one worth drawing)."""
+    order = sorted(range(len(steps)), key=lambda i: makespan(steps[i]))
+    return order[len(order) // 2]
 
 
-def write_timeline(path: Path, schedule: Schedule, steps: Sequence[Timeline]) -> None:
+def steps_json(steps: Sequence[Timeline]) -> list:
+    """Every step's per-rank spans as plain JSON (action string, start, end in seconds)."""
+    return [[[[str(s.action), s.start, s.end] for s in rank] for rank in t] for t in steps]
+
+
+def write_trace(path: Path, schedule: Schedule, steps: Sequence[Timeline]) -> int:
+    """Write a Perfetto / Chrome trace of the median step (after the first, warm-up step);
+    every step's spans ride along in ``otherData.measured_steps``. Returns the step drawn."""
     from ..outfiles import write_atomic
+    from ..render.timeline import Timeline as DrawnTimeline
+    from ..render.trace import trace_events
 
-    write_atomic(path, json.dumps(timeline_json(schedule, steps)))
+    measured = list(steps[1:]) or list(steps)
+    index = median_step(measured)
+    drawn = DrawnTimeline(
+        tuple(tuple(rank) for rank in measured[index]), schedule.placement,
+        name=f"{schedule.name} (measured)", unit="s",
+    )
+    trace = trace_events(drawn, time_unit_us=1e6)
+    trace["otherData"]["measured_steps"] = steps_json(steps)
+    write_atomic(path, json.dumps(trace, separators=(",", ":")))
+    return index + (len(steps) > 1)

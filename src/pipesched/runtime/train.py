@@ -17,6 +17,7 @@ import torch.distributed as dist
 from ..schedule import Schedule
 from .executor import PipelineRuntime
 from .models import ModelDef, get_model
+from .partition import balanced_counts
 from .timeline import Timeline
 
 
@@ -115,9 +116,10 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     m = schedule.microbatches
     x0, _ = md.batch(0, cfg.batch_size, cfg.seed)
+    counts = cfg.block_counts or balanced_counts(md.block_costs, schedule.placement)
     runtime = PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, _sgd(cfg.lr), x0[: cfg.batch_size // m],
-        seed=cfg.seed, block_counts=cfg.block_counts, device=device,
+        seed=cfg.seed, block_counts=counts, device=device,
         timeout_s=cfg.timeout_s, skip_nonfinite=cfg.skip_nonfinite,
     )
     latency = measure_latency(*_first_link_tensor(runtime), device)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..registry import Family, register
-from . import gpipe, interleaved, interleaved_zb, one_f_one_b, zbv, zero_bubble
+from .. import auto
+from . import gpipe, interleaved, interleaved_zb, one_f_one_b, v_family, zero_bubble
 
 register(Family(
     name="gpipe", build=gpipe.build,
@@ -21,7 +22,7 @@ register(Family(
     name="interleaved-1f1b", build=interleaved.build_interleaved,
     summary="v chunks per rank cut 1F1B's bubble by v, at v times the messages (Megatron's VPP)",
     placement="loop", split_backward=False, default_chunks=2, min_chunks=2, max_chunks=None,
-    memory="about p(1+1/v)", torch_name="ScheduleInterleaved1F1B",
+    memory="about p(1+1/v)", torch_name="ScheduleInterleaved1F1B", uses_memory_limit=True,
 ))
 register(Family(
     name="looped-bfs", build=interleaved.build_looped_bfs,
@@ -42,10 +43,11 @@ register(Family(
     memory="about 2p (limit steers W deferral)", uses_memory_limit=True,
 ))
 register(Family(
-    name="zb-v", build=zbv.build,
+    name="zb-v", build=v_family.build_zb_v,
     summary="no bubble at 1F1B's memory: two chunks in a V, split backward (2x messages)",
     placement="v", split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2,
-    memory="p (as 1F1B)", torch_name="ScheduleZBVZeroBubble",
+    memory="p (as 1F1B); any limit >= 1 accepted", torch_name="ScheduleZBVZeroBubble",
+    uses_memory_limit=True, uses_objective=True,
 ))
 register(Family(
     name="interleaved-zb", build=interleaved_zb.build,
@@ -53,4 +55,23 @@ register(Family(
     placement="loop", split_backward=True, default_chunks=2, min_chunks=2, max_chunks=None,
     memory="p by default (limit steers W deferral)", torch_name="ScheduleInterleavedZeroBubble",
     uses_memory_limit=True,
+))
+register(Family(
+    name="zb-auto", build=auto.build,
+    summary="measured costs + a memory budget: searches loop and V placements; never slower than a handcrafted schedule that fits",
+    placement="loop or v", split_backward=True, default_chunks=1, min_chunks=1, max_chunks=2,
+    memory="memory limit (default p); needs >= 1", uses_memory_limit=True, uses_objective=True,
+    searches_chunks=True,
+))
+register(Family(
+    name="v-half", build=v_family.build_v_half,
+    summary="half of 1F1B's activations, about half its bubble: V placement, split backward",
+    placement="v", split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2,
+    memory="(p+2)//2 (a lower limit >= 1 is honoured)", uses_memory_limit=True, uses_objective=True,
+))
+register(Family(
+    name="v-min", build=v_family.build_v_min,
+    summary="a third of 1F1B's activations at about 1F1B's speed: V placement, split backward",
+    placement="v", split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2,
+    memory="(p+4)//3 (a lower limit >= 1 is honoured)", uses_memory_limit=True, uses_objective=True,
 ))

@@ -10,7 +10,8 @@ forwards come first, then chunk 1, and so on; backwards follow the same table wi
 reversed. Rank ``r`` runs ``2(p-r-1) + (v-1)G`` warm-up forwards, then alternates one forward
 and one backward. With ``p`` dividing ``m``, ``G = p`` gives Megatron's schedule exactly. For
 other ``m`` (which Megatron's old code and torch refuse in many cases) every feasible ``G`` is a
-valid schedule; we simulate a few and keep the fastest under the given costs.
+valid schedule; we simulate a few and keep the fastest under the given costs (within the memory
+limit, when one is given).
 
 Looped BFS (breadth-first) runs every microbatch through one chunk before the next: the same
 bubble, but memory grows with ``m`` like GPipe.
@@ -80,8 +81,8 @@ def group_candidates(ranks: int, microbatches: int, limit: int = 8) -> list[int]
     return sorted(set(span) | {microbatches})
 
 
-def pick_fastest(candidates, costs: Costs) -> Schedule:
-    """The candidate with the smallest (makespan, peak memory) under ``costs``; skips deadlocks."""
+def pick_fastest(candidates, costs: Costs, memory_limit: float) -> Schedule:
+    """The fastest candidate under ``costs`` within ``memory_limit`` (else the leanest); skips deadlocks."""
     from ..simulate import simulate  # local: simulate imports the schedule layer
 
     best, best_key = None, None
@@ -90,7 +91,8 @@ def pick_fastest(candidates, costs: Costs) -> Schedule:
             result = simulate(schedule, costs)
         except DeadlockError:
             continue
-        key = (round(result.makespan, 9), result.max_peak_memory)
+        over = max(0.0, result.max_peak_memory - memory_limit)
+        key = (over, round(result.makespan, 9), result.max_peak_memory)
         if best_key is None or key < best_key:
             best, best_key = schedule, key
     if best is None:
@@ -105,7 +107,12 @@ def build_interleaved(
     costs: Optional[Costs] = None,
     memory_limit: Optional[float] = None,
 ) -> Schedule:
-    """Interleaved 1F1B, Megatron order, the best group size for ``m`` under ``costs``."""
+    """Interleaved 1F1B, Megatron order, the best group size for ``m`` under ``costs``.
+
+    Larger groups hold more microbatches in flight: with ``memory_limit`` the fastest group
+    within it wins; without, the fastest (ties to the leaner). When ``p`` divides ``m`` the group
+    is ``p`` and the peak is Megatron's ``(2(p-1) + (v-1)p + 1) / v``.
+    """
     placement = loop_placement(ranks, chunks)
     candidates = []
     for group in group_candidates(ranks, microbatches):
@@ -117,7 +124,7 @@ def build_interleaved(
         )
     if len(candidates) == 1:
         return candidates[0]
-    return pick_fastest(candidates, costs or UNIT)
+    return pick_fastest(candidates, costs or UNIT, memory_limit if memory_limit is not None else float("inf"))
 
 
 def build_looped_bfs(

@@ -2,20 +2,22 @@
 
 Interleaving shrinks the warm-up bubble by ``v``; splitting the backward lets the weight passes
 (W) fill what is left. The forwards and input-gradient backwards follow the interleaved 1F1B
-table (:mod:`.interleaved`); the Ws are then placed into the waits by :mod:`.wfill`, deferred no
-further than the memory limit allows (default ``p``, the same as 1F1B). Warm-up depth and group
-size are chosen by simulation under the given costs, preferring candidates within the limit.
+table (:mod:`.interleaved`); each W then goes right after its I, or into the waits (:mod:`.wfill`),
+deferred no further than the memory limit allows (default ``p``, the same as 1F1B). Warm-up
+depth, group size and W placement are chosen by simulation under the given costs, preferring
+candidates within the limit.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+from ..actions import Action
 from ..costs import UNIT, Costs
 from ..errors import DeadlockError
 from ..placement import loop_placement
 from ..schedule import Schedule
-from .interleaved import group_candidates, rank_order
+from .interleaved import group_candidates, pick_fastest, rank_order
 from .wfill import fill_weight_passes
 
 
@@ -27,29 +29,48 @@ def build(
     memory_limit: Optional[float] = None,
 ) -> Schedule:
     """Interleaved ZB: the fastest candidate whose peak memory fits ``memory_limit``."""
-    from ..simulate import simulate
-
     costs = costs or UNIT
     limit = float(memory_limit) if memory_limit is not None else float(ranks)
     placement = loop_placement(ranks, chunks)
-    best, best_key = None, None
-    for warmup_per_hop in (1, 2):
-        for group in group_candidates(ranks, microbatches):
-            skeleton = [
-                rank_order(r, ranks, microbatches, chunks, group, warmup_per_hop, backward="I")
-                for r in range(ranks)
-            ]
-            try:
-                schedule = fill_weight_passes(
-                    skeleton, placement, microbatches, costs, limit, name="interleaved-zb"
-                )
-                result = simulate(schedule, costs)
-            except DeadlockError:
-                continue
-            over = max(0.0, result.max_peak_memory - limit)
-            key = (over, round(result.makespan, 9), result.max_peak_memory)
-            if best_key is None or key < best_key:
-                best, best_key = schedule, key
-    if best is None:
-        raise RuntimeError("no interleaved-zb candidate is free of deadlock")  # a bug
-    return best
+
+    def candidates():
+        for warmup_per_hop in (1, 2):
+            for group in group_candidates(ranks, microbatches):
+                skeleton = [
+                    rank_order(r, ranks, microbatches, chunks, group, warmup_per_hop, backward="I")
+                    for r in range(ranks)
+                ]
+                yield from _weight_placements(skeleton, placement, microbatches, costs, limit)
+
+    return pick_fastest(candidates(), costs, limit)
+
+
+def _lagged(order: list[Action], lag: int) -> list[Action]:
+    """Each I followed by the W of the I ``lag`` places earlier (ZB-H1's deferral); rest at the end."""
+    out: list[Action] = []
+    done_i: list[Action] = []
+    for action in order:
+        out.append(action)
+        if action.kind == "I":
+            done_i.append(action)
+            if len(done_i) > lag:
+                w = done_i[len(done_i) - 1 - lag]
+                out.append(Action(w.stage, "W", w.microbatch))
+    out.extend(Action(i.stage, "W", i.microbatch) for i in done_i[max(0, len(done_i) - lag):])
+    return out
+
+
+def _weight_placements(skeleton, placement, microbatches, costs, limit):
+    """Ways to place the Ws: after their I (now, or lagging by the rank), or into the waits."""
+    ranks = len(skeleton)
+    for lag_per_rank in (0, 1):
+        orders = tuple(tuple(_lagged(order, lag_per_rank * r)) for r, order in enumerate(skeleton))
+        yield Schedule(ranks, microbatches, placement, orders, name="interleaved-zb")
+    for partial in (False, True):
+        try:
+            yield fill_weight_passes(
+                skeleton, placement, microbatches, costs, limit,
+                name="interleaved-zb", fill_partial_waits=partial,
+            )
+        except DeadlockError:
+            continue

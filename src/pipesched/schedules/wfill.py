@@ -29,8 +29,13 @@ def fill_weight_passes(
     costs: Costs,
     memory_limit: float,
     name: str,
+    fill_partial_waits: bool = False,
 ) -> Schedule:
-    """Insert every ``W`` into the F/I programs in ``skeleton``; return the full schedule."""
+    """Insert every ``W`` into the F/I programs in ``skeleton``; return the full schedule.
+
+    With ``fill_partial_waits`` a pending ``W`` also starts in a wait shorter than itself (the
+    next action starts a little late, but fewer ``W``s pile up at the end).
+    """
     from ..simulate import durations_for
 
     ranks = len(skeleton)
@@ -80,9 +85,9 @@ def fill_weight_passes(
                     waiting.setdefault(dep, []).append(r)
                     break
                 arrival = t_dep + (costs.comm if placement[dep[0]] != r else 0.0)
-            while pending[r]:
+            while pending[r] and clock[r] < arrival - _EPS:
                 w = pending[r][0]
-                if clock[r] + table[(w.stage, "W")] > arrival + _EPS:
+                if clock[r] + table[(w.stage, "W")] > arrival + _EPS and not fill_partial_waits:
                     break
                 run(r, pending[r].popleft(), clock[r])
             run(r, action, max(clock[r], arrival))

@@ -14,68 +14,44 @@ activation load. The program of rank ``r``, in named phases:
 The phases need ``m >= 2p-1`` microbatches; for fewer, the program is built for ``2p-1`` and the
 missing microbatches are dropped, which keeps it deadlock-free. With ``F = B = W`` the span per
 rank is exactly ``3m`` once ``m >= 2p``, and peak memory is ``p`` (the same as 1F1B).
+The ``zb-v`` family (:mod:`.v_family`) uses this program where it fits the memory limit and is
+fastest under the given costs.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
 from ..actions import Action
-from ..costs import Costs
-from ..placement import v_placement
-from ..schedule import Schedule
+
+
+F0, I0, W0, F1, I1, W1 = range(6)  # the six passes of a rank: (kind, chunk)
 
 
 def rank_order(rank: int, ranks: int, microbatches: int) -> list[Action]:
     """ZB-V program of one rank (see the module docstring for the phases)."""
     p, r = ranks, rank
     n = max(2 * p - 1, microbatches)
-    down, up = r, 2 * p - 1 - r
-    count = {"F0": 0, "F1": 0, "I0": 0, "I1": 0, "W0": 0, "W1": 0}
+    steady_with_forward = n - (2 * p - r - 1)  # chunk-0 forwards left after warm-up and ramp
+    passes = (
+        [F0] * (2 * (p - r) - 1)  # 1. warm-up
+        + [F1, F0] * r  # 2. ramp
+        + [F1, I1, W1] * (p - r)  # 3. turn
+        + [F0, I0, W0, F1, I1, W1] * steady_with_forward  # 4. steady
+        + [I0, W0, F1, I1, W1] * (p - r - 1)
+        + [I0, I1] * r  # 5. cool-down
+        + [I0, W0] * (p - r)
+        + [W1] * r  # 6. drain
+        + [W0] * r
+    )
+    stage = (r, r, r, 2 * p - 1 - r, 2 * p - 1 - r, 2 * p - 1 - r)
+    made = [
+        [Action(stage[c], kind, k) for k in range(microbatches)]
+        for c, kind in enumerate("FIWFIW")
+    ]
+    count = [0] * 6
     order: list[Action] = []
-
-    def put(kind: str, chunk: int) -> None:
-        slot = f"{kind}{chunk}"
-        order.append(Action(down if chunk == 0 else up, kind, count[slot]))
-        count[slot] += 1
-
-    for _ in range(2 * (p - r) - 1):  # 1. warm-up
-        put("F", 0)
-    for _ in range(r):  # 2. ramp
-        put("F", 1)
-        put("F", 0)
-    for _ in range(p - r):  # 3. turn
-        put("F", 1)
-        put("I", 1)
-        put("W", 1)
-    while count["F1"] < count["F0"] or count["F0"] < n:  # 4. steady
-        if count["F0"] < n:
-            put("F", 0)
-        put("I", 0)
-        put("W", 0)
-        put("F", 1)
-        put("I", 1)
-        put("W", 1)
-    for _ in range(r):  # 5. cool-down
-        put("I", 0)
-        put("I", 1)
-    for _ in range(p - r):
-        put("I", 0)
-        put("W", 0)
-    while count["W1"] < count["I1"]:  # 6. drain
-        put("W", 1)
-    while count["W0"] < count["I0"]:
-        put("W", 0)
-    return [a for a in order if a.microbatch < microbatches]
-
-
-def build(
-    ranks: int,
-    microbatches: int,
-    chunks: int = 2,
-    costs: Optional[Costs] = None,
-    memory_limit: Optional[float] = None,
-) -> Schedule:
-    """ZB-V with V placement and two chunks per rank."""
-    orders = tuple(tuple(rank_order(r, ranks, microbatches)) for r in range(ranks))
-    return Schedule(ranks, microbatches, v_placement(ranks), orders, name="zb-v")
+    for c in passes:
+        k = count[c]
+        if k < microbatches:  # microbatches beyond m exist only to shape the phases
+            order.append(made[c][k])
+        count[c] = k + 1
+    return order

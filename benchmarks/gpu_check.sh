@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# GPU check of the runtime: equivalence of every schedule and the benchmark, on NCCL.
+#
+#   bash benchmarks/gpu_check.sh [RESULTS_FILE]     (default: benchmarks/gpu_results.md)
+#
+# Needs torch with CUDA. With 2+ GPUs it runs torchrun on min(GPUs, 4) ranks (NCCL, one device
+# per rank). NCCL cannot put two ranks on one device, so with a single GPU it runs the
+# single-rank checks on CUDA (engine, split backward, loss and gradients against the reference)
+# and records that the multi-rank NCCL part was not possible. Exits non-zero if a check fails.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY="${PYTHON:-python}"
+OUT="${1:-benchmarks/gpu_results.md}"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
+gpus="$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')"
+if [[ "$gpus" -lt 1 ]]; then
+    echo "gpu_check: no CUDA device visible to torch; nothing to check" >&2
+    exit 2
+fi
+{
+    echo "# pipesched runtime on CUDA ($(date -u +%Y-%m-%dT%H:%MZ))"
+    echo
+    "$PY" -c 'import torch; print("torch", torch.__version__, "| devices:", ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())))'
+    echo
+} > "$OUT"
+
+status=0
+if [[ "$gpus" -ge 2 ]]; then
+    ranks=$(( gpus < 4 ? gpus : 4 ))
+    run() { "$PY" -m torch.distributed.run --standalone --nproc-per-node "$ranks" "$@"; }
+    echo "## Equivalence, $ranks ranks, NCCL" >> "$OUT"
+    run benchmarks/equivalence.py | tee -a "$OUT" || status=1
+    if [[ "$ranks" -eq 2 ]]; then
+        echo "## Benchmark, 2 ranks, NCCL" >> "$OUT"
+        run benchmarks/runtime.py | tee -a "$OUT" || status=1
+    fi
+else
+    echo "## One GPU: single-rank checks only (NCCL needs one device per rank)" >> "$OUT"
+    MASTER_ADDR=127.0.0.1 MASTER_PORT="${MASTER_PORT:-29533}" RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
+        "$PY" benchmarks/equivalence.py | tee -a "$OUT" || status=1
+fi
+grep -q "equivalence: PASS" "$OUT" || status=1
+echo "gpu_check: $([[ $status -eq 0 ]] && echo PASS || echo FAIL), figures in $OUT"
+exit "$status"

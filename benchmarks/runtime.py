@@ -1,0 +1,234 @@
+"""Runtime benchmark: pipesched's engine against torch.distributed.pipelining, side by side.
+
+Two ranks (gloo, one thread each), the same blocks, data, partition (balanced per placement from the models' block cost estimates) and SGD for both; each pair of
+schedules (ours / torch's counterpart) is measured in the same processes, one step of each
+variant in turn, so that the shared machine's noise hits all of them alike. Reports medians and ratios, and for our schedules the
+measured step against the simulator fed with the measured per-action costs and p2p latency, the
+zero-bubble gain against the simulator's predicted gain, and split backward (I + W) against one
+full backward on a transformer block.
+
+    PYTHONPATH=src python benchmarks/runtime.py [--rounds 30] [--models mlp,gpt] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from time import perf_counter
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import pipesched
+from pipesched.runtime.executor import PipelineRuntime
+from pipesched.runtime.launch import run_torchrun, spawn, under_torchrun
+from pipesched.runtime.models import get_model
+from pipesched.runtime.partition import balanced_counts, build_block_seeded, stage_block_ranges
+from pipesched.runtime.timeline import compare_to_simulation
+from pipesched.runtime.train import measure_latency
+
+PAIRS = [  # ours, torch's class
+    ("1f1b", "Schedule1F1B"),
+    ("interleaved-1f1b", "ScheduleInterleaved1F1B"),
+    ("zb-v", "ScheduleZBVZeroBubble"),
+    ("interleaved-zb", "ScheduleInterleavedZeroBubble"),
+]
+MODELS = {
+    "mlp": dict(blocks=8, dim=256, hidden=1024),  # 9 blocks: 8 residual MLPs + head
+    "gpt": dict(layers=6, dim=128, heads=4, context=32),  # 8 blocks: embedding, 6 layers, head
+}
+BATCH, MICROBATCHES, SEED, LR = 64, 8, 0, 0.05
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _torch_runner(md, name: str, schedule: pipesched.Schedule, rank: int):
+    """torch's schedule on the same stages as ours; returns a step function timing one step."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining import schedules as ts
+
+    ranges = stage_block_ranges(md.num_blocks, schedule.stages, balanced_counts(md.block_costs, schedule.placement))
+    owned = [s for s, r in enumerate(schedule.placement) if r == rank]
+    device = _device()
+    mods = {s: nn.Sequential(*(build_block_seeded(md.build_block, i, SEED) for i in ranges[s])).to(device) for s in owned}
+    stages = [PipelineStage(mods[s], s, schedule.stages, device) for s in owned]
+    cls = getattr(ts, name)
+    single = issubclass(cls, ts.PipelineScheduleSingle)
+    sched = cls(stages[0] if single else stages, n_microbatches=MICROBATCHES, loss_fn=md.loss_fn)
+    opt = torch.optim.SGD([p for m in mods.values() for p in m.parameters()], lr=LR)
+    first, last = 0 in owned, schedule.stages - 1 in owned
+
+    def step(x, y) -> float:
+        x, y = x.to(device), y.to(device)
+        dist.barrier()
+        t0 = perf_counter()
+        args = (x,) if first else ()
+        kwargs = dict(target=y, losses=[]) if last else {}
+        sched.step(*args, return_outputs=False, **kwargs)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return perf_counter() - t0
+
+    return step
+
+
+def _ours_runner(md, schedule: pipesched.Schedule, timelines: list):
+    x0, _ = md.batch(0, BATCH, SEED)
+    rt = PipelineRuntime(
+        md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
+        x0[: BATCH // MICROBATCHES], seed=SEED, device=_device(), sync_actions=False,
+        block_counts=balanced_counts(md.block_costs, schedule.placement),
+    )
+
+    def step(x, y) -> float:
+        result = rt.step(x, y)
+        timelines.append(result.spans)
+        return result.step_time
+
+    return step
+
+
+def bench_worker(rank: int, world: int, job: tuple) -> dict:
+    model, rounds, steps, pairs = job
+    md = get_model(model, **MODELS[model])
+    runners, times, spans = {}, {}, {}
+    for ours, theirs in pairs:
+        schedule = pipesched.build_schedule(ours, world, MICROBATCHES)
+        spans[ours] = []
+        runners[ours] = _ours_runner(md, schedule, spans[ours])
+        runners["torch:" + theirs] = _torch_runner(md, theirs, schedule, rank)
+    batches = [md.batch(i, BATCH, SEED) for i in range(steps)]
+    for label, run in runners.items():  # warm-up: torch infers shapes on its first step
+        run(*batches[0])
+        times[label] = []
+    for label in spans:
+        spans[label].clear()
+    for i in range(rounds):  # one step of each variant in turn: noise spreads evenly over them
+        x, y = batches[i % len(batches)]
+        for label, run in runners.items():
+            times[label].append(run(x, y))
+    with torch.no_grad():  # the latency probe carries one activation (the first block's output)
+        act = build_block_seeded(md.build_block, 0, SEED)(md.batch(0, BATCH // MICROBATCHES, SEED)[0])
+    latency = measure_latency(act.shape, act.dtype, _device())
+    # step time of a step = slowest rank's
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object((times, spans), gathered, dst=0)
+    if rank != 0:
+        return {}
+    step_times = {k: [max(g[0][k][i] for g in gathered) for i in range(len(times[k]))] for k in times}
+    timelines = {k: [[g[1][k][i] for g in gathered] for i in range(len(spans[k]))] for k in spans}
+    return {"step_times": step_times, "timelines": timelines, "latency": latency}
+
+
+def split_backward_check(repeats: int = 30) -> dict:
+    """I + W against one full backward on one transformer block (one thread, one microbatch)."""
+    from pipesched.runtime.models import TransformerBlock
+    from pipesched.runtime.split_backward import WeightGradStash, apply_weight_grads, make_weight_grads_deferrable
+
+    torch.set_num_threads(1)
+    size = MODELS["gpt"]
+    torch.manual_seed(0)
+    plain = TransformerBlock(size["dim"], size["heads"])
+    split = TransformerBlock(size["dim"], size["heads"])
+    split.load_state_dict(plain.state_dict())
+    stash = WeightGradStash()
+    make_weight_grads_deferrable(split, stash)
+    x = torch.randn(BATCH // MICROBATCHES, size["context"], size["dim"])
+    full, i_times, w_times = [], [], []
+    for _ in range(repeats):
+        xi = x.clone().requires_grad_()
+        y = plain(xi)
+        g = torch.randn_like(y)
+        t0 = perf_counter()
+        y.backward(g)
+        full.append(perf_counter() - t0)
+        xi = x.clone().requires_grad_()
+        y = split(xi)
+        entries: list = []
+        stash.collecting = entries
+        t0 = perf_counter()
+        y.backward(g)
+        t1 = perf_counter()
+        stash.collecting = None
+        apply_weight_grads(entries)
+        t2 = perf_counter()
+        i_times.append(t1 - t0)
+        w_times.append(t2 - t1)
+        plain.zero_grad(set_to_none=True)
+        split.zero_grad(set_to_none=True)
+    f, i, w = (statistics.median(v) for v in (full, i_times, w_times))
+    return {"full_backward_ms": 1000 * f, "I_ms": 1000 * i, "W_ms": 1000 * w, "ratio": (i + w) / f}
+
+
+def summarise(model: str, res: dict, pairs: list) -> list[dict]:
+    rows = []
+    sims = {}
+    for ours, theirs in pairs:
+        schedule = pipesched.build_schedule(ours, 2, MICROBATCHES)
+        mine = statistics.median(res["step_times"][ours])
+        torch_t = statistics.median(res["step_times"]["torch:" + theirs])
+        c = compare_to_simulation(schedule, res["timelines"][ours], res["latency"])
+        sims[ours] = (mine, c.simulated_makespan)
+        rows.append({
+            "model": model, "schedule": ours, "torch": theirs, "ours_ms": 1000 * mine, "torch_ms": 1000 * torch_t,
+            "ratio": mine / torch_t, "sim_ms": 1000 * c.simulated_makespan, "measured_over_sim": mine / c.simulated_makespan,
+            "actions_end_ms": 1000 * c.measured_makespan, "bubble": c.measured_bubble, "sim_bubble": c.simulated_bubble,
+        })
+    base_meas, base_sim = sims.get("1f1b", (None, None))
+    for row in rows if base_meas else []:
+        if row["schedule"] in ("zb-v", "interleaved-zb"):
+            meas, sim = sims[row["schedule"]]
+            row["gain"] = 1 - meas / base_meas
+            row["predicted_gain"] = 1 - sim / base_sim
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30, help="measured steps of each variant")
+    parser.add_argument("--steps", type=int, default=4, help="distinct batches cycled through")
+    parser.add_argument("--models", default="mlp,gpt")
+    parser.add_argument("--schedules", default=",".join(o for o, _ in PAIRS), help="ours, among " + ", ".join(o for o, _ in PAIRS))
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    rows = []
+    for model in args.models.split(","):
+        pairs = [pair for pair in PAIRS if pair[0] in args.schedules.split(",")]
+        job = (model, args.rounds, args.steps, pairs)
+        res = run_torchrun(bench_worker, job, 300) if under_torchrun() else spawn(bench_worker, 2, job, timeout_s=300)[0]
+        if not res:  # a torchrun rank other than 0
+            continue
+        rows += summarise(model, res, pairs)
+        print(f"p2p latency ({model} activation, one way): {1000 * res['latency']:.3f} ms", flush=True)
+    print("| model | schedule | ours ms | torch ms | ours/torch | target | simulated ms | measured/sim | gain vs 1f1b | predicted gain |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        target = 0.85 if r["schedule"] in ("1f1b", "interleaved-1f1b") else 0.6
+        gain = f"{100 * r['gain']:.1f}%" if "gain" in r else ""
+        pred = f"{100 * r['predicted_gain']:.1f}%" if "predicted_gain" in r else ""
+        print(
+            f"| {r['model']} | {r['schedule']} vs {r['torch']} | {r['ours_ms']:.1f} | {r['torch_ms']:.1f} | "
+            f"{r['ratio']:.2f} | <= {target} | {r['sim_ms']:.1f} | {r['measured_over_sim']:.2f} | {gain} | {pred} |"
+        )
+    if not rows:
+        return 0
+    split = split_backward_check()
+    print(
+        f"split backward on a transformer block: full B {split['full_backward_ms']:.3f} ms, "
+        f"I {split['I_ms']:.3f} + W {split['W_ms']:.3f} ms -> (I+W)/B = {split['ratio']:.3f} (target <= 1.10)"
+    )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"rows": rows, "split_backward": split}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

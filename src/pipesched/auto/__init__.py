@@ -1,0 +1,103 @@
+"""``zb-auto``: the automatic zero-bubble scheduler for measured costs and a memory limit.
+
+:func:`build_auto` simulates every candidate of :mod:`.search` under the given costs, keeps the
+best by the objective among those whose peak memory fits the limit, and, for small instances,
+tries to improve it exactly with a mixed-integer program (:mod:`.milp`). The registry's
+``zb-auto`` family calls it (with a 2 s refinement budget); ``build_schedule("zb-auto", ...,
+objective="span")`` or this function choose the other.
+
+The result's ``meta`` says which candidate won and what the exact refinement found
+(``meta["milp"]``: status, proven lower bound, gap).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..costs import UNIT, Costs
+from ..schedule import Schedule
+from ..schedules.choose import best_schedule, check_objective, ranked_schedules
+from ..schedules.limits import resolve_limit
+from .search import all_candidates, with_weights_replaced
+
+MILP_MAX_SIZE = 256  # ranks * microbatches up to which the exact refinement runs
+TOP_FOR_W_REPLACEMENT = 3  # best candidates tried again with W re-placed for the costs
+
+
+def build_auto(
+    ranks: int,
+    microbatches: int,
+    costs: Optional[Costs] = None,
+    memory_limit: Optional[float] = None,
+    objective: str = "makespan",
+    milp: bool = True,
+    time_limit: float = 2.0,
+    chunks: Optional[int] = None,
+) -> Schedule:
+    """The best schedule found for these costs within ``memory_limit`` (activations per rank).
+
+    ``objective``: ``"makespan"`` (ranks synchronise at the optimizer step) or ``"span"``
+    (iterations overlap). ``milp``: when ``ranks * microbatches <= 256``, refine the best
+    candidate within ``time_limit`` seconds, half by swapping neighbouring actions, half by the
+    exact MILP; the candidate is kept unless they beat it. ``chunks`` (1 or 2) restricts the
+    search to that many stages per rank; by default both are searched.
+    """
+    costs = costs or UNIT
+    check_objective(objective)
+    limit = resolve_limit(memory_limit, ranks, "zb-auto")
+    costs.multipliers(ranks)  # a multiplier list that fits no stage count fails here, in one line
+    origins: dict[int, str] = {}
+    pool = _tagged(all_candidates(ranks, microbatches, costs, limit, chunks), origins)
+    ranked = ranked_schedules(pool, costs, limit, objective)
+    variants = []
+    for _, _, leader, _ in ranked[:TOP_FOR_W_REPLACEMENT]:
+        for partial in (False, True):
+            variant = with_weights_replaced(leader, costs, limit, fill_partial_waits=partial)
+            if variant is not None:
+                how = " + W re-placed" + (" (partial waits too)" if partial else "")
+                origins[id(variant)] = origins[id(leader)] + how
+                variants.append(variant)
+    best = best_schedule([ranked[0][2]] + variants if ranked else variants, costs, limit, objective)
+    if best is None:  # the 1-chunk greedy fits any limit >= 1; reaching here is a bug
+        raise RuntimeError(f"zb-auto: no candidate fits memory_limit={limit:g}")
+    schedule, result = best
+    meta = {"origin": origins.get(id(schedule), "?"), "objective": objective, "memory_limit": limit}
+    if milp and time_limit > 0 and ranks * microbatches <= MILP_MAX_SIZE:
+        from ..schedules.choose import objective_value, work_bound
+        from .local import improve_by_swaps
+        from .milp import refine
+
+        if objective_value(result, objective) > work_bound(schedule, costs, objective) * (1 + 1e-9):
+            polished = improve_by_swaps(schedule, costs, limit, objective, time_limit / 2)
+            if polished.orders != schedule.orders:
+                schedule = polished
+                meta["origin"] += " + swaps"
+        found = refine(schedule, costs, limit, objective, time_limit / 2)
+        meta["milp"] = {
+            "status": found.status, "greedy": found.greedy_value, "best": found.best_value,
+            "lower_bound": found.lower_bound, "gap": found.gap, "seconds": found.seconds,
+        }
+        if found.schedule is not None:
+            schedule = found.schedule
+            meta["origin"] += " + MILP"
+    return Schedule(schedule.ranks, schedule.microbatches, schedule.placement, schedule.orders,
+                    name="zb-auto", meta=meta)
+
+
+def build(
+    ranks: int,
+    microbatches: int,
+    chunks: Optional[int] = None,
+    costs: Optional[Costs] = None,
+    memory_limit: Optional[float] = None,
+    objective: str = "makespan",
+) -> Schedule:
+    """The registry's builder (``chunks=None``: the search picks 1 or 2 stages per rank)."""
+    return build_auto(ranks, microbatches, costs, memory_limit, objective, chunks=chunks)
+
+
+def _tagged(pairs, origins: dict):
+    """Yield the schedules of (origin, schedule) pairs, noting each one's origin by id."""
+    for origin, schedule in pairs:
+        origins[id(schedule)] = origin
+        yield schedule

@@ -1,0 +1,214 @@
+"""Cost-aware greedy construction of split-backward schedules, for any placement.
+
+The Zero Bubble paper's automatic scheduler (and its V-shaped sibling) builds each rank's
+program by simulating the pipeline under the real costs and deciding, whenever a rank is free,
+what it runs next. This module does that for any stage-to-rank placement:
+
+- an input-gradient backward ``I`` whose input has arrived goes first (it is on the critical
+  path of every earlier stage), then a forward ``F`` whose input has arrived;
+- a forward may start only while the rank's activations stay within the memory limit; on a
+  rank holding several stages, a forward of an earlier stage also keeps room for one forward of
+  a later stage, so microbatches already inside the rank can always move on (no deadlock);
+- the weight passes ``W`` (nobody waits for them) are deferred: they fill the waits for inputs
+  and run early only when a forward needs the memory they free; the rest drain at the end.
+
+:class:`Knobs` are the heuristic's switches; callers run several settings and keep the best
+simulated result. The orders come out of a run in which every action followed its input, so
+they are free of deadlock; their exact times come from :func:`pipesched.simulate`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+from ..actions import Action
+from ..costs import Costs
+from ..placement import stages_by_rank
+from ..schedule import Schedule
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Switches of the greedy construction (cf. the Zero Bubble heuristic's three knobs)."""
+
+    backward_first: bool = True  # a ready I goes before a ready F (False: F first)
+    wait_for_backward: bool = False  # skip an F that would delay a backward arriving meanwhile
+    fill_partial_gaps: bool = False  # run a W in a wait even when it overruns the arrival
+    later_stage_first: bool = True  # among ready actions of one kind, the later stage first
+    reserve: int = 1  # room kept for later stages' forwards on a rank holding several stages
+
+
+ALL_KNOBS = tuple(Knobs(*bits) for bits in itertools.product((True, False), repeat=4))
+
+
+def greedy_orders(
+    placement: tuple[int, ...],
+    ranks: int,
+    microbatches: int,
+    costs: Costs,
+    memory_limit: float,
+    knobs: Knobs = Knobs(),
+) -> Optional[list[list[Action]]]:
+    """Per-rank programs built greedily under ``costs``; None if the limit admits no progress."""
+    run = _GreedyRun(placement, ranks, microbatches, costs, memory_limit, knobs)
+    return run.orders()
+
+
+class _GreedyRun:
+    """One construction: per-rank clocks and memory, what each stage has done, a wake-up queue.
+
+    Ranks are visited in time order; a rank whose next input is not known yet sleeps until an
+    action it depends on is placed. A W placed while a rank slept starts at the rank's clock
+    (the rank was idle then), so waits can be filled after the fact.
+    """
+
+    def __init__(self, placement, ranks, microbatches, costs, memory_limit, knobs) -> None:
+        from ..simulate import durations_for
+
+        self.placement = placement
+        self.m = microbatches
+        self.stages = len(placement)
+        self.knobs = knobs
+        self.comm = costs.comm
+        self.held_by = stages_by_rank(placement, ranks)
+        self.dur = durations_for(placement, ranks, costs)
+        self.cap = [int(memory_limit * len(h) + _EPS) for h in self.held_by]
+        self.f_end: list[list[Optional[float]]] = [[None] * microbatches for _ in range(self.stages)]
+        self.g_end: list[list[Optional[float]]] = [[None] * microbatches for _ in range(self.stages)]
+        self.next_f = [0] * self.stages
+        self.next_i = [0] * self.stages
+        self.clock = [0.0] * ranks
+        self.held = [0] * ranks
+        self.pending: list[deque] = [deque() for _ in range(ranks)]
+        self.out: list[list[Action]] = [[] for _ in range(ranks)]
+        self.remaining = [3 * microbatches * len(h) for h in self.held_by]
+        self.scan = [sorted(h, reverse=knobs.later_stage_first) for h in self.held_by]
+        self.heap: list[tuple[float, int, int]] = []
+        self.tick = itertools.count()
+
+    def orders(self) -> Optional[list[list[Action]]]:
+        for r in range(len(self.clock)):
+            self.wake(r, 0.0)
+        while self.heap:
+            now, _, r = heapq.heappop(self.heap)
+            if self.remaining[r] == 0 or now < self.clock[r] - _EPS:
+                continue
+            self.step(r, max(now, self.clock[r]))
+        return None if any(self.remaining) else self.out
+
+    def hop(self, src: int, dst: int) -> float:
+        return self.comm if self.placement[src] != self.placement[dst] else 0.0
+
+    def arrival(self, kind: str, s: int) -> Optional[float]:
+        """When the input of stage ``s``'s next ``kind`` pass arrives (None: not produced yet)."""
+        if kind == "F":
+            if s == 0:
+                return 0.0
+            t = self.f_end[s - 1][self.next_f[s]]
+            return None if t is None else t + self.hop(s - 1, s)
+        k = self.next_i[s]
+        if s == self.stages - 1:
+            return self.f_end[s][k]
+        t = self.g_end[s + 1][k]
+        return None if t is None else t + self.hop(s + 1, s)
+
+    def room_for_forward(self, r: int, s: int) -> bool:
+        reserve = self.knobs.reserve if s != self.held_by[r][-1] else 0
+        return self.held[r] + 1 + reserve <= self.cap[r]
+
+    def wake(self, r: int, at: float) -> None:
+        heapq.heappush(self.heap, (max(at, self.clock[r]), next(self.tick), r))
+
+    def place(self, r: int, action: Action, start: float) -> None:
+        s, kind, k = action
+        end = start + self.dur[(s, kind)]
+        self.clock[r] = end
+        self.out[r].append(action)
+        self.remaining[r] -= 1
+        if kind == "F":
+            self.held[r] += 1
+            self.next_f[s] += 1
+            self.f_end[s][k] = end
+            if s + 1 < self.stages:
+                self.wake(self.placement[s + 1], end + self.hop(s, s + 1))
+        elif kind == "I":
+            self.next_i[s] += 1
+            self.g_end[s][k] = end
+            self.pending[r].append(Action(s, "W", k))
+            if s > 0:
+                self.wake(self.placement[s - 1], end + self.hop(s, s - 1))
+        else:
+            self.held[r] -= 1
+        self.wake(r, end)
+
+    def step(self, r: int, now: float) -> None:
+        """Place one action on rank ``r`` (or schedule its next wake-up)."""
+        knobs, pending, clock = self.knobs, self.pending[r], self.clock[r]
+        next_f, next_i, m, arrival = self.next_f, self.next_i, self.m, self.arrival
+        backs, fwds, blocked = [], [], []
+        for s in self.scan[r]:
+            if next_i[s] < m and next_i[s] < next_f[s]:
+                backs.append((arrival("I", s), s))
+            if next_f[s] < m:
+                a = arrival("F", s)
+                (fwds if self.room_for_forward(r, s) else blocked).append((a, s))
+        ready_b = [(a, s) for a, s in backs if a is not None and a <= now + _EPS]
+        ready_f = [(a, s) for a, s in fwds if a is not None and a <= now + _EPS]
+        order = (("I", ready_b), ("F", ready_f)) if knobs.backward_first else (("F", ready_f), ("I", ready_b))
+        choice = next(((kind, ready[0]) for kind, ready in order if ready), None)
+        if choice is not None and choice[0] == "F" and knobs.wait_for_backward:
+            f_end = max(clock, choice[1][0]) + self.dur[(choice[1][1], "F")]
+            soon = [(a, s) for a, s in backs if a is not None and now < a < f_end - _EPS]
+            if soon:
+                choice = ("I", min(soon))  # not ready yet: handled as a wait below
+        if choice is not None and choice[1][0] <= now + _EPS:
+            kind, (a, s) = choice
+            if pending and _w_fits(pending[0], clock, a, knobs, self.dur):
+                self.place(r, pending.popleft(), clock)
+            else:
+                k = self.next_f[s] if kind == "F" else self.next_i[s]
+                self.place(r, Action(s, kind, k), max(clock, a))
+            return
+        if pending and any(a is not None and a <= now + _EPS for a, _ in blocked):
+            self.place(r, pending.popleft(), clock)  # a forward waits for the memory this W frees
+            return
+        known = [a for a, _ in backs + fwds if a is not None]
+        if pending:
+            known += [a for a, _ in blocked if a is not None]
+        soonest = choice[1][0] if choice is not None else (min(known) if known else None)
+        only_weights_left = not backs and not fwds and not blocked
+        if pending and (soonest is None and only_weights_left
+                        or soonest is not None and _w_fits(pending[0], clock, soonest, knobs, self.dur)):
+            self.place(r, pending.popleft(), clock)
+            return
+        if soonest is not None:
+            self.wake(r, soonest)
+
+
+def _w_fits(w: Action, free_at: float, arrival: float, knobs: Knobs, dur) -> bool:
+    """Whether a W run at ``free_at`` fills the wait for an input arriving at ``arrival``."""
+    if free_at + dur[(w.stage, "W")] <= arrival + _EPS:
+        return True
+    return knobs.fill_partial_gaps and free_at < arrival - _EPS
+
+
+def build_greedy(
+    placement: tuple[int, ...],
+    ranks: int,
+    microbatches: int,
+    costs: Costs,
+    memory_limit: float,
+    knobs: Knobs,
+    name: str,
+) -> Optional[Schedule]:
+    """The greedy programs as a Schedule, or None when this setting gets stuck."""
+    orders = greedy_orders(placement, ranks, microbatches, costs, memory_limit, knobs)
+    if orders is None:
+        return None
+    return Schedule(ranks, microbatches, placement, tuple(tuple(o) for o in orders), name=name)

@@ -1,0 +1,91 @@
+"""Against torch.distributed.pipelining's own generators (mocked stages, no process group).
+
+On every p in {2, 4, 8} and m in 1..32 that torch accepts, ours reach a makespan no larger than
+torch's counterpart at no more peak memory (unit costs); and schedules cross in both directions
+through torch's CSV reader and writer.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pipesched import Schedule, build_schedule, get_family, simulate  # noqa: E402
+from pipesched.interop.torch_schedules import torch_schedule  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.mark.parametrize("name", ["interleaved-1f1b", "looped-bfs", "interleaved-zb", "zb-v"])
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_ours_are_never_slower_nor_hungrier_than_torch(name, p):
+    compared = 0
+    for m in range(1, 33):
+        theirs = torch_schedule(name, p, m)
+        if theirs is None:
+            continue
+        reference = simulate(theirs)
+        # families that trade memory for speed are asked to stay within torch's memory
+        limit = reference.max_peak_memory if get_family(name).uses_memory_limit else None
+        ours = simulate(build_schedule(name, ranks=p, microbatches=m, memory_limit=limit))
+        assert ours.makespan <= reference.makespan + 1e-9, (m, ours.makespan, reference.makespan)
+        assert ours.max_peak_memory <= reference.max_peak_memory + 1e-9, m
+        compared += 1
+    assert compared > 0
+
+
+def test_torch_refuses_counts_we_schedule():
+    assert torch_schedule("1f1b", 4, 2) is None  # torch: n_microbatches >= num_stages
+    simulate(build_schedule("1f1b", ranks=4, microbatches=2))
+    refused = [m for m in range(1, 33) if torch_schedule("interleaved-1f1b", 4, m) is None]
+    assert 9 in refused  # torch: m must be a multiple of max(1, m // p) rounds
+    for m in refused:
+        result = simulate(build_schedule("interleaved-1f1b", ranks=4, microbatches=m))
+        assert result.makespan <= 3 * (m + 4 - 1)
+
+
+def _mock_runtime(ranks: int, stages_per_rank: int, microbatches: int):
+    from unittest import mock
+
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    stage = mock.create_autospec(PipelineStage, instance=True)
+    stage.group_rank = 0
+    stage.group_size = ranks
+    stage.submod = None
+    stage.num_stages = ranks * stages_per_rank
+    return _PipelineScheduleRuntime([stage] * stages_per_rank, microbatches)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1", "zb-v", "interleaved-1f1b", "interleaved-zb"])
+def test_our_csv_loads_into_torch_runtime(tmp_path, name):
+    schedule = build_schedule(name, ranks=4, microbatches=8)
+    path = tmp_path / f"{name}.csv"
+    path.write_text(schedule.to_csv(), newline="")
+    runtime = _mock_runtime(4, schedule.chunks, 8)
+    runtime._load_csv(str(path), format="compute_only")  # validates and lowers with comms
+    loaded = {r: [str(a) for a in runtime.pipeline_order[r] if a is not None] for r in range(4)}
+    assert loaded == {r: [str(a) for a in schedule.rank_actions(r)] for r in range(4)}
+
+
+@pytest.mark.parametrize("name", ["interleaved-1f1b", "interleaved-zb", "zb-v"])
+def test_csv_written_by_torch_loads_into_ours_and_round_trips(tmp_path, name):
+    runtime = _mock_runtime(4, 2, 8)
+    theirs = torch_schedule(name, 4, 8)
+    runtime.pipeline_order = {
+        r: [None if a is None else _to_torch(a) for a in theirs.orders[r]] for r in range(4)
+    }
+    path = tmp_path / "torch.csv"
+    runtime._dump_csv(str(path), format="compute_only")
+    text = path.read_bytes().decode()
+    ours = Schedule.from_csv(text)
+    assert ours.to_csv() == text
+    simulate(ours)
+
+
+def _to_torch(action):
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType
+
+    return _Action(action.stage, _ComputationType.from_str(action.kind), action.microbatch)
