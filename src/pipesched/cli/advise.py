@@ -158,6 +158,7 @@ def print_advice(result: Advice, model: Optional[TransformerCosts], top: int) ->
     if best.layers_per_stage:
         console.print(f"  Layers per stage (model order): {', '.join(map(str, best.layers_per_stage))}")
     limit = f" --memory-limit {best.memory_limit:.6g}" if best.memory_limit is not None else ""
+    limit += f" --objective {best.objective}" if best.objective and best.objective != "makespan" else ""
     console.print(
         f"  Build it: pipesched export {best.schedule} --ranks {result.ranks} "
         f"--microbatches {best.microbatches} --chunks {best.chunks}{limit}"
