@@ -21,6 +21,7 @@ def _register_commands() -> None:
     from . import plan  # noqa: F401  (list, export, simulate, compare)
     from . import draw  # noqa: F401  (draw, report)
     from . import train  # noqa: F401  (train; imports torch only when run)
+    from . import advise  # noqa: F401  (advise)
     from . import demo  # noqa: F401  (demo: the tour)
 
 

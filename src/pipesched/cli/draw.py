@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from html import escape
 from pathlib import Path
 from typing import Optional
 
@@ -74,7 +75,7 @@ def write_report(s: opt.Setup, output: Path) -> None:
     from ..render.html import report_html
 
     outcomes = simulate_all(s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit)
-    write_atomic(output, report_html(outcomes, config_line(s)))
+    write_atomic(output, report_html(outcomes, config_line(s), [advice_section(s)]))
     drawn = sum(1 for o in outcomes if o.result is not None)
     typer.echo(f"wrote {output} ({drawn} schedules, p={s.ranks} m={s.microbatches})", err=True)
 
@@ -90,3 +91,18 @@ def config_line(s: opt.Setup) -> str:
     if s.memory_limit is not None:
         text += f", memory limit {s.memory_limit:g}"
     return text
+
+
+def advice_section(s: opt.Setup) -> "Section":
+    """The advisor's recommendation and ranked table for the report's configuration."""
+    from ..advise import advise
+    from ..advise.html import advice_html
+    from ..errors import PipeschedError
+    from ..render.html import Section
+
+    try:
+        advice = advise(s.ranks, s.memory_limit, microbatches=s.microbatches, costs=s.costs)
+        body = advice_html(advice, top=3)
+    except PipeschedError as err:
+        body = f"<p>{escape(str(err))}</p>"
+    return Section("Which schedule to choose (pipesched advise)", body)

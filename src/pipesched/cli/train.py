@@ -23,7 +23,13 @@ TORCH_MISSING = "pipesched train needs PyTorch: pip install 'pipesched[torch]' (
 @app.command("train")
 def train(
     model: str = typer.Option("mlp", "--model", help="mlp (residual MLP stack) or gpt (char-level GPT)."),
-    schedule: str = typer.Option("1f1b", "--schedule", "-s", help="Schedule name, or none for the single-process reference."),
+    schedule: str = typer.Option(
+        "1f1b", "--schedule", "-s",
+        help="Schedule name, none for the single-process reference, or auto (measure, then pipesched advise picks).",
+    ),
+    memory_limit: Optional[float] = typer.Option(
+        None, "--memory-limit", help="With --schedule auto: peak activations per rank (M_B) the choice must fit."
+    ),
     ranks: int = opt.Ranks,
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m", help="Microbatches per step (default 8; a CSV brings its own)."),
     chunks: Optional[int] = opt.Chunks,
@@ -58,7 +64,10 @@ def train(
         check_output_path(save_params, [".pt", ".pth"])
     if trace is not None:
         check_output_path(trace, [".json"])
-    plan = _schedule(schedule, csv, ranks, microbatches, chunks)
+    if schedule.strip().lower() == "auto" and csv is None:
+        plan = _auto(model, ranks, microbatches, batch_size, memory_limit, seed)
+    else:
+        plan = _schedule(schedule, csv, ranks, microbatches, chunks)
     model_def = get_model(model)
     counts = _parse_counts(stage_blocks)
     if plan is not None:
@@ -102,6 +111,19 @@ def _schedule(name: str, csv: Optional[Path], ranks: int, microbatches: Optional
     if name.strip().lower() == "none":
         return None
     return build_schedule(name, ranks, microbatches if microbatches is not None else 8, chunks)
+
+
+def _auto(model: str, ranks: int, microbatches: Optional[int], batch_size: int,
+          memory_limit: Optional[float], seed: int) -> Schedule:
+    """Profile a few steps, let the advisor choose, and say what it chose and why."""
+    from ..runtime.profile import auto_schedule
+
+    plan, advice, prof = auto_schedule(
+        model, ranks, microbatches if microbatches is not None else 8, batch_size, memory_limit, seed
+    )
+    typer.echo(prof.summary(), err=True)
+    typer.echo(f"auto: {advice.reason}", err=True)
+    return plan
 
 
 def _parse_counts(text: Optional[str]) -> Optional[tuple[int, ...]]:

@@ -1,0 +1,81 @@
+"""What a candidate costs before it is simulated: its ``Costs`` and its memory limit.
+
+The advisor compares schedules that may differ in chunk count (so in the number of stages) and,
+when the global batch is fixed, in microbatch count. A cost model answers, for one such setting,
+"what are F, B, W, comm and the stage multipliers" and "how many M_B units may a rank hold".
+
+Microbatch size and ``scale``: costs are given for a reference microbatch of ``b`` samples. A
+candidate that splits the same global batch into ``m'`` microbatches uses microbatches of
+``b' = G / m'`` samples, ``scale = b' / b``. Compute, activations and p2p volume grow linearly
+with the samples in a microbatch, so per-action times and ``comm`` are multiplied by ``scale``
+(minus a fixed ``overhead`` per action that does not shrink), and one of the candidate's M_B
+units holds ``scale`` reference units: its limit is ``memory_limit / scale``. Every candidate
+then processes the same ``G`` samples per iteration, so their makespans are directly comparable
+(time per iteration = time per ``G`` samples).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+from ..costs import Costs
+from ..errors import ConfigError
+
+
+class CostModel(Protocol):
+    """Costs and memory limit of one candidate setting (see the module docstring)."""
+
+    def costs(self, stages: int, placement: str, scale: float) -> Costs:
+        """Per-microbatch costs for ``stages`` stages at ``scale`` times the reference size."""
+
+    def memory_limit(self, stages: int, placement: str, scale: float) -> Optional[float]:
+        """Peak activations a rank may hold, in the candidate's M_B units (None: no limit)."""
+
+    def layers_per_stage(self, stages: int) -> Optional[tuple[int, ...]]:
+        """How many layers each stage gets (None when the model's layers are unknown)."""
+
+    def memory_gb(self, stages: int, placement: str, scale: float, peaks: tuple[float, ...]) -> Optional[float]:
+        """Largest memory over ranks in GB for these per-rank peaks (None when unknown)."""
+
+
+@dataclass(frozen=True)
+class ScaledCosts:
+    """Costs given directly (``--costs F,B,W``) at the reference microbatch size.
+
+    ``overhead`` is the part of each F, B and W that does not shrink with the microbatch (kernel
+    launches, fixed latencies); ``comm`` is taken as bandwidth-bound, so it scales fully.
+    """
+
+    base: Costs
+    limit: Optional[float] = None
+    overhead: float = 0.0
+
+    def __post_init__(self) -> None:
+        smallest = min(self.base.F, self.base.B, self.base.W)
+        if not 0 <= self.overhead < smallest:
+            raise ConfigError(
+                f"overhead={self.overhead:g} must be at least 0 and below the smallest of F, B, W ({smallest:g})"
+            )
+        if self.limit is not None and not self.limit > 0:
+            raise ConfigError(f"memory limit must be above 0, got {self.limit:g}")
+
+    def costs(self, stages: int, placement: str, scale: float) -> Costs:
+        if scale == 1.0:
+            return self.base
+        o = self.overhead
+
+        def scaled(x: float) -> float:
+            return o + (x - o) * scale
+
+        b = self.base
+        return Costs(scaled(b.F), scaled(b.B), scaled(b.W), b.comm * scale, b.stage_multipliers)
+
+    def memory_limit(self, stages: int, placement: str, scale: float) -> Optional[float]:
+        return None if self.limit is None else self.limit / scale
+
+    def layers_per_stage(self, stages: int) -> Optional[tuple[int, ...]]:
+        return None
+
+    def memory_gb(self, stages: int, placement: str, scale: float, peaks: tuple[float, ...]) -> Optional[float]:
+        return None

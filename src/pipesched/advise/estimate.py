@@ -1,0 +1,216 @@
+"""Costs and memory from a transformer's dimensions (the Zero Bubble paper's per-layer formulas).
+
+Per transformer layer, for a microbatch of ``b`` sequences of ``s`` tokens, hidden size ``h`` and
+``a`` attention heads (Qi et al. 2024, Table 1; Korthikanti et al. 2022 for the activations):
+
+- forward ``F``: ``s*b*h*(24h + 4s)`` FLOPs; input-gradient backward ``B``: ``s*b*h*(24h + 8s)``;
+  weight-gradient backward ``W``: ``24*s*b*h^2``;
+- activations held from F to W: ``s*b*(34h + 5*a*s)`` bytes (16-bit activations);
+- parameters: ``12h^2 + 13h``.
+
+The first stage also holds the token embedding (``V*h`` parameters, negligible compute) and the
+last the output head: ``2*s*b*h*V`` FLOPs for each of F, B and W, and its logits, counted as
+``s*b*(2h + 4V)`` bytes (its input plus fp32 logits). Between stages one activation of
+``2*s*b*h`` bytes crosses per microbatch. Parameters and optimizer state take 16 bytes per
+parameter (bf16 weights and gradients, fp32 master weights and Adam's two moments). Times use
+``tflops`` (effective, not peak) and ``bandwidth`` (GB/s, 1 GB = 1e9 bytes); times are in ms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..costs import Costs
+from ..errors import ConfigError
+from ..placement import loop_placement, v_placement
+
+BYTES_PER_PARAM = 16
+DEFAULT_TFLOPS = 150.0  # roughly an A100's bf16 peak at half utilisation
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class TransformerSpec:
+    """A GPT-style decoder: ``layers`` identical blocks, optional embedding and head."""
+
+    layers: int
+    hidden: int
+    seq_len: int
+    microbatch_size: int
+    heads: Optional[int] = None  # default: hidden // 64 (64-wide heads)
+    vocab: Optional[int] = None  # None: no embedding or head
+
+    def __post_init__(self) -> None:
+        for label in ("layers", "hidden", "seq_len", "microbatch_size"):
+            value = getattr(self, label)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"model {label.replace('_', ' ')} must be a whole number of at least 1, got {value!r}")
+        for label in ("heads", "vocab"):
+            value = getattr(self, label)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"model {label} must be a whole number of at least 1, got {value!r}")
+
+    @property
+    def head_count(self) -> int:
+        return self.heads if self.heads is not None else max(1, self.hidden // 64)
+
+    def layer_flops(self, b: float) -> tuple[float, float, float]:
+        """F, B, W FLOPs of one layer for a microbatch of ``b`` sequences."""
+        s, h = self.seq_len, self.hidden
+        return s * b * h * (24 * h + 4 * s), s * b * h * (24 * h + 8 * s), 24.0 * s * b * h * h
+
+    def head_flops(self, b: float) -> float:
+        """FLOPs of each of the head's F, B and W (zero without a vocabulary)."""
+        return 2.0 * self.seq_len * b * self.hidden * self.vocab if self.vocab else 0.0
+
+    def layer_activation_bytes(self, b: float) -> float:
+        s, h = self.seq_len, self.hidden
+        return s * b * (34 * h + 5 * self.head_count * s)
+
+    def head_activation_bytes(self, b: float) -> float:
+        return self.seq_len * b * (2 * self.hidden + 4 * self.vocab) if self.vocab else 0.0
+
+    @property
+    def layer_params(self) -> int:
+        return 12 * self.hidden ** 2 + 13 * self.hidden
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden if self.vocab else 0
+
+    def p2p_bytes(self, b: float) -> float:
+        return 2.0 * self.seq_len * b * self.hidden
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What turns FLOPs, bytes and parameters into milliseconds and a memory limit."""
+
+    tflops: float = DEFAULT_TFLOPS  # effective TFLOP/s per device
+    bandwidth: Optional[float] = None  # GB/s between pipeline neighbours; None: comm not modelled
+    gpu_memory: Optional[float] = None  # GB per device; None: use the M_B limit given instead
+
+    def __post_init__(self) -> None:
+        for label in ("tflops", "bandwidth", "gpu_memory"):
+            value = getattr(self, label)
+            if value is not None and not (isinstance(value, (int, float)) and value > 0 and value < float("inf")):
+                raise ConfigError(f"{label.replace('_', ' ')} must be a number above 0, got {value!r}")
+
+
+def balance_layers(layers: int, stages: int, layer_cost: float, first_extra: float, last_extra: float) -> tuple[int, ...]:
+    """Layers per stage (each at least one, contiguous) that minimise the slowest stage's cost."""
+    if stages > layers:
+        raise ConfigError(f"{stages} stages need at least {stages} layers, the model has {layers}")
+    extras = [0.0] * stages
+    extras[0] += first_extra
+    extras[-1] += last_extra
+
+    def capacity(target: float) -> list[int]:
+        return [int((target - e) / layer_cost + 1e-9) for e in extras]
+
+    targets = sorted({n * layer_cost + e for n in range(1, layers + 1) for e in set(extras)})
+    lo, hi = 0, len(targets) - 1
+    while lo < hi:  # smallest target whose capacities hold every layer, one or more per stage
+        mid = (lo + hi) // 2
+        caps = capacity(targets[mid])
+        if min(caps) >= 1 and sum(caps) >= layers:
+            hi = mid
+        else:
+            lo = mid + 1
+    counts = capacity(targets[lo])
+    while sum(counts) > layers:  # take surplus layers from the costliest stages first
+        i = max((i for i in range(stages) if counts[i] > 1), key=lambda i: (counts[i] * layer_cost + extras[i], i))
+        counts[i] -= 1
+    return tuple(counts)
+
+
+@dataclass(frozen=True)
+class TransformerCosts:
+    """A :class:`~pipesched.advise.costmodel.CostModel` estimated from a model description."""
+
+    spec: TransformerSpec
+    ranks: int
+    hardware: Hardware = Hardware()
+    limit: Optional[float] = None  # M_B units at the reference size, used without gpu_memory
+
+    def _ms(self, flops: float) -> float:
+        return 1e3 * flops / (self.hardware.tflops * 1e12)
+
+    def layer_times(self, scale: float = 1.0) -> tuple[float, float, float]:
+        """F, B, W of one layer in ms."""
+        b = self.spec.microbatch_size * scale
+        return tuple(self._ms(x) for x in self.spec.layer_flops(b))  # type: ignore[return-value]
+
+    def head_time(self, scale: float = 1.0) -> float:
+        """Each of the head's F, B and W in ms."""
+        return self._ms(self.spec.head_flops(self.spec.microbatch_size * scale))
+
+    def comm_ms(self, scale: float = 1.0) -> float:
+        if self.hardware.bandwidth is None:
+            return 0.0
+        bytes_ = self.spec.p2p_bytes(self.spec.microbatch_size * scale)
+        return 1e3 * bytes_ / (self.hardware.bandwidth * GB)
+
+    def layers_per_stage(self, stages: int) -> tuple[int, ...]:
+        f, b, w = self.layer_times()
+        return balance_layers(self.spec.layers, stages, f + b + w, 0.0, 3 * self.head_time())
+
+    def costs(self, stages: int, placement: str, scale: float) -> Costs:
+        counts = self.layers_per_stage(stages)
+        f, b, w = self.layer_times(scale)
+        head = self.head_time(scale)
+        layer = f + b + w
+        stage_time = [n * layer for n in counts]
+        stage_time[-1] += 3 * head
+        mean = sum(stage_time) / stages
+        p, L = self.ranks, self.spec.layers
+        return Costs(
+            F=(L * f + head) / p, B=(L * b + head) / p, W=(L * w + head) / p,
+            comm=self.comm_ms(scale),
+            stage_multipliers=tuple(t / mean for t in stage_time),
+        )
+
+    def _ranks_of(self, stages: int, placement: str) -> list[dict]:
+        """Per rank: layers held, whether it holds the first / last stage."""
+        where = v_placement(self.ranks) if placement == "v" else loop_placement(self.ranks, stages // self.ranks)
+        counts = self.layers_per_stage(stages)
+        held = [{"layers": 0, "first": False, "last": False} for _ in range(self.ranks)]
+        for s, r in enumerate(where):
+            held[r]["layers"] += counts[s]
+        held[where[0]]["first"] = True
+        held[where[-1]]["last"] = True
+        return held
+
+    def _state_bytes(self, rank: dict) -> float:
+        spec = self.spec
+        params = rank["layers"] * spec.layer_params + spec.embedding_params * (rank["first"] + rank["last"])
+        return BYTES_PER_PARAM * params
+
+    def _activation_bytes(self, rank: dict, scale: float) -> float:
+        b = self.spec.microbatch_size * scale
+        return rank["layers"] * self.spec.layer_activation_bytes(b) + rank["last"] * self.spec.head_activation_bytes(b)
+
+    def memory_limit(self, stages: int, placement: str, scale: float) -> Optional[float]:
+        if self.hardware.gpu_memory is None:
+            return None if self.limit is None else self.limit / scale
+        budget = self.hardware.gpu_memory * GB
+        layouts = [(stages, placement)]
+        if placement not in ("loop", "v"):  # the family picks its layout: hold it to the tighter one
+            layouts = [(stages, "loop")] + ([(2 * self.ranks, "v")] if 2 * self.ranks <= self.spec.layers else [])
+        return min(
+            (budget - self._state_bytes(r)) / self._activation_bytes(r, scale)
+            for n, style in layouts
+            for r in self._ranks_of(n, style)
+        )
+
+    def memory_gb(self, stages: int, placement: str, scale: float, peaks: tuple[float, ...]) -> Optional[float]:
+        held = self._ranks_of(stages, placement)
+        return max(
+            (self._state_bytes(r) + peak * self._activation_bytes(r, scale)) / GB
+            for r, peak in zip(held, peaks)
+        )
+
+    def state_gb(self, stages: int, placement: str) -> float:
+        """Parameters and optimizer state on the fullest rank, GB."""
+        return max(self._state_bytes(r) for r in self._ranks_of(stages, placement)) / GB

@@ -1,0 +1,304 @@
+"""The advisor: build and simulate every candidate, keep those within the memory limit, rank them.
+
+Ranking: candidates that fit come first, fastest first by the objective (``makespan``: the
+iteration time when the optimizer step synchronises ranks; ``span``: the period when iterations
+overlap). Ties (within 1e-9 relative) go to lower peak memory, then fewer chunks (fewer messages),
+then the simpler family (registry order). Candidates over the limit follow, leanest first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from ..costs import Costs
+from ..errors import ConfigError, PipeschedError
+from ..registry import Family, build_schedule, families as registered_families
+from ..simulate import simulate
+from .candidates import BatchPlan, Setting, batch_plan, settings
+from .costmodel import CostModel, ScaledCosts
+from .parallel import default_workers, map_outcomes
+
+OBJECTIVES = ("makespan", "span")
+BASELINE = "1f1b"
+_TOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One simulated configuration, with what ``build_schedule`` needs to rebuild it."""
+
+    schedule: str
+    chunks: int
+    microbatches: int
+    microbatch_size: Optional[int]
+    memory_limit: Optional[float]  # pass to build_schedule (this candidate's M_B units)
+    costs: Costs  # pass to build_schedule and simulate
+    makespan: float
+    span: float
+    bubble_ratio: float
+    peak_memory: float  # largest over ranks, this candidate's M_B units
+    peak_per_rank: tuple[float, ...]
+    scale: float  # this microbatch's size over the reference one
+    fits: bool
+    limit: Optional[float] = None  # the limit it was held to (its own units), None: no limit
+    placement: str = "loop"
+    messages: int = 0  # cross-rank transfers per microbatch in each direction
+    speedup_vs_1f1b: Optional[float] = None
+    layers_per_stage: Optional[tuple[int, ...]] = None
+    memory_gb: Optional[float] = None
+    objective: Optional[str] = None  # pass to build_schedule for families that search by it
+
+    @property
+    def peak_memory_reference(self) -> float:
+        """Peak in the reference microbatch's M_B units (comparable across microbatch sizes)."""
+        return self.peak_memory * self.scale
+
+    def value(self, objective: str) -> float:
+        return self.makespan if objective == "makespan" else self.span
+
+    def label(self) -> str:
+        return f"{self.schedule} (chunks={self.chunks}, m={self.microbatches})"
+
+    def to_json(self) -> dict:
+        c = self.costs
+        return {
+            "schedule": self.schedule,
+            "chunks": self.chunks,
+            "microbatches": self.microbatches,
+            "microbatch_size": self.microbatch_size,
+            "memory_limit": self.memory_limit,
+            "costs": {
+                "F": c.F, "B": c.B, "W": c.W, "comm": c.comm,
+                "stage_multipliers": list(c.stage_multipliers) if c.stage_multipliers else None,
+            },
+            "makespan": self.makespan,
+            "span": self.span,
+            "bubble_ratio": self.bubble_ratio,
+            "peak_memory": self.peak_memory,
+            "peak_memory_per_rank": list(self.peak_per_rank),
+            "peak_memory_reference": self.peak_memory_reference,
+            "memory_scale": self.scale,
+            "fits": self.fits,
+            "speedup_vs_1f1b": self.speedup_vs_1f1b,
+            "layers_per_stage": list(self.layers_per_stage) if self.layers_per_stage else None,
+            "memory_gb": self.memory_gb,
+            "messages_per_microbatch": self.messages,
+            "objective": self.objective,
+        }
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The ranked candidates, the recommendation and why."""
+
+    ranks: int
+    objective: str
+    memory_limit: Optional[float]  # reference M_B units, None: no limit
+    plan: BatchPlan
+    candidates: tuple[Candidate, ...]  # best first; those that fit come first
+    baseline: Optional[Candidate]  # 1f1b at the reference microbatch count
+    reason: str = ""
+    notes: tuple[str, ...] = ()
+    skipped: tuple[tuple[str, int, int, str], ...] = field(default=())  # (schedule, chunks, m, why)
+
+    @property
+    def recommended(self) -> Candidate:
+        return self.candidates[0]
+
+    @property
+    def fitting(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.fits]
+
+    def to_json(self) -> list[dict]:
+        return [c.to_json() for c in self.candidates]
+
+
+class NoCandidateFitsError(ConfigError):
+    """No candidate's peak memory is within the limit (the message names the smallest feasible)."""
+
+
+def advise(
+    ranks: int,
+    memory_limit: Optional[float] = None,
+    *,
+    microbatches: Optional[int] = None,
+    global_batch: Optional[int] = None,
+    microbatch_size: Optional[int] = None,
+    costs: Optional[Costs] = None,
+    cost_model: Optional[CostModel] = None,
+    objective: str = "makespan",
+    max_chunks: int = 4,
+    min_microbatch_size: int = 1,
+    max_microbatches: Optional[int] = None,
+    overhead: float = 0.0,
+    families: Optional[Sequence[Family]] = None,
+    workers: Optional[int] = None,
+) -> Advice:
+    """Rank every schedule x chunk count (x microbatch count) for this setup; see the module doc.
+
+    ``memory_limit`` is peak activations per rank in M_B units of the reference microbatch
+    (``microbatch_size``, or the one ``microbatches`` gives). ``costs`` are per-microbatch at that
+    size; ``cost_model`` replaces ``costs`` and ``memory_limit`` (e.g. a model description).
+    ``workers``: processes for the builds (default: the CPUs when there are 4 or more, else one).
+    Raises :class:`NoCandidateFitsError` when nothing fits, naming the smallest feasible limit.
+    """
+    from .explain import explain
+
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise ConfigError(f"ranks must be a whole number of at least 1, got {ranks!r}")
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    if isinstance(max_chunks, bool) or not isinstance(max_chunks, int) or max_chunks < 1:
+        raise ConfigError(f"max chunks must be a whole number of at least 1, got {max_chunks!r}")
+    plan = batch_plan(ranks, microbatches, global_batch, microbatch_size, min_microbatch_size, max_microbatches)
+    if cost_model is None:
+        cost_model = ScaledCosts(costs or Costs(), memory_limit, overhead)
+    family_list = list(families) if families is not None else registered_families()
+    order = {f.name: i for i, f in enumerate(family_list)}
+
+    built: list[Candidate] = []
+    skipped: list[tuple[str, int, int, str]] = []
+    over_limit: list[Setting] = []  # families that could not get under the limit when steered
+    # Largest instances first, so parallel workers finish together.
+    todo = sorted(settings(family_list, plan, max_chunks), key=lambda s: -s.microbatches * s.chunks)
+    outcomes = map_outcomes(
+        lambda setting: _evaluate(setting, ranks, plan, cost_model, objective), todo,
+        workers if workers is not None else default_workers(len(todo)),
+    )
+    seen: set[tuple[str, int, int]] = set()  # a family that picks its own chunks may repeat itself
+    for setting, outcome in zip(todo, outcomes):
+        if isinstance(outcome, PipeschedError):
+            if isinstance(outcome, _SteeredOverLimit):
+                over_limit.append(setting)
+            skipped.append((setting.family.name, setting.chunks, setting.microbatches, str(outcome)))
+            continue
+        key = (outcome.schedule, outcome.chunks, outcome.microbatches)
+        if key not in seen:
+            seen.add(key)
+            built.append(outcome)
+    if not any(c.fits for c in built):  # what they need at least, for the smallest feasible limit
+        for setting in over_limit:
+            built.append(_leanest(setting, ranks, plan, cost_model, objective))
+    if not built:
+        reasons = "; ".join(f"{s} chunks={v} m={m}: {why}" for s, v, m, why in skipped[:3])
+        raise ConfigError(f"no schedule could be built for ranks={ranks}: {reasons}")
+
+    fits = sorted(
+        (c for c in built if c.fits),
+        key=lambda c: (_rounded(c.value(objective)), c.peak_memory_reference, c.chunks, order[c.schedule]),
+    )
+    over = sorted(
+        (c for c in built if not c.fits),
+        key=lambda c: (_rounded(c.peak_memory_reference), order[c.schedule], c.value(objective)),
+    )
+    if not fits:
+        raise NoCandidateFitsError(_no_fit_message(over, memory_limit))
+    baseline = next(
+        (c for c in built if c.schedule == BASELINE and c.microbatches == plan.reference), None
+    )
+    ranked = [_with_speedup(c, baseline, objective) for c in fits + over]
+    baseline = _with_speedup(baseline, baseline, objective) if baseline else None
+    advice = Advice(ranks, objective, memory_limit, plan, tuple(ranked), baseline, skipped=tuple(skipped))
+    reason, notes = explain(advice)
+    return Advice(
+        ranks, objective, memory_limit, plan, tuple(ranked), baseline, reason, tuple(notes), tuple(skipped)
+    )
+
+
+def objective_option(family: Family, objective: str) -> dict:
+    """``objective=`` for ``build_schedule`` where the family searches by it, else nothing."""
+    return {"objective": objective} if getattr(family, "uses_objective", False) else {}
+
+
+class _SteeredOverLimit(ConfigError):
+    """A family that honours memory limits could not get under this one."""
+
+
+def _leanest(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str) -> Candidate:
+    """A family that honours limits, built to one microbatch's activations (the least any
+    schedule holds), or as it comes when it cannot get that low."""
+    try:
+        return _evaluate(setting, ranks, plan, model, objective, steer_to_floor=True)
+    except PipeschedError:
+        return _evaluate(setting, ranks, plan, model, objective, steer=False)
+
+
+def _evaluate(
+    setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str,
+    steer: bool = True, steer_to_floor: bool = False,
+) -> Candidate:
+    """Build and simulate one setting; families that honour a limit are built to it when ``steer``."""
+    family, v, m = setting.family, setting.chunks, setting.microbatches
+    stages = ranks * v
+    scale = plan.scale(m)
+    costs = model.costs(stages, family.placement, scale)
+    limit = model.memory_limit(stages, family.placement, scale)
+    steer_to = limit if steer and family.uses_memory_limit and limit is not None else None
+    if steer_to_floor:
+        steer_to = 1.0
+    try:
+        schedule = build_schedule(family.name, ranks, m, v, costs, steer_to, **objective_option(family, objective))
+    except PipeschedError as err:
+        if steer_to is None:
+            raise
+        raise _SteeredOverLimit(str(err)) from None
+    if schedule.stages != stages:  # the family chose its own chunk count: hold it to that layout
+        limit = model.memory_limit(schedule.stages, schedule.style, scale)
+    result = simulate(schedule, costs)
+    peaks = result.peak_memory
+    peak = max(peaks)
+    return Candidate(
+        schedule=family.name,
+        chunks=schedule.chunks,
+        microbatches=m,
+        microbatch_size=plan.size(m),
+        memory_limit=steer_to,
+        costs=costs,
+        makespan=result.makespan,
+        span=result.span,
+        bubble_ratio=result.bubble_ratio,
+        peak_memory=peak,
+        peak_per_rank=tuple(peaks),
+        scale=scale,
+        fits=limit is None or peak <= limit + 1e-9,
+        limit=limit,
+        placement=schedule.style,
+        messages=sum(1 for a, b in zip(schedule.placement, schedule.placement[1:]) if a != b),
+        layers_per_stage=model.layers_per_stage(schedule.stages),
+        memory_gb=model.memory_gb(schedule.stages, schedule.style, scale, tuple(peaks)),
+        objective=objective if getattr(family, "uses_objective", False) else None,
+    )
+
+
+def _with_speedup(c: Candidate, baseline: Optional[Candidate], objective: str) -> Candidate:
+    from dataclasses import replace
+
+    if baseline is None:
+        return c
+    return replace(c, speedup_vs_1f1b=baseline.value(objective) / c.value(objective))
+
+
+def _rounded(x: float) -> float:
+    if x == 0:
+        return 0.0
+    digits = 9 - int(math.floor(math.log10(abs(x))))
+    return round(x, digits)
+
+
+def _no_fit_message(over: Sequence[Candidate], limit: Optional[float]) -> str:
+    """Name the leanest candidate: what it needs is the smallest feasible limit."""
+    if over[0].memory_gb is not None:
+        leanest = min(over, key=lambda c: c.memory_gb)
+        return (
+            f"no schedule fits in the GPU memory: the leanest, {leanest.label()}, needs "
+            f"{leanest.memory_gb:.3g} GB on its fullest rank; give more --gpu-memory, more ranks "
+            "or a smaller microbatch"
+        )
+    leanest = over[0]
+    given = f" {limit:g}" if limit is not None else ""
+    return (
+        f"no schedule fits memory limit{given}: the smallest feasible limit is "
+        f"{leanest.peak_memory_reference:.4g}, reached by {leanest.label()}"
+    )

@@ -1,0 +1,216 @@
+"""``pipesched advise``: which schedule, how many chunks and microbatches, with the numbers."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..advise import Advice, advise
+from ..advise.estimate import DEFAULT_TFLOPS, Hardware, TransformerCosts, TransformerSpec
+from ..advise.explain import memory_text
+from ..costs import Costs
+from ..errors import ConfigError
+from ..registry import get_family
+from . import app
+from . import options as opt
+
+_MODEL_FLAGS = ("--layers", "--hidden", "--seq-len")
+_HARDWARE_FLAGS = ("--heads", "--vocab", "--gpu-memory", "--bandwidth", "--flops")
+
+
+@app.command("advise")
+def advise_cmd(
+    ranks: int = opt.Ranks,
+    memory_limit: Optional[float] = typer.Option(
+        None, "--memory-limit", help="Peak activations per rank, in M_B (one microbatch's activations of a rank's share)."
+    ),
+    microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m", help="Fixed microbatch count M."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Samples per iteration G: the advisor also chooses M."),
+    microbatch_size: Optional[int] = typer.Option(None, "--microbatch-size", help="Samples per microbatch b that the costs describe."),
+    costs: Optional[str] = opt.CostsOpt,
+    comm: Optional[float] = typer.Option(None, "--comm", help="Latency of every cross-rank transfer, in cost units."),
+    stage_multipliers: Optional[str] = opt.Multipliers,
+    objective: str = typer.Option("makespan", "--objective", help="makespan (optimizer step syncs ranks) or span."),
+    max_chunks: int = typer.Option(4, "--max-chunks", help="Most chunks per rank to try."),
+    max_microbatches: Optional[int] = typer.Option(None, "--max-microbatches", help="Most microbatches to try (default max(G/b, 8p))."),
+    min_microbatch_size: int = typer.Option(1, "--min-microbatch-size", help="Smallest microbatch (samples) worth trying."),
+    overhead: float = typer.Option(0.0, "--overhead", help="Part of each F, B, W that does not shrink with the microbatch."),
+    layers: Optional[int] = typer.Option(None, "--layers", help="Model: transformer layers L."),
+    hidden: Optional[int] = typer.Option(None, "--hidden", help="Model: hidden size h."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Model: sequence length s."),
+    heads: Optional[int] = typer.Option(None, "--heads", help="Model: attention heads a (default h/64)."),
+    vocab: Optional[int] = typer.Option(None, "--vocab", help="Model: vocabulary V (adds embedding and head)."),
+    gpu_memory: Optional[float] = typer.Option(None, "--gpu-memory", help="GB per device: sets the memory limit."),
+    bandwidth: Optional[float] = typer.Option(None, "--bandwidth", help="GB/s between neighbouring ranks: sets comm."),
+    flops: Optional[float] = typer.Option(None, "--flops", help=f"Effective TFLOP/s per device (default {DEFAULT_TFLOPS:g})."),
+    profile: bool = typer.Option(False, "--profile", help="Measure the costs: run a few steps of --model on --ranks local ranks."),
+    model_name: str = typer.Option("mlp", "--model", help="With --profile: mlp or gpt (pipesched train's models)."),
+    batch_size: int = typer.Option(64, "--batch-size", help="With --profile: samples per step."),
+    profile_steps: int = typer.Option(4, "--profile-steps", help="With --profile: steps to measure (the first is warm-up)."),
+    schedules: Optional[str] = typer.Option(
+        None, "--schedules", help="Only these schedules, comma-separated (default: every registered one)."
+    ),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Processes for the search (default: the CPUs)."),
+    top: int = typer.Option(12, "--top", help="Rows in the table."),
+    as_json: bool = typer.Option(False, "--json", help="Print the candidates as a JSON list, best first."),
+) -> None:
+    """Search every schedule, chunk count and microbatch count; recommend the fastest that fits."""
+    given = {
+        "--layers": layers, "--hidden": hidden, "--seq-len": seq_len, "--heads": heads, "--vocab": vocab,
+        "--gpu-memory": gpu_memory, "--bandwidth": bandwidth, "--flops": flops,
+    }
+    model = None
+    if profile:
+        result = _profiled(
+            ranks, memory_limit, microbatches, given, costs, comm, stage_multipliers, global_batch,
+            model_name, batch_size, profile_steps, objective=objective, max_chunks=max_chunks,
+            families=_families(schedules), workers=workers, quiet=as_json,
+        )
+        if as_json:
+            typer.echo(json.dumps(result.to_json()))
+        else:
+            print_advice(result, None, top)
+        return
+    if any(given[f] is not None for f in _MODEL_FLAGS + _HARDWARE_FLAGS):
+        model = _model(ranks, given, microbatch_size, memory_limit, costs, comm, stage_multipliers)
+        c = None
+    else:
+        c = Costs.parse(costs, comm=comm or 0.0, multipliers=opt.parse_multipliers(stage_multipliers))
+    result = advise(
+        ranks, memory_limit, microbatches=microbatches, global_batch=global_batch,
+        microbatch_size=microbatch_size, costs=c, cost_model=model, objective=objective,
+        max_chunks=max_chunks, min_microbatch_size=min_microbatch_size,
+        max_microbatches=max_microbatches, overhead=overhead, families=_families(schedules), workers=workers,
+    )
+    if as_json:
+        typer.echo(json.dumps(result.to_json()))
+        return
+    print_advice(result, model, top)
+
+
+def _profiled(ranks, memory_limit, microbatches, given, costs, comm, multipliers, global_batch,
+              model_name, batch_size, steps, quiet: bool, **options) -> Advice:
+    """Advice from costs measured by running the model (needs torch)."""
+    clashes = [f for f, v in (("--costs", costs), ("--comm", comm), ("--stage-multipliers", multipliers),
+                              ("--global-batch", global_batch)) if v is not None]
+    clashes += [f for f, v in given.items() if v is not None]
+    if clashes:
+        raise ConfigError(f"--profile measures the costs itself: drop {', '.join(clashes)}")
+    try:
+        from ..runtime.profile import advise_from_profile, profile
+    except ImportError:
+        raise ConfigError("--profile needs PyTorch: pip install 'pipesched[torch]'") from None
+    prof = profile(model_name, ranks, microbatches or 8, batch_size, steps=steps)
+    if not quiet:
+        Console().print(prof.summary())
+    return advise_from_profile(prof, memory_limit, **options)
+
+
+def _families(names: Optional[str]) -> Optional[list]:
+    if names is None:
+        return None
+    chosen = [get_family(n) for n in names.split(",") if n.strip()]
+    if not chosen:
+        raise ConfigError("--schedules needs at least one schedule name (pipesched list shows them)")
+    return chosen
+
+
+def _model(ranks, given, microbatch_size, memory_limit, costs, comm, multipliers) -> TransformerCosts:
+    missing = [f for f in _MODEL_FLAGS if given[f] is None]
+    if microbatch_size is None:
+        missing.append("--microbatch-size")
+    if missing:
+        raise ConfigError(
+            "a model description needs --layers, --hidden, --seq-len and --microbatch-size; "
+            f"missing {', '.join(missing)}"
+        )
+    for flag, value in (("--costs", costs), ("--comm", comm), ("--stage-multipliers", multipliers)):
+        if value is not None:
+            raise ConfigError(f"{flag} cannot be combined with a model description (the model gives the costs)")
+    if memory_limit is not None and given["--gpu-memory"] is not None:
+        raise ConfigError("give --memory-limit (M_B units) or --gpu-memory (GB), not both")
+    spec = TransformerSpec(
+        given["--layers"], given["--hidden"], given["--seq-len"], microbatch_size,
+        heads=given["--heads"], vocab=given["--vocab"],
+    )
+    hardware = Hardware(
+        tflops=given["--flops"] if given["--flops"] is not None else DEFAULT_TFLOPS,
+        bandwidth=given["--bandwidth"], gpu_memory=given["--gpu-memory"],
+    )
+    return TransformerCosts(spec, ranks, hardware, limit=memory_limit)
+
+
+def print_advice(result: Advice, model: Optional[TransformerCosts], top: int) -> None:
+    """The ranked table, the recommendation and why."""
+    console = Console()
+    console.print(f"[bold]pipesched advise[/bold]  {_setup_line(result)}")
+    if model is not None:
+        console.print(_model_line(model))
+    console.print(advice_table(result, top))
+    best = result.recommended
+    console.print(f"[bold green]Recommendation:[/bold green] {result.reason}")
+    for note in result.notes:
+        console.print(f"  - {note}")
+    if best.layers_per_stage:
+        console.print(f"  Layers per stage (model order): {', '.join(map(str, best.layers_per_stage))}")
+    limit = f" --memory-limit {best.memory_limit:.6g}" if best.memory_limit is not None else ""
+    limit += f" --objective {best.objective}" if best.objective and best.objective != "makespan" else ""
+    console.print(
+        f"  Build it: pipesched export {best.schedule} --ranks {result.ranks} "
+        f"--microbatches {best.microbatches} --chunks {best.chunks}{limit}"
+    )
+
+
+def advice_table(result: Advice, top: int) -> Table:
+    shown = [c for c in result.candidates if c.fits][:max(1, top)]
+    base = result.baseline
+    if base is not None and base not in shown:
+        shown.append(base)
+    unit = f" (M_B at b={result.plan.microbatch_size})" if len(result.plan.options) > 1 and result.plan.microbatch_size else " (M_B)"
+    table = Table(title=f"{len(result.fitting)} of {len(result.candidates)} candidates fit; best {len(shown)} shown")
+    sizes = result.plan.global_batch is not None
+    columns = ["#", "schedule", "chunks", "m"] + (["b"] if sizes else []) + [result.objective, "bubble", f"peak{unit}", "vs 1f1b"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "schedule" else "right", no_wrap=True)
+    for i, c in enumerate(result.candidates):
+        if c not in shown:
+            continue
+        style = "bold green" if i == 0 else ("red" if not c.fits else None)
+        mark = "" if c.fits else " (over)"
+        table.add_row(
+            str(i + 1), c.schedule, str(c.chunks), str(c.microbatches),
+            *([str(c.microbatch_size)] if sizes else []), f"{c.value(result.objective):.4g}",
+            f"{100 * c.bubble_ratio:.1f}%", memory_text(c) + mark,
+            f"{c.speedup_vs_1f1b:.3f}x" if c.speedup_vs_1f1b else "-", style=style,
+        )
+    return table
+
+
+def _setup_line(result: Advice) -> str:
+    plan, best = result.plan, result.recommended
+    batch = (
+        f"global batch {plan.global_batch}, reference m={plan.reference}" if plan.global_batch
+        else f"m={plan.reference}"
+    )
+    c = best.costs if best.scale == 1.0 else None
+    cost = f"  F,B,W={c.F:.4g},{c.B:.4g},{c.W:.4g} comm={c.comm:.4g}" if c else ""
+    limit = f"  memory limit {result.memory_limit:g} M_B" if result.memory_limit is not None else ""
+    return f"p={result.ranks}  {batch}{cost}{limit}  objective {result.objective}"
+
+
+def _model_line(model: TransformerCosts) -> str:
+    f, b, w = model.layer_times()
+    spec = model.spec
+    parts = [
+        f"per layer F,B,W = {f:.3g},{b:.3g},{w:.3g} ms",
+        f"activations {spec.layer_activation_bytes(spec.microbatch_size) / 1e6:.4g} MB per layer and microbatch",
+    ]
+    if spec.vocab:
+        parts.append(f"head F=B=W={model.head_time():.3g} ms")
+    parts.append(f"p2p {spec.p2p_bytes(spec.microbatch_size) / 1e6:.3g} MB/microbatch -> comm {model.comm_ms():.3g} ms")
+    parts.append(f"params+optimizer {model.state_gb(model.ranks, 'loop'):.3g} GB on the fullest rank (1 chunk)")
+    return "model: " + "; ".join(parts)

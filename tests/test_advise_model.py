@@ -1,0 +1,108 @@
+"""Costs, memory and layer placement estimated from a transformer's dimensions."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from pipesched.advise import advise
+from pipesched.advise.estimate import (
+    BYTES_PER_PARAM,
+    Hardware,
+    TransformerCosts,
+    TransformerSpec,
+    balance_layers,
+)
+from pipesched.errors import ConfigError
+
+import pipesched
+
+FAST = [f for f in pipesched.families() if f.name != "zb-auto"]  # see test_advise.py
+GPT = TransformerSpec(layers=30, hidden=4096, seq_len=2048, microbatch_size=1, heads=32, vocab=50304)
+
+
+def test_per_layer_formulas_follow_the_zero_bubble_paper():
+    s, b, h, a = 2048, 1, 4096, 32
+    f, bw, w = GPT.layer_flops(b)
+    assert f == s * b * h * (24 * h + 4 * s)
+    assert bw == s * b * h * (24 * h + 8 * s)
+    assert w == 24 * s * b * h * h
+    assert GPT.layer_activation_bytes(b) == s * b * (34 * h + 5 * a * s)
+    assert 0.9 < f / w < 1.2 and 1.0 < bw / f < 1.1  # T_F ~ T_B ~ T_W at this size
+
+
+def test_costs_add_up_to_the_model_and_multipliers_follow_the_layer_split():
+    model = TransformerCosts(GPT, ranks=8, hardware=Hardware(tflops=100, bandwidth=25))
+    f, b, w = model.layer_times()
+    head = model.head_time()
+    costs = model.costs(8, "loop", 1.0)
+    assert costs.F * 8 == pytest.approx(30 * f + head)
+    assert costs.W * 8 == pytest.approx(30 * w + head)
+    counts = model.layers_per_stage(8)
+    stage_time = [n * (f + b + w) for n in counts]
+    stage_time[-1] += 3 * head
+    assert costs.stage_multipliers == pytest.approx([t / (sum(stage_time) / 8) for t in stage_time])
+    assert costs.comm == pytest.approx(1e3 * 2 * 2048 * 4096 / 25e9)
+    doubled = model.costs(8, "loop", 2.0)
+    assert doubled.F == pytest.approx(2 * costs.F) and doubled.comm == pytest.approx(2 * costs.comm)
+
+
+def _best_max_cost(layers, stages, cost, first, last):
+    best = None
+    for cuts in itertools.combinations(range(1, layers), stages - 1):
+        bounds = (0, *cuts, layers)
+        sizes = [bounds[i + 1] - bounds[i] for i in range(stages)]
+        times = [n * cost for n in sizes]
+        times[0] += first
+        times[-1] += last
+        best = max(times) if best is None else min(best, max(times))
+    return best
+
+
+@pytest.mark.parametrize("layers,stages,first,last", [
+    (10, 4, 0.0, 0.0), (10, 4, 0.0, 2.5), (9, 3, 1.0, 1.0), (12, 5, 0.0, 4.0), (8, 8, 0.0, 3.0),
+])
+def test_layer_balance_minimises_the_slowest_stage(layers, stages, first, last):
+    counts = balance_layers(layers, stages, 1.0, first, last)
+    assert sum(counts) == layers and min(counts) >= 1
+    times = [n * 1.0 for n in counts]
+    times[0] += first
+    times[-1] += last
+    assert max(times) == pytest.approx(_best_max_cost(layers, stages, 1.0, first, last))
+
+
+def test_a_heavy_head_gets_fewer_layers_on_the_last_stage():
+    counts = balance_layers(22, 8, 1.0, 0.0, 2.0)
+    assert counts[-1] < max(counts)
+
+
+def test_more_stages_than_layers_is_refused():
+    with pytest.raises(ConfigError, match="at least 12 layers"):
+        balance_layers(10, 12, 1.0, 0.0, 0.0)
+
+
+def test_gpu_memory_sets_a_limit_that_recommended_schedules_respect():
+    model = TransformerCosts(GPT, ranks=8, hardware=Hardware(bandwidth=50, gpu_memory=60))
+    advice = advise(8, microbatches=16, cost_model=model, families=FAST)
+    best = advice.recommended
+    assert best.memory_gb <= 60
+    state = model.state_gb(8, "loop")
+    assert state == pytest.approx(BYTES_PER_PARAM * (4 * GPT.layer_params + GPT.embedding_params) / 1e9)
+    for c in advice.candidates:
+        assert c.fits == (c.memory_gb <= 60 + 1e-6)
+    assert best.layers_per_stage is not None and sum(best.layers_per_stage) == 30
+
+
+def test_too_little_gpu_memory_names_what_the_leanest_schedule_needs():
+    model = TransformerCosts(GPT, ranks=4, hardware=Hardware(gpu_memory=20))
+    with pytest.raises(ConfigError, match=r"needs [\d.]+ GB"):
+        advise(4, microbatches=8, cost_model=model, families=FAST)
+
+
+@pytest.mark.parametrize("field,value", [("layers", 0), ("hidden", -1), ("heads", 0)])
+def test_bad_model_dimensions_are_refused(field, value):
+    kwargs = dict(layers=4, hidden=64, seq_len=16, microbatch_size=2)
+    kwargs[field] = value
+    with pytest.raises(ConfigError, match=field):
+        TransformerSpec(**kwargs)
