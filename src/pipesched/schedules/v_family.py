@@ -79,8 +79,9 @@ def build_zb_v(
 
 def _meets_work_bound(schedule: Schedule, costs: Costs, limit: float, objective: str) -> bool:
     from ..simulate import simulate
+    from ..validate import validate
 
-    result = simulate(schedule, costs)
+    result = simulate(validate(schedule), costs)  # validated once; build_schedule reuses it
     return (result.max_peak_memory <= limit + 1e-9
             and objective_value(result, objective) <= work_bound(schedule, costs, objective) * (1 + 1e-9))
 
