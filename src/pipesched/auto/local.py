@@ -4,7 +4,8 @@ The greedy and handcrafted candidates fix some choices by rule (where a W goes, 
 ready passes runs first). Swapping two neighbouring actions of one rank and re-simulating finds
 the cases where the rule was wrong for these costs. A swap is kept only if the schedule stays
 free of deadlock, within the memory limit, and strictly better by the objective; passes repeat
-until none helps or the time budget is spent.
+until none helps or the evaluation budget is spent (a work bound, so every machine finds the same
+schedule; the time budget is only a hard stop).
 """
 
 from __future__ import annotations
@@ -20,16 +21,23 @@ _EPS = 1e-9
 
 
 def improve_by_swaps(
-    schedule: Schedule, costs: Costs, memory_limit: float, objective: str, seconds: float
+    schedule: Schedule,
+    costs: Costs,
+    memory_limit: float,
+    objective: str,
+    seconds: float,
+    max_evaluations: int = 150,
 ) -> Schedule:
     """Hill-climb over swaps of neighbouring actions; returns ``schedule`` if nothing helps."""
     from ..simulate import simulate
 
     deadline = time.perf_counter() + seconds
+    budget = [max_evaluations]
     orders = [list(schedule.rank_actions(r)) for r in range(schedule.ranks)]
     best = _score(simulate(schedule, costs), objective)
 
     def evaluate() -> tuple[float, float] | None:
+        budget[0] -= 1
         candidate = Schedule(schedule.ranks, schedule.microbatches, schedule.placement,
                              tuple(tuple(o) for o in orders), name=schedule.name)
         try:
@@ -41,7 +49,10 @@ def improve_by_swaps(
         return _score(result, objective)
 
     improved = True
-    while improved and time.perf_counter() < deadline:
+    def spent() -> bool:
+        return budget[0] <= 0 or time.perf_counter() >= deadline
+
+    while improved and not spent():
         improved = False
         for order in orders:
             for i in range(len(order) - 1):
@@ -56,7 +67,7 @@ def improve_by_swaps(
                     best, improved = score, True
                 else:
                     order[i], order[i + 1] = a, b
-                if time.perf_counter() >= deadline:
+                if spent():
                     break
     return Schedule(schedule.ranks, schedule.microbatches, schedule.placement,
                     tuple(tuple(o) for o in orders), name=schedule.name, meta=schedule.meta)

@@ -32,6 +32,10 @@ from ..placement import stages_by_rank
 from ..schedule import Schedule
 
 MARGIN = 1e-4  # relative improvement the solver must find to replace the greedy result
+# Branch-and-bound nodes explored at most, besides the time limit. The time limit usually binds
+# first (at the root), so what the MILP finds can depend on the machine's speed: the runtime
+# therefore never lets ranks build a plan independently (torchrun ranks take rank 0's).
+NODE_LIMIT = 400
 
 
 @dataclass(frozen=True)
@@ -202,7 +206,8 @@ def refine(
     from scipy.optimize import Bounds
 
     res = milp(c, integrality=integrality, bounds=Bounds(lower, upper), constraints=constraints,
-               options={"time_limit": remaining, "disp": False, "mip_rel_gap": MARGIN / 2})
+               options={"time_limit": remaining, "node_limit": NODE_LIMIT, "disp": False,
+                        "mip_rel_gap": MARGIN / 2})
     dual = getattr(res, "mip_dual_bound", None)
     dual = bound if dual is None or not np.isfinite(dual) else max(bound, float(dual))
     if res.status == 2:  # infeasible: nothing beats the greedy by the margin

@@ -1,0 +1,35 @@
+"""Under torchrun, ``pipesched train`` joins torchrun's group instead of spawning its own ranks."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import cli_env, run_cli
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(240)]
+
+ARGS = ["train", "--model", "mlp", "--ranks", "2", "--steps", "2", "--batch-size", "16"]
+
+
+def losses(text: str) -> str:
+    match = re.search(r"loss (\S+) -> (\S+)", text)
+    assert match, text
+    return match.group(0)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-auto"])
+def test_torchrun_trains_like_the_built_in_launcher(schedule):
+    launched = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "pipesched", *ARGS, "--schedule", schedule],
+        capture_output=True, text=True, timeout=200, env=cli_env(),
+    )
+    assert launched.returncode == 0, launched.stderr[-2000:]
+    spawned = run_cli(*ARGS, "--schedule", schedule, timeout=200)
+    assert spawned.returncode == 0, spawned.stderr[-2000:]
+    assert losses(launched.stdout) == losses(spawned.stdout)
