@@ -77,7 +77,7 @@ def faulty_run(rank: int, world: int, job: tuple) -> None:
         lambda i: Saboteur(mode), 4, schedule, loss, lambda ps: torch.optim.SGD(ps, lr=0.1),
         torch.zeros(2, 8), timeout_s=timeout_s,
     )
-    for step in range(4):
+    for _ in range(4):
         rt.step(torch.randn(8, 8), torch.randn(8, 8))
 
 

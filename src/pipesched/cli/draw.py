@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -14,6 +14,9 @@ from ..simulate import simulate
 from . import app
 from . import options as opt
 from .plan import schedule_from_flags
+
+if TYPE_CHECKING:
+    from ..render.html import Section
 
 DRAW_SUFFIXES = (".svg", ".png", ".json")
 
