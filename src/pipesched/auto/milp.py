@@ -224,8 +224,11 @@ def refine(
     value = objective_value(result, objective)
     if value >= greedy - 1e-9 or result.max_peak_memory > memory_limit + 1e-9:
         return done("time-limit" if res.status != 0 else "greedy-optimal", lower=min(dual, cutoff))
-    status = "optimal" if res.status == 0 else "improved"
-    return done(status, refined, best=value, lower=value if res.status == 0 else min(dual, value))
+    if res.status != 0:
+        # a better schedule found before the time ran out is not taken: what the solver reaches
+        # in time depends on the machine, and every rank must derive the same plan
+        return done("time-limit", lower=min(dual, value))
+    return done("optimal", refined, best=value, lower=value)
 
 
 def _topological(n: int, preds: list[list[int]]) -> list[int]:
