@@ -43,7 +43,7 @@ class Refinement:
     """What the exact refinement found: a better schedule (or None) and the proven bound."""
 
     schedule: Optional[Schedule]
-    status: str  # "optimal", "improved", "greedy-optimal", "time-limit", "skipped: ..."
+    status: str  # "optimal", "greedy-optimal", "time-limit", "skipped: ..."
     greedy_value: float
     best_value: float
     lower_bound: float
