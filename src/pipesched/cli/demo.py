@@ -100,5 +100,7 @@ def _train_tour(console: Console, steps: int) -> None:
     Console(width=max(console.width, 120)).print(table)
     console.print(
         "Every schedule trains the same model: losses and weights match the unpipelined run to float "
-        "precision. Run your own: pipesched train --model gpt --schedule zb-v --ranks 2 --steps 50"
+        "precision. (Step times of a tiny model on shared CPU cores say little about GPUs: the "
+        "reference runs whole batches in one process, the pipeline pays for messages between "
+        "processes.) Run your own: pipesched train --model gpt --schedule zb-v --ranks 2 --steps 50"
     )
