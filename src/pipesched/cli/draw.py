@@ -103,9 +103,16 @@ def advice_section(s: opt.Setup) -> "Section":
     from ..errors import PipeschedError
     from ..render.html import Section
 
+    # without a limit the fastest schedule is often a memory-hungry one; advise within 1F1B's
+    # memory (p), the budget most users already run with, and say so
+    limit = s.memory_limit if s.memory_limit is not None else float(s.ranks)
+    intro = "" if s.memory_limit is not None else (
+        f"<p>No memory limit was given: advice within 1F1B's memory, {s.ranks} M_B per rank "
+        "(pass --memory-limit to change it).</p>"
+    )
     try:
-        advice = advise(s.ranks, s.memory_limit, microbatches=s.microbatches, costs=s.costs)
-        body = advice_html(advice, top=3)
+        advice = advise(s.ranks, limit, microbatches=s.microbatches, costs=s.costs)
+        body = intro + advice_html(advice, top=3)
     except PipeschedError as err:
         body = f"<p>{escape(str(err))}</p>"
     return Section("Which schedule to choose (pipesched advise)", body)
