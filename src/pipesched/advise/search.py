@@ -209,7 +209,7 @@ def advise(
 
 def objective_option(family: Family, objective: str) -> dict:
     """``objective=`` for ``build_schedule`` where the family searches by it, else nothing."""
-    return {"objective": objective} if getattr(family, "uses_objective", False) else {}
+    return {"objective": objective} if family.uses_objective else {}
 
 
 class _SteeredOverLimit(ConfigError):
@@ -268,7 +268,7 @@ def _evaluate(
         messages=sum(1 for a, b in zip(schedule.placement, schedule.placement[1:]) if a != b),
         layers_per_stage=model.layers_per_stage(schedule.stages),
         memory_gb=model.memory_gb(schedule.stages, schedule.style, scale, tuple(peaks)),
-        objective=objective if getattr(family, "uses_objective", False) else None,
+        objective=objective if family.uses_objective else None,
     )
 
 

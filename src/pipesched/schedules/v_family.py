@@ -50,6 +50,8 @@ def _finish(best, family: str, limit: float) -> Schedule:
     if best is None:  # the greedy always fits a limit >= 1; reaching here is a bug
         raise RuntimeError(f"{family}: no candidate fits memory_limit={limit:g}")
     schedule, _ = best
+    if schedule.name == family:
+        return schedule  # no copy: keeps the programs that simulating it already lowered
     return Schedule(schedule.ranks, schedule.microbatches, schedule.placement, schedule.orders, name=family)
 
 
