@@ -1,13 +1,16 @@
 """Runtime benchmark: pipesched's engine against torch.distributed.pipelining, side by side.
 
-Two ranks (gloo, one thread each), the same blocks, data, partition (balanced per placement from the models' block cost estimates) and SGD for both; each pair of
-schedules (ours / torch's counterpart) is measured in the same processes, one step of each
-variant in turn, so that the shared machine's noise hits all of them alike. Reports medians and ratios, and for our schedules the
-measured step against the simulator fed with the measured per-action costs and p2p latency, the
-zero-bubble gain against the simulator's predicted gain, and split backward (I + W) against one
-full backward on a transformer block.
+Two ranks (gloo, one thread each), the same blocks, data, partition (balanced per placement from
+the models' block cost estimates) and SGD for both; each pair of schedules (ours / torch's
+counterpart) is measured in the same processes, the variants taking turns of a few steps, so
+that the shared machine's drift hits all of them alike, and ratios are paired turn by turn.
+Reports medians and ratios, and for our schedules the measured step against the simulator fed
+with the measured per-action costs and p2p latency (``measured/sim``: median cost per stage and
+kind; ``measured/replay``: every step replayed with its own actions' durations), the zero-bubble
+gain against the simulator's predicted gain, and split backward (I + W) against one full
+backward on a transformer block.
 
-    PYTHONPATH=src python benchmarks/runtime.py [--rounds 30] [--models mlp,gpt] [--json out.json]
+    PYTHONPATH=src python benchmarks/runtime.py [--rounds 12] [--burst 3] [--models mlp,gpt] [--json out.json]
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pipesched.runtime.executor import PipelineRuntime
 from pipesched.runtime.launch import run_torchrun, spawn, under_torchrun
 from pipesched.runtime.models import get_model
 from pipesched.runtime.partition import balanced_counts, build_block_seeded, stage_block_ranges
-from pipesched.runtime.timeline import compare_to_simulation
+from pipesched.runtime.timeline import compare_to_simulation, replayed_makespan
 from pipesched.runtime.train import measure_latency
 
 PAIRS = [  # ours, torch's class
@@ -38,7 +41,7 @@ PAIRS = [  # ours, torch's class
 ]
 MODELS = {
     "mlp": dict(blocks=8, dim=256, hidden=1024),  # 9 blocks: 8 residual MLPs + head
-    "gpt": dict(layers=6, dim=128, heads=4, context=32),  # 8 blocks: embedding, 6 layers, head
+    "gpt": dict(layers=8, dim=128, heads=4, context=32),  # 10 blocks: embedding, 8 layers, head
 }
 BATCH, MICROBATCHES, SEED, LR = 64, 8, 0, 0.05
 
@@ -96,7 +99,7 @@ def _ours_runner(md, schedule: pipesched.Schedule, timelines: list):
 
 
 def bench_worker(rank: int, world: int, job: tuple) -> dict:
-    model, rounds, steps, pairs = job
+    model, rounds, steps, pairs, burst = job
     md = get_model(model, **MODELS[model])
     runners, times, spans = {}, {}, {}
     for ours, theirs in pairs:
@@ -110,10 +113,18 @@ def bench_worker(rank: int, world: int, job: tuple) -> dict:
         times[label] = []
     for label in spans:
         spans[label].clear()
-    for i in range(rounds):  # one step of each variant in turn: noise spreads evenly over them
-        x, y = batches[i % len(batches)]
+    # each variant in turn, ``burst`` steps at a time, so that the shared machine's noise spreads
+    # evenly over them; the first step of a burst of several is a warm-up (its caches hold the
+    # previous variant's weights) and is not recorded
+    for i in range(rounds):
         for label, run in runners.items():
-            times[label].append(run(x, y))
+            for j in range(burst + (burst > 1)):
+                x, y = batches[(i * burst + j) % len(batches)]
+                t = run(x, y)
+                if burst == 1 or j > 0:
+                    times[label].append(t)
+                elif label in spans:
+                    spans[label].pop()
     with torch.no_grad():  # the latency probe carries one activation (the first block's output)
         act = build_block_seeded(md.build_block, 0, SEED)(md.batch(0, BATCH // MICROBATCHES, SEED)[0])
     latency = measure_latency(act.shape, act.dtype, _device())
@@ -167,33 +178,55 @@ def split_backward_check(repeats: int = 30) -> dict:
     return {"full_backward_ms": 1000 * f, "I_ms": 1000 * i, "W_ms": 1000 * w, "ratio": (i + w) / f}
 
 
-def summarise(model: str, res: dict, pairs: list) -> list[dict]:
-    rows = []
-    sims = {}
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
+    return q1, q2, q3
+
+
+def summarise(model: str, res: dict, pairs: list, burst: int) -> list[dict]:
+    """Per pair: medians, and ratios paired round by round (each round's figure is the median of
+    its burst), so that the machine's drift between rounds cancels out of the ratios."""
+    times = res["step_times"]
+
+    def per_round(label: str) -> list[float]:
+        t = times[label]
+        return [statistics.median(t[i : i + burst]) for i in range(0, len(t), burst)]
+
+    rows, sims = [], {}
     for ours, theirs in pairs:
         schedule = pipesched.build_schedule(ours, 2, MICROBATCHES)
-        mine = statistics.median(res["step_times"][ours])
-        torch_t = statistics.median(res["step_times"]["torch:" + theirs])
+        mine = statistics.median(times[ours])
+        paired = [a / b for a, b in zip(per_round(ours), per_round("torch:" + theirs))]
         c = compare_to_simulation(schedule, res["timelines"][ours], res["latency"])
-        sims[ours] = (mine, c.simulated_makespan)
+        replay = statistics.median(
+            t / replayed_makespan(schedule, tl, res["latency"]) for t, tl in zip(times[ours], res["timelines"][ours])
+        )
+        sims[ours] = c.simulated_makespan
         rows.append({
-            "model": model, "schedule": ours, "torch": theirs, "ours_ms": 1000 * mine, "torch_ms": 1000 * torch_t,
-            "ratio": mine / torch_t, "sim_ms": 1000 * c.simulated_makespan, "measured_over_sim": mine / c.simulated_makespan,
-            "actions_end_ms": 1000 * c.measured_makespan, "bubble": c.measured_bubble, "sim_bubble": c.simulated_bubble,
+            "model": model, "schedule": ours, "torch": theirs, "ours_ms": 1000 * mine,
+            "torch_ms": 1000 * statistics.median(times["torch:" + theirs]),
+            "ratio_q": _quartiles(paired), "sim_ms": 1000 * c.simulated_makespan,
+            "measured_over_sim": mine / c.simulated_makespan, "measured_over_replay": replay,
+            "bubble": c.measured_bubble, "sim_bubble": c.simulated_bubble,
         })
-    base_meas, base_sim = sims.get("1f1b", (None, None))
-    for row in rows if base_meas else []:
-        if row["schedule"] in ("zb-v", "interleaved-zb"):
-            meas, sim = sims[row["schedule"]]
-            row["gain"] = 1 - meas / base_meas
-            row["predicted_gain"] = 1 - sim / base_sim
+    if "1f1b" in sims:
+        for row in rows:
+            if row["schedule"] in ("zb-v", "interleaved-zb"):
+                gains = [1 - a / b for a, b in zip(per_round(row["schedule"]), per_round("1f1b"))]
+                row["gain_q"] = _quartiles(gains)
+                row["predicted_gain"] = 1 - sims[row["schedule"]] / sims["1f1b"]
     return rows
+
+
+def _spread(q: tuple[float, float, float], scale: float = 1.0, fmt: str = ".2f") -> str:
+    return f"{scale * q[1]:{fmt}} ({scale * q[0]:{fmt}}-{scale * q[2]:{fmt}})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30, help="measured steps of each variant")
+    parser.add_argument("--rounds", type=int, default=12, help="turns of each variant")
     parser.add_argument("--steps", type=int, default=4, help="distinct batches cycled through")
+    parser.add_argument("--burst", type=int, default=3, help="consecutive steps of a variant per turn (after one warm-up step)")
     parser.add_argument("--models", default="mlp,gpt")
     parser.add_argument("--schedules", default=",".join(o for o, _ in PAIRS), help="ours, among " + ", ".join(o for o, _ in PAIRS))
     parser.add_argument("--json", default=None)
@@ -201,21 +234,23 @@ def main() -> None:
     rows = []
     for model in args.models.split(","):
         pairs = [pair for pair in PAIRS if pair[0] in args.schedules.split(",")]
-        job = (model, args.rounds, args.steps, pairs)
+        job = (model, args.rounds, args.steps, pairs, args.burst)
         res = run_torchrun(bench_worker, job, 300) if under_torchrun() else spawn(bench_worker, 2, job, timeout_s=300)[0]
         if not res:  # a torchrun rank other than 0
             continue
-        rows += summarise(model, res, pairs)
+        rows += summarise(model, res, pairs, args.burst)
         print(f"p2p latency ({model} activation, one way): {1000 * res['latency']:.3f} ms", flush=True)
-    print("| model | schedule | ours ms | torch ms | ours/torch | target | simulated ms | measured/sim | gain vs 1f1b | predicted gain |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("ours/torch and gain vs 1f1b: median over rounds of the round's paired figure (quartiles)")
+    print("| model | schedule | ours ms | torch ms | ours/torch | target | simulated ms | measured/sim | measured/replay | gain vs 1f1b | predicted gain |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         target = 0.85 if r["schedule"] in ("1f1b", "interleaved-1f1b") else 0.6
-        gain = f"{100 * r['gain']:.1f}%" if "gain" in r else ""
+        gain = _spread(r["gain_q"], 100, ".1f") + "%" if "gain_q" in r else ""
         pred = f"{100 * r['predicted_gain']:.1f}%" if "predicted_gain" in r else ""
         print(
             f"| {r['model']} | {r['schedule']} vs {r['torch']} | {r['ours_ms']:.1f} | {r['torch_ms']:.1f} | "
-            f"{r['ratio']:.2f} | <= {target} | {r['sim_ms']:.1f} | {r['measured_over_sim']:.2f} | {gain} | {pred} |"
+            f"{_spread(r['ratio_q'])} | <= {target} | {r['sim_ms']:.1f} | {r['measured_over_sim']:.2f} | "
+            f"{r['measured_over_replay']:.2f} | {gain} | {pred} |"
         )
     if not rows:
         return 0

@@ -32,6 +32,10 @@ def print_summary(schedule: Optional[Schedule], result) -> None:
         f"simulated from measured costs: {1000 * c.simulated_makespan:.2f} ms, bubble {100 * c.simulated_bubble:.1f}%   "
         f"measured/simulated {c.ratio:.3f}"
     )
+    console.print(
+        f"runtime overhead: measured / replayed with each step's own action times {c.replay_ratio:.3f} "
+        "(1.000 = no time lost between actions beyond the p2p latency)"
+    )
 
 
 def write_outputs(schedule: Optional[Schedule], result, save_params: Optional[Path], trace: Optional[Path]) -> None:

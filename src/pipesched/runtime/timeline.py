@@ -21,7 +21,13 @@ Timeline = list[list[Span]]
 
 @dataclass(frozen=True)
 class Comparison:
-    """Measured step (median over steps) against the simulator fed with measured costs."""
+    """Measured step (median over steps) against the simulator fed with measured costs.
+
+    ``ratio`` compares with one replay using the median cost of every (stage, kind), what a
+    planner would predict; ``replay_ratio`` replays every step with its own actions' measured
+    durations, so that it counts only the time the runtime adds between actions (waits beyond
+    the p2p latency, its own bookkeeping), not the spread of the actions' durations.
+    """
 
     measured_makespan: float
     measured_bubble: float
@@ -29,6 +35,7 @@ class Comparison:
     simulated_bubble: float
     comm: float
     kind_costs: dict[str, float]  # median per action kind, all stages together, seconds
+    replay_ratio: float = float("nan")  # median over steps of measured / replayed makespan
 
     @property
     def ratio(self) -> float:
@@ -55,6 +62,15 @@ def median_costs(steps: Sequence[Timeline]) -> dict[tuple[int, str], float]:
     return {key: statistics.median(values) for key, values in samples.items()}
 
 
+def replayed_makespan(schedule: Schedule, timeline: Timeline, comm: float) -> float:
+    """The step's makespan had every action started as soon as the execution model allows
+    (its rank free, its input produced plus ``comm`` across ranks), each taking the duration it
+    was measured to take in this step."""
+    durations = {span.action: span.end - span.start for rank in timeline for span in rank}
+    orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
+    return makespan(execute(orders, schedule.placement, durations.__getitem__, comm))
+
+
 def compare_to_simulation(schedule: Schedule, steps: Sequence[Timeline], comm: float) -> Comparison:
     """Replay the schedule in the simulator's execution model with the measured median cost of
     every (stage, kind) and the measured p2p latency; compare with the measured steps."""
@@ -71,6 +87,7 @@ def compare_to_simulation(schedule: Schedule, steps: Sequence[Timeline], comm: f
         simulated_bubble=bubble(predicted),
         comm=comm,
         kind_costs={k: statistics.median(v) for k, v in sorted(by_kind.items())},
+        replay_ratio=statistics.median(makespan(t) / replayed_makespan(schedule, t, comm) for t in steps),
     )
 
 
