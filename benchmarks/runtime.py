@@ -30,7 +30,7 @@ from pipesched.runtime.executor import PipelineRuntime
 from pipesched.runtime.launch import run_torchrun, spawn, under_torchrun
 from pipesched.runtime.models import get_model
 from pipesched.runtime.partition import balanced_counts, build_block_seeded, stage_block_ranges
-from pipesched.runtime.timeline import compare_to_simulation, replayed_makespan
+from pipesched.runtime.timeline import compare_to_simulation, median_costs, replayed_makespan
 from pipesched.runtime.train import measure_latency
 
 PAIRS = [  # ours, torch's class
@@ -208,6 +208,8 @@ def summarise(model: str, res: dict, pairs: list, burst: int) -> list[dict]:
             "ratio_q": _quartiles(paired), "sim_ms": 1000 * c.simulated_makespan,
             "measured_over_sim": mine / c.simulated_makespan, "measured_over_replay": replay,
             "bubble": c.measured_bubble, "sim_bubble": c.simulated_bubble,
+            "kind_costs_ms": {k: 1000 * v for k, v in c.kind_costs.items()},
+            "stage_kind_costs_ms": {f"{s}{k}": 1000 * v for (s, k), v in sorted(median_costs(res["timelines"][ours]).items())},
         })
     if "1f1b" in sims:
         for row in rows:

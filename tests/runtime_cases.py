@@ -94,3 +94,10 @@ def nonfinite_run(rank: int, world: int, job: tuple) -> list:
     result = rt.step(x, y)
     unchanged = all(torch.equal(a, p) for a, p in zip(before, rt.parameters))
     return [result.skipped, unchanged]
+
+
+def rank_setup(rank: int, world: int, _job) -> tuple[int, bool]:
+    """What a spawned rank runs with: its compute threads and whether freed memory is kept."""
+    from pipesched.runtime import launch
+
+    return torch.get_num_threads(), launch.memory_kept

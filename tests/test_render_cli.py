@@ -99,3 +99,17 @@ def test_drawing_imports_no_torch():
             "pipesched.render.terminal, pipesched.render.png; assert 'torch' not in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=cli_env())
     assert done.returncode == 0, done.stderr
+
+
+def test_draw_and_report_take_the_objective_of_the_searching_schedules(tmp_path):
+    trace = tmp_path / "trace.json"
+    done = run_cli("draw", "v-half", "-p", "4", "-m", "8", "--objective", "span", "-o", str(trace))
+    assert done.returncode == 0, done.stderr
+    spans = sum(e["ph"] == "X" for e in json.loads(trace.read_text())["traceEvents"])
+    assert spans == len(pipesched.build_schedule("v-half", 4, 8, objective="span"))
+    page = tmp_path / "report.html"
+    done = run_cli("report", "-p", "4", "-m", "8", "--objective", "span", "-o", str(page))
+    assert done.returncode == 0, done.stderr
+    assert "objective span" in page.read_text()
+    done = run_cli("draw", "zb-auto", "--objective", "fastest", "-o", str(trace))
+    assert done.returncode == 2 and "objective" in done.stderr

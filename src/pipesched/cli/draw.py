@@ -31,12 +31,13 @@ def draw(
     comm: float = opt.Comm,
     memory_limit: Optional[float] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
+    objective: Optional[str] = opt.Objective,
     csv: Optional[Path] = typer.Option(None, "--csv", help="Draw a schedule CSV (torch's compute-only format)."),
     output: Path = typer.Option(..., "--output", "-o", help="chart.svg, chart.png (needs Pillow) or trace.json (Perfetto)."),
 ) -> None:
     """Draw one schedule's simulated timeline: Gantt chart (SVG/PNG) or Perfetto trace (JSON)."""
     check_output_path(output, DRAW_SUFFIXES)
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective)
     schedule = schedule_from_flags(name, csv, s)
     result = simulate(schedule, s.costs)
     suffix = output.suffix.lower()
@@ -65,11 +66,12 @@ def report(
     comm: float = opt.Comm,
     memory_limit: Optional[float] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
+    objective: Optional[str] = opt.Objective,
     output: Path = typer.Option(Path("report.html"), "--output", "-o", help="The HTML file to write."),
 ) -> None:
     """Every schedule for one configuration in one offline HTML page: charts, metrics, when to choose each."""
     check_output_path(output, [".html", ".htm"])
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers)
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective)
     write_report(s, output)
 
 
@@ -77,7 +79,7 @@ def write_report(s: opt.Setup, output: Path) -> None:
     """Simulate every schedule for ``s`` and write the HTML report to ``output``."""
     from ..render.html import report_html
 
-    outcomes = simulate_all(s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit)
+    outcomes = simulate_all(s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective)
     write_atomic(output, report_html(outcomes, config_line(s), [advice_section(s)]))
     drawn = sum(1 for o in outcomes if o.result is not None)
     typer.echo(f"wrote {output} ({drawn} schedules, p={s.ranks} m={s.microbatches})", err=True)
@@ -93,6 +95,8 @@ def config_line(s: opt.Setup) -> str:
         text += ", stage multipliers " + ",".join(f"{x:g}" for x in c.stage_multipliers)
     if s.memory_limit is not None:
         text += f", memory limit {s.memory_limit:g}"
+    if s.objective is not None:
+        text += f", objective {s.objective}"
     return text
 
 
@@ -111,7 +115,7 @@ def advice_section(s: opt.Setup) -> "Section":
         "(pass --memory-limit to change it).</p>"
     )
     try:
-        advice = advise(s.ranks, limit, microbatches=s.microbatches, costs=s.costs)
+        advice = advise(s.ranks, limit, microbatches=s.microbatches, costs=s.costs, objective=s.objective or "makespan")
         body = intro + advice_html(advice, top=3)
     except PipeschedError as err:
         body = f"<p>{escape(str(err))}</p>"

@@ -1,6 +1,7 @@
 """Start the ranks: spawn local processes (gloo, one thread each) or join torchrun's group.
 
-Local runs pick a free port on 127.0.0.1, start one process per rank and watch them: when one
+Local runs pick a free port on 127.0.0.1, start one process per rank (one compute thread each,
+freed memory kept for the next step) and watch them: when one
 fails or dies, the others are expected to fail on their own within the timeout (their receives
 raise, naming the rank and action they waited on); whatever is still alive after that is killed,
 so no process is left behind. Ctrl-C stops every local process.
@@ -8,6 +9,7 @@ so no process is left behind. Ctrl-C stops every local process.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import pickle
@@ -62,9 +64,37 @@ def run_torchrun(worker: Worker, payload: Any, timeout_s: float) -> Any:
         dist.destroy_process_group()
 
 
+# glibc's mallopt parameters, and the limits we set them to (bytes)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+KEEP_FREED_BYTES, MMAP_FROM_BYTES = 1 << 30, 32 << 20
+memory_kept = False  # set in a process once keep_freed_memory() took effect
+
+
+def keep_freed_memory() -> bool:
+    """Keep freed memory in this process instead of handing it back to the OS (glibc only).
+
+    By default glibc unmaps large freed blocks and trims the heap, so the next step's tensors
+    fault their pages in again: thousands of page faults per step on our models, each one
+    time taken from the compute. A training step allocates the same sizes every step, so the
+    local ranks keep what they freed (as PyTorch's caching allocator does on GPUs): memory
+    stays at the step's peak. Tensors over 32 MiB are still mapped and unmapped one by one.
+    Returns whether it took effect.
+    """
+    global memory_kept
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        memory_kept = bool(libc.mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES)) and bool(
+            libc.mallopt(M_MMAP_THRESHOLD, MMAP_FROM_BYTES)
+        )
+    except (OSError, AttributeError):  # not glibc (macOS, musl): leave the allocator alone
+        memory_kept = False
+    return memory_kept
+
+
 def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeout_s: float, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    keep_freed_memory()
     try:
         init_group(rank, world, "gloo", timeout_s)
         # plain pickle: tensors travel as bytes, not as shared-memory handles that die with us

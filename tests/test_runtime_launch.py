@@ -1,0 +1,21 @@
+"""Local ranks: one compute thread each, freed memory kept for the next step (glibc)."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+
+pytest.importorskip("torch")
+
+from pipesched.runtime.launch import spawn  # noqa: E402
+from runtime_cases import rank_setup  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.mark.timeout(120)
+def test_spawned_ranks_use_one_thread_and_keep_freed_memory():
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    results = spawn(rank_setup, 2, None, timeout_s=60)
+    assert results == {0: (1, glibc), 1: (1, glibc)}
