@@ -135,7 +135,9 @@ def bench_worker(rank: int, world: int, job: tuple) -> dict:
         return {}
     step_times = {k: [max(g[0][k][i] for g in gathered) for i in range(len(times[k]))] for k in times}
     timelines = {k: [[g[1][k][i] for g in gathered] for i in range(len(spans[k]))] for k in spans}
-    return {"step_times": step_times, "timelines": timelines, "latency": latency}
+    from pipesched.runtime import launch
+
+    return {"step_times": step_times, "timelines": timelines, "latency": latency, "memory_kept": launch.memory_kept}
 
 
 def split_backward_check(repeats: int = 30) -> dict:
@@ -241,7 +243,10 @@ def main() -> None:
         if not res:  # a torchrun rank other than 0
             continue
         rows += summarise(model, res, pairs, args.burst)
-        print(f"p2p latency ({model} activation, one way): {1000 * res['latency']:.3f} ms", flush=True)
+        print(
+            f"p2p latency ({model} activation, one way): {1000 * res['latency']:.3f} ms; "
+            f"freed memory kept in the ranks (both engines): {res.get('memory_kept', False)}", flush=True,
+        )
     print("ours/torch and gain vs 1f1b: median over rounds of the round's paired figure (quartiles)")
     print("| model | schedule | ours ms | torch ms | ours/torch | target | simulated ms | measured/sim | measured/replay | gain vs 1f1b | predicted gain |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -78,7 +78,7 @@ def keep_freed_memory() -> bool:
     time taken from the compute. A training step allocates the same sizes every step, so the
     local ranks keep what they freed (as PyTorch's caching allocator does on GPUs): memory
     stays at the step's peak. Tensors over 32 MiB are still mapped and unmapped one by one.
-    Returns whether it took effect.
+    Returns whether it took effect. ``PIPESCHED_KEEP_FREED_MEMORY=0`` leaves glibc's defaults.
     """
     global memory_kept
     try:
@@ -94,7 +94,8 @@ def keep_freed_memory() -> bool:
 def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeout_s: float, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    keep_freed_memory()
+    if os.environ.get("PIPESCHED_KEEP_FREED_MEMORY", "1") != "0":
+        keep_freed_memory()
     try:
         init_group(rank, world, "gloo", timeout_s)
         # plain pickle: tensors travel as bytes, not as shared-memory handles that die with us
