@@ -74,14 +74,15 @@ def apply_weight_grads(entries: list[Entry]) -> None:
     """The ``W`` action: accumulate the deferred weight and bias gradients into ``.grad``."""
     for module, x, grad_out in entries:
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
-        x2 = x.reshape(-1, x.shape[-1])
         weight = module.weight
-        if weight.grad is None:
-            weight.grad = g2.t().matmul(x2)
-        else:
-            weight.grad.addmm_(g2.t(), x2)
+        if weight.requires_grad:  # a frozen Linear gets no gradient, as with ordinary autograd
+            x2 = x.reshape(-1, x.shape[-1])
+            if weight.grad is None:
+                weight.grad = g2.t().matmul(x2)
+            else:
+                weight.grad.addmm_(g2.t(), x2)
         bias = module.bias
-        if bias is not None:
+        if bias is not None and bias.requires_grad:
             if bias.grad is None:
                 bias.grad = g2.sum(0)
             else:
