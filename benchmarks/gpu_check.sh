@@ -6,22 +6,30 @@
 # Needs torch with CUDA. With 2+ GPUs it runs torchrun on min(GPUs, 4) ranks (NCCL, one device
 # per rank). NCCL cannot put two ranks on one device, so with a single GPU it runs the
 # single-rank checks on CUDA (engine, split backward, loss and gradients against the reference)
-# and records that the multi-rank NCCL part was not possible. Exits non-zero if a check fails.
+# and records that the multi-rank NCCL part was not possible. Either way it then times split
+# backward (I + W against B) on one transformer block of realistic size on the GPU.
+# Exits non-zero if a check fails. Dry run of the script's logic on a CPU-only machine:
+# GPU_CHECK_ON_CPU=1 (gloo, CPU, small block; proves nothing about CUDA).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${PYTHON:-python}"
 OUT="${1:-benchmarks/gpu_results.md}"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
-gpus="$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')"
+if [[ "${GPU_CHECK_ON_CPU:-0}" == 1 ]]; then  # dry run of this script on a CPU-only machine
+    gpus=1 device=cpu split_size=(--dim 128 --heads 4 --context 32 --batch 8)
+else
+    gpus="$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')"
+    device=cuda split_size=(--dim 1024 --heads 16 --context 1024 --batch 8)
+fi
 if [[ "$gpus" -lt 1 ]]; then
-    echo "gpu_check: no CUDA device visible to torch; nothing to check" >&2
+    echo "gpu_check: no CUDA device visible to torch; nothing to check (GPU_CHECK_ON_CPU=1: dry run)" >&2
     exit 2
 fi
 {
-    echo "# pipesched runtime on CUDA ($(date -u +%Y-%m-%dT%H:%MZ))"
+    echo "# pipesched runtime on $device ($(date -u +%Y-%m-%dT%H:%MZ))"
     echo
-    "$PY" -c 'import torch; print("torch", torch.__version__, "| devices:", ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())))'
+    "$PY" -c 'import torch; print("torch", torch.__version__, "| devices:", ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())) or "none (dry run)")'
     echo
 } > "$OUT"
 
@@ -36,10 +44,12 @@ if [[ "$gpus" -ge 2 ]]; then
         run benchmarks/runtime.py | tee -a "$OUT" || status=1
     fi
 else
-    echo "## One GPU: single-rank checks only (NCCL needs one device per rank)" >> "$OUT"
+    echo "## One device: single-rank checks only (NCCL needs one device per rank)" >> "$OUT"
     MASTER_ADDR=127.0.0.1 MASTER_PORT="${MASTER_PORT:-29533}" RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
         "$PY" benchmarks/equivalence.py | tee -a "$OUT" || status=1
 fi
+echo "## Split backward on one transformer block, $device" >> "$OUT"
+"$PY" benchmarks/split_block.py --device "$device" "${split_size[@]}" | tee -a "$OUT" || status=1
 grep -q "equivalence: PASS" "$OUT" || status=1
 echo "gpu_check: $([[ $status -eq 0 ]] && echo PASS || echo FAIL), figures in $OUT"
 exit "$status"

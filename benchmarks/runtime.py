@@ -33,6 +33,8 @@ from pipesched.runtime.partition import balanced_counts, build_block_seeded, sta
 from pipesched.runtime.timeline import compare_to_simulation, median_costs, replayed_makespan
 from pipesched.runtime.train import measure_latency
 
+import split_block  # benchmarks/split_block.py, next to this script
+
 PAIRS = [  # ours, torch's class
     ("1f1b", "Schedule1F1B"),
     ("interleaved-1f1b", "ScheduleInterleaved1F1B"),
@@ -140,46 +142,6 @@ def bench_worker(rank: int, world: int, job: tuple) -> dict:
     return {"step_times": step_times, "timelines": timelines, "latency": latency, "memory_kept": launch.memory_kept}
 
 
-def split_backward_check(repeats: int = 30) -> dict:
-    """I + W against one full backward on one transformer block (one thread, one microbatch)."""
-    from pipesched.runtime.models import TransformerBlock
-    from pipesched.runtime.split_backward import WeightGradStash, apply_weight_grads, make_weight_grads_deferrable
-
-    torch.set_num_threads(1)
-    size = MODELS["gpt"]
-    torch.manual_seed(0)
-    plain = TransformerBlock(size["dim"], size["heads"])
-    split = TransformerBlock(size["dim"], size["heads"])
-    split.load_state_dict(plain.state_dict())
-    stash = WeightGradStash()
-    make_weight_grads_deferrable(split, stash)
-    x = torch.randn(BATCH // MICROBATCHES, size["context"], size["dim"])
-    full, i_times, w_times = [], [], []
-    for _ in range(repeats):
-        xi = x.clone().requires_grad_()
-        y = plain(xi)
-        g = torch.randn_like(y)
-        t0 = perf_counter()
-        y.backward(g)
-        full.append(perf_counter() - t0)
-        xi = x.clone().requires_grad_()
-        y = split(xi)
-        entries: list = []
-        stash.collecting = entries
-        t0 = perf_counter()
-        y.backward(g)
-        t1 = perf_counter()
-        stash.collecting = None
-        apply_weight_grads(entries)
-        t2 = perf_counter()
-        i_times.append(t1 - t0)
-        w_times.append(t2 - t1)
-        plain.zero_grad(set_to_none=True)
-        split.zero_grad(set_to_none=True)
-    f, i, w = (statistics.median(v) for v in (full, i_times, w_times))
-    return {"full_backward_ms": 1000 * f, "I_ms": 1000 * i, "W_ms": 1000 * w, "ratio": (i + w) / f}
-
-
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
     q1, q2, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
     return q1, q2, q3
@@ -261,9 +223,10 @@ def main() -> None:
         )
     if not rows:
         return 0
-    split = split_backward_check()
+    size = MODELS["gpt"]  # one block of the benchmark's GPT, one microbatch, one thread
+    split = split_block.measure("cpu", size["dim"], size["heads"], size["context"], BATCH // MICROBATCHES)
     print(
-        f"split backward on a transformer block: full B {split['full_backward_ms']:.3f} ms, "
+        f"split backward on a transformer block: full B {split['B_ms']:.3f} ms, "
         f"I {split['I_ms']:.3f} + W {split['W_ms']:.3f} ms -> (I+W)/B = {split['ratio']:.3f} (target <= 1.10)"
     )
     if args.json:
