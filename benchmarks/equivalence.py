@@ -14,11 +14,10 @@ import argparse
 import sys
 
 import torch
-import torch.distributed as dist
 
 import pipesched
 from pipesched.runtime.executor import PipelineRuntime
-from pipesched.runtime.launch import run_torchrun, spawn, under_torchrun
+from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_torchrun
 from pipesched.runtime.models import get_model
 from pipesched.runtime.partition import build_block_seeded
 
@@ -49,8 +48,7 @@ def _rel(got: dict, want: dict) -> float:
 
 
 def worker(rank: int, world: int, _payload) -> list:
-    cuda = dist.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    device = rank_device()
     md = get_model("mlp", **SIZE)
     ref = _reference(device) if rank == 0 else None
     rows = []

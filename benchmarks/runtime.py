@@ -27,7 +27,7 @@ from torch import nn
 
 import pipesched
 from pipesched.runtime.executor import PipelineRuntime
-from pipesched.runtime.launch import run_torchrun, spawn, under_torchrun
+from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_torchrun
 from pipesched.runtime.models import get_model
 from pipesched.runtime.partition import balanced_counts, build_block_seeded, stage_block_ranges
 from pipesched.runtime.timeline import compare_to_simulation, median_costs, replayed_makespan
@@ -48,10 +48,6 @@ MODELS = {
 BATCH, MICROBATCHES, SEED, LR = 64, 8, 0, 0.05
 
 
-def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
 def _torch_runner(md, name: str, schedule: pipesched.Schedule, rank: int):
     """torch's schedule on the same stages as ours; returns a step function timing one step."""
     from torch.distributed.pipelining import PipelineStage
@@ -59,7 +55,7 @@ def _torch_runner(md, name: str, schedule: pipesched.Schedule, rank: int):
 
     ranges = stage_block_ranges(md.num_blocks, schedule.stages, balanced_counts(md.block_costs, schedule.placement))
     owned = [s for s, r in enumerate(schedule.placement) if r == rank]
-    device = _device()
+    device = rank_device()
     mods = {s: nn.Sequential(*(build_block_seeded(md.build_block, i, SEED) for i in ranges[s])).to(device) for s in owned}
     stages = [PipelineStage(mods[s], s, schedule.stages, device) for s in owned]
     cls = getattr(ts, name)
@@ -88,7 +84,7 @@ def _ours_runner(md, schedule: pipesched.Schedule, timelines: list):
     x0, _ = md.batch(0, BATCH, SEED)
     rt = PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
-        x0[: BATCH // MICROBATCHES], seed=SEED, device=_device(), sync_actions=False,
+        x0[: BATCH // MICROBATCHES], seed=SEED, device=rank_device(), sync_actions=False,
         block_counts=balanced_counts(md.block_costs, schedule.placement),
     )
 
@@ -129,7 +125,7 @@ def bench_worker(rank: int, world: int, job: tuple) -> dict:
                     spans[label].pop()
     with torch.no_grad():  # the latency probe carries one activation (the first block's output)
         act = build_block_seeded(md.build_block, 0, SEED)(md.batch(0, BATCH // MICROBATCHES, SEED)[0])
-    latency = measure_latency(act.shape, act.dtype, _device())
+    latency = measure_latency(act.shape, act.dtype, rank_device())
     # step time of a step = slowest rank's
     gathered = [None] * world if rank == 0 else None
     dist.gather_object((times, spans), gathered, dst=0)

@@ -29,7 +29,9 @@ def reference(model: str, size: dict, batch: int, seed: int = 3) -> dict:
 
 
 def run_schedules(rank: int, world: int, job: tuple) -> dict:
-    """Train every (label, schedule) of ``job`` for STEPS steps; rank 0 returns loss, grads, params."""
+    """Train every (label, schedule) of ``job`` for STEPS steps; rank 0 returns loss, grads, params.
+    A label ending in ``host-staged`` passes its messages through separate host buffers (as ranks
+    on GPUs over gloo do)."""
     model, size, batch, schedules = job
     md = get_model(model, **size)
     out = {}
@@ -39,6 +41,7 @@ def run_schedules(rank: int, world: int, job: tuple) -> dict:
         rt = PipelineRuntime(
             md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.05),
             x0[: batch // schedule.microbatches], seed=3, timeout_s=60,
+            host_staging=label.endswith("host-staged"),
         )
         losses, grads = [], None
         for step in range(STEPS):

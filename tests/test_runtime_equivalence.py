@@ -40,9 +40,10 @@ def test_every_registered_schedule_and_torch_csvs_on_two_ranks():
 
 
 @pytest.mark.timeout(120)
-def test_gpt_on_two_ranks_with_uneven_microbatch_count():
+def test_gpt_on_two_ranks_with_uneven_microbatch_count_and_host_staged_messages():
     size = dict(layers=2, dim=16, heads=2, context=8)
     schedules = [(n, pipesched.build_schedule(n, 2, 3)) for n in ("1f1b", "zb-v", "interleaved-zb")]
+    schedules.append(("zb-v host-staged", pipesched.build_schedule("zb-v", 2, 3)))
     results = spawn(run_schedules, 2, ("gpt", size, 6, schedules), timeout_s=60)[0]
     _assert_equal_to_reference(results, reference("gpt", size, 6))
 

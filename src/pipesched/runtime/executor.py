@@ -62,6 +62,7 @@ class PipelineRuntime:
     ``sample_input`` is one microbatch's input (or any tensor of that shape and dtype: only
     its shape is used, to size receive buffers once). ``sync_actions`` (default: on CUDA)
     synchronises the device after each action so that the recorded spans are true durations.
+    ``host_staging`` (default: on a GPU over gloo) passes messages through host memory.
     """
 
     def __init__(
@@ -79,6 +80,7 @@ class PipelineRuntime:
         timeout_s: float = 300.0,
         skip_nonfinite: bool = False,
         sync_actions: Optional[bool] = None,
+        host_staging: Optional[bool] = None,
     ) -> None:
         validate(schedule)
         self.schedule = schedule
@@ -104,7 +106,7 @@ class PipelineRuntime:
         shapes.update({(GRAD, s): outs[s - 1] for s in range(1, schedule.stages)})
         self.plan = plan_rank(schedule, self.rank)
         groups = make_link_groups(links(schedule), timeout_s)
-        self.transport = Transport(self.plan, groups, shapes, self.device, timeout_s)
+        self.transport = Transport(self.plan, groups, shapes, self.device, timeout_s, host_staging=host_staging)
         # On CUDA, an action's span is only its real duration if we wait for it (costs overlap)
         self.sync_each_action = self.device.type == "cuda" if sync_actions is None else sync_actions
         self.steps_done = 0
@@ -208,9 +210,10 @@ class PipelineRuntime:
 
     def _agree_on_loss(self, losses: list[Optional[torch.Tensor]]) -> tuple[float, int, float]:
         """Mean loss, first non-finite microbatch (-1 if none) and its value, on every rank."""
-        info = torch.zeros(3, dtype=torch.float64, device=self.device)
+        # gloo reduces host memory; NCCL device memory
+        info = torch.zeros(3, dtype=torch.float64, device="cpu" if dist.get_backend() == "gloo" else self.device)
         if self.last_stage in self.stages:
-            per_mb = torch.stack(losses).double()
+            per_mb = torch.stack(losses).double().to(info.device)
             info[0] = per_mb.mean()
             bad = (~torch.isfinite(per_mb)).nonzero()
             if bad.numel():

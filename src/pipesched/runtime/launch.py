@@ -25,6 +25,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from ..errors import ConfigError
+
 Worker = Callable[[int, int, Any], Any]
 
 
@@ -47,12 +49,21 @@ def init_group(rank: int, world: int, backend: str, timeout_s: float) -> None:
 
 
 def run_torchrun(worker: Worker, payload: Any, timeout_s: float) -> Any:
-    """Run ``worker`` in this process as torchrun's rank (NCCL on CUDA, one device per rank)."""
+    """Run ``worker`` in this process as torchrun's rank: NCCL on CUDA, one device per rank, or
+    with ``PIPESCHED_BACKEND=gloo`` ranks that may share GPUs (tensors cross through host memory);
+    gloo on CPU where there is no GPU."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    backend = "gloo"
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        backend = "nccl"
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    cuda = torch.cuda.is_available()
+    backend = os.environ.get("PIPESCHED_BACKEND") or ("nccl" if cuda else "gloo")
+    if cuda:
+        count = torch.cuda.device_count()
+        if backend == "nccl" and local >= count:
+            raise ConfigError(
+                f"NCCL needs one GPU per rank: local rank {local} but {count} GPU(s) here "
+                "(PIPESCHED_BACKEND=gloo lets ranks share a GPU, slowly)"
+            )
+        torch.cuda.set_device(local % count)
     init_group(rank, world, backend, timeout_s)
     try:
         # every rank must run the same plan: take rank 0's (a time-bounded search such as
@@ -62,6 +73,14 @@ def run_torchrun(worker: Worker, payload: Any, timeout_s: float) -> Any:
         return worker(rank, world, shared[0])
     finally:
         dist.destroy_process_group()
+
+
+def rank_device() -> torch.device:
+    """Where this rank computes: its GPU under torchrun on a CUDA machine, else the CPU
+    (locally spawned ranks always run on the CPU)."""
+    if under_torchrun() and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 # glibc's mallopt parameters, and the limits we set them to (bytes)

@@ -4,14 +4,15 @@ Each directed link (src -> dst) gets its own two-rank process group, so on NCCL 
 on one link never blocks a send on another (one stream per link), and on gloo every link has its
 own connection. Receive buffers are allocated when the receive is posted and become the
 consuming stage's input as they are (no copy). Sent tensors are held only until their send
-completes.
+completes. Gloo moves host memory only: ranks computing on GPUs over gloo (sharing a GPU, say)
+send a host copy and receive into a host buffer that is copied to the device on arrival.
 """
 
 from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -48,10 +49,15 @@ class Transport:
         device: torch.device,
         timeout_s: float,
         lookahead: int = 4,
+        host_staging: Optional[bool] = None,
     ) -> None:
         self.rank = plan.rank
         self.groups = groups
         self.device = device
+        if host_staging is None:  # gloo cannot read or write device memory
+            host_staging = device.type != "cpu" and any(dist.get_backend(g) == "gloo" for g in groups.values())
+        self.host_staging = host_staging
+        self.buffer_device = torch.device("cpu") if host_staging else device
         self.timeout = timedelta(seconds=timeout_s)
         self.lookahead = lookahead
         self.incoming = plan.incoming
@@ -76,7 +82,7 @@ class Transport:
         for i in range(self.posted[src], end):
             msg = link[i]
             shape, dtype = self.buffer_spec[msg]
-            buf = torch.empty(shape, dtype=dtype, device=self.device)
+            buf = torch.empty(shape, dtype=dtype, device=self.buffer_device)
             self.works[msg] = (dist.irecv(buf, src=src, group=group, tag=msg.tag), buf)
         self.posted[src] = max(self.posted[src], end)
 
@@ -85,9 +91,11 @@ class Transport:
         self._post_until(msg.src, self.position[msg] + self.lookahead)
         work, buf = self.works.pop(msg)
         self._wait(work, f"at {action} for {describe(msg)}")
-        return buf
+        return buf.to(self.device) if self.host_staging else buf
 
     def send(self, msg: Message, tensor: torch.Tensor) -> None:
+        if self.host_staging:
+            tensor = tensor.to("cpu", copy=True)  # waits for the tensor's kernels; gloo reads it later
         work = dist.isend(tensor, dst=msg.dst, group=self.groups[(self.rank, msg.dst)], tag=msg.tag)
         self.pending_sends.append((work, tensor))
 

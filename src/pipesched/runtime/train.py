@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ..schedule import Schedule
 from .executor import PipelineRuntime
+from .launch import rank_device
 from .models import ModelDef, get_model
 from .partition import balanced_counts
 from .timeline import Timeline
@@ -87,11 +88,13 @@ def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, fl
 
 
 def measure_latency(shape: torch.Size, dtype: torch.dtype, device: torch.device, rounds: int = 20) -> float:
-    """One-way p2p latency between ranks 0 and 1 (half the median round trip); 0 on one rank."""
+    """One-way p2p latency between ranks 0 and 1 (half the median round trip); 0 on one rank.
+    On gloo the probe travels in host memory, as the runtime's messages do."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if world < 2:
         return 0.0
-    buf = torch.zeros(shape, dtype=dtype, device=device)
+    on_host = dist.get_backend() == "gloo"
+    buf = torch.zeros(shape, dtype=dtype, device="cpu" if on_host else device)
     trips = []
     dist.barrier()
     for i in range(rounds + 3):
@@ -113,7 +116,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     """One rank's whole run; rank 0 returns the gathered result, the others None."""
     md = cfg.model_def()
     schedule = cfg.schedule
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = rank_device()
     m = schedule.microbatches
     x0, _ = md.batch(0, cfg.batch_size, cfg.seed)
     counts = cfg.block_counts or balanced_counts(md.block_costs, schedule.placement)
