@@ -97,14 +97,15 @@ def _ours_runner(md, schedule: pipesched.Schedule, timelines: list):
 
 
 def bench_worker(rank: int, world: int, job: tuple) -> dict:
-    model, rounds, steps, pairs, burst = job
+    model, rounds, steps, pairs, burst, with_torch = job
     md = get_model(model, **MODELS[model])
     runners, times, spans = {}, {}, {}
     for ours, theirs in pairs:
         schedule = pipesched.build_schedule(ours, world, MICROBATCHES)
         spans[ours] = []
         runners[ours] = _ours_runner(md, schedule, spans[ours])
-        runners["torch:" + theirs] = _torch_runner(md, theirs, schedule, rank)
+        if with_torch:
+            runners["torch:" + theirs] = _torch_runner(md, theirs, schedule, rank)
     batches = [md.batch(i, BATCH, SEED) for i in range(steps)]
     for label, run in runners.items():  # warm-up: torch infers shapes on its first step
         run(*batches[0])
@@ -156,7 +157,8 @@ def summarise(model: str, res: dict, pairs: list, burst: int) -> list[dict]:
     for ours, theirs in pairs:
         schedule = pipesched.build_schedule(ours, 2, MICROBATCHES)
         mine = statistics.median(times[ours])
-        paired = [a / b for a, b in zip(per_round(ours), per_round("torch:" + theirs))]
+        theirs_label = "torch:" + theirs
+        paired = [a / b for a, b in zip(per_round(ours), per_round(theirs_label))] if theirs_label in times else None
         c = compare_to_simulation(schedule, res["timelines"][ours], res["latency"])
         replay = statistics.median(
             t / replayed_makespan(schedule, tl, res["latency"]) for t, tl in zip(times[ours], res["timelines"][ours])
@@ -164,8 +166,8 @@ def summarise(model: str, res: dict, pairs: list, burst: int) -> list[dict]:
         sims[ours] = c.simulated_makespan
         rows.append({
             "model": model, "schedule": ours, "torch": theirs, "ours_ms": 1000 * mine,
-            "torch_ms": 1000 * statistics.median(times["torch:" + theirs]),
-            "ratio_q": _quartiles(paired), "sim_ms": 1000 * c.simulated_makespan,
+            "torch_ms": 1000 * statistics.median(times[theirs_label]) if paired else None,
+            "ratio_q": _quartiles(paired) if paired else None, "sim_ms": 1000 * c.simulated_makespan,
             "measured_over_sim": mine / c.simulated_makespan, "measured_over_replay": replay,
             "bubble": c.measured_bubble, "sim_bubble": c.simulated_bubble,
             "kind_costs_ms": {k: 1000 * v for k, v in c.kind_costs.items()},
@@ -180,6 +182,10 @@ def summarise(model: str, res: dict, pairs: list, burst: int) -> list[dict]:
     return rows
 
 
+def _fmt(value, fmt: str) -> str:
+    return "-" if value is None else f"{value:{fmt}}"
+
+
 def _spread(q: tuple[float, float, float], scale: float = 1.0, fmt: str = ".2f") -> str:
     return f"{scale * q[1]:{fmt}} ({scale * q[0]:{fmt}}-{scale * q[2]:{fmt}})"
 
@@ -191,12 +197,14 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=3, help="consecutive steps of a variant per turn (after one warm-up step)")
     parser.add_argument("--models", default="mlp,gpt")
     parser.add_argument("--schedules", default=",".join(o for o, _ in PAIRS), help="ours, among " + ", ".join(o for o, _ in PAIRS))
+    parser.add_argument("--without-torch", action="store_true",
+                        help="only our schedules (many turns are cheap then: for the zero-bubble gain)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     rows = []
     for model in args.models.split(","):
         pairs = [pair for pair in PAIRS if pair[0] in args.schedules.split(",")]
-        job = (model, args.rounds, args.steps, pairs, args.burst)
+        job = (model, args.rounds, args.steps, pairs, args.burst, not args.without_torch)
         res = run_torchrun(bench_worker, job, 300) if under_torchrun() else spawn(bench_worker, 2, job, timeout_s=300)[0]
         if not res:  # a torchrun rank other than 0
             continue
@@ -213,8 +221,9 @@ def main() -> None:
         gain = _spread(r["gain_q"], 100, ".1f") + "%" if "gain_q" in r else ""
         pred = f"{100 * r['predicted_gain']:.1f}%" if "predicted_gain" in r else ""
         print(
-            f"| {r['model']} | {r['schedule']} vs {r['torch']} | {r['ours_ms']:.1f} | {r['torch_ms']:.1f} | "
-            f"{_spread(r['ratio_q'])} | <= {target} | {r['sim_ms']:.1f} | {r['measured_over_sim']:.2f} | "
+            f"| {r['model']} | {r['schedule']} vs {r['torch']} | {r['ours_ms']:.1f} | "
+            f"{_fmt(r['torch_ms'], '.1f')} | {_spread(r['ratio_q']) if r['ratio_q'] else '-'} | <= {target} | "
+            f"{r['sim_ms']:.1f} | {r['measured_over_sim']:.2f} | "
             f"{r['measured_over_replay']:.2f} | {gain} | {pred} |"
         )
     if not rows:
