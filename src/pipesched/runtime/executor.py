@@ -107,6 +107,7 @@ class PipelineRuntime:
         self.plan = plan_rank(schedule, self.rank)
         groups = make_link_groups(links(schedule), timeout_s)
         self.transport = Transport(self.plan, groups, shapes, self.device, timeout_s, host_staging=host_staging)
+        self.transport.connect()
         # On CUDA, an action's span is only its real duration if we wait for it (costs overlap)
         self.sync_each_action = self.device.type == "cuda" if sync_actions is None else sync_actions
         self.steps_done = 0

@@ -69,6 +69,27 @@ class Transport:
         self.works: dict[Message, tuple[Any, torch.Tensor]] = {}
         self.pending_sends: list[tuple[Any, torch.Tensor]] = []
 
+    def connect(self) -> None:
+        """Open every link this rank is on, in one global order, before the first step.
+
+        NCCL creates a link's communicator on its first send or receive, and creating it blocks
+        until the peer takes part: left to the first step, rank 0 would wait to create link
+        1->0 (its first posted receive) while rank 1 waits to create 0->1 (its own), a hang that
+        torch's own pipelining also met. Every rank walks the links in the same sorted order with
+        one blocking one-element send or receive each, so the links open pair by pair with no
+        cycle. On gloo, whose groups connect when created, this costs one round trip per link.
+        """
+        probe = torch.zeros(1, device=self.buffer_device)
+        for (src, dst), group in sorted(self.groups.items()):
+            try:
+                if self.rank == src:
+                    dist.send(probe, dst=dst, group=group)
+                elif self.rank == dst:
+                    dist.recv(probe, src=src, group=group)
+            except RuntimeError as err:
+                peer = dst if self.rank == src else src
+                raise PeerFailure(f"rank {self.rank} could not open its link with rank {peer}: {err}") from None
+
     def start_step(self) -> None:
         """Post the first receives of every incoming link."""
         self.posted = {src: 0 for src in self.incoming}
