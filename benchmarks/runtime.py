@@ -84,7 +84,7 @@ def _ours_runner(md, schedule: pipesched.Schedule, timelines: list):
     x0, _ = md.batch(0, BATCH, SEED)
     rt = PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
-        x0[: BATCH // MICROBATCHES], seed=SEED, device=rank_device(), sync_actions=False,
+        x0[: BATCH // MICROBATCHES], seed=SEED, device=rank_device(),
         block_counts=balanced_counts(md.block_costs, schedule.placement),
     )
 

@@ -22,6 +22,7 @@ from ..errors import ConfigError
 from ..execution import Span
 from ..schedule import Schedule
 from ..validate import validate
+from .clock import EventClock, HostClock
 from .p2p import Transport, make_link_groups
 from .partition import BlockBuilder, Stage, build_stage, infer_boundary_shapes, stage_block_ranges
 from .plan import ACT, GRAD, links, plan_rank
@@ -60,8 +61,9 @@ class PipelineRuntime:
 
     Call on every rank of an initialised process group with the same arguments.
     ``sample_input`` is one microbatch's input (or any tensor of that shape and dtype: only
-    its shape is used, to size receive buffers once). ``sync_actions`` (default: on CUDA)
-    synchronises the device after each action so that the recorded spans are true durations.
+    its shape is used, to size receive buffers once). On CUDA the actions' spans come from CUDA
+    events, read once per step; ``sync_actions=True`` synchronises the device after every
+    action instead, ``False`` records host times only (when kernels were queued).
     ``host_staging`` (default: on a GPU over gloo) passes messages through host memory.
     """
 
@@ -108,8 +110,7 @@ class PipelineRuntime:
         groups = make_link_groups(links(schedule), timeout_s)
         self.transport = Transport(self.plan, groups, shapes, self.device, timeout_s, host_staging=host_staging)
         self.transport.connect()
-        # On CUDA, an action's span is only its real duration if we wait for it (costs overlap)
-        self.sync_each_action = self.device.type == "cuda" if sync_actions is None else sync_actions
+        self.sync_actions = sync_actions
         self.steps_done = 0
 
     # -- one step --------------------------------------------------------------------------
@@ -122,9 +123,11 @@ class PipelineRuntime:
         tgt_mbs = self._split(targets, "targets") if self.last_stage in self.stages else None
         self.optimizer.zero_grad(set_to_none=True)
         losses: list[Optional[torch.Tensor]] = [None] * m
+        clock = self._clock()
         dist.barrier()
         t0 = perf_counter()
-        spans = self._run_actions(in_mbs, tgt_mbs, losses, t0)
+        clock.start()
+        marks = self._run_actions(in_mbs, tgt_mbs, losses, clock)
         loss, bad_mb, bad_value = self._agree_on_loss(losses)
         skipped = False
         if bad_mb >= 0:
@@ -137,11 +140,21 @@ class PipelineRuntime:
             skipped = True
         else:
             self.optimizer.step()
-        if self.sync_each_action:
+        if self.device.type == "cuda":  # the step ends when the device's work does
             torch.cuda.synchronize(self.device)
         step_time = perf_counter() - t0
+        times = clock.seconds([t for _, start, end in marks for t in (start, end)])
+        spans = [Span(action, times[2 * i], times[2 * i + 1]) for i, (action, _, _) in enumerate(marks)]
         self.steps_done += 1
         return StepResult(loss, step_time, spans, skipped, t0)
+
+    def _clock(self):
+        """Events on CUDA (unless ``sync_actions`` says otherwise), the host clock elsewhere."""
+        if self.device.type != "cuda" or self.sync_actions is False:
+            return HostClock()
+        if self.sync_actions:
+            return HostClock(lambda: torch.cuda.synchronize(self.device))
+        return EventClock()
 
     def _split(self, batch: Optional[torch.Tensor], what: str) -> tuple[torch.Tensor, ...]:
         m = self.schedule.microbatches
@@ -151,18 +164,18 @@ class PipelineRuntime:
             raise ConfigError(f"the batch of {batch.shape[0]} does not split into {m} equal microbatches")
         return batch.to(self.device, non_blocking=True).chunk(m)
 
-    def _run_actions(self, in_mbs, tgt_mbs, losses, t0: float) -> list[Span]:
+    def _run_actions(self, in_mbs, tgt_mbs, losses, clock) -> list[tuple]:
+        """Run this rank's actions; returns (action, start mark, end mark) for each."""
         plan, stages, transport, stash = self.plan, self.stages, self.transport, self.stash
         last, inv_m = self.last_stage, 1.0 / self.schedule.microbatches
         state = _StepState()
-        spans: list[Span] = []
-        sync = self.sync_each_action
+        marks: list[tuple] = []
         transport.start_step()
         for action, send, need in zip(plan.actions, plan.sends, plan.needs):
             s, kind, k = action
             key = (s, k)
             received = transport.receive(need, action) if need is not None else None
-            start = perf_counter() - t0  # after the wait: waiting is idle time, not the action's
+            start = clock.mark()  # after the wait: waiting is idle time, not the action's
             if kind == "F":
                 if s == 0:
                     x = in_mbs[k]
@@ -203,11 +216,9 @@ class PipelineRuntime:
                     else:
                         state.local_grad[key] = x.grad
             transport.release_sent()
-            if sync:
-                torch.cuda.synchronize(self.device)
-            spans.append(Span(action, start, perf_counter() - t0))
+            marks.append((action, start, clock.mark_end()))
         transport.finish_step()
-        return spans
+        return marks
 
     def _agree_on_loss(self, losses: list[Optional[torch.Tensor]]) -> tuple[float, int, float]:
         """Mean loss, first non-finite microbatch (-1 if none) and its value, on every rank."""
