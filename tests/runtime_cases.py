@@ -104,3 +104,27 @@ def rank_setup(rank: int, world: int, _job) -> tuple[int, bool]:
     from pipesched.runtime import launch
 
     return torch.get_num_threads(), launch.memory_kept
+
+
+class StridedOutput(nn.Module):
+    """A Linear whose output is a non-contiguous view (as a block ending in a transpose is)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x)).t().contiguous().t()
+
+
+def strided_blocks(i: int) -> nn.Module:
+    return StridedOutput(8)
+
+
+def strided_run(rank: int, world: int, job) -> list:
+    """Two steps of ``job``'s schedule over StridedOutput blocks; the losses."""
+    schedule, batch = job
+    x, y = torch.randn(batch, 8, generator=torch.Generator().manual_seed(0)), torch.zeros(batch, 8)
+    rt = PipelineRuntime(strided_blocks, 4, schedule, nn.functional.mse_loss,
+                         lambda ps: torch.optim.SGD(ps, lr=0.1), x[: batch // schedule.microbatches], seed=5)
+    return [rt.step(x, y).loss for _ in range(2)]

@@ -54,3 +54,24 @@ def test_smaller_model_on_four_ranks():
     schedules = [(n, pipesched.build_schedule(n, 4, 4)) for n in ("1f1b", "zb-v", "interleaved-zb")]
     results = spawn(run_schedules, 4, ("mlp", size, 8, schedules), timeout_s=90)[0]
     _assert_equal_to_reference(results, reference("mlp", size, 8))
+
+
+@pytest.mark.timeout(90)
+def test_blocks_whose_outputs_are_strided_views_are_sent_densely():
+    from runtime_cases import strided_blocks, strided_run
+
+    from pipesched.runtime.partition import build_block_seeded
+
+    schedule = pipesched.build_schedule("zb-v", 2, 2)
+    losses = spawn(strided_run, 2, (schedule, 4), timeout_s=60)[0]
+    model = torch.nn.Sequential(*(build_block_seeded(strided_blocks, i, 5) for i in range(4)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)), torch.zeros(4, 8)
+    want = []
+    for _ in range(2):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    assert losses == pytest.approx(want, rel=TOL)

@@ -117,6 +117,7 @@ class Transport:
     def send(self, msg: Message, tensor: torch.Tensor) -> None:
         if self.host_staging:
             tensor = tensor.to("cpu", copy=True)  # waits for the tensor's kernels; gloo reads it later
+        tensor = tensor.contiguous()  # a block may end in a view (a transpose); the receiver's buffer is dense
         work = dist.isend(tensor, dst=msg.dst, group=self.groups[(self.rank, msg.dst)], tag=msg.tag)
         self.pending_sends.append((work, tensor))
 
