@@ -128,3 +128,14 @@ def strided_run(rank: int, world: int, job) -> list:
     rt = PipelineRuntime(strided_blocks, 4, schedule, nn.functional.mse_loss,
                          lambda ps: torch.optim.SGD(ps, lr=0.1), x[: batch // schedule.microbatches], seed=5)
     return [rt.step(x, y).loss for _ in range(2)]
+
+
+def id_passthrough_blocks(i: int) -> nn.Module:
+    """Block 0 passes token ids on unchanged; block 1 embeds them; then Linears."""
+    return nn.Identity() if i == 0 else nn.Embedding(10, 8) if i == 1 else nn.Linear(8, 8)
+
+
+def integer_boundary_run(rank: int, world: int, schedule) -> None:
+    ids = torch.zeros(4, 3, dtype=torch.long)
+    PipelineRuntime(id_passthrough_blocks, 4, schedule, nn.functional.mse_loss,
+                    lambda ps: torch.optim.SGD(ps, lr=0.1), ids[:2], block_counts=[1, 3])

@@ -104,6 +104,12 @@ class PipelineRuntime:
         self.parameters = [p for s in owned for p in self.stages[s].parameters()]
         self.optimizer = optimizer(self.parameters)
         outs = infer_boundary_shapes(build_block, ranges, sample_input)
+        for s, (_, dtype) in enumerate(outs[:-1]):
+            if not dtype.is_floating_point:
+                raise ConfigError(
+                    f"stage {s} ends at block {ranges[s][-1]} with a {dtype} tensor, but a tensor crossing "
+                    "a stage boundary carries a gradient back: give that stage more blocks (block_counts)"
+                )
         shapes = {(ACT, s): outs[s] for s in range(schedule.stages)}
         shapes.update({(GRAD, s): outs[s - 1] for s in range(1, schedule.stages)})
         self.plan = plan_rank(schedule, self.rank)
