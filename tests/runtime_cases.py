@@ -22,8 +22,9 @@ def relative_error(got: dict, want: dict) -> float:
     return max(float((got[k] - want[k]).abs().max() / want[k].abs().max().clamp_min(1e-30)) for k in want)
 
 
-def reference(model: str, size: dict, batch: int, seed: int = 3) -> dict:
-    cfg = TrainConfig(model, None, STEPS, batch, seed=seed, model_size=size, want_params=True, want_grads=True)
+def reference(model: str, size: dict, batch: int, seed: int = 3, clip_grad_norm=None) -> dict:
+    cfg = TrainConfig(model, None, STEPS, batch, seed=seed, model_size=size, want_params=True, want_grads=True,
+                      clip_grad_norm=clip_grad_norm)
     res = train_reference(cfg)
     return {"loss": res.losses[0], "grads": res.grads, "params": res.params}
 
@@ -32,7 +33,8 @@ def run_schedules(rank: int, world: int, job: tuple) -> dict:
     """Train every (label, schedule) of ``job`` for STEPS steps; rank 0 returns loss, grads, params.
     A label ending in ``host-staged`` passes its messages through separate host buffers (as ranks
     on GPUs over gloo do)."""
-    model, size, batch, schedules = job
+    model, size, batch, schedules, *rest = job
+    clip_grad_norm = rest[0] if rest else None
     md = get_model(model, **size)
     out = {}
     for label, schedule in schedules:
@@ -41,7 +43,7 @@ def run_schedules(rank: int, world: int, job: tuple) -> dict:
         rt = PipelineRuntime(
             md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.05),
             x0[: batch // schedule.microbatches], seed=3, timeout_s=60,
-            host_staging=label.endswith("host-staged"),
+            host_staging=label.endswith("host-staged"), clip_grad_norm=clip_grad_norm,
         )
         losses, grads = [], None
         for step in range(STEPS):

@@ -43,6 +43,9 @@ def train(
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write the measured timeline of every step (.json)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds a rank waits for a peer before failing."),
     skip_nonfinite: bool = typer.Option(False, "--skip-nonfinite", help="Skip steps whose loss is NaN/inf instead of stopping."),
+    clip_grad_norm: Optional[float] = typer.Option(
+        None, "--clip-grad-norm", help="Clip the whole model's gradient norm (over every rank) to this, as torch's clip_grad_norm_."
+    ),
 ) -> None:
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
     try:
@@ -60,6 +63,8 @@ def train(
             raise ConfigError(f"{label} must be at least 1, got {value}")
     if not timeout > 0:
         raise ConfigError(f"--timeout must be above 0 seconds, got {timeout:g}")
+    if clip_grad_norm is not None and not clip_grad_norm > 0:
+        raise ConfigError(f"--clip-grad-norm must be above 0, got {clip_grad_norm:g}")
     if save_params is not None:
         check_output_path(save_params, [".pt", ".pth"])
     if trace is not None:
@@ -82,7 +87,8 @@ def train(
             )
     cfg = TrainConfig(
         model, plan, steps, batch_size, seed=seed, lr=lr, block_counts=counts, timeout_s=timeout,
-        skip_nonfinite=skip_nonfinite, want_params=save_params is not None, show_progress=True,
+        skip_nonfinite=skip_nonfinite, clip_grad_norm=clip_grad_norm, want_params=save_params is not None,
+        show_progress=True,
     )
     try:
         result = run(cfg)

@@ -5,7 +5,9 @@ per-schedule loop. Training semantics equal the unpipelined model's: the batch i
 ``m`` microbatches along dim 0, the loss is the mean over microbatches (each microbatch's loss
 is scaled by ``1/m`` before its backward), gradients accumulate over the step, and each rank
 steps its optimizer once per step, after its last action and after the step's loss is known to
-be finite on every rank.
+be finite on every rank. With ``clip_grad_norm`` the gradients are scaled as
+``torch.nn.utils.clip_grad_norm_`` scales the unpipelined model's: by the norm over every rank's
+parameters, summed in the same all-reduce that agrees on the loss.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class StepResult:
     spans: list[Span]
     skipped: bool = False
     origin: float = 0.0  # this rank's perf_counter() at the step's start (same clock on one host)
+    grad_norm: float = float("nan")  # the whole model's gradient norm before clipping (with clipping)
 
 
 @dataclass
@@ -83,8 +86,12 @@ class PipelineRuntime:
         skip_nonfinite: bool = False,
         sync_actions: Optional[bool] = None,
         host_staging: Optional[bool] = None,
+        clip_grad_norm: Optional[float] = None,
     ) -> None:
         validate(schedule)
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise ConfigError(f"the gradient norm to clip to must be above 0, got {clip_grad_norm:g}")
+        self.clip_grad_norm = clip_grad_norm
         self.schedule = schedule
         self.rank = dist.get_rank()
         if dist.get_world_size() != schedule.ranks:
@@ -134,7 +141,7 @@ class PipelineRuntime:
         t0 = perf_counter()
         clock.start()
         marks = self._run_actions(in_mbs, tgt_mbs, losses, clock)
-        loss, bad_mb, bad_value = self._agree_on_loss(losses)
+        loss, bad_mb, bad_value, grad_norm = self._agree(losses)
         skipped = False
         if bad_mb >= 0:
             if not self.skip_nonfinite:
@@ -145,6 +152,8 @@ class PipelineRuntime:
             self.optimizer.zero_grad(set_to_none=True)
             skipped = True
         else:
+            if self.clip_grad_norm is not None:
+                self._scale_gradients(self.clip_grad_norm / (grad_norm + 1e-6))
             self.optimizer.step()
         if self.device.type == "cuda":  # the step ends when the device's work does
             torch.cuda.synchronize(self.device)
@@ -152,7 +161,7 @@ class PipelineRuntime:
         times = clock.seconds([t for _, start, end in marks for t in (start, end)])
         spans = [Span(action, times[2 * i], times[2 * i + 1]) for i, (action, _, _) in enumerate(marks)]
         self.steps_done += 1
-        return StepResult(loss, step_time, spans, skipped, t0)
+        return StepResult(loss, step_time, spans, skipped, t0, grad_norm)
 
     def _clock(self):
         """Events on CUDA (unless ``sync_actions`` says otherwise), the host clock elsewhere."""
@@ -226,10 +235,11 @@ class PipelineRuntime:
         transport.finish_step()
         return marks
 
-    def _agree_on_loss(self, losses: list[Optional[torch.Tensor]]) -> tuple[float, int, float]:
-        """Mean loss, first non-finite microbatch (-1 if none) and its value, on every rank."""
+    def _agree(self, losses: list[Optional[torch.Tensor]]) -> tuple[float, int, float, float]:
+        """Mean loss, first non-finite microbatch (-1 if none) and its value, and (when clipping)
+        the whole model's gradient norm, on every rank: one all-reduce."""
         # gloo reduces host memory; NCCL device memory
-        info = torch.zeros(3, dtype=torch.float64, device="cpu" if dist.get_backend() == "gloo" else self.device)
+        info = torch.zeros(4, dtype=torch.float64, device="cpu" if dist.get_backend() == "gloo" else self.device)
         if self.last_stage in self.stages:
             per_mb = torch.stack(losses).double().to(info.device)
             info[0] = per_mb.mean()
@@ -237,9 +247,19 @@ class PipelineRuntime:
             if bad.numel():
                 info[1] = bad[0, 0] + 1
                 info[2] = per_mb[bad[0, 0]]
+        if self.clip_grad_norm is not None:
+            grads = [p.grad for p in self.parameters if p.grad is not None]
+            if grads:
+                info[3] = sum(g.detach().double().pow(2).sum() for g in grads).to(info.device)
         dist.all_reduce(info)
-        loss, bad_mb, bad_value = info.tolist()
-        return loss, int(bad_mb) - 1, bad_value
+        loss, bad_mb, bad_value, squares = info.tolist()
+        return loss, int(bad_mb) - 1, bad_value, squares**0.5 if self.clip_grad_norm is not None else float("nan")
+
+    def _scale_gradients(self, coef: float) -> None:
+        if coef < 1.0:
+            for p in self.parameters:
+                if p.grad is not None:
+                    p.grad.mul_(coef)
 
     # -- gathering -------------------------------------------------------------------------
 

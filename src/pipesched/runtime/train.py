@@ -36,6 +36,7 @@ class TrainConfig:
     block_counts: Optional[tuple[int, ...]] = None
     timeout_s: float = 300.0
     skip_nonfinite: bool = False
+    clip_grad_norm: Optional[float] = None
     want_params: bool = False
     want_grads: bool = False
     show_progress: bool = False
@@ -76,6 +77,8 @@ def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, fl
         optimizer.zero_grad(set_to_none=True)
         loss = md.loss_fn(model(x), y)
         loss.backward()
+        if cfg.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
         if step == 0 and cfg.want_grads:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         optimizer.step()
@@ -123,7 +126,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     runtime = PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, _sgd(cfg.lr), x0[: cfg.batch_size // m],
         seed=cfg.seed, block_counts=counts, device=device,
-        timeout_s=cfg.timeout_s, skip_nonfinite=cfg.skip_nonfinite,
+        timeout_s=cfg.timeout_s, skip_nonfinite=cfg.skip_nonfinite, clip_grad_norm=cfg.clip_grad_norm,
     )
     latency = measure_latency(*_first_link_tensor(runtime), device)
     progress = _Progress(cfg.steps, schedule.name) if cfg.show_progress and rank == 0 else None
