@@ -54,8 +54,8 @@ class Transport:
         self.rank = plan.rank
         self.groups = groups
         self.device = device
-        if host_staging is None:  # gloo cannot read or write device memory
-            host_staging = device.type != "cpu" and any(dist.get_backend(g) == "gloo" for g in groups.values())
+        if host_staging is None:  # gloo cannot read or write device memory (link groups share its backend)
+            host_staging = device.type != "cpu" and dist.get_backend() == "gloo"
         self.host_staging = host_staging
         self.buffer_device = torch.device("cpu") if host_staging else device
         self.timeout = timedelta(seconds=timeout_s)
