@@ -141,3 +141,16 @@ def integer_boundary_run(rank: int, world: int, schedule) -> None:
     ids = torch.zeros(4, 3, dtype=torch.long)
     PipelineRuntime(id_passthrough_blocks, 4, schedule, nn.functional.mse_loss,
                     lambda ps: torch.optim.SGD(ps, lr=0.1), ids[:2], block_counts=[1, 3])
+
+
+def staging_decision(rank: int, world: int, _job) -> bool:
+    """Whether a rank's transport would stage messages through host memory for a device other
+    than the CPU, over gloo (on 3 ranks a rank is not a member of every link group)."""
+    import pipesched
+    from pipesched.runtime.p2p import Transport, make_link_groups
+    from pipesched.runtime.plan import ACT, GRAD, links, plan_rank
+
+    schedule = pipesched.build_schedule("1f1b", world, 2)
+    groups = make_link_groups(links(schedule), 30)
+    shapes = {(kind, s): (torch.Size([1]), torch.float32) for kind in (ACT, GRAD) for s in range(world)}
+    return Transport(plan_rank(schedule, rank), groups, shapes, torch.device("meta"), 30).host_staging
