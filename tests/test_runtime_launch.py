@@ -1,4 +1,5 @@
-"""Local ranks: one compute thread each, freed memory kept (glibc); off the CPU over gloo, messages go through host memory."""
+"""Local ranks: one compute thread each, freed memory kept (glibc); a rank off the CPU over gloo
+sends its messages through host memory."""
 
 from __future__ import annotations
 
