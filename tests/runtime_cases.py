@@ -11,7 +11,7 @@ from torch import nn
 
 from pipesched.runtime.executor import PipelineRuntime
 from pipesched.runtime.models import get_model
-from pipesched.runtime.train import TrainConfig, train_reference
+from pipesched.runtime.train import TrainConfig, make_optimizer, train_reference
 
 STEPS = 3
 
@@ -22,9 +22,9 @@ def relative_error(got: dict, want: dict) -> float:
     return max(float((got[k] - want[k]).abs().max() / want[k].abs().max().clamp_min(1e-30)) for k in want)
 
 
-def reference(model: str, size: dict, batch: int, seed: int = 3, clip_grad_norm=None) -> dict:
+def reference(model: str, size: dict, batch: int, seed: int = 3, clip_grad_norm=None, optimizer="sgd") -> dict:
     cfg = TrainConfig(model, None, STEPS, batch, seed=seed, model_size=size, want_params=True, want_grads=True,
-                      clip_grad_norm=clip_grad_norm)
+                      clip_grad_norm=clip_grad_norm, optimizer=optimizer)
     res = train_reference(cfg)
     return {"loss": res.losses[0], "grads": res.grads, "params": res.params}
 
@@ -34,14 +34,14 @@ def run_schedules(rank: int, world: int, job: tuple) -> dict:
     A label ending in ``host-staged`` passes its messages through separate host buffers (as ranks
     on GPUs over gloo do)."""
     model, size, batch, schedules, *rest = job
-    clip_grad_norm = rest[0] if rest else None
+    clip_grad_norm, optimizer = (rest + [None, "sgd"][len(rest):])[:2]
     md = get_model(model, **size)
     out = {}
     for label, schedule in schedules:
         torch.manual_seed(1234 + rank)  # different global RNG per rank: seeding per block must not care
         x0, _ = md.batch(0, batch, 3)
         rt = PipelineRuntime(
-            md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.05),
+            md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(optimizer, 0.05),
             x0[: batch // schedule.microbatches], seed=3, timeout_s=60,
             host_staging=label.endswith("host-staged"), clip_grad_norm=clip_grad_norm,
         )

@@ -32,6 +32,7 @@ def _one_line_error(result, *fragments):
         (["--schedule", "no-such"], ["unknown schedule"]),
         (["--save-params", "out.txt"], [".pt"]),
         (["--clip-grad-norm", "0"], ["--clip-grad-norm must be above 0"]),
+        (["--optimizer", "lamb"], ["--optimizer 'lamb'", "sgd, adamw"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, fragments):
@@ -56,12 +57,13 @@ def test_without_torch_the_command_says_how_to_install_it():
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_torch_csv_runs_and_matches_the_reference_with_clipping(tmp_path):
+def test_torch_csv_runs_and_matches_the_reference_with_adamw_and_clipping(tmp_path):
     from pipesched.interop.torch_schedules import torch_schedule
 
     path = tmp_path / "zbv.csv"
     path.write_text(torch_schedule("zb-v", 2, 4).to_csv())
-    common = ["--model", "gpt", "--steps", "2", "--batch-size", "8", "--seed", "1", "--clip-grad-norm", "0.5"]
+    common = ["--model", "gpt", "--steps", "2", "--batch-size", "8", "--seed", "1", "--clip-grad-norm", "0.5",
+              "--optimizer", "adamw", "--lr", "0.001"]
     ran = run_cli("train", "--csv", str(path), "--ranks", "2", "--trace", str(tmp_path / "t.json"), *common, timeout=110)
     assert ran.returncode == 0, ran.stderr
     ref = run_cli("train", "--schedule", "none", *common, timeout=60)

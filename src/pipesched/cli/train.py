@@ -36,7 +36,8 @@ def train(
     steps: int = typer.Option(10, "--steps", help="Optimizer steps."),
     batch_size: int = typer.Option(64, "--batch-size", help="Samples per step, split into the microbatches."),
     seed: int = typer.Option(0, "--seed", help="Seed of the weights (block i uses seed+i) and the data."),
-    lr: float = typer.Option(0.05, "--lr", help="SGD learning rate."),
+    lr: float = typer.Option(0.05, "--lr", help="Learning rate."),
+    optimizer: str = typer.Option("sgd", "--optimizer", help="sgd or adamw (torch's defaults but the learning rate)."),
     stage_blocks: Optional[str] = typer.Option(None, "--stage-blocks", help="Blocks per stage, e.g. 2,3,3,2 (default: balanced for the placement)."),
     csv: Optional[Path] = typer.Option(None, "--csv", help="Run a schedule from torch's compute-only CSV."),
     save_params: Optional[Path] = typer.Option(None, "--save-params", help="Write the trained state_dict (.pt), unpipelined names."),
@@ -54,7 +55,7 @@ def train(
         raise fail(TORCH_MISSING) from None
     from ..runtime.models import MODELS, get_model
     from ..runtime.partition import block_counts
-    from ..runtime.train import TrainConfig, run
+    from ..runtime.train import OPTIMIZERS, TrainConfig, run
 
     if model not in MODELS:
         raise ConfigError(f"--model {model!r} is not known: use one of {', '.join(MODELS)}")
@@ -63,6 +64,8 @@ def train(
             raise ConfigError(f"{label} must be at least 1, got {value}")
     if not timeout > 0:
         raise ConfigError(f"--timeout must be above 0 seconds, got {timeout:g}")
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"--optimizer {optimizer!r} is not known: use one of {', '.join(OPTIMIZERS)}")
     if clip_grad_norm is not None and not clip_grad_norm > 0:
         raise ConfigError(f"--clip-grad-norm must be above 0, got {clip_grad_norm:g}")
     if save_params is not None:
@@ -86,7 +89,7 @@ def train(
                 f"use a multiple of {plan.microbatches}"
             )
     cfg = TrainConfig(
-        model, plan, steps, batch_size, seed=seed, lr=lr, block_counts=counts, timeout_s=timeout,
+        model, plan, steps, batch_size, seed=seed, lr=lr, optimizer=optimizer, block_counts=counts, timeout_s=timeout,
         skip_nonfinite=skip_nonfinite, clip_grad_norm=clip_grad_norm, want_params=save_params is not None,
         show_progress=True,
     )

@@ -32,6 +32,7 @@ class TrainConfig:
     batch_size: int
     seed: int = 0
     lr: float = 0.05
+    optimizer: str = "sgd"  # one of OPTIMIZERS
     model_size: dict = field(default_factory=dict)
     block_counts: Optional[tuple[int, ...]] = None
     timeout_s: float = 300.0
@@ -61,15 +62,25 @@ class TrainResult:
         return statistics.median(times)
 
 
-def _sgd(lr: float) -> Callable:
-    return lambda params: torch.optim.SGD(params, lr=lr)
+OPTIMIZERS = ("sgd", "adamw")
+
+
+def make_optimizer(name: str, lr: float) -> Callable:
+    """The optimizer factory for ``name``: SGD, or AdamW with torch's defaults otherwise.
+
+    Both act on each parameter alone, so a pipeline steps exactly as the unpipelined model does."""
+    if name == "sgd":
+        return lambda params: torch.optim.SGD(params, lr=lr)
+    if name == "adamw":
+        return lambda params: torch.optim.AdamW(params, lr=lr)
+    raise ValueError(f"unknown optimizer {name!r}: use one of {', '.join(OPTIMIZERS)}")
 
 
 def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, float], None]] = None) -> TrainResult:
     """The unpipelined run: whole batch, one forward and one backward per step."""
     md = cfg.model_def()
     model = md.sequential(cfg.seed)
-    optimizer = _sgd(cfg.lr)(list(model.parameters()))
+    optimizer = make_optimizer(cfg.optimizer, cfg.lr)(list(model.parameters()))
     losses, times, grads = [], [], None
     for step in range(cfg.steps):
         x, y = md.batch(step, cfg.batch_size, cfg.seed)
@@ -124,7 +135,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     x0, _ = md.batch(0, cfg.batch_size, cfg.seed)
     counts = cfg.block_counts or balanced_counts(md.block_costs, schedule.placement)
     runtime = PipelineRuntime(
-        md.build_block, md.num_blocks, schedule, md.loss_fn, _sgd(cfg.lr), x0[: cfg.batch_size // m],
+        md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr), x0[: cfg.batch_size // m],
         seed=cfg.seed, block_counts=counts, device=device,
         timeout_s=cfg.timeout_s, skip_nonfinite=cfg.skip_nonfinite, clip_grad_norm=cfg.clip_grad_norm,
     )
