@@ -4,7 +4,7 @@ import pytest
 
 import pipesched
 from pipesched.execution import Span
-from pipesched.runtime.timeline import compare_to_simulation, median_costs, replayed_makespan
+from pipesched.runtime.timeline import calibrated_comm, compare_to_simulation, median_costs, replayed_makespan
 
 
 def simulated_timeline(schedule, delay_after=None, delay=0.0):
@@ -43,3 +43,11 @@ def test_median_costs_are_per_stage_and_kind():
     schedule = pipesched.build_schedule("zb-h1", 2, 4)
     costs = median_costs([simulated_timeline(schedule)])
     assert costs == {(s, k): 1.0 for s in range(2) for k in "FIW"}
+
+
+def test_the_calibrated_message_delay_reproduces_the_measured_steps():
+    schedule = pipesched.build_schedule("zb-v", 2, 8)
+    for true_delay in (0.0, 0.3, 1.5):
+        measured = [list(rank) for rank in pipesched.simulate(schedule, pipesched.Costs(comm=true_delay)).timeline]
+        assert calibrated_comm(schedule, [measured], floor=0.0) == pytest.approx(true_delay, abs=1e-6)
+    assert calibrated_comm(schedule, [measured], floor=2.0) == 2.0  # never under the measured latency

@@ -2,7 +2,11 @@
 
 The profiling run uses ZB-H1 (one chunk per rank, split backward), so the forward ``F``, the
 input-gradient backward ``I`` and the weight-gradient backward ``W`` of every stage are timed
-separately on real ranks; the runtime also measures the one-way p2p latency. Activation memory
+separately on real ranks. The delay per cross-rank message is calibrated on the same run: the
+one with which the simulator, fed each step's measured action durations, ends the steps when
+they ended (at least the one-way latency a ping-pong measures). On CPUs over gloo it is several
+times that latency, and without it the advisor would favour schedules that exchange many more
+messages (interleaved ones with many chunks) than they can afford. Activation memory
 per stage is counted in this process: the bytes autograd saves during one microbatch's forward
 (parameters excluded), which is what a stage holds from F until its W.
 """
@@ -20,7 +24,7 @@ from ..errors import ConfigError
 from ..registry import build_schedule
 from .models import MODELS, ModelDef, get_model
 from .partition import build_block_seeded, stage_block_ranges
-from .timeline import median_costs
+from .timeline import calibrated_comm, median_costs
 from .train import TrainConfig, run
 
 if TYPE_CHECKING:
@@ -41,10 +45,11 @@ class Profile:
     batch_size: int
     num_blocks: int
     stage_costs: tuple[tuple[float, float, float], ...]  # per stage: median F, I, W
-    comm: float  # one-way p2p latency
+    comm: float  # delay per cross-rank message, calibrated on the profiling run
     activation_bytes: tuple[int, ...]  # per stage, one microbatch
     step_time: float  # median step of the profiling schedule
     model_size: dict = field(default_factory=dict)
+    latency: float = 0.0  # one-way p2p latency of a ping-pong outside the steps
 
     def costs(self) -> Costs:
         """The advisor's costs in milliseconds: per-rank means plus per-stage multipliers."""
@@ -66,7 +71,8 @@ class Profile:
         )
         return (
             f"measured {self.model} on {self.ranks} ranks, m={self.microbatches}, batch {self.batch_size} "
-            f"({PROFILE_SCHEDULE} step {MS * self.step_time:.1f} ms, p2p latency {MS * self.comm:.3f} ms): {per_stage}"
+            f"({PROFILE_SCHEDULE} step {MS * self.step_time:.1f} ms, delay per message {MS * self.comm:.3f} ms "
+            f"against a p2p latency of {MS * self.latency:.3f} ms): {per_stage}"
         )
 
 
@@ -96,13 +102,15 @@ def profile(
         raise ConfigError(f"--model {model} has {md.num_blocks} blocks, fewer than {ranks} ranks")
     schedule = build_schedule(PROFILE_SCHEDULE, ranks, microbatches)
     result = run(TrainConfig(model, schedule, steps, batch_size, seed=seed, model_size=size, timeout_s=timeout_s))
-    measured = median_costs(result.timelines[1:])
+    steps_measured = result.timelines[1:]
+    measured = median_costs(steps_measured)
     stage_costs = tuple(
         (measured[(s, "F")], measured[(s, "I")], measured[(s, "W")]) for s in range(schedule.stages)
     )
     return Profile(
         model=model, ranks=ranks, microbatches=microbatches, batch_size=batch_size,
-        num_blocks=md.num_blocks, stage_costs=stage_costs, comm=result.comm_latency,
+        num_blocks=md.num_blocks, stage_costs=stage_costs,
+        comm=calibrated_comm(schedule, steps_measured, result.comm_latency), latency=result.comm_latency,
         activation_bytes=tuple(activation_bytes(md, ranks, batch_size // microbatches, seed)),
         step_time=result.median_step_time(), model_size=size,
     )

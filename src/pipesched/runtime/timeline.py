@@ -71,6 +71,31 @@ def replayed_makespan(schedule: Schedule, timeline: Timeline, comm: float) -> fl
     return makespan(execute(orders, schedule.placement, durations.__getitem__, comm))
 
 
+def calibrated_comm(schedule: Schedule, steps: Sequence[Timeline], floor: float) -> float:
+    """The per-message delay with which the simulator's execution model, fed every step's own
+    action durations, ends the steps when they really ended (medians over steps).
+
+    What a cross-rank message costs between actions in practice: the transfer, posting its
+    receive, waking the receiver. On CPUs over gloo that is several times the one-way latency a
+    ping-pong measures (``floor``, the least this returns), and schedules that exchange many
+    messages pay it many times.
+    """
+    target = statistics.median(makespan(t) for t in steps)
+
+    def replayed(comm: float) -> float:
+        return statistics.median(replayed_makespan(schedule, t, comm) for t in steps)
+
+    if replayed(floor) >= target:
+        return floor
+    lo, hi = floor, floor + target  # a delay as long as the step ends it later than measured
+    if replayed(hi) < target:  # no message on any path (one rank): the delay cannot matter
+        return floor
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if replayed(mid) < target else (lo, mid)
+    return hi
+
+
 def compare_to_simulation(schedule: Schedule, steps: Sequence[Timeline], comm: float) -> Comparison:
     """Replay the schedule in the simulator's execution model with the measured median cost of
     every (stage, kind) and the measured p2p latency; compare with the measured steps."""
