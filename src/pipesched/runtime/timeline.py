@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..execution import Span, execute
+from ..execution import Span, execute, run
 from ..schedule import Schedule
+from ..validate import lowered
 
 Timeline = list[list[Span]]
 
@@ -67,8 +68,9 @@ def replayed_makespan(schedule: Schedule, timeline: Timeline, comm: float) -> fl
     (its rank free, its input produced plus ``comm`` across ranks), each taking the duration it
     was measured to take in this step."""
     durations = {span.action: span.end - span.start for rank in timeline for span in rank}
-    orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
-    return makespan(execute(orders, schedule.placement, durations.__getitem__, comm))
+    program = lowered(schedule)  # lowered once per schedule: calibration replays it many times
+    _, ends = run(program, [durations[a] for a in program.actions], comm)
+    return max(ends, default=0.0)
 
 
 def calibrated_comm(schedule: Schedule, steps: Sequence[Timeline], floor: float) -> float:
