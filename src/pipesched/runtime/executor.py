@@ -152,8 +152,10 @@ class PipelineRuntime:
             self.optimizer.zero_grad(set_to_none=True)
             skipped = True
         else:
-            if self.clip_grad_norm is not None:
-                self._scale_gradients(self.clip_grad_norm / (grad_norm + 1e-6))
+            if self.clip_grad_norm is not None:  # torch's own scaling, given the norm over every rank
+                torch.nn.utils.clip_grads_with_norm_(
+                    self.parameters, self.clip_grad_norm, torch.tensor(grad_norm, dtype=torch.float64)
+                )
             self.optimizer.step()
         if self.device.type == "cuda":  # the step ends when the device's work does
             torch.cuda.synchronize(self.device)
@@ -254,12 +256,6 @@ class PipelineRuntime:
         dist.all_reduce(info)
         loss, bad_mb, bad_value, squares = info.tolist()
         return loss, int(bad_mb) - 1, bad_value, squares**0.5 if self.clip_grad_norm is not None else float("nan")
-
-    def _scale_gradients(self, coef: float) -> None:
-        if coef < 1.0:
-            for p in self.parameters:
-                if p.grad is not None:
-                    p.grad.mul_(coef)
 
     # -- gathering -------------------------------------------------------------------------
 
