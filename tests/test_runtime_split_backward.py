@@ -109,3 +109,19 @@ def test_other_parameters_get_their_gradients_in_i():
     entries = input_gradient(stage(torch.tensor([[1, 2, 3]])).sum(), None, stash)
     assert stage[0].weight.grad is not None
     assert stage[1].weight.grad is None and len(entries) == 1
+
+
+@pytest.mark.parametrize("name", list(stages()))
+def test_weight_gradients_carry_no_autograd_history(name):
+    """A gradient with a grad_fn keeps its whole history (every microbatch's output gradient)
+    alive until the next zero_grad: W must leave plain tensors, after accumulation too."""
+    block, x = stages()[name]
+    stash = WeightGradStash()
+    make_weight_grads_deferrable(block, stash)
+    for _ in range(2):  # the second W accumulates into an existing .grad
+        x_mb = x.clone().requires_grad_()
+        y = block(x_mb)
+        apply_weight_grads(input_gradient(y, torch.randn_like(y), stash))
+    for pname, p in block.named_parameters():
+        if p.grad is not None:
+            assert p.grad.grad_fn is None and not p.grad.requires_grad, pname

@@ -44,7 +44,7 @@ class _DeferrableLinear(torch.autograd.Function):
         grad_x = grad_out.matmul(weight) if ctx.needs_input_grad[0] else None
         pending = ctx.stash.collecting
         if pending is not None:
-            pending.append((ctx.module, x, grad_out))
+            pending.append((ctx.module, x.detach(), grad_out.detach()))
             return grad_x, None, None, None, None
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
         grad_w = g2.t().matmul(x.reshape(-1, x.shape[-1]))
@@ -70,8 +70,14 @@ def make_weight_grads_deferrable(module: nn.Module, stash: WeightGradStash) -> i
     return count
 
 
+@torch.no_grad()
 def apply_weight_grads(entries: list[Entry]) -> None:
-    """The ``W`` action: accumulate the deferred weight and bias gradients into ``.grad``."""
+    """The ``W`` action: accumulate the deferred weight and bias gradients into ``.grad``.
+
+    Runs without autograd recording: the stashed input requires grad, so a recorded ``g^T x``
+    would give each ``.grad`` a history (an ``MmBackward0``) that keeps every microbatch's output
+    gradient alive until the next ``zero_grad`` -- right values, but the split schedules then
+    held 2-3x the memory they promise."""
     for module, x, grad_out in entries:
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
         weight = module.weight
