@@ -10,6 +10,9 @@
    costs) whose peak fits p; the margin over the best of each; the MILP's status and the gap
    between the result and the proven lower bound where it runs (p*m <= 256).
 3. V family at unit costs: peak memory and bubble against 1F1B's (published: 1/2 and 2/3).
+3b. V-Half and V-Min against the authors' builder (its construction, reimplemented in
+   pipesched.schedules.v_compact and checked equal to it in tests/golden), at unit costs, the
+   skewed costs and the GPT's measured costs, at the same peak; the published bubble formula.
 4. DualPipeV: torch's schedule, flattened to plain actions, against zb-auto at its peak memory.
 5. Speed: median wall time of zb-auto at p=16 m=64 and p=32 m=256 (greedy only), and the MILP's
    time against its bound.
@@ -124,6 +127,33 @@ def v_family(quick: bool) -> None:
     print()
 
 
+MEASURED_GPT = Costs(F=9.3, B=9.92, W=5.3, comm=0.1)  # zb-v on the runtime's GPT, ms (Runtime section)
+
+
+def v_against_paper(quick: bool) -> None:
+    from pipesched import Schedule
+    from pipesched.placement import v_placement
+    from pipesched.schedules.v_blocks import v_half_offsets, v_min_offsets
+    from pipesched.schedules.v_compact import compacted_orders
+
+    print("### V-Half and V-Min against the authors' builder (same peak)\n")
+    print("| family | costs | p | m | ours | peak | paper's builder | its peak | ours/paper | "
+          "unit-cost formula 3m + f*3(p-1) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    settings = [(4, 16), (8, 32)] if quick else [(4, 16), (8, 24), (8, 32), (8, 64), (16, 48), (16, 64)]
+    for family, offsets, fraction in (("v-half", v_half_offsets, 1 / 2), ("v-min", v_min_offsets, 2 / 3)):
+        for label, costs in (("unit", Costs()), ("skewed", SKEWED), ("measured GPT", MEASURED_GPT)):
+            for p, m in settings:
+                ours = simulate(build_schedule(family, p, m, costs=costs), costs)
+                paper = Schedule(p, m, v_placement(p), tuple(map(tuple, compacted_orders(p, m, offsets))))
+                theirs = simulate(paper, costs)
+                formula = f"{3 * m + fraction * 3 * (p - 1):.4g}" if label == "unit" else ""
+                print(f"| {family} | {label} | {p} | {m} | {ours.makespan:.4g} | {ours.max_peak_memory:g} | "
+                      f"{theirs.makespan:.4g} | {theirs.max_peak_memory:g} | "
+                      f"{ours.makespan / theirs.makespan:.4f} | {formula} |")
+    print()
+
+
 def dualpipev(quick: bool) -> None:
     try:
         from pipesched.interop.torch_schedules import torch_schedule
@@ -174,16 +204,18 @@ def speed(quick: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sections = {"unit": unit_figures, "skewed": skewed, "v-family": v_family,
+                "v-paper": v_against_paper, "dualpipev": dualpipev, "speed": speed}
     parser.add_argument("--quick", action="store_true", help="fewer configurations")
+    parser.add_argument("--only", choices=sorted(sections), action="append",
+                        help="run only these sections (repeatable)")
     args = parser.parse_args()
     print("## Automatic schedules (`python benchmarks/auto.py`)\n")
     print("Produced by `python benchmarks/auto.py`. Costs are per microbatch for one rank's "
           "share; memory in one microbatch's activations per rank (M_B).\n")
-    unit_figures(args.quick)
-    skewed(args.quick)
-    v_family(args.quick)
-    dualpipev(args.quick)
-    speed(args.quick)
+    for name, section in sections.items():
+        if not args.only or name in args.only:
+            section(args.quick)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from ..placement import loop_placement, v_placement
 from ..schedule import Schedule
 from ..schedules.greedy import Knobs, build_greedy
 from ..schedules.v_blocks import block_orders, v_half_offsets, v_min_offsets
+from ..schedules.v_compact import compacted_orders
 from ..schedules.v_family import v_knobs
 from ..schedules.wfill import fill_weight_passes
 from ..schedules.zbv import rank_order
@@ -74,6 +75,8 @@ def handcrafted_candidates(ranks: int, microbatches: int, costs: Costs, limit: f
         ("zb-v", [rank_order(r, ranks, microbatches) for r in range(ranks)]),
         ("v-half block", block_orders(ranks, microbatches, v_half_offsets)),
         ("v-min block", block_orders(ranks, microbatches, v_min_offsets)),
+        ("v-half compacted", compacted_orders(ranks, microbatches, v_half_offsets)),
+        ("v-min compacted", compacted_orders(ranks, microbatches, v_min_offsets)),
     ):
         yield name, Schedule(ranks, microbatches, v, tuple(tuple(o) for o in orders), name=name)
 

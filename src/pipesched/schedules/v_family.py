@@ -4,11 +4,12 @@
 - ``v-half``: about half of it, ``(p+2)//2``; bubble about half of 1F1B's.
 - ``v-min``: about a third, ``(p+4)//3``; bubble about two thirds of 1F1B's.
 
-Each builder simulates its candidates under the given costs and keeps the fastest whose peak
-memory fits: the handcrafted program (:mod:`.zbv`, for ``zb-v``) or the building block
-(:mod:`.v_blocks`, for ``v-half``/``v-min``), and the cost-aware greedy (:mod:`.greedy`) with
-several switch settings at the same limit. The greedy's memory rule makes every limit from one
-microbatch's activations upward feasible.
+The three share one pool of candidates, simulated under the given costs; the fastest whose
+peak fits the family's limit wins: ZB-V's handcrafted program (:mod:`.zbv`), the V-Half and
+V-Min building blocks compacted as the paper's builder does (:mod:`.v_compact`) and repeated as
+they are (:mod:`.v_blocks`), and the cost-aware greedy (:mod:`.greedy`) with several switch
+settings at the limit. The family's own construction goes first, so it wins ties. The
+greedy's memory rule makes every limit from one microbatch's activations upward feasible.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .choose import best_schedule, objective_value, work_bound
 from .greedy import Knobs, build_greedy
 from .limits import resolve_limit
 from .v_blocks import block_orders, v_half_offsets, v_min_offsets
+from .v_compact import compacted_orders
 from .zbv import rank_order
 
 
@@ -59,6 +61,33 @@ def _from_orders(ranks: int, microbatches: int, orders, name: str) -> Schedule:
     return Schedule(ranks, microbatches, v_placement(ranks), tuple(tuple(o) for o in orders), name=name)
 
 
+def v_candidates(
+    ranks: int, microbatches: int, costs: Costs, limit: float, name: str, first: str,
+    first_built: Optional[Schedule] = None,
+) -> Iterator[Optional[Schedule]]:
+    """Every V construction, ``first`` (``"zb-v"``, ``"v-half"`` or ``"v-min"``) ahead for ties
+    (``first_built``: that one, already built).
+
+    One pool for the three families: at any limit the best V schedule that fits wins, whichever
+    family's construction made it (the ZB-V program fits a V-Half budget at small ``p``; a
+    V-Min block can beat a V-Half one under skewed costs).
+    """
+    handcrafted = {
+        "zb-v": lambda: [rank_order(r, ranks, microbatches) for r in range(ranks)],
+        "v-half": lambda: compacted_orders(ranks, microbatches, v_half_offsets),
+        "v-min": lambda: compacted_orders(ranks, microbatches, v_min_offsets),
+    }
+    for family in sorted(handcrafted, key=lambda f: f != first):
+        if family == first and first_built is not None:
+            yield first_built
+        else:
+            yield _from_orders(ranks, microbatches, handcrafted[family](), name)
+    for offsets in (v_half_offsets, v_min_offsets):
+        yield _from_orders(ranks, microbatches, block_orders(ranks, microbatches, offsets), name)
+    reserves = tuple(range(1, max(2, int(limit)) + 1))[:4]
+    yield from greedy_v_candidates(ranks, microbatches, costs, limit, name, v_knobs(ranks, microbatches, reserves))
+
+
 def build_zb_v(
     ranks: int,
     microbatches: int,
@@ -67,15 +96,13 @@ def build_zb_v(
     memory_limit: Optional[float] = None,
     objective: str = "makespan",
 ) -> Schedule:
-    """ZB-V: the handcrafted program where it fits, else (or if faster) the greedy V."""
+    """ZB-V: the handcrafted program where it fits, else (or if faster) the best V construction."""
     costs = costs or UNIT
     limit = resolve_limit(memory_limit, ranks, "zb-v")
     handcrafted = _from_orders(ranks, microbatches, [rank_order(r, ranks, microbatches) for r in range(ranks)], "zb-v")
     if _meets_work_bound(handcrafted, costs, limit, objective):
         return handcrafted  # nothing can be faster (always so at equal costs): skip the search
-    candidates = itertools.chain(
-        [handcrafted], greedy_v_candidates(ranks, microbatches, costs, limit, "zb-v", v_knobs(ranks, microbatches))
-    )
+    candidates = v_candidates(ranks, microbatches, costs, limit, "zb-v", "zb-v", first_built=handcrafted)
     return _finish(best_schedule(candidates, costs, limit, objective), "zb-v", limit)
 
 
@@ -96,18 +123,14 @@ def v_min_limit(ranks: int) -> int:
     return (ranks + 4) // 3
 
 
-def _build_budgeted(ranks, microbatches, costs, memory_limit, objective, family, budget, offsets) -> Schedule:
+def _build_budgeted(ranks, microbatches, costs, memory_limit, objective, family, budget) -> Schedule:
     costs = costs or UNIT
-    limit = resolve_limit(memory_limit, budget, family)
-    limit = min(limit, float(budget))
-    block = _from_orders(ranks, microbatches, block_orders(ranks, microbatches, offsets), family)
-    reserves = tuple(range(1, max(2, int(limit)) + 1))[:4]
-    knobs = v_knobs(ranks, microbatches, reserves)
-    candidates = itertools.chain([block], greedy_v_candidates(ranks, microbatches, costs, limit, family, knobs))
+    limit = min(resolve_limit(memory_limit, budget, family), float(budget))
+    candidates = v_candidates(ranks, microbatches, costs, limit, family, family)
     return _finish(best_schedule(candidates, costs, limit, objective), family, limit)
 
 
-def _budgeted_family(family: str, budget_of, offsets, summary: str):
+def _budgeted_family(family: str, budget_of, summary: str):
     def build(
         ranks: int,
         microbatches: int,
@@ -117,7 +140,7 @@ def _budgeted_family(family: str, budget_of, offsets, summary: str):
         objective: str = "makespan",
     ) -> Schedule:
         return _build_budgeted(ranks, microbatches, costs, memory_limit, objective, family,
-                               budget_of(ranks), offsets)
+                               budget_of(ranks))
 
     build.__name__ = f"build_{family.replace('-', '_')}"
     build.__doc__ = summary
@@ -125,10 +148,10 @@ def _budgeted_family(family: str, budget_of, offsets, summary: str):
 
 
 build_v_half = _budgeted_family(
-    "v-half", v_half_limit, v_half_offsets,
+    "v-half", v_half_limit,
     "V-Half: peak ``(p+2)//2`` (or a lower ``memory_limit``), about half of 1F1B's bubble.",
 )
 build_v_min = _budgeted_family(
-    "v-min", v_min_limit, v_min_offsets,
+    "v-min", v_min_limit,
     "V-Min: peak ``(p+4)//3`` (or a lower ``memory_limit``), about two thirds of 1F1B's bubble.",
 )
