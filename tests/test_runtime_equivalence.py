@@ -31,7 +31,7 @@ def _assert_equal_to_reference(results: dict, ref: dict) -> None:
 def test_every_registered_schedule_and_torch_csvs_on_two_ranks():
     size = dict(blocks=7, dim=16, hidden=32)
     schedules = [(f.name, pipesched.build_schedule(f.name, 2, 4)) for f in pipesched.families()]
-    for name in ("zb-v", "interleaved-1f1b", "interleaved-zb"):
+    for name in ("zb-v", "interleaved-1f1b", "interleaved-zb", "dualpipev"):
         theirs = torch_schedule(name, 2, 4)
         schedules.append((f"csv:{theirs.name}", pipesched.Schedule.from_csv(theirs.to_csv())))
     results = spawn(run_schedules, 2, ("mlp", size, 8, schedules), timeout_s=60)[0]
@@ -51,7 +51,7 @@ def test_gpt_on_two_ranks_with_uneven_microbatch_count_and_host_staged_messages(
 @pytest.mark.timeout(150)
 def test_smaller_model_on_four_ranks():
     size = dict(blocks=7, dim=8, hidden=16)
-    schedules = [(n, pipesched.build_schedule(n, 4, 4)) for n in ("1f1b", "zb-v", "interleaved-zb")]
+    schedules = [(n, pipesched.build_schedule(n, 4, 4)) for n in ("1f1b", "zb-v", "interleaved-zb", "dualpipev")]
     results = spawn(run_schedules, 4, ("mlp", size, 8, schedules), timeout_s=90)[0]
     _assert_equal_to_reference(results, reference("mlp", size, 8))
 

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pipesched import Schedule, build_schedule, get_family, simulate  # noqa: E402
+from pipesched.actions import Overlap  # noqa: E402
 from pipesched.interop.torch_schedules import torch_schedule  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -59,7 +60,7 @@ def _mock_runtime(ranks: int, stages_per_rank: int, microbatches: int):
     return _PipelineScheduleRuntime([stage] * stages_per_rank, microbatches)
 
 
-@pytest.mark.parametrize("name", ["1f1b", "zb-h1", "zb-v", "interleaved-1f1b", "interleaved-zb"])
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1", "zb-v", "interleaved-1f1b", "interleaved-zb", "dualpipev"])
 def test_our_csv_loads_into_torch_runtime(tmp_path, name):
     schedule = build_schedule(name, ranks=4, microbatches=8)
     path = tmp_path / f"{name}.csv"
@@ -67,10 +68,16 @@ def test_our_csv_loads_into_torch_runtime(tmp_path, name):
     runtime = _mock_runtime(4, schedule.chunks, 8)
     runtime._load_csv(str(path), format="compute_only")  # validates and lowers with comms
     loaded = {r: [str(a) for a in runtime.pipeline_order[r] if a is not None] for r in range(4)}
-    assert loaded == {r: [str(a) for a in schedule.rank_actions(r)] for r in range(4)}
+    assert loaded == {r: [str(a) for a in schedule.rank_entries(r)] for r in range(4)}
 
 
-@pytest.mark.parametrize("name", ["interleaved-1f1b", "interleaved-zb", "zb-v"])
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+def test_our_dualpipev_is_torchs_action_for_action(p):
+    for m in range(2 * p, 2 * p + 4):
+        assert build_schedule("dualpipev", p, m).to_csv() == torch_schedule("dualpipev", p, m).to_csv(), m
+
+
+@pytest.mark.parametrize("name", ["interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipev"])
 def test_csv_written_by_torch_loads_into_ours_and_round_trips(tmp_path, name):
     runtime = _mock_runtime(4, 2, 8)
     theirs = torch_schedule(name, 4, 8)
@@ -85,7 +92,9 @@ def test_csv_written_by_torch_loads_into_ours_and_round_trips(tmp_path, name):
     simulate(ours)
 
 
-def _to_torch(action):
-    from torch.distributed.pipelining.schedules import _Action, _ComputationType
+def _to_torch(entry):
+    from torch.distributed.pipelining.schedules import OVERLAP_F_B, _Action, _ComputationType
 
-    return _Action(action.stage, _ComputationType.from_str(action.kind), action.microbatch)
+    if isinstance(entry, Overlap):
+        return _Action(-1, OVERLAP_F_B, None, tuple(_to_torch(a) for a in entry.parts))
+    return _Action(entry.stage, _ComputationType.from_str(entry.kind), entry.microbatch)

@@ -6,17 +6,23 @@ An action is one unit of compute of one stage on one microbatch:
 - ``I`` backward for the input gradient (the first half of a split backward),
 - ``W`` backward for the weight gradient (the second half),
 - ``B`` full backward (``I`` and ``W`` fused).
+
+An :class:`Overlap` runs a forward and a backward of two other stage-microbatches together
+(DualPipe's F&B, which hides one's communication under the other's compute); torch writes it
+``(0F3;3B1)OVERLAP_F_B``.
 """
 
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import NamedTuple, Union
 
 from .errors import CSVFormatError
 
 KINDS = ("F", "I", "W", "B")
+OVERLAP_F_B = "OVERLAP_F_B"  # torch's computation type of an overlapped forward and backward
 _ACTION_RE = re.compile(r"^\s*(\d+)([FIWB])(\d+)\s*$")
+_OVERLAP_RE = re.compile(r"^\s*\(([^;()]*);([^;()]*)\)" + OVERLAP_F_B + r"\s*$")
 
 
 class Action(NamedTuple):
@@ -39,6 +45,47 @@ class Action(NamedTuple):
                 "F, I, W or B, such as 2F0 or 1I3"
             )
         return cls(int(match.group(1)), match.group(2), int(match.group(3)))
+
+
+class Overlap(NamedTuple):
+    """A forward and a backward (``B`` or ``I``) started together on one rank; the pair ends when
+    both have (the simulator's ``overlap`` factor says how much they slow each other down).
+
+    Prints and parses as torch's ``(<forward>;<backward>)OVERLAP_F_B``, e.g. ``(0F3;3B1)OVERLAP_F_B``.
+    """
+
+    forward: Action
+    backward: Action
+
+    def __str__(self) -> str:
+        return f"({self.forward};{self.backward}){OVERLAP_F_B}"
+
+    @property
+    def parts(self) -> tuple[Action, Action]:
+        """The sub-actions in torch's order: the forward, then the backward."""
+        return (self.forward, self.backward)
+
+
+Slot = Union[Action, Overlap]  # one entry of a rank's program
+
+
+def parse_slot(text: str) -> Slot:
+    """Parse ``"2F0"`` into an Action or ``"(0F3;3B1)OVERLAP_F_B"`` into an Overlap."""
+    match = _OVERLAP_RE.match(text)
+    if match is None:
+        return Action.parse(text)
+    forward, backward = Action.parse(match.group(1)), Action.parse(match.group(2))
+    if forward.kind != "F" or backward.kind not in "BI":
+        raise CSVFormatError(
+            f"cannot parse {text.strip()!r}: an {OVERLAP_F_B} pair is a forward then a backward "
+            "(B or I), such as (0F3;3B1)OVERLAP_F_B"
+        )
+    return Overlap(forward, backward)
+
+
+def sub_actions(slot: Slot) -> tuple[Action, ...]:
+    """The plain actions a program entry runs (one, or an overlapped pair's two)."""
+    return slot.parts if isinstance(slot, Overlap) else (slot,)
 
 
 def F(stage: int, microbatch: int) -> Action:

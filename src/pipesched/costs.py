@@ -4,6 +4,10 @@
 Bubble paper's convention), so a rank holding ``k`` stages pays ``F/k`` per stage forward. ``B``
 is the input-gradient backward (action ``I``); a full backward (action ``B``) costs ``B + W``.
 ``comm`` is a latency on every dependency that crosses ranks; it does not occupy either rank.
+``overlap`` prices an overlapped forward and backward (DualPipe's F&B): the pair takes
+``max(F, B) + overlap * min(F, B)`` of its two halves' costs. 1 (the default) is what the
+runtime does, one half after the other; 0 is a perfect overlap (the shorter hidden entirely);
+on a GPU with the halves on two streams, measure it.
 
 ``stage_multipliers`` describe imbalance along the model's depth (a heavy embedding or head):
 a list of ``L`` factors splits the model into ``L`` equal segments. A schedule with ``S`` stages
@@ -29,6 +33,7 @@ class Costs:
     W: float = 1.0
     comm: float = 0.0
     stage_multipliers: Optional[tuple[float, ...]] = None
+    overlap: float = 1.0
 
     def __post_init__(self) -> None:
         for label in ("F", "B", "W"):
@@ -37,6 +42,11 @@ class Costs:
                 raise ConfigError(f"cost {label}={value!r} must be a finite number above 0")
         if not isinstance(self.comm, (int, float)) or not math.isfinite(self.comm) or self.comm < 0:
             raise ConfigError(f"comm={self.comm!r} must be a finite number of 0 or more")
+        if not isinstance(self.overlap, (int, float)) or not 0 <= self.overlap <= 1:
+            raise ConfigError(
+                f"overlap={self.overlap!r} must be a number from 0 (an overlapped forward and "
+                "backward hide the shorter entirely) to 1 (they run one after the other)"
+            )
         if self.stage_multipliers is not None:
             mults = tuple(float(x) for x in self.stage_multipliers)
             if not mults:
@@ -52,6 +62,7 @@ class Costs:
         text: Optional[str] = None,
         comm: float = 0.0,
         multipliers: Optional[Sequence[float]] = None,
+        overlap: float = 1.0,
     ) -> "Costs":
         """Build from CLI text ``"F,B,W"`` (defaults 1,1,1)."""
         if text is None or not text.strip():
@@ -64,7 +75,8 @@ class Costs:
                 f, b, w = (float(p) for p in parts)
             except ValueError:
                 raise ConfigError(f"--costs {text!r}: expected three numbers F,B,W such as 1,1.4,0.6") from None
-        return cls(F=f, B=b, W=w, comm=comm, stage_multipliers=tuple(multipliers) if multipliers else None)
+        return cls(F=f, B=b, W=w, comm=comm, stage_multipliers=tuple(multipliers) if multipliers else None,
+                   overlap=overlap)
 
     def multipliers(self, stages: int) -> list[float]:
         """One factor per stage for a schedule of ``stages`` stages (see the module docstring)."""

@@ -3,7 +3,9 @@
 An action starts when its rank has finished the previous action and its input has arrived:
 ``F(s,k)`` needs ``F(s-1,k)``; ``I``/``B(s,k)`` needs the backward of ``(s+1,k)``, or ``F(s,k)``
 on the last stage; ``W(s,k)`` needs ``I(s,k)``. An input from another rank arrives ``comm``
-after it was produced. Computing start times is a longest path over this graph; when no rank
+after it was produced. An overlapped pair (:class:`~pipesched.actions.Overlap`) starts when
+the rank is free and both halves' inputs have arrived; both halves end together, after the
+pair's duration. Computing start times is a longest path over this graph; when no rank
 can move, the schedule deadlocks and the error names each stuck rank and what it waits for.
 
 For speed (schedules reach hundreds of thousands of actions) the programs are first lowered
@@ -16,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from .actions import Action
+from .actions import Action, Slot, sub_actions
 from .errors import DeadlockError
 
 NO_DEPENDENCY = -1
@@ -55,19 +57,26 @@ class Program:
     rank_of: list[int]  # rank of each id
     placement: tuple[int, ...]
     index: dict  # action -> id (a duplicated action keeps its last id)
+    partner: list[int]  # for an overlapped pair's forward: its backward's id (which follows); else -1
 
 
-def lower(orders: Sequence[Sequence[Action]], placement: Sequence[int]) -> Program:
-    """Number the actions and resolve every dependency to an id."""
+def lower(orders: Sequence[Sequence[Slot]], placement: Sequence[int]) -> Program:
+    """Number the actions (an overlapped pair's two halves in a row) and resolve every
+    dependency to an id."""
     actions: list[Action] = []
     rank_ids: list[list[int]] = []
     rank_of: list[int] = []
+    partner: list[int] = []
     index: dict = {}
     for r, order in enumerate(orders):
-        ids = list(range(len(actions), len(actions) + len(order)))
-        index.update(zip(order, ids))
-        actions.extend(order)
-        rank_of.extend([r] * len(order))
+        first = len(actions)
+        for entry in order:
+            parts = sub_actions(entry)
+            partner.extend([len(actions) + 1, -1] if len(parts) == 2 else [-1])
+            actions.extend(parts)
+        ids = list(range(first, len(actions)))
+        index.update(zip(actions[first:], ids))
+        rank_of.extend([r] * len(ids))
         rank_ids.append(ids)
     last = len(placement) - 1
     get = index.get
@@ -86,13 +95,17 @@ def lower(orders: Sequence[Sequence[Action]], placement: Sequence[int]) -> Progr
             d = get((s, "F", k), MISSING)
         append(d)
     cross = [d >= 0 and rank_of[d] != r for d, r in zip(dep, rank_of)]
-    return Program(actions, rank_ids, dep, cross, rank_of, tuple(placement), index)
+    return Program(actions, rank_ids, dep, cross, rank_of, tuple(placement), index, partner)
 
 
 def run(program: Program, durations: Sequence[float], comm: float) -> tuple[list[float], list[float]]:
-    """Start and end time of every action id; raises DeadlockError when ranks get stuck."""
+    """Start and end time of every action id; raises DeadlockError when ranks get stuck.
+
+    An overlapped pair takes its forward's duration (see :func:`pair_durations`); its backward's
+    is not used.
+    """
     n = len(program.actions)
-    dep, cross = program.dep, program.cross
+    dep, cross, partner = program.dep, program.cross, program.partner
     starts = [0.0] * n
     ends = [-1.0] * n
     waiting: dict[int, list[int]] = {}
@@ -121,12 +134,33 @@ def run(program: Program, durations: Sequence[float], comm: float) -> tuple[list
                     start = t_dep
             elif d == MISSING:
                 break
+            b = partner[a]
+            if b >= 0:  # an overlapped pair also waits for its backward's input
+                d = dep[b]
+                if d >= 0:
+                    t_dep = ends[d]
+                    if t_dep < 0:
+                        waiting.setdefault(d, []).append(r)
+                        break
+                    if cross[b]:
+                        t_dep += comm
+                    if t_dep > start:
+                        start = t_dep
+                elif d == MISSING:
+                    break
             t = start + durations[a]
             starts[a] = start
             ends[a] = t
             woken = waiting.pop(a, None)
             if woken:
                 runnable.extend(woken)
+            if b >= 0:
+                starts[b] = start
+                ends[b] = t
+                woken = waiting.pop(b, None)
+                if woken:
+                    runnable.extend(woken)
+                i += 1
             i += 1
         pos[r] = i
         free[r] = t
@@ -134,6 +168,18 @@ def run(program: Program, durations: Sequence[float], comm: float) -> tuple[list
     if stuck:
         raise DeadlockError(_deadlock_message(program, pos, stuck))
     return starts, ends
+
+
+def pair_durations(program: Program, durations: Sequence[float], overlap: float) -> list[float]:
+    """Durations with each overlapped pair's on its forward's id: ``max + overlap * min`` of
+    the two halves (``overlap`` 1: one after the other; 0: fully hidden), 0 on its backward's."""
+    paired = list(durations)
+    for a, b in enumerate(program.partner):
+        if b >= 0:
+            da, db = durations[a], durations[b]
+            paired[a] = max(da, db) + overlap * min(da, db)
+            paired[b] = 0.0
+    return paired
 
 
 def execute(
@@ -150,9 +196,15 @@ def execute(
 
 def _deadlock_message(program: Program, pos: list[int], stuck: list[int]) -> str:
     stages = len(program.placement)
+    done = _finished_before(program, pos)
     parts = []
     for r in stuck:
-        action_id = program.rank_ids[r][pos[r]]
+        first = program.rank_ids[r][pos[r]]
+        halves = (first, program.partner[first]) if program.partner[first] >= 0 else (first,)
+        # the half whose input is missing (a pair's backward when its forward's input is there)
+        action_id = next((x for x in halves if program.dep[x] == MISSING
+                          or program.dep[x] >= 0 and program.dep[x] not in done),
+                         first)
         action = program.actions[action_id]
         d = program.dep[action_id]
         if d == MISSING:
@@ -165,3 +217,8 @@ def _deadlock_message(program: Program, pos: list[int], stuck: list[int]) -> str
                 f"rank {r} waits at {action} for {program.actions[d]} (rank {owner})"
             )
     return "schedule deadlocks: " + "; ".join(parts)
+
+
+def _finished_before(program: Program, pos: list[int]) -> set[int]:
+    """Ids each rank ran before it got stuck."""
+    return {x for r, ids in enumerate(program.rank_ids) for x in ids[:pos[r]]}

@@ -13,11 +13,12 @@ import io
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
-from .actions import Action
+from .actions import Action, Overlap, parse_slot, sub_actions
+from .actions import Slot as Entry
 from .errors import CSVFormatError
 from .placement import placement_style, stages_by_rank
 
-Slot = Optional[Action]
+Slot = Optional[Entry]  # an action, an overlapped pair, or None for an idle slot
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,8 @@ class Schedule:
     """Per-rank program order plus the stage-to-rank placement.
 
     ``orders[r]`` is rank ``r``'s program: actions run in this order, ``None`` marks an idle
-    slot (kept only so that CSVs written by torch round-trip exactly; it costs no time).
+    slot (kept only so that CSVs written by torch round-trip exactly; it costs no time). An
+    :class:`~pipesched.actions.Overlap` entry runs a forward and a backward together.
     """
 
     ranks: int
@@ -49,16 +51,25 @@ class Schedule:
         """``"loop"``, ``"v"`` or ``"custom"``."""
         return placement_style(self.placement, self.ranks)
 
-    def rank_actions(self, rank: int) -> list[Action]:
-        """Rank ``rank``'s actions in program order, idle slots dropped."""
+    def rank_entries(self, rank: int) -> list[Entry]:
+        """Rank ``rank``'s program entries (actions and overlapped pairs), idle slots dropped."""
         return [a for a in self.orders[rank] if a is not None]
+
+    def rank_actions(self, rank: int) -> list[Action]:
+        """Rank ``rank``'s plain actions in program order (an overlapped pair's forward, then
+        its backward), idle slots dropped."""
+        return [a for entry in self.rank_entries(rank) for a in sub_actions(entry)]
 
     def actions(self) -> Iterator[tuple[int, Action]]:
         """Every (rank, action) pair, rank by rank in program order."""
-        for rank, order in enumerate(self.orders):
-            for action in order:
-                if action is not None:
-                    yield rank, action
+        for rank in range(self.ranks):
+            for action in self.rank_actions(rank):
+                yield rank, action
+
+    @property
+    def overlapped(self) -> bool:
+        """True when some rank runs an overlapped forward and backward (OVERLAP_F_B)."""
+        return any(isinstance(a, Overlap) for order in self.orders for a in order)
 
     @property
     def split_backward(self) -> bool:
@@ -102,9 +113,7 @@ class Schedule:
         stage_rank: dict[int, int] = {}
         most_mb = -1
         for rank, order in enumerate(orders):
-            for action in order:
-                if action is None:
-                    continue
+            for action in (a for entry in order if entry is not None for a in sub_actions(entry)):
                 held = stage_rank.setdefault(action.stage, rank)
                 if held != rank:
                     raise CSVFormatError(
@@ -138,7 +147,7 @@ def _parse_row(row: list[str], rank: int) -> list[Slot]:
             slots.append(None)
             continue
         try:
-            slots.append(Action.parse(cell))
+            slots.append(parse_slot(cell))
         except CSVFormatError as err:
             raise CSVFormatError(f"row {rank + 1} (rank {rank}), cell {col + 1}: {err}") from None
     return slots

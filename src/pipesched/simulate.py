@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Optional
 
 from .costs import UNIT, Costs
-from .execution import Program, Span, run
+from .execution import Program, Span, pair_durations, run
 from .placement import stages_by_rank
 from .schedule import Schedule
 from .validate import UNIT_RUN, VALIDATED, check_structure, lowered
@@ -106,10 +106,12 @@ def durations_for(placement: tuple[int, ...], ranks: int, costs: Costs) -> dict[
 
 
 def durations_by_id(schedule: Schedule, program: Program, costs: Costs) -> list[float]:
-    """Duration of every action of the lowered program, in id order."""
+    """Duration of every action of the lowered program, in id order (an overlapped pair's on
+    its forward's id, priced by ``costs.overlap``)."""
     flat = action_durations(schedule, costs)
     table = [{kind: flat[(s, kind)] for kind in "FIWB"} for s in range(schedule.stages)]
-    return [table[s][kind] for s, kind, _k in program.actions]
+    durations = [table[s][kind] for s, kind, _k in program.actions]
+    return pair_durations(program, durations, costs.overlap) if schedule.overlapped else durations
 
 
 def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:

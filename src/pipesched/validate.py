@@ -2,7 +2,8 @@
 
 Structure: every action names a stage on its own rank and a microbatch in range; each
 (stage, microbatch) has one ``F`` and either one ``B`` or one ``I`` and one ``W``; on its rank,
-``F`` comes before the backward and ``I`` before ``W``. Then the programs are executed under
+``F`` comes before the backward and ``I`` before ``W``; an overlapped pair never holds a
+microbatch's backward together with that microbatch's forward of the same stage. Then the programs are executed under
 :mod:`pipesched.execution` with unit costs: if some rank can never move, the schedule deadlocks.
 """
 
@@ -38,6 +39,12 @@ def check_structure(schedule: Schedule) -> None:
     for rank in range(p):
         if not program.rank_ids[rank]:
             raise ScheduleError(f"rank {rank} has no actions: every rank must hold a stage")
+    for a, b in enumerate(program.partner):
+        if b >= 0 and program.dep[b] == a:
+            raise ScheduleError(
+                f"rank {program.rank_of[a]} overlaps {program.actions[a]} with {program.actions[b]}, "
+                "which needs that forward's output: an overlapped pair's halves must be independent"
+            )
 
 
 def _pairs_fast_ok(seen: dict, stages: int, m: int) -> bool:
@@ -98,7 +105,7 @@ def lowered(schedule: Schedule) -> Program:
     """The schedule's programs lowered to ids (computed once, kept with the schedule)."""
     program = schedule.meta.get(_PROGRAM)
     if program is None:
-        orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
+        orders = [schedule.rank_entries(r) for r in range(schedule.ranks)]
         program = schedule.meta[_PROGRAM] = lower(orders, schedule.placement)
     return program
 

@@ -31,13 +31,15 @@ def draw(
     comm: float = opt.Comm,
     memory_limit: Optional[float] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
+    overlap: float = opt.Overlap,
     objective: Optional[str] = opt.Objective,
     csv: Optional[Path] = typer.Option(None, "--csv", help="Draw a schedule CSV (torch's compute-only format)."),
     output: Path = typer.Option(..., "--output", "-o", help="chart.svg, chart.png (needs Pillow) or trace.json (Perfetto)."),
 ) -> None:
     """Draw one schedule's simulated timeline: Gantt chart (SVG/PNG) or Perfetto trace (JSON)."""
     check_output_path(output, DRAW_SUFFIXES)
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective)
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
+                  overlap=overlap)
     schedule = schedule_from_flags(name, csv, s)
     result = simulate(schedule, s.costs)
     suffix = output.suffix.lower()
@@ -66,12 +68,14 @@ def report(
     comm: float = opt.Comm,
     memory_limit: Optional[float] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
+    overlap: float = opt.Overlap,
     objective: Optional[str] = opt.Objective,
     output: Path = typer.Option(Path("report.html"), "--output", "-o", help="The HTML file to write."),
 ) -> None:
     """Every schedule for one configuration in one offline HTML page: charts, metrics, when to choose each."""
     check_output_path(output, [".html", ".htm"])
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective)
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
+                  overlap=overlap)
     write_report(s, output)
 
 

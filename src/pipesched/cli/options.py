@@ -22,6 +22,12 @@ Objective = typer.Option(
     help="What searching schedules (zb-auto, the V family) minimise: makespan (default; ranks "
     "synchronise at the optimizer step) or span (iterations overlap).",
 )
+Overlap = typer.Option(
+    1.0, "--overlap",
+    help="How much an overlapped forward and backward (OVERLAP_F_B, dualpipev) slow each other: "
+    "the pair takes max(F,B) + OVERLAP * min(F,B); 1 = one after the other (what the runtime "
+    "does on CPU), 0 = the shorter fully hidden.",
+)
 Multipliers = typer.Option(
     None, "--stage-multipliers", help="Cost factors along the model's depth, e.g. 1.3,1,1,1.3."
 )
@@ -57,6 +63,7 @@ def setup(
     memory_limit: Optional[float],
     multipliers: Optional[str],
     objective: Optional[str] = None,
+    overlap: float = 1.0,
 ) -> Setup:
     """Check and bundle the shared flags (bad values raise ConfigError: one line, exit 2)."""
     if ranks < 1:
@@ -71,5 +78,5 @@ def setup(
         from ..schedules.choose import check_objective
 
         check_objective(objective)
-    parsed = Costs.parse(costs, comm=comm, multipliers=parse_multipliers(multipliers))
+    parsed = Costs.parse(costs, comm=comm, multipliers=parse_multipliers(multipliers), overlap=overlap)
     return Setup(ranks, microbatches, chunks, parsed, memory_limit, objective)

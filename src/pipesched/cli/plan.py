@@ -97,6 +97,7 @@ def simulate_cmd(
     comm: float = opt.Comm,
     memory_limit: Optional[float] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
+    overlap: float = opt.Overlap,
     objective: Optional[str] = opt.Objective,
     csv: Optional[Path] = typer.Option(None, "--csv", help="Simulate a schedule CSV (torch's compute-only format)."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
@@ -105,7 +106,8 @@ def simulate_cmd(
     """Simulate one schedule: makespan, span, bubble ratio, busy time and peak memory per rank."""
     if draw and as_json:
         raise ConfigError("--draw prints a chart and --json prints data for programs: give one of them")
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective)
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
+                  overlap=overlap)
     result = simulate(schedule_from_flags(name, csv, s), s.costs)
     if as_json:
         typer.echo(json.dumps(result.metrics()))
@@ -154,11 +156,13 @@ def compare(
     comm: float = opt.Comm,
     memory_limit: Optional[float] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
+    overlap: float = opt.Overlap,
     objective: Optional[str] = opt.Objective,
     as_json: bool = typer.Option(False, "--json", help="Print the rows as a JSON list."),
 ) -> None:
     """Every schedule for one configuration, side by side."""
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective)
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
+                  overlap=overlap)
     rows = compare_rows(s)
     if as_json:
         typer.echo(json.dumps(rows))

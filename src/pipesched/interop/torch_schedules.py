@@ -11,7 +11,7 @@ import warnings
 from typing import Optional
 from unittest import mock
 
-from ..actions import Action
+from ..actions import Action, Overlap
 from ..schedule import Schedule
 
 # pipesched name -> torch class name, stages per rank
@@ -29,8 +29,8 @@ TORCH_COUNTERPARTS = {
 def torch_schedule(name: str, ranks: int, microbatches: int, chunks: int = 2) -> Optional[Schedule]:
     """torch's counterpart of pipesched schedule ``name``, or None where torch refuses the case.
 
-    Compound actions (DualPipeV's overlapped F/B) are flattened into their sub-actions; actions
-    that compute nothing (REDUCE_GRAD) are dropped.
+    DualPipeV's overlapped forward and backward stay one :class:`~pipesched.actions.Overlap`;
+    actions that compute nothing (REDUCE_GRAD) are dropped.
     """
     import torch.distributed.pipelining.schedules as ts
     from torch.distributed.pipelining.stage import PipelineStage
@@ -57,11 +57,14 @@ def torch_schedule(name: str, ranks: int, microbatches: int, chunks: int = 2) ->
             if action is None:
                 row.append(None)
                 continue
-            subs = action.sub_actions or (action,)
-            for sub in subs:
-                kind = sub.computation_type.value
-                if kind not in ("F", "I", "W", "B"):
-                    continue  # bookkeeping such as REDUCE_GRAD (torch >= 2.9 single-stage schedules)
-                row.append(Action(sub.stage_index, kind, sub.microbatch_index))
+            if action.sub_actions is not None:
+                row.append(Overlap(*(_plain(sub) for sub in action.sub_actions)))
+            elif action.computation_type.value in ("F", "I", "W", "B"):
+                row.append(_plain(action))
+            # else: bookkeeping such as REDUCE_GRAD (torch >= 2.9 single-stage schedules)
         orders.append(row)
     return Schedule.from_orders(orders, name=f"torch:{class_name}")
+
+
+def _plain(action) -> Action:
+    return Action(action.stage_index, action.computation_type.value, action.microbatch_index)

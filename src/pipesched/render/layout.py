@@ -1,7 +1,8 @@
 """Chart geometry shared by the SVG and PNG writers: where every box, label and curve goes.
 
 One row per rank: a light lane whose empty stretches are the bubbles, each action a box as wide
-as its duration, and under it a thin strip with the rank's activations over time. All ranks'
+as its duration (an overlapped forward and backward: two half-height boxes in one slot, the
+forward on top), and under it a thin strip with the rank's activations over time. All ranks'
 strips share one vertical scale, so their heights compare.
 """
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
 from .palette import BASE, KIND_NAMES, style_key
-from .timeline import Timeline, summary_line
+from .timeline import Timeline, overlaps_previous, summary_line
 
 LABEL_W = 62  # rank labels on the left
 RIGHT_PAD = 24
@@ -105,11 +106,16 @@ def build_chart(timeline: Timeline, scale: Optional[Scale] = None) -> Chart:
     )
     for rank, spans in enumerate(timeline.spans):
         y = TITLE_H + rank * row_pitch
-        for action, start, end in spans:
+        for i, (action, start, end) in enumerate(spans):
             w = (end - start) * px
             mb = str(action.microbatch)
+            top, h = y, ROW_H
+            if overlaps_previous(spans, i):
+                top, h = y + ROW_H / 2, ROW_H / 2
+            elif i + 1 < len(spans) and overlaps_previous(spans, i + 1):
+                h = ROW_H / 2
             chart.boxes.append(Box(
-                LABEL_W + start * px, y, w, ROW_H,
+                LABEL_W + start * px, top, w, h,
                 style_key(action.kind, chunk[action.stage]),
                 mb if w >= DIGIT_W * len(mb) + 3 else "",
                 f"{action}  rank {rank}  {start:.6g} \u2192 {end:.6g}",

@@ -1,6 +1,7 @@
 """The timeline in the terminal: one line of coloured cells per rank, time scaled to the width.
 
-Each cell shows the action covering its time slice; the microbatch number is printed where its
+Each cell shows the action covering its time slice (an overlapped forward and backward share
+their slot: the forward's colour in its first half, the backward's in its second); the microbatch number is printed where its
 box is wider than the number (so numbers never run together), idle time is a dim dot, so the
 bubbles show as gaps.
 """
@@ -15,7 +16,7 @@ from rich.text import Text
 
 from ..simulate import SimResult
 from .palette import BASE, KIND_NAMES, box_colour, style_key, text_colour
-from .timeline import Timeline, as_timeline, summary_line
+from .timeline import Timeline, as_timeline, overlaps_previous, summary_line
 
 LABEL = "rank {:>2} "
 IDLE = "\u00b7"
@@ -90,6 +91,8 @@ def _cells(spans, columns: int, step: float) -> list[Optional[int]]:
     for index, (_action, start, end) in enumerate(spans):
         first = min(columns, int(start / step + 0.5))
         last = min(columns, int(end / step + 0.5))
+        if overlaps_previous(spans, index):
+            first = (first + last + 1) // 2  # the pair's forward keeps the first half
         if last > first:
             cells[first:last] = [index] * (last - first)
         else:

@@ -66,7 +66,8 @@ class Timeline:
 
     @property
     def bubble_ratio(self) -> float:
-        busy = sum(s.end - s.start for rs in self.spans for s in rs)
+        busy = sum(s.end - s.start for rs in self.spans for i, s in enumerate(rs)
+                   if not overlaps_previous(rs, i))
         total = self.ranks * self.makespan
         return max(0.0, 1.0 - busy / total) if total > 0 else 0.0
 
@@ -74,6 +75,15 @@ class Timeline:
         if self.memory is None:
             return None
         return [max((level for _, level in curve), default=0.0) for curve in self.memory]
+
+
+def overlaps_previous(spans, i: int) -> bool:
+    """True when span ``i`` runs together with span ``i - 1`` of the same rank: the backward
+    half of an overlapped forward and backward (OVERLAP_F_B), which share start and end."""
+    if i == 0:
+        return False
+    this, before = spans[i], spans[i - 1]
+    return this.end > this.start and this.start == before.start and this.end == before.end
 
 
 def as_timeline(source: Union[Timeline, SimResult]) -> Timeline:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..registry import Family, register
 from .. import auto
-from . import gpipe, interleaved, interleaved_zb, one_f_one_b, v_family, zero_bubble
+from . import dualpipev, gpipe, interleaved, interleaved_zb, one_f_one_b, v_family, zero_bubble
 
 register(Family(
     name="gpipe", build=gpipe.build,
@@ -74,4 +74,10 @@ register(Family(
     summary="a third of 1F1B's activations at about 1F1B's speed: V placement, split backward",
     placement="v", split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2,
     memory="(p+4)//3 (a lower limit >= 1 is honoured)", uses_memory_limit=True, uses_objective=True,
+))
+register(Family(
+    name="dualpipev", build=dualpipev.build,
+    summary="DeepSeek's DualPipeV: a V whose steady state overlaps one chunk's forward with the other's backward (hides MoE all-to-all)",
+    placement="v", split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2,
+    memory="p + 1/2", torch_name="ScheduleDualPipeV",
 ))
