@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipesched import Schedule, build_schedule, get_family, simulate  # noqa: E402
+from pipesched import Costs, Schedule, build_schedule, get_family, simulate  # noqa: E402
 from pipesched.actions import Overlap  # noqa: E402
 from pipesched.interop.torch_schedules import torch_schedule  # noqa: E402
 
@@ -34,6 +34,26 @@ def test_ours_are_never_slower_nor_hungrier_than_torch(name, p):
         assert ours.max_peak_memory <= reference.max_peak_memory + 1e-9, m
         compared += 1
     assert compared > 0
+
+
+@pytest.mark.parametrize("p, m", [(2, 3), (4, 5), (4, 7), (8, 9), (8, 15)])
+def test_interleaved_zb_at_torchs_peak_is_never_slower_under_skewed_costs(p, m):
+    costs = Costs(F=1, B=1.4, W=0.6, comm=0.1)
+    reference = simulate(torch_schedule("interleaved-zb", p, m), costs)
+    ours = simulate(build_schedule("interleaved-zb", p, m, costs=costs, memory_limit=reference.max_peak_memory), costs)
+    assert ours.makespan <= reference.makespan + 1e-9
+    assert ours.max_peak_memory <= reference.max_peak_memory + 1e-9
+
+
+@pytest.mark.parametrize("p, m", [(4, 5), (8, 9)])
+def test_interleaved_zb_keeps_1f1b_memory_by_default_and_matches_torch_given_its_peak(p, m):
+    """Where torch's holds half a microbatch more than p (the README's example), ours stays at
+    p by default, and reaches torch's makespan when given torch's peak as its limit."""
+    reference = simulate(torch_schedule("interleaved-zb", p, m))
+    assert reference.max_peak_memory > p
+    assert simulate(build_schedule("interleaved-zb", p, m)).max_peak_memory <= p
+    matched = simulate(build_schedule("interleaved-zb", p, m, memory_limit=reference.max_peak_memory))
+    assert matched.makespan <= reference.makespan
 
 
 def test_torch_refuses_counts_we_schedule():
