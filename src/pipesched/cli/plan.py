@@ -52,18 +52,36 @@ def export(
     stage_multipliers: Optional[str] = opt.Multipliers,
     objective: Optional[str] = opt.Objective,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="CSV file (default: stdout)."),
+    torchtitan: bool = typer.Option(
+        False, "--torchtitan",
+        help="Also print the torchtitan job-config settings (TOML) that run the CSV written to -o.",
+    ),
+    microbatch_size: int = typer.Option(
+        1, "--microbatch-size", help="With --torchtitan: samples per microbatch (local_batch_size = m x this)."
+    ),
 ) -> None:
     """Write a schedule as torch.distributed.pipelining's compute-only CSV."""
     s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective)
+    if torchtitan and output is None:
+        raise ConfigError("--torchtitan needs -o FILE: the settings point torchtitan at that CSV")
+    if microbatch_size < 1:
+        raise ConfigError(f"--microbatch-size must be at least 1, got {microbatch_size}")
     if output is not None:
         check_output_path(output, [".csv"])
     schedule = build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective)
+    settings = None
+    if torchtitan:
+        from ..interop.torchtitan import settings_toml
+
+        settings = settings_toml(schedule, str(output), microbatch_size)  # refuses a layout torchtitan lacks
     text = schedule.to_csv()
     if output is None:
         typer.echo(text, nl=False)
-    else:
-        write_atomic(output, text)
-        typer.echo(f"wrote {output} ({schedule.describe()})", err=True)
+        return
+    write_atomic(output, text)
+    typer.echo(f"wrote {output} ({schedule.describe()})", err=True)
+    if settings is not None:
+        typer.echo(settings, nl=False)
 
 
 def load_csv_file(path: Path, ranks: Optional[int] = None) -> Schedule:
