@@ -154,3 +154,40 @@ def staging_decision(rank: int, world: int, _job) -> bool:
     groups = make_link_groups(links(schedule), 30)
     shapes = {(kind, s): (torch.Size([1]), torch.float32) for kind in (ACT, GRAD) for s in range(world)}
     return Transport(plan_rank(schedule, rank), groups, shapes, torch.device("meta"), 30).host_staging
+
+
+def nonfinite_weights_run(rank: int, world: int, schedule) -> None:
+    """One step with a NaN learning rate: every parameter becomes NaN after the optimizer step."""
+    md = get_model("mlp", blocks=3, dim=8, hidden=16)
+    x, y = md.batch(0, 8, 0)
+    rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn,
+                         lambda ps: torch.optim.SGD(ps, lr=float("nan")), x[:2], timeout_s=60)
+    rt.step(x, y)
+
+
+CHECKPOINT_MODEL = {"blocks": 3, "dim": 8, "hidden": 16}
+
+
+def checkpoint_crash_run(rank: int, world: int, job: tuple) -> None:
+    """Two AdamW steps of a small MLP, checkpointed after each; rank 1 is killed (SIGKILL) in the
+    middle of writing the second checkpoint, after its data file and before the metadata."""
+    import torch.distributed.checkpoint as dcp
+
+    from pipesched.runtime import checkpoint
+
+    directory, schedule = job
+    md = get_model("mlp", **CHECKPOINT_MODEL)
+    rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("adamw", 0.01),
+                         md.batch(0, 8, 0)[0][:2], timeout_s=60)
+    rt.step(*md.batch(0, 8, 0))
+    checkpoint.save_runtime(rt, directory)
+    rt.step(*md.batch(1, 8, 0))
+    if rank == 1:
+        write_data = dcp.FileSystemWriter.write_data
+
+        def write_then_die(self, plan, planner):
+            write_data(self, plan, planner).wait()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        dcp.FileSystemWriter.write_data = write_then_die
+    checkpoint.save_runtime(rt, directory)

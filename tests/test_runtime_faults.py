@@ -46,7 +46,7 @@ def test_a_silent_rank_times_out_and_is_stopped():
 @pytest.mark.timeout(60)
 def test_nonfinite_loss_names_step_and_microbatch_and_can_be_skipped():
     schedule = pipesched.build_schedule("zb-h1", 2, 4)
-    with pytest.raises(DistributedRunError, match=r"step 0: the loss of microbatch 2 is (nan|inf)"):
+    with pytest.raises(DistributedRunError, match=r"step 1: the loss of microbatch 2 is (nan|inf)"):
         spawn(nonfinite_run, 2, (schedule, False), timeout_s=30.0)
     skipped, unchanged = spawn(nonfinite_run, 2, (schedule, True), timeout_s=30.0)[0]
     assert skipped and unchanged

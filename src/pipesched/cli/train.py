@@ -47,6 +47,14 @@ def train(
     clip_grad_norm: Optional[float] = typer.Option(
         None, "--clip-grad-norm", help="Clip the whole model's gradient norm (over every rank) to this, as torch's clip_grad_norm_."
     ),
+    checkpoint_dir: Optional[Path] = typer.Option(
+        None, "--checkpoint-dir", help="Save checkpoints here (torch.distributed.checkpoint, one folder per step; at least after the last step)."
+    ),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="With --checkpoint-dir: also save every N steps."),
+    checkpoint_keep: int = typer.Option(2, "--checkpoint-keep", help="How many of the newest checkpoints to keep."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue from the newest complete checkpoint in --checkpoint-dir up to --steps (the total), under any schedule or rank count."
+    ),
 ) -> None:
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
     try:
@@ -56,18 +64,20 @@ def train(
     from ..runtime.models import MODELS, get_model
     from ..runtime.partition import block_counts
     from ..runtime.train import OPTIMIZERS, TrainConfig, run
+    from .train_checks import check_batch_fits, check_checkpointing, check_numbers
 
     if model not in MODELS:
         raise ConfigError(f"--model {model!r} is not known: use one of {', '.join(MODELS)}")
     for label, value in (("--ranks", ranks), ("--steps", steps), ("--batch-size", batch_size)):
         if value < 1:
             raise ConfigError(f"{label} must be at least 1, got {value}")
-    if not timeout > 0:
-        raise ConfigError(f"--timeout must be above 0 seconds, got {timeout:g}")
+    check_numbers(lr, timeout, seed, clip_grad_norm)
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"--optimizer {optimizer!r} is not known: use one of {', '.join(OPTIMIZERS)}")
-    if clip_grad_norm is not None and not clip_grad_norm > 0:
-        raise ConfigError(f"--clip-grad-norm must be above 0, got {clip_grad_norm:g}")
+    model_def = get_model(model)
+    check_batch_fits(model_def, batch_size, seed)
+    resume_from = check_checkpointing(checkpoint_dir, checkpoint_every, checkpoint_keep, resume, steps,
+                                      model_def, optimizer, lr)
     if save_params is not None:
         check_output_path(save_params, [".pt", ".pth"])
     if trace is not None:
@@ -76,7 +86,6 @@ def train(
         plan = _auto(model, ranks, microbatches, batch_size, memory_limit, seed)
     else:
         plan = _schedule(schedule, csv, ranks, microbatches, chunks)
-    model_def = get_model(model)
     counts = _parse_counts(stage_blocks)
     if plan is not None:
         try:
@@ -91,21 +100,45 @@ def train(
     cfg = TrainConfig(
         model, plan, steps, batch_size, seed=seed, lr=lr, optimizer=optimizer, block_counts=counts, timeout_s=timeout,
         skip_nonfinite=skip_nonfinite, clip_grad_norm=clip_grad_norm, want_params=save_params is not None,
-        show_progress=True,
+        show_progress=True, checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
+        checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep,
+        resume_from=None if resume_from is None else str(resume_from),
     )
-    try:
-        result = run(cfg)
-    except Exception as err:
-        if type(err).__name__ in ("DistributedRunError", "NonFiniteLoss", "PeerFailure"):
-            typer.echo(f"pipesched: error: {err}", err=True)
-            raise typer.Exit(code=1) from None
-        raise
+    result = _run_to_the_end(run, cfg)
     if result is None:  # a torchrun rank other than 0
         return
     from .train_report import print_summary, write_outputs
 
     print_summary(plan, result)
     write_outputs(plan, result, save_params, trace)
+
+
+def _run_to_the_end(run, cfg):
+    """Run ``cfg``; a failed or stopped run is one line on stderr and a non-zero exit."""
+    from ..runtime.launch import RunStopped
+
+    resumable = f" ({cfg.checkpoint_dir} holds what to --resume from)" if cfg.checkpoint_dir else ""
+    try:
+        return run(cfg)
+    except RunStopped as stop:
+        _say(f"pipesched: stopped by {stop.signal_name}: the run and every rank were stopped{resumable}")
+        raise typer.Exit(code=128 + stop.signum) from None
+    except KeyboardInterrupt:
+        _say(f"pipesched: stopped by Ctrl-C: the run and every rank were stopped{resumable}")
+        raise typer.Exit(code=130) from None
+    except Exception as err:
+        if type(err).__name__ in ("DistributedRunError", "NonFiniteLoss", "NonFiniteWeights", "PeerFailure"):
+            _say(f"pipesched: error: {err}")
+            raise typer.Exit(code=1) from None
+        raise
+
+
+def _say(line: str) -> None:
+    """One line on stderr, even when the terminal that would show it is gone (after SIGHUP)."""
+    try:
+        typer.echo(line, err=True)
+    except OSError:
+        pass
 
 
 def _schedule(name: str, csv: Optional[Path], ranks: int, microbatches: Optional[int], chunks: Optional[int]) -> Optional[Schedule]:

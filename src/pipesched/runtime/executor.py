@@ -5,7 +5,7 @@ per-schedule loop. Training semantics equal the unpipelined model's: the batch i
 ``m`` microbatches along dim 0, the loss is the mean over microbatches (each microbatch's loss
 is scaled by ``1/m`` before its backward), gradients accumulate over the step, and each rank
 steps its optimizer once per step, after its last action and after the step's loss is known to
-be finite on every rank. With ``clip_grad_norm`` the gradients are scaled as
+be finite on every rank; a step that leaves a parameter non-finite stops every rank. With ``clip_grad_norm`` the gradients are scaled as
 ``torch.nn.utils.clip_grad_norm_`` scales the unpipelined model's: by the norm over every rank's
 parameters, summed in the same all-reduce that agrees on the loss.
 """
@@ -25,6 +25,7 @@ from ..execution import Span
 from ..schedule import Schedule
 from ..validate import validate
 from .clock import EventClock, HostClock
+from .guard import NonFiniteWeights, first_nonfinite
 from .p2p import Transport, make_link_groups
 from .partition import BlockBuilder, Stage, build_stage, infer_boundary_shapes, stage_block_ranges
 from .plan import ACT, GRAD, links, plan_rank
@@ -146,7 +147,7 @@ class PipelineRuntime:
         if bad_mb >= 0:
             if not self.skip_nonfinite:
                 raise NonFiniteLoss(
-                    f"step {self.steps_done}: the loss of microbatch {bad_mb} is {bad_value} "
+                    f"step {self.steps_done + 1}: the loss of microbatch {bad_mb} is {bad_value} "
                     "(weights not updated; --skip-nonfinite skips such steps)"
                 )
             self.optimizer.zero_grad(set_to_none=True)
@@ -157,6 +158,7 @@ class PipelineRuntime:
                     self.parameters, self.clip_grad_norm, torch.tensor(grad_norm, dtype=torch.float64)
                 )
             self.optimizer.step()
+            self._check_weights()
         if self.device.type == "cuda":  # the step ends when the device's work does
             torch.cuda.synchronize(self.device)
         step_time = perf_counter() - t0
@@ -164,6 +166,19 @@ class PipelineRuntime:
         spans = [Span(action, times[2 * i], times[2 * i + 1]) for i, (action, _, _) in enumerate(marks)]
         self.steps_done += 1
         return StepResult(loss, step_time, spans, skipped, t0, grad_norm)
+
+    def _check_weights(self) -> None:
+        """Stop every rank when the optimizer step left a parameter non-finite, naming the step
+        (counted from 1) and the model's first such parameter: one flag all-reduced per step,
+        the names gathered only on failure."""
+        bad = first_nonfinite(self.named_parameters())
+        flag = torch.tensor([bad is not None], dtype=torch.int32,
+                            device="cpu" if dist.get_backend() == "gloo" else self.device)
+        dist.all_reduce(flag)
+        if flag.item():
+            names = [None] * dist.get_world_size()
+            dist.all_gather_object(names, bad)
+            raise NonFiniteWeights(self.steps_done + 1, min((n for n in names if n), key=_block_order))
 
     def _clock(self):
         """Events on CUDA (unless ``sync_actions`` says otherwise), the host clock elsewhere."""

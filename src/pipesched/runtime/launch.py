@@ -1,10 +1,11 @@
 """Start the ranks: spawn local processes (gloo, one thread each) or join torchrun's group.
 
 Local runs pick a free port on 127.0.0.1, start one process per rank (one compute thread each,
-freed memory kept for the next step) and watch them: when one
-fails or dies, the others are expected to fail on their own within the timeout (their receives
-raise, naming the rank and action they waited on); whatever is still alive after that is killed,
-so no process is left behind. Ctrl-C stops every local process.
+freed memory kept for the next step) and watch them: when one fails or dies, the others are
+expected to fail on their own within the timeout (their receives raise, naming the rank and
+action they waited on); whatever is still alive a few seconds later is killed. No rank outlives
+the launcher: each dies with it (``lifeline``), and Ctrl-C, SIGTERM or SIGHUP on the launcher
+stop every rank and raise ``RunStopped`` (KeyboardInterrupt for Ctrl-C) instead of a traceback.
 """
 
 from __future__ import annotations
@@ -19,19 +20,54 @@ import socket
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
+from .lifeline import die_with_parent
 
 Worker = Callable[[int, int, Any], Any]
 
 
 class DistributedRunError(RuntimeError):
     """One or more ranks failed; the message names each rank and why."""
+
+
+class RunStopped(BaseException):
+    """The launcher was asked to stop (SIGTERM, SIGHUP); its ranks have been stopped.
+
+    A BaseException, as KeyboardInterrupt is, so that no ``except Exception`` swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(f"stopped by {self.signal_name}")
+
+
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextmanager
+def stop_on_termination() -> Iterator[None]:
+    """Within this block SIGTERM and SIGHUP raise RunStopped in the main thread, so that the
+    run unwinds (stopping its ranks) and says why, instead of dying silently."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, _frame):
+        raise RunStopped(signum)
+
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def under_torchrun() -> bool:
@@ -110,7 +146,14 @@ def keep_freed_memory() -> bool:
     return memory_kept
 
 
-def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeout_s: float, results) -> None:
+def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeout_s: float, results,
+           launcher: int) -> None:
+    die_with_parent(launcher)
+    # Ctrl-C reaches the whole terminal's process group: the launcher alone handles it (and stops
+    # us), so no rank prints a KeyboardInterrupt traceback. SIGINT was blocked across our start.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     if os.environ.get("PIPESCHED_KEEP_FREED_MEMORY", "1") != "0":
@@ -120,8 +163,6 @@ def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeo
         # plain pickle: tensors travel as bytes, not as shared-memory handles that die with us
         results.put(("ok", rank, pickle.dumps(worker(rank, world, payload))))
         dist.destroy_process_group()
-    except KeyboardInterrupt:
-        os._exit(130)
     except Exception as err:  # reported to the parent as one line
         results.put(("error", rank, _one_line(err)))
         results.close()
@@ -131,7 +172,8 @@ def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeo
 
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    known = ("PeerFailure", "NonFiniteLoss", "ConfigError", "DistributedRunError")
+    known = ("PeerFailure", "NonFiniteLoss", "NonFiniteWeights", "ConfigError", "CheckpointMismatch",
+             "DistributedRunError")
     if type(err).__name__ in known:
         return text
     where = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
@@ -143,35 +185,40 @@ def spawn(worker: Worker, world: int, payload: Any, timeout_s: float = 300.0) ->
     """Run ``worker(rank, world, payload)`` in ``world`` local processes; return each rank's result.
 
     ``worker`` must be importable (defined at module level): processes are spawned, not forked.
-    Raises DistributedRunError naming every rank that failed.
+    Raises DistributedRunError naming every rank that failed, RunStopped on SIGTERM or SIGHUP
+    and KeyboardInterrupt on Ctrl-C (every rank stopped first). The calling thread must live
+    until this returns (it does: it waits here), since on Linux the ranks die with it.
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_child, args=(r, world, port, worker, payload, timeout_s, results), daemon=True)
+        ctx.Process(target=_child, args=(r, world, port, worker, payload, timeout_s, results, os.getpid()), daemon=True)
         for r in range(world)
     ]
-    previous = _exit_on_sigterm()
-    for p in procs:
-        p.start()
+    with stop_on_termination():
+        try:
+            _start_without_sigint(procs)
+            return _collect(procs, results, timeout_s)
+        finally:
+            _stop(procs)
+
+
+def _start_without_sigint(procs: list) -> None:
+    """Start the ranks with SIGINT blocked (they inherit the mask until they ignore SIGINT)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        for p in procs:
+            p.start()
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        return _collect(procs, results, timeout_s)
+        for p in procs:
+            p.start()
     finally:
-        _stop(procs)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _exit_on_sigterm():
-    """Turn SIGTERM into SystemExit so that the ranks are stopped on the way out."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def stop(_signum, _frame):
-        raise SystemExit(143)
-
-    return signal.signal(signal.SIGTERM, stop)
+FAILURE_GRACE_S = 5.0  # after a rank fails, how long the others get to say why they stopped
 
 
 def _collect(procs: list, results, timeout_s: float) -> dict[int, Any]:
@@ -180,7 +227,7 @@ def _collect(procs: list, results, timeout_s: float) -> dict[int, Any]:
     world = len(procs)
     done: dict[int, Any] = {}
     errors: dict[int, str] = {}
-    grace = min(timeout_s, 10.0)
+    grace = min(timeout_s, FAILURE_GRACE_S)
     failed_at: Optional[float] = None
     while len(done) + len(errors) < world:
         _drain(results, done, errors, wait=0.1)

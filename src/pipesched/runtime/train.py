@@ -2,6 +2,8 @@
 
 The reference (``--schedule none``) trains the same blocks, seeded the same way, on the same
 batches, in one process with one ordinary backward: the run every schedule must equal.
+Both checkpoint every ``checkpoint_every`` steps and at the end, and resume from a checkpoint
+of either (``runtime/checkpoint.py``); the weights are checked finite after every step.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import torch
 import torch.distributed as dist
 
 from ..schedule import Schedule
+from . import checkpoint
 from .executor import PipelineRuntime
-from .launch import rank_device
+from .guard import NonFiniteWeights, first_nonfinite
+from .launch import rank_device, stop_on_termination
 from .models import ModelDef, get_model
 from .partition import balanced_counts
 from .timeline import Timeline
@@ -41,9 +45,19 @@ class TrainConfig:
     want_params: bool = False
     want_grads: bool = False
     show_progress: bool = False
+    checkpoint_dir: Optional[str] = None
+    checkpoint_every: Optional[int] = None  # with checkpoint_dir: save after every N steps (and the last; None: the last only)
+    checkpoint_keep: int = checkpoint.DEFAULT_KEEP
+    resume_from: Optional[str] = None  # a checkpoint folder: continue after its step, up to ``steps``
 
     def model_def(self) -> ModelDef:
         return get_model(self.model, **self.model_size)
+
+    def checkpoint_due(self, steps_done: int) -> bool:
+        """Whether to checkpoint after ``steps_done`` steps."""
+        if self.checkpoint_dir is None:
+            return False
+        return steps_done == self.steps or (self.checkpoint_every is not None and steps_done % self.checkpoint_every == 0)
 
 
 @dataclass
@@ -56,6 +70,7 @@ class TrainResult:
     comm_latency: float = 0.0
     params: Optional[dict] = None
     grads: Optional[dict] = None  # after the first step
+    first_step: int = 0  # steps done before this run (resumed from a checkpoint), 0 otherwise
 
     def median_step_time(self, skip: int = 1) -> float:
         times = self.step_times[skip:] or self.step_times
@@ -81,8 +96,9 @@ def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, fl
     md = cfg.model_def()
     model = md.sequential(cfg.seed)
     optimizer = make_optimizer(cfg.optimizer, cfg.lr)(list(model.parameters()))
+    first = _resume(cfg, model, optimizer)
     losses, times, grads = [], [], None
-    for step in range(cfg.steps):
+    for step in range(first, cfg.steps):
         x, y = md.batch(step, cfg.batch_size, cfg.seed)
         t0 = perf_counter()
         optimizer.zero_grad(set_to_none=True)
@@ -93,12 +109,28 @@ def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, fl
         if step == 0 and cfg.want_grads:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         optimizer.step()
+        bad = first_nonfinite(model.named_parameters())
+        if bad is not None:
+            raise NonFiniteWeights(step + 1, bad)
         times.append(perf_counter() - t0)
         losses.append(loss.item())
         if on_step:
             on_step(step, losses[-1], times[-1])
+        if cfg.checkpoint_due(step + 1):
+            checkpoint.save(cfg.checkpoint_dir, step + 1, model, optimizer, cfg.checkpoint_keep)
     params = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.want_params else None
-    return TrainResult(losses, times, [], 0.0, params, grads)
+    return TrainResult(losses, times, [], 0.0, params, grads, first)
+
+
+def _resume(cfg: TrainConfig, model, optimizer) -> int:
+    """Load ``cfg.resume_from`` (if any) and return the steps already done. The learning rate
+    is this run's: ``--lr`` applies from the resumed step on."""
+    if cfg.resume_from is None:
+        return 0
+    done = checkpoint.load(cfg.resume_from, model, optimizer)
+    for group in optimizer.param_groups:
+        group["lr"] = cfg.lr
+    return done
 
 
 def measure_latency(shape: torch.Size, dtype: torch.dtype, device: torch.device, rounds: int = 20) -> float:
@@ -139,11 +171,13 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
         seed=cfg.seed, block_counts=counts, device=device,
         timeout_s=cfg.timeout_s, skip_nonfinite=cfg.skip_nonfinite, clip_grad_norm=cfg.clip_grad_norm,
     )
+    first = _resume(cfg, checkpoint.runtime_module(runtime), runtime.optimizer)
+    runtime.steps_done = first
     latency = measure_latency(*_first_link_tensor(runtime), device)
-    progress = _Progress(cfg.steps, schedule.name) if cfg.show_progress and rank == 0 else None
+    progress = _Progress(cfg.steps, schedule.name, first) if cfg.show_progress and rank == 0 else None
     losses, times, spans, grads = [], [], [], None
     try:
-        for step in range(cfg.steps):
+        for step in range(first, cfg.steps):
             x, y = md.batch(step, cfg.batch_size, cfg.seed)
             result = runtime.step(x, y)
             losses.append(result.loss)
@@ -153,6 +187,8 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
                 grads = runtime.gather_gradients()
             if progress:
                 progress.update(step, result.loss, result.step_time, result.skipped)
+            if cfg.checkpoint_due(runtime.steps_done):
+                checkpoint.save_runtime(runtime, cfg.checkpoint_dir, cfg.checkpoint_keep)
     finally:
         if progress:
             progress.close()
@@ -160,7 +196,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     params = runtime.gather_state_dict() if cfg.want_params else None
     if rank != 0:
         return None
-    return TrainResult(losses, times, timelines, latency, params, grads)
+    return TrainResult(losses, times, timelines, latency, params, grads, first)
 
 
 def _first_link_tensor(runtime: PipelineRuntime) -> tuple[torch.Size, torch.dtype]:
@@ -182,7 +218,7 @@ def _gather_timelines(per_step: list) -> list[Timeline]:
 class _Progress:
     """A rich progress bar on rank 0: loss and step time of each step."""
 
-    def __init__(self, steps: int, name: str) -> None:
+    def __init__(self, steps: int, name: str, done: int = 0) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.bar = Progress(
@@ -190,7 +226,7 @@ class _Progress:
             TextColumn("loss {task.fields[loss]}"), TextColumn("step {task.fields[ms]} ms"),
             TimeElapsedColumn(), transient=False,
         )
-        self.task = self.bar.add_task("train", total=steps, loss="-", ms="-")
+        self.task = self.bar.add_task("train", total=steps, completed=done, loss="-", ms="-")
         self.bar.start()
 
     def update(self, step: int, loss: float, seconds: float, skipped: bool) -> None:
@@ -203,13 +239,16 @@ class _Progress:
 
 def run(cfg: TrainConfig) -> Optional[TrainResult]:
     """Run ``cfg``: the reference in this process, the pipeline on spawned local ranks, or this
-    process's rank under torchrun (the result then comes back on rank 0 only)."""
+    process's rank under torchrun (the result then comes back on rank 0 only).
+    SIGTERM and SIGHUP raise ``launch.RunStopped`` (local ranks stopped first)."""
     if cfg.schedule is None:
         torch.set_num_threads(1)
-        progress = _Progress(cfg.steps, "reference") if cfg.show_progress else None
+        done = checkpoint.checkpoint_step(cfg.resume_from) if cfg.resume_from else 0
+        progress = _Progress(cfg.steps, "reference", done) if cfg.show_progress else None
         on_step = (lambda step, loss, secs: progress.update(step, loss, secs, False)) if progress else None
         try:
-            return train_reference(cfg, on_step)
+            with stop_on_termination():
+                return train_reference(cfg, on_step)
         finally:
             if progress:
                 progress.close()

@@ -1,0 +1,93 @@
+"""Every ``pipesched train`` option checked before a process starts (one line, exit 2).
+
+A value the ranks would only choke on after spawning (a NaN learning rate, a seed torch's
+generators refuse, a batch no machine holds, a resume with nothing to resume) is refused here
+with a line that says what would be valid.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Optional
+
+from ..errors import ConfigError
+
+FLOAT32_MAX = 3.4028234663852886e38
+MAX_TIMEOUT_S = 365 * 24 * 3600
+
+
+def check_numbers(lr: float, timeout: float, seed: int, clip_grad_norm: Optional[float]) -> None:
+    """The numeric options: finite, positive where they must be, inside the ranges torch takes."""
+    from ..runtime.datasets import MAX_SEED
+
+    if not (math.isfinite(lr) and 0 < lr <= FLOAT32_MAX):
+        raise ConfigError(f"--lr must be a finite number above 0 (at most {FLOAT32_MAX:.3g}, float32's largest), got {lr:g}")
+    if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
+        raise ConfigError(f"--timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S} (a year), got {timeout:g}")
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be a whole number from 0 to {MAX_SEED}, got {seed}")
+    if clip_grad_norm is not None and not (math.isfinite(clip_grad_norm) and clip_grad_norm > 0):
+        raise ConfigError(f"--clip-grad-norm must be a finite number above 0, got {clip_grad_norm:g}")
+
+
+def check_batch_fits(model_def, batch_size: int, seed: int) -> None:
+    """Refuse a batch whose inputs, targets and block outputs alone exceed the machine's memory
+    (a floor of what a step holds: shapes come from one sample run on the meta device)."""
+    from ..runtime.partition import infer_boundary_shapes
+
+    have = physical_memory()
+    x, y = model_def.batch(0, 1, seed)
+    blocks = [range(i, i + 1) for i in range(model_def.num_blocks)]
+    outputs = infer_boundary_shapes(model_def.build_block, blocks, x)
+    per_sample = x.nbytes + y.nbytes + sum(math.prod(shape) * dtype.itemsize for shape, dtype in outputs)
+    if have is not None and per_sample * batch_size > have:
+        raise ConfigError(
+            f"--batch-size {batch_size}: a step would hold at least {_gib(per_sample * batch_size)} (inputs, "
+            f"targets, each block's output), more than this machine's {_gib(have)}: use at most {have // per_sample}"
+        )
+
+
+def physical_memory() -> Optional[int]:
+    """Bytes of RAM on this machine, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
+def check_checkpointing(directory: Optional[Path], every: Optional[int], keep: int, resume: bool,
+                        steps: int, model_def, optimizer: str, lr: float) -> Optional[Path]:
+    """Check the checkpoint options and the folder; return the checkpoint to resume from.
+
+    A checkpoint of another model or optimizer is refused here (CheckpointMismatch)."""
+    if directory is None:
+        if every is not None:
+            raise ConfigError("--checkpoint-every needs --checkpoint-dir (where to write the checkpoints)")
+        if resume:
+            raise ConfigError("--resume needs --checkpoint-dir (the folder of the run to continue)")
+        return None
+    if every is not None and every < 1:
+        raise ConfigError(f"--checkpoint-every must be at least 1 (steps), got {every}")
+    if keep < 1:
+        raise ConfigError(f"--checkpoint-keep must be at least 1, got {keep}")
+    from ..runtime import checkpoint
+    from ..runtime.train import make_optimizer
+
+    found = checkpoint.prepare_directory(directory, resume)
+    if found is None:
+        return None
+    done = checkpoint.checkpoint_step(found)
+    if done >= steps:
+        raise ConfigError(f"--resume: {found} is after step {done}, and --steps {steps} asks for no more: raise --steps")
+    import torch
+
+    probe = make_optimizer(optimizer, lr)([torch.nn.Parameter(torch.zeros(1))])
+    checkpoint.check_matches(found, checkpoint.model_shapes(model_def.build_block, model_def.num_blocks),
+                             checkpoint.optimizer_settings(probe))
+    return found
