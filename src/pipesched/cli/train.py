@@ -57,6 +57,10 @@ def train(
     ),
 ) -> None:
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
+    from .train_checks import check_batch_fits, check_checkpoint_flags, check_checkpointing, check_numbers
+
+    check_numbers(lr, timeout, seed, clip_grad_norm)
+    check_checkpoint_flags(checkpoint_dir, checkpoint_every, checkpoint_keep, resume)
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -64,20 +68,16 @@ def train(
     from ..runtime.models import MODELS, get_model
     from ..runtime.partition import block_counts
     from ..runtime.train import OPTIMIZERS, TrainConfig, run
-    from .train_checks import check_batch_fits, check_checkpointing, check_numbers
 
     if model not in MODELS:
         raise ConfigError(f"--model {model!r} is not known: use one of {', '.join(MODELS)}")
     for label, value in (("--ranks", ranks), ("--steps", steps), ("--batch-size", batch_size)):
         if value < 1:
             raise ConfigError(f"{label} must be at least 1, got {value}")
-    check_numbers(lr, timeout, seed, clip_grad_norm)
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"--optimizer {optimizer!r} is not known: use one of {', '.join(OPTIMIZERS)}")
     model_def = get_model(model)
     check_batch_fits(model_def, batch_size, seed)
-    resume_from = check_checkpointing(checkpoint_dir, checkpoint_every, checkpoint_keep, resume, steps,
-                                      model_def, optimizer, lr)
     if save_params is not None:
         check_output_path(save_params, [".pt", ".pth"])
     if trace is not None:
@@ -97,6 +97,7 @@ def train(
                 f"--batch-size {batch_size} does not split into {plan.microbatches} equal microbatches: "
                 f"use a multiple of {plan.microbatches}"
             )
+    resume_from = check_checkpointing(checkpoint_dir, resume, steps, model_def, optimizer, lr)  # last: creates the folder
     cfg = TrainConfig(
         model, plan, steps, batch_size, seed=seed, lr=lr, optimizer=optimizer, block_counts=counts, timeout_s=timeout,
         skip_nonfinite=skip_nonfinite, clip_grad_norm=clip_grad_norm, want_params=save_params is not None,

@@ -2,7 +2,8 @@
 
 A value the ranks would only choke on after spawning (a NaN learning rate, a seed torch's
 generators refuse, a batch no machine holds, a resume with nothing to resume) is refused here
-with a line that says what would be valid.
+with a line that says what would be valid. The checks that need no torch run before torch is
+imported, so plain mistakes are answered at once.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from ..errors import ConfigError
 
 FLOAT32_MAX = 3.4028234663852886e38
 MAX_TIMEOUT_S = 365 * 24 * 3600
+# numpy's seed range; every generator seed derived from one (seed + block for the weights,
+# 1_000_003 * seed + step for the data) then stays inside torch.manual_seed's
+MAX_SEED = 2**32 - 1
 
 
 def check_numbers(lr: float, timeout: float, seed: int, clip_grad_norm: Optional[float]) -> None:
     """The numeric options: finite, positive where they must be, inside the ranges torch takes."""
-    from ..runtime.datasets import MAX_SEED
-
     if not (math.isfinite(lr) and 0 < lr <= FLOAT32_MAX):
         raise ConfigError(f"--lr must be a finite number above 0 (at most {FLOAT32_MAX:.3g}, float32's largest), got {lr:g}")
     if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
@@ -61,21 +63,26 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.3g} GiB"
 
 
-def check_checkpointing(directory: Optional[Path], every: Optional[int], keep: int, resume: bool,
-                        steps: int, model_def, optimizer: str, lr: float) -> Optional[Path]:
-    """Check the checkpoint options and the folder; return the checkpoint to resume from.
-
-    A checkpoint of another model or optimizer is refused here (CheckpointMismatch)."""
+def check_checkpoint_flags(directory: Optional[Path], every: Optional[int], keep: int, resume: bool) -> None:
+    """The checkpoint options on their own (the folder is checked by :func:`check_checkpointing`)."""
     if directory is None:
         if every is not None:
             raise ConfigError("--checkpoint-every needs --checkpoint-dir (where to write the checkpoints)")
         if resume:
             raise ConfigError("--resume needs --checkpoint-dir (the folder of the run to continue)")
-        return None
     if every is not None and every < 1:
         raise ConfigError(f"--checkpoint-every must be at least 1 (steps), got {every}")
     if keep < 1:
         raise ConfigError(f"--checkpoint-keep must be at least 1, got {keep}")
+
+
+def check_checkpointing(directory: Optional[Path], resume: bool, steps: int, model_def, optimizer: str,
+                        lr: float) -> Optional[Path]:
+    """Check (and create) the checkpoint folder; return the checkpoint to resume from.
+
+    A checkpoint of another model or optimizer is refused here (CheckpointMismatch)."""
+    if directory is None:
+        return None
     from ..runtime import checkpoint
     from ..runtime.train import make_optimizer
 

@@ -29,9 +29,6 @@ def _encoded_text() -> torch.Tensor:
     return torch.tensor([index[c] for c in shipped_text()], dtype=torch.long)
 
 
-MAX_SEED = 2**32 - 1  # numpy's range: every seed derived from one (seed + block, below) fits torch's
-
-
 def _generator(step: int, seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(1_000_003 * seed + step)
 
