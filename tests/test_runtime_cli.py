@@ -31,7 +31,7 @@ def _one_line_error(result, *fragments):
         (["--model", "resnet"], ["--model 'resnet'"]),
         (["--schedule", "no-such"], ["unknown schedule"]),
         (["--save-params", "out.txt"], [".pt"]),
-        (["--clip-grad-norm", "0"], ["--clip-grad-norm must be above 0"]),
+        (["--clip-grad-norm", "0"], ["--clip-grad-norm must be a finite number above 0"]),
         (["--optimizer", "lamb"], ["--optimizer 'lamb'", "sgd, adamw"]),
     ],
 )

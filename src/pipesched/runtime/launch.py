@@ -3,7 +3,7 @@
 Local runs pick a free port on 127.0.0.1, start one process per rank (one compute thread each,
 freed memory kept for the next step) and watch them: when one fails or dies, the others are
 expected to fail on their own within the timeout (their receives raise, naming the rank and
-action they waited on); whatever is still alive a few seconds later is killed. No rank outlives
+action they waited on); whatever is still alive 10 seconds later is killed. No rank outlives
 the launcher: each dies with it (``lifeline``), and Ctrl-C, SIGTERM or SIGHUP on the launcher
 stop every rank and raise ``RunStopped`` (KeyboardInterrupt for Ctrl-C) instead of a traceback.
 """
@@ -218,7 +218,7 @@ def _start_without_sigint(procs: list) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-FAILURE_GRACE_S = 5.0  # after a rank fails, how long the others get to say why they stopped
+FAILURE_GRACE_S = 10.0  # after a rank fails, how long the others get to say why they stopped
 
 
 def _collect(procs: list, results, timeout_s: float) -> dict[int, Any]:

@@ -1,0 +1,65 @@
+"""What reliability costs: a checkpoint save and load, and the per-step weight guard, against
+the step time of the same run (2 gloo ranks, the CLI's default ``mlp``, AdamW, zb-v), measured
+side by side in one run; medians over a few repetitions.
+
+    PYTHONPATH=src python benchmarks/checkpoint.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+from time import perf_counter
+
+import torch
+
+import pipesched
+from pipesched.runtime import checkpoint
+from pipesched.runtime.executor import PipelineRuntime
+from pipesched.runtime.launch import spawn
+from pipesched.runtime.models import get_model
+from pipesched.runtime.train import make_optimizer
+
+BATCH, MICROBATCHES, REPEATS = 64, 8, 5
+
+
+def _measure(rank: int, world: int, job: tuple) -> dict:
+    directory, name = job
+    md = get_model("mlp")
+    schedule = pipesched.build_schedule(name, world, MICROBATCHES)
+    x, y = md.batch(0, BATCH, 0)
+    rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("adamw", 1e-3),
+                         x[: BATCH // MICROBATCHES], timeout_s=120)
+    steps, saves, loads, guards = [], [], [], []
+    for i in range(REPEATS):
+        steps.append(rt.step(*md.batch(i, BATCH, 0)).step_time)
+        torch.distributed.barrier()
+        t0 = perf_counter()
+        rt._check_weights()
+        guards.append(perf_counter() - t0)
+        t0 = perf_counter()
+        path = checkpoint.save_runtime(rt, directory)
+        saves.append(perf_counter() - t0)
+        t0 = perf_counter()
+        checkpoint.load_runtime(rt, path)
+        torch.distributed.barrier()
+        loads.append(perf_counter() - t0)
+    size = sum(f.stat().st_size for f in path.iterdir())
+    return {"step": statistics.median(steps[1:]), "save": statistics.median(saves[1:]),
+            "load": statistics.median(loads[1:]), "guard": statistics.median(guards[1:]), "bytes": size}
+
+
+def main() -> int:
+    name = sys.argv[1] if len(sys.argv) > 1 else "zb-v"
+    with tempfile.TemporaryDirectory() as directory:
+        r = spawn(_measure, 2, (directory, name), timeout_s=300)[0]
+    print(f"{name}, 2 ranks, mlp (4.2M parameters), AdamW: checkpoint {r['bytes'] / 2**20:.1f} MiB")
+    print(f"step {1000 * r['step']:.1f} ms   save {1000 * r['save']:.1f} ms ({r['save'] / r['step']:.2f} steps)   "
+          f"load {1000 * r['load']:.1f} ms ({r['load'] / r['step']:.2f} steps)   "
+          f"weight guard {1000 * r['guard']:.2f} ms ({100 * r['guard'] / r['step']:.1f}% of a step)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
