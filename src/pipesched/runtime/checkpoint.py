@@ -109,11 +109,9 @@ def prepare_directory(directory: PathLike, resume: bool) -> Optional[Path]:
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--checkpoint-dir {str(folder)!r} is a file, not a folder")
     newest = latest(folder)
-    if resume:
-        if newest is None:
-            raise ConfigError(f"--resume: no complete checkpoint in {str(folder)!r} (step-NNNNNN folders)")
-        return newest
-    if newest is not None:
+    if resume and newest is None:
+        raise ConfigError(f"--resume: no complete checkpoint in {str(folder)!r} (step-NNNNNN folders)")
+    if not resume and newest is not None:
         raise ConfigError(
             f"--checkpoint-dir {str(folder)!r} already holds checkpoints (newest {newest.name}): "
             "add --resume to continue that run, or choose an empty folder"
@@ -125,7 +123,7 @@ def prepare_directory(directory: PathLike, resume: bool) -> Optional[Path]:
         probe.unlink()
     except OSError as err:
         raise ConfigError(f"--checkpoint-dir {str(folder)!r}: cannot write there ({err.strerror})") from None
-    return None
+    return newest
 
 
 # -- what a checkpoint holds --------------------------------------------------------------------
