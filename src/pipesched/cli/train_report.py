@@ -15,9 +15,10 @@ def print_summary(schedule: Optional[Schedule], result) -> None:
     console = Console(stderr=False)
     name = schedule.describe() if schedule is not None else "reference (one process, no pipeline)"
     console.print(f"[bold]{name}[/bold]")
+    resumed = f"   (resumed after step {result.first_step})" if result.first_step else ""
     console.print(
         f"loss {result.losses[0]:.6f} -> {result.losses[-1]:.6f}   "
-        f"median step {1000 * result.median_step_time():.2f} ms (steps after the first)"
+        f"median step {1000 * result.median_step_time():.2f} ms (steps after the first){resumed}"
     )
     if schedule is None or not result.timelines:
         return
