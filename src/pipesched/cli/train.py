@@ -47,6 +47,13 @@ def train(
     clip_grad_norm: Optional[float] = typer.Option(
         None, "--clip-grad-norm", help="Clip the whole model's gradient norm (over every rank) to this, as torch's clip_grad_norm_."
     ),
+    recompute: Optional[str] = typer.Option(
+        None, "--recompute",
+        help="Recompute activations in the backward (activation checkpointing): all, none, or stage indices such as 0,2.",
+    ),
+    json_path: Optional[Path] = typer.Option(
+        None, "--json", help="Write the run's summary (.json): losses, median step, activation bytes per rank."
+    ),
 ) -> None:
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
     try:
@@ -72,6 +79,8 @@ def train(
         check_output_path(save_params, [".pt", ".pth"])
     if trace is not None:
         check_output_path(trace, [".json"])
+    if json_path is not None:
+        check_output_path(json_path, [".json"])
     if schedule.strip().lower() == "auto" and csv is None:
         plan = _auto(model, ranks, microbatches, batch_size, memory_limit, seed)
     else:
@@ -83,6 +92,9 @@ def train(
             block_counts(model_def.num_blocks, plan.stages, counts)
         except ConfigError as err:
             raise ConfigError(f"{plan.name} (ranks={plan.ranks}, chunks={plan.chunks}) on --model {model}: {err}") from None
+        from ..memory import recompute_stages
+
+        recompute_stages(recompute, plan.stages)  # a bad list fails here, before any process starts
         if batch_size % plan.microbatches:
             raise ConfigError(
                 f"--batch-size {batch_size} does not split into {plan.microbatches} equal microbatches: "
@@ -90,7 +102,8 @@ def train(
             )
     cfg = TrainConfig(
         model, plan, steps, batch_size, seed=seed, lr=lr, optimizer=optimizer, block_counts=counts, timeout_s=timeout,
-        skip_nonfinite=skip_nonfinite, clip_grad_norm=clip_grad_norm, want_params=save_params is not None,
+        skip_nonfinite=skip_nonfinite, clip_grad_norm=clip_grad_norm, recompute=recompute,
+        want_params=save_params is not None,
         show_progress=True,
     )
     try:
@@ -105,7 +118,7 @@ def train(
     from .train_report import print_summary, write_outputs
 
     print_summary(plan, result)
-    write_outputs(plan, result, save_params, trace)
+    write_outputs(plan, result, save_params, trace, json_path)
 
 
 def _schedule(name: str, csv: Optional[Path], ranks: int, microbatches: Optional[int], chunks: Optional[int]) -> Optional[Schedule]:
