@@ -27,8 +27,9 @@ def train(
         "1f1b", "--schedule", "-s",
         help="Schedule name, none for the single-process reference, or auto (measure, then pipesched advise picks).",
     ),
-    memory_limit: Optional[float] = typer.Option(
-        None, "--memory-limit", help="With --schedule auto: peak activations per rank (M_B) the choice must fit."
+    memory_limit: Optional[str] = typer.Option(
+        None, "--memory-limit",
+        help="With --schedule auto: peak activations per rank the choice must fit, in M_B or bytes (40GiB, 512MiB).",
     ),
     ranks: int = opt.Ranks,
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m", help="Microbatches per step (default 8; a CSV brings its own)."),
@@ -81,8 +82,10 @@ def train(
         check_output_path(trace, [".json"])
     if json_path is not None:
         check_output_path(json_path, [".json"])
+    limit, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=True)  # auto's profile measures sizes
     if schedule.strip().lower() == "auto" and csv is None:
-        plan = _auto(model, ranks, microbatches, batch_size, memory_limit, seed)
+        plan, chosen = _auto(model, ranks, microbatches, batch_size, limit, seed, limit_bytes)
+        recompute = recompute if recompute is not None else chosen
     else:
         plan = _schedule(schedule, csv, ranks, microbatches, chunks)
     model_def = get_model(model)
@@ -136,16 +139,20 @@ def _schedule(name: str, csv: Optional[Path], ranks: int, microbatches: Optional
 
 
 def _auto(model: str, ranks: int, microbatches: Optional[int], batch_size: int,
-          memory_limit: Optional[float], seed: int) -> Schedule:
-    """Profile a few steps, let the advisor choose, and say what it chose and why."""
+          memory_limit: Optional[float], seed: int, limit_bytes: Optional[float] = None) -> tuple[Schedule, str]:
+    """Profile a few steps, let the advisor choose, and say what it chose and why; returns the
+    schedule and whether to recompute ("all" or "none")."""
     from ..runtime.profile import auto_schedule
 
     plan, advice, prof = auto_schedule(
-        model, ranks, microbatches if microbatches is not None else 8, batch_size, memory_limit, seed
+        model, ranks, microbatches if microbatches is not None else 8, batch_size, memory_limit, seed,
+        limit_bytes=limit_bytes,
     )
     typer.echo(prof.summary(), err=True)
     typer.echo(f"auto: {advice.reason}", err=True)
-    return plan
+    if advice.recommended.recompute != "none":
+        typer.echo("auto: recomputing every stage's activations (--recompute all) to fit", err=True)
+    return plan, advice.recommended.recompute
 
 
 def _parse_counts(text: Optional[str]) -> Optional[tuple[int, ...]]:

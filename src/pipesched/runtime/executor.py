@@ -128,6 +128,7 @@ class PipelineRuntime:
                 make_weight_grads_deferrable(stage, self.stash)
         self._measured: dict[int, StageMemory] = {}  # per own stage, from the first step
         self.memory_sizes: Optional[dict[int, StageMemory]] = None
+        self.input_bytes: dict[int, int] = {}  # per own stage: one microbatch's stage input
         self.optimizer = optimizer(self.parameters)
         outs = infer_boundary_shapes(build_block, ranges, sample_input)
         for s, (_, dtype) in enumerate(outs[:-1]):
@@ -241,7 +242,8 @@ class PipelineRuntime:
                 else:
                     x = received if need is not None else state.local_act.pop((s - 1, k))
                     x.requires_grad_(True)
-                state.input_holds[key] = meter.hold(x)
+                state.input_holds[key] = held = meter.hold(x)
+                self.input_bytes[s] = held.nbytes
                 y = self._forward(s, x)
                 if s == last:
                     loss = self.loss_fn(y, tgt_mbs[k])

@@ -59,6 +59,10 @@ class Held:
         self.key = _span(tensor)
         meter._add(self.key)
 
+    @property
+    def nbytes(self) -> int:
+        return self.key[2] - self.key[1]
+
     def __del__(self) -> None:
         self.meter._remove(self.key)
 

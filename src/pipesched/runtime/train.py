@@ -80,6 +80,7 @@ class TrainResult:
     grads: Optional[dict] = None  # after the first step
     memory: list = field(default_factory=list)  # per rank: RankMemory
     memory_curves: list = field(default_factory=list)  # per step, per rank: [(seconds, bytes held)]
+    stage_memory: dict = field(default_factory=dict)  # stage -> (StageMemory measured, input bytes)
 
     def median_step_time(self, skip: int = 1) -> float:
         times = self.step_times[skip:] or self.step_times
@@ -183,15 +184,15 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
         if progress:
             progress.close()
     timelines = _gather_timelines(spans)
-    memory, curves = _gather_memory(runtime, results)
+    memory, curves, stage_memory = _gather_memory(runtime, results)
     params = runtime.gather_state_dict() if cfg.want_params else None
     if rank != 0:
         return None
-    return TrainResult(losses, times, timelines, latency, params, grads, memory, curves)
+    return TrainResult(losses, times, timelines, latency, params, grads, memory, curves, stage_memory)
 
 
-def _gather_memory(runtime: PipelineRuntime, results: list) -> tuple[list[RankMemory], list]:
-    """Every rank's :class:`RankMemory` and per-step activation curves, on rank 0."""
+def _gather_memory(runtime: PipelineRuntime, results: list) -> tuple[list[RankMemory], list, dict]:
+    """Every rank's :class:`RankMemory`, per-step activation curves and measured stage sizes, on rank 0."""
     device = [r.device_peak_bytes for r in results if r.device_peak_bytes is not None]
     baseline = [r.device_baseline_bytes for r in results if r.device_baseline_bytes is not None]
     mine = RankMemory(
@@ -199,10 +200,12 @@ def _gather_memory(runtime: PipelineRuntime, results: list) -> tuple[list[RankMe
         max(device) if device else None, max(baseline) if baseline else None,
     )
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object((mine, [r.activation_curve for r in results]), parts, dst=0)
+    sizes = {s: (size, runtime.input_bytes.get(s, 0)) for s, size in (runtime.memory_sizes or {}).items()}
+    dist.gather_object((mine, [r.activation_curve for r in results], sizes), parts, dst=0)
     if parts is None:
-        return [], []
-    return [p[0] for p in parts], [[parts[r][1][step] for r in range(len(parts))] for step in range(len(results))]
+        return [], [], {}
+    curves = [[parts[r][1][step] for r in range(len(parts))] for step in range(len(results))]
+    return [p[0] for p in parts], curves, {s: v for p in parts for s, v in p[2].items()}
 
 
 def _first_link_tensor(runtime: PipelineRuntime) -> tuple[torch.Size, torch.dtype]:
