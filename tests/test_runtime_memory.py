@@ -74,3 +74,28 @@ def test_bad_recompute_is_one_line_and_exit_2(value, fragment):
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pipesched: error:") and fragment in lines[0]
+
+
+def test_the_advisors_transformer_bytes_match_the_runtimes_gpt_layer_on_cpu():
+    from pipesched.advise.estimate import TransformerSpec
+    from pipesched.runtime.memory_meter import ActivationMeter
+    from pipesched.runtime.models import TransformerBlock
+    from pipesched.runtime.split_backward import WeightGradStash, make_weight_grads_deferrable
+
+    b, s, h, a = 2, 64, 128, 4
+    block = TransformerBlock(h, a)
+    meter = ActivationMeter(exclude=list(block.parameters()))
+    stash = WeightGradStash(hold=meter.hold)
+    make_weight_grads_deferrable(block, stash)
+    x = torch.randn(b, s, h, requires_grad=True)
+    with meter.saved_tensors():
+        y = block(x)
+    kept = meter.current  # the block's input is saved by its first LayerNorm: counted here
+    stash.collecting = []
+    y.backward(torch.ones_like(y))
+    stash.collecting = None
+    del y
+    stashed = meter.current
+    spec = TransformerSpec(1, h, s, b, heads=a, dtype_bytes=4)  # fp32, flash (SDPA), no dropout
+    assert kept == pytest.approx(spec.layer_activation_bytes(b), rel=0.05)
+    assert stashed == pytest.approx(spec.layer_stash_bytes(b), rel=0.05)

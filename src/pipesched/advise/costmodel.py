@@ -49,6 +49,9 @@ class CostModel(Protocol):
         """Activation bytes each rank may hold (None: no limit in bytes; with one, recomputation
         becomes a choice)."""
 
+    def limits_device_memory(self) -> bool:
+        """Whether the limit is a device's whole memory (weights and optimizer state included)."""
+
 
 @dataclass(frozen=True)
 class ScaledCosts:
@@ -107,6 +110,9 @@ class ScaledCosts:
 
     def activation_budgets(self, stages: int, placement: str) -> Optional[tuple[float, ...]]:
         return None if self.limit_bytes is None else (self.limit_bytes,) * self.ranks
+
+    def limits_device_memory(self) -> bool:
+        return False
 
     def layers_per_stage(self, stages: int) -> Optional[tuple[int, ...]]:
         return None

@@ -247,6 +247,9 @@ class TransformerCosts:
             return (self.activation_limit,) * self.ranks
         return None
 
+    def limits_device_memory(self) -> bool:
+        return self.hardware.gpu_memory is not None
+
     def budget_bytes(self) -> Optional[float]:
         if self.hardware.gpu_memory is not None:
             return self.hardware.gpu_memory * GB

@@ -52,6 +52,7 @@ class Candidate:
     objective: Optional[str] = None  # pass to build_schedule for families that search by it
     recompute: str = "none"  # "all": every stage recomputes its activations in the backward
     peak_memory_bytes: Optional[float] = None  # fullest rank: activations plus what the model counts besides
+    activation_bytes: Optional[float] = None  # fullest rank's activations alone
 
     @property
     def peak_memory_reference(self) -> float:
@@ -198,11 +199,11 @@ def advise(
     )
     over = sorted(
         (c for c in built if not c.fits),
-        key=lambda c: (_rounded(c.peak_memory_bytes or 0.0), _rounded(c.peak_memory_reference),
+        key=lambda c: (_rounded(c.activation_bytes or 0.0), _rounded(c.peak_memory_reference),
                        order[c.schedule], c.value(objective)),
     )
     if not fits:
-        raise NoCandidateFitsError(_no_fit_message(over, memory_limit))
+        raise NoCandidateFitsError(_no_fit_message(over, memory_limit, cost_model.limits_device_memory()))
     baseline = next(
         (c for c in built if c.schedule == BASELINE and c.microbatches == plan.reference and c.recompute == "none"),
         None
@@ -269,11 +270,12 @@ def _evaluate(
         peak = max(peaks)
         fits = limit is None or peak <= limit + 1e-9
         memory_gb = model.memory_gb(schedule.stages, schedule.style, scale, tuple(peaks))
-        peak_bytes = None
+        peak_bytes = activation_bytes = None
         if sizes is not None:
             held = result.peak_memory_bytes
             state = model.state_bytes(schedule.stages, schedule.style)
             peak_bytes = max(a + b for a, b in zip(held, state))
+            activation_bytes = max(held)
             memory_gb = peak_bytes / 1e9 if memory_gb is not None else None
             if budgets is not None:
                 fits = all(a <= b * (1 + 1e-9) for a, b in zip(held, budgets))
@@ -299,6 +301,7 @@ def _evaluate(
             objective=objective if family.uses_objective else None,
             recompute="all" if recompute else "none",
             peak_memory_bytes=peak_bytes,
+            activation_bytes=activation_bytes,
         ))
     return out
 
@@ -318,15 +321,15 @@ def _rounded(x: float) -> float:
     return round(x, digits)
 
 
-def _no_fit_message(over: Sequence[Candidate], limit: Optional[float]) -> str:
+def _no_fit_message(over: Sequence[Candidate], limit: Optional[float], device: bool) -> str:
     """Name the leanest candidate: what it needs is the smallest feasible limit."""
-    if over[0].peak_memory_bytes is not None and over[0].memory_gb is None:
-        leanest = over[0]
+    if not device and over[0].activation_bytes is not None:
+        leanest = min(over, key=lambda c: c.activation_bytes)
         return (
             f"no schedule fits the memory limit: the leanest, {leanest.label()}, needs "
-            f"{format_bytes(leanest.peak_memory_bytes)} of activations on its fullest rank"
+            f"{format_bytes(leanest.activation_bytes)} of activations on its fullest rank"
         )
-    if over[0].memory_gb is not None:
+    if device and over[0].memory_gb is not None:
         leanest = min(over, key=lambda c: c.memory_gb)
         return (
             f"no schedule fits in the GPU memory: the leanest, {leanest.label()}, needs "
