@@ -242,13 +242,12 @@ class PipelineRuntime:
                 else:
                     x = received if need is not None else state.local_act.pop((s - 1, k))
                     x.requires_grad_(True)
-                state.input_holds[key] = held = meter.hold(x)
-                self.input_bytes[s] = held.nbytes
-                y = self._forward(s, x)
+                state.input_holds[key] = meter.hold(x)  # no local alias: released with the backward
+                self.input_bytes[s] = state.input_holds[key].nbytes
+                y = self._forward(s, x, tgt_mbs[k] if s == last else None)
                 if s == last:
-                    loss = self.loss_fn(y, tgt_mbs[k])
-                    losses[k] = loss.detach()
-                    y = loss * inv_m
+                    losses[k] = y.detach()
+                    y = y * inv_m
                 else:
                     if send is not None:
                         transport.send(send, y.detach())
@@ -259,6 +258,7 @@ class PipelineRuntime:
                     y.data = torch.empty((), dtype=y.dtype, device=y.device).expand(y.shape)
                 state.inputs[key] = x
                 state.outputs[key] = y
+                del x, y
             elif kind == "W":
                 entries, _holders = state.deferred.pop(key)
                 apply_weight_grads(entries)
@@ -295,17 +295,20 @@ class PipelineRuntime:
         transport.finish_step()
         return marks
 
-    def _forward(self, s: int, x: torch.Tensor) -> torch.Tensor:
-        """Stage ``s`` on ``x``, its saved tensors counted; a recomputed stage saves nothing and
-        is rebuilt, counted, when its backward needs it."""
+    def _forward(self, s: int, x: torch.Tensor, target: Optional[torch.Tensor]) -> torch.Tensor:
+        """Stage ``s`` on ``x`` (and the loss against ``target`` on the last stage), its saved
+        tensors counted; a recomputed stage saves nothing and is rebuilt, counted, when its
+        backward needs it."""
         meter = self.meter
         with meter.saved_tensors():
             if s in self.recompute:
-                return checkpoint(
+                y = checkpoint(
                     self.stages[s], x, use_reentrant=False,
                     context_fn=lambda: (nullcontext(), meter.recomputation()),
                 )
-            return self.stages[s](x)
+            else:
+                y = self.stages[s](x)
+            return self.loss_fn(y, target) if target is not None else y
 
     def _learn_size(self, action, before: int, after: int, high: int) -> None:
         """Per-stage sizes from the first step (the largest over its microbatches)."""
