@@ -47,6 +47,8 @@ MODELS = {
 }
 MICROBATCH = 4  # samples per microbatch
 STEPS = 2
+TIMED = dict(blocks=8, dim=256, hidden=1024)  # pipesched train's mlp: step times at a size where compute dominates
+TIMED_MICROBATCH = 8
 
 
 def _runtime(md, schedule, recompute=None, microbatch=MICROBATCH) -> PipelineRuntime:
@@ -114,20 +116,21 @@ def timed(rank: int, world: int, job: tuple) -> dict:
     """Variants of one schedule taking turns: (label, recompute, meter on) -> step times and peak."""
     torch.set_num_threads(1)
     model, m, name, variants, rounds, burst = job
-    md = get_model(model, **MODELS[model])
+    md = get_model(model, **TIMED)
     schedule = pipesched.build_schedule(name, world, m)
     runtimes = {}
+    batch = TIMED_MICROBATCH * m
     for label, recompute, metered in variants:
-        runtimes[label] = rt = _runtime(md, schedule, recompute)
+        runtimes[label] = rt = _runtime(md, schedule, recompute, TIMED_MICROBATCH)
         if not metered:
             _without_meter(rt)
-        rt.step(*md.batch(0, MICROBATCH * m, 0))  # warm-up
+        rt.step(*md.batch(0, batch, 0))  # warm-up
     times = {label: [] for label in runtimes}
     peaks = {label: 0 for label in runtimes}
     for turn in range(rounds):
         for label, rt in runtimes.items():
             for step in range(burst):
-                result = rt.step(*md.batch(turn * burst + step, MICROBATCH * m, 0))
+                result = rt.step(*md.batch(turn * burst + step, batch, 0))
                 times[label].append(result.step_time)
                 peaks[label] = max(peaks[label], result.peak_activation_bytes)
     parts = [None] * world
@@ -142,6 +145,7 @@ def _paired_ratio(times: dict, a: str, b: str) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 ranks and m=8 only, mlp only")
+    parser.add_argument("--timing-only", action="store_true", help="only recompute and meter step times")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--burst", type=int, default=2)
     parser.add_argument("--json", help="write every figure here")
@@ -160,6 +164,8 @@ def main(argv=None) -> int:
     configs = [(p, model, m) for p in (2, 4) for model in MODELS for m in (8, 12)]
     if args.quick:
         configs = [(2, "mlp", 8)]
+    if args.timing_only:
+        configs = []
     report = {"accuracy": {}, "timing": {}}
     worst = 0.0
     print("measured / predicted peak activation bytes, per rank")
@@ -176,9 +182,11 @@ def main(argv=None) -> int:
             line = "  ".join(f"{n} {peak[n] / peak['1f1b']:.2f}" for n in ORDER)
             print(f"{model} p=4 m=12 peak (fullest rank) / 1f1b's: {line}")
             report[f"order {model}"] = {n: peak[n] / peak["1f1b"] for n in ORDER}
-    print(f"largest |measured/predicted - 1| over every rank: {worst:.4f}")
+    if configs:
+        print(f"largest |measured/predicted - 1| over every rank: {worst:.4f}")
     report["worst_relative_error"] = worst
-    print("\nrecompute on every stage (mlp, 2 ranks, m=8): peak and step time against the same schedule without")
+    print(f"\nrecompute on every stage (mlp {TIMED}, b={TIMED_MICROBATCH}, 2 ranks, m=8): peak and step time "
+          "against the same schedule without")
     for name in ("1f1b", "gpipe", "zb-v"):
         variants = [("plain", None, True), ("recompute", "all", True), ("no meter", None, False)]
         res = spawn(timed, 2, ("mlp", 8, name, variants, args.rounds, args.burst), timeout_s=600)[0]

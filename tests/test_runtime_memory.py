@@ -52,10 +52,11 @@ def test_recomputed_stages_train_exactly_like_the_unpipelined_model_also_with_i_
 
 
 @pytest.mark.timeout(150)
-def test_train_json_summary_has_the_stable_fields(tmp_path):
-    path = tmp_path / "run.json"
+def test_train_json_summary_has_the_stable_fields_and_the_trace_a_memory_track(tmp_path):
+    path, trace = tmp_path / "run.json", tmp_path / "trace.json"
     result = run_cli("train", "--model", "mlp", "--schedule", "zb-v", "--ranks", "2", "--microbatches", "4",
-                     "--batch-size", "16", "--steps", "2", "--recompute", "0,3", "--json", str(path))
+                     "--batch-size", "16", "--steps", "2", "--recompute", "0,3", "--json", str(path),
+                     "--trace", str(trace))
     assert result.returncode == 0, result.stderr
     data = json.loads(path.read_text())
     assert {k: data[k] for k in ("schedule", "ranks", "microbatches", "dp", "dtype")} == {
@@ -66,6 +67,10 @@ def test_train_json_summary_has_the_stable_fields(tmp_path):
         assert m["measured_peak_activation_bytes"] == pytest.approx(m["predicted_peak_activation_bytes"], rel=0.05)
         assert "device_peak_bytes" not in m  # CPU: no device allocator to ask
     assert "activations measured" in result.stdout
+    counters = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "C"]
+    for m in data["memory"]:  # the drawn step's highest level is the rank's measured peak
+        levels = [e["args"]["activations (bytes)"] for e in counters if e["pid"] == m["rank"]]
+        assert max(levels) == m["measured_peak_activation_bytes"]
 
 
 @pytest.mark.parametrize("value,fragment", [("1,9", "stage 9"), ("some", "all, none")])

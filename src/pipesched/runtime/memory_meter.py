@@ -20,20 +20,23 @@ from __future__ import annotations
 
 import weakref
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-def _span(tensor: torch.Tensor) -> tuple[int, int, int]:
-    """(storage key, first byte, end byte) of the storage region ``tensor`` spans."""
+def _span(tensor: torch.Tensor, storage: int) -> tuple[int, int, int]:
+    """(storage key, first byte, end byte) of the region of ``storage`` that ``tensor`` spans."""
     item = tensor.element_size()
     start = tensor.storage_offset() * item
-    if tensor.numel() == 0:
-        return tensor.untyped_storage().data_ptr(), start, start
+    numel = tensor.numel()
+    if numel == 0:
+        return storage, start, start
+    if tensor.is_contiguous():
+        return storage, start, start + numel * item
     extent = 1 + sum((n - 1) * abs(st) for n, st in zip(tensor.shape, tensor.stride()))
-    return tensor.untyped_storage().data_ptr(), start, start + extent * item
+    return storage, start, start + extent * item
 
 
 def _union(intervals: dict[tuple[int, int], int]) -> int:
@@ -53,10 +56,10 @@ class Held:
 
     __slots__ = ("meter", "tensor", "key", "__weakref__")
 
-    def __init__(self, meter: "ActivationMeter", tensor: torch.Tensor) -> None:
+    def __init__(self, meter: "ActivationMeter", tensor: torch.Tensor, storage: Optional[int] = None) -> None:
         self.meter = meter
         self.tensor = tensor
-        self.key = _span(tensor)
+        self.key = _span(tensor, tensor.untyped_storage().data_ptr() if storage is None else storage)
         meter._add(self.key)
 
     @property
@@ -91,9 +94,10 @@ class ActivationMeter:
         excluded = self._excluded
 
         def pack(tensor: torch.Tensor):
-            if tensor.untyped_storage().data_ptr() in excluded:
+            storage = tensor.untyped_storage().data_ptr()
+            if storage in excluded:
                 return tensor
-            return Held(self, tensor.detach())  # an alias: the caller may swap the original's data
+            return Held(self, tensor.detach(), storage)  # an alias: the caller may swap the original's data
 
         def unpack(packed):
             return packed.tensor if isinstance(packed, Held) else packed
@@ -129,7 +133,11 @@ class ActivationMeter:
         self._update(storage, intervals)
 
     def _update(self, storage: int, intervals: dict) -> None:
-        new = _union(intervals) if intervals else 0
+        if len(intervals) == 1:
+            (start, end), = intervals
+            new = end - start
+        else:
+            new = _union(intervals) if intervals else 0
         self.current += new - self._bytes.get(storage, 0)
         if new:
             self._bytes[storage] = new
@@ -160,7 +168,7 @@ class _CountRebuilt(TorchDispatchMode):
         if tensor._is_view():
             return
         storage = tensor.untyped_storage()
-        key = _span(tensor)
+        key = _span(tensor, storage.data_ptr())
         if key[0] in self.meter._storages or key[0] in self.meter._excluded or key[2] <= key[1]:
             return
         self.meter._add(key)
