@@ -101,3 +101,18 @@ def test_advise_takes_a_byte_limit_with_a_model_description():
     assert too_little.returncode == 2
     assert "no schedule fits the memory limit: the leanest, " in too_little.stderr
     assert "recompute all), needs 2 MiB of activations on its fullest rank" in too_little.stderr
+
+
+def test_simulate_reports_peak_bytes_when_the_activation_size_is_given():
+    result = run_cli("simulate", "zb-v", "-p", "4", "-m", "8", "--activation-bytes", "1GiB,512MiB,64MiB", "--json")
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(result.stdout)
+    assert metrics["peak_memory"] == [4.0] * 4  # M_B unchanged
+    assert metrics["peak_memory_bytes"] == [4 * 2**30] * 4  # 4 forwards in flight before any I frees
+    recomputed = json.loads(run_cli("simulate", "zb-v", "-p", "4", "-m", "8", "--activation-bytes",
+                                    "1GiB,512MiB,64MiB", "--recompute", "all", "--json").stdout)
+    assert max(recomputed["peak_memory_bytes"]) < max(metrics["peak_memory_bytes"])
+    assert recomputed["makespan"] > metrics["makespan"]
+    limited = run_cli("simulate", "zb-auto", "-p", "4", "-m", "8", "--activation-bytes", "1GiB",
+                      "--memory-limit", "2GiB", "--json")
+    assert json.loads(limited.stdout)["peak_memory"] == [2.0] * 4  # 2GiB over 1GiB per M_B
