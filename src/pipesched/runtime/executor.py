@@ -204,7 +204,6 @@ class PipelineRuntime:
             return None
         return peak(self.plan.actions, self.memory_sizes)
 
-
     def _clock(self):
         """Events on CUDA (unless ``sync_actions`` says otherwise), the host clock elsewhere."""
         if self.device.type != "cuda" or self.sync_actions is False:
@@ -224,7 +223,7 @@ class PipelineRuntime:
     def _run_actions(self, in_mbs, tgt_mbs, losses, clock) -> list[tuple]:
         """Run this rank's actions; returns (action, start mark, end mark, highest bytes held
         during it, bytes held after it) for each."""
-        plan, stages, transport, stash, meter = self.plan, self.stages, self.transport, self.stash, self.meter
+        plan, transport, stash, meter = self.plan, self.transport, self.stash, self.meter
         last, inv_m = self.last_stage, 1.0 / self.schedule.microbatches
         state = _StepState()
         marks: list[tuple] = []
