@@ -7,7 +7,10 @@
 # per rank). NCCL cannot put two ranks on one device, so with a single GPU it runs the
 # equivalence check on one rank and on two ranks sharing the GPU over gloo (messages through
 # host memory), and the multi-rank NCCL part is not possible. Either way it then times split
-# backward (I + W against B) on one transformer block of realistic size on the GPU.
+# backward (I + W against B) on one transformer block of realistic size on the GPU, and checks
+# memory: 2 and 4 ranks sharing the GPU over gloo run a GPT of width 1024 with 1f1b, zb-v,
+# v-half and v-min, and print per rank the activation bytes measured against the prediction
+# and what a step adds to max_memory_allocated (benchmarks/memory.py --device-check).
 # Exits non-zero if a check fails. Dry run of the script's logic on a CPU-only machine:
 # GPU_CHECK_ON_CPU=1 (gloo, CPU, small block; proves nothing about CUDA).
 set -euo pipefail
@@ -18,9 +21,11 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
 if [[ "${GPU_CHECK_ON_CPU:-0}" == 1 ]]; then  # dry run of this script on a CPU-only machine
     gpus=1 device=cpu split_size=(--dim 128 --heads 4 --context 32 --batch 8)
+    mem_size=(--dim 64 --layers 6 --context 32 --microbatch 2 --microbatches 8)
 else
     gpus="$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')"
     device=cuda split_size=(--dim 1024 --heads 16 --context 1024 --batch 8)
+    mem_size=(--dim 1024 --layers 8 --context 1024 --microbatch 2 --microbatches 12)
 fi
 if [[ "$gpus" -lt 1 ]]; then
     echo "gpu_check: no CUDA device visible to torch; nothing to check (GPU_CHECK_ON_CPU=1: dry run)" >&2
@@ -54,6 +59,12 @@ else
 fi
 echo "## Split backward on one transformer block, $device" >> "$OUT"
 "$PY" benchmarks/split_block.py --device "$device" "${split_size[@]}" | tee -a "$OUT" || status=1
+for n in 2 4; do
+    echo "## Memory, $n ranks sharing the device (gloo), GPT" >> "$OUT"
+    PIPESCHED_BACKEND=gloo "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" \
+        benchmarks/memory.py --device-check "${mem_size[@]}" | tee -a "$OUT" || status=1
+done
 ! grep -q "equivalence: FAIL" "$OUT" && grep -q "equivalence: PASS" "$OUT" || status=1
+! grep -q "memory: FAIL" "$OUT" && grep -q "memory: PASS" "$OUT" || status=1
 echo "gpu_check: $([[ $status -eq 0 ]] && echo PASS || echo FAIL), figures in $OUT"
 exit "$status"

@@ -34,7 +34,7 @@ def run_schedules(rank: int, world: int, job: tuple) -> dict:
     A label ending in ``host-staged`` passes its messages through separate host buffers (as ranks
     on GPUs over gloo do)."""
     model, size, batch, schedules, *rest = job
-    clip_grad_norm, optimizer = (rest + [None, "sgd"][len(rest):])[:2]
+    clip_grad_norm, optimizer, recompute = (rest + [None, "sgd", None][len(rest):])[:3]
     md = get_model(model, **size)
     out = {}
     for label, schedule in schedules:
@@ -43,7 +43,7 @@ def run_schedules(rank: int, world: int, job: tuple) -> dict:
         rt = PipelineRuntime(
             md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(optimizer, 0.05),
             x0[: batch // schedule.microbatches], seed=3, timeout_s=60,
-            host_staging=label.endswith("host-staged"), clip_grad_norm=clip_grad_norm,
+            host_staging=label.endswith("host-staged"), clip_grad_norm=clip_grad_norm, recompute=recompute,
         )
         losses, grads = [], None
         for step in range(STEPS):
@@ -53,6 +53,25 @@ def run_schedules(rank: int, world: int, job: tuple) -> dict:
                 grads = rt.gather_gradients()
         params = rt.gather_state_dict()
         out[label] = {"losses": losses, "grads": grads, "params": params}
+    return out
+
+
+def measure_memory(rank: int, world: int, job: tuple) -> dict:
+    """For each (label, schedule, recompute): every rank's most activation bytes measured over
+    STEPS steps and the prediction from the first step's sizes, gathered on rank 0."""
+    import torch.distributed as dist
+
+    model, size, batch, runs = job
+    md = get_model(model, **size)
+    out = {}
+    for label, schedule, recompute in runs:
+        x0, _ = md.batch(0, batch, 3)
+        rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05),
+                             x0[: batch // schedule.microbatches], seed=3, timeout_s=60, recompute=recompute)
+        measured = max(rt.step(*md.batch(step, batch, 3)).peak_activation_bytes for step in range(STEPS))
+        parts = [None] * world
+        dist.all_gather_object(parts, (measured, rt.predicted_peak_activation_bytes(), rt.meter.current))
+        out[label] = parts
     return out
 
 

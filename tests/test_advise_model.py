@@ -28,8 +28,33 @@ def test_per_layer_formulas_follow_the_zero_bubble_paper():
     assert f == s * b * h * (24 * h + 4 * s)
     assert bw == s * b * h * (24 * h + 8 * s)
     assert w == 24 * s * b * h * h
-    assert GPT.layer_activation_bytes(b) == s * b * (34 * h + 5 * a * s)
+    korthikanti = TransformerSpec(30, h, s, 1, heads=a, attention="eager", dropout=True)
+    assert korthikanti.layer_activation_bytes(b) == s * b * (34 * h + 5 * a * s)
     assert 0.9 < f / w < 1.2 and 1.0 < bw / f < 1.1  # T_F ~ T_B ~ T_W at this size
+
+
+def test_flash_attention_keeps_no_score_matrix_and_precision_scales_the_bytes():
+    s, h, a = 4096, 4096, 32
+    flash = TransformerSpec(30, h, s, 1, heads=a)
+    eager = TransformerSpec(30, h, s, 1, heads=a, attention="eager", dropout=True)
+    assert flash.layer_activation_bytes(1) == 32 * s * h + 4 * a * s  # 16 values per token and width, 2 bytes
+    assert eager.layer_activation_bytes(1) / flash.layer_activation_bytes(1) > 5.5  # the issue's 3.26 GB vs 0.57
+    fp32 = TransformerSpec(30, h, s, 1, heads=a, dtype_bytes=4)
+    assert fp32.layer_activation_bytes(1) == pytest.approx(2 * flash.layer_activation_bytes(1), rel=1e-3)
+    assert flash.layer_stash_bytes(1) <= flash.layer_activation_bytes(1)  # W needs only the Linears' parts
+
+
+def test_a_byte_limit_under_one_stored_microbatch_is_met_by_recomputing():
+    model = TransformerCosts(GPT, ranks=4)
+    one_layer = GPT.layer_activation_bytes(1)
+    lean = TransformerCosts(GPT, ranks=4, activation_limit=8 * one_layer)  # a rank holds 7-8 layers
+    advice = advise(4, microbatches=8, cost_model=lean, families=FAST)
+    best = advice.recommended
+    state = max(lean.state_bytes(4 * best.chunks, best.placement))  # weights, grads, optimizer
+    assert best.recompute == "all" and best.fits and best.peak_memory_bytes <= 8 * one_layer + state
+    free = advise(4, microbatches=8, cost_model=model, families=FAST)
+    assert free.recommended.recompute == "none" and best.makespan > free.recommended.makespan
+    assert all(c["recompute"] in ("none", "all") and "peak_memory_bytes" in c for c in advice.to_json())
 
 
 def test_costs_add_up_to_the_model_and_multipliers_follow_the_layer_split():

@@ -8,25 +8,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipesched.runtime.models import get_model  # noqa: E402
-from pipesched.runtime.profile import activation_bytes, advise_from_profile, profile  # noqa: E402
+from pipesched.advise.search import NoCandidateFitsError  # noqa: E402
+from pipesched.runtime.profile import advise_from_profile, profile  # noqa: E402
 
 SMALL = dict(blocks=4, dim=32, hidden=64)
 
 
-def test_activation_bytes_grow_with_the_microbatch_and_exclude_parameters():
-    md = get_model("mlp", **SMALL)
-    one = activation_bytes(md, 2, 4)
-    two = activation_bytes(md, 2, 8)
-    assert all(x > 0 for x in one)
-    assert two == pytest.approx([2 * x for x in one], rel=0.1)
-    params = sum(p.numel() * 4 for p in md.sequential(0).parameters())
-    assert sum(activation_bytes(md, 1, 1)) < params  # one sample's activations, far below the weights
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_profile_measures_every_stage_and_advice_respects_the_model():
+def test_profile_measures_every_stage_and_advice_respects_the_model_and_byte_limits():
     prof = profile("mlp", 2, 4, 16, steps=3, model_size=SMALL)
     assert len(prof.stage_costs) == 2 and all(t > 0 for c in prof.stage_costs for t in c)
     costs = prof.costs()
@@ -36,6 +26,15 @@ def test_profile_measures_every_stage_and_advice_respects_the_model():
     advice = advise_from_profile(prof, memory_limit=2)
     assert all(c.chunks <= prof.max_chunks for c in advice.candidates)
     assert advice.recommended.fits
+    keep, stash, boundary = prof.activation()
+    assert 0 < boundary < keep and 0 < stash <= keep  # measured by the runtime on the first step
+    # a limit in bytes: recomputation becomes a choice, taken only when nothing stored fits
+    roomy = advise_from_profile(prof, limit_bytes=100 * keep)
+    assert roomy.recommended.recompute == "none" and roomy.recommended.peak_memory_bytes <= 100 * keep
+    tight = advise_from_profile(prof, limit_bytes=0.8 * keep / 2)  # under one microbatch of a rank's share
+    assert tight.recommended.recompute == "all" and tight.recommended.peak_memory_bytes <= 0.8 * keep / 2
+    with pytest.raises(NoCandidateFitsError, match="the leanest"):
+        advise_from_profile(prof, limit_bytes=keep / 1000)
 
 
 @pytest.mark.slow

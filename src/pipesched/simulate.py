@@ -1,10 +1,12 @@
 """The simulator: time and memory of a schedule under a cost model.
 
 Times follow :mod:`pipesched.execution` (ranks in program order, asynchronous sends, a ``comm``
-latency on cross-rank inputs). Memory counts activations: a stage-microbatch holds them from the
-start of its ``F`` to the end of its ``W`` (or full ``B``). One unit is one microbatch's
-activations for a rank's whole share of the model (the Zero Bubble paper's M_B), so a stage on a
-rank holding ``k`` stages weighs ``1/k``.
+latency on cross-rank inputs). Memory follows :mod:`pipesched.memory`: in M_B units a
+stage-microbatch holds one microbatch's activations of a rank's share from the start of its ``F``
+to the end of its ``W`` (or full ``B``), so a stage on a rank holding ``k`` stages weighs ``1/k``;
+with per-stage sizes in bytes (``memory=``) it also reports peak bytes per rank, where ``I`` frees
+all but the W stash and recomputed stages keep only their input. Recomputed stages re-run their
+forward before their ``I`` or ``B``: that action takes ``F`` longer.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Optional
 
 from .costs import UNIT, Costs
 from .execution import Program, Span, pair_durations, run
+from .memory import MemorySizes, levels, peak_bytes, unit_peak, unit_sizes
 from .placement import stages_by_rank
 from .schedule import Schedule
 from .validate import UNIT_RUN, VALIDATED, check_structure, lowered
@@ -28,6 +31,7 @@ class SimResult:
     - ``span``: max over ranks of last end minus first start (the period when iterations overlap).
     - ``bubble_ratio``: ``1 - sum(busy) / (ranks * makespan)``.
     - ``busy[r]``: compute time of rank r; ``peak_memory[r]``: its peak activations in M_B.
+    - ``peak_memory_bytes[r]``: its peak activation bytes, when sizes were given (else None).
     - ``timeline[r]``: rank r's spans (action, start, end) in program order.
     """
 
@@ -41,6 +45,8 @@ class SimResult:
     _program: Program = field(repr=False, compare=False)
     _starts: list = field(repr=False, compare=False)
     _ends: list = field(repr=False, compare=False)
+    peak_memory_bytes: Optional[tuple[float, ...]] = None
+    memory: Optional[MemorySizes] = field(default=None, repr=False, compare=False)
 
     @cached_property
     def timeline(self) -> tuple[tuple[Span, ...], ...]:
@@ -53,21 +59,23 @@ class SimResult:
     def max_peak_memory(self) -> float:
         return max(self.peak_memory)
 
-    def memory_curve(self, rank: int) -> list[tuple[float, float]]:
-        """(time, activations held) steps for one rank, in M_B units, starting at (0, 0)."""
-        weight = 1.0 / _stages_on_rank(self.schedule)[rank]
-        events: list[tuple[float, int, float]] = []
-        for span in self.timeline[rank]:
-            if span.action.kind == "F":
-                events.append((span.start, 1, weight))
-            elif span.action.kind in "WB":
-                events.append((span.end, 0, -weight))
-        events.sort()
-        level = 0.0
+    def memory_curve(self, rank: int, in_bytes: bool = False) -> list[tuple[float, float]]:
+        """(time, activations held) steps for one rank, starting at (0, 0): in M_B units, or in
+        bytes (``in_bytes``, when sizes were given). A forward takes its memory when it starts,
+        a backward gives it back when it ends."""
+        if in_bytes and self.memory is None:
+            raise ValueError("no sizes were given: the memory curve exists in M_B units only")
+        sizes = self.memory.effective() if in_bytes else unit_sizes(_stages_on_rank(self.schedule)[rank])
+        spans = self.timeline[rank]
         curve = [(0.0, 0.0)]
-        for time, _order, delta in events:
-            level += delta
-            curve.append((time, max(level, 0.0)))
+        for span, (high, after) in zip(spans, levels([s.action for s in spans], sizes)):
+            if span.action.kind == "F":
+                curve.append((span.start, max(after, 0.0)))
+            else:
+                if high > curve[-1][1]:  # a recomputed backward rebuilds its activations first
+                    curve.append((span.start, high))
+                if span.action.kind != "I" or after != curve[-1][1]:
+                    curve.append((span.end, max(after, 0.0)))
         return curve
 
     def metrics(self) -> dict:
@@ -82,6 +90,7 @@ class SimResult:
             "bubble_ratio": self.bubble_ratio,
             "busy": list(self.busy),
             "peak_memory": list(self.peak_memory),
+            **({"peak_memory_bytes": list(self.peak_memory_bytes)} if self.peak_memory_bytes is not None else {}),
         }
 
 
@@ -105,34 +114,42 @@ def durations_for(placement: tuple[int, ...], ranks: int, costs: Costs) -> dict[
     return table
 
 
-def durations_by_id(schedule: Schedule, program: Program, costs: Costs) -> list[float]:
+def durations_by_id(schedule: Schedule, program: Program, costs: Costs, recompute: frozenset = frozenset()) -> list[float]:
     """Duration of every action of the lowered program, in id order (an overlapped pair's on
-    its forward's id, priced by ``costs.overlap``)."""
+    its forward's id, priced by ``costs.overlap``); a recomputed stage's ``I`` and ``B`` re-run
+    its forward first."""
     flat = action_durations(schedule, costs)
     table = [{kind: flat[(s, kind)] for kind in "FIWB"} for s in range(schedule.stages)]
+    for s in recompute:
+        table[s]["I"] += table[s]["F"]
+        table[s]["B"] += table[s]["F"]
     durations = [table[s][kind] for s, kind, _k in program.actions]
     return pair_durations(program, durations, costs.overlap) if schedule.overlapped else durations
 
 
-def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
+def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional[MemorySizes] = None) -> SimResult:
     """Simulate ``schedule`` under ``costs`` (unit costs, no latency, by default).
 
+    ``memory``: per-stage sizes in bytes (and which stages recompute): adds peak bytes per rank,
+    and a recomputed stage's ``I``/``B`` takes its ``F`` longer.
     Raises ScheduleError for a malformed schedule and DeadlockError for one that cannot finish.
     """
     costs = costs or UNIT
     if not schedule.meta.get(VALIDATED):
         check_structure(schedule)
     program = lowered(schedule)
-    cached = schedule.meta.get(UNIT_RUN) if costs == UNIT else None
+    recompute = memory.recompute if memory is not None else frozenset()
+    cached = schedule.meta.get(UNIT_RUN) if costs == UNIT and not recompute else None
     if cached is not None:
         durations, starts, ends = cached
     else:
-        durations = durations_by_id(schedule, program, costs)
+        durations = durations_by_id(schedule, program, costs, recompute)
         starts, ends = run(program, durations, costs.comm)
     busy, peaks, first, last = [], [], [], []
-    for ids, k in zip(program.rank_ids, _stages_on_rank(schedule)):
+    rank_actions = [[program.actions[i] for i in ids] for ids in program.rank_ids]
+    for ids, actions, k in zip(program.rank_ids, rank_actions, _stages_on_rank(schedule)):
         busy.append(sum([durations[i] for i in ids]))
-        peaks.append(_peak([program.actions[i][1] for i in ids]) / k)
+        peaks.append(unit_peak(actions, k))
         if ids:
             first.append(starts[ids[0]])
             last.append(ends[ids[-1]])
@@ -150,17 +167,6 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
         _program=program,
         _starts=starts,
         _ends=ends,
+        peak_memory_bytes=peak_bytes(rank_actions, memory),
+        memory=memory,
     )
-
-
-def _peak(kinds: list[str]) -> int:
-    """Peak count of stage-microbatches held on a rank (F adds one, W or B frees one)."""
-    held = peak = 0
-    for kind in kinds:
-        if kind == "F":
-            held += 1
-            if held > peak:
-                peak = held
-        elif kind != "I":
-            held -= 1
-    return peak

@@ -21,6 +21,7 @@ from typing import Optional, Protocol
 
 from ..costs import Costs
 from ..errors import ConfigError
+from ..memory import MemorySizes, StageMemory
 
 
 class CostModel(Protocol):
@@ -38,6 +39,19 @@ class CostModel(Protocol):
     def memory_gb(self, stages: int, placement: str, scale: float, peaks: tuple[float, ...]) -> Optional[float]:
         """Largest memory over ranks in GB for these per-rank peaks (None when unknown)."""
 
+    def stage_sizes(self, stages: int, placement: str, scale: float) -> Optional[MemorySizes]:
+        """Per-stage bytes (None when activation sizes are unknown)."""
+
+    def state_bytes(self, stages: int, placement: str) -> tuple[float, ...]:
+        """Bytes per rank held besides activations (weights, gradients, optimizer state)."""
+
+    def activation_budgets(self, stages: int, placement: str) -> Optional[tuple[float, ...]]:
+        """Activation bytes each rank may hold (None: no limit in bytes; with one, recomputation
+        becomes a choice)."""
+
+    def limits_device_memory(self) -> bool:
+        """Whether the limit is a device's whole memory (weights and optimizer state included)."""
+
 
 @dataclass(frozen=True)
 class ScaledCosts:
@@ -45,11 +59,17 @@ class ScaledCosts:
 
     ``overhead`` is the part of each F, B and W that does not shrink with the microbatch (kernel
     launches, fixed latencies); ``comm`` is taken as bandwidth-bound, so it scales fully.
+    ``activation`` (measured by a profile): one reference microbatch's bytes for the whole model,
+    kept by F and stashed for W, and one stage boundary's, shared evenly by the stages; with it
+    a limit may be in bytes (``limit_bytes``) and recomputation becomes a choice.
     """
 
     base: Costs
     limit: Optional[float] = None
     overhead: float = 0.0
+    activation: Optional[tuple[float, float, float]] = None  # whole model's keep, stash; a boundary's bytes
+    limit_bytes: Optional[float] = None  # activation bytes per rank
+    ranks: int = 1  # the ranks that share the model's activations (with ``activation``)
 
     def __post_init__(self) -> None:
         smallest = min(self.base.F, self.base.B, self.base.W)
@@ -59,6 +79,9 @@ class ScaledCosts:
             )
         if self.limit is not None and not self.limit > 0:
             raise ConfigError(f"memory limit must be above 0, got {self.limit:g}")
+        if self.limit_bytes is not None and self.activation is None:
+            raise ConfigError("a memory limit in bytes needs the activation size per microbatch "
+                              "(a model description or --profile): give it in M_B units")
 
     def costs(self, stages: int, placement: str, scale: float) -> Costs:
         if scale == 1.0:
@@ -72,7 +95,24 @@ class ScaledCosts:
         return Costs(scaled(b.F), scaled(b.B), scaled(b.W), b.comm * scale, b.stage_multipliers)
 
     def memory_limit(self, stages: int, placement: str, scale: float) -> Optional[float]:
+        if self.limit_bytes is not None and self.activation is not None:  # M_B: a rank's share
+            return self.limit_bytes / (self.activation[0] / self.ranks) / scale
         return None if self.limit is None else self.limit / scale
+
+    def stage_sizes(self, stages: int, placement: str, scale: float) -> Optional[MemorySizes]:
+        if self.activation is None:
+            return None
+        keep, stash, boundary = (x * scale for x in self.activation)
+        return MemorySizes((StageMemory(keep / stages, stash / stages),) * stages, (boundary,) * stages)
+
+    def state_bytes(self, stages: int, placement: str) -> tuple[float, ...]:
+        return (0.0,) * self.ranks  # not known from costs alone
+
+    def activation_budgets(self, stages: int, placement: str) -> Optional[tuple[float, ...]]:
+        return None if self.limit_bytes is None else (self.limit_bytes,) * self.ranks
+
+    def limits_device_memory(self) -> bool:
+        return False
 
     def layers_per_stage(self, stages: int) -> Optional[tuple[int, ...]]:
         return None

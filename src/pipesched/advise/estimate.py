@@ -5,7 +5,17 @@ Per transformer layer, for a microbatch of ``b`` sequences of ``s`` tokens, hidd
 
 - forward ``F``: ``s*b*h*(24h + 4s)`` FLOPs; input-gradient backward ``B``: ``s*b*h*(24h + 8s)``;
   weight-gradient backward ``W``: ``24*s*b*h^2``;
-- activations held from F to W: ``s*b*(34h + 5*a*s)`` bytes (16-bit activations);
+- activations held from F to its backward, per value of ``d`` bytes (``dtype_bytes``, 2 for
+  16-bit): ``16*s*b*h*d`` (Korthikanti's ``34sbh`` less the two dropout masks, which only a
+  model trained with dropout keeps: ``dropout=True`` adds them, one byte per value). Eager
+  attention (``attention="eager"``) also keeps its softmax output, ``a*s*s*b*d`` (``5as^2b``
+  with dropout's mask and output); flash / SDPA attention keeps none of it, only its
+  ``a*s*b`` fp32 log-sum-exp. At 16 bits without dropout, ``32sbh`` flash, ``sbh(32 + 2as/h)``
+  eager;
+- what ``I`` leaves for ``W`` (the Zero Bubble paper's per-layer parts): the input and output
+  gradient of each of the four Linears, ``16*s*b*h*d`` (``7sbh`` inputs, ``9sbh`` gradients);
+- a recomputed layer keeps only the stage's input, ``s*b*h*d``, and rebuilds the rest first in
+  its backward;
 - parameters: ``12h^2 + 13h``.
 
 The first stage also holds the token embedding (``V*h`` parameters, negligible compute) and the
@@ -23,9 +33,12 @@ from typing import Optional
 
 from ..costs import Costs
 from ..errors import ConfigError
+from ..memory import MemorySizes, StageMemory
 from ..placement import loop_placement, v_placement
 
 BYTES_PER_PARAM = 16
+ATTENTION_KERNELS = ("flash", "eager")
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 DEFAULT_TFLOPS = 150.0  # roughly an A100's bf16 peak at half utilisation
 GB = 1e9
 
@@ -40,8 +53,15 @@ class TransformerSpec:
     microbatch_size: int
     heads: Optional[int] = None  # default: hidden // 64 (64-wide heads)
     vocab: Optional[int] = None  # None: no embedding or head
+    attention: str = "flash"  # flash / SDPA (keeps no score matrix) or eager
+    dtype_bytes: int = 2  # bytes per activation value: 2 (bf16, fp16) or 4 (fp32)
+    dropout: bool = False
 
     def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KERNELS:
+            raise ConfigError(f"attention {self.attention!r} is not known: use one of {', '.join(ATTENTION_KERNELS)}")
+        if self.dtype_bytes not in (2, 4):
+            raise ConfigError(f"bytes per activation value must be 2 or 4, got {self.dtype_bytes!r}")
         for label in ("layers", "hidden", "seq_len", "microbatch_size"):
             value = getattr(self, label)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -65,11 +85,21 @@ class TransformerSpec:
         return 2.0 * self.seq_len * b * self.hidden * self.vocab if self.vocab else 0.0
 
     def layer_activation_bytes(self, b: float) -> float:
-        s, h = self.seq_len, self.hidden
-        return s * b * (34 * h + 5 * self.head_count * s)
+        """Bytes one layer keeps from F to its backward (see the module docstring)."""
+        s, h, a, d = self.seq_len, self.hidden, self.head_count, self.dtype_bytes
+        held = 16 * s * b * h * d + 2 * s * b * h * self.dropout
+        if self.attention == "eager":
+            held += a * s * s * b * (d + 3 * self.dropout)  # softmax output (+ dropout's mask and output)
+        else:
+            held += 4 * a * s * b  # the kernel's fp32 log-sum-exp
+        return held
+
+    def layer_stash_bytes(self, b: float) -> float:
+        """Bytes one layer's ``I`` leaves for its ``W``: each Linear's input and output gradient."""
+        return 16 * self.seq_len * b * self.hidden * self.dtype_bytes
 
     def head_activation_bytes(self, b: float) -> float:
-        return self.seq_len * b * (2 * self.hidden + 4 * self.vocab) if self.vocab else 0.0
+        return self.seq_len * b * (self.dtype_bytes * self.hidden + 4 * self.vocab) if self.vocab else 0.0
 
     @property
     def layer_params(self) -> int:
@@ -80,7 +110,8 @@ class TransformerSpec:
         return self.vocab * self.hidden if self.vocab else 0
 
     def p2p_bytes(self, b: float) -> float:
-        return 2.0 * self.seq_len * b * self.hidden
+        """One stage boundary's activation (also all a recomputed stage keeps)."""
+        return float(self.dtype_bytes * self.seq_len * b * self.hidden)
 
 
 @dataclass(frozen=True)
@@ -133,6 +164,12 @@ class TransformerCosts:
     ranks: int
     hardware: Hardware = Hardware()
     limit: Optional[float] = None  # M_B units at the reference size, used without gpu_memory
+    activation_limit: Optional[float] = None  # bytes of activations per rank (--memory-limit 40GiB)
+
+    def __post_init__(self) -> None:
+        given = [x for x in (self.hardware.gpu_memory, self.limit, self.activation_limit) if x is not None]
+        if len(given) > 1:
+            raise ConfigError("give one memory limit: GPU memory, M_B units or activation bytes")
 
     def _ms(self, flops: float) -> float:
         return 1e3 * flops / (self.hardware.tflops * 1e12)
@@ -187,19 +224,51 @@ class TransformerCosts:
         params = rank["layers"] * spec.layer_params + spec.embedding_params * (rank["first"] + rank["last"])
         return BYTES_PER_PARAM * params
 
+    def stage_sizes(self, stages: int, placement: str, scale: float) -> MemorySizes:
+        """Per-stage bytes for :mod:`pipesched.memory`: what a stage keeps, stashes, and its input."""
+        b = self.spec.microbatch_size * scale
+        counts = self.layers_per_stage(stages)
+        keep = [n * self.spec.layer_activation_bytes(b) for n in counts]
+        stash = [n * self.spec.layer_stash_bytes(b) for n in counts]
+        keep[-1] += self.spec.head_activation_bytes(b)
+        stash[-1] += self.spec.head_activation_bytes(b)
+        return MemorySizes(tuple(StageMemory(k, w) for k, w in zip(keep, stash)), (self.spec.p2p_bytes(b),) * stages)
+
+    def state_bytes(self, stages: int, placement: str) -> tuple[float, ...]:
+        """Weights, gradients and optimizer state per rank, bytes."""
+        return tuple(self._state_bytes(r) for r in self._ranks_of(stages, placement))
+
+    def activation_budgets(self, stages: int, placement: str) -> Optional[tuple[float, ...]]:
+        """Activation bytes each rank may hold: GPU memory less its weights, gradients and
+        optimizer state, or the activation limit (None: no limit in bytes)."""
+        if self.hardware.gpu_memory is not None:
+            return tuple(self.hardware.gpu_memory * GB - x for x in self.state_bytes(stages, placement))
+        if self.activation_limit is not None:
+            return (self.activation_limit,) * self.ranks
+        return None
+
+    def limits_device_memory(self) -> bool:
+        return self.hardware.gpu_memory is not None
+
+    def budget_bytes(self) -> Optional[float]:
+        if self.hardware.gpu_memory is not None:
+            return self.hardware.gpu_memory * GB
+        return self.activation_limit
+
     def _activation_bytes(self, rank: dict, scale: float) -> float:
         b = self.spec.microbatch_size * scale
         return rank["layers"] * self.spec.layer_activation_bytes(b) + rank["last"] * self.spec.head_activation_bytes(b)
 
     def memory_limit(self, stages: int, placement: str, scale: float) -> Optional[float]:
-        if self.hardware.gpu_memory is None:
+        budget = self.budget_bytes()  # one budget for all ranks, each less its own state
+        if budget is None:
             return None if self.limit is None else self.limit / scale
-        budget = self.hardware.gpu_memory * GB
+        counted = self.hardware.gpu_memory is not None  # weights and optimizer state share the device
         layouts = [(stages, placement)]
         if placement not in ("loop", "v"):  # the family picks its layout: hold it to the tighter one
             layouts = [(stages, "loop")] + ([(2 * self.ranks, "v")] if 2 * self.ranks <= self.spec.layers else [])
         return min(
-            (budget - self._state_bytes(r)) / self._activation_bytes(r, scale)
+            (budget - counted * self._state_bytes(r)) / self._activation_bytes(r, scale)
             for n, style in layouts
             for r in self._ranks_of(n, style)
         )

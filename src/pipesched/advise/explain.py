@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from ..registry import get_family
 from ..errors import UnknownScheduleError
+from ..memory import format_bytes
+from ..registry import get_family
 
 if TYPE_CHECKING:
     from .search import Advice, Candidate
@@ -167,8 +168,12 @@ def _simpler_alternative(fitting: list["Candidate"], best: "Candidate", unit: st
 
 def memory_text(c: "Candidate") -> str:
     """Peak memory in M_B units of the reference microbatch, plus GB when known."""
+    if c.recompute != "none" and c.peak_memory_bytes is not None:  # M_B counts stored activations
+        return f"{c.memory_gb:.1f} GB" if c.memory_gb is not None else format_bytes(c.peak_memory_bytes)
     text = f"{c.peak_memory_reference:.3g} M_B"
-    return text + (f" ({c.memory_gb:.1f} GB)" if c.memory_gb is not None else "")
+    if c.memory_gb is not None:
+        return text + f" ({c.memory_gb:.1f} GB)"
+    return text + (f" ({format_bytes(c.peak_memory_bytes)})" if c.peak_memory_bytes is not None else "")
 
 
 def _microbatch_choice(advice: "Advice") -> str:

@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 
 from ..costs import Costs
 from ..errors import ConfigError, PipeschedError
+from ..memory import format_bytes
 from ..registry import Family, build_schedule, families as registered_families
 from ..simulate import simulate
 from .candidates import BatchPlan, Setting, batch_plan, settings
@@ -49,6 +50,9 @@ class Candidate:
     layers_per_stage: Optional[tuple[int, ...]] = None
     memory_gb: Optional[float] = None
     objective: Optional[str] = None  # pass to build_schedule for families that search by it
+    recompute: str = "none"  # "all": every stage recomputes its activations in the backward
+    peak_memory_bytes: Optional[float] = None  # fullest rank: activations plus what the model counts besides
+    activation_bytes: Optional[float] = None  # fullest rank's activations alone
 
     @property
     def peak_memory_reference(self) -> float:
@@ -59,7 +63,8 @@ class Candidate:
         return self.makespan if objective == "makespan" else self.span
 
     def label(self) -> str:
-        return f"{self.schedule} (chunks={self.chunks}, m={self.microbatches})"
+        extra = ", recompute all" if self.recompute != "none" else ""
+        return f"{self.schedule} (chunks={self.chunks}, m={self.microbatches}{extra})"
 
     def to_json(self) -> dict:
         c = self.costs
@@ -86,6 +91,8 @@ class Candidate:
             "memory_gb": self.memory_gb,
             "messages_per_microbatch": self.messages,
             "objective": self.objective,
+            "recompute": self.recompute,
+            "peak_memory_bytes": self.peak_memory_bytes,
         }
 
 
@@ -167,20 +174,21 @@ def advise(
         lambda setting: _evaluate(setting, ranks, plan, cost_model, objective), todo,
         workers if workers is not None else default_workers(len(todo)),
     )
-    seen: set[tuple[str, int, int]] = set()  # a family that picks its own chunks may repeat itself
+    seen: set[tuple[str, int, int, str]] = set()  # a family that picks its own chunks may repeat itself
     for setting, outcome in zip(todo, outcomes):
         if isinstance(outcome, PipeschedError):
             if isinstance(outcome, _SteeredOverLimit):
                 over_limit.append(setting)
             skipped.append((setting.family.name, setting.chunks, setting.microbatches, str(outcome)))
             continue
-        key = (outcome.schedule, outcome.chunks, outcome.microbatches)
-        if key not in seen:
-            seen.add(key)
-            built.append(outcome)
+        for candidate in outcome:
+            key = (candidate.schedule, candidate.chunks, candidate.microbatches, candidate.recompute)
+            if key not in seen:
+                seen.add(key)
+                built.append(candidate)
     if not any(c.fits for c in built):  # what they need at least, for the smallest feasible limit
         for setting in over_limit:
-            built.append(_leanest(setting, ranks, plan, cost_model, objective))
+            built.extend(_leanest(setting, ranks, plan, cost_model, objective))
     if not built:
         reasons = "; ".join(f"{s} chunks={v} m={m}: {why}" for s, v, m, why in skipped[:3])
         raise ConfigError(f"no schedule could be built for ranks={ranks}: {reasons}")
@@ -191,12 +199,14 @@ def advise(
     )
     over = sorted(
         (c for c in built if not c.fits),
-        key=lambda c: (_rounded(c.peak_memory_reference), order[c.schedule], c.value(objective)),
+        key=lambda c: (_rounded(c.activation_bytes or 0.0), _rounded(c.peak_memory_reference),
+                       order[c.schedule], c.value(objective)),
     )
     if not fits:
-        raise NoCandidateFitsError(_no_fit_message(over, memory_limit))
+        raise NoCandidateFitsError(_no_fit_message(over, memory_limit, cost_model.limits_device_memory()))
     baseline = next(
-        (c for c in built if c.schedule == BASELINE and c.microbatches == plan.reference), None
+        (c for c in built if c.schedule == BASELINE and c.microbatches == plan.reference and c.recompute == "none"),
+        None
     )
     ranked = [_with_speedup(c, baseline, objective) for c in fits + over]
     baseline = _with_speedup(baseline, baseline, objective) if baseline else None
@@ -216,7 +226,7 @@ class _SteeredOverLimit(ConfigError):
     """A family that honours memory limits could not get under this one."""
 
 
-def _leanest(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str) -> Candidate:
+def _leanest(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str) -> list[Candidate]:
     """A family that honours limits, built to one microbatch's activations (the least any
     schedule holds), or as it comes when it cannot get that low."""
     try:
@@ -228,8 +238,12 @@ def _leanest(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, ob
 def _evaluate(
     setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str,
     steer: bool = True, steer_to_floor: bool = False,
-) -> Candidate:
-    """Build and simulate one setting; families that honour a limit are built to it when ``steer``."""
+) -> list[Candidate]:
+    """Build and simulate one setting; families that honour a limit are built to it when ``steer``.
+
+    Under a limit in bytes (activation sizes known) the same schedule is also simulated with
+    every stage recomputing its activations: slower (each backward re-runs its forward), leaner.
+    """
     family, v, m = setting.family, setting.chunks, setting.microbatches
     stages = ranks * v
     scale = plan.scale(m)
@@ -246,30 +260,50 @@ def _evaluate(
         raise _SteeredOverLimit(str(err)) from None
     if schedule.stages != stages:  # the family chose its own chunk count: hold it to that layout
         limit = model.memory_limit(schedule.stages, schedule.style, scale)
-    result = simulate(schedule, costs)
-    peaks = result.peak_memory
-    peak = max(peaks)
-    return Candidate(
-        schedule=family.name,
-        chunks=schedule.chunks,
-        microbatches=m,
-        microbatch_size=plan.size(m),
-        memory_limit=steer_to,
-        costs=costs,
-        makespan=result.makespan,
-        span=result.span,
-        bubble_ratio=result.bubble_ratio,
-        peak_memory=peak,
-        peak_per_rank=tuple(peaks),
-        scale=scale,
-        fits=limit is None or peak <= limit + 1e-9,
-        limit=limit,
-        placement=schedule.style,
-        messages=sum(1 for a, b in zip(schedule.placement, schedule.placement[1:]) if a != b),
-        layers_per_stage=model.layers_per_stage(schedule.stages),
-        memory_gb=model.memory_gb(schedule.stages, schedule.style, scale, tuple(peaks)),
-        objective=objective if family.uses_objective else None,
-    )
+    sizes = model.stage_sizes(schedule.stages, schedule.style, scale)
+    budgets = model.activation_budgets(schedule.stages, schedule.style) if sizes is not None else None
+    variants = [frozenset()] + ([frozenset(range(schedule.stages))] if budgets is not None else [])
+    out = []
+    for recompute in variants:
+        result = simulate(schedule, costs, sizes.with_recompute(recompute) if sizes is not None else None)
+        peaks = result.peak_memory
+        peak = max(peaks)
+        fits = limit is None or peak <= limit + 1e-9
+        memory_gb = model.memory_gb(schedule.stages, schedule.style, scale, tuple(peaks))
+        peak_bytes = activation_bytes = None
+        if sizes is not None:
+            held = result.peak_memory_bytes
+            state = model.state_bytes(schedule.stages, schedule.style)
+            peak_bytes = max(a + b for a, b in zip(held, state))
+            activation_bytes = max(held)
+            memory_gb = peak_bytes / 1e9 if memory_gb is not None else None
+            if budgets is not None:
+                fits = all(a <= b * (1 + 1e-9) for a, b in zip(held, budgets))
+        out.append(Candidate(
+            schedule=family.name,
+            chunks=schedule.chunks,
+            microbatches=m,
+            microbatch_size=plan.size(m),
+            memory_limit=steer_to,
+            costs=costs,
+            makespan=result.makespan,
+            span=result.span,
+            bubble_ratio=result.bubble_ratio,
+            peak_memory=peak,
+            peak_per_rank=tuple(peaks),
+            scale=scale,
+            fits=fits,
+            limit=limit,
+            placement=schedule.style,
+            messages=sum(1 for a, b in zip(schedule.placement, schedule.placement[1:]) if a != b),
+            layers_per_stage=model.layers_per_stage(schedule.stages),
+            memory_gb=memory_gb,
+            objective=objective if family.uses_objective else None,
+            recompute="all" if recompute else "none",
+            peak_memory_bytes=peak_bytes,
+            activation_bytes=activation_bytes,
+        ))
+    return out
 
 
 def _with_speedup(c: Candidate, baseline: Optional[Candidate], objective: str) -> Candidate:
@@ -287,9 +321,15 @@ def _rounded(x: float) -> float:
     return round(x, digits)
 
 
-def _no_fit_message(over: Sequence[Candidate], limit: Optional[float]) -> str:
+def _no_fit_message(over: Sequence[Candidate], limit: Optional[float], device: bool) -> str:
     """Name the leanest candidate: what it needs is the smallest feasible limit."""
-    if over[0].memory_gb is not None:
+    if not device and over[0].activation_bytes is not None:
+        leanest = min(over, key=lambda c: c.activation_bytes)
+        return (
+            f"no schedule fits the memory limit: the leanest, {leanest.label()}, needs "
+            f"{format_bytes(leanest.activation_bytes)} of activations on its fullest rank"
+        )
+    if device and over[0].memory_gb is not None:
         leanest = min(over, key=lambda c: c.memory_gb)
         return (
             f"no schedule fits in the GPU memory: the leanest, {leanest.label()}, needs "

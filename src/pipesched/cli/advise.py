@@ -10,7 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ..advise import Advice, advise
-from ..advise.estimate import DEFAULT_TFLOPS, Hardware, TransformerCosts, TransformerSpec
+from ..advise.estimate import (
+    ATTENTION_KERNELS, DEFAULT_TFLOPS, DTYPE_BYTES, Hardware, TransformerCosts, TransformerSpec,
+)
 from ..advise.explain import memory_text
 from ..costs import Costs
 from ..errors import ConfigError
@@ -19,14 +21,16 @@ from . import app
 from . import options as opt
 
 _MODEL_FLAGS = ("--layers", "--hidden", "--seq-len")
-_HARDWARE_FLAGS = ("--heads", "--vocab", "--gpu-memory", "--bandwidth", "--flops")
+_HARDWARE_FLAGS = ("--heads", "--vocab", "--attention", "--dtype", "--gpu-memory", "--bandwidth", "--flops")
 
 
 @app.command("advise")
 def advise_cmd(
     ranks: int = opt.Ranks,
-    memory_limit: Optional[float] = typer.Option(
-        None, "--memory-limit", help="Peak activations per rank, in M_B (one microbatch's activations of a rank's share)."
+    memory_limit: Optional[str] = typer.Option(
+        None, "--memory-limit",
+        help="Peak activations per rank, in M_B (one microbatch's activations of a rank's share), "
+        "or in bytes (40GiB, 512MiB) with a model description or --profile.",
     ),
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m", help="Fixed microbatch count M."),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Samples per iteration G: the advisor also chooses M."),
@@ -44,6 +48,10 @@ def advise_cmd(
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Model: sequence length s."),
     heads: Optional[int] = typer.Option(None, "--heads", help="Model: attention heads a (default h/64)."),
     vocab: Optional[int] = typer.Option(None, "--vocab", help="Model: vocabulary V (adds embedding and head)."),
+    attention: Optional[str] = typer.Option(
+        None, "--attention", help="Model: flash (default; SDPA keeps no score matrix) or eager (keeps a*s*s per sequence)."
+    ),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Model: activation precision, bf16 (default), fp16 or fp32."),
     gpu_memory: Optional[float] = typer.Option(None, "--gpu-memory", help="GB per device: sets the memory limit."),
     bandwidth: Optional[float] = typer.Option(None, "--bandwidth", help="GB/s between neighbouring ranks: sets comm."),
     flops: Optional[float] = typer.Option(None, "--flops", help=f"Effective TFLOP/s per device (default {DEFAULT_TFLOPS:g})."),
@@ -62,12 +70,15 @@ def advise_cmd(
     given = {
         "--layers": layers, "--hidden": hidden, "--seq-len": seq_len, "--heads": heads, "--vocab": vocab,
         "--gpu-memory": gpu_memory, "--bandwidth": bandwidth, "--flops": flops,
+        "--attention": attention, "--dtype": dtype,
     }
     model = None
+    described = any(given[f] is not None for f in _MODEL_FLAGS + _HARDWARE_FLAGS)
+    memory_limit, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=profile or described)
     if profile:
         result = _profiled(
             ranks, memory_limit, microbatches, given, costs, comm, stage_multipliers, global_batch,
-            model_name, batch_size, profile_steps, objective=objective, max_chunks=max_chunks,
+            model_name, batch_size, profile_steps, limit_bytes=limit_bytes, objective=objective, max_chunks=max_chunks,
             families=_families(schedules), workers=workers, quiet=as_json,
         )
         if as_json:
@@ -75,8 +86,8 @@ def advise_cmd(
         else:
             print_advice(result, None, top)
         return
-    if any(given[f] is not None for f in _MODEL_FLAGS + _HARDWARE_FLAGS):
-        model = _model(ranks, given, microbatch_size, memory_limit, costs, comm, stage_multipliers)
+    if described:
+        model = _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers)
         c = None
     else:
         c = Costs.parse(costs, comm=comm or 0.0, multipliers=opt.parse_multipliers(stage_multipliers))
@@ -93,7 +104,7 @@ def advise_cmd(
 
 
 def _profiled(ranks, memory_limit, microbatches, given, costs, comm, multipliers, global_batch,
-              model_name, batch_size, steps, quiet: bool, **options) -> Advice:
+              model_name, batch_size, steps, quiet: bool, limit_bytes: Optional[float] = None, **options) -> Advice:
     """Advice from costs measured by running the model (needs torch)."""
     clashes = [f for f, v in (("--costs", costs), ("--comm", comm), ("--stage-multipliers", multipliers),
                               ("--global-batch", global_batch)) if v is not None]
@@ -107,7 +118,7 @@ def _profiled(ranks, memory_limit, microbatches, given, costs, comm, multipliers
     prof = profile(model_name, ranks, microbatches or 8, batch_size, steps=steps)
     if not quiet:
         Console().print(prof.summary())
-    return advise_from_profile(prof, memory_limit, **options)
+    return advise_from_profile(prof, memory_limit, limit_bytes=limit_bytes, **options)
 
 
 def _families(names: Optional[str]) -> Optional[list]:
@@ -119,7 +130,7 @@ def _families(names: Optional[str]) -> Optional[list]:
     return chosen
 
 
-def _model(ranks, given, microbatch_size, memory_limit, costs, comm, multipliers) -> TransformerCosts:
+def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, multipliers) -> TransformerCosts:
     missing = [f for f in _MODEL_FLAGS if given[f] is None]
     if microbatch_size is None:
         missing.append("--microbatch-size")
@@ -131,17 +142,23 @@ def _model(ranks, given, microbatch_size, memory_limit, costs, comm, multipliers
     for flag, value in (("--costs", costs), ("--comm", comm), ("--stage-multipliers", multipliers)):
         if value is not None:
             raise ConfigError(f"{flag} cannot be combined with a model description (the model gives the costs)")
-    if memory_limit is not None and given["--gpu-memory"] is not None:
-        raise ConfigError("give --memory-limit (M_B units) or --gpu-memory (GB), not both")
+    if (memory_limit is not None or limit_bytes is not None) and given["--gpu-memory"] is not None:
+        raise ConfigError("give --memory-limit (activations) or --gpu-memory (GB, all of a device), not both")
+    dtype = given["--dtype"] or "bf16"
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError(f"--dtype {dtype!r} is not known: use one of {', '.join(DTYPE_BYTES)}")
+    attention = given["--attention"] or "flash"
+    if attention not in ATTENTION_KERNELS:
+        raise ConfigError(f"--attention {attention!r} is not known: use one of {', '.join(ATTENTION_KERNELS)}")
     spec = TransformerSpec(
         given["--layers"], given["--hidden"], given["--seq-len"], microbatch_size,
-        heads=given["--heads"], vocab=given["--vocab"],
+        heads=given["--heads"], vocab=given["--vocab"], attention=attention, dtype_bytes=DTYPE_BYTES[dtype],
     )
     hardware = Hardware(
         tflops=given["--flops"] if given["--flops"] is not None else DEFAULT_TFLOPS,
         bandwidth=given["--bandwidth"], gpu_memory=given["--gpu-memory"],
     )
-    return TransformerCosts(spec, ranks, hardware, limit=memory_limit)
+    return TransformerCosts(spec, ranks, hardware, limit=memory_limit, activation_limit=limit_bytes)
 
 
 def print_advice(result: Advice, model: Optional[TransformerCosts], top: int) -> None:
@@ -162,6 +179,7 @@ def print_advice(result: Advice, model: Optional[TransformerCosts], top: int) ->
     console.print(
         f"  Build it: pipesched export {best.schedule} --ranks {result.ranks} "
         f"--microbatches {best.microbatches} --chunks {best.chunks}{limit}"
+        + ("  (and train it with --recompute all)" if best.recompute != "none" else "")
     )
 
 
@@ -182,7 +200,7 @@ def advice_table(result: Advice, top: int) -> Table:
         style = "bold green" if i == 0 else ("red" if not c.fits else None)
         mark = "" if c.fits else " (over)"
         table.add_row(
-            str(i + 1), c.schedule, str(c.chunks), str(c.microbatches),
+            str(i + 1), c.schedule + (" +recompute" if c.recompute != "none" else ""), str(c.chunks), str(c.microbatches),
             *([str(c.microbatch_size)] if sizes else []), f"{c.value(result.objective):.4g}",
             f"{100 * c.bubble_ratio:.1f}%", memory_text(c) + mark,
             f"{c.speedup_vs_1f1b:.3f}x" if c.speedup_vs_1f1b else "-", style=style,

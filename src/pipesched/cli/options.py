@@ -16,7 +16,10 @@ Microbatches = typer.Option(8, "--microbatches", "-m", help="Microbatches per it
 Chunks = typer.Option(None, "--chunks", "-v", help="Chunks (stages) per rank, v; default per schedule.")
 CostsOpt = typer.Option(None, "--costs", help="Per-microbatch costs F,B,W of one rank's share, e.g. 1,1.4,0.6.")
 Comm = typer.Option(0.0, "--comm", help="Latency of every cross-rank transfer, in cost units.")
-MemoryLimit = typer.Option(None, "--memory-limit", help="Peak activations per rank, in one microbatch's activations.")
+MemoryLimit = typer.Option(
+    None, "--memory-limit",
+    help="Peak activations per rank, in one microbatch's activations (M_B); sizes such as 40GiB where the activation size is known.",
+)
 Objective = typer.Option(
     None, "--objective",
     help="What searching schedules (zb-auto, the V family) minimise: makespan (default; ranks "
@@ -45,6 +48,31 @@ class Setup:
     objective: Optional[str] = None  # None: each family's default (makespan)
 
 
+def parse_memory_limit(text: Optional[str], bytes_known: bool) -> tuple[Optional[float], Optional[float]]:
+    """``--memory-limit`` as (M_B units, bytes): a plain number is M_B, a size with a unit
+    (``40GiB``, ``512MiB``) bytes, accepted only where the activation size is known."""
+    from ..memory import parse_size
+
+    if text is None:
+        return None, None
+    try:
+        size = parse_size(text)
+    except ValueError as err:
+        raise ConfigError(f"--memory-limit {err}") from None
+    value = size if size is not None else float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"--memory-limit must be a finite number above 0, got {text}")
+    if size is None:
+        return value, None
+    if not bytes_known:
+        raise ConfigError(
+            f"--memory-limit {text}: a size in bytes needs the activation size per microbatch "
+            "(pipesched advise with a model description or --profile, pipesched train --schedule auto); "
+            "here give it in M_B units, e.g. --memory-limit 4"
+        )
+    return None, size
+
+
 def parse_multipliers(text: Optional[str]) -> Optional[tuple[float, ...]]:
     if text is None or not text.strip():
         return None
@@ -60,7 +88,7 @@ def setup(
     chunks: Optional[int],
     costs: Optional[str],
     comm: float,
-    memory_limit: Optional[float],
+    memory_limit: Optional[str],
     multipliers: Optional[str],
     objective: Optional[str] = None,
     overlap: float = 1.0,
@@ -72,11 +100,10 @@ def setup(
         raise ConfigError(f"--microbatches must be at least 1, got {microbatches}")
     if chunks is not None and chunks < 1:
         raise ConfigError(f"--chunks must be at least 1, got {chunks}")
-    if memory_limit is not None and not (math.isfinite(memory_limit) and memory_limit > 0):
-        raise ConfigError(f"--memory-limit must be a finite number above 0, got {memory_limit}")
+    limit, _ = parse_memory_limit(memory_limit, bytes_known=False)
     if objective is not None:
         from ..schedules.choose import check_objective
 
         check_objective(objective)
     parsed = Costs.parse(costs, comm=comm, multipliers=parse_multipliers(multipliers), overlap=overlap)
-    return Setup(ranks, microbatches, chunks, parsed, memory_limit, objective)
+    return Setup(ranks, microbatches, chunks, parsed, limit, objective)

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from ..compare import simulate_all
 from ..errors import ConfigError
+from ..memory import MemorySizes, StageMemory, format_bytes
 from ..outfiles import check_output_path, write_atomic
 from ..registry import build_schedule, families
 from ..schedule import Schedule
@@ -48,7 +49,7 @@ def export(
     chunks: Optional[int] = opt.Chunks,
     costs: Optional[str] = opt.CostsOpt,
     comm: float = opt.Comm,
-    memory_limit: Optional[float] = opt.MemoryLimit,
+    memory_limit: Optional[str] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
     objective: Optional[str] = opt.Objective,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="CSV file (default: stdout)."),
@@ -113,20 +114,43 @@ def simulate_cmd(
     chunks: Optional[int] = opt.Chunks,
     costs: Optional[str] = opt.CostsOpt,
     comm: float = opt.Comm,
-    memory_limit: Optional[float] = opt.MemoryLimit,
+    memory_limit: Optional[str] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
     overlap: float = opt.Overlap,
     objective: Optional[str] = opt.Objective,
     csv: Optional[Path] = typer.Option(None, "--csv", help="Simulate a schedule CSV (torch's compute-only format)."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
     draw: bool = typer.Option(False, "--draw", help="Also draw the timeline in the terminal."),
+    activation_bytes: Optional[str] = typer.Option(
+        None, "--activation-bytes",
+        help="One microbatch's activations on a rank's share, e.g. 512MiB[,STASH[,INPUT]]: what F keeps, "
+        "what I leaves for W (default: all of it), a stage's input (default 0). Adds peak bytes per rank.",
+    ),
+    recompute: Optional[str] = typer.Option(
+        None, "--recompute", help="With --activation-bytes: stages that recompute their activations (all, none, 0,2)."
+    ),
 ) -> None:
     """Simulate one schedule: makespan, span, bubble ratio, busy time and peak memory per rank."""
     if draw and as_json:
         raise ConfigError("--draw prints a chart and --json prints data for programs: give one of them")
+    share = _activation_share(activation_bytes)
+    if share is None and recompute is not None:
+        raise ConfigError("--recompute needs --activation-bytes (what a recomputed stage saves is in bytes)")
+    _, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=share is not None)
+    if limit_bytes is not None:  # M_B is one microbatch on a rank's share
+        memory_limit = repr(limit_bytes / share[0])
     s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
                   overlap=overlap)
-    result = simulate(schedule_from_flags(name, csv, s), s.costs)
+    schedule = schedule_from_flags(name, csv, s)
+    sizes = None
+    if share is not None:
+        from ..memory import recompute_stages
+
+        per_rank = schedule.stages // schedule.ranks
+        keep, stash, inp = share
+        sizes = MemorySizes((StageMemory(keep / per_rank, stash / per_rank),) * schedule.stages,
+                            (inp,) * schedule.stages, recompute_stages(recompute, schedule.stages))
+    result = simulate(schedule, s.costs, sizes)
     if as_json:
         typer.echo(json.dumps(result.metrics()))
         return
@@ -137,22 +161,53 @@ def simulate_cmd(
         print_timeline(result)
 
 
+def _activation_share(text: Optional[str]) -> Optional[tuple[float, float, float]]:
+    """``--activation-bytes KEEP[,STASH[,INPUT]]`` as bytes (STASH defaults to KEEP, INPUT to 0)."""
+    if text is None:
+        return None
+    from ..memory import parse_size
+
+    parts = [p.strip() for p in text.split(",")]
+    if not 1 <= len(parts) <= 3:
+        raise ConfigError(f"--activation-bytes {text!r}: give KEEP[,STASH[,INPUT]] sizes such as 512MiB,480MiB,16MiB")
+    values = []
+    for part in parts:
+        try:
+            size = parse_size(part)
+        except ValueError as err:
+            raise ConfigError(f"--activation-bytes {err}") from None
+        size = float(part) if size is None else size  # a plain number: bytes
+        if not size >= 0:
+            raise ConfigError(f"--activation-bytes {part!r} must be 0 or more")
+        values.append(size)
+    keep = values[0]
+    if not keep > 0:
+        raise ConfigError("--activation-bytes: what F keeps must be above 0")
+    stash = values[1] if len(values) > 1 else keep
+    if stash > keep:
+        raise ConfigError(f"--activation-bytes: the W stash ({parts[1]}) cannot exceed what F keeps ({parts[0]})")
+    return keep, stash, values[2] if len(values) > 2 else 0.0
+
+
 def print_result(result: SimResult) -> None:
     """A short human summary of one simulation."""
     console = Console()
     sched = result.schedule
     console.print(f"[bold]{sched.describe()}[/bold]")
+    in_bytes = result.peak_memory_bytes is not None
+    peak_bytes = f" ({format_bytes(max(result.peak_memory_bytes))})" if in_bytes else ""
     console.print(
         f"makespan {result.makespan:g}  span {result.span:g}  "
-        f"bubble {100 * result.bubble_ratio:.1f}%  peak memory {result.max_peak_memory:g}"
+        f"bubble {100 * result.bubble_ratio:.1f}%  peak memory {result.max_peak_memory:g}{peak_bytes}"
     )
     table = Table()
-    for column in ("rank", "actions", "busy", "idle", "peak memory"):
+    for column in ("rank", "actions", "busy", "idle", "peak memory") + (("peak bytes",) if in_bytes else ()):
         table.add_column(column, justify="right")
     for r in range(sched.ranks):
         table.add_row(
             str(r), str(len(result.timeline[r])), f"{result.busy[r]:g}",
             f"{result.makespan - result.busy[r]:g}", f"{result.peak_memory[r]:g}",
+            *((format_bytes(result.peak_memory_bytes[r]),) if in_bytes else ()),
         )
     console.print(table)
 
@@ -172,7 +227,7 @@ def compare(
     chunks: Optional[int] = opt.Chunks,
     costs: Optional[str] = opt.CostsOpt,
     comm: float = opt.Comm,
-    memory_limit: Optional[float] = opt.MemoryLimit,
+    memory_limit: Optional[str] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
     overlap: float = opt.Overlap,
     objective: Optional[str] = opt.Objective,

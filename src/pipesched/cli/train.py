@@ -27,8 +27,9 @@ def train(
         "1f1b", "--schedule", "-s",
         help="Schedule name, none for the single-process reference, or auto (measure, then pipesched advise picks).",
     ),
-    memory_limit: Optional[float] = typer.Option(
-        None, "--memory-limit", help="With --schedule auto: peak activations per rank (M_B) the choice must fit."
+    memory_limit: Optional[str] = typer.Option(
+        None, "--memory-limit",
+        help="With --schedule auto: peak activations per rank the choice must fit, in M_B or bytes (40GiB, 512MiB).",
     ),
     ranks: int = opt.Ranks,
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m", help="Microbatches per step (default 8; a CSV brings its own)."),
@@ -54,6 +55,13 @@ def train(
     checkpoint_keep: int = typer.Option(2, "--checkpoint-keep", help="How many of the newest checkpoints to keep."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue from the newest complete checkpoint in --checkpoint-dir up to --steps (the total), under any schedule or rank count."
+    ),
+    recompute: Optional[str] = typer.Option(
+        None, "--recompute",
+        help="Recompute activations in the backward (activation checkpointing): all, none, or stage indices such as 0,2.",
+    ),
+    json_path: Optional[Path] = typer.Option(
+        None, "--json", help="Write the run's summary (.json): losses, median step, activation bytes per rank."
     ),
 ) -> None:
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
@@ -82,8 +90,12 @@ def train(
         check_output_path(save_params, [".pt", ".pth"])
     if trace is not None:
         check_output_path(trace, [".json"])
+    if json_path is not None:
+        check_output_path(json_path, [".json"])
+    limit, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=True)  # auto's profile measures sizes
     if schedule.strip().lower() == "auto" and csv is None:
-        plan = _auto(model, ranks, microbatches, batch_size, memory_limit, seed)
+        plan, chosen = _auto(model, ranks, microbatches, batch_size, limit, seed, limit_bytes)
+        recompute = recompute if recompute is not None else chosen
     else:
         plan = _schedule(schedule, csv, ranks, microbatches, chunks)
     counts = _parse_counts(stage_blocks)
@@ -92,6 +104,9 @@ def train(
             block_counts(model_def.num_blocks, plan.stages, counts)
         except ConfigError as err:
             raise ConfigError(f"{plan.name} (ranks={plan.ranks}, chunks={plan.chunks}) on --model {model}: {err}") from None
+        from ..memory import recompute_stages
+
+        recompute_stages(recompute, plan.stages)  # a bad list fails here, before any process starts
         if batch_size % plan.microbatches:
             raise ConfigError(
                 f"--batch-size {batch_size} does not split into {plan.microbatches} equal microbatches: "
@@ -100,7 +115,8 @@ def train(
     resume_from = check_checkpointing(checkpoint_dir, resume, steps, model_def, optimizer, lr)  # last: creates the folder
     cfg = TrainConfig(
         model, plan, steps, batch_size, seed=seed, lr=lr, optimizer=optimizer, block_counts=counts, timeout_s=timeout,
-        skip_nonfinite=skip_nonfinite, clip_grad_norm=clip_grad_norm, want_params=save_params is not None,
+        skip_nonfinite=skip_nonfinite, clip_grad_norm=clip_grad_norm, recompute=recompute,
+        want_params=save_params is not None,
         show_progress=True, checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
         checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep,
         resume_from=None if resume_from is None else str(resume_from),
@@ -111,7 +127,7 @@ def train(
     from .train_report import print_summary, write_outputs
 
     print_summary(plan, result)
-    write_outputs(plan, result, save_params, trace)
+    write_outputs(plan, result, save_params, trace, json_path)
 
 
 def _run_to_the_end(run, cfg):
@@ -157,16 +173,20 @@ def _schedule(name: str, csv: Optional[Path], ranks: int, microbatches: Optional
 
 
 def _auto(model: str, ranks: int, microbatches: Optional[int], batch_size: int,
-          memory_limit: Optional[float], seed: int) -> Schedule:
-    """Profile a few steps, let the advisor choose, and say what it chose and why."""
+          memory_limit: Optional[float], seed: int, limit_bytes: Optional[float] = None) -> tuple[Schedule, str]:
+    """Profile a few steps, let the advisor choose, and say what it chose and why; returns the
+    schedule and whether to recompute ("all" or "none")."""
     from ..runtime.profile import auto_schedule
 
     plan, advice, prof = auto_schedule(
-        model, ranks, microbatches if microbatches is not None else 8, batch_size, memory_limit, seed
+        model, ranks, microbatches if microbatches is not None else 8, batch_size, memory_limit, seed,
+        limit_bytes=limit_bytes,
     )
     typer.echo(prof.summary(), err=True)
     typer.echo(f"auto: {advice.reason}", err=True)
-    return plan
+    if advice.recommended.recompute != "none":
+        typer.echo("auto: recomputing every stage's activations (--recompute all) to fit", err=True)
+    return plan, advice.recommended.recompute
 
 
 def _parse_counts(text: Optional[str]) -> Optional[tuple[int, ...]]:

@@ -37,9 +37,49 @@ def print_summary(schedule: Optional[Schedule], result) -> None:
         f"runtime overhead: measured / replayed with each step's own action times {c.replay_ratio:.3f} "
         "(1.000 = no time lost between actions beyond the p2p latency)"
     )
+    print_memory(result.memory)
 
 
-def write_outputs(schedule: Optional[Schedule], result, save_params: Optional[Path], trace: Optional[Path]) -> None:
+def print_memory(memory: list) -> None:
+    """Per rank: activation bytes measured (most in any step) next to the prediction; the device's
+    peak on CUDA."""
+    from ..memory import format_bytes
+
+    console = Console(stderr=False)
+    for m in memory:
+        line = (f"rank {m.rank}: activations measured {format_bytes(m.measured_peak_activation_bytes)}, "
+                f"predicted {format_bytes(m.predicted_peak_activation_bytes)}")
+        if m.predicted_peak_activation_bytes:
+            line += f" (measured/predicted {m.measured_peak_activation_bytes / m.predicted_peak_activation_bytes:.3f})"
+        if m.device_peak_bytes is not None:
+            line += (f"   device peak {format_bytes(m.device_peak_bytes)}, "
+                     f"of which weights, grads, optimizer at the step's start {format_bytes(m.device_baseline_bytes)}")
+        console.print(line)
+
+
+def summary(schedule: Optional[Schedule], result) -> dict:
+    """The run's summary for ``--json`` (stable names: scripts and CI read them)."""
+    return {
+        "schedule": schedule.name if schedule is not None else "none",
+        "ranks": schedule.ranks if schedule is not None else 1,
+        "dp": 1,
+        "dtype": "fp32",
+        "microbatches": schedule.microbatches if schedule is not None else 1,
+        "losses": list(result.losses),
+        "median_step_ms": 1000 * result.median_step_time(),
+        "memory": [m.summary() for m in result.memory],
+    }
+
+
+def write_outputs(schedule: Optional[Schedule], result, save_params: Optional[Path], trace: Optional[Path],
+                  json_path: Optional[Path] = None) -> None:
+    if json_path is not None:
+        import json
+
+        from ..outfiles import write_atomic
+
+        write_atomic(json_path, json.dumps(summary(schedule, result), indent=1))
+        print(f"wrote {json_path} (run summary)")
     if save_params is not None:
         import io
 
@@ -57,5 +97,6 @@ def write_outputs(schedule: Optional[Schedule], result, save_params: Optional[Pa
             return
         from ..runtime.timeline import write_trace
 
-        drawn = write_trace(trace, schedule, result.timelines)
-        print(f"wrote {trace} (Perfetto trace of step {drawn}, the median; every step in otherData)")
+        drawn = write_trace(trace, schedule, result.timelines, result.memory_curves)
+        print(f"wrote {trace} (Perfetto trace of step {drawn}, the median, activation bytes per rank; "
+              "every step in otherData)")

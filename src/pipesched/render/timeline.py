@@ -20,7 +20,8 @@ Curve = tuple[tuple[float, float], ...]
 class Timeline:
     """Executed actions per rank (``spans[r]`` in start order) and the stage-to-rank placement.
 
-    ``memory[r]``, when given, is rank r's activations over time as ``(time, level)`` steps.
+    ``memory[r]``, when given, is rank r's activations over time as ``(time, level)`` steps, in
+    ``memory_unit`` (M_B from the simulator, bytes measured by the runtime).
     ``unit`` names the time unit, for axis labels.
     """
 
@@ -29,6 +30,7 @@ class Timeline:
     memory: Optional[tuple[Curve, ...]] = None
     name: str = "timeline"
     unit: str = "cost units"
+    memory_unit: str = "M_B"
 
     @classmethod
     def from_sim(cls, result: SimResult) -> "Timeline":
@@ -101,6 +103,6 @@ def summary_line(timeline: Timeline) -> str:
     ]
     peaks = timeline.peak_memory()
     if peaks:
-        parts.append(f"peak memory {max(peaks):.3g} M_B")
+        parts.append(f"peak memory {max(peaks):.3g} {timeline.memory_unit}")
     return "   ".join(parts)
 

@@ -49,7 +49,7 @@ def trace_events(source: Union[SimResult, Timeline], time_unit_us: float = DEFAU
         for rank, curve in enumerate(timeline.memory):
             for time, level in curve:
                 events.append({"name": "memory", "ph": "C", "ts": _us(time, time_unit_us),
-                               "pid": rank, "args": {"activations (M_B)": level}})
+                               "pid": rank, "args": {f"activations ({timeline.memory_unit})": level}})
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",

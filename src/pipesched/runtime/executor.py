@@ -5,27 +5,34 @@ per-schedule loop. Training semantics equal the unpipelined model's: the batch i
 ``m`` microbatches along dim 0, the loss is the mean over microbatches (each microbatch's loss
 is scaled by ``1/m`` before its backward), gradients accumulate over the step, and each rank
 steps its optimizer once per step, after its last action and after the step's loss is known to
-be finite on every rank; a step that leaves a parameter non-finite stops every rank. With ``clip_grad_norm`` the gradients are scaled as
+be finite on every rank; a step that leaves a parameter non-finite stops every rank. Every
+step also measures the activation bytes the rank holds (see :mod:`.memory_meter`) against what
+:mod:`pipesched.memory` predicts from the sizes measured on the first step. With
+``clip_grad_norm`` the gradients are scaled as
 ``torch.nn.utils.clip_grad_norm_`` scales the unpipelined model's: by the norm over every rank's
 parameters, summed in the same all-reduce that agrees on the loss.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError
 from ..execution import Span
+from ..memory import StageMemory, peak, recompute_stages
 from ..schedule import Schedule
 from ..validate import validate
 from .clock import EventClock, HostClock
 from .guard import NonFiniteWeights, first_nonfinite
+from .memory_meter import ActivationMeter
 from .p2p import Transport, make_link_groups
 from .partition import BlockBuilder, Stage, build_stage, infer_boundary_shapes, stage_block_ranges
 from .plan import ACT, GRAD, links, plan_rank
@@ -49,6 +56,10 @@ class StepResult:
     skipped: bool = False
     origin: float = 0.0  # this rank's perf_counter() at the step's start (same clock on one host)
     grad_norm: float = float("nan")  # the whole model's gradient norm before clipping (with clipping)
+    peak_activation_bytes: int = 0  # measured: saved tensors, W stashes and stage inputs held at once
+    activation_curve: list = field(default_factory=list)  # (seconds from the start, bytes held) per action edge
+    device_peak_bytes: Optional[int] = None  # CUDA: max_memory_allocated during the step
+    device_baseline_bytes: Optional[int] = None  # CUDA: allocated at the step's start (weights, grads, optimizer)
 
 
 @dataclass
@@ -57,7 +68,8 @@ class _StepState:
     outputs: dict = field(default_factory=dict)  # (stage, mb) -> stage output, or scaled loss
     local_act: dict = field(default_factory=dict)  # (stage, mb) -> output handed to stage+1 here
     local_grad: dict = field(default_factory=dict)  # (stage, mb) -> input grad handed to stage-1 here
-    deferred: dict = field(default_factory=dict)  # (stage, mb) -> stashed Linear backward parts
+    deferred: dict = field(default_factory=dict)  # (stage, mb) -> (stashed Linear backward parts, their holders)
+    input_holds: dict = field(default_factory=dict)  # (stage, mb) -> the meter's hold on the stage input
 
 
 class PipelineRuntime:
@@ -69,6 +81,9 @@ class PipelineRuntime:
     events, read once per step; ``sync_actions=True`` synchronises the device after every
     action instead, ``False`` records host times only (when kernels were queued).
     ``host_staging`` (default: on a GPU over gloo) passes messages through host memory.
+    ``recompute``: the stages whose activations are recomputed in the backward (full activation
+    checkpointing with ``torch.utils.checkpoint``, non-reentrant): ``"all"``, ``"none"`` or
+    stage indices. Their forward keeps only the stage input.
     """
 
     def __init__(
@@ -88,8 +103,10 @@ class PipelineRuntime:
         sync_actions: Optional[bool] = None,
         host_staging: Optional[bool] = None,
         clip_grad_norm: Optional[float] = None,
+        recompute: Union[str, Iterable[int], None] = None,
     ) -> None:
         validate(schedule)
+        self.recompute = recompute_stages(recompute, schedule.stages)
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ConfigError(f"the gradient norm to clip to must be above 0, got {clip_grad_norm:g}")
         self.clip_grad_norm = clip_grad_norm
@@ -105,11 +122,15 @@ class PipelineRuntime:
         self.stage_ranges = ranges
         owned = [s for s, r in enumerate(schedule.placement) if r == self.rank]
         self.stages: dict[int, Stage] = {s: build_stage(build_block, ranges[s], s, seed, self.device) for s in owned}
-        self.stash = WeightGradStash()
+        self.parameters = [p for s in owned for p in self.stages[s].parameters()]
+        self.meter = ActivationMeter(exclude=self.parameters + [b for s in owned for b in self.stages[s].buffers()])
+        self.stash = WeightGradStash(hold=self.meter.hold)
         if schedule.split_backward:
             for stage in self.stages.values():
                 make_weight_grads_deferrable(stage, self.stash)
-        self.parameters = [p for s in owned for p in self.stages[s].parameters()]
+        self._measured: dict[int, StageMemory] = {}  # per own stage, from the first step
+        self.memory_sizes: Optional[dict[int, StageMemory]] = None
+        self.input_bytes: dict[int, int] = {}  # per own stage: one microbatch's stage input
         self.optimizer = optimizer(self.parameters)
         outs = infer_boundary_shapes(build_block, ranges, sample_input)
         for s, (_, dtype) in enumerate(outs[:-1]):
@@ -138,10 +159,17 @@ class PipelineRuntime:
         self.optimizer.zero_grad(set_to_none=True)
         losses: list[Optional[torch.Tensor]] = [None] * m
         clock = self._clock()
+        on_cuda = self.device.type == "cuda"
+        if on_cuda:
+            baseline = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.meter.reset_peak()
         dist.barrier()
         t0 = perf_counter()
         clock.start()
         marks = self._run_actions(in_mbs, tgt_mbs, losses, clock)
+        if self.memory_sizes is None:
+            self.memory_sizes = dict(self._measured)
         loss, bad_mb, bad_value, grad_norm = self._agree(losses)
         skipped = False
         if bad_mb >= 0:
@@ -162,10 +190,22 @@ class PipelineRuntime:
         if self.device.type == "cuda":  # the step ends when the device's work does
             torch.cuda.synchronize(self.device)
         step_time = perf_counter() - t0
-        times = clock.seconds([t for _, start, end in marks for t in (start, end)])
-        spans = [Span(action, times[2 * i], times[2 * i + 1]) for i, (action, _, _) in enumerate(marks)]
+        times = clock.seconds([t for mark in marks for t in mark[1:3]])
+        spans = [Span(mark[0], times[2 * i], times[2 * i + 1]) for i, mark in enumerate(marks)]
+        # a forward's bytes show from its start, a backward's highest (a recomputation) too
+        curve = [point for i, mark in enumerate(marks) for point in ((times[2 * i], mark[3]), (times[2 * i + 1], mark[4]))]
         self.steps_done += 1
-        return StepResult(loss, step_time, spans, skipped, t0, grad_norm)
+        return StepResult(
+            loss, step_time, spans, skipped, t0, grad_norm, self.meter.peak, curve,
+            torch.cuda.max_memory_allocated(self.device) if on_cuda else None, baseline if on_cuda else None,
+        )
+
+    def predicted_peak_activation_bytes(self) -> Optional[float]:
+        """What :mod:`pipesched.memory` says this rank holds at most, fed with the per-stage sizes
+        measured on the first step (None before it)."""
+        if self.memory_sizes is None:
+            return None
+        return peak(self.plan.actions, self.memory_sizes)
 
     def _check_weights(self) -> None:
         """Stop every rank when the optimizer step left a parameter non-finite, naming the step
@@ -197,8 +237,9 @@ class PipelineRuntime:
         return batch.to(self.device, non_blocking=True).chunk(m)
 
     def _run_actions(self, in_mbs, tgt_mbs, losses, clock) -> list[tuple]:
-        """Run this rank's actions; returns (action, start mark, end mark) for each."""
-        plan, stages, transport, stash = self.plan, self.stages, self.transport, self.stash
+        """Run this rank's actions; returns (action, start mark, end mark, highest bytes held
+        during it, bytes held after it) for each."""
+        plan, transport, stash, meter = self.plan, self.transport, self.stash, self.meter
         last, inv_m = self.last_stage, 1.0 / self.schedule.microbatches
         state = _StepState()
         marks: list[tuple] = []
@@ -207,6 +248,8 @@ class PipelineRuntime:
             s, kind, k = action
             key = (s, k)
             received = transport.receive(need, action) if need is not None else None
+            before = meter.current
+            meter.high = before
             start = clock.mark()  # after the wait: waiting is idle time, not the action's
             if kind == "F":
                 if s == 0:
@@ -214,19 +257,27 @@ class PipelineRuntime:
                 else:
                     x = received if need is not None else state.local_act.pop((s - 1, k))
                     x.requires_grad_(True)
-                y = stages[s](x)
+                state.input_holds[key] = meter.hold(x)  # no local alias: released with the backward
+                self.input_bytes[s] = state.input_holds[key].nbytes
+                y = self._forward(s, x, tgt_mbs[k] if s == last else None)
                 if s == last:
-                    loss = self.loss_fn(y, tgt_mbs[k])
-                    losses[k] = loss.detach()
-                    y = loss * inv_m
-                elif send is not None:
-                    transport.send(send, y.detach())
+                    losses[k] = y.detach()
+                    y = y * inv_m
                 else:
-                    state.local_act[key] = y.detach()
+                    if send is not None:
+                        transport.send(send, y.detach())
+                    else:
+                        state.local_act[key] = y.detach()
+                    # the backward needs only the output's graph: its data lives on only where
+                    # the next stage or a saved tensor still holds it (Megatron's deallocation)
+                    y.data = torch.empty((), dtype=y.dtype, device=y.device).expand(y.shape)
                 state.inputs[key] = x
                 state.outputs[key] = y
+                del x, y
             elif kind == "W":
-                apply_weight_grads(state.deferred.pop(key))
+                entries, _holders = state.deferred.pop(key)
+                apply_weight_grads(entries)
+                del entries, _holders
             else:
                 x = state.inputs.pop(key)
                 y = state.outputs.pop(key)
@@ -239,18 +290,51 @@ class PipelineRuntime:
                     stash.collecting = entries
                     torch.autograd.backward(y, grad)
                     stash.collecting = None
-                    state.deferred[key] = entries
+                    state.deferred[key] = (entries, stash.holders)
+                    stash.holders = []
                 else:
                     torch.autograd.backward(y, grad)
+                del y, grad
+                state.input_holds.pop(key)
                 if s > 0:
                     if send is not None:
                         transport.send(send, x.grad)
                     else:
                         state.local_grad[key] = x.grad
+                del x
             transport.release_sent()
-            marks.append((action, start, clock.mark_end()))
+            end = clock.mark_end()
+            if self.memory_sizes is None:
+                self._learn_size(action, before, meter.current, meter.high)
+            marks.append((action, start, end, meter.high, meter.current))
         transport.finish_step()
         return marks
+
+    def _forward(self, s: int, x: torch.Tensor, target: Optional[torch.Tensor]) -> torch.Tensor:
+        """Stage ``s`` on ``x`` (and the loss against ``target`` on the last stage), its saved
+        tensors counted; a recomputed stage saves nothing and is rebuilt, counted, when its
+        backward needs it."""
+        meter = self.meter
+        with meter.saved_tensors():
+            if s in self.recompute:
+                y = checkpoint(
+                    self.stages[s], x, use_reentrant=False,
+                    context_fn=lambda: (nullcontext(), meter.recomputation()),
+                )
+            else:
+                y = self.stages[s](x)
+            return self.loss_fn(y, target) if target is not None else y
+
+    def _learn_size(self, action, before: int, after: int, high: int) -> None:
+        """Per-stage sizes from the first step (the largest over its microbatches)."""
+        s, kind, _k = action
+        seen = self._measured.get(s, StageMemory(0, 0))
+        if kind == "F":
+            seen = StageMemory(max(seen.keep, after - before), seen.stash, seen.backward_extra)
+        elif kind in "IB":
+            stash = after - before + seen.keep if kind == "I" else seen.stash
+            seen = StageMemory(seen.keep, max(seen.stash, stash), max(seen.backward_extra, high - before))
+        self._measured[s] = seen
 
     def _agree(self, losses: list[Optional[torch.Tensor]]) -> tuple[float, int, float, float]:
         """Mean loss, first non-finite microbatch (-1 if none) and its value, and (when clipping)

@@ -6,9 +6,10 @@ separately on real ranks. The delay per cross-rank message is calibrated on the 
 one with which the simulator, fed each step's measured action durations, ends the steps when
 they ended (at least the one-way latency a ping-pong measures). On CPUs over gloo it is several
 times that latency, and without it the advisor would favour schedules that exchange many more
-messages (interleaved ones with many chunks) than they can afford. Activation memory
-per stage is counted in this process: the bytes autograd saves during one microbatch's forward
-(parameters excluded), which is what a stage holds from F until its W.
+messages (interleaved ones with many chunks) than they can afford. Activation memory per
+stage is what the runtime measured on the first step (see :mod:`pipesched.runtime.memory_meter`):
+the bytes one microbatch's F keeps, what its I leaves for W, and the stage's input (all a
+recomputed stage keeps).
 """
 
 from __future__ import annotations
@@ -17,13 +18,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-import torch
 
 from ..costs import Costs
 from ..errors import ConfigError
 from ..registry import build_schedule
-from .models import MODELS, ModelDef, get_model
-from .partition import build_block_seeded, stage_block_ranges
+from .models import MODELS, get_model
 from .timeline import calibrated_comm, median_costs
 from .train import TrainConfig, run
 
@@ -46,10 +45,20 @@ class Profile:
     num_blocks: int
     stage_costs: tuple[tuple[float, float, float], ...]  # per stage: median F, I, W
     comm: float  # delay per cross-rank message, calibrated on the profiling run
-    activation_bytes: tuple[int, ...]  # per stage, one microbatch
+    stage_memory: tuple  # per stage, one microbatch: (StageMemory in bytes, input bytes)
     step_time: float  # median step of the profiling schedule
     model_size: dict = field(default_factory=dict)
     latency: float = 0.0  # one-way p2p latency of a ping-pong outside the steps
+
+    @property
+    def activation_bytes(self) -> tuple[float, ...]:
+        """What each stage's forward keeps for one microbatch."""
+        return tuple(size.keep for size, _ in self.stage_memory)
+
+    def activation(self) -> tuple[float, float, float]:
+        """The whole model's bytes for one microbatch: kept by F, stashed for W; one boundary's."""
+        boundaries = [inp for _, inp in self.stage_memory[1:]] or [0.0]
+        return (sum(self.activation_bytes), sum(size.stash for size, _ in self.stage_memory), max(boundaries))
 
     def costs(self) -> Costs:
         """The advisor's costs in milliseconds: per-rank means plus per-stage multipliers."""
@@ -111,54 +120,33 @@ def profile(
         model=model, ranks=ranks, microbatches=microbatches, batch_size=batch_size,
         num_blocks=md.num_blocks, stage_costs=stage_costs,
         comm=calibrated_comm(schedule, steps_measured, result.comm_latency), latency=result.comm_latency,
-        activation_bytes=tuple(activation_bytes(md, ranks, batch_size // microbatches, seed)),
+        stage_memory=tuple(result.stage_memory[s] for s in range(schedule.stages)),
         step_time=result.median_step_time(), model_size=size,
     )
 
 
-def activation_bytes(md: ModelDef, stages: int, microbatch_size: int, seed: int = 0) -> list[int]:
-    """Bytes autograd keeps for one microbatch's forward, per stage (parameters excluded)."""
-    x, _ = md.batch(0, microbatch_size, seed)
-    held = []
-    for blocks in stage_block_ranges(md.num_blocks, stages):
-        modules = [build_block_seeded(md.build_block, i, seed) for i in blocks]
-        params = {p.untyped_storage().data_ptr() for m in modules for p in m.parameters()}
-        seen: dict[int, int] = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in params:
-                seen[storage.data_ptr()] = storage.nbytes()
-            return t
-
-        inp = x.detach().requires_grad_(x.is_floating_point())
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = inp
-            for module in modules:
-                out = module(out)
-        held.append(sum(seen.values()))
-        x = out.detach()
-    return held
-
-
-def advise_from_profile(prof: Profile, memory_limit: Optional[float] = None, **options) -> "Advice":
-    """The advisor's ranking for the measured costs (chunks capped by the model's blocks)."""
+def advise_from_profile(prof: Profile, memory_limit: Optional[float] = None, limit_bytes: Optional[float] = None,
+                        **options) -> "Advice":
+    """The advisor's ranking for the measured costs and activation bytes (chunks capped by the
+    model's blocks); ``limit_bytes``: activation bytes per rank, recomputation then a choice."""
     from ..advise import advise
+    from ..advise.costmodel import ScaledCosts
 
     options["max_chunks"] = min(options.get("max_chunks", 4), prof.max_chunks)
-    return advise(prof.ranks, memory_limit, microbatches=prof.microbatches, costs=prof.costs(), **options)
+    model = ScaledCosts(prof.costs(), memory_limit, activation=prof.activation(), limit_bytes=limit_bytes, ranks=prof.ranks)
+    return advise(prof.ranks, memory_limit, microbatches=prof.microbatches, cost_model=model, **options)
 
 
 def auto_schedule(
     model: str, ranks: int, microbatches: int, batch_size: int,
-    memory_limit: Optional[float] = None, seed: int = 0, steps: int = 4,
+    memory_limit: Optional[float] = None, seed: int = 0, steps: int = 4, limit_bytes: Optional[float] = None,
 ) -> tuple["Schedule", "Advice", Profile]:
     """Profile, advise, and build the recommended schedule (``pipesched train --schedule auto``)."""
     from ..advise.search import objective_option
     from ..registry import get_family
 
     prof = profile(model, ranks, microbatches, batch_size, steps=steps, seed=seed)
-    advice = advise_from_profile(prof, memory_limit)
+    advice = advise_from_profile(prof, memory_limit, limit_bytes)
     best = advice.recommended
     schedule = build_schedule(
         best.schedule, ranks, best.microbatches, best.chunks, best.costs, best.memory_limit,

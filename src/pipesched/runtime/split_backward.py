@@ -13,7 +13,7 @@ The autograd graph is freed at the end of ``I``; only the stashed tensors live o
 from __future__ import annotations
 
 import types
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +23,15 @@ Entry = tuple[nn.Linear, torch.Tensor, torch.Tensor]
 
 
 class WeightGradStash:
-    """Where deferred Linear backwards put their (module, input, output gradient) triples."""
+    """Where deferred Linear backwards put their (module, input, output gradient) triples.
 
-    def __init__(self) -> None:
+    ``hold``, when set, is called on each stashed tensor as it is stashed, and what it returns
+    is kept in ``holders`` (a memory meter counts the stash this way)."""
+
+    def __init__(self, hold: Optional[Callable[[torch.Tensor], object]] = None) -> None:
         self.collecting: Optional[list[Entry]] = None
+        self.hold = hold
+        self.holders: list = []
 
 
 class _DeferrableLinear(torch.autograd.Function):
@@ -44,7 +49,10 @@ class _DeferrableLinear(torch.autograd.Function):
         grad_x = grad_out.matmul(weight) if ctx.needs_input_grad[0] else None
         pending = ctx.stash.collecting
         if pending is not None:
-            pending.append((ctx.module, x.detach(), grad_out.detach()))
+            entry = (ctx.module, x.detach(), grad_out.detach())
+            pending.append(entry)
+            if ctx.stash.hold is not None:
+                ctx.stash.holders.extend((ctx.stash.hold(entry[1]), ctx.stash.hold(entry[2])))
             return grad_x, None, None, None, None
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
         grad_w = g2.t().matmul(x.reshape(-1, x.shape[-1]))

@@ -129,20 +129,24 @@ def steps_json(steps: Sequence[Timeline]) -> list:
     return [[[[str(s.action), s.start, s.end] for s in rank] for rank in t] for t in steps]
 
 
-def write_trace(path: Path, schedule: Schedule, steps: Sequence[Timeline]) -> int:
+def write_trace(path: Path, schedule: Schedule, steps: Sequence[Timeline], memory: Sequence = ()) -> int:
     """Write a Perfetto / Chrome trace of the median step (after the first, warm-up step);
-    every step's spans ride along in ``otherData.measured_steps``. Returns the step drawn."""
+    every step's spans ride along in ``otherData.measured_steps``. ``memory``, per step and
+    rank, the (seconds, activation bytes held) the runtime measured: a counter track per rank.
+    Returns the step drawn."""
     from ..outfiles import write_atomic
     from ..render.timeline import Timeline as DrawnTimeline
     from ..render.trace import trace_events
 
-    measured = list(steps[1:]) or list(steps)
+    skip = 1 if len(steps) > 1 else 0
+    measured = list(steps[skip:])
     index = median_step(measured)
+    curves = tuple(tuple(curve) for curve in memory[index + skip]) if memory else None
     drawn = DrawnTimeline(
-        tuple(tuple(rank) for rank in measured[index]), schedule.placement,
-        name=f"{schedule.name} (measured)", unit="s",
+        tuple(tuple(rank) for rank in measured[index]), schedule.placement, curves,
+        name=f"{schedule.name} (measured)", unit="s", memory_unit="bytes",
     )
     trace = trace_events(drawn, time_unit_us=1e6)
     trace["otherData"]["measured_steps"] = steps_json(steps)
     write_atomic(path, json.dumps(trace, separators=(",", ":")))
-    return index + (len(steps) > 1)
+    return index + skip

@@ -42,6 +42,7 @@ class TrainConfig:
     timeout_s: float = 300.0
     skip_nonfinite: bool = False
     clip_grad_norm: Optional[float] = None
+    recompute: Optional[str] = None  # stages whose activations are recomputed: "all", "0,2", ...
     want_params: bool = False
     want_grads: bool = False
     show_progress: bool = False
@@ -60,6 +61,27 @@ class TrainConfig:
         return steps_done == self.steps or (self.checkpoint_every is not None and steps_done % self.checkpoint_every == 0)
 
 
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank's activation bytes: the most measured in any step against the prediction from
+    the sizes measured on the first step; on CUDA the device's peak and the step-start baseline."""
+
+    rank: int
+    measured_peak_activation_bytes: int
+    predicted_peak_activation_bytes: float
+    device_peak_bytes: Optional[int] = None
+    device_baseline_bytes: Optional[int] = None
+
+    def summary(self) -> dict:
+        """The JSON summary's entry (stable names; the device's only on CUDA)."""
+        out = {"rank": self.rank, "measured_peak_activation_bytes": self.measured_peak_activation_bytes,
+               "predicted_peak_activation_bytes": self.predicted_peak_activation_bytes}
+        if self.device_peak_bytes is not None:
+            out["device_peak_bytes"] = self.device_peak_bytes
+            out["device_baseline_bytes"] = self.device_baseline_bytes
+        return out
+
+
 @dataclass
 class TrainResult:
     """What rank 0 brings back: the true loss per step, step times, timelines, latency, params."""
@@ -70,6 +92,9 @@ class TrainResult:
     comm_latency: float = 0.0
     params: Optional[dict] = None
     grads: Optional[dict] = None  # after the first step
+    memory: list = field(default_factory=list)  # per rank: RankMemory
+    memory_curves: list = field(default_factory=list)  # per step, per rank: [(seconds, bytes held)]
+    stage_memory: dict = field(default_factory=dict)  # stage -> (StageMemory measured, input bytes)
     first_step: int = 0  # steps done before this run (resumed from a checkpoint), 0 otherwise
 
     def median_step_time(self, skip: int = 1) -> float:
@@ -170,12 +195,13 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
         md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr), x0[: cfg.batch_size // m],
         seed=cfg.seed, block_counts=counts, device=device,
         timeout_s=cfg.timeout_s, skip_nonfinite=cfg.skip_nonfinite, clip_grad_norm=cfg.clip_grad_norm,
+        recompute=cfg.recompute,
     )
     first = _resume(cfg, checkpoint.runtime_module(runtime), runtime.optimizer)
     runtime.steps_done = first
     latency = measure_latency(*_first_link_tensor(runtime), device)
     progress = _Progress(cfg.steps, schedule.name, first) if cfg.show_progress and rank == 0 else None
-    losses, times, spans, grads = [], [], [], None
+    losses, times, spans, grads, results = [], [], [], None, []
     try:
         for step in range(first, cfg.steps):
             x, y = md.batch(step, cfg.batch_size, cfg.seed)
@@ -183,6 +209,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
             losses.append(result.loss)
             times.append(result.step_time)
             spans.append(result.spans)
+            results.append(result)
             if step == 0 and cfg.want_grads:
                 grads = runtime.gather_gradients()
             if progress:
@@ -193,10 +220,28 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
         if progress:
             progress.close()
     timelines = _gather_timelines(spans)
+    memory, curves, stage_memory = _gather_memory(runtime, results)
     params = runtime.gather_state_dict() if cfg.want_params else None
     if rank != 0:
         return None
-    return TrainResult(losses, times, timelines, latency, params, grads, first)
+    return TrainResult(losses, times, timelines, latency, params, grads, memory, curves, stage_memory, first)
+
+
+def _gather_memory(runtime: PipelineRuntime, results: list) -> tuple[list[RankMemory], list, dict]:
+    """Every rank's :class:`RankMemory`, per-step activation curves and measured stage sizes, on rank 0."""
+    device = [r.device_peak_bytes for r in results if r.device_peak_bytes is not None]
+    baseline = [r.device_baseline_bytes for r in results if r.device_baseline_bytes is not None]
+    mine = RankMemory(
+        runtime.rank, max(r.peak_activation_bytes for r in results), runtime.predicted_peak_activation_bytes(),
+        max(device) if device else None, max(baseline) if baseline else None,
+    )
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    sizes = {s: (size, runtime.input_bytes.get(s, 0)) for s, size in (runtime.memory_sizes or {}).items()}
+    dist.gather_object((mine, [r.activation_curve for r in results], sizes), parts, dst=0)
+    if parts is None:
+        return [], [], {}
+    curves = [[parts[r][1][step] for r in range(len(parts))] for step in range(len(results))]
+    return [p[0] for p in parts], curves, {s: v for p in parts for s, v in p[2].items()}
 
 
 def _first_link_tensor(runtime: PipelineRuntime) -> tuple[torch.Size, torch.dtype]:

@@ -1,0 +1,181 @@
+"""The memory rules: what each action takes and frees, in M_B units or in bytes.
+
+One place answers "how much does a rank hold after this action" for the simulator, the
+runtime's prediction and the advisor. A stage's forward ``F`` keeps what its backward needs
+(``keep``); a split input backward ``I`` frees all of it but what the weight backward still needs
+(the W ``stash``: each Linear's input and output gradient, the Zero Bubble paper's per-layer
+accounting), which ``W`` frees; a full backward ``B`` frees everything ``F`` kept. While a
+backward runs it may hold more than at its start (``backward_extra``): a recomputed stage
+re-runs its forward first, so it rebuilds what a stored forward would have kept.
+
+In M_B units (the default, sizes unknown) a stage-microbatch weighs one unit, ``I`` frees
+nothing and a rank's count is divided by the stages it holds: the Zero Bubble paper's model.
+Memory depends only on the order of a rank's actions, never on their times.
+
+Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from .actions import Action
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """What one microbatch of one stage holds, in any unit (bytes, or M_B).
+
+    - ``keep``: held from the start of ``F`` to the end of its ``I`` or ``B``;
+    - ``stash``: what ``I`` leaves for ``W``, held until ``W`` ends;
+    - ``backward_extra``: held above the level at its start while ``I`` or ``B`` runs.
+    """
+
+    keep: float
+    stash: float
+    backward_extra: float = 0.0
+
+    def recomputed(self, input_size: float) -> "StageMemory":
+        """The same stage with its activations recomputed: ``F`` keeps only the stage's input, and
+        the backward first rebuilds everything else the forward would have kept."""
+        rebuilt = max(self.keep - input_size, 0.0)
+        return StageMemory(input_size, self.stash, rebuilt + self.backward_extra)
+
+
+UNIT_STAGE = StageMemory(keep=1, stash=1)  # M_B: I frees nothing of what F kept
+
+
+def level_after(kind: str, size: StageMemory) -> float:
+    """How the held amount changes over one action of ``kind`` on a stage of ``size``."""
+    if kind == "F":
+        return size.keep
+    if kind == "I":
+        return size.stash - size.keep
+    if kind == "W":
+        return -size.stash
+    return -size.keep  # B
+
+
+def levels(actions: Sequence[Action], sizes: Sequence[StageMemory]) -> list[tuple[float, float]]:
+    """For each action of one rank in program order: (highest held while it runs, held after)."""
+    held = 0.0
+    out = []
+    for action in actions:
+        size = sizes[action.stage]
+        during = held + size.backward_extra if action.kind in "IB" else held
+        held += level_after(action.kind, size)
+        out.append((max(during, held), held))
+    return out
+
+
+def peak(actions: Sequence[Action], sizes: Sequence[StageMemory]) -> float:
+    """Peak held over one rank's actions in program order (0 for a rank with none)."""
+    return max((high for high, _ in levels(actions, sizes)), default=0.0)
+
+
+class _Uniform:
+    """Every stage the same size (M_B counting)."""
+
+    def __init__(self, size: StageMemory) -> None:
+        self.size = size
+
+    def __getitem__(self, stage: int) -> StageMemory:
+        return self.size
+
+
+def unit_sizes(stages_on_rank: int) -> _Uniform:
+    """M_B sizes on a rank holding ``stages_on_rank`` stages: each stage a share of one unit."""
+    share = 1.0 / stages_on_rank
+    return _Uniform(StageMemory(keep=share, stash=share))
+
+
+def unit_peak(actions: Sequence[Action], stages_on_rank: int) -> float:
+    """Peak in M_B: stage-microbatches held at once (counted whole), each a ``1/stages_on_rank`` share."""
+    return peak(actions, _Uniform(UNIT_STAGE)) / stages_on_rank
+
+
+@dataclass(frozen=True)
+class MemorySizes:
+    """Per-stage sizes in bytes: a stored stage's and, for recomputation, its input's.
+
+    ``recompute`` names the stages whose activations are recomputed in the backward."""
+
+    stages: tuple[StageMemory, ...]
+    inputs: tuple[float, ...]
+    recompute: frozenset = frozenset()
+
+    def __post_init__(self) -> None:
+        if len(self.inputs) != len(self.stages):
+            raise ValueError(f"{len(self.stages)} stage sizes but {len(self.inputs)} input sizes")
+
+    def effective(self) -> tuple[StageMemory, ...]:
+        """The sizes the rules use: recomputed stages keep only their input."""
+        return tuple(
+            size.recomputed(self.inputs[s]) if s in self.recompute else size for s, size in enumerate(self.stages)
+        )
+
+    def with_recompute(self, stages) -> "MemorySizes":
+        return MemorySizes(self.stages, self.inputs, frozenset(stages))
+
+
+def peak_bytes(rank_actions: Sequence[Sequence[Action]], sizes: Optional[MemorySizes]) -> Optional[tuple[float, ...]]:
+    """Peak bytes of each rank (None without sizes)."""
+    if sizes is None:
+        return None
+    table = sizes.effective()
+    return tuple(peak(actions, table) for actions in rank_actions)
+
+
+BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> Optional[float]:
+    """Bytes in ``text`` when it carries a unit (``40GiB``, ``512MiB``, ``1.5GB``, ``100B``);
+    None when it is a plain number (an M_B count). Raises ValueError naming the valid units."""
+    raw = text.strip()
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
+    unit = raw[len(number):].strip() if number != raw else ""
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size: give a number of M_B or bytes with a unit, e.g. 40GiB, 512MiB") from None
+    if not unit:
+        return None
+    factor = BYTE_UNITS.get(unit.lower())
+    if factor is None:
+        raise ValueError(f"{text!r}: unknown unit {unit!r}; use one of B, KB, MB, GB, TB, KiB, MiB, GiB, TiB")
+    return value * factor
+
+
+def format_bytes(value: float) -> str:
+    """Bytes in binary units, three significant digits (``1.25 GiB``)."""
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def recompute_stages(spec, stages: int) -> frozenset:
+    """The stages to recompute: ``"all"``, ``"none"`` / None, ``"0,2"`` or an iterable of indices.
+    Raises ConfigError naming what is valid."""
+    from .errors import ConfigError
+
+    if spec is None:
+        return frozenset()
+    if isinstance(spec, str):
+        text = spec.strip().lower()
+        if text in ("", "none"):
+            return frozenset()
+        if text == "all":
+            return frozenset(range(stages))
+        try:
+            spec = [int(part) for part in text.split(",")]
+        except ValueError:
+            raise ConfigError(f"recompute {spec!r}: give all, none, or stage indices such as 0,2") from None
+    chosen = frozenset(int(s) for s in spec)
+    outside = sorted(s for s in chosen if not 0 <= s < stages)
+    if outside:
+        raise ConfigError(f"recompute names stage {outside[0]}, but the schedule has stages 0 to {stages - 1}")
+    return chosen

@@ -1,0 +1,118 @@
+"""The memory rules (pipesched.memory): what each action takes and frees, in M_B or in bytes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pipesched
+from conftest import run_cli
+from pipesched.actions import Action
+from pipesched.memory import MemorySizes, StageMemory, levels, parse_size, peak, unit_peak
+
+SPLIT = ("zb-h1", "zb-h2", "zb-v", "v-half", "v-min")
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(["gpipe", "1f1b", *SPLIT]), st.integers(2, 4), st.integers(1, 10))
+def test_bytes_with_every_stage_one_unit_and_nothing_freed_by_i_are_the_m_b_counts(name, ranks, m):
+    schedule = pipesched.build_schedule(name, ranks, max(m, ranks))
+    stages_per_rank = schedule.stages // ranks
+    share = MemorySizes((StageMemory(1.0, 1.0),) * schedule.stages, (0.0,) * schedule.stages)
+    result = pipesched.simulate(schedule, memory=share)
+    assert [x / stages_per_rank for x in result.peak_memory_bytes] == pytest.approx(list(result.peak_memory))
+
+
+def test_i_frees_all_but_the_stash_and_w_frees_the_stash():
+    actions = [Action.parse(a) for a in ("0F0", "0F1", "0I0", "0F2", "0W0", "0I1", "0I2", "0W1", "0W2")]
+    stored = [StageMemory(keep=10, stash=10)]
+    lean = [StageMemory(keep=10, stash=4)]
+    assert peak(actions, stored) == 10 * unit_peak(actions, 1) == 30
+    assert [after for _, after in levels(actions, lean)] == [10, 20, 14, 24, 20, 14, 8, 4, 0]
+    assert peak(actions, lean) == 24
+
+
+def test_a_recomputed_stage_keeps_its_input_and_rebuilds_the_rest_in_its_backward():
+    schedule = pipesched.build_schedule("gpipe", 2, 8)
+    sizes = MemorySizes((StageMemory(100, 100),) * 2, (5.0, 5.0))
+    plain = pipesched.simulate(schedule, memory=sizes)
+    recomputed = pipesched.simulate(schedule, memory=sizes.with_recompute({0, 1}))
+    assert plain.peak_memory_bytes == (800, 800)
+    assert recomputed.peak_memory_bytes == (8 * 5 + 95, 8 * 5 + 95)  # inputs, plus one stage rebuilt
+    assert recomputed.peak_memory == plain.peak_memory  # M_B counts stored activations: unchanged
+    costs = pipesched.Costs(F=1, B=2, W=1)
+    # 8 forwards and the last stage's 8 backwards, then rank 0's last: each backward one F longer
+    assert pipesched.simulate(schedule, costs).makespan == 1 + 8 + 8 * 3 + 3
+    assert pipesched.simulate(schedule, costs, sizes.with_recompute({0, 1})).makespan == 1 + 8 + 8 * 4 + 4
+
+
+def test_memory_curve_in_bytes_ends_where_it_started():
+    schedule = pipesched.build_schedule("zb-v", 2, 4)
+    sizes = MemorySizes((StageMemory(8, 6, 1),) * 4, (2.0,) * 4)
+    result = pipesched.simulate(schedule, memory=sizes)
+    for rank in range(2):
+        curve = result.memory_curve(rank, in_bytes=True)
+        assert curve[-1][1] == 0 and max(level for _, level in curve) == result.peak_memory_bytes[rank]
+
+
+@pytest.mark.parametrize("text,value", [("40GiB", 40 * 2**30), ("512MiB", 512 * 2**20), ("1.5GB", 1.5e9),
+                                        ("100 B", 100), ("3", None), ("2.5", None)])
+def test_sizes_carry_a_unit_and_plain_numbers_are_m_b(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["40XB", "GiB", "lots"])
+def test_bad_sizes_name_the_valid_units(text):
+    with pytest.raises(ValueError, match="GiB"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["simulate", "1f1b", "--memory-limit", "40GiB"], "needs the activation size per microbatch"),
+    (["simulate", "1f1b", "--memory-limit", "40XB"], "unknown unit 'XB'"),
+    (["advise", "--layers", "8", "--hidden", "256", "--seq-len", "64", "--microbatch-size", "1",
+      "--memory-limit", "12parsecs"], "unknown unit"),
+    (["advise", "--layers", "8", "--hidden", "256", "--seq-len", "64", "--microbatch-size", "1",
+      "--attention", "linear"], "--attention 'linear'"),
+])
+def test_bad_memory_limits_are_one_line_and_exit_2(args, fragment):
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pipesched: error:") and fragment in lines[0]
+
+
+def test_advise_takes_a_byte_limit_with_a_model_description():
+    result = run_cli("advise", "--ranks", "2", "--layers", "8", "--hidden", "256", "--seq-len", "64",
+                     "--microbatch-size", "1", "--microbatches", "4", "--memory-limit", "3MiB",
+                     "--schedules", "1f1b,gpipe,zb-v", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    # a rank's 4 layers stored are 4.2 MB: a leaner zb-v, or recomputing, fits; stored 1f1b does not
+    assert rows[0]["fits"] and rows[0]["schedule"] == "zb-v" and rows[0]["recompute"] == "none"
+    fits = {(r["schedule"], r["recompute"]): r["fits"] for r in rows}
+    assert fits[("1f1b", "all")] and not fits[("1f1b", "none")]
+    too_little = run_cli("advise", "--ranks", "2", "--layers", "8", "--hidden", "256", "--seq-len", "64",
+                         "--microbatch-size", "1", "--microbatches", "4", "--memory-limit", "1MiB",
+                         "--schedules", "1f1b,gpipe,zb-v")
+    assert too_little.returncode == 2
+    assert "no schedule fits the memory limit: the leanest, " in too_little.stderr
+    assert "recompute all), needs 2 MiB of activations on its fullest rank" in too_little.stderr
+
+
+def test_simulate_reports_peak_bytes_when_the_activation_size_is_given():
+    result = run_cli("simulate", "zb-v", "-p", "4", "-m", "8", "--activation-bytes", "1GiB,512MiB,64MiB", "--json")
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(result.stdout)
+    assert metrics["peak_memory"] == [4.0] * 4  # M_B unchanged
+    assert metrics["peak_memory_bytes"] == [4 * 2**30] * 4  # 4 forwards in flight before any I frees
+    recomputed = json.loads(run_cli("simulate", "zb-v", "-p", "4", "-m", "8", "--activation-bytes",
+                                    "1GiB,512MiB,64MiB", "--recompute", "all", "--json").stdout)
+    assert max(recomputed["peak_memory_bytes"]) < max(metrics["peak_memory_bytes"])
+    assert recomputed["makespan"] > metrics["makespan"]
+    limited = run_cli("simulate", "zb-auto", "-p", "4", "-m", "8", "--activation-bytes", "1GiB",
+                      "--memory-limit", "2GiB", "--json")
+    assert json.loads(limited.stdout)["peak_memory"] == [2.0] * 4  # 2GiB over 1GiB per M_B

@@ -1,0 +1,106 @@
+"""Memory is a promise: what the runtime measures each step is what the memory model predicts.
+
+The runtime counts the activation bytes a rank holds (saved tensors by storage, W stashes, stage
+inputs, recomputed activations while a backward rebuilds them); the prediction is
+:mod:`pipesched.memory` replaying the rank's actions with the per-stage sizes measured on the
+first step. Recomputation (activation checkpointing) trains exactly like the unpipelined model,
+also with a split backward (I then W), and holds less.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pipesched  # noqa: E402
+from conftest import run_cli  # noqa: E402
+from pipesched.runtime.launch import spawn  # noqa: E402
+from runtime_cases import measure_memory, reference, relative_error, run_schedules  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+SIZE = dict(blocks=7, dim=16, hidden=64)
+
+
+@pytest.mark.timeout(150)
+def test_measured_activation_bytes_match_the_prediction_and_recompute_holds_less():
+    names = ("gpipe", "1f1b", "zb-h1", "zb-h2", "zb-v", "v-half")
+    runs = [(n, pipesched.build_schedule(n, 2, 6), None) for n in names]
+    runs += [(f"{n} recompute", pipesched.build_schedule(n, 2, 6), "all") for n in ("gpipe", "1f1b", "zb-v")]
+    results = spawn(measure_memory, 2, ("mlp", SIZE, 12, runs), timeout_s=90)[0]
+    for label, ranks in results.items():
+        for measured, predicted, left in ranks:
+            assert measured == pytest.approx(predicted, rel=0.05), label
+            assert left == 0, f"{label}: bytes still held after the step"
+    peak = {label: max(m for m, _, _ in ranks) for label, ranks in results.items()}
+    assert peak["zb-v"] < peak["zb-h2"] < peak["gpipe"]
+    assert peak["gpipe recompute"] < 0.4 * peak["gpipe"]
+    assert peak["1f1b recompute"] < peak["1f1b"]
+
+
+@pytest.mark.timeout(150)
+def test_recomputed_stages_train_exactly_like_the_unpipelined_model_also_with_i_then_w():
+    schedules = [(n, pipesched.build_schedule(n, 2, 4)) for n in ("1f1b", "zb-h1", "zb-v")]
+    results = spawn(run_schedules, 2, ("mlp", SIZE, 8, schedules, None, "sgd", "all"), timeout_s=90)[0]
+    ref = reference("mlp", SIZE, 8)
+    for label, got in results.items():
+        assert got["losses"][0] == pytest.approx(ref["loss"], rel=1e-5), label
+        assert relative_error(got["grads"], ref["grads"]) < 1e-5, label
+        assert relative_error(got["params"], ref["params"]) < 1e-5, label
+
+
+@pytest.mark.timeout(150)
+def test_train_json_summary_has_the_stable_fields_and_the_trace_a_memory_track(tmp_path):
+    path, trace = tmp_path / "run.json", tmp_path / "trace.json"
+    result = run_cli("train", "--model", "mlp", "--schedule", "zb-v", "--ranks", "2", "--microbatches", "4",
+                     "--batch-size", "16", "--steps", "2", "--recompute", "0,3", "--json", str(path),
+                     "--trace", str(trace))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(path.read_text())
+    assert {k: data[k] for k in ("schedule", "ranks", "microbatches", "dp", "dtype")} == {
+        "schedule": "zb-v", "ranks": 2, "microbatches": 4, "dp": 1, "dtype": "fp32"}
+    assert len(data["losses"]) == 2 and data["median_step_ms"] > 0
+    assert [m["rank"] for m in data["memory"]] == [0, 1]
+    for m in data["memory"]:
+        assert m["measured_peak_activation_bytes"] == pytest.approx(m["predicted_peak_activation_bytes"], rel=0.05)
+        assert "device_peak_bytes" not in m  # CPU: no device allocator to ask
+    assert "activations measured" in result.stdout
+    counters = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "C"]
+    for m in data["memory"]:  # the drawn step's highest level is the rank's measured peak
+        levels = [e["args"]["activations (bytes)"] for e in counters if e["pid"] == m["rank"]]
+        assert max(levels) == m["measured_peak_activation_bytes"]
+
+
+@pytest.mark.parametrize("value,fragment", [("1,9", "stage 9"), ("some", "all, none")])
+def test_bad_recompute_is_one_line_and_exit_2(value, fragment):
+    result = run_cli("train", "--schedule", "1f1b", "--ranks", "2", "--recompute", value, "--steps", "1")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pipesched: error:") and fragment in lines[0]
+
+
+def test_the_advisors_transformer_bytes_match_the_runtimes_gpt_layer_on_cpu():
+    from pipesched.advise.estimate import TransformerSpec
+    from pipesched.runtime.memory_meter import ActivationMeter
+    from pipesched.runtime.models import TransformerBlock
+    from pipesched.runtime.split_backward import WeightGradStash, make_weight_grads_deferrable
+
+    b, s, h, a = 2, 64, 128, 4
+    block = TransformerBlock(h, a)
+    meter = ActivationMeter(exclude=list(block.parameters()))
+    stash = WeightGradStash(hold=meter.hold)
+    make_weight_grads_deferrable(block, stash)
+    x = torch.randn(b, s, h, requires_grad=True)
+    with meter.saved_tensors():
+        y = block(x)
+    kept = meter.current  # the block's input is saved by its first LayerNorm: counted here
+    stash.collecting = []
+    y.backward(torch.ones_like(y))
+    stash.collecting = None
+    del y
+    stashed = meter.current
+    spec = TransformerSpec(1, h, s, b, heads=a, dtype_bytes=4)  # fp32, flash (SDPA), no dropout
+    assert kept == pytest.approx(spec.layer_activation_bytes(b), rel=0.05)
+    assert stashed == pytest.approx(spec.layer_stash_bytes(b), rel=0.05)
