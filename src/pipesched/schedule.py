@@ -116,18 +116,21 @@ class Schedule:
         return buffer.getvalue()
 
     @classmethod
-    def from_csv(cls, text: str, name: str = "csv") -> "Schedule":
-        """Parse torch's compute-only CSV; placement is inferred from which row holds a stage."""
+    def from_csv(cls, text: str, name: str = "csv", pipelines: int = 1) -> "Schedule":
+        """Parse torch's compute-only CSV; placement is inferred from which row holds a stage.
+        The CSV cannot say how many pipelines the stages form: ``pipelines`` tells it."""
         rows = list(csv.reader(io.StringIO(text)))
         while rows and not any(cell.strip() for cell in rows[-1]):
             rows.pop()
         if not rows:
             raise CSVFormatError("the schedule CSV is empty: expected one row of actions per rank")
         orders = [_parse_row(row, r) for r, row in enumerate(rows)]
-        return cls.from_orders(orders, name=name)
+        return cls.from_orders(orders, name=name, pipelines=pipelines)
 
     @classmethod
-    def from_orders(cls, orders: Sequence[Sequence[Slot]], name: str = "custom") -> "Schedule":
+    def from_orders(
+        cls, orders: Sequence[Sequence[Slot]], name: str = "custom", pipelines: int = 1
+    ) -> "Schedule":
         """Build from per-rank action lists, inferring placement and microbatch count."""
         stage_rank: dict[int, int] = {}
         most_mb = -1
@@ -156,6 +159,7 @@ class Schedule:
             placement=placement,
             orders=tuple(tuple(o) for o in orders),
             name=name,
+            pipelines=pipelines,
         )
 
 

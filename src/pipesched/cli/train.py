@@ -61,6 +61,7 @@ def train(
         import torch  # noqa: F401
     except ImportError:
         raise fail(TORCH_MISSING) from None
+    from ..runtime.executor import require_one_pipeline
     from ..runtime.models import MODELS, get_model
     from ..runtime.partition import block_counts
     from ..runtime.train import OPTIMIZERS, TrainConfig, run
@@ -91,6 +92,7 @@ def train(
     model_def = get_model(model)
     counts = _parse_counts(stage_blocks)
     if plan is not None:
+        require_one_pipeline(plan)
         try:
             block_counts(model_def.num_blocks, plan.stages, counts)
         except ConfigError as err:

@@ -70,6 +70,16 @@ class _StepState:
     input_holds: dict = field(default_factory=dict)  # (stage, mb) -> the meter's hold on the stage input
 
 
+def require_one_pipeline(schedule: Schedule) -> None:
+    """Refuse a schedule of several model copies (DualPipe): the runtime builds one copy of
+    each layer, while DualPipe needs two that start equal and sum their gradients."""
+    if schedule.pipelines > 1:
+        raise ConfigError(
+            f"{schedule.name} runs {schedule.pipelines} copies of the model (one per direction), which the "
+            "runtime does not build yet: simulate and draw it, or train dualpipev (one copy, same overlap)"
+        )
+
+
 class PipelineRuntime:
     """The stages of one rank, their optimizer, and the engine that runs the schedule's steps.
 
@@ -104,6 +114,7 @@ class PipelineRuntime:
         recompute: Union[str, Iterable[int], None] = None,
     ) -> None:
         validate(schedule)
+        require_one_pipeline(schedule)
         self.recompute = recompute_stages(recompute, schedule.stages)
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ConfigError(f"the gradient norm to clip to must be above 0, got {clip_grad_norm:g}")

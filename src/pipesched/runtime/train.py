@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..schedule import Schedule
-from .executor import PipelineRuntime
+from .executor import PipelineRuntime, require_one_pipeline
 from .launch import rank_device
 from .models import ModelDef, get_model
 from .partition import balanced_counts
@@ -260,6 +260,7 @@ def run(cfg: TrainConfig) -> Optional[TrainResult]:
                 progress.close()
     from .launch import run_torchrun, spawn, under_torchrun
 
+    require_one_pipeline(cfg.schedule)
     if under_torchrun():
         return run_torchrun(train_worker, cfg, cfg.timeout_s)
     return spawn(train_worker, cfg.schedule.ranks, cfg, cfg.timeout_s)[0]
