@@ -200,6 +200,11 @@ def print_result(result: SimResult) -> None:
         f"makespan {result.makespan:g}  span {result.span:g}  "
         f"bubble {100 * result.bubble_ratio:.1f}%  peak memory {result.max_peak_memory:g}{peak_bytes}"
     )
+    if result.parameter_copies > 1:
+        console.print(
+            f"parameters: {result.parameter_copies}x a one-copy pipeline's per rank "
+            "(peak memory counts activations only)"
+        )
     table = Table()
     for column in ("rank", "actions", "busy", "idle", "peak memory") + (("peak bytes",) if in_bytes else ()):
         table.add_column(column, justify="right")
