@@ -30,7 +30,8 @@ def _assert_equal_to_reference(results: dict, ref: dict) -> None:
 @pytest.mark.timeout(150)
 def test_every_registered_schedule_and_torch_csvs_on_two_ranks():
     size = dict(blocks=7, dim=16, hidden=32)
-    schedules = [(f.name, pipesched.build_schedule(f.name, 2, 4)) for f in pipesched.families()]
+    schedules = [(f.name, pipesched.build_schedule(f.name, 2, 4)) for f in pipesched.families()
+                 if f.parameter_copies == 1]  # the runtime refuses dualpipe (test_dualpipe.py)
     for name in ("zb-v", "interleaved-1f1b", "interleaved-zb", "dualpipev"):
         theirs = torch_schedule(name, 2, 4)
         schedules.append((f"csv:{theirs.name}", pipesched.Schedule.from_csv(theirs.to_csv())))

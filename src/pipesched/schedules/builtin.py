@@ -83,7 +83,7 @@ register(Family(
 ))
 register(Family(
     name="dualpipe", build=dualpipe.build,
-    summary="DeepSeek's bidirectional DualPipe: two model copies fed from opposite ends, overlapped F&B; p even, 2x parameters",
+    summary="DeepSeek's bidirectional DualPipe: two model copies fed from opposite ends, forward and backward overlapped; p even, 2x parameters",
     placement="v", split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2,
     memory="p + 1 (m >= 2p), plus a second copy of the parameters", parameter_copies=2,
 ))
