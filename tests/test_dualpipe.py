@@ -106,3 +106,10 @@ def test_the_runtime_refuses_it_naming_why():
     with pytest.raises(ConfigError, match="2 copies of the model"):
         require_one_pipeline(build_schedule("dualpipe", 2, 4))
     require_one_pipeline(build_schedule("dualpipev", 2, 4))
+
+
+def test_torchtitan_settings_are_refused_naming_why():
+    from pipesched.interop.torchtitan import torchtitan_schedule_name
+
+    with pytest.raises(ConfigError, match="2 model copies"):
+        torchtitan_schedule_name(build_schedule("dualpipe", 4, 8))
