@@ -113,3 +113,12 @@ def test_torchtitan_settings_are_refused_naming_why():
 
     with pytest.raises(ConfigError, match="2 model copies"):
         torchtitan_schedule_name(build_schedule("dualpipe", 4, 8))
+
+
+def test_activation_bytes_weigh_each_copys_stage_as_a_whole_share(cli):
+    import json
+
+    done = cli("simulate", "dualpipe", "-p", "4", "-m", "8", "--activation-bytes", "1GiB", "--json")
+    assert done.returncode == 0, done.stderr
+    metrics = json.loads(done.stdout)
+    assert metrics["peak_memory_bytes"] == [peak * 2**30 for peak in metrics["peak_memory"]]

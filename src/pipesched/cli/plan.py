@@ -146,7 +146,7 @@ def simulate_cmd(
     if share is not None:
         from ..memory import recompute_stages
 
-        per_rank = schedule.stages // schedule.ranks
+        per_rank = schedule.stages // schedule.ranks // schedule.pipelines  # stages in one share
         keep, stash, inp = share
         sizes = MemorySizes((StageMemory(keep / per_rank, stash / per_rank),) * schedule.stages,
                             (inp,) * schedule.stages, recompute_stages(recompute, schedule.stages))
