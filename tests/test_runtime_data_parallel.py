@@ -137,3 +137,12 @@ def test_auto_checks_the_replica_split_before_profiling():
     assert done.stderr.strip().splitlines() == [
         "pipesched: error: --batch-size 24 does not split into 8 equal microbatches on each of 2 replicas: use a multiple of 16"
     ]
+
+
+def test_the_run_summary_records_the_replicas_and_the_dtype():
+    from pipesched.cli.train_report import summary
+    from pipesched.runtime.train import TrainResult
+
+    result = TrainResult([1.0, 0.5], [0.1, 0.1], [], dp=2, dtype="bf16")
+    got = summary(pipesched.build_schedule("zb-v", 2, 4), result)
+    assert (got["ranks"], got["dp"], got["dtype"]) == (2, 2, "bf16")
