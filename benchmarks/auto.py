@@ -15,6 +15,8 @@
    skewed costs and the GPT's measured costs, at the same peak; the published bubble formula.
 4. dualpipev (torch's DualPipeV order, with overlapped F&B pairs) at overlap factors 1, 0.5, 0
    against zb-v and zb-auto at its peak memory (p + 1/2).
+4b. dualpipe (DeepSeek's bidirectional DualPipe, two model copies) against dualpipev and zb-v
+   at unit costs and overlap factors 1, 0.5, 0: makespan and peak activations.
 5. Speed: median wall time of zb-auto at p=16 m=64 and p=32 m=256 (greedy only), and the MILP's
    time against its bound.
 """
@@ -176,6 +178,27 @@ def dualpipev(quick: bool) -> None:
     print()
 
 
+def dualpipe(quick: bool) -> None:
+    from dataclasses import replace
+
+    print("### dualpipe (bidirectional, 2x parameters) against dualpipev and zb-v, unit costs\n")
+    print("| overlap | p | m | dualpipe | its peak | dualpipev | its peak | zb-v | its peak | "
+          "zb-v at dualpipe's peak | dualpipe vs dualpipev |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for p, m in [(4, 16)] if quick else [(4, 8), (4, 16), (8, 16), (8, 32)]:
+        zbv = simulate(build_schedule("zb-v", p, m))
+        zbv_more = simulate(build_schedule("zb-v", p, m, memory_limit=p + 1))
+        for overlap in (1.0, 0.5, 0.0):
+            costs = replace(Costs(), overlap=overlap)
+            dual = simulate(build_schedule("dualpipe", p, m, costs=costs), costs)
+            folded = simulate(build_schedule("dualpipev", p, m, costs=costs), costs)
+            print(f"| {overlap:g} | {p} | {m} | {dual.makespan:.4g} | {dual.max_peak_memory:g} | "
+                  f"{folded.makespan:.4g} | {folded.max_peak_memory:g} | {zbv.makespan:.4g} | "
+                  f"{zbv.max_peak_memory:g} | {zbv_more.makespan:.4g} | "
+                  f"{100 * (dual.makespan / folded.makespan - 1):+.2f}% |")
+    print()
+
+
 def _median_seconds(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -206,7 +229,8 @@ def speed(quick: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sections = {"unit": unit_figures, "skewed": skewed, "v-family": v_family,
-                "v-paper": v_against_paper, "dualpipev": dualpipev, "speed": speed}
+                "v-paper": v_against_paper, "dualpipev": dualpipev, "dualpipe": dualpipe,
+                "speed": speed}
     parser.add_argument("--quick", action="store_true", help="fewer configurations")
     parser.add_argument("--only", choices=sorted(sections), action="append",
                         help="run only these sections (repeatable)")

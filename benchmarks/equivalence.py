@@ -2,10 +2,12 @@
 
 Locally it spawns gloo ranks on CPU; under torchrun it uses NCCL on CUDA (one device per rank).
 Prints the largest relative error of loss, gradients (step 1) and parameters (after 3 SGD steps)
-per schedule and exits 1 if any is above 1e-5 (fp32).
+per schedule and exits 1 if any is above 1e-5 (fp32). With ``--dp D`` the processes form D
+replicas of a pipeline of world/D ranks (a 2D mesh), each on its shard of the same global batch.
 
     PYTHONPATH=src python benchmarks/equivalence.py --ranks 2
     torchrun --nproc-per-node 2 benchmarks/equivalence.py
+    torchrun --nproc-per-node 4 benchmarks/equivalence.py --dp 2
 """
 
 from __future__ import annotations
@@ -47,17 +49,20 @@ def _rel(got: dict, want: dict) -> float:
     return max(float((got[k] - want[k]).abs().max() / want[k].abs().max().clamp_min(1e-30)) for k in want)
 
 
-def worker(rank: int, world: int, _payload) -> list:
+def worker(rank: int, world: int, dp: int) -> list:
+    from pipesched.runtime.mesh import init_pipeline_mesh
+
     device = rank_device()
     md = get_model("mlp", **SIZE)
     ref = _reference(device) if rank == 0 else None
+    mesh = init_pipeline_mesh(world // dp, dp)
     rows = []
     for family in pipesched.families():
-        schedule = pipesched.build_schedule(family.name, world, MICROBATCHES)
+        schedule = pipesched.build_schedule(family.name, world // dp, MICROBATCHES)
         x0, _ = md.batch(0, BATCH, SEED)
         rt = PipelineRuntime(
             md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
-            x0[: BATCH // MICROBATCHES], seed=SEED, device=device, timeout_s=120,
+            x0[: BATCH // (dp * MICROBATCHES)], seed=SEED, device=device, timeout_s=120, mesh=mesh,
         )
         x, y = md.batch(0, BATCH, SEED)
         first_loss = rt.step(x, y).loss
@@ -72,9 +77,10 @@ def worker(rank: int, world: int, _payload) -> list:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--ranks", type=int, default=2, help="processes in all (local runs)")
+    parser.add_argument("--dp", type=int, default=1, help="data-parallel replicas among them")
     args = parser.parse_args()
-    rows = run_torchrun(worker, None, 300) if under_torchrun() else spawn(worker, args.ranks, None, 300)[0]
+    rows = run_torchrun(worker, args.dp, 300) if under_torchrun() else spawn(worker, args.ranks, args.dp, 300)[0]
     if not rows:
         return 0
     ok = True

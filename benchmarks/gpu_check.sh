@@ -56,6 +56,9 @@ else
     echo "## One device, 2 ranks sharing it (gloo, messages through host memory; no NCCL)" >> "$OUT"
     PIPESCHED_BACKEND=gloo "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 \
         benchmarks/equivalence.py | tee -a "$OUT" || status=1
+    echo "## One device, 4 ranks sharing it: 2 replicas x 2 pipeline ranks (gloo, 2D mesh)" >> "$OUT"
+    PIPESCHED_BACKEND=gloo "$PY" -m torch.distributed.run --standalone --nproc-per-node 4 \
+        benchmarks/equivalence.py --dp 2 | tee -a "$OUT" || status=1
 fi
 echo "## Split backward on one transformer block, $device" >> "$OUT"
 "$PY" benchmarks/split_block.py --device "$device" "${split_size[@]}" | tee -a "$OUT" || status=1

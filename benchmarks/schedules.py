@@ -41,6 +41,7 @@ def formulas(quick: bool) -> None:
         "zb-h1": lambda p, m, v: f"makespan {3 * m + p - 1}, peak <= {p}",
         "zb-h2": lambda p, m, v: f"span {3 * m}, peak <= {2 * p}",
         "zb-v": lambda p, m, v: f"span {3 * m}, peak <= {p}",
+        "dualpipe": lambda p, m, v: f"makespan {3 * m + p - 2}, peak {p + 1} (2x parameters)",
     }
     configs = [(4, 8), (8, 32)] if quick else [(4, 8), (4, 16), (8, 16), (8, 32), (16, 64)]
     for family in pipesched.families():

@@ -22,6 +22,17 @@ def relative_error(got: dict, want: dict) -> float:
     return max(float((got[k] - want[k]).abs().max() / want[k].abs().max().clamp_min(1e-30)) for k in want)
 
 
+def assert_equal_to_reference(results: dict, ref: dict, tol: float = 1e-5) -> None:
+    """Each labelled run's first loss, first-step gradients and final parameters equal ``ref``'s
+    within ``tol`` relative."""
+    import pytest
+
+    for label, got in results.items():
+        assert got["losses"][0] == pytest.approx(ref["loss"], rel=tol), label
+        assert relative_error(got["grads"], ref["grads"]) < tol, label
+        assert relative_error(got["params"], ref["params"]) < tol, label
+
+
 def reference(model: str, size: dict, batch: int, seed: int = 3, clip_grad_norm=None, optimizer="sgd") -> dict:
     cfg = TrainConfig(model, None, STEPS, batch, seed=seed, model_size=size, want_params=True, want_grads=True,
                       clip_grad_norm=clip_grad_norm, optimizer=optimizer)
@@ -210,3 +221,43 @@ def checkpoint_crash_run(rank: int, world: int, job: tuple) -> None:
 
         dcp.FileSystemWriter.write_data = write_then_die
     checkpoint.save_runtime(rt, directory)
+
+
+def run_data_parallel(rank: int, world: int, job: tuple) -> dict:
+    """Each (label, schedule, dtype, clip_grad_norm) of ``job`` on ``dp`` replicas of its pipeline
+    (a 2D mesh of the world) for STEPS steps on the global batch; rank 0 returns losses,
+    first-step grads and params, every rank's place on the mesh, and, after one more step of the
+    last runtime on a batch with an infinite sample, whether each rank skipped it unchanged."""
+    from pipesched.runtime.mesh import init_pipeline_mesh
+
+    model, size, batch, runs, dp = job
+    md = get_model(model, **size)
+    out = {}
+    for label, schedule, dtype, clip in runs:
+        mesh = init_pipeline_mesh(schedule.ranks, dp)
+        x0, _ = md.batch(0, batch, 3)
+        rt = PipelineRuntime(
+            md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05),
+            x0[: batch // (dp * schedule.microbatches)], seed=3, timeout_s=60, mesh=mesh, dtype=dtype,
+            clip_grad_norm=clip, skip_nonfinite=True,
+        )
+        losses, grads = [], None
+        for step in range(STEPS):
+            x, y = md.batch(step, batch, 3)
+            first, last = mesh.pp_rank == schedule.placement[0], mesh.pp_rank == schedule.placement[-1]
+            losses.append(rt.step(x if first else None, y if last else None).loss)
+            if step == 0:
+                grads = rt.gather_gradients()
+        out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict()}
+    places = [None] * world
+    torch.distributed.all_gather_object(places, (mesh.pp_rank, mesh.dp_rank, mesh.grid))
+    out["places"] = places
+    if x.is_floating_point():  # poison one sample of the last replica's shard
+        x[-1] = float("inf")
+        before = [p.detach().clone() for p in rt.parameters]
+        skipped = rt.step(x, y).skipped
+        unchanged = all(torch.equal(a, p) for a, p in zip(before, rt.parameters))
+        verdicts = [None] * world
+        torch.distributed.all_gather_object(verdicts, (skipped, unchanged))
+        out["nonfinite"] = verdicts
+    return out

@@ -74,7 +74,8 @@ def test_with_every_registered_family_the_recommendation_is_still_the_fastest():
     advice = advise(4, 4, microbatches=8, costs=SKEWED)
     rows = advice.to_json()
     tried = {r["schedule"] for r in rows} | {name for name, *_ in advice.skipped}
-    assert tried == set(pipesched.schedule_names())
+    # every family that holds one copy of the weights (dualpipe's two are out of the advisor's model)
+    assert tried == {f.name for f in pipesched.families() if f.parameter_copies == 1}
     best = rows[0]
     assert best["makespan"] == pytest.approx(min(r["makespan"] for r in rows if r["fits"]), rel=1e-9)
     assert rebuild(best, 4).makespan <= best["makespan"] + 1e-9  # a time-limited search may only improve

@@ -33,6 +33,7 @@ def _one_line_error(result, *fragments):
         (["--save-params", "out.txt"], [".pt"]),
         (["--clip-grad-norm", "0"], ["--clip-grad-norm must be a finite number above 0"]),
         (["--optimizer", "lamb"], ["--optimizer 'lamb'", "sgd, adamw"]),
+        (["--schedule", "dualpipe", "--ranks", "2", "--microbatches", "4"], ["dualpipe runs 2 copies of the model"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, fragments):

@@ -33,17 +33,20 @@ class Span(NamedTuple):
     end: float
 
 
-def dependency(action: Action, stages: int) -> tuple[int, str, int] | None:
-    """The (stage, "F"|"G"|"W", microbatch) an action waits for, or None (first stage's F).
+def dependency(action: Action, stages: int, pipelines: int = 1) -> tuple[int, str, int] | None:
+    """The (stage, "F"|"G"|"W", microbatch) an action waits for, or None (a pipeline's first F).
 
     "G" stands for the gradient pass of a stage, whichever of I or B the schedule uses there.
+    With several pipelines (DualPipe's two model copies) each run of ``stages // pipelines``
+    stages starts and ends its own pipeline.
     """
     s, kind, k = action
+    length = stages // pipelines
     if kind == "F":
-        return (s - 1, "F", k) if s > 0 else None
+        return (s - 1, "F", k) if s % length else None
     if kind == "W":
         return (s, "G", k)
-    return (s + 1, "G", k) if s < stages - 1 else (s, "F", k)
+    return (s + 1, "G", k) if (s + 1) % length else (s, "F", k)
 
 
 @dataclass(frozen=True)
@@ -58,11 +61,12 @@ class Program:
     placement: tuple[int, ...]
     index: dict  # action -> id (a duplicated action keeps its last id)
     partner: list[int]  # for an overlapped pair's forward: its backward's id (which follows); else -1
+    pipelines: int  # model copies the stages form (see dependency)
 
 
-def lower(orders: Sequence[Sequence[Slot]], placement: Sequence[int]) -> Program:
+def lower(orders: Sequence[Sequence[Slot]], placement: Sequence[int], pipelines: int = 1) -> Program:
     """Number the actions (an overlapped pair's two halves in a row) and resolve every
-    dependency to an id."""
+    dependency to an id (``pipelines`` as in :func:`dependency`)."""
     actions: list[Action] = []
     rank_ids: list[list[int]] = []
     rank_of: list[int] = []
@@ -78,16 +82,16 @@ def lower(orders: Sequence[Sequence[Slot]], placement: Sequence[int]) -> Program
         index.update(zip(actions[first:], ids))
         rank_of.extend([r] * len(ids))
         rank_ids.append(ids)
-    last = len(placement) - 1
+    length = len(placement) // pipelines
     get = index.get
     dep: list[int] = []
     append = dep.append
     for s, kind, k in actions:
         if kind == "F":
-            d = get((s - 1, "F", k), MISSING) if s else NO_DEPENDENCY
+            d = get((s - 1, "F", k), MISSING) if s % length else NO_DEPENDENCY
         elif kind == "W":
             d = get((s, "I", k), MISSING)
-        elif s < last:
+        elif (s + 1) % length:
             d = get((s + 1, "I", k))
             if d is None:
                 d = get((s + 1, "B", k), MISSING)
@@ -95,7 +99,7 @@ def lower(orders: Sequence[Sequence[Slot]], placement: Sequence[int]) -> Program
             d = get((s, "F", k), MISSING)
         append(d)
     cross = [d >= 0 and rank_of[d] != r for d, r in zip(dep, rank_of)]
-    return Program(actions, rank_ids, dep, cross, rank_of, tuple(placement), index, partner)
+    return Program(actions, rank_ids, dep, cross, rank_of, tuple(placement), index, partner, pipelines)
 
 
 def run(program: Program, durations: Sequence[float], comm: float) -> tuple[list[float], list[float]]:
@@ -209,7 +213,7 @@ def _deadlock_message(program: Program, pos: list[int], stuck: list[int]) -> str
         action = program.actions[action_id]
         d = program.dep[action_id]
         if d == MISSING:
-            s, g, k = dependency(action, stages)
+            s, g, k = dependency(action, stages, program.pipelines)
             wanted = f"{s}{'I/B' if g == 'G' else g}{k}"
             parts.append(f"rank {r} waits at {action} for {wanted}, which no rank runs")
         else:

@@ -84,13 +84,13 @@ class _Uniform:
         return self.size
 
 
-def unit_sizes(stages_on_rank: int) -> _Uniform:
+def unit_sizes(stages_on_rank: float) -> _Uniform:
     """M_B sizes on a rank holding ``stages_on_rank`` stages: each stage a share of one unit."""
     share = 1.0 / stages_on_rank
     return _Uniform(StageMemory(keep=share, stash=share))
 
 
-def unit_peak(actions: Sequence[Action], stages_on_rank: int) -> float:
+def unit_peak(actions: Sequence[Action], stages_on_rank: float) -> float:
     """Peak in M_B: stage-microbatches held at once (counted whole), each a ``1/stages_on_rank`` share."""
     return peak(actions, _Uniform(UNIT_STAGE)) / stages_on_rank
 

@@ -34,6 +34,7 @@ class Family:
     uses_memory_limit: bool = False  # True when memory_limit steers the construction
     uses_objective: bool = False  # True when build() takes objective="makespan"|"span"
     searches_chunks: bool = False  # True: chunks=None reaches build(), which tries every count
+    parameter_copies: int = 1  # model copies each rank holds (DualPipe: 2; the runtime runs 1)
 
     def chunks_text(self) -> str:
         if self.searches_chunks:

@@ -28,6 +28,12 @@ class Schedule:
     ``orders[r]`` is rank ``r``'s program: actions run in this order, ``None`` marks an idle
     slot (kept only so that CSVs written by torch round-trip exactly; it costs no time). An
     :class:`~pipesched.actions.Overlap` entry runs a forward and a backward together.
+
+    ``pipelines`` > 1 (DualPipe: 2) cuts the stages into that many consecutive runs of equal
+    length, each a whole copy of the model that is its own pipeline: the first stage of a run
+    takes fresh inputs, its last computes the loss, and each run processes its own contiguous
+    block of the microbatches (:meth:`stage_microbatches`), so microbatch numbers stay unique.
+    torch's CSV cannot say this: a CSV read back is always one pipeline.
     """
 
     ranks: int
@@ -35,11 +41,23 @@ class Schedule:
     placement: tuple[int, ...]
     orders: tuple[tuple[Slot, ...], ...]
     name: str = "custom"
+    pipelines: int = 1
     meta: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def stages(self) -> int:
         return len(self.placement)
+
+    @property
+    def pipeline_length(self) -> int:
+        """Stages per pipeline (all of them unless the schedule runs several model copies)."""
+        return self.stages // self.pipelines
+
+    def stage_microbatches(self, stage: int) -> range:
+        """The microbatches ``stage`` runs: all, or its pipeline's block (pipeline ``j`` of
+        ``P`` gets ``[ceil(j*m/P), ceil((j+1)*m/P))``, so the first copies take any extra one)."""
+        j, m, count = stage // self.pipeline_length, self.microbatches, self.pipelines
+        return range(-(-j * m // count), -(-(j + 1) * m // count))
 
     @property
     def chunks(self) -> int:
@@ -81,9 +99,10 @@ class Schedule:
 
     def describe(self) -> str:
         """One line: name, ranks, stages, chunks, microbatches, placement."""
+        copies = f" pipelines={self.pipelines}" if self.pipelines > 1 else ""
         return (
             f"{self.name}: ranks={self.ranks} microbatches={self.microbatches} "
-            f"stages={self.stages} chunks={self.chunks} placement={self.style}"
+            f"stages={self.stages} chunks={self.chunks} placement={self.style}{copies}"
         )
 
     # -- torch's compute-only CSV -------------------------------------------------------------
@@ -97,18 +116,21 @@ class Schedule:
         return buffer.getvalue()
 
     @classmethod
-    def from_csv(cls, text: str, name: str = "csv") -> "Schedule":
-        """Parse torch's compute-only CSV; placement is inferred from which row holds a stage."""
+    def from_csv(cls, text: str, name: str = "csv", pipelines: int = 1) -> "Schedule":
+        """Parse torch's compute-only CSV; placement is inferred from which row holds a stage.
+        The CSV cannot say how many pipelines the stages form: ``pipelines`` tells it."""
         rows = list(csv.reader(io.StringIO(text)))
         while rows and not any(cell.strip() for cell in rows[-1]):
             rows.pop()
         if not rows:
             raise CSVFormatError("the schedule CSV is empty: expected one row of actions per rank")
         orders = [_parse_row(row, r) for r, row in enumerate(rows)]
-        return cls.from_orders(orders, name=name)
+        return cls.from_orders(orders, name=name, pipelines=pipelines)
 
     @classmethod
-    def from_orders(cls, orders: Sequence[Sequence[Slot]], name: str = "custom") -> "Schedule":
+    def from_orders(
+        cls, orders: Sequence[Sequence[Slot]], name: str = "custom", pipelines: int = 1
+    ) -> "Schedule":
         """Build from per-rank action lists, inferring placement and microbatch count."""
         stage_rank: dict[int, int] = {}
         most_mb = -1
@@ -137,6 +159,7 @@ class Schedule:
             placement=placement,
             orders=tuple(tuple(o) for o in orders),
             name=name,
+            pipelines=pipelines,
         )
 
 

@@ -7,6 +7,11 @@ to the end of its ``W`` (or full ``B``), so a stage on a rank holding ``k`` stag
 with per-stage sizes in bytes (``memory=``) it also reports peak bytes per rank, where ``I`` frees
 all but the W stash and recomputed stages keep only their input. Recomputed stages re-run their
 forward before their ``I`` or ``B``: that action takes ``F`` longer.
+
+A schedule of several pipelines (DualPipe: two model copies, ``Schedule.pipelines``) keeps the
+share at one model copy split over the ranks: each rank holds ``pipelines`` times those
+parameters (``SimResult.parameter_copies``, counted apart from activations), and a stage on a rank
+holding ``k`` stages weighs ``pipelines/k`` in time and activations.
 """
 
 from __future__ import annotations
@@ -56,6 +61,11 @@ class SimResult:
         )
 
     @property
+    def parameter_copies(self) -> int:
+        """Parameters each rank holds, in one model copy's share per rank (DualPipe: 2)."""
+        return self.schedule.pipelines
+
+    @property
     def max_peak_memory(self) -> float:
         return max(self.peak_memory)
 
@@ -91,26 +101,33 @@ class SimResult:
             "busy": list(self.busy),
             "peak_memory": list(self.peak_memory),
             **({"peak_memory_bytes": list(self.peak_memory_bytes)} if self.peak_memory_bytes is not None else {}),
+            "parameter_copies": self.parameter_copies,
         }
 
 
-def _stages_on_rank(schedule: Schedule) -> list[int]:
-    return [max(1, len(s)) for s in stages_by_rank(schedule.placement, schedule.ranks)]
+def _stages_on_rank(schedule: Schedule) -> list[float]:
+    """Per rank, how many of its stages make one M_B share: its stage count, over the model
+    copies (DualPipe's two stages on a rank are two whole shares of one copy: 2/2)."""
+    return [max(1, len(s)) / schedule.pipelines for s in stages_by_rank(schedule.placement, schedule.ranks)]
 
 
 def action_durations(schedule: Schedule, costs: Costs) -> dict[tuple[int, str], float]:
     """Duration of each (stage, kind) under ``costs`` for this schedule's placement."""
-    return durations_for(schedule.placement, schedule.ranks, costs)
+    return durations_for(schedule.placement, schedule.ranks, costs, schedule.pipelines)
 
 
-def durations_for(placement: tuple[int, ...], ranks: int, costs: Costs) -> dict[tuple[int, str], float]:
-    """Duration of each (stage, kind) under ``costs`` for a stage-to-rank placement."""
+def durations_for(
+    placement: tuple[int, ...], ranks: int, costs: Costs, pipelines: int = 1
+) -> dict[tuple[int, str], float]:
+    """Duration of each (stage, kind) under ``costs`` for a stage-to-rank placement; with
+    several pipelines every model copy's stage ``j`` takes the model's stage-``j`` multiplier."""
     per_rank = [max(1, len(s)) for s in stages_by_rank(placement, ranks)]
-    mults = costs.multipliers(len(placement))
+    length = len(placement) // pipelines
+    mults = costs.multipliers(length)
     table = {}
     for s, rank in enumerate(placement):
         for kind in "FIWB":
-            table[(s, kind)] = costs.kind_cost(kind) * mults[s] / per_rank[rank]
+            table[(s, kind)] = costs.kind_cost(kind) * mults[s % length] * pipelines / per_rank[rank]
     return table
 
 

@@ -24,17 +24,22 @@ def check_structure(schedule: Schedule) -> None:
     for stage, rank in enumerate(schedule.placement):
         if not 0 <= rank < p:
             raise ScheduleError(f"stage {stage} is placed on rank {rank}; ranks are 0..{p - 1}")
+    if schedule.pipelines < 1 or stages % schedule.pipelines:
+        raise ScheduleError(
+            f"{stages} stages do not split into {schedule.pipelines} pipelines of equal length"
+        )
     placement = schedule.placement
+    runs = [schedule.stage_microbatches(s) for s in range(stages)]
     program = lowered(schedule)
     seen = program.index  # action -> id; ids grow along each rank's program
     if len(seen) != len(program.actions) or not all(
-        0 <= s < stages and placement[s] == rank and 0 <= k < m
+        0 <= s < stages and placement[s] == rank and k in runs[s]
         for (s, _kind, k), rank in zip(program.actions, program.rank_of)
     ):
-        _explain_bad_actions(schedule, program)
-    if len(seen) != 3 * stages * m or not _pairs_fast_ok(seen, stages, m):
+        _explain_bad_actions(schedule, program, runs)
+    if len(seen) != 3 * sum(map(len, runs)) or not _pairs_fast_ok(seen, runs):
         for s in range(stages):
-            for k in range(m):
+            for k in runs[s]:
                 _check_pair(seen, placement[s], s, k)
     for rank in range(p):
         if not program.rank_ids[rank]:
@@ -47,11 +52,12 @@ def check_structure(schedule: Schedule) -> None:
             )
 
 
-def _pairs_fast_ok(seen: dict, stages: int, m: int) -> bool:
-    """Quick pass for the common all-split or all-full case: every pair present and ordered."""
+def _pairs_fast_ok(seen: dict, runs: list[range]) -> bool:
+    """Quick pass for the common all-split or all-full case: every pair present and ordered
+    (``runs[s]``: the microbatches stage ``s`` runs)."""
     get = seen.get
-    for s in range(stages):
-        for k in range(m):
+    for s, run_of_stage in enumerate(runs):
+        for k in run_of_stage:
             f = get((s, "F", k))
             i = get((s, "I", k))
             if f is None or i is None or i < f:
@@ -62,9 +68,9 @@ def _pairs_fast_ok(seen: dict, stages: int, m: int) -> bool:
     return True
 
 
-def _explain_bad_actions(schedule: Schedule, program: Program) -> None:
+def _explain_bad_actions(schedule: Schedule, program: Program, runs: list[range]) -> None:
     """Raise for the first action off its stage's rank, out of range, or repeated."""
-    stages, m = schedule.stages, schedule.microbatches
+    stages = schedule.stages
     once: set = set()
     for action, rank in zip(program.actions, program.rank_of):
         s, _kind, k = action
@@ -72,8 +78,13 @@ def _explain_bad_actions(schedule: Schedule, program: Program) -> None:
             raise ScheduleError(f"rank {rank} runs {action}: stage {s} is outside 0..{stages - 1}")
         if schedule.placement[s] != rank:
             raise ScheduleError(f"rank {rank} runs {action}, but stage {s} lives on rank {schedule.placement[s]}")
-        if not 0 <= k < m:
-            raise ScheduleError(f"rank {rank} runs {action}: microbatch {k} is outside 0..{m - 1}")
+        if k not in runs[s]:
+            run_of_stage = runs[s]
+            raise ScheduleError(
+                f"rank {rank} runs {action}: microbatch {k} is outside "
+                f"{run_of_stage.start}..{run_of_stage.stop - 1}"
+                + (" (its pipeline's microbatches)" if schedule.pipelines > 1 else "")
+            )
         if action in once:
             raise ScheduleError(f"rank {rank} runs {action} twice")
         once.add(action)
@@ -106,7 +117,7 @@ def lowered(schedule: Schedule) -> Program:
     program = schedule.meta.get(_PROGRAM)
     if program is None:
         orders = [schedule.rank_entries(r) for r in range(schedule.ranks)]
-        program = schedule.meta[_PROGRAM] = lower(orders, schedule.placement)
+        program = schedule.meta[_PROGRAM] = lower(orders, schedule.placement, schedule.pipelines)
     return program
 
 

@@ -162,7 +162,10 @@ def advise(
     plan = batch_plan(ranks, microbatches, global_batch, microbatch_size, min_microbatch_size, max_microbatches)
     if cost_model is None:
         cost_model = ScaledCosts(costs or Costs(), memory_limit, overhead)
-    family_list = list(families) if families is not None else registered_families()
+    # the advisor's memory model and the runtime both hold one copy of the weights (not DualPipe)
+    family_list = list(families) if families is not None else [
+        f for f in registered_families() if f.parameter_copies == 1
+    ]
     order = {f.name: i for i, f in enumerate(family_list)}
 
     built: list[Candidate] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -18,6 +19,7 @@ from ..costs import Costs
 from ..errors import ConfigError
 from ..registry import get_family
 from . import app
+from . import advise_layout as layout_options
 from . import options as opt
 
 _MODEL_FLAGS = ("--layers", "--hidden", "--seq-len")
@@ -65,6 +67,10 @@ def advise_cmd(
     workers: Optional[int] = typer.Option(None, "--workers", help="Processes for the search (default: the CPUs)."),
     top: int = typer.Option(12, "--top", help="Rows in the table."),
     as_json: bool = typer.Option(False, "--json", help="Print the candidates as a JSON list, best first."),
+    gpus: Optional[int] = layout_options.Gpus,
+    dp_bandwidth: Optional[float] = layout_options.DpBandwidth,
+    dp_latency: float = layout_options.DpLatency,
+    report: Optional[Path] = layout_options.Report,
 ) -> None:
     """Search every schedule, chunk count and microbatch count; recommend the fastest that fits."""
     given = {
@@ -85,6 +91,15 @@ def advise_cmd(
             typer.echo(json.dumps(result.to_json()))
         else:
             print_advice(result, None, top)
+        return
+    if gpus is not None or report is not None:
+        layout_options.run(
+            gpus, global_batch,
+            _model(gpus or ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers),
+            dp_bandwidth, dp_latency, report, as_json, top,
+            objective=objective, max_chunks=max_chunks, min_microbatch_size=min_microbatch_size,
+            max_microbatches=max_microbatches, families=_families(schedules), workers=workers,
+        )
         return
     if described:
         model = _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers)

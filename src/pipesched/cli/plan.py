@@ -146,7 +146,7 @@ def simulate_cmd(
     if share is not None:
         from ..memory import recompute_stages
 
-        per_rank = schedule.stages // schedule.ranks
+        per_rank = schedule.stages // schedule.ranks // schedule.pipelines  # stages in one share
         keep, stash, inp = share
         sizes = MemorySizes((StageMemory(keep / per_rank, stash / per_rank),) * schedule.stages,
                             (inp,) * schedule.stages, recompute_stages(recompute, schedule.stages))
@@ -200,6 +200,11 @@ def print_result(result: SimResult) -> None:
         f"makespan {result.makespan:g}  span {result.span:g}  "
         f"bubble {100 * result.bubble_ratio:.1f}%  peak memory {result.max_peak_memory:g}{peak_bytes}"
     )
+    if result.parameter_copies > 1:
+        console.print(
+            f"parameters: {result.parameter_copies}x a one-copy pipeline's per rank "
+            "(peak memory counts activations only)"
+        )
     table = Table()
     for column in ("rank", "actions", "busy", "idle", "peak memory") + (("peak bytes",) if in_bytes else ()):
         table.add_column(column, justify="right")

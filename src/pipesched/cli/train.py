@@ -16,6 +16,7 @@ from ..registry import build_schedule
 from ..schedule import Schedule
 from . import app, fail
 from . import options as opt
+from .train_layout import Dp, Dtype, check_batch_split, check_layout
 
 TORCH_MISSING = "pipesched train needs PyTorch: pip install 'pipesched[torch]' (CPU: pip install torch==2.13.0)"
 
@@ -63,6 +64,8 @@ def train(
     json_path: Optional[Path] = typer.Option(
         None, "--json", help="Write the run's summary (.json): losses, median step, activation bytes per rank."
     ),
+    dp: int = Dp,
+    dtype: str = Dtype,
 ) -> None:
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
     from .train_checks import check_batch_fits, check_checkpoint_flags, check_checkpointing, check_numbers
@@ -73,13 +76,15 @@ def train(
         import torch  # noqa: F401
     except ImportError:
         raise fail(TORCH_MISSING) from None
+    from ..runtime.executor import require_one_pipeline
     from ..runtime.models import MODELS, get_model
     from ..runtime.partition import block_counts
+    from ..runtime.precision import parse_dtype
     from ..runtime.train import OPTIMIZERS, TrainConfig, run
 
     if model not in MODELS:
         raise ConfigError(f"--model {model!r} is not known: use one of {', '.join(MODELS)}")
-    for label, value in (("--ranks", ranks), ("--steps", steps), ("--batch-size", batch_size)):
+    for label, value in (("--ranks", ranks), ("--steps", steps), ("--batch-size", batch_size), ("--dp", dp)):
         if value < 1:
             raise ConfigError(f"{label} must be at least 1, got {value}")
     if optimizer not in OPTIMIZERS:
@@ -94,12 +99,14 @@ def train(
         check_output_path(json_path, [".json"])
     limit, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=True)  # auto's profile measures sizes
     if schedule.strip().lower() == "auto" and csv is None:
-        plan, chosen = _auto(model, ranks, microbatches, batch_size, limit, seed, limit_bytes)
+        check_batch_split(batch_size, dp, microbatches or 8)  # before profiling starts processes
+        plan, chosen = _auto(model, ranks, microbatches, batch_size // dp, limit, seed, limit_bytes)  # one replica's batch
         recompute = recompute if recompute is not None else chosen
     else:
         plan = _schedule(schedule, csv, ranks, microbatches, chunks)
     counts = _parse_counts(stage_blocks)
     if plan is not None:
+        require_one_pipeline(plan)
         try:
             block_counts(model_def.num_blocks, plan.stages, counts)
         except ConfigError as err:
@@ -107,17 +114,15 @@ def train(
         from ..memory import recompute_stages
 
         recompute_stages(recompute, plan.stages)  # a bad list fails here, before any process starts
-        if batch_size % plan.microbatches:
-            raise ConfigError(
-                f"--batch-size {batch_size} does not split into {plan.microbatches} equal microbatches: "
-                f"use a multiple of {plan.microbatches}"
-            )
+    check_layout(plan, dp, batch_size)
+    parse_dtype(dtype)
     resume_from = check_checkpointing(checkpoint_dir, resume, steps, model_def, optimizer, lr)  # last: creates the folder
     cfg = TrainConfig(
         model, plan, steps, batch_size, seed=seed, lr=lr, optimizer=optimizer, block_counts=counts, timeout_s=timeout,
         skip_nonfinite=skip_nonfinite, clip_grad_norm=clip_grad_norm, recompute=recompute,
         want_params=save_params is not None,
-        show_progress=True, checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
+        show_progress=True, dp=dp, dtype=dtype,
+        checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
         checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep,
         resume_from=None if resume_from is None else str(resume_from),
     )

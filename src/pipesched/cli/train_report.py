@@ -62,8 +62,8 @@ def summary(schedule: Optional[Schedule], result) -> dict:
     return {
         "schedule": schedule.name if schedule is not None else "none",
         "ranks": schedule.ranks if schedule is not None else 1,
-        "dp": 1,
-        "dtype": "fp32",
+        "dp": result.dp,
+        "dtype": result.dtype,
         "microbatches": schedule.microbatches if schedule is not None else 1,
         "losses": list(result.losses),
         "median_step_ms": 1000 * result.median_step_time(),

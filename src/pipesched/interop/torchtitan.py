@@ -19,6 +19,11 @@ from ..schedule import Schedule
 
 def torchtitan_schedule_name(schedule: Schedule) -> str:
     """The ``pipeline_parallel_schedule`` whose stage layout is this schedule's placement."""
+    if schedule.pipelines > 1:
+        raise ConfigError(
+            f"{schedule.name} runs {schedule.pipelines} model copies as separate pipelines, which "
+            "torchtitan (one pipeline, one copy) cannot run: export dualpipev for its V layout"
+        )
     style = schedule.style
     if style == "v":
         return "DualPipeV" if schedule.overlapped else "ZBVZeroBubble"

@@ -11,6 +11,12 @@ step also measures the activation bytes the rank holds (see :mod:`.memory_meter`
 ``clip_grad_norm`` the gradients are scaled as
 ``torch.nn.utils.clip_grad_norm_`` scales the unpipelined model's: by the norm over every rank's
 parameters, summed in the same all-reduce that agrees on the loss.
+
+With a :class:`~pipesched.runtime.mesh.PipelineMesh` of ``dp`` replicas, every replica runs the
+schedule on its shard of the global batch, its pipeline's messages and loss all-reduce on its
+``pp`` group; :mod:`~pipesched.runtime.grad_sync` averages the gradients over the replicas while
+the pipeline drains, and the loss and the checks agree over every rank. With ``dtype=bfloat16``
+see :mod:`~pipesched.runtime.precision`.
 """
 
 from __future__ import annotations
@@ -32,10 +38,13 @@ from ..schedule import Schedule
 from ..validate import validate
 from .clock import EventClock, HostClock
 from .guard import NonFiniteWeights, first_nonfinite
+from .grad_sync import GradientSync
 from .memory_meter import ActivationMeter
+from .mesh import PipelineMesh
 from .p2p import Transport, make_link_groups
 from .partition import BlockBuilder, Stage, build_stage, infer_boundary_shapes, stage_block_ranges
 from .plan import ACT, GRAD, links, plan_rank
+from .precision import Precision
 from .split_backward import WeightGradStash, apply_weight_grads, make_weight_grads_deferrable
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -72,6 +81,16 @@ class _StepState:
     input_holds: dict = field(default_factory=dict)  # (stage, mb) -> the meter's hold on the stage input
 
 
+def require_one_pipeline(schedule: Schedule) -> None:
+    """Refuse a schedule of several model copies (DualPipe): the runtime builds one copy of
+    each layer, while DualPipe needs two that start equal and sum their gradients."""
+    if schedule.pipelines > 1:
+        raise ConfigError(
+            f"{schedule.name} runs {schedule.pipelines} copies of the model (one per direction), which the "
+            "runtime does not build yet: simulate and draw it, or train dualpipev (one copy, same overlap)"
+        )
+
+
 class PipelineRuntime:
     """The stages of one rank, their optimizer, and the engine that runs the schedule's steps.
 
@@ -84,6 +103,9 @@ class PipelineRuntime:
     ``recompute``: the stages whose activations are recomputed in the backward (full activation
     checkpointing with ``torch.utils.checkpoint``, non-reentrant): ``"all"``, ``"none"`` or
     stage indices. Their forward keeps only the stage input.
+    ``mesh`` (default: the whole world is one pipeline) places this rank among data-parallel
+    replicas; ``overlap_grad_sync=False`` reduces their gradients only after the step's last
+    action. ``dtype=torch.bfloat16`` computes under autocast and sends bf16 boundary tensors.
     """
 
     def __init__(
@@ -104,17 +126,23 @@ class PipelineRuntime:
         host_staging: Optional[bool] = None,
         clip_grad_norm: Optional[float] = None,
         recompute: Union[str, Iterable[int], None] = None,
+        mesh: Optional[PipelineMesh] = None,
+        dtype: torch.dtype = torch.float32,
+        overlap_grad_sync: bool = True,
     ) -> None:
         validate(schedule)
+        require_one_pipeline(schedule)
         self.recompute = recompute_stages(recompute, schedule.stages)
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ConfigError(f"the gradient norm to clip to must be above 0, got {clip_grad_norm:g}")
         self.clip_grad_norm = clip_grad_norm
         self.schedule = schedule
-        self.rank = dist.get_rank()
-        if dist.get_world_size() != schedule.ranks:
-            raise ConfigError(f"the schedule has {schedule.ranks} ranks but the process group {dist.get_world_size()}")
+        self.mesh = mesh if mesh is not None else PipelineMesh.whole_world()
+        self.rank = self.mesh.pp_rank
+        if self.mesh.pp != schedule.ranks:
+            raise ConfigError(f"the schedule has {schedule.ranks} ranks but the pipeline {self.mesh.pp}")
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.precision = Precision(dtype, self.device.type)
         self.loss_fn = loss_fn
         self.skip_nonfinite = skip_nonfinite
         self.last_stage = schedule.stages - 1
@@ -139,11 +167,18 @@ class PipelineRuntime:
                     f"stage {s} ends at block {ranges[s][-1]} with a {dtype} tensor, but a tensor crossing "
                     "a stage boundary carries a gradient back: give that stage more blocks (block_counts)"
                 )
+        outs = [(shape, self.precision.wire_dtype(dtype)) for shape, dtype in outs]
         shapes = {(ACT, s): outs[s] for s in range(schedule.stages)}
         shapes.update({(GRAD, s): outs[s - 1] for s in range(1, schedule.stages)})
         self.plan = plan_rank(schedule, self.rank)
-        groups = make_link_groups(links(schedule), timeout_s)
-        self.transport = Transport(self.plan, groups, shapes, self.device, timeout_s, host_staging=host_staging)
+        groups = make_link_groups(links(schedule), timeout_s, self.mesh)
+        self.transport = Transport(
+            self.plan, groups, shapes, self.device, timeout_s, host_staging=host_staging, global_rank=self.mesh.global_rank
+        )
+        self.grad_sync = (
+            GradientSync(self.stages, self.plan.actions, self.mesh.dp_group, self.mesh.dp, overlap_grad_sync)
+            if self.mesh.dp > 1 else None
+        )
         self.transport.connect()
         self.sync_actions = sync_actions
         self.steps_done = 0
@@ -151,9 +186,11 @@ class PipelineRuntime:
     # -- one step --------------------------------------------------------------------------
 
     def step(self, inputs: Optional[torch.Tensor], targets: Optional[torch.Tensor]) -> StepResult:
-        """Run one training step. ``inputs`` are read on the first stage's rank, ``targets`` on
-        the last stage's; other ranks may pass None."""
+        """Run one training step on the global batch. ``inputs`` are read on the first stage's
+        rank, ``targets`` on the last stage's (other ranks may pass None); each data-parallel
+        replica takes its own shard of them."""
         m = self.schedule.microbatches
+        inputs, targets = self.mesh.shard(inputs), self.mesh.shard(targets)
         in_mbs = self._split(inputs, "inputs") if 0 in self.stages else None
         tgt_mbs = self._split(targets, "targets") if self.last_stage in self.stages else None
         self.optimizer.zero_grad(set_to_none=True)
@@ -164,12 +201,14 @@ class PipelineRuntime:
             baseline = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         self.meter.reset_peak()
-        dist.barrier()
+        dist.barrier()  # every rank of every replica: the step's times start together
         t0 = perf_counter()
         clock.start()
         marks = self._run_actions(in_mbs, tgt_mbs, losses, clock)
         if self.memory_sizes is None:
             self.memory_sizes = dict(self._measured)
+        if self.grad_sync is not None:
+            self.grad_sync.finish()
         loss, bad_mb, bad_value, grad_norm = self._agree(losses)
         skipped = False
         if bad_mb >= 0:
@@ -244,7 +283,7 @@ class PipelineRuntime:
         state = _StepState()
         marks: list[tuple] = []
         transport.start_step()
-        for action, send, need in zip(plan.actions, plan.sends, plan.needs):
+        for index, (action, send, need) in enumerate(zip(plan.actions, plan.sends, plan.needs)):
             s, kind, k = action
             key = (s, k)
             received = transport.receive(need, action) if need is not None else None
@@ -265,7 +304,7 @@ class PipelineRuntime:
                     y = y * inv_m
                 else:
                     if send is not None:
-                        transport.send(send, y.detach())
+                        transport.send(send, self.precision.to_wire(y.detach()))
                     else:
                         state.local_act[key] = y.detach()
                     # the backward needs only the output's graph: its data lives on only where
@@ -285,6 +324,7 @@ class PipelineRuntime:
                     grad = None
                 else:
                     grad = received if need is not None else state.local_grad.pop((s + 1, k))
+                    grad = grad.to(y.dtype)  # a bf16 boundary gradient of an fp32 output
                 if kind == "I":
                     entries: list = []
                     stash.collecting = entries
@@ -298,10 +338,12 @@ class PipelineRuntime:
                 state.input_holds.pop(key)
                 if s > 0:
                     if send is not None:
-                        transport.send(send, x.grad)
+                        transport.send(send, self.precision.to_wire(x.grad))
                     else:
                         state.local_grad[key] = x.grad
                 del x
+            if self.grad_sync is not None:
+                self.grad_sync.after_action(index)
             transport.release_sent()
             end = clock.mark_end()
             if self.memory_sizes is None:
@@ -315,7 +357,7 @@ class PipelineRuntime:
         tensors counted; a recomputed stage saves nothing and is rebuilt, counted, when its
         backward needs it."""
         meter = self.meter
-        with meter.saved_tensors():
+        with meter.saved_tensors(), self.precision.autocast():
             if s in self.recompute:
                 y = checkpoint(
                     self.stages[s], x, use_reentrant=False,
@@ -352,9 +394,26 @@ class PipelineRuntime:
             grads = [p.grad for p in self.parameters if p.grad is not None]
             if grads:
                 info[3] = sum(g.detach().double().pow(2).sum() for g in grads).to(info.device)
-        dist.all_reduce(info)
-        loss, bad_mb, bad_value, squares = info.tolist()
+        dist.all_reduce(info, group=self.mesh.pp_group)
+        loss, bad_mb, bad_value, squares = self._across_replicas(info)
         return loss, int(bad_mb) - 1, bad_value, squares**0.5 if self.clip_grad_norm is not None else float("nan")
+
+    def _across_replicas(self, info: torch.Tensor) -> list[float]:
+        """The replicas' (loss, bad microbatch + 1, its value, squares) as one: the mean loss
+        over the global batch, the first bad microbatch in global numbering; the squares of the
+        reduced gradients are the same on every replica."""
+        if self.mesh.dp == 1:
+            return info.tolist()
+        rows = [torch.empty_like(info) for _ in range(self.mesh.dp)]
+        dist.all_gather(rows, info, group=self.mesh.dp_group)
+        per_replica = [row.tolist() for row in rows]
+        loss = sum(row[0] for row in per_replica) / self.mesh.dp
+        m = self.schedule.microbatches
+        bad = next(((d, row) for d, row in enumerate(per_replica) if row[1] > 0), None)
+        if bad is None:
+            return [loss, 0.0, 0.0, per_replica[0][3]]
+        d, row = bad
+        return [loss, d * m + row[1], row[2], per_replica[0][3]]
 
     # -- gathering -------------------------------------------------------------------------
 
@@ -368,17 +427,24 @@ class PipelineRuntime:
         local = {}
         for stage in self.stages.values():
             local.update(stage.global_state_dict())
-        return _gather_dicts(local, dst)
+        return self._gather_dicts(local, dst)
 
     def gather_gradients(self, dst: int = 0) -> Optional[dict[str, torch.Tensor]]:
         """The last step's gradients of the full model on rank ``dst`` (None elsewhere)."""
         local = {n: p.grad.detach().cpu().clone() for n, p in self.named_parameters() if p.grad is not None}
-        return _gather_dicts(local, dst)
+        return self._gather_dicts(local, dst)
+
+    def _gather_dicts(self, local: dict, dst: int) -> Optional[dict]:
+        """Merge the pipeline's parts on global rank ``dst``; replicas hold the same values, so
+        only the pipeline that ``dst`` belongs to takes part."""
+        if dst not in self.mesh.grid[self.mesh.dp_rank]:
+            return None
+        return _gather_dicts(local, dst, self.mesh.pp_group, self.mesh.pp)
 
 
-def _gather_dicts(local: dict, dst: int) -> Optional[dict]:
-    parts = [None] * dist.get_world_size() if dist.get_rank() == dst else None
-    dist.gather_object(local, parts, dst=dst)
+def _gather_dicts(local: dict, dst: int, group, size: int) -> Optional[dict]:
+    parts = [None] * size if dist.get_rank() == dst else None
+    dist.gather_object(local, parts, dst=dst, group=group)
     if parts is None:
         return None
     merged = {}

@@ -6,13 +6,16 @@ own connection. Receive buffers are allocated when the receive is posted and bec
 consuming stage's input as they are (no copy). Sent tensors are held only until their send
 completes. Gloo moves host memory only: ranks computing on GPUs over gloo (sharing a GPU, say)
 send a host copy and receive into a host buffer that is copied to the device on arrival.
+Plans and links name pipeline ranks; with data-parallel replicas (a
+:class:`~pipesched.runtime.mesh.PipelineMesh`) each replica has its own links, and messages go
+to the global rank of the pipeline rank in this process's replica.
 """
 
 from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -20,16 +23,25 @@ import torch.distributed as dist
 from ..actions import Action
 from .plan import ACT, Message, RankPlan
 
+if TYPE_CHECKING:
+    from .mesh import PipelineMesh
+
 
 class PeerFailure(RuntimeError):
     """A rank waited too long for a message, or its peer went away."""
 
 
-def make_link_groups(links: list[tuple[int, int]], timeout_s: float) -> dict[tuple[int, int], Any]:
-    """One process group per directed link; every rank must call this with the same links."""
+def make_link_groups(links: list[tuple[int, int]], timeout_s: float, mesh: Optional["PipelineMesh"] = None) -> dict[tuple[int, int], Any]:
+    """One process group per directed link of every replica (creating a group takes the whole
+    world: every rank must call this with the same links); returns this replica's, by pipeline ranks."""
+    grid = mesh.grid if mesh is not None else (tuple(range(dist.get_world_size())),)
+    mine = mesh.dp_rank if mesh is not None else 0
     groups = {}
-    for src, dst in links:
-        groups[(src, dst)] = dist.new_group([src, dst], timeout=timedelta(seconds=timeout_s))
+    for replica, ranks in enumerate(grid):
+        for src, dst in links:
+            group = dist.new_group([ranks[src], ranks[dst]], timeout=timedelta(seconds=timeout_s))
+            if replica == mine:
+                groups[(src, dst)] = group
     return groups
 
 
@@ -50,8 +62,10 @@ class Transport:
         timeout_s: float,
         lookahead: int = 4,
         host_staging: Optional[bool] = None,
+        global_rank: Callable[[int], int] = lambda pp_rank: pp_rank,
     ) -> None:
         self.rank = plan.rank
+        self.global_rank = global_rank
         self.groups = groups
         self.device = device
         if host_staging is None:  # gloo cannot read or write device memory (link groups share its backend)
@@ -83,9 +97,9 @@ class Transport:
         for (src, dst), group in sorted(self.groups.items()):
             try:
                 if self.rank == src:
-                    dist.send(probe, dst=dst, group=group)
+                    dist.send(probe, dst=self.global_rank(dst), group=group)
                 elif self.rank == dst:
-                    dist.recv(probe, src=src, group=group)
+                    dist.recv(probe, src=self.global_rank(src), group=group)
             except RuntimeError as err:
                 peer = dst if self.rank == src else src
                 raise PeerFailure(f"rank {self.rank} could not open its link with rank {peer}: {err}") from None
@@ -104,7 +118,7 @@ class Transport:
             msg = link[i]
             shape, dtype = self.buffer_spec[msg]
             buf = torch.empty(shape, dtype=dtype, device=self.buffer_device)
-            self.works[msg] = (dist.irecv(buf, src=src, group=group, tag=msg.tag), buf)
+            self.works[msg] = (dist.irecv(buf, src=self.global_rank(src), group=group, tag=msg.tag), buf)
         self.posted[src] = max(self.posted[src], end)
 
     def receive(self, msg: Message, action: Action) -> torch.Tensor:
@@ -118,7 +132,7 @@ class Transport:
         if self.host_staging:
             tensor = tensor.to("cpu", copy=True)  # waits for the tensor's kernels; gloo reads it later
         tensor = tensor.contiguous()  # a block may end in a view (a transpose); the receiver's buffer is dense
-        work = dist.isend(tensor, dst=msg.dst, group=self.groups[(self.rank, msg.dst)], tag=msg.tag)
+        work = dist.isend(tensor, dst=self.global_rank(msg.dst), group=self.groups[(self.rank, msg.dst)], tag=msg.tag)
         self.pending_sends.append((work, tensor))
 
     def release_sent(self) -> None:

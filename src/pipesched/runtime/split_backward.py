@@ -8,6 +8,11 @@ computes ``dW = g^T x`` and ``db = sum(g)`` with one matmul per Linear. Outside 
 
 Other parameters (LayerNorm, embeddings) get their gradients during ``I``: they are cheap.
 The autograd graph is freed at the end of ``I``; only the stashed tensors live on until ``W``.
+
+Under ``torch.autocast`` the Linear computes as autocast would (inputs, weight and bias cast to
+the autocast dtype) and keeps the cast copies for its backward, which therefore runs in that
+dtype too; the weight gradients are accumulated into the fp32 ``.grad`` (as autograd does for an
+autocast Linear).
 """
 
 from __future__ import annotations
@@ -37,15 +42,22 @@ class WeightGradStash:
 class _DeferrableLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, module, stash):
+        device_type = x.device.type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            x, weight = x.to(dtype), weight.to(dtype)
+            bias = bias.to(dtype) if bias is not None else None
         ctx.save_for_backward(x, weight)
         ctx.module = module
         ctx.stash = stash
         ctx.has_bias = bias is not None
-        return F.linear(x, weight, bias)
+        with torch.autocast(device_type, enabled=False):
+            return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
+        grad_out = grad_out.to(weight.dtype)
         grad_x = grad_out.matmul(weight) if ctx.needs_input_grad[0] else None
         pending = ctx.stash.collecting
         if pending is not None:
@@ -92,12 +104,14 @@ def apply_weight_grads(entries: list[Entry]) -> None:
         if weight.requires_grad:  # a frozen Linear gets no gradient, as with ordinary autograd
             x2 = x.reshape(-1, x.shape[-1])
             if weight.grad is None:
-                weight.grad = g2.t().matmul(x2)
-            else:
+                weight.grad = g2.t().matmul(x2).to(weight.dtype)
+            elif g2.dtype == weight.dtype:
                 weight.grad.addmm_(g2.t(), x2)
+            else:  # computed in the autocast dtype, accumulated in the parameter's
+                weight.grad.add_(g2.t().matmul(x2))
         bias = module.bias
         if bias is not None and bias.requires_grad:
             if bias.grad is None:
-                bias.grad = g2.sum(0)
+                bias.grad = g2.sum(0).to(bias.dtype)
             else:
                 bias.grad.add_(g2.sum(0))

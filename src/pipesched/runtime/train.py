@@ -18,11 +18,13 @@ import torch.distributed as dist
 
 from ..schedule import Schedule
 from . import checkpoint
-from .executor import PipelineRuntime
+from .executor import PipelineRuntime, require_one_pipeline
 from .guard import NonFiniteWeights, first_nonfinite
 from .launch import rank_device, stop_on_termination
 from .models import ModelDef, get_model
+from .mesh import init_pipeline_mesh
 from .partition import balanced_counts
+from .precision import Precision, parse_dtype
 from .timeline import Timeline
 
 
@@ -50,6 +52,14 @@ class TrainConfig:
     checkpoint_every: Optional[int] = None  # with checkpoint_dir: save after every N steps (and the last; None: the last only)
     checkpoint_keep: int = checkpoint.DEFAULT_KEEP
     resume_from: Optional[str] = None  # a checkpoint folder: continue after its step, up to ``steps``
+    dp: int = 1  # data-parallel replicas of the pipeline (world = ranks x dp)
+    dtype: str = "fp32"  # one of precision.DTYPES
+    overlap_grad_sync: bool = True
+
+    @property
+    def world(self) -> int:
+        """Processes the run takes: every replica's pipeline ranks."""
+        return self.schedule.ranks * self.dp if self.schedule is not None else 1
 
     def model_def(self) -> ModelDef:
         return get_model(self.model, **self.model_size)
@@ -95,6 +105,8 @@ class TrainResult:
     memory: list = field(default_factory=list)  # per rank: RankMemory
     memory_curves: list = field(default_factory=list)  # per step, per rank: [(seconds, bytes held)]
     stage_memory: dict = field(default_factory=dict)  # stage -> (StageMemory measured, input bytes)
+    dp: int = 1  # data-parallel replicas it ran (the figures above are the first replica's)
+    dtype: str = "fp32"
     first_step: int = 0  # steps done before this run (resumed from a checkpoint), 0 otherwise
 
     def median_step_time(self, skip: int = 1) -> float:
@@ -123,11 +135,13 @@ def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, fl
     optimizer = make_optimizer(cfg.optimizer, cfg.lr)(list(model.parameters()))
     first = _resume(cfg, model, optimizer)
     losses, times, grads = [], [], None
+    precision = Precision(parse_dtype(cfg.dtype))
     for step in range(first, cfg.steps):
         x, y = md.batch(step, cfg.batch_size, cfg.seed)
         t0 = perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss = md.loss_fn(model(x), y)
+        with precision.autocast():
+            loss = md.loss_fn(model(x), y)
         loss.backward()
         if cfg.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
@@ -144,7 +158,7 @@ def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, fl
         if cfg.checkpoint_due(step + 1):
             checkpoint.save(cfg.checkpoint_dir, step + 1, model, optimizer, cfg.checkpoint_keep)
     params = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.want_params else None
-    return TrainResult(losses, times, [], 0.0, params, grads, first)
+    return TrainResult(losses, times, [], 0.0, params, grads, dtype=cfg.dtype, first_step=first)
 
 
 def _resume(cfg: TrainConfig, model, optimizer) -> int:
@@ -191,11 +205,14 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     m = schedule.microbatches
     x0, _ = md.batch(0, cfg.batch_size, cfg.seed)
     counts = cfg.block_counts or balanced_counts(md.block_costs, schedule.placement)
+    mesh = init_pipeline_mesh(schedule.ranks, cfg.dp)
     runtime = PipelineRuntime(
-        md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr), x0[: cfg.batch_size // m],
+        md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr),
+        x0[: cfg.batch_size // (cfg.dp * m)],
         seed=cfg.seed, block_counts=counts, device=device,
         timeout_s=cfg.timeout_s, skip_nonfinite=cfg.skip_nonfinite, clip_grad_norm=cfg.clip_grad_norm,
         recompute=cfg.recompute,
+        mesh=mesh, dtype=parse_dtype(cfg.dtype), overlap_grad_sync=cfg.overlap_grad_sync,
     )
     first = _resume(cfg, checkpoint.runtime_module(runtime), runtime.optimizer)
     runtime.steps_done = first
@@ -219,16 +236,20 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     finally:
         if progress:
             progress.close()
-    timelines = _gather_timelines(spans)
-    memory, curves, stage_memory = _gather_memory(runtime, results)
+    timelines = _gather_timelines(spans, runtime.mesh.grid[0])
+    memory, curves, stage_memory = _gather_memory(runtime, results, runtime.mesh.grid[0])
     params = runtime.gather_state_dict() if cfg.want_params else None
     if rank != 0:
         return None
-    return TrainResult(losses, times, timelines, latency, params, grads, memory, curves, stage_memory, first)
+    return TrainResult(
+        losses, times, timelines, latency, params, grads, memory, curves, stage_memory,
+        dp=cfg.dp, dtype=cfg.dtype, first_step=first,
+    )
 
 
-def _gather_memory(runtime: PipelineRuntime, results: list) -> tuple[list[RankMemory], list, dict]:
-    """Every rank's :class:`RankMemory`, per-step activation curves and measured stage sizes, on rank 0."""
+def _gather_memory(runtime: PipelineRuntime, results: list, pipeline: tuple[int, ...]) -> tuple[list[RankMemory], list, dict]:
+    """Every rank's :class:`RankMemory`, per-step activation curves and measured stage sizes, on
+    rank 0, for one pipeline (its global ranks in pipeline order; replicas hold the same)."""
     device = [r.device_peak_bytes for r in results if r.device_peak_bytes is not None]
     baseline = [r.device_baseline_bytes for r in results if r.device_baseline_bytes is not None]
     mine = RankMemory(
@@ -240,6 +261,7 @@ def _gather_memory(runtime: PipelineRuntime, results: list) -> tuple[list[RankMe
     dist.gather_object((mine, [r.activation_curve for r in results], sizes), parts, dst=0)
     if parts is None:
         return [], [], {}
+    parts = [parts[r] for r in pipeline]
     curves = [[parts[r][1][step] for r in range(len(parts))] for step in range(len(results))]
     return [p[0] for p in parts], curves, {s: v for p in parts for s, v in p[2].items()}
 
@@ -252,12 +274,13 @@ def _first_link_tensor(runtime: PipelineRuntime) -> tuple[torch.Size, torch.dtyp
     return torch.Size([1]), torch.float32
 
 
-def _gather_timelines(per_step: list) -> list[Timeline]:
+def _gather_timelines(per_step: list, pipeline: tuple[int, ...]) -> list[Timeline]:
+    """Every step's timeline of one pipeline (its global ranks in pipeline order), on rank 0."""
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(per_step, parts, dst=0)
     if parts is None:
         return []
-    return [[parts[r][step] for r in range(len(parts))] for step in range(len(per_step))]
+    return [[parts[r][step] for r in pipeline] for step in range(len(per_step))]
 
 
 class _Progress:
@@ -299,6 +322,7 @@ def run(cfg: TrainConfig) -> Optional[TrainResult]:
                 progress.close()
     from .launch import run_torchrun, spawn, under_torchrun
 
+    require_one_pipeline(cfg.schedule)
     if under_torchrun():
         return run_torchrun(train_worker, cfg, cfg.timeout_s)
-    return spawn(train_worker, cfg.schedule.ranks, cfg, cfg.timeout_s)[0]
+    return spawn(train_worker, cfg.world, cfg, cfg.timeout_s)[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..registry import Family, register
 from .. import auto
-from . import dualpipev, gpipe, interleaved, interleaved_zb, one_f_one_b, v_family, zero_bubble
+from . import dualpipe, dualpipev, gpipe, interleaved, interleaved_zb, one_f_one_b, v_family, zero_bubble
 
 register(Family(
     name="gpipe", build=gpipe.build,
@@ -80,4 +80,10 @@ register(Family(
     summary="DeepSeek's DualPipeV: a V whose steady state overlaps one chunk's forward with the other's backward (hides MoE all-to-all)",
     placement="v", split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2,
     memory="p + 1/2", torch_name="ScheduleDualPipeV",
+))
+register(Family(
+    name="dualpipe", build=dualpipe.build,
+    summary="DeepSeek's bidirectional DualPipe: two model copies fed from opposite ends, forward and backward overlapped; p even, 2x parameters",
+    placement="v", split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2,
+    memory="p + 1 (m >= 2p), plus a second copy of the parameters", parameter_copies=2,
 ))

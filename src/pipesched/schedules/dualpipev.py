@@ -25,9 +25,9 @@ deadlock; torch refuses those cases. Peak memory is ``p + 1/2`` microbatches' ac
 from __future__ import annotations
 
 from collections import deque
-from typing import Optional
+from typing import Callable, Optional
 
-from ..actions import Action, Overlap, Slot
+from ..actions import Action, Overlap, Slot, sub_actions
 from ..costs import Costs
 from ..placement import v_placement
 from ..schedule import Schedule
@@ -99,15 +99,20 @@ def rank_program(rank: int, ranks: int, microbatches: int) -> list[Slot]:
         prog.add(prog.backward(down, split))
     for _ in range(r + 1):  # 8
         prog.oldest_weight()
-    return [entry for e in prog.entries if (entry := _within(e, microbatches)) is not None]
+    return trimmed(prog.entries, lambda a: a.microbatch < microbatches)
 
 
-def _within(entry: Slot, microbatches: int) -> Optional[Slot]:
-    """The entry without its actions on microbatches beyond ``microbatches``."""
-    if isinstance(entry, Overlap):
-        kept = [a for a in entry.parts if a.microbatch < microbatches]
-        return entry if len(kept) == 2 else (kept[0] if kept else None)
-    return entry if entry.microbatch < microbatches else None
+def trimmed(entries: list[Slot], keep: Callable[[Action], bool]) -> list[Slot]:
+    """The entries without the actions ``keep`` rejects (an overlapped pair that loses a half
+    runs the other alone; one that loses both disappears)."""
+    out: list[Slot] = []
+    for entry in entries:
+        kept = [a for a in sub_actions(entry) if keep(a)]
+        if len(kept) == 2:
+            out.append(entry)
+        elif kept:
+            out.append(kept[0])
+    return out
 
 
 def build(

@@ -1,0 +1,117 @@
+"""``pipesched advise --gpus G``: how to split G GPUs into pipeline stages x data-parallel replicas."""
+
+from __future__ import annotations
+
+import json
+from html import escape
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..advise.estimate import TransformerCosts
+from ..advise.layout import DEFAULT_DP_LATENCY_MS, LayoutAdvice, advise_layouts
+from ..errors import ConfigError
+from ..outfiles import check_output_path, write_atomic
+
+Gpus = typer.Option(
+    None, "--gpus", help="GPUs in all: search pipeline ranks x data-parallel replicas (needs a model description and --global-batch)."
+)
+DpBandwidth = typer.Option(None, "--dp-bandwidth", help="With --gpus: GB/s between data-parallel replicas (default --bandwidth).")
+DpLatency = typer.Option(DEFAULT_DP_LATENCY_MS, "--dp-latency", help="With --gpus: ms per all-reduce bucket.")
+Report = typer.Option(None, "--report", help="With --gpus: write an HTML report of the chosen layout.")
+
+
+def run(gpus: Optional[int], global_batch: Optional[int], model: TransformerCosts, dp_bandwidth: Optional[float],
+        dp_latency: float, report: Optional[Path], as_json: bool, top: int, **options) -> None:
+    """Search the layouts, then print the table (or JSON) and write the report."""
+    if gpus is None:
+        raise ConfigError("--report belongs to --gpus G: give the number of GPUs to split")
+    if global_batch is None:
+        raise ConfigError("--gpus needs --global-batch G (samples per step over every replica)")
+    if report is not None:
+        check_output_path(report, [".html", ".htm"])
+    advice = advise_layouts(gpus, model, global_batch, dp_bandwidth=dp_bandwidth, dp_latency_ms=dp_latency, **options)
+    if report is not None:
+        write_atomic(report, layout_report(advice))
+        typer.echo(f"wrote {report}", err=True)
+    if as_json:
+        typer.echo(json.dumps(advice.to_json()))
+        return
+    console = Console()
+    console.print(f"[bold]pipesched advise[/bold]  {gpus} GPUs, global batch {global_batch}")
+    console.print(layout_table(advice, top))
+    best = advice.recommended
+    console.print(f"[bold green]Recommendation:[/bold green] {recommendation(advice)}")
+    for line in advice.skipped:
+        console.print(f"  - skipped {line}")
+    console.print(
+        f"  Run it: pipesched train --schedule {best.candidate.schedule} --ranks {best.pp} --dp {best.dp} "
+        f"--microbatches {best.candidate.microbatches} --chunks {best.candidate.chunks} "
+        f"--batch-size {advice.global_batch}"
+    )
+
+
+def recommendation(advice: LayoutAdvice) -> str:
+    best = advice.recommended
+    c = best.candidate
+    text = (f"{best.pp} pipeline ranks x {best.dp} replicas with {c.schedule} (chunks={c.chunks}, m={c.microbatches} "
+            f"per replica): {best.step_time:.4g} ms per step, {best.exposed_allreduce:.3g} ms of it all-reduce not hidden")
+    base = advice.baseline(best.pp, best.dp)
+    if base is not None and base is not best:
+        text += f"; {base.step_time / best.step_time:.3f}x faster than 1f1b on the same layout"
+    return text
+
+
+def _rows(advice: LayoutAdvice, top: int) -> list:
+    return list(advice.candidates[:max(1, top)])
+
+
+def layout_table(advice: LayoutAdvice, top: int) -> Table:
+    table = Table(title=f"{len(advice.candidates)} layout candidates; best {min(top, len(advice.candidates))} shown")
+    for column in ("#", "pp", "dp", "schedule", "v", "m", "ms/step", "all-reduce (exposed)", "GB"):
+        table.add_column(column, justify="left" if column == "schedule" else "right", no_wrap=True)
+    for i, c in enumerate(_rows(advice, top)):
+        gb = f"{c.candidate.memory_gb:.3g}" if c.candidate.memory_gb is not None else "-"
+        table.add_row(str(i + 1), str(c.pp), str(c.dp), c.candidate.schedule, str(c.candidate.chunks),
+                      str(c.candidate.microbatches), f"{c.step_time:.4g}",
+                      f"{c.allreduce_per_rank:.3g} ({c.exposed_allreduce:.3g})", gb,
+                      style="bold green" if i == 0 else None)
+    return table
+
+
+def layout_report(advice: LayoutAdvice, top: int = 12) -> str:
+    """The chosen layout, why, and the ranked layouts, with the chosen schedule's chart."""
+    from ..registry import build_schedule, get_family
+    from ..advise.search import objective_option
+    from ..render.svg import gantt_svg
+    from ..render.html import CSS
+    from ..simulate import simulate
+
+    best = advice.recommended
+    c = best.candidate
+    schedule = build_schedule(c.schedule, best.pp, c.microbatches, c.chunks, c.costs, c.memory_limit,
+                              **objective_option(get_family(c.schedule), c.objective or "makespan"))
+    rows = ["<table><tr><th>pp x dp</th><th>schedule</th><th>chunks</th><th>m</th><th>step ms</th>"
+            "<th>all-reduce ms (exposed)</th><th>memory GB</th></tr>"]
+    for row in _rows(advice, top):
+        cls = ' class="best"' if row is best else ""
+        gb = f"{row.candidate.memory_gb:.3g}" if row.candidate.memory_gb is not None else "\u2013"
+        rows.append(f"<tr><td{cls}>{row.pp} \u00d7 {row.dp}</td><td>{escape(row.candidate.schedule)}</td>"
+                    f"<td>{row.candidate.chunks}</td><td>{row.candidate.microbatches}</td><td{cls}>{row.step_time:.4g}</td>"
+                    f"<td>{row.allreduce_per_rank:.3g} ({row.exposed_allreduce:.3g})</td><td>{gb}</td></tr>")
+    rows.append("</table>")
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>pipesched layout: {advice.gpus} GPUs</title><style>{CSS}</style></head><body>",
+        f"<h1>Layout for {advice.gpus} GPUs: {best.pp} pipeline ranks \u00d7 {best.dp} data-parallel replicas</h1>",
+        f'<p class="config">Global batch {advice.global_batch}; each replica runs its pipeline on '
+        f"{advice.global_batch // best.dp} samples; times in ms.</p>",
+        f"<p><strong>Recommendation:</strong> {escape(recommendation(advice))}</p>",
+        "\n".join(rows),
+        f"<h2>{escape(schedule.describe())}, one replica</h2>",
+        f'<div class="chart">{gantt_svg(simulate(schedule, c.costs))}</div>',
+        "</body></html>",
+    ])

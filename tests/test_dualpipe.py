@@ -1,0 +1,124 @@
+"""DualPipe: two model copies fed from opposite ends, as 2p V-placed stages forming two pipelines.
+
+Rank r holds stage r of the forward copy (stages 0..p-1) and stage p-1-r of the reverse copy
+(IR stage p + (p-1-r)); the first ceil(m/2) microbatches enter at rank 0, the rest at rank
+p-1; the order is DeepSeek's (DualPipeV's program on the folded rank min(r, p-1-r)).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipesched import Costs, ConfigError, Schedule, ScheduleError, build_schedule, simulate, validate
+from pipesched.actions import Action, Overlap, sub_actions
+from pipesched.simulate import action_durations
+
+
+@settings(max_examples=20, deadline=None)
+@given(half=st.integers(1, 6), m=st.integers(2, 40))
+def test_dualpipe_is_valid_for_every_even_p_and_m_at_p_plus_one(half, m):
+    p = 2 * half
+    schedule = build_schedule("dualpipe", p, m)
+    validate(schedule)
+    assert (schedule.pipelines, schedule.stages, schedule.chunks, schedule.microbatches) == (2, 2 * p, 2, m)
+    result = simulate(schedule)
+    # each rank does its share of both copies: m/2 microbatches on 2 stages weighing 1 each
+    assert result.busy == pytest.approx([3.0 * m] * p)
+    assert result.max_peak_memory <= p + 1 + 1e-9
+    if m >= 2 * p:
+        assert result.max_peak_memory == pytest.approx(p + 1)  # DualPipe's README: PP + 1
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 7), (6, 20)])
+def test_each_copy_runs_its_own_half_of_the_microbatches_from_its_own_end(p, m):
+    schedule = build_schedule("dualpipe", p, m)
+    first_half = range(0, (m + 1) // 2)
+    assert [schedule.placement[s] for s in range(2 * p)] == [*range(p), *reversed(range(p))]
+    for stage in range(2 * p):
+        ran = sorted(a.microbatch for _, a in schedule.actions() if a.stage == stage and a.kind == "F")
+        assert ran == list(first_half if stage < p else range(first_half.stop, m))
+    # both ends start at once: each copy's first stage has nothing to wait for
+    starts = {span.action: span.start for spans in simulate(schedule).timeline for span in spans}
+    assert starts[Action(0, "F", 0)] == starts[Action(p, "F", first_half.stop)] == 0.0
+
+
+@pytest.mark.parametrize("p,m", [(2, 6), (4, 8), (8, 20)])
+def test_rank_r_and_rank_p_minus_1_minus_r_run_mirrored_programs(p, m):
+    schedule = build_schedule("dualpipe", p, m)
+
+    def mirrored(a: Action) -> Action:  # the same position in the other copy, on its own microbatches
+        return Action((a.stage + p) % (2 * p), a.kind, (a.microbatch + m // 2) % m)
+
+    for r in range(p):
+        mirror = [tuple(map(mirrored, sub_actions(e))) for e in schedule.rank_entries(r)]
+        assert mirror == [tuple(sub_actions(e)) for e in schedule.rank_entries(p - 1 - r)]
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (6, 12), (8, 16), (8, 40)])
+def test_unit_cost_makespan_follows_dualpipe_bubble_formula(p, m):
+    # DualPipe's README: bubble (PP/2-1)(F&B + B - 3W), B the full backward; here F=1, B=2, W=1
+    # and, with the halves run one after the other (overlap 1), F&B = 3
+    result = simulate(build_schedule("dualpipe", p, m))
+    assert result.makespan == pytest.approx(3 * m + (p // 2 - 1) * (3 + 2 - 3))
+
+
+def test_its_steady_state_overlaps_one_copys_forward_with_the_others_backward():
+    schedule = build_schedule("dualpipe", 4, 16)
+    pairs = [e for r in range(4) for e in schedule.rank_entries(r) if isinstance(e, Overlap)]
+    assert pairs and all((e.forward.stage < 4) != (e.backward.stage < 4) for e in pairs)
+    assert simulate(schedule, Costs(overlap=0)).makespan < simulate(schedule).makespan
+
+
+def test_memory_counts_two_copies_of_the_parameters():
+    dual, v = simulate(build_schedule("dualpipe", 4, 8)), simulate(build_schedule("dualpipev", 4, 8))
+    assert (dual.parameter_copies, v.parameter_copies) == (2, 1)
+    assert dual.metrics()["parameter_copies"] == 2
+
+
+def test_both_copies_of_a_stage_cost_the_same_under_skewed_stage_costs():
+    schedule = build_schedule("dualpipe", 4, 8)
+    table = action_durations(schedule, Costs(stage_multipliers=(1, 1, 1, 3)))
+    assert table[(3, "F")] == table[(7, "F")] == pytest.approx(3.0)  # stage 3 of each copy
+    assert table[(0, "F")] == table[(4, "F")] == pytest.approx(1.0)
+
+
+def test_its_csv_reads_back_only_when_told_the_two_pipelines():
+    schedule = build_schedule("dualpipe", 4, 8)
+    text = schedule.to_csv()
+    back = validate(Schedule.from_csv(text, pipelines=2))
+    assert simulate(back).makespan == simulate(schedule).makespan
+    with pytest.raises(ScheduleError, match="never runs"):
+        validate(Schedule.from_csv(text))
+
+
+@pytest.mark.parametrize("p,m,fragment", [(3, 8, "even number of ranks"), (4, 1, "microbatches >= 2")])
+def test_odd_ranks_and_a_single_microbatch_are_refused(p, m, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        build_schedule("dualpipe", p, m)
+
+
+def test_the_runtime_refuses_it_naming_why():
+    pytest.importorskip("torch")
+    from pipesched.runtime.executor import require_one_pipeline
+
+    with pytest.raises(ConfigError, match="2 copies of the model"):
+        require_one_pipeline(build_schedule("dualpipe", 2, 4))
+    require_one_pipeline(build_schedule("dualpipev", 2, 4))
+
+
+def test_torchtitan_settings_are_refused_naming_why():
+    from pipesched.interop.torchtitan import torchtitan_schedule_name
+
+    with pytest.raises(ConfigError, match="2 model copies"):
+        torchtitan_schedule_name(build_schedule("dualpipe", 4, 8))
+
+
+def test_activation_bytes_weigh_each_copys_stage_as_a_whole_share(cli):
+    import json
+
+    done = cli("simulate", "dualpipe", "-p", "4", "-m", "8", "--activation-bytes", "1GiB", "--json")
+    assert done.returncode == 0, done.stderr
+    metrics = json.loads(done.stdout)
+    assert metrics["peak_memory_bytes"] == [peak * 2**30 for peak in metrics["peak_memory"]]

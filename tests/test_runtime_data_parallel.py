@@ -1,0 +1,148 @@
+"""Data x pipeline parallelism: D replicas of a P-rank pipeline train like one process on the
+global batch (gloo, CPU); the pieces that make it so (mesh layout, when each stage's gradients
+are reduced, bf16 compute) and the CLI's checks of the layout."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pipesched  # noqa: E402
+from pipesched.runtime.grad_sync import _buckets, last_gradient_actions  # noqa: E402
+from pipesched.runtime.launch import spawn  # noqa: E402
+from pipesched.runtime.plan import plan_rank  # noqa: E402
+from pipesched.runtime.split_backward import WeightGradStash, apply_weight_grads, make_weight_grads_deferrable  # noqa: E402
+from runtime_cases import assert_equal_to_reference, reference, run_data_parallel  # noqa: E402
+
+pytestmark = [pytest.mark.torch]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_replicas_of_a_two_rank_pipeline_equal_one_process_on_the_global_batch():
+    size = dict(blocks=5, dim=8, hidden=16)
+    runs = [(n, pipesched.build_schedule(n, 2, 2), torch.float32, None) for n in ("1f1b", "zb-v", "interleaved-zb")]
+    runs.append(("zb-h1 clipped", pipesched.build_schedule("zb-h1", 2, 2), torch.float32, 0.05))
+    results = spawn(run_data_parallel, 4, ("mlp", size, 8, runs, 2), timeout_s=120)[0]
+    places = results.pop("places")
+    # pp is the inner mesh dimension: pipeline neighbours are consecutive global ranks
+    assert places == [(0, 0, ((0, 1), (2, 3))), (1, 0, ((0, 1), (2, 3))), (0, 1, ((0, 1), (2, 3))), (1, 1, ((0, 1), (2, 3)))]
+    # an infinite sample in replica 1's shard stops the step on every rank of both replicas
+    assert results.pop("nonfinite") == [(True, True)] * 4
+    clipped = results.pop("zb-h1 clipped")
+    assert_equal_to_reference(results, reference("mlp", size, 8))
+    # clipping by the norm of the whole model over every rank, after the replicas averaged
+    assert_equal_to_reference({"zb-h1 clipped": clipped}, reference("mlp", size, 8, clip_grad_norm=0.05))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_gpt_in_bf16_on_two_replicas_stays_within_one_percent_of_fp32():
+    size = dict(layers=2, dim=16, heads=2, context=8)
+    runs = [("zb-h1", pipesched.build_schedule("zb-h1", 2, 2), torch.float32, None),
+            ("zb-h1 bf16", pipesched.build_schedule("zb-h1", 2, 2), torch.bfloat16, None)]
+    results = spawn(run_data_parallel, 4, ("gpt", size, 8, runs, 2), timeout_s=120)[0]
+    results.pop("places")
+    ref = reference("gpt", size, 8)
+    assert_equal_to_reference({"zb-h1": results["zb-h1"]}, ref)
+    bf16 = results["zb-h1 bf16"]["losses"]
+    assert all(torch.isfinite(torch.tensor(bf16)))
+    assert bf16[-1] == pytest.approx(results["zb-h1"]["losses"][-1], rel=0.01)
+
+
+def test_a_stage_gradients_are_final_after_its_last_weight_gradient_or_full_backward():
+    zbv = pipesched.build_schedule("zb-v", 2, 4)
+    plan = plan_rank(zbv, 0)
+    last = last_gradient_actions(plan.actions)
+    assert set(last) == {0, 3}  # rank 0 holds stages 0 and 3 of the V
+    for stage, index in last.items():
+        assert plan.actions[index][:2] == (stage, "W")
+        assert all(a[0] != stage or a[1] == "F" for a in plan.actions[index + 1:])
+    one_f = plan_rank(pipesched.build_schedule("1f1b", 2, 4), 1)
+    assert last_gradient_actions(one_f.actions) == {1: len(one_f.actions) - 1}
+
+
+def test_gradients_are_bucketed_in_order_up_to_the_byte_limit():
+    grads = [torch.zeros(n) for n in (3, 2, 5, 1)]  # 12, 8, 20, 4 bytes
+    assert [[g.numel() for g in b] for b in _buckets(grads, 20)] == [[3, 2], [5], [1]]
+
+
+def test_split_backward_under_bf16_autocast_matches_autograd():
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    split = __import__("copy").deepcopy(plain)
+    stash = WeightGradStash()
+    make_weight_grads_deferrable(split, stash)
+    x = torch.randn(6, 8)
+    for model, deferred in ((plain, False), (split, True)):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x).float().pow(2).mean()
+        if deferred:
+            stash.collecting = entries = []
+        out.backward()
+        stash.collecting = None
+        if deferred:
+            assert all(p.grad is None for p in model.parameters())  # I computed none of them
+            apply_weight_grads(entries)
+    for a, b in zip(plain.parameters(), split.parameters()):
+        assert b.grad.dtype == torch.float32
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-2, atol=1e-3)
+
+
+def _train(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    from conftest import cli_env
+
+    return subprocess.run(
+        [sys.executable, "-m", "pipesched", "train", "--steps", "1", *args],
+        capture_output=True, text=True, timeout=120, env={**cli_env(), **(env or {})},
+    )
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["--dp", "0"], None, "--dp must be at least 1, got 0"),
+        (["--ranks", "2", "--dp", "2", "--batch-size", "24"], None,
+         "--batch-size 24 does not split into 8 equal microbatches on each of 2 replicas: use a multiple of 16"),
+        (["--ranks", "2", "--dp", "2"], {"RANK": "0", "WORLD_SIZE": "8", "MASTER_ADDR": "127.0.0.1"},
+         "torchrun started 8 processes but --ranks 2 x --dp 2 needs 4"),
+        (["--dtype", "fp16"], None, "--dtype 'fp16' is not known: use one of fp32, bf16"),
+    ],
+)
+def test_bad_layouts_fail_in_one_line_before_any_rank_starts(args, env, message):
+    done = _train(*args, env=env)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pipesched: error: ") and message in lines[0]
+
+
+def test_each_replica_takes_its_contiguous_shard_of_the_global_batch():
+    from pipesched.errors import ConfigError
+    from pipesched.runtime.mesh import PipelineMesh
+
+    second = PipelineMesh(pp=2, dp=2, pp_rank=0, dp_rank=1, pp_group=None, dp_group=None, grid=((0, 1), (2, 3)))
+    assert second.shard(torch.arange(8)).tolist() == [4, 5, 6, 7]
+    assert second.global_rank(1) == 3
+    with pytest.raises(ConfigError, match="does not split into 2 equal replica shards"):
+        second.shard(torch.arange(5))
+
+
+def test_auto_checks_the_replica_split_before_profiling():
+    done = _train("--schedule", "auto", "--ranks", "2", "--dp", "2", "--batch-size", "24")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "pipesched: error: --batch-size 24 does not split into 8 equal microbatches on each of 2 replicas: use a multiple of 16"
+    ]
+
+
+def test_the_run_summary_records_the_replicas_and_the_dtype():
+    from pipesched.cli.train_report import summary
+    from pipesched.runtime.train import TrainResult
+
+    result = TrainResult([1.0, 0.5], [0.1, 0.1], [], dp=2, dtype="bf16")
+    got = summary(pipesched.build_schedule("zb-v", 2, 4), result)
+    assert (got["ranks"], got["dp"], got["dtype"]) == (2, 2, "bf16")
