@@ -14,17 +14,68 @@ from .errors import ConfigError
 
 
 def check_output_path(path: Union[str, Path], suffixes: Iterable[str]) -> Path:
-    """Return ``path`` as a Path if its folder exists and its suffix is one of ``suffixes``."""
+    """Return ``path`` as a Path if a file with one of ``suffixes`` can be written there.
+
+    Called before any work starts, so that a run is never lost to an output path found bad only
+    at the end: the path must not be a folder, its folder must exist and accept new files (tried
+    by creating and removing a temporary file there, as :func:`write_atomic` will).
+    """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"cannot write {str(path)!r}: it is a folder; name a file inside it")
     allowed = [s.lower() for s in suffixes]
     if path.suffix.lower() not in allowed:
         raise ConfigError(
             f"cannot write {str(path)!r}: the suffix must be one of {', '.join(allowed)}"
         )
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
+    folder = _folder_of(path)
+    if not folder.exists():
         raise ConfigError(f"cannot write {str(path)!r}: folder {str(folder)!r} does not exist")
+    if not folder.is_dir():
+        raise ConfigError(f"cannot write {str(path)!r}: {str(folder)!r} is not a folder")
+    problem = _cannot_create_files(folder)
+    if problem:
+        raise ConfigError(f"cannot write {str(path)!r}: folder {str(folder)!r} does not accept new files ({problem})")
     return path
+
+
+def check_output_folder(path: Union[str, Path]) -> Path:
+    """Return ``path`` as a Path if it is, or can be made, a folder that accepts new files.
+
+    A missing folder is not created here (that is the caller's first write); its nearest
+    existing parent must accept new folders.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"cannot write into {str(path)!r}: it exists and is not a folder")
+    existing = path
+    while not existing.exists():
+        existing = _folder_of(existing)
+    if not existing.is_dir():
+        raise ConfigError(f"cannot write into {str(path)!r}: {str(existing)!r} is not a folder")
+    problem = _cannot_create_files(existing)
+    if problem:
+        raise ConfigError(f"cannot write into {str(path)!r}: folder {str(existing)!r} does not accept new files ({problem})")
+    return path
+
+
+def _folder_of(path: Path) -> Path:
+    return path.parent if str(path.parent) else Path(".")
+
+
+def _cannot_create_files(folder: Path) -> str:
+    """Why no file can be created in ``folder`` ("" if one can): the operating system's reason.
+
+    Trying is the only reliable test: permission bits do not bind root, and read-only or
+    virtual file systems (/proc, /sys) refuse files whatever the bits say.
+    """
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".pipesched-probe.", dir=folder)
+    except OSError as err:
+        return err.strerror or type(err).__name__
+    os.close(fd)
+    os.unlink(probe)
+    return ""
 
 
 def _umask() -> int:
@@ -36,7 +87,7 @@ def _umask() -> int:
 def write_atomic(path: Union[str, Path], data: Union[str, bytes]) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder, then rename."""
     path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
+    folder = _folder_of(path)
     if not folder.is_dir():
         raise ConfigError(f"cannot write {str(path)!r}: folder {str(folder)!r} does not exist")
     mode = "wb" if isinstance(data, bytes) else "w"

@@ -21,6 +21,7 @@ from ..registry import get_family
 from . import app
 from . import advise_layout as layout_options
 from . import options as opt
+from .progress import planning_progress
 
 _MODEL_FLAGS = ("--layers", "--hidden", "--seq-len")
 _HARDWARE_FLAGS = ("--heads", "--vocab", "--attention", "--dtype", "--gpu-memory", "--bandwidth", "--flops")
@@ -111,6 +112,7 @@ def advise_cmd(
         microbatch_size=microbatch_size, costs=c, cost_model=model, objective=objective,
         max_chunks=max_chunks, min_microbatch_size=min_microbatch_size,
         max_microbatches=max_microbatches, overhead=overhead, families=_families(schedules), workers=workers,
+        progress=lambda work: planning_progress("advise", work),
     )
     if as_json:
         typer.echo(json.dumps(result.to_json()))
