@@ -31,11 +31,7 @@ def check_output_path(path: Union[str, Path], suffixes: Iterable[str]) -> Path:
     folder = _folder_of(path)
     if not folder.exists():
         raise ConfigError(f"cannot write {str(path)!r}: folder {str(folder)!r} does not exist")
-    if not folder.is_dir():
-        raise ConfigError(f"cannot write {str(path)!r}: {str(folder)!r} is not a folder")
-    problem = _cannot_create_files(folder)
-    if problem:
-        raise ConfigError(f"cannot write {str(path)!r}: folder {str(folder)!r} does not accept new files ({problem})")
+    _check_accepts_files(folder, f"cannot write {str(path)!r}")
     return path
 
 
@@ -51,11 +47,7 @@ def check_output_folder(path: Union[str, Path]) -> Path:
     existing = path
     while not existing.exists():
         existing = _folder_of(existing)
-    if not existing.is_dir():
-        raise ConfigError(f"cannot write into {str(path)!r}: {str(existing)!r} is not a folder")
-    problem = _cannot_create_files(existing)
-    if problem:
-        raise ConfigError(f"cannot write into {str(path)!r}: folder {str(existing)!r} does not accept new files ({problem})")
+    _check_accepts_files(existing, f"cannot write into {str(path)!r}")
     return path
 
 
@@ -63,19 +55,21 @@ def _folder_of(path: Path) -> Path:
     return path.parent if str(path.parent) else Path(".")
 
 
-def _cannot_create_files(folder: Path) -> str:
-    """Why no file can be created in ``folder`` ("" if one can): the operating system's reason.
+def _check_accepts_files(folder: Path, failure: str) -> None:
+    """Raise ConfigError(``failure``: why) unless ``folder`` is a folder that accepts new files.
 
     Trying is the only reliable test: permission bits do not bind root, and read-only or
     virtual file systems (/proc, /sys) refuse files whatever the bits say.
     """
+    if not folder.is_dir():
+        raise ConfigError(f"{failure}: {str(folder)!r} is not a folder")
     try:
         fd, probe = tempfile.mkstemp(prefix=".pipesched-probe.", dir=folder)
     except OSError as err:
-        return err.strerror or type(err).__name__
+        reason = err.strerror or type(err).__name__
+        raise ConfigError(f"{failure}: folder {str(folder)!r} does not accept new files ({reason})") from None
     os.close(fd)
     os.unlink(probe)
-    return ""
 
 
 def _umask() -> int:
