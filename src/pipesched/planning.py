@@ -28,7 +28,7 @@ def actions_per_schedule(family: Family, ranks: int, microbatches: int, chunks: 
     """Actions in one schedule of ``family``: stages x microbatches x kinds of pass."""
     v = chunks if chunks is not None else (family.max_chunks if family.searches_chunks else family.default_chunks)
     kinds = 3 if family.split_backward else 2
-    return ranks * (v or 1) * microbatches * kinds
+    return ranks * v * microbatches * kinds
 
 
 def actions_built(family: Family, ranks: int, microbatches: int, chunks: Optional[int]) -> int:
@@ -58,7 +58,7 @@ def check_planning_work(what: str, ranks: int, microbatches: int, work_at: Calla
 def check_schedule_size(family: Family, ranks: int, microbatches: int, chunks: Optional[int]) -> int:
     """:func:`check_planning_work` for one family (``build_schedule``'s guard)."""
     searching = family.search_width(ranks, microbatches) > 1
-    instead = ", or a schedule built without a search (1f1b, zb-h1, interleaved-1f1b)" if searching else ""
+    instead = ", or a schedule built without a search (1f1b, zb-h1)" if searching else ""
     return check_planning_work(
         family.name, ranks, microbatches, lambda m: actions_built(family, ranks, m, chunks), instead
     )
