@@ -72,7 +72,7 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("simulate --csv {badcell}", "row 1 (rank 0), cell 2"),
     ("simulate --csv /dev/null", "is not a regular file"),
     ("simulate 1f1b --json --draw", "give one of them"),
-    ("simulate zb-auto -p 256 -m 4096", "use 60 microbatches or fewer"),
+    ("simulate zb-auto -p 256 -m 4096", "use 58 microbatches or fewer"),
     ("simulate zb-v -p 256 -m 4096", "without a search"),
     ("simulate v-min -p 100000 -m 8", "use fewer ranks"),
     # compare

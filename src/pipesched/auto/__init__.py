@@ -98,10 +98,15 @@ def build(
 
 
 def search_width(ranks: int, microbatches: int) -> int:
-    """The most schedules :func:`build_auto` builds and simulates: every candidate, and the best
-    few again with their W passes re-placed. The exact refinement runs only on
-    small instances (``MILP_MAX_SIZE``) and within its time limit."""
-    return candidate_count(ranks, microbatches) + len(FILL_PARTIAL_WAITS) * TOP_FOR_W_REPLACEMENT
+    """The most schedules :func:`build_auto` simulates: every candidate, the best few again with
+    their W passes re-placed, the leader once more among them, and on small instances
+    (``MILP_MAX_SIZE``) the swaps' evaluations and the exact refinement's two."""
+    from .local import SWAP_EVALUATIONS
+
+    width = candidate_count(ranks, microbatches) + len(FILL_PARTIAL_WAITS) * TOP_FOR_W_REPLACEMENT + 1
+    if ranks * microbatches <= MILP_MAX_SIZE:
+        width += 1 + SWAP_EVALUATIONS + 2
+    return width
 
 
 def _tagged(pairs, origins: dict):
