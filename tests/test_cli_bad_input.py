@@ -26,6 +26,8 @@ import pytest
 from conftest import cli_env
 
 SCRIPT = Path(sys.executable).with_name("pipesched")
+# a refusal takes a second; a row that started the planning it should refuse would run for
+# minutes and time out here
 REFUSED_WITHIN_S = 60
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
@@ -154,19 +156,19 @@ def places(tmp_path_factory) -> dict[str, str]:
     }
 
 
-def run_all(table: list[tuple[str, str]], places: dict[str, str]) -> list[tuple[list[str], str, subprocess.CompletedProcess]]:
+def run_all(
+    table: list[tuple[str, str]], places: dict[str, str], timeout: float = REFUSED_WITHIN_S, workers: int = 0
+) -> list[tuple[list[str], str, subprocess.CompletedProcess]]:
     """Run every row concurrently; (argv, expected words, finished process) in table order."""
     cases = [(line.format(**places).split(), mention.format(**places)) for line, mention in table]
 
     def run(argv: list[str]) -> subprocess.CompletedProcess:
-        # a refusal takes a second; a row that started the planning it should refuse would run
-        # for minutes and time out here
         return subprocess.run(
-            [str(SCRIPT), *argv], capture_output=True, text=True, timeout=REFUSED_WITHIN_S,
+            [str(SCRIPT), *argv], capture_output=True, text=True, timeout=timeout,
             env=cli_env(), cwd=places["dir"],
         )
 
-    with ThreadPoolExecutor(max_workers=max(4, 2 * (os.cpu_count() or 1))) as pool:
+    with ThreadPoolExecutor(max_workers=workers or max(4, 2 * (os.cpu_count() or 1))) as pool:
         done = list(pool.map(run, [argv for argv, _ in cases]))
     return [(argv, mention, out) for (argv, mention), out in zip(cases, done)]
 
@@ -229,5 +231,7 @@ def test_a_bad_output_path_is_refused_before_any_planning(argv, monkeypatch, cap
 
 @pytest.mark.skipif(not HAS_TORCH, reason="pipesched train needs PyTorch")
 def test_train_refuses_bad_options_before_starting_ranks(places):
-    failures = [p for argv, mention, out in run_all(TRAIN_BAD_INPUTS, places) for p in problems(argv, mention, out)]
+    # each of these imports torch (hundreds of MB): a few at a time, with time to spare on a busy machine
+    done = run_all(TRAIN_BAD_INPUTS, places, timeout=300, workers=4)
+    failures = [p for argv, mention, out in done for p in problems(argv, mention, out)]
     assert not failures, "\n".join(failures)
