@@ -114,6 +114,7 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("advise -p 4 -m 8 --max-chunks 0", "max chunks must be a whole number of at least 1"),
     ("advise --profile --costs 1,1,1 -m 8", "--profile measures the costs itself"),
     ("advise -p 256 -m 4096", "use 15 microbatches or fewer"),
+    ("advise --profile -p 256 -m 4096", "use 15 microbatches or fewer"),
     ("advise -p 8 --global-batch 65536 --microbatch-size 1 --max-microbatches 65536", "--max-microbatches"),
     # demo
     ("demo --steps 0", "--steps must be at least 1"),

@@ -178,11 +178,7 @@ def advise(
     over_limit: list[Setting] = []  # families that could not get under the limit when steered
     # Largest instances first, so parallel workers finish together.
     todo = sorted(settings(family_list, plan, max_chunks), key=lambda s: -s.microbatches * s.chunks)
-    work = check_planning_work(
-        "advise", ranks, max(plan.options),
-        lambda m: sum(actions_built(s.family, ranks, min(s.microbatches, m), s.chunks) for s in todo),
-        instead=" (--microbatches, or --max-microbatches with --global-batch), fewer --schedules or a lower --max-chunks",
-    )
+    work = check_search_size(ranks, plan, family_list, max_chunks)
     with progress(work) if progress is not None else nullcontext():
         outcomes = map_outcomes(
             lambda setting: _evaluate(setting, ranks, plan, cost_model, objective), todo,
@@ -228,6 +224,17 @@ def advise(
     reason, notes = explain(advice)
     return Advice(
         ranks, objective, memory_limit, plan, tuple(ranked), baseline, reason, tuple(notes), tuple(skipped)
+    )
+
+
+def check_search_size(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> int:
+    """The actions the search builds (see :mod:`..planning`); a ConfigError naming what fits
+    when that would take more than about a minute."""
+    todo = settings(family_list, plan, max_chunks)
+    return check_planning_work(
+        "advise", ranks, max(plan.options),
+        lambda m: sum(actions_built(s.family, ranks, min(s.microbatches, m), s.chunks) for s in todo),
+        instead=" (--microbatches, or --max-microbatches with --global-batch), fewer --schedules or a lower --max-chunks",
     )
 
 
