@@ -122,6 +122,7 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("demo --out /proc/demo --no-train", "does not accept new files"),
     ("demo -p 0 --out {dir}/demo --no-train", "--ranks must be at least 1"),
     ("demo --no-train maybe", "unexpected extra argument"),
+    ("demo -p 256 -m 4096 --out {dir}/demo --no-train", "microbatches or fewer"),
 ]
 
 # pipesched train: argument parsing and the options it checks before any rank starts (a few: each

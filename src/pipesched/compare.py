@@ -50,12 +50,7 @@ def simulate_all(
     """Build and simulate every family; ``chunks`` applies where a family accepts it (elsewhere
     the family's default, or its own search); ``objective`` steers the families that search.
     Sizes that would take more than about a minute raise a ConfigError (:mod:`.planning`)."""
-    from .planning import check_planning_work
-
-    check_planning_work(
-        "every schedule", ranks, microbatches, lambda m: planned_work(ranks, m, chunks),
-        instead=", or one schedule at a time (pipesched simulate NAME)",
-    )
+    check_size(ranks, microbatches, chunks)
     outcomes = []
     for family, v in _chosen_chunks(chunks):
         limit = memory_limit if family.uses_memory_limit else None
@@ -75,6 +70,17 @@ def simulate_all(
         if o.result else o
         for o in outcomes
     ]
+
+
+def check_size(ranks: int, microbatches: int, chunks: Optional[int]) -> int:
+    """The actions :func:`simulate_all` builds; a ConfigError naming what fits when that would
+    take more than about a minute (:mod:`.planning`)."""
+    from .planning import check_planning_work
+
+    return check_planning_work(
+        "every schedule", ranks, microbatches, lambda m: planned_work(ranks, m, chunks),
+        instead=", or one schedule at a time (pipesched simulate NAME)",
+    )
 
 
 def planned_work(ranks: int, microbatches: int, chunks: Optional[int]) -> int:

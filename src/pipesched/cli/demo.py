@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..compare import check_size
 from ..errors import ConfigError
 from ..outfiles import check_output_folder, write_atomic
 from ..registry import build_schedule
@@ -40,6 +41,7 @@ def demo(
     equal = opt.setup(ranks, microbatches, None, None, 0.0, None, None)
     skewed = opt.setup(ranks, microbatches, None, SKEWED, 0.1, None, None)
     check_output_folder(out)
+    check_size(ranks, microbatches, None)  # the comparison's work, refused before any output
     out.mkdir(parents=True, exist_ok=True)
     console = Console()
 
