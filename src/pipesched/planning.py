@@ -6,7 +6,7 @@ simulating it visits each action a few times. The work therefore grows with the 
     actions built = stages x microbatches x kinds (F+B, or F+I+W) x candidates
 
 where ``candidates`` is how many schedules a searching family builds and simulates to pick one
-(``Family.search_width``: 1 for the handcrafted families, about 28 for ``zb-auto``). Measured on
+(``Family.search_width``: 1 for the handcrafted families, about 30 for ``zb-auto``). Measured on
 this project's 2-core CI machine (benchmarks/RESULTS.md, "Reliability: bounded planning work"),
 one action built costs 8 to 37 microseconds and a few hundred bytes, so
 :data:`MAX_ACTIONS_BUILT` keeps a command within about a minute and well under 2 GB. Larger
