@@ -29,12 +29,12 @@ REFUSED = [  # far beyond the budget: refused at once (before the change: minute
     "compare -p 256 -m 4096 --json",
 ]
 AT_THE_LIMIT = [  # the largest sizes accepted: what the suggestion in each refusal leads to
-    "simulate zb-auto -p 256 -m 54 --json",
-    "advise -p 256 -m 13 --json",
-    "compare -p 256 -m 23 --json",
+    "simulate zb-auto -p 256 -m 44 --json",
+    "advise -p 256 -m 10 --json",
+    "compare -p 256 -m 18 --json",
     "simulate 1f1b -p 256 -m 4096 --json",
-    "simulate interleaved-zb -p 256 -m 203 --json",
-    "simulate v-min -p 256 -m 180 --json",
+    "simulate interleaved-zb -p 256 -m 179 --json",
+    "simulate v-min -p 256 -m 130 --json",
 ]
 
 

@@ -20,7 +20,7 @@ from ..placement import loop_placement, v_placement
 from ..schedule import Schedule
 from ..schedules.greedy import Knobs, build_greedy
 from ..schedules.v_blocks import block_orders, v_half_offsets, v_min_offsets
-from ..schedules.v_compact import compacted_orders
+from ..schedules.v_compact import COMPACTION_COST, compacted_orders
 from ..schedules.v_family import v_knobs
 from ..schedules.wfill import fill_weight_passes
 from ..schedules.zbv import rank_order
@@ -98,7 +98,8 @@ def candidate_count(ranks: int, microbatches: int) -> int:
 
     handcrafted = sum(get_family(name).search_width(ranks, microbatches) for name in HANDCRAFTED)
     greedy = len(loop_knobs(ranks, microbatches)) + len(v_greedy_knobs(ranks, microbatches))
-    return handcrafted + len(V_PROGRAMS) + greedy
+    compacted = sum(1 for name in V_PROGRAMS if name.endswith("compacted"))
+    return handcrafted + len(V_PROGRAMS) + (COMPACTION_COST - 1) * compacted + greedy
 
 
 def _knob_text(k: Knobs) -> str:

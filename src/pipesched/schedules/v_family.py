@@ -24,7 +24,7 @@ from .choose import best_schedule, objective_value, work_bound
 from .greedy import Knobs, build_greedy
 from .limits import resolve_limit
 from .v_blocks import block_orders, v_half_offsets, v_min_offsets
-from .v_compact import compacted_orders
+from .v_compact import COMPACTION_COST, compacted_orders
 from .zbv import rank_order
 
 MAX_RESERVES = 4  # the V-Half and V-Min greedy tries reserving 1..4 slots of memory
@@ -109,9 +109,10 @@ def build_zb_v(
 
 
 def v_pool_width(ranks: int, microbatches: int) -> int:
-    """The most schedules :func:`v_candidates` yields: three handcrafted programs, two blocks,
-    and one greedy V per setting at up to ``MAX_RESERVES`` reserves."""
-    return 3 + 2 + len(v_knobs(ranks, microbatches, tuple(range(1, MAX_RESERVES + 1))))
+    """The most schedules :func:`v_candidates` yields: three handcrafted programs (two of them
+    compacted, each costing ``COMPACTION_COST`` schedules), two blocks, and one greedy V per
+    setting at up to ``MAX_RESERVES`` reserves."""
+    return 1 + 2 * COMPACTION_COST + 2 + len(v_knobs(ranks, microbatches, tuple(range(1, MAX_RESERVES + 1))))
 
 
 def zb_v_search_width(ranks: int, microbatches: int) -> int:
