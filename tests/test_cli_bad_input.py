@@ -55,7 +55,7 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("export 1f1b --costs 1,x,1", "expected three numbers F,B,W"),
     ("export interleaved-1f1b -v 1", "chunks=1 is plain 1f1b"),
     ("export zb-v --memory-limit 0", "--memory-limit must be a finite number above 0"),
-    ("export 1f1b --memory-limit nan", "--memory-limit must be a finite number above 0"),
+    ("export 1f1b --memory-limit nan", "--memory-limit 'nan' is not a size"),
     ("export zb-auto --objective fastest", "objective 'fastest' is not known"),
     ("export 1f1b --stage-multipliers a,b", "--stage-multipliers 'a,b'"),
     ("export zb-auto -p 256 -m 4096 -o /proc/x.csv", "does not accept new files"),
@@ -82,7 +82,7 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("compare -m -1", "--microbatches must be at least 1"),
     ("compare --json --frob", "No such option: --frob"),
     ("compare extra", "unexpected extra argument"),
-    ("compare --memory-limit inf", "--memory-limit must be a finite number above 0"),
+    ("compare --memory-limit inf", "--memory-limit 'inf' is not a size"),
     ("compare -p 256 -m 4096", "microbatches or fewer"),
     # draw
     ("draw zb-v", "Missing option '--output' / '-o'"),
