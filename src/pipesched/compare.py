@@ -48,10 +48,11 @@ def simulate_all(
     objective: Optional[str] = None,
 ) -> list[Outcome]:
     """Build and simulate every family; ``chunks`` applies where a family accepts it (elsewhere
-    the family's default, or its own search); ``objective`` steers the families that search."""
+    the family's default, or its own search); ``objective`` steers the families that search.
+    Sizes that would take more than about a minute raise a ConfigError (:mod:`.planning`)."""
+    check_size(ranks, microbatches, chunks)
     outcomes = []
-    for family in families():
-        v = chunks if accepts_chunks(family, chunks) else None
+    for family, v in _chosen_chunks(chunks):
         limit = memory_limit if family.uses_memory_limit else None
         try:
             schedule = build_schedule(family.name, ranks, microbatches, v, costs, limit, objective)
@@ -69,6 +70,29 @@ def simulate_all(
         if o.result else o
         for o in outcomes
     ]
+
+
+def check_size(ranks: int, microbatches: int, chunks: Optional[int]) -> int:
+    """The actions :func:`simulate_all` builds; a ConfigError naming what fits when that would
+    take more than about a minute (:mod:`.planning`)."""
+    from .planning import check_planning_work
+
+    return check_planning_work(
+        "every schedule", ranks, microbatches, lambda m: planned_work(ranks, m, chunks),
+        instead=", or one schedule at a time (pipesched simulate NAME)",
+    )
+
+
+def planned_work(ranks: int, microbatches: int, chunks: Optional[int]) -> int:
+    """Actions :func:`simulate_all` builds (see :mod:`.planning`)."""
+    from .planning import actions_built
+
+    return sum(actions_built(family, ranks, microbatches, v) for family, v in _chosen_chunks(chunks))
+
+
+def _chosen_chunks(chunks: Optional[int]) -> list[tuple[Family, Optional[int]]]:
+    """Each family with ``chunks`` where it accepts them, else None (its default or search)."""
+    return [(family, chunks if accepts_chunks(family, chunks) else None) for family in families()]
 
 
 def accepts_chunks(family: Family, chunks: Optional[int]) -> bool:

@@ -17,6 +17,11 @@ from .schedule import Schedule
 from .validate import validate
 
 
+def single_candidate(ranks: int, microbatches: int) -> int:
+    """The search width of a family that builds its schedule directly: one candidate."""
+    return 1
+
+
 @dataclass(frozen=True)
 class Family:
     """A registered schedule family."""
@@ -35,6 +40,8 @@ class Family:
     uses_objective: bool = False  # True when build() takes objective="makespan"|"span"
     searches_chunks: bool = False  # True: chunks=None reaches build(), which tries every count
     parameter_copies: int = 1  # model copies each rank holds (DualPipe: 2; the runtime runs 1)
+    # how many candidate schedules build() makes and simulates for (ranks, microbatches), at most
+    search_width: Callable[[int, int], int] = single_candidate
 
     def chunks_text(self) -> str:
         if self.searches_chunks:
@@ -116,7 +123,8 @@ def build_schedule(
     microbatch's activations for the rank's share) caps peak memory: families that can trade
     speed for memory honour it, the others raise if they need more. ``objective``
     (``"makespan"`` or ``"span"``) steers the families that search (``uses_objective``); the
-    others ignore it.
+    others ignore it. Sizes that would take more than about a minute to plan raise a ConfigError
+    that says what fits (:mod:`pipesched.planning`).
     """
     family = get_family(name)
     _check_int("ranks", ranks)
@@ -133,6 +141,9 @@ def build_schedule(
         check_objective(objective)
         if family.uses_objective:
             extra["objective"] = objective
+    from .planning import check_schedule_size
+
+    check_schedule_size(family, ranks, microbatches, v)  # refuse minutes of work up front
     schedule = family.build(ranks, microbatches, chunks=v, costs=costs, memory_limit=memory_limit, **extra)
     validate(schedule)
     if memory_limit is not None:

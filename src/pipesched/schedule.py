@@ -19,6 +19,7 @@ from .errors import CSVFormatError
 from .placement import placement_style, stages_by_rank
 
 Slot = Optional[Entry]  # an action, an overlapped pair, or None for an idle slot
+BYTE_ORDER_MARK = "\ufeff"
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,11 @@ class Schedule:
     @classmethod
     def from_csv(cls, text: str, name: str = "csv", pipelines: int = 1) -> "Schedule":
         """Parse torch's compute-only CSV; placement is inferred from which row holds a stage.
-        The CSV cannot say how many pipelines the stages form: ``pipelines`` tells it."""
-        rows = list(csv.reader(io.StringIO(text)))
+        The CSV cannot say how many pipelines the stages form: ``pipelines`` tells it.
+
+        A leading byte-order mark (U+FEFF, as Excel and some Windows tools write) is ignored.
+        """
+        rows = list(csv.reader(io.StringIO(text.removeprefix(BYTE_ORDER_MARK))))
         while rows and not any(cell.strip() for cell in rows[-1]):
             rows.pop()
         if not rows:

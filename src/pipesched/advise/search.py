@@ -9,12 +9,14 @@ then the simpler family (registry order). Candidates over the limit follow, lean
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, ContextManager, Optional, Sequence
 
 from ..costs import Costs
 from ..errors import ConfigError, PipeschedError
 from ..memory import format_bytes
+from ..planning import actions_built, check_planning_work
 from ..registry import Family, build_schedule, families as registered_families
 from ..simulate import simulate
 from .candidates import BatchPlan, Setting, batch_plan, settings
@@ -142,6 +144,7 @@ def advise(
     overhead: float = 0.0,
     families: Optional[Sequence[Family]] = None,
     workers: Optional[int] = None,
+    progress: Optional[Callable[[int], ContextManager]] = None,
 ) -> Advice:
     """Rank every schedule x chunk count (x microbatch count) for this setup; see the module doc.
 
@@ -149,6 +152,8 @@ def advise(
     (``microbatch_size``, or the one ``microbatches`` gives). ``costs`` are per-microbatch at that
     size; ``cost_model`` replaces ``costs`` and ``memory_limit`` (e.g. a model description).
     ``workers``: processes for the builds (default: the CPUs when there are 4 or more, else one).
+    ``progress(work)``: a context the search runs in, given the actions it builds (a spinner).
+    Searches that would take more than about a minute raise a ConfigError (:mod:`..planning`).
     Raises :class:`NoCandidateFitsError` when nothing fits, naming the smallest feasible limit.
     """
     from .explain import explain
@@ -173,10 +178,12 @@ def advise(
     over_limit: list[Setting] = []  # families that could not get under the limit when steered
     # Largest instances first, so parallel workers finish together.
     todo = sorted(settings(family_list, plan, max_chunks), key=lambda s: -s.microbatches * s.chunks)
-    outcomes = map_outcomes(
-        lambda setting: _evaluate(setting, ranks, plan, cost_model, objective), todo,
-        workers if workers is not None else default_workers(len(todo)),
-    )
+    work = check_search_size(ranks, plan, family_list, max_chunks)
+    with progress(work) if progress is not None else nullcontext():
+        outcomes = map_outcomes(
+            lambda setting: _evaluate(setting, ranks, plan, cost_model, objective), todo,
+            workers if workers is not None else default_workers(len(todo)),
+        )
     seen: set[tuple[str, int, int, str]] = set()  # a family that picks its own chunks may repeat itself
     for setting, outcome in zip(todo, outcomes):
         if isinstance(outcome, PipeschedError):
@@ -217,6 +224,17 @@ def advise(
     reason, notes = explain(advice)
     return Advice(
         ranks, objective, memory_limit, plan, tuple(ranked), baseline, reason, tuple(notes), tuple(skipped)
+    )
+
+
+def check_search_size(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> int:
+    """The actions the search builds (see :mod:`..planning`); a ConfigError naming what fits
+    when that would take more than about a minute."""
+    todo = settings(family_list, plan, max_chunks)
+    return check_planning_work(
+        "advise", ranks, max(plan.options),
+        lambda m: sum(actions_built(s.family, ranks, min(s.microbatches, m), s.chunks) for s in todo),
+        instead=" (--microbatches, or --max-microbatches with --global-batch), fewer --schedules or a lower --max-chunks",
     )
 
 

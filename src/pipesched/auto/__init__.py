@@ -18,10 +18,11 @@ from ..costs import UNIT, Costs
 from ..schedule import Schedule
 from ..schedules.choose import best_schedule, check_objective, ranked_schedules
 from ..schedules.limits import resolve_limit
-from .search import all_candidates, with_weights_replaced
+from .search import all_candidates, candidate_count, with_weights_replaced
 
 MILP_MAX_SIZE = 256  # ranks * microbatches up to which the exact refinement runs
 TOP_FOR_W_REPLACEMENT = 3  # best candidates tried again with W re-placed for the costs
+FILL_PARTIAL_WAITS = (False, True)  # ... into the waits a W fits, then into every wait
 
 
 def build_auto(
@@ -51,7 +52,7 @@ def build_auto(
     ranked = ranked_schedules(pool, costs, limit, objective)
     variants = []
     for _, _, leader, _ in ranked[:TOP_FOR_W_REPLACEMENT]:
-        for partial in (False, True):
+        for partial in FILL_PARTIAL_WAITS:
             variant = with_weights_replaced(leader, costs, limit, fill_partial_waits=partial)
             if variant is not None:
                 how = " + W re-placed" + (" (partial waits too)" if partial else "")
@@ -94,6 +95,18 @@ def build(
 ) -> Schedule:
     """The registry's builder (``chunks=None``: the search picks 1 or 2 stages per rank)."""
     return build_auto(ranks, microbatches, costs, memory_limit, objective, chunks=chunks)
+
+
+def search_width(ranks: int, microbatches: int) -> int:
+    """The most schedules :func:`build_auto` simulates: every candidate, the best few again with
+    their W passes re-placed, the leader once more among them, and on small instances
+    (``MILP_MAX_SIZE``) the swaps' evaluations and the exact refinement's two."""
+    from .local import SWAP_EVALUATIONS
+
+    width = candidate_count(ranks, microbatches) + len(FILL_PARTIAL_WAITS) * TOP_FOR_W_REPLACEMENT + 1
+    if ranks * microbatches <= MILP_MAX_SIZE:
+        width += 1 + SWAP_EVALUATIONS + 2
+    return width
 
 
 def _tagged(pairs, origins: dict):

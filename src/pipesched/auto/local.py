@@ -18,6 +18,7 @@ from ..schedule import Schedule
 from ..schedules.choose import objective_value
 
 _EPS = 1e-9
+SWAP_EVALUATIONS = 150  # schedules simulated at most (the work bound that makes results portable)
 
 
 def improve_by_swaps(
@@ -26,7 +27,7 @@ def improve_by_swaps(
     memory_limit: float,
     objective: str,
     seconds: float,
-    max_evaluations: int = 150,
+    max_evaluations: int = SWAP_EVALUATIONS,
 ) -> Schedule:
     """Hill-climb over swaps of neighbouring actions; returns ``schedule`` if nothing helps."""
     from ..simulate import simulate

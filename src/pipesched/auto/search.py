@@ -20,7 +20,7 @@ from ..placement import loop_placement, v_placement
 from ..schedule import Schedule
 from ..schedules.greedy import Knobs, build_greedy
 from ..schedules.v_blocks import block_orders, v_half_offsets, v_min_offsets
-from ..schedules.v_compact import compacted_orders
+from ..schedules.v_compact import COMPACTION_COST, compacted_orders
 from ..schedules.v_family import v_knobs
 from ..schedules.wfill import fill_weight_passes
 from ..schedules.zbv import rank_order
@@ -39,6 +39,13 @@ def loop_knobs(ranks: int, microbatches: int) -> list[Knobs]:
     return [Knobs(first, wait, fill) for first, wait, fill in itertools.product(bits, (True, False), (True, False))]
 
 
+def v_greedy_knobs(ranks: int, microbatches: int) -> list[Knobs]:
+    """Greedy settings for two chunks per rank in a V."""
+    if ranks * microbatches > HUGE:
+        return [Knobs(True, True, True), Knobs(False, True, False)]
+    return v_knobs(ranks, microbatches, large=LARGE)
+
+
 def greedy_candidates(
     ranks: int, microbatches: int, costs: Costs, limit: float, chunks: Optional[int] = None
 ) -> Iterator[tuple[str, Optional[Schedule]]]:
@@ -48,11 +55,17 @@ def greedy_candidates(
             yield f"greedy 1-chunk {_knob_text(k)}", build_greedy(loop, ranks, microbatches, costs, limit, k, "zb-auto")
     if chunks in (None, 2):
         v = v_placement(ranks)
-        knobs = v_knobs(ranks, microbatches, large=LARGE)
-        if ranks * microbatches > HUGE:
-            knobs = [Knobs(True, True, True), Knobs(False, True, False)]
-        for k in knobs:
+        for k in v_greedy_knobs(ranks, microbatches):
             yield f"greedy V {_knob_text(k)}", build_greedy(v, ranks, microbatches, costs, limit, k, "zb-auto")
+
+
+V_PROGRAMS = {  # the V programs among the handcrafted candidates: per-rank orders for (ranks, m)
+    "zb-v": lambda ranks, m: [rank_order(r, ranks, m) for r in range(ranks)],
+    "v-half block": lambda ranks, m: block_orders(ranks, m, v_half_offsets),
+    "v-min block": lambda ranks, m: block_orders(ranks, m, v_min_offsets),
+    "v-half compacted": lambda ranks, m: compacted_orders(ranks, m, v_half_offsets),
+    "v-min compacted": lambda ranks, m: compacted_orders(ranks, m, v_min_offsets),
+}
 
 
 def handcrafted_candidates(ranks: int, microbatches: int, costs: Costs, limit: float) -> Iterator[tuple[str, Optional[Schedule]]]:
@@ -71,14 +84,22 @@ def handcrafted_candidates(ranks: int, microbatches: int, costs: Costs, limit: f
             continue
         yield name, schedule
     v = v_placement(ranks)
-    for name, orders in (
-        ("zb-v", [rank_order(r, ranks, microbatches) for r in range(ranks)]),
-        ("v-half block", block_orders(ranks, microbatches, v_half_offsets)),
-        ("v-min block", block_orders(ranks, microbatches, v_min_offsets)),
-        ("v-half compacted", compacted_orders(ranks, microbatches, v_half_offsets)),
-        ("v-min compacted", compacted_orders(ranks, microbatches, v_min_offsets)),
-    ):
+    for name, program in V_PROGRAMS.items():
+        orders = program(ranks, microbatches)
         yield name, Schedule(ranks, microbatches, v, tuple(tuple(o) for o in orders), name=name)
+
+
+
+
+def candidate_count(ranks: int, microbatches: int) -> int:
+    """The most schedules :func:`all_candidates` builds and simulates, each handcrafted family's
+    own search included (the cost of planning grows with it: see :mod:`pipesched.planning`)."""
+    from ..registry import get_family
+
+    handcrafted = sum(get_family(name).search_width(ranks, microbatches) for name in HANDCRAFTED)
+    greedy = len(loop_knobs(ranks, microbatches)) + len(v_greedy_knobs(ranks, microbatches))
+    compacted = sum(1 for name in V_PROGRAMS if name.endswith("compacted"))
+    return handcrafted + len(V_PROGRAMS) + (COMPACTION_COST - 1) * compacted + greedy
 
 
 def _knob_text(k: Knobs) -> str:

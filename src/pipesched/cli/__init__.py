@@ -47,12 +47,34 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         typer.echo("pipesched: interrupted", err=True)
         sys.exit(130)
-    except Exception as err:  # click usage errors and friends
-        import click
-
-        if isinstance(err, click.ClickException):
-            typer.echo(f"pipesched: error: {err.format_message()}", err=True)
-            sys.exit(err.exit_code)
-        raise
+    except ClickException as err:  # usage errors (bad option values, unknown options, ...)
+        sys.exit(report_click_error(err))
     # click returns a raised typer.Exit's code instead of exiting when standalone_mode is off
     sys.exit(status if isinstance(status, int) else 0)
+
+
+# typer.BadParameter is click's BadParameter, from whichever click typer uses: its own copy since
+# typer 0.2x, the click package before. Its bases are that click's UsageError and ClickException
+# (importing ``click`` itself fails where typer vendors it).
+_CLICK = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
+ClickException: type[Exception] = _CLICK["ClickException"]
+UsageError: type[Exception] = _CLICK["UsageError"]
+
+
+def report_click_error(err: Exception) -> int:
+    """Print a click error as click words it, without a traceback; return its exit status.
+
+    A usage error shows the command's usage line and where to find help, then one line
+    ``pipesched: error: MESSAGE`` (click's message, the prefix every pipesched error has).
+    ``pipesched`` alone prints the help (click's NoArgsIsHelpError, exit status 2).
+    """
+    if type(err).__name__ == "NoArgsIsHelpError":
+        err.show()
+        return err.exit_code
+    ctx = getattr(err, "ctx", None) if isinstance(err, UsageError) else None
+    if ctx is not None:
+        typer.echo(ctx.get_usage(), err=True)
+        typer.echo(f"Try '{ctx.command_path} {ctx.help_option_names[0]}' for help.", err=True)
+    message = " ".join(err.format_message().split())
+    typer.echo(f"pipesched: error: {message}", err=True)
+    return err.exit_code

@@ -10,17 +10,19 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..advise import Advice, advise
+from ..advise import Advice, advise, batch_plan
+from ..advise.search import check_search_size
 from ..advise.estimate import (
     ATTENTION_KERNELS, DEFAULT_TFLOPS, DTYPE_BYTES, Hardware, TransformerCosts, TransformerSpec,
 )
 from ..advise.explain import memory_text
 from ..costs import Costs
 from ..errors import ConfigError
-from ..registry import get_family
+from ..registry import families as registered_families, get_family
 from . import app
 from . import advise_layout as layout_options
 from . import options as opt
+from .progress import planning_progress
 
 _MODEL_FLAGS = ("--layers", "--hidden", "--seq-len")
 _HARDWARE_FLAGS = ("--heads", "--vocab", "--attention", "--dtype", "--gpu-memory", "--bandwidth", "--flops")
@@ -111,6 +113,7 @@ def advise_cmd(
         microbatch_size=microbatch_size, costs=c, cost_model=model, objective=objective,
         max_chunks=max_chunks, min_microbatch_size=min_microbatch_size,
         max_microbatches=max_microbatches, overhead=overhead, families=_families(schedules), workers=workers,
+        progress=lambda work: planning_progress("advise", work),
     )
     if as_json:
         typer.echo(json.dumps(result.to_json()))
@@ -126,11 +129,14 @@ def _profiled(ranks, memory_limit, microbatches, given, costs, comm, multipliers
     clashes += [f for f, v in given.items() if v is not None]
     if clashes:
         raise ConfigError(f"--profile measures the costs itself: drop {', '.join(clashes)}")
+    microbatches = microbatches or 8
+    chosen = options["families"] if options.get("families") is not None else registered_families()
+    check_search_size(ranks, batch_plan(ranks, microbatches), chosen, options["max_chunks"])  # before any rank starts
     try:
         from ..runtime.profile import advise_from_profile, profile
     except ImportError:
         raise ConfigError("--profile needs PyTorch: pip install 'pipesched[torch]'") from None
-    prof = profile(model_name, ranks, microbatches or 8, batch_size, steps=steps)
+    prof = profile(model_name, ranks, microbatches, batch_size, steps=steps)
     if not quiet:
         Console().print(prof.summary())
     return advise_from_profile(prof, memory_limit, limit_bytes=limit_bytes, **options)

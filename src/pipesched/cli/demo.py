@@ -15,8 +15,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..compare import check_size
 from ..errors import ConfigError
-from ..outfiles import write_atomic
+from ..outfiles import check_output_folder, write_atomic
 from ..registry import build_schedule
 from ..simulate import simulate
 from . import app
@@ -37,17 +38,17 @@ def demo(
     """Compare the schedules, draw them, and train a small model across local CPU processes."""
     if steps < 1:
         raise ConfigError(f"--steps must be at least 1, got {steps}")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {str(out)!r} exists and is not a folder")
+    equal = opt.setup(ranks, microbatches, None, None, 0.0, None, None)
+    skewed = opt.setup(ranks, microbatches, None, SKEWED, 0.1, None, None)
+    check_output_folder(out)
+    check_size(ranks, microbatches, None)  # the comparison's work, refused before any output
     out.mkdir(parents=True, exist_ok=True)
     console = Console()
 
     console.rule(f"[bold]1. Every schedule at p={ranks}, m={microbatches}")
     console.print("Equal costs (F = B = W): the textbook picture.")
-    equal = opt.setup(ranks, microbatches, None, None, 0.0, None, None)
     print_compare(equal, compare_rows(equal))
     console.print("Skewed costs (F,B,W = 1,1.4,0.6) with a latency of 0.1 on every transfer:")
-    skewed = opt.setup(ranks, microbatches, None, SKEWED, 0.1, None, None)
     print_compare(skewed, compare_rows(skewed))
 
     console.rule("[bold]2. Pictures")

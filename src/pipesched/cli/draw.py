@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from ..compare import simulate_all
+from ..compare import planned_work, simulate_all
 from ..outfiles import check_output_path, write_atomic
 from ..simulate import simulate
 from . import app
 from . import options as opt
 from .plan import schedule_from_flags
+from .progress import planning_progress
 
 if TYPE_CHECKING:
     from ..render.html import Section
@@ -83,7 +84,8 @@ def write_report(s: opt.Setup, output: Path) -> None:
     """Simulate every schedule for ``s`` and write the HTML report to ``output``."""
     from ..render.html import report_html
 
-    outcomes = simulate_all(s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective)
+    with planning_progress("every schedule", planned_work(s.ranks, s.microbatches, s.chunks)):
+        outcomes = simulate_all(s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective)
     write_atomic(output, report_html(outcomes, config_line(s), [advice_section(s)]))
     drawn = sum(1 for o in outcomes if o.result is not None)
     typer.echo(f"wrote {output} ({drawn} schedules, p={s.ranks} m={s.microbatches})", err=True)

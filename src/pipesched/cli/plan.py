@@ -10,15 +10,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..compare import simulate_all
+from ..compare import planned_work, simulate_all
 from ..errors import ConfigError
 from ..memory import MemorySizes, StageMemory, format_bytes
 from ..outfiles import check_output_path, write_atomic
-from ..registry import build_schedule, families
+from ..planning import MAX_ACTIONS_BUILT, actions_built
+from ..registry import build_schedule, families, get_family
 from ..schedule import Schedule
 from ..simulate import SimResult, simulate
 from . import app
 from . import options as opt
+from .progress import planning_progress
 
 
 def wide_console() -> Console:
@@ -69,7 +71,7 @@ def export(
         raise ConfigError(f"--microbatch-size must be at least 1, got {microbatch_size}")
     if output is not None:
         check_output_path(output, [".csv"])
-    schedule = build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective)
+    schedule = build_from_flags(name, s)
     settings = None
     if torchtitan:
         from ..interop.torchtitan import settings_toml
@@ -86,10 +88,32 @@ def export(
 
 
 def load_csv_file(path: Path, ranks: Optional[int] = None) -> Schedule:
-    """Read and parse a schedule CSV; a missing file or wrong rank count is a ConfigError."""
-    if not path.is_file():
+    """Read and parse a schedule CSV (UTF-8, a byte-order mark allowed); a file that is missing,
+    a folder, unreadable or not UTF-8, or a wrong rank count, is a ConfigError."""
+    if path.is_dir():
+        raise ConfigError(f"schedule CSV {str(path)!r} is a folder: give the CSV file inside it")
+    if not path.exists():
         raise ConfigError(f"schedule CSV {str(path)!r} does not exist")
-    schedule = Schedule.from_csv(path.read_text(encoding="utf-8"), name=path.stem)
+    if not path.is_file():
+        raise ConfigError(f"schedule CSV {str(path)!r} is not a regular file")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"schedule CSV {str(path)!r} cannot be read ({err.strerror})") from None
+    cells = data.count(b",") + data.count(b"\n")  # every action is a cell: an upper bound
+    if cells > MAX_ACTIONS_BUILT:
+        raise ConfigError(
+            f"schedule CSV {str(path)!r} holds up to {cells} actions, more than the "
+            f"{MAX_ACTIONS_BUILT} planned within about a minute: export it with fewer microbatches"
+        )
+    try:
+        text = data.decode("utf-8-sig")  # torch writes UTF-8; Excel and others prefix a BOM
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"schedule CSV {str(path)!r} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset "
+            f"{err.start}): save it as UTF-8"
+        ) from None
+    schedule = Schedule.from_csv(text, name=path.stem)
     if ranks is not None and schedule.ranks != ranks:
         raise ConfigError(f"{path} holds {schedule.ranks} ranks, but --ranks is {ranks}")
     return schedule
@@ -103,7 +127,14 @@ def schedule_from_flags(name: Optional[str], csv: Optional[Path], s: opt.Setup) 
         from ..validate import validate
 
         return validate(load_csv_file(csv))
-    return build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective)
+    return build_from_flags(name, s)
+
+
+def build_from_flags(name: str, s: opt.Setup) -> Schedule:
+    """``build_schedule`` for the shared flags, with a word on the terminal if it takes a while."""
+    family = get_family(name)
+    with planning_progress(family.name, actions_built(family, s.ranks, s.microbatches, s.chunks)):
+        return build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective)
 
 
 @app.command("simulate")
@@ -219,9 +250,10 @@ def print_result(result: SimResult) -> None:
 
 def compare_rows(setup: opt.Setup) -> list[dict]:
     """Simulate every family for one configuration; failures become rows with a reason."""
-    outcomes = simulate_all(
-        setup.ranks, setup.microbatches, setup.chunks, setup.costs, setup.memory_limit, setup.objective
-    )
+    with planning_progress("every schedule", planned_work(setup.ranks, setup.microbatches, setup.chunks)):
+        outcomes = simulate_all(
+            setup.ranks, setup.microbatches, setup.chunks, setup.costs, setup.memory_limit, setup.objective
+        )
     return [o.row() for o in outcomes]
 
 

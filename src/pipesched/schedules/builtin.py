@@ -23,6 +23,7 @@ register(Family(
     summary="v chunks per rank cut 1F1B's bubble by v, at v times the messages (Megatron's VPP)",
     placement="loop", split_backward=False, default_chunks=2, min_chunks=2, max_chunks=None,
     memory="about p(1+1/v)", torch_name="ScheduleInterleaved1F1B", uses_memory_limit=True,
+    search_width=interleaved.interleaved_search_width,
 ))
 register(Family(
     name="looped-bfs", build=interleaved.build_looped_bfs,
@@ -47,33 +48,35 @@ register(Family(
     summary="no bubble at 1F1B's memory: two chunks in a V, split backward (2x messages)",
     placement="v", split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2,
     memory="p (as 1F1B); any limit >= 1 accepted", torch_name="ScheduleZBVZeroBubble",
-    uses_memory_limit=True, uses_objective=True,
+    uses_memory_limit=True, uses_objective=True, search_width=v_family.zb_v_search_width,
 ))
 register(Family(
     name="interleaved-zb", build=interleaved_zb.build,
     summary="interleaving plus split backward: the densest loop-placed schedule for large systems",
     placement="loop", split_backward=True, default_chunks=2, min_chunks=2, max_chunks=None,
     memory="p by default (limit steers W deferral)", torch_name="ScheduleInterleavedZeroBubble",
-    uses_memory_limit=True,
+    uses_memory_limit=True, search_width=interleaved_zb.search_width,
 ))
 register(Family(
     name="zb-auto", build=auto.build,
     summary="measured costs + a memory budget: searches loop and V placements; never slower than a handcrafted schedule that fits",
     placement="loop or v", split_backward=True, default_chunks=1, min_chunks=1, max_chunks=2,
     memory="memory limit (default p); needs >= 1", uses_memory_limit=True, uses_objective=True,
-    searches_chunks=True,
+    searches_chunks=True, search_width=auto.search_width,
 ))
 register(Family(
     name="v-half", build=v_family.build_v_half,
     summary="half of 1F1B's activations, about half its bubble: V placement, split backward",
     placement="v", split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2,
     memory="(p+2)//2 (a lower limit >= 1 is honoured)", uses_memory_limit=True, uses_objective=True,
+    search_width=v_family.v_pool_width,
 ))
 register(Family(
     name="v-min", build=v_family.build_v_min,
     summary="a third of 1F1B's activations at about 1F1B's speed: V placement, split backward",
     placement="v", split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2,
     memory="(p+4)//3 (a lower limit >= 1 is honoured)", uses_memory_limit=True, uses_objective=True,
+    search_width=v_family.v_pool_width,
 ))
 register(Family(
     name="dualpipev", build=dualpipev.build,

@@ -81,6 +81,11 @@ def group_candidates(ranks: int, microbatches: int, limit: int = 8) -> list[int]
     return sorted(set(span) | {microbatches})
 
 
+def interleaved_search_width(ranks: int, microbatches: int) -> int:
+    """How many candidate schedules :func:`build_interleaved` builds: one per group size."""
+    return len(group_candidates(ranks, microbatches))
+
+
 def pick_fastest(candidates, costs: Costs, memory_limit: float) -> Schedule:
     """The fastest candidate under ``costs`` within ``memory_limit`` (else the leanest); skips deadlocks."""
     from ..simulate import simulate  # local: simulate imports the schedule layer

@@ -20,6 +20,16 @@ from ..schedule import Schedule
 from .interleaved import group_candidates, pick_fastest, rank_order
 from .wfill import fill_weight_passes
 
+WARMUPS_PER_HOP = (1, 2)  # forwards in flight per hop during warm-up
+W_LAGS_PER_RANK = (0, 1)  # each W right after its I, or ZB-H1's lag of one I per rank
+FILL_PARTIAL_WAITS = (False, True)  # Ws into the waits: only those a W fits, or every wait
+
+
+def search_width(ranks: int, microbatches: int) -> int:
+    """How many candidate schedules :func:`build` builds and simulates."""
+    placements = len(W_LAGS_PER_RANK) + len(FILL_PARTIAL_WAITS)
+    return len(WARMUPS_PER_HOP) * len(group_candidates(ranks, microbatches)) * placements
+
 
 def build(
     ranks: int,
@@ -34,7 +44,7 @@ def build(
     placement = loop_placement(ranks, chunks)
 
     def candidates():
-        for warmup_per_hop in (1, 2):
+        for warmup_per_hop in WARMUPS_PER_HOP:
             for group in group_candidates(ranks, microbatches):
                 skeleton = [
                     rank_order(r, ranks, microbatches, chunks, group, warmup_per_hop, backward="I")
@@ -63,10 +73,10 @@ def _lagged(order: list[Action], lag: int) -> list[Action]:
 def _weight_placements(skeleton, placement, microbatches, costs, limit):
     """Ways to place the Ws: after their I (now, or lagging by the rank), or into the waits."""
     ranks = len(skeleton)
-    for lag_per_rank in (0, 1):
+    for lag_per_rank in W_LAGS_PER_RANK:
         orders = tuple(tuple(_lagged(order, lag_per_rank * r)) for r, order in enumerate(skeleton))
         yield Schedule(ranks, microbatches, placement, orders, name="interleaved-zb")
-    for partial in (False, True):
+    for partial in FILL_PARTIAL_WAITS:
         try:
             yield fill_weight_passes(
                 skeleton, placement, microbatches, costs, limit,

@@ -24,6 +24,11 @@ from __future__ import annotations
 from ..actions import Action
 from .v_blocks import PERIOD
 
+# Building a compacted program costs about as much as two schedules built and simulated: the
+# compaction scans free slots per pass (30 us per action at p=256, m=180, against 8-15 for a
+# build and a simulation); pipesched.planning counts it so
+COMPACTION_COST = 2
+
 F0, F1, I1, I0, W1, W0 = range(6)  # the passes of one rank, in the block's column order
 _FORWARDS = (F0, F1)
 _BACKWARDS = (I1, I0)

@@ -24,8 +24,10 @@ from .choose import best_schedule, objective_value, work_bound
 from .greedy import Knobs, build_greedy
 from .limits import resolve_limit
 from .v_blocks import block_orders, v_half_offsets, v_min_offsets
-from .v_compact import compacted_orders
+from .v_compact import COMPACTION_COST, compacted_orders
 from .zbv import rank_order
+
+MAX_RESERVES = 4  # the V-Half and V-Min greedy tries reserving 1..4 slots of memory
 
 
 def v_knobs(
@@ -84,7 +86,7 @@ def v_candidates(
             yield _from_orders(ranks, microbatches, handcrafted[family](), name)
     for offsets in (v_half_offsets, v_min_offsets):
         yield _from_orders(ranks, microbatches, block_orders(ranks, microbatches, offsets), name)
-    reserves = tuple(range(1, max(2, int(limit)) + 1))[:4]
+    reserves = tuple(range(1, max(2, int(limit)) + 1))[:MAX_RESERVES]
     yield from greedy_v_candidates(ranks, microbatches, costs, limit, name, v_knobs(ranks, microbatches, reserves))
 
 
@@ -104,6 +106,19 @@ def build_zb_v(
         return handcrafted  # nothing can be faster (always so at equal costs): skip the search
     candidates = v_candidates(ranks, microbatches, costs, limit, "zb-v", "zb-v", first_built=handcrafted)
     return _finish(best_schedule(candidates, costs, limit, objective), "zb-v", limit)
+
+
+def v_pool_width(ranks: int, microbatches: int) -> int:
+    """The most schedules :func:`v_candidates` yields: three handcrafted programs (two of them
+    compacted, each costing ``COMPACTION_COST`` schedules), two blocks, and one greedy V per
+    setting at up to ``MAX_RESERVES`` reserves."""
+    return 1 + 2 * COMPACTION_COST + 2 + len(v_knobs(ranks, microbatches, tuple(range(1, MAX_RESERVES + 1))))
+
+
+def zb_v_search_width(ranks: int, microbatches: int) -> int:
+    """The most schedules :func:`build_zb_v` simulates: its program against the work bound,
+    then the whole V pool (its program again among them)."""
+    return 1 + v_pool_width(ranks, microbatches)
 
 
 def _meets_work_bound(schedule: Schedule, costs: Costs, limit: float, objective: str) -> bool:

@@ -1,0 +1,237 @@
+"""Bad input to the installed ``pipesched`` console script: a short message, exit status 2.
+
+Every row below runs the console script that ``pip install`` put next to the interpreter (not
+``python -m``), as a user would, with this checkout's ``src`` on PYTHONPATH. For each one the
+command must exit with status 2, print nothing on stdout, print no traceback, and say what is
+wrong in one line ``pipesched: error: ...`` -- after click's usage block (``Usage: ...`` and
+``Try '... --help' for help.``) for usage errors -- that mentions the given words.
+
+The commands run concurrently in a thread pool (each pays Python's and typer's start-up), so the
+whole table takes seconds, not minutes. Nothing may be computed before a bad output path is
+refused: the rows that pair a bad path with a plan too large to make would take minutes
+otherwise, and the guard on planning size is itself tested by rows that must refuse at once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_env
+
+SCRIPT = Path(sys.executable).with_name("pipesched")
+# a refusal takes a second; a row that started the planning it should refuse would run for
+# minutes and time out here
+REFUSED_WITHIN_S = 60
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+# {dir}: an existing folder; {file}: an existing plain file; {csv}: a valid schedule CSV;
+# {latin1}: a CSV that is not UTF-8; {empty}: an empty CSV; {badcell}: a CSV with a bad action.
+BAD_INPUTS: list[tuple[str, str]] = [
+    # the command line itself
+    ("frobnicate", "No such command 'frobnicate'"),
+    ("--frobnicate", "No such option: --frobnicate"),
+    ("list --frobnicate", "No such option: --frobnicate"),
+    ("list extra", "unexpected extra argument"),
+    # export
+    ("export", "Missing argument"),
+    ("export zb-vv", "unknown schedule 'zb-vv'; did you mean zb-v"),
+    ("export 1f1b -p four", "'--ranks' / '-p'"),
+    ("export 1f1b -p 0", "--ranks must be at least 1, got 0"),
+    ("export 1f1b -m 8.5", "'--microbatches' / '-m'"),
+    ("export 1f1b -o", "requires an argument"),
+    ("export 1f1b -o out.txt", "the suffix must be one of .csv"),
+    ("export 1f1b -o {dir}", "it is a folder"),
+    ("export 1f1b -o {dir}/missing/x.csv", "does not exist"),
+    ("export 1f1b -o {file}/x.csv", "is not a folder"),
+    ("export 1f1b -o /proc/x.csv", "does not accept new files"),
+    ("export 1f1b --costs 1,2", "expected three numbers F,B,W"),
+    ("export 1f1b --costs 1,x,1", "expected three numbers F,B,W"),
+    ("export interleaved-1f1b -v 1", "chunks=1 is plain 1f1b"),
+    ("export zb-v --memory-limit 0", "--memory-limit must be a finite number above 0"),
+    ("export 1f1b --memory-limit nan", "--memory-limit 'nan' is not a size"),
+    ("export zb-auto --objective fastest", "objective 'fastest' is not known"),
+    ("export 1f1b --stage-multipliers a,b", "--stage-multipliers 'a,b'"),
+    ("export zb-auto -p 256 -m 4096 -o /proc/x.csv", "does not accept new files"),
+    # simulate
+    ("simulate 1f1b -p four", "'--ranks' / '-p'"),
+    ("simulate 1f1b -m 8.5", "'--microbatches' / '-m'"),
+    ("simulate 1f1b --frobnicate", "No such option: --frobnicate"),
+    ("simulate 1f1b -p -3", "--ranks must be at least 1"),
+    ("simulate 1f1b --comm abc", "'--comm'"),
+    ("simulate", "give a schedule name or --csv FILE"),
+    ("simulate 1f1b --csv {csv}", "one of the two"),
+    ("simulate --csv {dir}/missing.csv", "does not exist"),
+    ("simulate --csv {dir}", "is a folder"),
+    ("simulate --csv {latin1}", "is not UTF-8 text (byte 0xe9"),
+    ("simulate --csv {empty}", "the schedule CSV is empty"),
+    ("simulate --csv {badcell}", "row 1 (rank 0), cell 2"),
+    ("simulate --csv /dev/null", "is not a regular file"),
+    ("simulate 1f1b --json --draw", "give one of them"),
+    ("simulate zb-auto -p 256 -m 4096", "use 44 microbatches or fewer"),
+    ("simulate zb-v -p 256 -m 4096", "without a search"),
+    ("simulate v-min -p 100000 -m 8", "use fewer ranks"),
+    # compare
+    ("compare -p 0", "--ranks must be at least 1"),
+    ("compare -m -1", "--microbatches must be at least 1"),
+    ("compare --json --frob", "No such option: --frob"),
+    ("compare extra", "unexpected extra argument"),
+    ("compare --memory-limit inf", "--memory-limit 'inf' is not a size"),
+    ("compare -p 256 -m 4096", "microbatches or fewer"),
+    # draw
+    ("draw zb-v", "Missing option '--output' / '-o'"),
+    ("draw zb-v -o chart.pdf", "the suffix must be one of .svg, .png, .json"),
+    ("draw zb-v -o {dir}", "it is a folder"),
+    ("draw zb-v -o {dir}/missing/x.svg", "folder '{dir}/missing' does not exist"),
+    ("draw zb-v -o {file}/x.svg", "is not a folder"),
+    ("draw zb-v -o /proc/x.svg", "does not accept new files"),
+    ("draw zb-v -o /sys/x.svg", "does not accept new files"),
+    ("draw -o {dir}/x.svg", "give a schedule name or --csv FILE"),
+    ("draw nope -o {dir}/x.svg", "unknown schedule 'nope'"),
+    ("draw --csv {latin1} -o {dir}/x.svg", "is not UTF-8 text"),
+    ("draw zb-auto -p 256 -m 4096 -o {dir}/x.svg", "microbatches or fewer"),
+    ("draw zb-auto -p 256 -m 4096 -o /proc/x.svg", "does not accept new files"),
+    # report
+    ("report -o {dir}", "it is a folder"),
+    ("report -o /proc/r.html", "does not accept new files"),
+    ("report -o r.svg", "the suffix must be one of .html, .htm"),
+    ("report --objective x -o {dir}/r.html", "objective 'x' is not known"),
+    ("report -p 256 -m 4096 -o {dir}/r.html", "microbatches or fewer"),
+    ("report -p 256 -m 4096 -o /proc/r.html", "does not accept new files"),
+    # advise
+    ("advise -p four", "'--ranks' / '-p'"),
+    ("advise -p 4", "give --microbatches M"),
+    ("advise -p 4 -m 8 --objective fastest", "objective must be one of"),
+    ("advise -p 4 -m 8 --schedules nope", "unknown schedule 'nope'"),
+    ("advise -p 4 -m 8 --layers 4", "missing --hidden, --seq-len"),
+    ("advise -p 4 --global-batch 100 --microbatch-size 3", "not divisible by microbatch size 3"),
+    ("advise -p 4 -m 8 --max-chunks 0", "max chunks must be a whole number of at least 1"),
+    ("advise --profile --costs 1,1,1 -m 8", "--profile measures the costs itself"),
+    ("advise -p 256 -m 4096", "use 10 microbatches or fewer"),
+    ("advise --profile -p 256 -m 4096", "use 10 microbatches or fewer"),
+    ("advise -p 8 --global-batch 65536 --microbatch-size 1 --max-microbatches 65536", "--max-microbatches"),
+    # demo
+    ("demo --steps 0", "--steps must be at least 1"),
+    ("demo --out {file} --no-train", "it exists and is not a folder"),
+    ("demo --out /proc/demo --no-train", "does not accept new files"),
+    ("demo -p 0 --out {dir}/demo --no-train", "--ranks must be at least 1"),
+    ("demo --no-train maybe", "unexpected extra argument"),
+    ("demo -p 256 -m 4096 --out {dir}/demo --no-train", "microbatches or fewer"),
+]
+
+# pipesched train: argument parsing and the options it checks before any rank starts (a few: each
+# checked option costs an import of torch, seconds of CPU)
+TRAIN_BAD_INPUTS: list[tuple[str, str]] = [
+    ("train --ranks two", "'--ranks' / '-p'"),
+    ("train --frobnicate", "No such option: --frobnicate"),
+    ("train --steps 0", "--steps must be at least 1"),
+    ("train --model resnet", "--model 'resnet' is not known"),
+    ("train --save-params {dir}", "it is a folder"),
+    ("train --save-params /proc/p.pt", "does not accept new files"),
+    ("train --trace {dir}/missing/t.json", "does not exist"),
+    ("train --csv {latin1}", "is not UTF-8 text"),
+    ("train --csv {dir}", "is a folder"),
+    ("train --batch-size 10 -m 4", "does not split into 4 equal microbatches"),
+]
+
+
+@pytest.fixture(scope="module")
+def places(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("bad-input")
+    (root / "plain.txt").write_text("not a folder\n")
+    (root / "ok.csv").write_text("0F0,0B0\n")
+    (root / "latin1.csv").write_bytes("0F0,0B0\n# r\xe9sum\xe9\n".encode("latin-1"))
+    (root / "empty.csv").write_text("")
+    (root / "badcell.csv").write_text("0F0,0X0\n")
+    return {
+        "dir": str(root), "file": str(root / "plain.txt"), "csv": str(root / "ok.csv"),
+        "latin1": str(root / "latin1.csv"), "empty": str(root / "empty.csv"),
+        "badcell": str(root / "badcell.csv"),
+    }
+
+
+def run_all(
+    table: list[tuple[str, str]], places: dict[str, str], timeout: float = REFUSED_WITHIN_S, workers: int = 0
+) -> list[tuple[list[str], str, subprocess.CompletedProcess]]:
+    """Run every row concurrently; (argv, expected words, finished process) in table order."""
+    cases = [(line.format(**places).split(), mention.format(**places)) for line, mention in table]
+
+    def run(argv: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(SCRIPT), *argv], capture_output=True, text=True, timeout=timeout,
+            env=cli_env(), cwd=places["dir"],
+        )
+
+    with ThreadPoolExecutor(max_workers=workers or max(4, 2 * (os.cpu_count() or 1))) as pool:
+        done = list(pool.map(run, [argv for argv, _ in cases]))
+    return [(argv, mention, out) for (argv, mention), out in zip(cases, done)]
+
+
+def problems(argv: list[str], mention: str, out: subprocess.CompletedProcess) -> list[str]:
+    """What is wrong with how ``pipesched ARGV`` refused its input (empty: nothing)."""
+    found = []
+    if out.returncode != 2:
+        found.append(f"exit status {out.returncode}, not 2")
+    if "Traceback" in out.stderr:
+        found.append("a traceback")
+    if out.stdout:
+        found.append(f"stdout not empty: {out.stdout[:200]!r}")
+    lines = out.stderr.rstrip("\n").splitlines()
+    usage_block = len(lines) == 3 and lines[0].startswith("Usage: pipesched") and lines[1].startswith("Try '")
+    if not (len(lines) == 1 or usage_block) or not lines[-1].startswith("pipesched: error: "):
+        found.append("not one 'pipesched: error:' line (after click's usage block)")
+    elif mention not in lines[-1]:
+        found.append(f"the message does not mention {mention!r}")
+    return [f"pipesched {' '.join(argv)}: {p}\n    stderr: {out.stderr[-600:]!r}" for p in found]
+
+
+def test_the_table_covers_every_command_and_sixty_inputs():
+    commands = {line.split()[0] for line, _ in BAD_INPUTS + TRAIN_BAD_INPUTS}
+    assert {"list", "export", "simulate", "compare", "draw", "report", "advise", "train", "demo"} <= commands
+    assert len(BAD_INPUTS) + len(TRAIN_BAD_INPUTS) >= 60
+
+
+def test_the_console_script_is_installed():
+    assert SCRIPT.is_file(), f"no console script at {SCRIPT}: pip install -e . first"
+
+
+def test_bad_input_is_one_short_line_and_exit_2(places):
+    failures = [p for argv, mention, out in run_all(BAD_INPUTS, places) for p in problems(argv, mention, out)]
+    assert not failures, "\n".join(failures)
+    assert not (Path(places["dir"]) / "x.svg").exists() and not (Path(places["dir"]) / "r.html").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["draw", "zb-auto", "-p", "8", "-m", "16", "-o", "/proc/x.svg"],
+    ["export", "zb-auto", "-o", "/proc/x.csv"],
+    ["report", "-o", "/proc/r.html"],
+    ["demo", "--out", "/proc/demo", "--no-train"],
+])
+def test_a_bad_output_path_is_refused_before_any_planning(argv, monkeypatch, capsys):
+    from pipesched import planning
+    from pipesched.cli import main
+
+    def planned(*args, **kwargs):
+        raise AssertionError(f"pipesched {' '.join(argv)} planned before checking its output path")
+
+    # every schedule built passes one of these guards first (build_schedule, simulate_all, advise)
+    monkeypatch.setattr(planning, "check_schedule_size", planned)
+    monkeypatch.setattr(planning, "check_planning_work", planned)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "does not accept new files" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="pipesched train needs PyTorch")
+def test_train_refuses_bad_options_before_starting_ranks(places):
+    # each of these imports torch (hundreds of MB): a few at a time, with time to spare on a busy machine
+    done = run_all(TRAIN_BAD_INPUTS, places, timeout=300, workers=4)
+    failures = [p for argv, mention, out in done for p in problems(argv, mention, out)]
+    assert not failures, "\n".join(failures)
