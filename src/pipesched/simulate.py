@@ -152,11 +152,11 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional
     Raises ScheduleError for a malformed schedule and DeadlockError for one that cannot finish.
     """
     costs = costs or UNIT
-    if not schedule.meta.get(VALIDATED):
+    if not schedule.derived.get(VALIDATED):
         check_structure(schedule)
     program = lowered(schedule)
     recompute = memory.recompute if memory is not None else frozenset()
-    cached = schedule.meta.get(UNIT_RUN) if costs == UNIT and not recompute else None
+    cached = schedule.derived.get(UNIT_RUN) if costs == UNIT and not recompute else None
     if cached is not None:
         durations, starts, ends = cached
     else:
