@@ -12,6 +12,7 @@ from typing import Optional
 
 from .costs import Costs
 from .errors import PipeschedError
+from .execution import TOLERANCE
 from .registry import Family, build_schedule, families
 from .simulate import SimResult, simulate
 
@@ -60,7 +61,7 @@ def simulate_all(
         except PipeschedError as err:
             outcomes.append(Outcome(family, v or family.default_chunks, error=str(err)))
             continue
-        fits = memory_limit is None or result.max_peak_memory <= memory_limit + 1e-9
+        fits = memory_limit is None or result.max_peak_memory <= memory_limit + TOLERANCE
         outcomes.append(Outcome(family, schedule.chunks, result, fits=fits))
     base = next((o.result for o in outcomes if o.family.name == BASELINE and o.result), None)
     if base is None:

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 from .costs import UNIT, Costs
 from .errors import ConfigError, UnknownScheduleError
+from .execution import TOLERANCE
 from .schedule import Schedule
 from .validate import validate
 
@@ -148,7 +149,7 @@ def build_schedule(
     validate(schedule)
     if memory_limit is not None:
         peak = peak_memory(schedule)
-        if peak > memory_limit + 1e-9:
+        if peak > memory_limit + TOLERANCE:
             raise ConfigError(
                 f"{family.name} needs {peak:g} activations per rank at ranks={ranks} "
                 f"microbatches={microbatches}, above memory_limit={memory_limit:g}; "

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from ..errors import UnknownScheduleError
+from ..execution import TOLERANCE
 from ..memory import format_bytes
 from ..registry import get_family
 
@@ -114,7 +115,7 @@ def _message_ratio(c: "Candidate", ranks: int) -> str:
 
 def _fastest_over_limit(advice: "Advice", best: "Candidate") -> Optional["Candidate"]:
     unit = advice.objective
-    over = [c for c in advice.candidates if not c.fits and c.value(unit) < best.value(unit) * (1 - 1e-9)]
+    over = [c for c in advice.candidates if not c.fits and c.value(unit) < best.value(unit) * (1 - TOLERANCE)]
     return min(over, key=lambda c: c.value(unit)) if over else None
 
 

@@ -2,7 +2,7 @@
 
 Ranking: candidates that fit come first, fastest first by the objective (``makespan``: the
 iteration time when the optimizer step synchronises ranks; ``span``: the period when iterations
-overlap). Ties (within 1e-9 relative) go to lower peak memory, then fewer chunks (fewer messages),
+overlap). Ties (equal to 9 significant digits) go to lower peak memory, then fewer chunks (fewer messages),
 then the simpler family (registry order). Candidates over the limit follow, leanest first.
 """
 
@@ -15,6 +15,7 @@ from typing import Callable, ContextManager, Optional, Sequence
 
 from ..costs import Costs
 from ..errors import ConfigError, PipeschedError
+from ..execution import TOLERANCE
 from ..memory import format_bytes
 from ..planning import actions_built, check_planning_work
 from ..registry import Family, build_schedule, families as registered_families
@@ -25,7 +26,6 @@ from .parallel import default_workers, map_outcomes
 
 OBJECTIVES = ("makespan", "span")
 BASELINE = "1f1b"
-_TOL = 1e-9
 
 
 @dataclass(frozen=True)
@@ -289,7 +289,7 @@ def _evaluate(
         result = simulate(schedule, costs, sizes.with_recompute(recompute) if sizes is not None else None)
         peaks = result.peak_memory
         peak = max(peaks)
-        fits = limit is None or peak <= limit + 1e-9
+        fits = limit is None or peak <= limit + TOLERANCE
         memory_gb = model.memory_gb(schedule.stages, schedule.style, scale, tuple(peaks))
         peak_bytes = activation_bytes = None
         if sizes is not None:
@@ -299,7 +299,7 @@ def _evaluate(
             activation_bytes = max(held)
             memory_gb = peak_bytes / 1e9 if memory_gb is not None else None
             if budgets is not None:
-                fits = all(a <= b * (1 + 1e-9) for a, b in zip(held, budgets))
+                fits = all(a <= b * (1 + TOLERANCE) for a, b in zip(held, budgets))
         out.append(Candidate(
             schedule=family.name,
             chunks=schedule.chunks,

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..costs import UNIT, Costs
+from ..execution import TOLERANCE
 from ..schedule import Schedule
 from ..schedules.choose import best_schedule, check_objective, ranked_schedules
 from ..schedules.limits import resolve_limit
@@ -68,7 +69,7 @@ def build_auto(
         from .local import improve_by_swaps
         from .milp import refine
 
-        if objective_value(result, objective) > work_bound(schedule, costs, objective) * (1 + 1e-9):
+        if objective_value(result, objective) > work_bound(schedule, costs, objective) * (1 + TOLERANCE):
             polished = improve_by_swaps(schedule, costs, limit, objective, time_limit / 2)
             if polished.orders != schedule.orders:
                 schedule = polished

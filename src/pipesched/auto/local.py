@@ -14,10 +14,10 @@ import time
 
 from ..costs import Costs
 from ..errors import DeadlockError
+from ..execution import TOLERANCE
 from ..schedule import Schedule
 from ..schedules.choose import objective_value
 
-_EPS = 1e-9
 SWAP_EVALUATIONS = 150  # schedules simulated at most (the work bound that makes results portable)
 
 
@@ -45,7 +45,7 @@ def improve_by_swaps(
             result = simulate(candidate, costs)
         except DeadlockError:
             return None
-        if result.max_peak_memory > memory_limit + _EPS:
+        if result.max_peak_memory > memory_limit + TOLERANCE:
             return None
         return _score(result, objective)
 

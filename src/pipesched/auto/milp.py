@@ -27,7 +27,7 @@ import numpy as np
 
 from ..actions import Action
 from ..costs import Costs
-from ..execution import dependency
+from ..execution import TOLERANCE, dependency, latency
 from ..placement import stages_by_rank
 from ..schedule import Schedule
 
@@ -93,7 +93,7 @@ def refine(
     def done(status, sched=None, best=greedy, lower=bound) -> Refinement:
         return Refinement(sched, status, greedy, best, min(max(lower, bound), best), time.perf_counter() - t0)
 
-    if greedy <= bound * (1 + 1e-9):
+    if greedy <= bound * (1 + TOLERANCE):
         return done("greedy-optimal")
     nodes = _nodes(schedule)
     if any(a.kind == "B" for _, a in nodes):
@@ -112,7 +112,7 @@ def refine(
         if dep is not None:
             s, g, k = dep
             j = index[Action(s, "I" if g == "G" else g, k)]
-            lag = costs.comm if schedule.placement[s] != r else 0.0
+            lag = latency(schedule.placement, s, a.stage, costs.comm)
             edges.append((j, i, lag))
             preds[i].append(j)
         if a.microbatch > 0:
@@ -157,7 +157,7 @@ def refine(
         row([(a, 1.0), (b, -1.0), (y, big)], d[b], np.inf)  # y=0: b before a
     held = {r: len(h) for r, h in enumerate(stages_by_rank(schedule.placement, ranks))}
     for r, members in by_rank.items():
-        cap = int(memory_limit * held[r] + 1e-9)
+        cap = int(memory_limit * held[r] + TOLERANCE)
         for f in members:
             if nodes[f][1].kind != "F":
                 continue
@@ -222,7 +222,7 @@ def refine(
     )
     result = simulate(refined, costs)
     value = objective_value(result, objective)
-    if value >= greedy - 1e-9 or result.max_peak_memory > memory_limit + 1e-9:
+    if value >= greedy - TOLERANCE or result.max_peak_memory > memory_limit + TOLERANCE:
         return done("time-limit" if res.status != 0 else "greedy-optimal", lower=min(dual, cutoff))
     if res.status != 0:
         # a better schedule found before the time ran out is not taken: what the solver reaches

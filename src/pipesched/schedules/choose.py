@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 from ..costs import Costs
+from ..execution import TOLERANCE, latency
 from ..placement import stages_by_rank
 from ..schedule import Schedule
 
 OBJECTIVES = ("makespan", "span")
-_EPS = 1e-9
 
 
 def check_objective(objective: str) -> str:
@@ -44,7 +44,7 @@ def ranked_schedules(
         if schedule is None:
             continue
         result = simulate(schedule, costs)
-        if result.max_peak_memory > memory_limit + _EPS:
+        if result.max_peak_memory > memory_limit + TOLERANCE:
             continue
         other = result.span if objective == "makespan" else result.makespan
         key = (round(objective_value(result, objective), 9), round(other, 9))
@@ -73,8 +73,7 @@ def work_bound(schedule: Schedule, costs: Costs, objective: str) -> float:
     stages = schedule.stages
     head = [0.0] * stages  # earliest start of stage s's first forward
     for s in range(1, stages):
-        hop = costs.comm if schedule.placement[s] != schedule.placement[s - 1] else 0.0
-        head[s] = head[s - 1] + dur[(s - 1, "F")] + hop
+        head[s] = head[s - 1] + dur[(s - 1, "F")] + latency(schedule.placement, s - 1, s, costs.comm)
     best = 0.0
     for r, held in enumerate(stages_by_rank(schedule.placement, schedule.ranks)):
         work = sum(dur[(a.stage, a.kind)] for a in schedule.rank_actions(r))

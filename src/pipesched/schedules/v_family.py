@@ -18,6 +18,7 @@ import itertools
 from typing import Iterator, Optional
 
 from ..costs import UNIT, Costs
+from ..execution import TOLERANCE
 from ..placement import v_placement
 from ..schedule import Schedule
 from .choose import best_schedule, objective_value, work_bound
@@ -126,8 +127,8 @@ def _meets_work_bound(schedule: Schedule, costs: Costs, limit: float, objective:
     from ..validate import validate
 
     result = simulate(validate(schedule), costs)  # validated once; build_schedule reuses it
-    return (result.max_peak_memory <= limit + 1e-9
-            and objective_value(result, objective) <= work_bound(schedule, costs, objective) * (1 + 1e-9))
+    return (result.max_peak_memory <= limit + TOLERANCE
+            and objective_value(result, objective) <= work_bound(schedule, costs, objective) * (1 + TOLERANCE))
 
 
 def v_half_limit(ranks: int) -> int:

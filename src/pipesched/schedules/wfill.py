@@ -15,11 +15,9 @@ from typing import Sequence
 from ..actions import Action
 from ..costs import Costs
 from ..errors import DeadlockError
-from ..execution import dependency
+from ..execution import TOLERANCE, dependency, latency
 from ..placement import stages_by_rank
 from ..schedule import Schedule
-
-_EPS = 1e-9
 
 
 def fill_weight_passes(
@@ -75,7 +73,7 @@ def fill_weight_passes(
         while pos[r] < len(program):
             action = program[pos[r]]
             if action.kind == "F":
-                while held[r] + 1 > held_cap[r] + _EPS and pending[r]:
+                while held[r] + 1 > held_cap[r] + TOLERANCE and pending[r]:
                     run(r, pending[r].popleft(), clock[r])
             dep = dependency(action, stages)
             arrival = clock[r]
@@ -84,10 +82,10 @@ def fill_weight_passes(
                 if t_dep is None:
                     waiting.setdefault(dep, []).append(r)
                     break
-                arrival = t_dep + (costs.comm if placement[dep[0]] != r else 0.0)
-            while pending[r] and clock[r] < arrival - _EPS:
+                arrival = t_dep + latency(placement, dep[0], action.stage, costs.comm)
+            while pending[r] and clock[r] < arrival - TOLERANCE:
                 w = pending[r][0]
-                if clock[r] + table[(w.stage, "W")] > arrival + _EPS and not fill_partial_waits:
+                if clock[r] + table[(w.stage, "W")] > arrival + TOLERANCE and not fill_partial_waits:
                     break
                 run(r, pending[r].popleft(), clock[r])
             run(r, action, max(clock[r], arrival))
