@@ -13,10 +13,9 @@ from typing import Optional
 from .costs import Costs
 from .errors import PipeschedError
 from .execution import TOLERANCE
+from .ranking import BASELINE
 from .registry import Family, build_schedule, families
 from .simulate import SimResult, simulate
-
-BASELINE = "1f1b"
 
 
 @dataclass(frozen=True)

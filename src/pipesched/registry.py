@@ -14,6 +14,7 @@ from typing import Callable, Optional
 from .costs import UNIT, Costs
 from .errors import ConfigError, UnknownScheduleError
 from .execution import TOLERANCE
+from .ranking import check_objective
 from .schedule import Schedule
 from .validate import validate
 
@@ -137,8 +138,6 @@ def build_schedule(
             raise ConfigError(f"memory_limit must be a number above 0, got {memory_limit!r}")
     extra = {}
     if objective is not None:
-        from .schedules.choose import check_objective
-
         check_objective(objective)
         if family.uses_objective:
             extra["objective"] = objective

@@ -1,14 +1,14 @@
 """The advisor: build and simulate every candidate, keep those within the memory limit, rank them.
 
-Ranking: candidates that fit come first, fastest first by the objective (``makespan``: the
-iteration time when the optimizer step synchronises ranks; ``span``: the period when iterations
-overlap). Ties (equal to 9 significant digits) go to lower peak memory, then fewer chunks (fewer messages),
-then the simpler family (registry order). Candidates over the limit follow, leanest first.
+Ranking: candidates that fit come first, best first by :func:`pipesched.ranking.rank_key`
+(the objective: ``makespan``, the iteration time when the optimizer step synchronises ranks, or
+``span``, the period when iterations overlap; then the other time, then peak memory); what is
+still tied goes to fewer chunks (fewer messages), then the simpler family (registry order).
+Candidates over the limit follow, leanest first.
 """
 
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Optional, Sequence
@@ -18,14 +18,13 @@ from ..errors import ConfigError, PipeschedError
 from ..execution import TOLERANCE
 from ..memory import format_bytes
 from ..planning import actions_built, check_planning_work
+from ..ranking import BASELINE, OBJECTIVES, rank_key, significant
 from ..registry import Family, build_schedule, families as registered_families
 from ..simulate import simulate
 from .candidates import BatchPlan, Setting, batch_plan, settings
 from .costmodel import CostModel, ScaledCosts
 from .parallel import default_workers, map_outcomes
 
-OBJECTIVES = ("makespan", "span")
-BASELINE = "1f1b"
 
 
 @dataclass(frozen=True)
@@ -205,11 +204,11 @@ def advise(
 
     fits = sorted(
         (c for c in built if c.fits),
-        key=lambda c: (_rounded(c.value(objective)), c.peak_memory_reference, c.chunks, order[c.schedule]),
+        key=lambda c: (rank_key(c.makespan, c.span, c.peak_memory_reference, objective), c.chunks, order[c.schedule]),
     )
     over = sorted(
         (c for c in built if not c.fits),
-        key=lambda c: (_rounded(c.activation_bytes or 0.0), _rounded(c.peak_memory_reference),
+        key=lambda c: (significant(c.activation_bytes or 0.0), significant(c.peak_memory_reference),
                        order[c.schedule], c.value(objective)),
     )
     if not fits:
@@ -333,13 +332,6 @@ def _with_speedup(c: Candidate, baseline: Optional[Candidate], objective: str) -
     if baseline is None:
         return c
     return replace(c, speedup_vs_1f1b=baseline.value(objective) / c.value(objective))
-
-
-def _rounded(x: float) -> float:
-    if x == 0:
-        return 0.0
-    digits = 9 - int(math.floor(math.log10(abs(x))))
-    return round(x, digits)
 
 
 def _no_fit_message(over: Sequence[Candidate], limit: Optional[float], device: bool) -> str:

@@ -17,7 +17,8 @@ from typing import Optional
 from ..costs import UNIT, Costs
 from ..execution import TOLERANCE
 from ..schedule import Schedule
-from ..schedules.choose import best_schedule, check_objective, ranked_schedules
+from ..ranking import check_objective, objective_value
+from ..schedules.choose import best_schedule, ranked_schedules, work_bound
 from ..schedules.limits import resolve_limit
 from .search import all_candidates, candidate_count, with_weights_replaced
 
@@ -65,7 +66,6 @@ def build_auto(
     schedule, result = best
     meta = {"origin": origins.get(id(schedule), "?"), "objective": objective, "memory_limit": limit}
     if milp and time_limit > 0 and ranks * microbatches <= MILP_MAX_SIZE:
-        from ..schedules.choose import objective_value, work_bound
         from .local import improve_by_swaps
         from .milp import refine
 

@@ -16,7 +16,7 @@ from ..costs import Costs
 from ..errors import DeadlockError
 from ..execution import TOLERANCE
 from ..schedule import Schedule
-from ..schedules.choose import objective_value
+from ..ranking import result_key
 
 SWAP_EVALUATIONS = 150  # schedules simulated at most (the work bound that makes results portable)
 
@@ -35,9 +35,9 @@ def improve_by_swaps(
     deadline = time.perf_counter() + seconds
     budget = [max_evaluations]
     orders = [list(schedule.rank_actions(r)) for r in range(schedule.ranks)]
-    best = _score(simulate(schedule, costs), objective)
+    best = result_key(simulate(schedule, costs), objective)
 
-    def evaluate() -> tuple[float, float] | None:
+    def evaluate() -> tuple[float, float, float] | None:
         budget[0] -= 1
         candidate = Schedule(schedule.ranks, schedule.microbatches, schedule.placement,
                              tuple(tuple(o) for o in orders), name=schedule.name)
@@ -47,7 +47,7 @@ def improve_by_swaps(
             return None
         if result.max_peak_memory > memory_limit + TOLERANCE:
             return None
-        return _score(result, objective)
+        return result_key(result, objective)
 
     improved = True
     def spent() -> bool:
@@ -73,8 +73,3 @@ def improve_by_swaps(
     return Schedule(schedule.ranks, schedule.microbatches, schedule.placement,
                     tuple(tuple(o) for o in orders), name=schedule.name, meta=schedule.meta)
 
-
-def _score(result, objective: str) -> tuple[float, float]:
-    main = round(objective_value(result, objective), 9)
-    other = round(result.span if objective == "makespan" else result.makespan, 9)
-    return (main, other)

@@ -29,7 +29,9 @@ from ..actions import Action
 from ..costs import Costs
 from ..execution import TOLERANCE, dependency, latency
 from ..placement import stages_by_rank
+from ..ranking import objective_value
 from ..schedule import Schedule
+from ..schedules.choose import work_bound
 
 MARGIN = 1e-4  # relative improvement the solver must find to replace the greedy result
 # Branch-and-bound nodes explored at most, besides the time limit. The time limit usually binds
@@ -84,7 +86,6 @@ def refine(
     from scipy.sparse import coo_matrix
 
     from ..simulate import action_durations, simulate
-    from ..schedules.choose import objective_value, work_bound
 
     t0 = time.perf_counter()
     greedy = objective_value(simulate(schedule, costs), objective)

@@ -21,7 +21,8 @@ from ..costs import UNIT, Costs
 from ..execution import TOLERANCE
 from ..placement import v_placement
 from ..schedule import Schedule
-from .choose import best_schedule, objective_value, work_bound
+from ..ranking import objective_value
+from .choose import best_schedule, work_bound
 from .greedy import Knobs, build_greedy
 from .limits import resolve_limit
 from .v_blocks import block_orders, v_half_offsets, v_min_offsets
