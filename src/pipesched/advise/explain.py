@@ -19,43 +19,13 @@ if TYPE_CHECKING:
 
 NEAR = 0.01  # a simpler schedule this close (relative) to the best is worth a note
 
-# What each family does to the bubble and what it costs, for the reason sentence.
-WHY = {
-    "gpipe": "all forwards then all backwards: the same warm-up and drain bubble as 1F1B, "
-             "and it holds every microbatch's activations (m M_B)",
-    "1f1b": "one forward, one backward after the warm-up: it keeps the (p-1)(F+B+W) warm-up "
-            "and drain bubble but frees activations early (p M_B)",
-    "interleaved-1f1b": "{v} chunks per rank shrink the warm-up and drain bubble about {v}-fold, "
-                        "at about {msg}x 1F1B's point-to-point messages and a little more memory",
-    "looped-bfs": "{v} chunks per rank, breadth first: interleaving's smaller bubble, but every "
-                  "microbatch stays in memory as in GPipe, and {msg}x the messages",
-    "zb-h1": "the backward is split into input- and weight-gradient passes and the weight passes "
-             "fill the drain, about a third of 1F1B's bubble at the same memory and messages",
-    "zb-h2": "split backward and a deeper warm-up remove the bubble once iterations overlap, "
-             "for about twice 1F1B's activation memory",
-    "zb-v": "two chunks per rank in a V with a split backward: no bubble at 1F1B's memory, "
-            "for {msg}x 1F1B's point-to-point volume",
-    "interleaved-zb": "{v} chunks per rank plus a split backward: interleaving's small warm-up "
-                      "and weight passes in the gaps, at about {msg}x 1F1B's messages",
-    "zb-auto": "a cost-aware zero-bubble order found by search for these costs and this limit, "
-               "so weight passes land exactly in the gaps the costs leave",
-    "v-half": "a V schedule at about half 1F1B's activation memory that still removes about half "
-              "its bubble, for {msg}x the point-to-point volume",
-    "v-min": "a V schedule at about a third of 1F1B's activation memory, about 1F1B's speed, "
-             "for {msg}x the point-to-point volume",
-    "dualpipev": "DualPipeV overlaps one microbatch's forward with another's backward in a V, "
-                 "shrinking the bubble for {msg}x the point-to-point volume",
-}
-
-
 def why(c: "Candidate", ranks: int) -> str:
     """One clause: what this candidate's family removes and what it costs."""
-    template = WHY.get(c.schedule)
-    if template is None:
-        try:
-            template = get_family(c.schedule).summary
-        except UnknownScheduleError:
-            template = c.schedule
+    try:
+        family = get_family(c.schedule)
+        template = family.why or family.summary  # each family carries its own explanation
+    except UnknownScheduleError:
+        template = c.schedule
     text = template.format(v=c.chunks, msg=_message_ratio(c, ranks), p=ranks)
     if c.peak_memory_reference < 0.9 * ranks:
         text += f"; here it holds {memory_text(c)} per rank, {c.peak_memory_reference / ranks:.0%} of 1F1B's p"

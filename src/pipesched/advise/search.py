@@ -273,7 +273,7 @@ def _evaluate(
     if steer_to_floor:
         steer_to = 1.0
     try:
-        schedule = build_schedule(family.name, ranks, m, v, costs, steer_to, **objective_option(family, objective))
+        schedule = build_schedule(family.name, ranks, m, v, costs, steer_to, objective)
     except PipeschedError as err:
         if steer_to is None:
             raise

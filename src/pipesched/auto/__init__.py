@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..costs import UNIT, Costs
+from ..registry import BuildRequest
 from ..execution import TOLERANCE
 from ..schedule import Schedule
 from ..ranking import check_objective, objective_value
@@ -86,16 +87,10 @@ def build_auto(
                     name="zb-auto", meta=meta)
 
 
-def build(
-    ranks: int,
-    microbatches: int,
-    chunks: Optional[int] = None,
-    costs: Optional[Costs] = None,
-    memory_limit: Optional[float] = None,
-    objective: str = "makespan",
-) -> Schedule:
+def build(request: BuildRequest) -> Schedule:
     """The registry's builder (``chunks=None``: the search picks 1 or 2 stages per rank)."""
-    return build_auto(ranks, microbatches, costs, memory_limit, objective, chunks=chunks)
+    r = request
+    return build_auto(r.ranks, r.microbatches, r.costs, r.memory_limit, r.objective, chunks=r.chunks)
 
 
 def search_width(ranks: int, microbatches: int) -> int:
