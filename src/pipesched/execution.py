@@ -57,14 +57,16 @@ def dependency(action: Action, stages: int, pipelines: int = 1) -> tuple[int, st
     return (s + 1, "G", k) if (s + 1) % length else (s, "F", k)
 
 
-def consumer_stage(action: Action, stages: int) -> int | None:
+def consumer_stage(action: Action, stages: int, pipelines: int = 1) -> int | None:
     """The other stage whose pass waits for this action's output: ``F(s)`` feeds ``s+1``'s
-    forward, ``I``/``B(s)`` feed ``s-1``'s backward; None for ``W`` and at the pipeline's ends."""
+    forward, ``I``/``B(s)`` feed ``s-1``'s backward; None for ``W`` and at a pipeline's ends
+    (``pipelines`` as in :func:`dependency`)."""
     s, kind, _k = action
+    length = stages // pipelines
     if kind == "F":
-        return s + 1 if s + 1 < stages else None
+        return s + 1 if (s + 1) % length else None
     if kind in "IB":
-        return s - 1 if s > 0 else None
+        return s - 1 if s % length else None
     return None
 
 

@@ -9,6 +9,7 @@ microbatch's backward together with that microbatch's forward of the same stage.
 
 from __future__ import annotations
 
+from .costs import UNIT, program_durations
 from .errors import ScheduleError
 from .execution import Program, run
 from .schedule import Schedule
@@ -122,11 +123,8 @@ def check_deadlock(schedule: Schedule) -> None:
 
     The run uses unit costs; its times are kept so that a unit-cost simulation can reuse them.
     """
-    from .costs import UNIT
-    from .simulate import durations_by_id
-
     program = lowered(schedule)
-    durations = durations_by_id(schedule, program, UNIT)
+    durations = program_durations(program, UNIT)
     schedule.derived[UNIT_RUN] = (durations, *run(program, durations, 0.0))
 
 

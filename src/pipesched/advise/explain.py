@@ -7,19 +7,17 @@ fitting, a simpler schedule within a whisker, and how the microbatch count was c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from ..errors import UnknownScheduleError
 from ..execution import TOLERANCE
 from ..memory import format_bytes
 from ..registry import get_family
-
-if TYPE_CHECKING:
-    from .search import Advice, Candidate
+from .result import Advice, Candidate
 
 NEAR = 0.01  # a simpler schedule this close (relative) to the best is worth a note
 
-def why(c: "Candidate", ranks: int) -> str:
+def why(c: Candidate, ranks: int) -> str:
     """One clause: what this candidate's family removes and what it costs."""
     try:
         family = get_family(c.schedule)
@@ -32,7 +30,7 @@ def why(c: "Candidate", ranks: int) -> str:
     return text
 
 
-def explain(advice: "Advice") -> tuple[str, list[str]]:
+def explain(advice: Advice) -> tuple[str, list[str]]:
     """The 1-2 sentence reason and the notes for ``advice``."""
     best, base, p = advice.recommended, advice.baseline, advice.ranks
     unit = advice.objective
@@ -76,20 +74,20 @@ def explain(advice: "Advice") -> tuple[str, list[str]]:
     return reason, notes
 
 
-def _message_ratio(c: "Candidate", ranks: int) -> str:
+def _message_ratio(c: Candidate, ranks: int) -> str:
     if ranks <= 1:
         return "1"
     ratio = c.messages / (ranks - 1)
     return f"{ratio:.0f}" if abs(ratio - round(ratio)) < 0.05 else f"{ratio:.1f}"
 
 
-def _fastest_over_limit(advice: "Advice", best: "Candidate") -> Optional["Candidate"]:
+def _fastest_over_limit(advice: Advice, best: Candidate) -> Optional[Candidate]:
     unit = advice.objective
     over = [c for c in advice.candidates if not c.fits and c.value(unit) < best.value(unit) * (1 - TOLERANCE)]
     return min(over, key=lambda c: c.value(unit)) if over else None
 
 
-def _few_microbatches(best: "Candidate", ranks: int) -> str:
+def _few_microbatches(best: Candidate, ranks: int) -> str:
     if best.microbatches > ranks:
         return ""
     return (
@@ -99,7 +97,7 @@ def _few_microbatches(best: "Candidate", ranks: int) -> str:
     )
 
 
-def _guide_default(advice: "Advice") -> str:
+def _guide_default(advice: Advice) -> str:
     best, base, unit = advice.recommended, advice.baseline, advice.objective
     if base is None or base is best or (base.schedule == best.schedule and base.microbatches == best.microbatches):
         return ""
@@ -119,7 +117,7 @@ def _guide_default(advice: "Advice") -> str:
     )
 
 
-def _simpler_alternative(fitting: list["Candidate"], best: "Candidate", unit: str, ranks: int) -> str:
+def _simpler_alternative(fitting: list[Candidate], best: Candidate, unit: str, ranks: int) -> str:
     for alt in fitting[1:]:
         if alt.value(unit) > best.value(unit) * (1 + NEAR):
             break
@@ -137,7 +135,7 @@ def _simpler_alternative(fitting: list["Candidate"], best: "Candidate", unit: st
     return ""
 
 
-def memory_text(c: "Candidate") -> str:
+def memory_text(c: Candidate) -> str:
     """Peak memory in M_B units of the reference microbatch, plus GB when known."""
     if c.recompute != "none" and c.peak_memory_bytes is not None:  # M_B counts stored activations
         return f"{c.memory_gb:.1f} GB" if c.memory_gb is not None else format_bytes(c.peak_memory_bytes)
@@ -147,7 +145,7 @@ def memory_text(c: "Candidate") -> str:
     return text + (f" ({format_bytes(c.peak_memory_bytes)})" if c.peak_memory_bytes is not None else "")
 
 
-def _microbatch_choice(advice: "Advice") -> str:
+def _microbatch_choice(advice: Advice) -> str:
     options = advice.plan.options
     if len(options) <= 1:
         return ""

@@ -10,7 +10,7 @@ Candidates over the limit follow, leanest first.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Callable, ContextManager, Optional, Sequence
 
 from ..costs import Costs
@@ -23,104 +23,11 @@ from ..registry import Family, build_schedule, families as registered_families
 from ..simulate import simulate
 from .candidates import BatchPlan, Setting, batch_plan, settings
 from .costmodel import CostModel, ScaledCosts
+from .explain import explain
 from .parallel import default_workers, map_outcomes
+from .result import Advice, Candidate
 
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One simulated configuration, with what ``build_schedule`` needs to rebuild it."""
-
-    schedule: str
-    chunks: int
-    microbatches: int
-    microbatch_size: Optional[int]
-    memory_limit: Optional[float]  # pass to build_schedule (this candidate's M_B units)
-    costs: Costs  # pass to build_schedule and simulate
-    makespan: float
-    span: float
-    bubble_ratio: float
-    peak_memory: float  # largest over ranks, this candidate's M_B units
-    peak_per_rank: tuple[float, ...]
-    scale: float  # this microbatch's size over the reference one
-    fits: bool
-    limit: Optional[float] = None  # the limit it was held to (its own units), None: no limit
-    placement: str = "loop"
-    messages: int = 0  # cross-rank transfers per microbatch in each direction
-    speedup_vs_1f1b: Optional[float] = None
-    layers_per_stage: Optional[tuple[int, ...]] = None
-    memory_gb: Optional[float] = None
-    objective: Optional[str] = None  # pass to build_schedule for families that search by it
-    recompute: str = "none"  # "all": every stage recomputes its activations in the backward
-    peak_memory_bytes: Optional[float] = None  # fullest rank: activations plus what the model counts besides
-    activation_bytes: Optional[float] = None  # fullest rank's activations alone
-
-    @property
-    def peak_memory_reference(self) -> float:
-        """Peak in the reference microbatch's M_B units (comparable across microbatch sizes)."""
-        return self.peak_memory * self.scale
-
-    def value(self, objective: str) -> float:
-        return self.makespan if objective == "makespan" else self.span
-
-    def label(self) -> str:
-        extra = ", recompute all" if self.recompute != "none" else ""
-        return f"{self.schedule} (chunks={self.chunks}, m={self.microbatches}{extra})"
-
-    def to_json(self) -> dict:
-        c = self.costs
-        return {
-            "schedule": self.schedule,
-            "chunks": self.chunks,
-            "microbatches": self.microbatches,
-            "microbatch_size": self.microbatch_size,
-            "memory_limit": self.memory_limit,
-            "costs": {
-                "F": c.F, "B": c.B, "W": c.W, "comm": c.comm,
-                "stage_multipliers": list(c.stage_multipliers) if c.stage_multipliers else None,
-            },
-            "makespan": self.makespan,
-            "span": self.span,
-            "bubble_ratio": self.bubble_ratio,
-            "peak_memory": self.peak_memory,
-            "peak_memory_per_rank": list(self.peak_per_rank),
-            "peak_memory_reference": self.peak_memory_reference,
-            "memory_scale": self.scale,
-            "fits": self.fits,
-            "speedup_vs_1f1b": self.speedup_vs_1f1b,
-            "layers_per_stage": list(self.layers_per_stage) if self.layers_per_stage else None,
-            "memory_gb": self.memory_gb,
-            "messages_per_microbatch": self.messages,
-            "objective": self.objective,
-            "recompute": self.recompute,
-            "peak_memory_bytes": self.peak_memory_bytes,
-        }
-
-
-@dataclass(frozen=True)
-class Advice:
-    """The ranked candidates, the recommendation and why."""
-
-    ranks: int
-    objective: str
-    memory_limit: Optional[float]  # reference M_B units, None: no limit
-    plan: BatchPlan
-    candidates: tuple[Candidate, ...]  # best first; those that fit come first
-    baseline: Optional[Candidate]  # 1f1b at the reference microbatch count
-    reason: str = ""
-    notes: tuple[str, ...] = ()
-    skipped: tuple[tuple[str, int, int, str], ...] = field(default=())  # (schedule, chunks, m, why)
-
-    @property
-    def recommended(self) -> Candidate:
-        return self.candidates[0]
-
-    @property
-    def fitting(self) -> list[Candidate]:
-        return [c for c in self.candidates if c.fits]
-
-    def to_json(self) -> list[dict]:
-        return [c.to_json() for c in self.candidates]
+__all__ = ["Advice", "Candidate", "NoCandidateFitsError", "advise", "objective_option"]
 
 
 class NoCandidateFitsError(ConfigError):
@@ -155,8 +62,6 @@ def advise(
     Searches that would take more than about a minute raise a ConfigError (:mod:`..planning`).
     Raises :class:`NoCandidateFitsError` when nothing fits, naming the smallest feasible limit.
     """
-    from .explain import explain
-
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ConfigError(f"ranks must be a whole number of at least 1, got {ranks!r}")
     if objective not in OBJECTIVES:
@@ -327,8 +232,6 @@ def _evaluate(
 
 
 def _with_speedup(c: Candidate, baseline: Optional[Candidate], objective: str) -> Candidate:
-    from dataclasses import replace
-
     if baseline is None:
         return c
     return replace(c, speedup_vs_1f1b=baseline.value(objective) / c.value(objective))

@@ -21,6 +21,8 @@ from ..schedule import Schedule
 from ..ranking import check_objective, objective_value
 from ..schedules.choose import best_schedule, ranked_schedules, work_bound
 from ..schedules.limits import resolve_limit
+from .local import improve_by_swaps
+from .milp import refine
 from .search import all_candidates, candidate_count, with_weights_replaced
 
 MILP_MAX_SIZE = 256  # ranks * microbatches up to which the exact refinement runs
@@ -67,9 +69,6 @@ def build_auto(
     schedule, result = best
     meta = {"origin": origins.get(id(schedule), "?"), "objective": objective, "memory_limit": limit}
     if milp and time_limit > 0 and ranks * microbatches <= MILP_MAX_SIZE:
-        from .local import improve_by_swaps
-        from .milp import refine
-
         if objective_value(result, objective) > work_bound(schedule, costs, objective) * (1 + TOLERANCE):
             polished = improve_by_swaps(schedule, costs, limit, objective, time_limit / 2)
             if polished.orders != schedule.orders:

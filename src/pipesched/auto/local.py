@@ -16,6 +16,7 @@ from ..costs import Costs
 from ..errors import DeadlockError
 from ..execution import TOLERANCE
 from ..schedule import Schedule
+from ..simulate import simulate
 from ..ranking import result_key
 
 SWAP_EVALUATIONS = 150  # schedules simulated at most (the work bound that makes results portable)
@@ -30,8 +31,6 @@ def improve_by_swaps(
     max_evaluations: int = SWAP_EVALUATIONS,
 ) -> Schedule:
     """Hill-climb over swaps of neighbouring actions; returns ``schedule`` if nothing helps."""
-    from ..simulate import simulate
-
     deadline = time.perf_counter() + seconds
     budget = [max_evaluations]
     orders = [list(schedule.rank_actions(r)) for r in range(schedule.ranks)]

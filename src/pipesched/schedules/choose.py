@@ -13,6 +13,7 @@ from ..execution import TOLERANCE, latency
 from ..placement import stages_by_rank
 from ..ranking import OBJECTIVES, check_objective, objective_value, result_key
 from ..schedule import Schedule
+from ..simulate import action_durations, simulate
 
 __all__ = ["OBJECTIVES", "best_schedule", "check_objective", "objective_value", "ranked_schedules", "work_bound"]
 
@@ -27,8 +28,6 @@ def ranked_schedules(
     The key is :func:`~pipesched.ranking.result_key`; ``order`` keeps earlier candidates ahead
     on ties, so callers list the schedule they would rather keep first.
     """
-    from ..simulate import simulate
-
     ranked = []
     for order, schedule in enumerate(candidates):
         if schedule is None:
@@ -55,8 +54,6 @@ def best_schedule(
 
 def work_bound(schedule: Schedule, costs: Costs, objective: str) -> float:
     """A lower bound on the objective for any order: each rank's work after its earliest start."""
-    from ..simulate import action_durations
-
     dur = action_durations(schedule, costs)
     stages = schedule.stages
     head = [0.0] * stages  # earliest start of stage s's first forward

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..actions import Action
-from ..costs import Costs
+from ..costs import Costs, durations_for
 from ..execution import TOLERANCE, consumer_stage, dependency, latency
 from ..placement import stages_by_rank
 from ..schedule import Schedule
@@ -42,8 +42,6 @@ class Knobs:
     later_stage_first: bool = True  # among ready actions of one kind, the later stage first
     reserve: int = 1  # room kept for later stages' forwards on a rank holding several stages
 
-
-ALL_KNOBS = tuple(Knobs(*bits) for bits in itertools.product((True, False), repeat=4))
 
 
 def greedy_orders(
@@ -68,8 +66,6 @@ class _GreedyRun:
     """
 
     def __init__(self, placement, ranks, microbatches, costs, memory_limit, knobs) -> None:
-        from ..simulate import durations_for
-
         self.placement = placement
         self.m = microbatches
         self.stages = len(placement)

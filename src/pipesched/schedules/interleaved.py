@@ -27,6 +27,7 @@ from ..errors import DeadlockError
 from ..placement import loop_placement
 from ..ranking import result_key, significant
 from ..schedule import Schedule
+from ..simulate import simulate
 
 
 def schedule_table(microbatches: int, chunks: int, group: int) -> list[tuple[int, int]]:
@@ -90,8 +91,6 @@ def interleaved_search_width(ranks: int, microbatches: int) -> int:
 def pick_fastest(candidates, costs: Costs, memory_limit: float) -> Schedule:
     """The best candidate under ``costs`` by makespan (:func:`~pipesched.ranking.result_key`)
     within ``memory_limit``, else the one least over it; skips deadlocks; earlier ones win ties."""
-    from ..simulate import simulate  # local: simulate imports the schedule layer
-
     best, best_key = None, None
     for schedule in candidates:
         try:

@@ -21,6 +21,8 @@ from ..costs import UNIT, Costs
 from ..execution import TOLERANCE
 from ..placement import v_placement
 from ..schedule import Schedule
+from ..simulate import simulate
+from ..validate import validate
 from ..ranking import objective_value
 from .choose import best_schedule, work_bound
 from .greedy import Knobs, build_greedy
@@ -124,9 +126,6 @@ def zb_v_search_width(ranks: int, microbatches: int) -> int:
 
 
 def _meets_work_bound(schedule: Schedule, costs: Costs, limit: float, objective: str) -> bool:
-    from ..simulate import simulate
-    from ..validate import validate
-
     result = simulate(validate(schedule), costs)  # validated once; build_schedule reuses it
     return (result.max_peak_memory <= limit + TOLERANCE
             and objective_value(result, objective) <= work_bound(schedule, costs, objective) * (1 + TOLERANCE))

@@ -13,7 +13,7 @@ from collections import deque
 from typing import Sequence
 
 from ..actions import Action
-from ..costs import Costs
+from ..costs import Costs, durations_for
 from ..errors import DeadlockError
 from ..execution import TOLERANCE, dependency, latency
 from ..placement import stages_by_rank
@@ -34,8 +34,6 @@ def fill_weight_passes(
     With ``fill_partial_waits`` a pending ``W`` also starts in a wait shorter than itself (the
     next action starts a little late, but fewer ``W``s pile up at the end).
     """
-    from ..simulate import durations_for
-
     ranks = len(skeleton)
     stages = len(placement)
     table = durations_for(placement, ranks, costs)
