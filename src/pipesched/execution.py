@@ -41,7 +41,7 @@ class Span(NamedTuple):
     end: float
 
 
-def dependency(action: Action, stages: int, pipelines: int = 1) -> tuple[int, str, int] | None:
+def dependency(action: Action | tuple[int, str, int], stages: int, pipelines: int = 1) -> tuple[int, str, int] | None:
     """The (stage, "F"|"G"|"W", microbatch) an action waits for, or None (a pipeline's first F).
 
     "G" stands for the gradient pass of a stage, whichever of I or B the schedule uses there.

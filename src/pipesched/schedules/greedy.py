@@ -100,7 +100,7 @@ class _GreedyRun:
     def arrival(self, kind: str, s: int) -> Optional[float]:
         """When the input of stage ``s``'s next ``kind`` pass arrives (None: not produced yet)."""
         k = self.next_f[s] if kind == "F" else self.next_i[s]
-        dep = dependency(Action(s, kind, k), self.stages)
+        dep = dependency((s, kind, k), self.stages)  # a plain tuple: this runs for every decision
         if dep is None:
             return 0.0
         producer, produced_by, j = dep
