@@ -28,6 +28,7 @@ import numpy as np
 from ..actions import Action
 from ..costs import Costs
 from ..execution import TOLERANCE, dependency, latency
+from ..memory import UNIT_STAGE, level_after
 from ..placement import stages_by_rank
 from ..ranking import objective_value
 from ..schedule import Schedule
@@ -229,10 +230,9 @@ def _memory_rows(rows: _Rows, schedule: Schedule, graph: _Graph, pairs: dict, me
             for g in members:
                 if g == f:
                     continue
-                kind = nodes[g][1].kind
-                if kind not in "FW":
-                    continue
-                sign = 1.0 if kind == "F" else -1.0
+                sign = level_after(nodes[g][1].kind, UNIT_STAGE)  # F takes one M_B, W frees it
+                if not sign:
+                    continue  # I holds on (nodes hold no fused B: refine skips those schedules)
                 if graph.ordered(g, f):
                     const += sign
                 elif graph.ordered(f, g):

@@ -28,6 +28,7 @@ from typing import Optional
 from ..actions import Action
 from ..costs import Costs, durations_for
 from ..execution import TOLERANCE, consumer_stage, dependency, latency
+from ..memory import UNIT_STAGE, level_after
 from ..placement import stages_by_rank
 from ..schedule import Schedule
 
@@ -120,16 +121,14 @@ class _GreedyRun:
         self.clock[r] = end
         self.out[r].append(action)
         self.remaining[r] -= 1
+        self.held[r] += level_after(kind, UNIT_STAGE)  # in M_B: F takes one, W frees it
         if kind == "F":
-            self.held[r] += 1
             self.next_f[s] += 1
             self.f_end[s][k] = end
         elif kind == "I":
             self.next_i[s] += 1
             self.g_end[s][k] = end
             self.pending[r].append(Action(s, "W", k))
-        else:
-            self.held[r] -= 1
         consumer = consumer_stage(action, self.stages)
         if consumer is not None:
             self.wake(self.placement[consumer], end + latency(self.placement, s, consumer, self.comm))

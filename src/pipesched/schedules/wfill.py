@@ -16,6 +16,7 @@ from ..actions import Action
 from ..costs import Costs, durations_for
 from ..errors import DeadlockError
 from ..execution import TOLERANCE, dependency, latency
+from ..memory import UNIT_STAGE, level_after
 from ..placement import stages_by_rank
 from ..schedule import Schedule
 
@@ -51,14 +52,13 @@ def fill_weight_passes(
         clock[r] = end
         out[r].append(action)
         s, kind, k = action
+        held[r] += level_after(kind, UNIT_STAGE)  # in M_B: F takes one, W frees it
         if kind == "F":
-            held[r] += 1
             key = (s, "F", k)
         elif kind == "I":
             pending[r].append(Action(s, "W", k))
             key = (s, "G", k)
         else:
-            held[r] -= 1
             key = (s, "W", k)
         done[key] = end
         for woken in waiting.pop(key, ()):
