@@ -15,7 +15,7 @@ PACKAGE = SRC / "pipesched"
 # Lowest first. A module may import from its own layer and the layers below, never above.
 LAYERS = [
     ("core", ["errors", "actions", "placement", "costs", "execution", "memory", "schedule", "ranking", "outfiles"]),
-    ("model", ["validate", "simulate"]),
+    ("model", ["validate", "simulate", "planning"]),
     ("schedules", ["schedules"]),  # the family modules and the constructions they share
     ("registry", ["registry"]),
     ("zb-auto", ["auto"]),
@@ -41,11 +41,17 @@ MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
 def _imports(name: str) -> set[str]:
-    """Internal modules ``name`` imports (anywhere in the file, TYPE_CHECKING blocks included)."""
+    """Internal modules ``name`` imports at run time (anywhere in the file; ``if TYPE_CHECKING:``
+    blocks name types only and are left out)."""
     path = MODULES[name]
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                 and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - node.level + 1] if node.level > 1 else list(package)

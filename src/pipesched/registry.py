@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Optional
 from .costs import UNIT, Costs
 from .errors import ConfigError, UnknownScheduleError
 from .execution import TOLERANCE
+from .planning import check_schedule_size
 from .ranking import check_objective
 from .schedule import Schedule
 from .simulate import simulate
@@ -200,8 +201,6 @@ def build_schedule(
     if memory_limit is not None:
         if isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)) or not math.isfinite(memory_limit) or memory_limit <= 0:
             raise ConfigError(f"memory_limit must be a number above 0, got {memory_limit!r}")
-    from .planning import check_schedule_size
-
     check_schedule_size(family, ranks, microbatches, v)  # refuse minutes of work up front
     request = BuildRequest(
         ranks, microbatches, v, costs if costs is not None else UNIT, memory_limit,

@@ -21,7 +21,7 @@ from ..schedule import Schedule
 from ..ranking import check_objective, objective_value
 from ..schedules.choose import best_schedule, ranked_schedules, work_bound
 from ..schedules.limits import resolve_limit
-from .local import improve_by_swaps
+from .local import SWAP_EVALUATIONS, improve_by_swaps
 from .milp import refine
 from .search import all_candidates, candidate_count, with_weights_replaced
 
@@ -96,7 +96,6 @@ def search_width(ranks: int, microbatches: int) -> int:
     """The most schedules :func:`build_auto` simulates: every candidate, the best few again with
     their W passes re-placed, the leader once more among them, and on small instances
     (``MILP_MAX_SIZE``) the swaps' evaluations and the exact refinement's two."""
-    from .local import SWAP_EVALUATIONS
 
     width = candidate_count(ranks, microbatches) + len(FILL_PARTIAL_WAITS) * TOP_FOR_W_REPLACEMENT + 1
     if ranks * microbatches <= MILP_MAX_SIZE:
