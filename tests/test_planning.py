@@ -13,22 +13,23 @@ from pipesched.compare import simulate_all
 from pipesched.costs import Costs
 from pipesched.errors import ConfigError
 from pipesched.planning import MAX_ACTIONS_BUILT, actions_built, actions_per_schedule, check_schedule_size
-from pipesched.registry import families, get_family
+from pipesched.registry import BuildRequest, families, get_family
 
 SKEWED = Costs(F=1, B=1.4, W=0.6, comm=0.1)  # skewed costs make the searching families search
 
 
 @pytest.fixture
 def simulations(monkeypatch):
-    """Count every simulation (the searches call the module's function at run time)."""
-    module = sys.modules["pipesched.simulate"]
-    real, count = module.simulate, [0]
+    """Count every simulation: the simulator is patched in every module that imported it."""
+    real, count = sys.modules["pipesched.simulate"].simulate, [0]
 
     def counting(*args, **kwargs):
         count[0] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(module, "simulate", counting)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("pipesched") and getattr(module, "simulate", None) is real:
+            monkeypatch.setattr(module, "simulate", counting)
     return count
 
 
@@ -37,7 +38,7 @@ def simulations(monkeypatch):
 def test_a_family_simulates_no_more_schedules_than_its_search_width(name, ranks, microbatches, simulations):
     family = get_family(name)
     chunks = None if family.searches_chunks else family.default_chunks
-    schedule = family.build(ranks, microbatches, chunks=chunks, costs=SKEWED)
+    schedule = family.build(BuildRequest(ranks, microbatches, chunks, SKEWED))
     assert simulations[0] <= family.search_width(ranks, microbatches)
     assert len(schedule) <= actions_per_schedule(family, ranks, microbatches, None)
 

@@ -78,3 +78,43 @@ def test_metrics_are_plain_json_numbers():
     metrics = simulate(build_schedule("1f1b", ranks=2, microbatches=4)).metrics()
     for key in ("makespan", "span", "bubble_ratio", "busy", "peak_memory"):
         assert key in metrics
+
+
+SKEWED = Costs(F=1, B=1.4, W=0.6, comm=0.1)
+
+
+def _with_rank3_swapped(schedule: Schedule) -> tuple:
+    """1f1b's rank 3 runs F0 B0 F1 B1 ...; swap B0 and F1 (still valid, one step slower)."""
+    orders = [list(o) for o in schedule.orders]
+    orders[3][1], orders[3][2] = orders[3][2], orders[3][1]
+    return tuple(tuple(o) for o in orders)
+
+
+def test_a_schedule_built_from_another_derives_its_own_program():
+    # Issue 14: the lowered program and the unit-cost run were cached in ``meta``, which a
+    # schedule made from another (meta=..., dataclasses.replace) shares: it simulated the old one.
+    import dataclasses
+
+    original = build_schedule("1f1b", 4, 4)
+    assert simulate(original, SKEWED).makespan == pytest.approx(22.0)
+    swapped = _with_rank3_swapped(original)
+    fresh = Schedule(4, 4, original.placement, swapped, name="1f1b")
+    same_meta = Schedule(4, 4, original.placement, swapped, name="1f1b", meta=original.meta)
+    replaced = dataclasses.replace(original, orders=swapped)
+    assert simulate(fresh, SKEWED).makespan == pytest.approx(23.0)
+    assert simulate(same_meta, SKEWED).makespan == pytest.approx(23.0)
+    assert simulate(replaced, SKEWED).makespan == pytest.approx(23.0)
+    assert simulate(replaced).makespan == simulate(fresh).makespan  # the unit-cost run too
+    assert replaced.program is not original.program
+
+
+def test_copies_and_pickles_carry_the_fields_not_the_derived_data():
+    import copy
+    import pickle
+
+    schedule = build_schedule("zb-v", 2, 4)
+    simulate(schedule)
+    for other in (copy.copy(schedule), pickle.loads(pickle.dumps(schedule))):
+        assert other == schedule
+        assert "program" not in vars(other) and "derived" not in vars(other)
+        assert simulate(other).makespan == simulate(schedule).makespan

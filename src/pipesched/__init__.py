@@ -21,6 +21,7 @@ from .errors import (
 )
 from .registry import build_schedule, families, get_family, schedule_names
 from .schedule import Schedule
+from .schedules import builtin as _builtin  # noqa: F401  (registers the built-in families)
 from .simulate import SimResult, simulate
 from .validate import validate
 

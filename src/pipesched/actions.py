@@ -19,7 +19,6 @@ from typing import NamedTuple, Union
 
 from .errors import CSVFormatError
 
-KINDS = ("F", "I", "W", "B")
 OVERLAP_F_B = "OVERLAP_F_B"  # torch's computation type of an overlapped forward and backward
 _ACTION_RE = re.compile(r"^\s*(\d+)([FIWB])(\d+)\s*$")
 _OVERLAP_RE = re.compile(r"^\s*\(([^;()]*);([^;()]*)\)" + OVERLAP_F_B + r"\s*$")

@@ -12,10 +12,11 @@ from typing import Optional
 
 from .costs import Costs
 from .errors import PipeschedError
+from .execution import TOLERANCE
+from .planning import actions_built, check_planning_work
+from .ranking import BASELINE
 from .registry import Family, build_schedule, families
 from .simulate import SimResult, simulate
-
-BASELINE = "1f1b"
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def simulate_all(
         except PipeschedError as err:
             outcomes.append(Outcome(family, v or family.default_chunks, error=str(err)))
             continue
-        fits = memory_limit is None or result.max_peak_memory <= memory_limit + 1e-9
+        fits = memory_limit is None or result.max_peak_memory <= memory_limit + TOLERANCE
         outcomes.append(Outcome(family, schedule.chunks, result, fits=fits))
     base = next((o.result for o in outcomes if o.family.name == BASELINE and o.result), None)
     if base is None:
@@ -75,8 +76,6 @@ def simulate_all(
 def check_size(ranks: int, microbatches: int, chunks: Optional[int]) -> int:
     """The actions :func:`simulate_all` builds; a ConfigError naming what fits when that would
     take more than about a minute (:mod:`.planning`)."""
-    from .planning import check_planning_work
-
     return check_planning_work(
         "every schedule", ranks, microbatches, lambda m: planned_work(ranks, m, chunks),
         instead=", or one schedule at a time (pipesched simulate NAME)",
@@ -85,8 +84,6 @@ def check_size(ranks: int, microbatches: int, chunks: Optional[int]) -> int:
 
 def planned_work(ranks: int, microbatches: int, chunks: Optional[int]) -> int:
     """Actions :func:`simulate_all` builds (see :mod:`.planning`)."""
-    from .planning import actions_built
-
     return sum(actions_built(family, ranks, microbatches, v) for family, v in _chosen_chunks(chunks))
 
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from .errors import ConfigError
+from .execution import Program, pair_durations
+from .placement import stages_by_rank
 
 
 @dataclass(frozen=True)
@@ -109,3 +111,33 @@ class Costs:
 
 
 UNIT = Costs()
+
+
+def durations_for(
+    placement: tuple[int, ...], ranks: int, costs: Costs, pipelines: int = 1
+) -> dict[tuple[int, str], float]:
+    """Duration of each (stage, kind) under ``costs`` for a stage-to-rank placement; with
+    several pipelines every model copy's stage ``j`` takes the model's stage-``j`` multiplier."""
+    per_rank = [max(1, len(s)) for s in stages_by_rank(placement, ranks)]
+    length = len(placement) // pipelines
+    mults = costs.multipliers(length)
+    table = {}
+    for s, rank in enumerate(placement):
+        for kind in "FIWB":
+            table[(s, kind)] = costs.kind_cost(kind) * mults[s % length] * pipelines / per_rank[rank]
+    return table
+
+
+def program_durations(program: Program, costs: Costs, recompute: frozenset = frozenset()) -> list[float]:
+    """Duration of every action id of a lowered program (an overlapped pair's on its forward's
+    id, priced by ``costs.overlap``; 0 on its backward's); a stage in ``recompute`` re-runs its
+    forward at the start of its ``I`` and ``B``."""
+    flat = durations_for(program.placement, len(program.rank_ids), costs, program.pipelines)
+    table = [{kind: flat[(s, kind)] for kind in "FIWB"} for s in range(len(program.placement))]
+    for s in recompute:
+        table[s]["I"] += table[s]["F"]
+        table[s]["B"] += table[s]["F"]
+    durations = [table[s][kind] for s, kind, _k in program.actions]
+    if any(b >= 0 for b in program.partner):
+        return pair_durations(program, durations, costs.overlap)
+    return durations

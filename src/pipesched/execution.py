@@ -1,12 +1,19 @@
-"""The execution model every check shares: ranks run their actions in order, sends never block.
+"""The execution model every layer asks: what waits for what, what is sent, when it arrives.
 
 An action starts when its rank has finished the previous action and its input has arrived:
 ``F(s,k)`` needs ``F(s-1,k)``; ``I``/``B(s,k)`` needs the backward of ``(s+1,k)``, or ``F(s,k)``
-on the last stage; ``W(s,k)`` needs ``I(s,k)``. An input from another rank arrives ``comm``
-after it was produced. An overlapped pair (:class:`~pipesched.actions.Overlap`) starts when
-the rank is free and both halves' inputs have arrived; both halves end together, after the
-pair's duration. Computing start times is a longest path over this graph; when no rank
-can move, the schedule deadlocks and the error names each stuck rank and what it waits for.
+on the last stage; ``W(s,k)`` needs ``I(s,k)`` (:func:`dependency`). An input produced on
+another rank is a message (:func:`consumer_stage` says who receives an action's output) and
+arrives ``comm`` after it was produced (:func:`latency`); sends never block. An overlapped pair
+(:class:`~pipesched.actions.Overlap`) starts when the rank is free and both halves' inputs have
+arrived; both halves end together, after the pair's duration. Computing start times is a
+longest path over this graph; when no rank can move, the schedule deadlocks and the error names
+each stuck rank and what it waits for. Times and memory levels are floats: compare them with
+:data:`TOLERANCE`.
+
+The simulator, the validator, the schedule constructions (greedy, W placement), zb-auto's MILP
+and the runtime's communication plan all take these rules from here. (What memory an action
+takes and frees lives in the memory model.)
 
 For speed (schedules reach hundreds of thousands of actions) the programs are first lowered
 to integer ids with each action's dependency resolved once; runs then only index lists.
@@ -23,6 +30,7 @@ from .errors import DeadlockError
 
 NO_DEPENDENCY = -1
 MISSING = -2
+TOLERANCE = 1e-9  # two times (or memory levels) this close are equal: sums of floats round
 
 
 class Span(NamedTuple):
@@ -33,7 +41,7 @@ class Span(NamedTuple):
     end: float
 
 
-def dependency(action: Action, stages: int, pipelines: int = 1) -> tuple[int, str, int] | None:
+def dependency(action: Action | tuple[int, str, int], stages: int, pipelines: int = 1) -> tuple[int, str, int] | None:
     """The (stage, "F"|"G"|"W", microbatch) an action waits for, or None (a pipeline's first F).
 
     "G" stands for the gradient pass of a stage, whichever of I or B the schedule uses there.
@@ -47,6 +55,29 @@ def dependency(action: Action, stages: int, pipelines: int = 1) -> tuple[int, st
     if kind == "W":
         return (s, "G", k)
     return (s + 1, "G", k) if (s + 1) % length else (s, "F", k)
+
+
+def consumer_stage(action: Action, stages: int, pipelines: int = 1) -> int | None:
+    """The other stage whose pass waits for this action's output: ``F(s)`` feeds ``s+1``'s
+    forward, ``I``/``B(s)`` feed ``s-1``'s backward; None for ``W`` and at a pipeline's ends
+    (``pipelines`` as in :func:`dependency`)."""
+    s, kind, _k = action
+    length = stages // pipelines
+    if kind == "F":
+        return s + 1 if (s + 1) % length else None
+    if kind in "IB":
+        return s - 1 if s % length else None
+    return None
+
+
+def crosses_ranks(placement: Sequence[int], producer: int, consumer: int) -> bool:
+    """True when stage ``consumer``'s input from stage ``producer`` is a message between ranks."""
+    return placement[producer] != placement[consumer]
+
+
+def latency(placement: Sequence[int], producer: int, consumer: int, comm: float) -> float:
+    """Delay between stage ``producer`` finishing and stage ``consumer`` having the result."""
+    return comm if crosses_ranks(placement, producer, consumer) else 0.0
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from .actions import Action
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -160,8 +161,6 @@ def format_bytes(value: float) -> str:
 def recompute_stages(spec, stages: int) -> frozenset:
     """The stages to recompute: ``"all"``, ``"none"`` / None, ``"0,2"`` or an iterable of indices.
     Raises ConfigError naming what is valid."""
-    from .errors import ConfigError
-
     if spec is None:
         return frozenset()
     if isinstance(spec, str):

@@ -16,10 +16,12 @@ line that says what would fit.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from .errors import ConfigError
-from .registry import Family
+
+if TYPE_CHECKING:  # the registry asks this module before it builds: type names only
+    from .registry import Family
 
 MAX_ACTIONS_BUILT = 2_200_000  # 1f1b at p=256, m=4096 (2.1M) fits
 SHOW_PROGRESS_FROM = 250_000  # actions built: a few seconds, worth a word on the terminal

@@ -1,7 +1,11 @@
 """The schedule families by name, and ``build_schedule``, the one entry point that builds them.
 
-Each family is a pure builder ``build(ranks, microbatches, chunks, costs, memory_limit)`` plus
-what a user needs to choose it: when to use it, what it needs, what it costs in memory.
+A family is one module with a builder ``build(request: BuildRequest) -> Schedule`` and one
+:func:`register` call with what everything else needs to know about it: when to use it (the
+``list`` table), its chunks and placement, its memory, how the advisor explains it, whether
+zb-auto starts from it, and its torch.distributed.pipelining counterpart. Nothing else names a
+family: ``list``, ``compare``, ``advise``, zb-auto and the torch interop read the registry (see
+docs/extending.md).
 """
 
 from __future__ import annotations
@@ -9,11 +13,16 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from enum import Enum
+from typing import Callable, Iterable, Optional
 
 from .costs import UNIT, Costs
 from .errors import ConfigError, UnknownScheduleError
+from .execution import TOLERANCE
+from .planning import check_schedule_size
+from .ranking import check_objective
 from .schedule import Schedule
+from .simulate import simulate
 from .validate import validate
 
 
@@ -22,26 +31,85 @@ def single_candidate(ranks: int, microbatches: int) -> int:
     return 1
 
 
+class Placement(str, Enum):
+    """Where a family puts its stages (:mod:`pipesched.placement` builds the maps)."""
+
+    LOOP = "loop"  # stage s on rank s % p (one chunk, or Megatron's interleaving)
+    V = "v"  # two chunks per rank, down the ranks and back up
+    SEARCHED = "loop or v"  # the builder picks one per request (zb-auto)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """What a builder is asked for; a builder reads what it needs and ignores the rest.
+
+    ``chunks`` is already checked against the family's range (None only for a family that
+    searches its chunk count); ``memory_limit`` is activations per rank in M_B (None: the
+    family's own default); ``objective`` steers the families that search (``uses_objective``).
+    """
+
+    ranks: int
+    microbatches: int
+    chunks: Optional[int] = None
+    costs: Costs = UNIT
+    memory_limit: Optional[float] = None
+    objective: str = "makespan"
+
+
+@dataclass(frozen=True)
+class TorchCounterpart:
+    """The torch.distributed.pipelining schedule class that does what a family does."""
+
+    class_name: str
+    chunks: Optional[int] = None  # stages per rank torch requires (None: any)
+
+
+@dataclass(frozen=True)
+class ZbAutoCandidate:
+    """How a family seeds zb-auto's search (zb-auto keeps the best of all seeds and its greedy).
+
+    ``order``: position among the seeds; an earlier seed wins ties. ``programs``: the schedules
+    it offers, each with the origin zb-auto reports; None offers the family's own build at
+    zb-auto's memory limit (when the family honours limits) and default chunks. A family may
+    offer several seeds at different positions (a tuple).
+    """
+
+    order: int
+    programs: Optional[Callable[[BuildRequest], Iterable[tuple[str, Schedule]]]] = None
+    width: int = 1  # schedules ``programs`` builds and simulates (the planning bound counts them)
+
+
 @dataclass(frozen=True)
 class Family:
     """A registered schedule family."""
 
     name: str
-    build: Callable[..., Schedule]
+    build: Callable[[BuildRequest], Schedule]
     summary: str  # when to use it, one line
-    placement: str  # "loop" or "v"
+    placement: Placement
     split_backward: bool
     default_chunks: int
     min_chunks: int
     max_chunks: Optional[int]  # None: no upper bound
     memory: str  # peak activations, in words
-    torch_name: Optional[str] = None  # the torch.distributed.pipelining counterpart
     uses_memory_limit: bool = False  # True when memory_limit steers the construction
-    uses_objective: bool = False  # True when build() takes objective="makespan"|"span"
-    searches_chunks: bool = False  # True: chunks=None reaches build(), which tries every count
+    uses_objective: bool = False  # True when the objective steers the construction
+    searches_chunks: bool = False  # True: chunks=None reaches the builder, which tries every count
     parameter_copies: int = 1  # model copies each rank holds (DualPipe: 2; the runtime runs 1)
     # how many candidate schedules build() makes and simulates for (ranks, microbatches), at most
     search_width: Callable[[int, int], int] = single_candidate
+    why: str = ""  # the advisor's reason: what it removes and costs ({v} chunks, {msg} messages, {p} ranks)
+    chunks_hint: str = ""  # appended to the error for a chunk count out of range
+    torch: Optional[TorchCounterpart] = None
+    zb_auto: ZbAutoCandidate | tuple[ZbAutoCandidate, ...] = ()  # () : not a zb-auto seed
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "placement", Placement(self.placement))
+        if isinstance(self.zb_auto, ZbAutoCandidate):
+            object.__setattr__(self, "zb_auto", (self.zb_auto,))
 
     def chunks_text(self) -> str:
         if self.searches_chunks:
@@ -57,11 +125,7 @@ class Family:
             return None if self.searches_chunks else self.default_chunks
         _check_int("chunks", chunks)
         if chunks < self.min_chunks or (self.max_chunks is not None and chunks > self.max_chunks):
-            hint = {
-                "1f1b": " (with chunks>=2 use interleaved-1f1b)",
-                "interleaved-1f1b": " (chunks=1 is plain 1f1b)",
-                "interleaved-zb": " (chunks=1 is zb-h1)",
-            }.get(self.name, "")
+            hint = f" ({self.chunks_hint})" if self.chunks_hint else ""
             raise ConfigError(f"{self.name} needs {self.chunks_text()}, got chunks={chunks}{hint}")
         return chunks
 
@@ -77,9 +141,14 @@ def register(family: Family) -> Family:
     return family
 
 
+def unregister(name: str) -> Family:
+    """Remove a family (a plug-in's or a test's) and return it."""
+    return _FAMILIES.pop(name)
+
+
 def families() -> list[Family]:
-    """Every registered family, in registration order (simplest first)."""
-    _load_builtin()
+    """Every registered family, in registration order (the built-in ones, registered when
+    :mod:`pipesched` is imported, simplest first)."""
     return list(_FAMILIES.values())
 
 
@@ -89,7 +158,6 @@ def schedule_names() -> list[str]:
 
 def get_family(name: str) -> Family:
     """The family called ``name``; an unknown name suggests the closest ones."""
-    _load_builtin()
     key = name.strip().lower()
     if key in _FAMILIES:
         return _FAMILIES[key]
@@ -122,33 +190,27 @@ def build_schedule(
     ``costs`` steer the cost-aware choices; ``memory_limit`` (activations per rank, in one
     microbatch's activations for the rank's share) caps peak memory: families that can trade
     speed for memory honour it, the others raise if they need more. ``objective``
-    (``"makespan"`` or ``"span"``) steers the families that search (``uses_objective``); the
-    others ignore it. Sizes that would take more than about a minute to plan raise a ConfigError
-    that says what fits (:mod:`pipesched.planning`).
+    (``"makespan"``, the default, or ``"span"``) steers the families that search
+    (``uses_objective``); the others ignore it. Sizes that would take more than about a minute
+    to plan raise a ConfigError that says what fits (:mod:`pipesched.planning`).
     """
     family = get_family(name)
     _check_int("ranks", ranks)
     _check_int("microbatches", microbatches)
     v = family.resolve_chunks(chunks)
-    costs = costs if costs is not None else UNIT
     if memory_limit is not None:
         if isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)) or not math.isfinite(memory_limit) or memory_limit <= 0:
             raise ConfigError(f"memory_limit must be a number above 0, got {memory_limit!r}")
-    extra = {}
-    if objective is not None:
-        from .schedules.choose import check_objective
-
-        check_objective(objective)
-        if family.uses_objective:
-            extra["objective"] = objective
-    from .planning import check_schedule_size
-
     check_schedule_size(family, ranks, microbatches, v)  # refuse minutes of work up front
-    schedule = family.build(ranks, microbatches, chunks=v, costs=costs, memory_limit=memory_limit, **extra)
+    request = BuildRequest(
+        ranks, microbatches, v, costs if costs is not None else UNIT, memory_limit,
+        check_objective(objective) if objective is not None else "makespan",
+    )
+    schedule = family.build(request)
     validate(schedule)
     if memory_limit is not None:
         peak = peak_memory(schedule)
-        if peak > memory_limit + 1e-9:
+        if peak > memory_limit + TOLERANCE:
             raise ConfigError(
                 f"{family.name} needs {peak:g} activations per rank at ranks={ranks} "
                 f"microbatches={microbatches}, above memory_limit={memory_limit:g}; "
@@ -159,16 +221,4 @@ def build_schedule(
 
 def peak_memory(schedule: Schedule) -> float:
     """Largest peak activations over ranks (order-only: no costs needed)."""
-    from .simulate import simulate
-
     return simulate(schedule).max_peak_memory
-
-
-_LOADED = False
-
-
-def _load_builtin() -> None:
-    global _LOADED
-    if not _LOADED:
-        _LOADED = True
-        from .schedules import builtin  # noqa: F401  (registers the built-in families)

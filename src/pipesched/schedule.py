@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Iterator, Optional, Sequence
 
 from .actions import Action, Overlap, parse_slot, sub_actions
 from .actions import Slot as Entry
 from .errors import CSVFormatError
+from .execution import Program, lower
 from .placement import placement_style, stages_by_rank
 
 Slot = Optional[Entry]  # an action, an overlapped pair, or None for an idle slot
@@ -35,6 +37,12 @@ class Schedule:
     takes fresh inputs, its last computes the loss, and each run processes its own contiguous
     block of the microbatches (:meth:`stage_microbatches`), so microbatch numbers stay unique.
     torch's CSV cannot say this: a CSV read back is always one pipeline.
+
+    ``meta`` is the user's: who built the schedule and how (zb-auto's origin, interleaving's
+    group). Data derived from the programs (:attr:`program`, :attr:`derived`) lives in cached
+    properties instead: they belong to this object alone, so a schedule made from another one
+    (``dataclasses.replace``, or ``Schedule(..., meta=other.meta)`` with new orders) derives its
+    own and never carries a stale copy.
     """
 
     ranks: int
@@ -69,6 +77,21 @@ class Schedule:
     def style(self) -> str:
         """``"loop"``, ``"v"`` or ``"custom"``."""
         return placement_style(self.placement, self.ranks)
+
+    @cached_property
+    def program(self) -> Program:
+        """The programs lowered to ids for the execution model (computed once per object)."""
+        return lower([self.rank_entries(r) for r in range(self.ranks)], self.placement, self.pipelines)
+
+    @cached_property
+    def derived(self) -> dict:
+        """What the layers above computed from this object's programs, to compute it only once
+        (:mod:`pipesched.validate` keeps its verdict here). Never copied to another schedule."""
+        return {}
+
+    def __getstate__(self) -> dict:
+        """Pickles and copies carry the fields only: the receiver derives its own program."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def rank_entries(self, rank: int) -> list[Entry]:
         """Rank ``rank``'s program entries (actions and overlapped pairs), idle slots dropped."""

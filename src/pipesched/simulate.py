@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Optional
 
-from .costs import UNIT, Costs
-from .execution import Program, Span, pair_durations, run
+from .costs import UNIT, Costs, durations_for, program_durations
+from .execution import Program, Span, run
 from .memory import MemorySizes, levels, peak_bytes, unit_peak, unit_sizes
 from .placement import stages_by_rank
 from .schedule import Schedule
@@ -116,32 +116,11 @@ def action_durations(schedule: Schedule, costs: Costs) -> dict[tuple[int, str], 
     return durations_for(schedule.placement, schedule.ranks, costs, schedule.pipelines)
 
 
-def durations_for(
-    placement: tuple[int, ...], ranks: int, costs: Costs, pipelines: int = 1
-) -> dict[tuple[int, str], float]:
-    """Duration of each (stage, kind) under ``costs`` for a stage-to-rank placement; with
-    several pipelines every model copy's stage ``j`` takes the model's stage-``j`` multiplier."""
-    per_rank = [max(1, len(s)) for s in stages_by_rank(placement, ranks)]
-    length = len(placement) // pipelines
-    mults = costs.multipliers(length)
-    table = {}
-    for s, rank in enumerate(placement):
-        for kind in "FIWB":
-            table[(s, kind)] = costs.kind_cost(kind) * mults[s % length] * pipelines / per_rank[rank]
-    return table
-
-
 def durations_by_id(schedule: Schedule, program: Program, costs: Costs, recompute: frozenset = frozenset()) -> list[float]:
     """Duration of every action of the lowered program, in id order (an overlapped pair's on
     its forward's id, priced by ``costs.overlap``); a recomputed stage's ``I`` and ``B`` re-run
     its forward first."""
-    flat = action_durations(schedule, costs)
-    table = [{kind: flat[(s, kind)] for kind in "FIWB"} for s in range(schedule.stages)]
-    for s in recompute:
-        table[s]["I"] += table[s]["F"]
-        table[s]["B"] += table[s]["F"]
-    durations = [table[s][kind] for s, kind, _k in program.actions]
-    return pair_durations(program, durations, costs.overlap) if schedule.overlapped else durations
+    return program_durations(program, costs, recompute)
 
 
 def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional[MemorySizes] = None) -> SimResult:
@@ -152,11 +131,11 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional
     Raises ScheduleError for a malformed schedule and DeadlockError for one that cannot finish.
     """
     costs = costs or UNIT
-    if not schedule.meta.get(VALIDATED):
+    if not schedule.derived.get(VALIDATED):
         check_structure(schedule)
     program = lowered(schedule)
     recompute = memory.recompute if memory is not None else frozenset()
-    cached = schedule.meta.get(UNIT_RUN) if costs == UNIT and not recompute else None
+    cached = schedule.derived.get(UNIT_RUN) if costs == UNIT and not recompute else None
     if cached is not None:
         durations, starts, ends = cached
     else:

@@ -9,8 +9,9 @@ microbatch's backward together with that microbatch's forward of the same stage.
 
 from __future__ import annotations
 
+from .costs import UNIT, program_durations
 from .errors import ScheduleError
-from .execution import Program, lower, run
+from .execution import Program, run
 from .schedule import Schedule
 
 
@@ -113,12 +114,8 @@ def _check_pair(seen: dict, rank: int, s: int, k: int) -> None:
 
 
 def lowered(schedule: Schedule) -> Program:
-    """The schedule's programs lowered to ids (computed once, kept with the schedule)."""
-    program = schedule.meta.get(_PROGRAM)
-    if program is None:
-        orders = [schedule.rank_entries(r) for r in range(schedule.ranks)]
-        program = schedule.meta[_PROGRAM] = lower(orders, schedule.placement, schedule.pipelines)
-    return program
+    """The schedule's programs lowered to ids (:attr:`Schedule.program`, computed once)."""
+    return schedule.program
 
 
 def check_deadlock(schedule: Schedule) -> None:
@@ -126,12 +123,9 @@ def check_deadlock(schedule: Schedule) -> None:
 
     The run uses unit costs; its times are kept so that a unit-cost simulation can reuse them.
     """
-    from .costs import UNIT
-    from .simulate import durations_by_id
-
     program = lowered(schedule)
-    durations = durations_by_id(schedule, program, UNIT)
-    schedule.meta[UNIT_RUN] = (durations, *run(program, durations, 0.0))
+    durations = program_durations(program, UNIT)
+    schedule.derived[UNIT_RUN] = (durations, *run(program, durations, 0.0))
 
 
 def validate(schedule: Schedule) -> Schedule:
@@ -139,14 +133,13 @@ def validate(schedule: Schedule) -> Schedule:
 
     A schedule is immutable, so a schedule that passed once is not checked again.
     """
-    if schedule.meta.get(VALIDATED) and UNIT_RUN in schedule.meta:
+    if schedule.derived.get(VALIDATED) and UNIT_RUN in schedule.derived:
         return schedule
     check_structure(schedule)
     check_deadlock(schedule)
-    schedule.meta[VALIDATED] = True
+    schedule.derived[VALIDATED] = True
     return schedule
 
 
-VALIDATED = "_validated"  # meta flag: the structure was checked, so simulate need not repeat it
-_PROGRAM = "_program"  # meta cache: the lowered programs
-UNIT_RUN = "_unit_run"  # meta cache: (durations, starts, ends) of the unit-cost run
+VALIDATED = "validated"  # Schedule.derived flag: the structure was checked, simulate need not repeat it
+UNIT_RUN = "unit_run"  # Schedule.derived: (durations, starts, ends) of the unit-cost run

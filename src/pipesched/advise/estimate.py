@@ -33,6 +33,7 @@ from typing import Optional
 
 from ..costs import Costs
 from ..errors import ConfigError
+from ..execution import TOLERANCE
 from ..memory import MemorySizes, StageMemory
 from ..placement import loop_placement, v_placement
 
@@ -138,7 +139,7 @@ def balance_layers(layers: int, stages: int, layer_cost: float, first_extra: flo
     extras[-1] += last_extra
 
     def capacity(target: float) -> list[int]:
-        return [int((target - e) / layer_cost + 1e-9) for e in extras]
+        return [int((target - e) / layer_cost + TOLERANCE) for e in extras]
 
     targets = sorted({n * layer_cost + e for n in range(1, layers + 1) for e in set(extras)})
     lo, hi = 0, len(targets) - 1

@@ -7,61 +7,30 @@ fitting, a simpler schedule within a whisker, and how the microbatch count was c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from ..errors import UnknownScheduleError
+from ..execution import TOLERANCE
 from ..memory import format_bytes
 from ..registry import get_family
-
-if TYPE_CHECKING:
-    from .search import Advice, Candidate
+from .result import Advice, Candidate
 
 NEAR = 0.01  # a simpler schedule this close (relative) to the best is worth a note
 
-# What each family does to the bubble and what it costs, for the reason sentence.
-WHY = {
-    "gpipe": "all forwards then all backwards: the same warm-up and drain bubble as 1F1B, "
-             "and it holds every microbatch's activations (m M_B)",
-    "1f1b": "one forward, one backward after the warm-up: it keeps the (p-1)(F+B+W) warm-up "
-            "and drain bubble but frees activations early (p M_B)",
-    "interleaved-1f1b": "{v} chunks per rank shrink the warm-up and drain bubble about {v}-fold, "
-                        "at about {msg}x 1F1B's point-to-point messages and a little more memory",
-    "looped-bfs": "{v} chunks per rank, breadth first: interleaving's smaller bubble, but every "
-                  "microbatch stays in memory as in GPipe, and {msg}x the messages",
-    "zb-h1": "the backward is split into input- and weight-gradient passes and the weight passes "
-             "fill the drain, about a third of 1F1B's bubble at the same memory and messages",
-    "zb-h2": "split backward and a deeper warm-up remove the bubble once iterations overlap, "
-             "for about twice 1F1B's activation memory",
-    "zb-v": "two chunks per rank in a V with a split backward: no bubble at 1F1B's memory, "
-            "for {msg}x 1F1B's point-to-point volume",
-    "interleaved-zb": "{v} chunks per rank plus a split backward: interleaving's small warm-up "
-                      "and weight passes in the gaps, at about {msg}x 1F1B's messages",
-    "zb-auto": "a cost-aware zero-bubble order found by search for these costs and this limit, "
-               "so weight passes land exactly in the gaps the costs leave",
-    "v-half": "a V schedule at about half 1F1B's activation memory that still removes about half "
-              "its bubble, for {msg}x the point-to-point volume",
-    "v-min": "a V schedule at about a third of 1F1B's activation memory, about 1F1B's speed, "
-             "for {msg}x the point-to-point volume",
-    "dualpipev": "DualPipeV overlaps one microbatch's forward with another's backward in a V, "
-                 "shrinking the bubble for {msg}x the point-to-point volume",
-}
-
-
-def why(c: "Candidate", ranks: int) -> str:
+def why(c: Candidate, ranks: int) -> str:
     """One clause: what this candidate's family removes and what it costs."""
-    template = WHY.get(c.schedule)
-    if template is None:
-        try:
-            template = get_family(c.schedule).summary
-        except UnknownScheduleError:
-            template = c.schedule
+    try:
+        family = get_family(c.schedule)
+        template = family.why or family.summary  # each family carries its own explanation
+    except UnknownScheduleError:
+        template = c.schedule
     text = template.format(v=c.chunks, msg=_message_ratio(c, ranks), p=ranks)
     if c.peak_memory_reference < 0.9 * ranks:
         text += f"; here it holds {memory_text(c)} per rank, {c.peak_memory_reference / ranks:.0%} of 1F1B's p"
     return text
 
 
-def explain(advice: "Advice") -> tuple[str, list[str]]:
+def explain(advice: Advice) -> tuple[str, list[str]]:
     """The 1-2 sentence reason and the notes for ``advice``."""
     best, base, p = advice.recommended, advice.baseline, advice.ranks
     unit = advice.objective
@@ -105,20 +74,20 @@ def explain(advice: "Advice") -> tuple[str, list[str]]:
     return reason, notes
 
 
-def _message_ratio(c: "Candidate", ranks: int) -> str:
+def _message_ratio(c: Candidate, ranks: int) -> str:
     if ranks <= 1:
         return "1"
     ratio = c.messages / (ranks - 1)
     return f"{ratio:.0f}" if abs(ratio - round(ratio)) < 0.05 else f"{ratio:.1f}"
 
 
-def _fastest_over_limit(advice: "Advice", best: "Candidate") -> Optional["Candidate"]:
+def _fastest_over_limit(advice: Advice, best: Candidate) -> Optional[Candidate]:
     unit = advice.objective
-    over = [c for c in advice.candidates if not c.fits and c.value(unit) < best.value(unit) * (1 - 1e-9)]
+    over = [c for c in advice.candidates if not c.fits and c.value(unit) < best.value(unit) * (1 - TOLERANCE)]
     return min(over, key=lambda c: c.value(unit)) if over else None
 
 
-def _few_microbatches(best: "Candidate", ranks: int) -> str:
+def _few_microbatches(best: Candidate, ranks: int) -> str:
     if best.microbatches > ranks:
         return ""
     return (
@@ -128,7 +97,7 @@ def _few_microbatches(best: "Candidate", ranks: int) -> str:
     )
 
 
-def _guide_default(advice: "Advice") -> str:
+def _guide_default(advice: Advice) -> str:
     best, base, unit = advice.recommended, advice.baseline, advice.objective
     if base is None or base is best or (base.schedule == best.schedule and base.microbatches == best.microbatches):
         return ""
@@ -148,7 +117,7 @@ def _guide_default(advice: "Advice") -> str:
     )
 
 
-def _simpler_alternative(fitting: list["Candidate"], best: "Candidate", unit: str, ranks: int) -> str:
+def _simpler_alternative(fitting: list[Candidate], best: Candidate, unit: str, ranks: int) -> str:
     for alt in fitting[1:]:
         if alt.value(unit) > best.value(unit) * (1 + NEAR):
             break
@@ -166,7 +135,7 @@ def _simpler_alternative(fitting: list["Candidate"], best: "Candidate", unit: st
     return ""
 
 
-def memory_text(c: "Candidate") -> str:
+def memory_text(c: Candidate) -> str:
     """Peak memory in M_B units of the reference microbatch, plus GB when known."""
     if c.recompute != "none" and c.peak_memory_bytes is not None:  # M_B counts stored activations
         return f"{c.memory_gb:.1f} GB" if c.memory_gb is not None else format_bytes(c.peak_memory_bytes)
@@ -176,7 +145,7 @@ def memory_text(c: "Candidate") -> str:
     return text + (f" ({format_bytes(c.peak_memory_bytes)})" if c.peak_memory_bytes is not None else "")
 
 
-def _microbatch_choice(advice: "Advice") -> str:
+def _microbatch_choice(advice: Advice) -> str:
     options = advice.plan.options
     if len(options) <= 1:
         return ""

@@ -1,127 +1,33 @@
 """The advisor: build and simulate every candidate, keep those within the memory limit, rank them.
 
-Ranking: candidates that fit come first, fastest first by the objective (``makespan``: the
-iteration time when the optimizer step synchronises ranks; ``span``: the period when iterations
-overlap). Ties (within 1e-9 relative) go to lower peak memory, then fewer chunks (fewer messages),
-then the simpler family (registry order). Candidates over the limit follow, leanest first.
+Ranking: candidates that fit come first, best first by :func:`pipesched.ranking.rank_key`
+(the objective: ``makespan``, the iteration time when the optimizer step synchronises ranks, or
+``span``, the period when iterations overlap; then the other time, then peak memory); what is
+still tied goes to fewer chunks (fewer messages), then the simpler family (registry order).
+Candidates over the limit follow, leanest first.
 """
 
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Callable, ContextManager, Optional, Sequence
 
 from ..costs import Costs
 from ..errors import ConfigError, PipeschedError
+from ..execution import TOLERANCE
 from ..memory import format_bytes
 from ..planning import actions_built, check_planning_work
+from ..ranking import BASELINE, OBJECTIVES, rank_key, significant
 from ..registry import Family, build_schedule, families as registered_families
 from ..simulate import simulate
 from .candidates import BatchPlan, Setting, batch_plan, settings
 from .costmodel import CostModel, ScaledCosts
+from .explain import explain
 from .parallel import default_workers, map_outcomes
+from .result import Advice, Candidate
 
-OBJECTIVES = ("makespan", "span")
-BASELINE = "1f1b"
-_TOL = 1e-9
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One simulated configuration, with what ``build_schedule`` needs to rebuild it."""
-
-    schedule: str
-    chunks: int
-    microbatches: int
-    microbatch_size: Optional[int]
-    memory_limit: Optional[float]  # pass to build_schedule (this candidate's M_B units)
-    costs: Costs  # pass to build_schedule and simulate
-    makespan: float
-    span: float
-    bubble_ratio: float
-    peak_memory: float  # largest over ranks, this candidate's M_B units
-    peak_per_rank: tuple[float, ...]
-    scale: float  # this microbatch's size over the reference one
-    fits: bool
-    limit: Optional[float] = None  # the limit it was held to (its own units), None: no limit
-    placement: str = "loop"
-    messages: int = 0  # cross-rank transfers per microbatch in each direction
-    speedup_vs_1f1b: Optional[float] = None
-    layers_per_stage: Optional[tuple[int, ...]] = None
-    memory_gb: Optional[float] = None
-    objective: Optional[str] = None  # pass to build_schedule for families that search by it
-    recompute: str = "none"  # "all": every stage recomputes its activations in the backward
-    peak_memory_bytes: Optional[float] = None  # fullest rank: activations plus what the model counts besides
-    activation_bytes: Optional[float] = None  # fullest rank's activations alone
-
-    @property
-    def peak_memory_reference(self) -> float:
-        """Peak in the reference microbatch's M_B units (comparable across microbatch sizes)."""
-        return self.peak_memory * self.scale
-
-    def value(self, objective: str) -> float:
-        return self.makespan if objective == "makespan" else self.span
-
-    def label(self) -> str:
-        extra = ", recompute all" if self.recompute != "none" else ""
-        return f"{self.schedule} (chunks={self.chunks}, m={self.microbatches}{extra})"
-
-    def to_json(self) -> dict:
-        c = self.costs
-        return {
-            "schedule": self.schedule,
-            "chunks": self.chunks,
-            "microbatches": self.microbatches,
-            "microbatch_size": self.microbatch_size,
-            "memory_limit": self.memory_limit,
-            "costs": {
-                "F": c.F, "B": c.B, "W": c.W, "comm": c.comm,
-                "stage_multipliers": list(c.stage_multipliers) if c.stage_multipliers else None,
-            },
-            "makespan": self.makespan,
-            "span": self.span,
-            "bubble_ratio": self.bubble_ratio,
-            "peak_memory": self.peak_memory,
-            "peak_memory_per_rank": list(self.peak_per_rank),
-            "peak_memory_reference": self.peak_memory_reference,
-            "memory_scale": self.scale,
-            "fits": self.fits,
-            "speedup_vs_1f1b": self.speedup_vs_1f1b,
-            "layers_per_stage": list(self.layers_per_stage) if self.layers_per_stage else None,
-            "memory_gb": self.memory_gb,
-            "messages_per_microbatch": self.messages,
-            "objective": self.objective,
-            "recompute": self.recompute,
-            "peak_memory_bytes": self.peak_memory_bytes,
-        }
-
-
-@dataclass(frozen=True)
-class Advice:
-    """The ranked candidates, the recommendation and why."""
-
-    ranks: int
-    objective: str
-    memory_limit: Optional[float]  # reference M_B units, None: no limit
-    plan: BatchPlan
-    candidates: tuple[Candidate, ...]  # best first; those that fit come first
-    baseline: Optional[Candidate]  # 1f1b at the reference microbatch count
-    reason: str = ""
-    notes: tuple[str, ...] = ()
-    skipped: tuple[tuple[str, int, int, str], ...] = field(default=())  # (schedule, chunks, m, why)
-
-    @property
-    def recommended(self) -> Candidate:
-        return self.candidates[0]
-
-    @property
-    def fitting(self) -> list[Candidate]:
-        return [c for c in self.candidates if c.fits]
-
-    def to_json(self) -> list[dict]:
-        return [c.to_json() for c in self.candidates]
+__all__ = ["Advice", "Candidate", "NoCandidateFitsError", "advise", "objective_option"]
 
 
 class NoCandidateFitsError(ConfigError):
@@ -156,8 +62,6 @@ def advise(
     Searches that would take more than about a minute raise a ConfigError (:mod:`..planning`).
     Raises :class:`NoCandidateFitsError` when nothing fits, naming the smallest feasible limit.
     """
-    from .explain import explain
-
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ConfigError(f"ranks must be a whole number of at least 1, got {ranks!r}")
     if objective not in OBJECTIVES:
@@ -205,11 +109,11 @@ def advise(
 
     fits = sorted(
         (c for c in built if c.fits),
-        key=lambda c: (_rounded(c.value(objective)), c.peak_memory_reference, c.chunks, order[c.schedule]),
+        key=lambda c: (rank_key(c.makespan, c.span, c.peak_memory_reference, objective), c.chunks, order[c.schedule]),
     )
     over = sorted(
         (c for c in built if not c.fits),
-        key=lambda c: (_rounded(c.activation_bytes or 0.0), _rounded(c.peak_memory_reference),
+        key=lambda c: (significant(c.activation_bytes or 0.0), significant(c.peak_memory_reference),
                        order[c.schedule], c.value(objective)),
     )
     if not fits:
@@ -274,7 +178,7 @@ def _evaluate(
     if steer_to_floor:
         steer_to = 1.0
     try:
-        schedule = build_schedule(family.name, ranks, m, v, costs, steer_to, **objective_option(family, objective))
+        schedule = build_schedule(family.name, ranks, m, v, costs, steer_to, objective)
     except PipeschedError as err:
         if steer_to is None:
             raise
@@ -289,7 +193,7 @@ def _evaluate(
         result = simulate(schedule, costs, sizes.with_recompute(recompute) if sizes is not None else None)
         peaks = result.peak_memory
         peak = max(peaks)
-        fits = limit is None or peak <= limit + 1e-9
+        fits = limit is None or peak <= limit + TOLERANCE
         memory_gb = model.memory_gb(schedule.stages, schedule.style, scale, tuple(peaks))
         peak_bytes = activation_bytes = None
         if sizes is not None:
@@ -299,7 +203,7 @@ def _evaluate(
             activation_bytes = max(held)
             memory_gb = peak_bytes / 1e9 if memory_gb is not None else None
             if budgets is not None:
-                fits = all(a <= b * (1 + 1e-9) for a, b in zip(held, budgets))
+                fits = all(a <= b * (1 + TOLERANCE) for a, b in zip(held, budgets))
         out.append(Candidate(
             schedule=family.name,
             chunks=schedule.chunks,
@@ -328,18 +232,9 @@ def _evaluate(
 
 
 def _with_speedup(c: Candidate, baseline: Optional[Candidate], objective: str) -> Candidate:
-    from dataclasses import replace
-
     if baseline is None:
         return c
     return replace(c, speedup_vs_1f1b=baseline.value(objective) / c.value(objective))
-
-
-def _rounded(x: float) -> float:
-    if x == 0:
-        return 0.0
-    digits = 9 - int(math.floor(math.log10(abs(x))))
-    return round(x, digits)
 
 
 def _no_fit_message(over: Sequence[Candidate], limit: Optional[float], device: bool) -> str:

@@ -15,9 +15,14 @@ from __future__ import annotations
 from typing import Optional
 
 from ..costs import UNIT, Costs
+from ..registry import BuildRequest
+from ..execution import TOLERANCE
 from ..schedule import Schedule
-from ..schedules.choose import best_schedule, check_objective, ranked_schedules
+from ..ranking import check_objective, objective_value
+from ..schedules.choose import best_schedule, ranked_schedules, work_bound
 from ..schedules.limits import resolve_limit
+from .local import SWAP_EVALUATIONS, improve_by_swaps
+from .milp import refine
 from .search import all_candidates, candidate_count, with_weights_replaced
 
 MILP_MAX_SIZE = 256  # ranks * microbatches up to which the exact refinement runs
@@ -64,11 +69,7 @@ def build_auto(
     schedule, result = best
     meta = {"origin": origins.get(id(schedule), "?"), "objective": objective, "memory_limit": limit}
     if milp and time_limit > 0 and ranks * microbatches <= MILP_MAX_SIZE:
-        from ..schedules.choose import objective_value, work_bound
-        from .local import improve_by_swaps
-        from .milp import refine
-
-        if objective_value(result, objective) > work_bound(schedule, costs, objective) * (1 + 1e-9):
+        if objective_value(result, objective) > work_bound(schedule, costs, objective) * (1 + TOLERANCE):
             polished = improve_by_swaps(schedule, costs, limit, objective, time_limit / 2)
             if polished.orders != schedule.orders:
                 schedule = polished
@@ -85,23 +86,16 @@ def build_auto(
                     name="zb-auto", meta=meta)
 
 
-def build(
-    ranks: int,
-    microbatches: int,
-    chunks: Optional[int] = None,
-    costs: Optional[Costs] = None,
-    memory_limit: Optional[float] = None,
-    objective: str = "makespan",
-) -> Schedule:
+def build(request: BuildRequest) -> Schedule:
     """The registry's builder (``chunks=None``: the search picks 1 or 2 stages per rank)."""
-    return build_auto(ranks, microbatches, costs, memory_limit, objective, chunks=chunks)
+    r = request
+    return build_auto(r.ranks, r.microbatches, r.costs, r.memory_limit, r.objective, chunks=r.chunks)
 
 
 def search_width(ranks: int, microbatches: int) -> int:
     """The most schedules :func:`build_auto` simulates: every candidate, the best few again with
     their W passes re-placed, the leader once more among them, and on small instances
     (``MILP_MAX_SIZE``) the swaps' evaluations and the exact refinement's two."""
-    from .local import SWAP_EVALUATIONS
 
     width = candidate_count(ranks, microbatches) + len(FILL_PARTIAL_WAITS) * TOP_FOR_W_REPLACEMENT + 1
     if ranks * microbatches <= MILP_MAX_SIZE:

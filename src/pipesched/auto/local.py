@@ -14,10 +14,11 @@ import time
 
 from ..costs import Costs
 from ..errors import DeadlockError
+from ..execution import TOLERANCE
 from ..schedule import Schedule
-from ..schedules.choose import objective_value
+from ..simulate import simulate
+from ..ranking import result_key
 
-_EPS = 1e-9
 SWAP_EVALUATIONS = 150  # schedules simulated at most (the work bound that makes results portable)
 
 
@@ -30,14 +31,12 @@ def improve_by_swaps(
     max_evaluations: int = SWAP_EVALUATIONS,
 ) -> Schedule:
     """Hill-climb over swaps of neighbouring actions; returns ``schedule`` if nothing helps."""
-    from ..simulate import simulate
-
     deadline = time.perf_counter() + seconds
     budget = [max_evaluations]
     orders = [list(schedule.rank_actions(r)) for r in range(schedule.ranks)]
-    best = _score(simulate(schedule, costs), objective)
+    best = result_key(simulate(schedule, costs), objective)
 
-    def evaluate() -> tuple[float, float] | None:
+    def evaluate() -> tuple[float, float, float] | None:
         budget[0] -= 1
         candidate = Schedule(schedule.ranks, schedule.microbatches, schedule.placement,
                              tuple(tuple(o) for o in orders), name=schedule.name)
@@ -45,9 +44,9 @@ def improve_by_swaps(
             result = simulate(candidate, costs)
         except DeadlockError:
             return None
-        if result.max_peak_memory > memory_limit + _EPS:
+        if result.max_peak_memory > memory_limit + TOLERANCE:
             return None
-        return _score(result, objective)
+        return result_key(result, objective)
 
     improved = True
     def spent() -> bool:
@@ -73,8 +72,3 @@ def improve_by_swaps(
     return Schedule(schedule.ranks, schedule.microbatches, schedule.placement,
                     tuple(tuple(o) for o in orders), name=schedule.name, meta=schedule.meta)
 
-
-def _score(result, objective: str) -> tuple[float, float]:
-    main = round(objective_value(result, objective), 9)
-    other = round(result.span if objective == "makespan" else result.makespan, 9)
-    return (main, other)

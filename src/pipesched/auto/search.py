@@ -3,8 +3,9 @@
 - the cost-aware greedy (:mod:`pipesched.schedules.greedy`) with one chunk per rank, under each
   setting of its switches (the Zero Bubble heuristic's search);
 - the same greedy with two chunks per rank in a V;
-- every handcrafted schedule of ours that fits the limit (1F1B, ZB-H1, ZB-H2 and interleaved ZB
-  at the limit, ZB-V's program, the V-Half/V-Min blocks, ...), so the result is never worse;
+- every registered family that declares itself a seed (``Family.zb_auto``: 1F1B, ZB-H1, ZB-H2
+  and interleaved ZB at the limit, ZB-V's program, the V-Half/V-Min blocks, ...), so the
+  result is never worse than a handcrafted schedule that fits;
 - the best few again with their W passes re-placed for these costs
   (:func:`with_weights_replaced`): the handcrafted programs put W by a unit-cost rule.
 """
@@ -17,16 +18,12 @@ from typing import Iterator, Optional
 from ..costs import Costs
 from ..errors import PipeschedError
 from ..placement import loop_placement, v_placement
+from ..registry import BuildRequest, families
 from ..schedule import Schedule
 from ..schedules.greedy import Knobs, build_greedy
-from ..schedules.v_blocks import block_orders, v_half_offsets, v_min_offsets
-from ..schedules.v_compact import COMPACTION_COST, compacted_orders
 from ..schedules.v_family import v_knobs
 from ..schedules.wfill import fill_weight_passes
-from ..schedules.zbv import rank_order
 
-HANDCRAFTED = ("1f1b", "zb-h1", "zb-h2", "interleaved-zb", "interleaved-1f1b", "gpipe", "looped-bfs")
-HOLD_EVERY_MICROBATCH = ("gpipe", "looped-bfs")
 LARGE = 512  # ranks * microbatches above which fewer greedy settings are tried
 HUGE = 4096  # ... and above which only two per placement
 
@@ -59,47 +56,30 @@ def greedy_candidates(
             yield f"greedy V {_knob_text(k)}", build_greedy(v, ranks, microbatches, costs, limit, k, "zb-auto")
 
 
-V_PROGRAMS = {  # the V programs among the handcrafted candidates: per-rank orders for (ranks, m)
-    "zb-v": lambda ranks, m: [rank_order(r, ranks, m) for r in range(ranks)],
-    "v-half block": lambda ranks, m: block_orders(ranks, m, v_half_offsets),
-    "v-min block": lambda ranks, m: block_orders(ranks, m, v_min_offsets),
-    "v-half compacted": lambda ranks, m: compacted_orders(ranks, m, v_half_offsets),
-    "v-min compacted": lambda ranks, m: compacted_orders(ranks, m, v_min_offsets),
-}
-
-
 def handcrafted_candidates(ranks: int, microbatches: int, costs: Costs, limit: float) -> Iterator[tuple[str, Optional[Schedule]]]:
-    from ..registry import get_family
-
-    for name in HANDCRAFTED:
-        family = get_family(name)
-        if name in HOLD_EVERY_MICROBATCH and microbatches > limit:
-            continue  # their peak is m
+    """The seeds the registered families offer (``Family.zb_auto``), in their declared order."""
+    seeds = sorted(((seed, f) for f in families() for seed in f.zb_auto), key=lambda pair: pair[0].order)
+    for seed, family in seeds:
+        request = BuildRequest(ranks, microbatches, family.default_chunks, costs,
+                               limit if family.uses_memory_limit else None)
+        if seed.programs is not None:
+            yield from seed.programs(request)
+            continue
         try:
-            schedule = family.build(
-                ranks, microbatches, chunks=family.default_chunks, costs=costs,
-                memory_limit=limit if family.uses_memory_limit else None,
-            )
+            yield family.name, family.build(request)
         except PipeschedError:
             continue
-        yield name, schedule
-    v = v_placement(ranks)
-    for name, program in V_PROGRAMS.items():
-        orders = program(ranks, microbatches)
-        yield name, Schedule(ranks, microbatches, v, tuple(tuple(o) for o in orders), name=name)
-
-
 
 
 def candidate_count(ranks: int, microbatches: int) -> int:
-    """The most schedules :func:`all_candidates` builds and simulates, each handcrafted family's
-    own search included (the cost of planning grows with it: see :mod:`pipesched.planning`)."""
-    from ..registry import get_family
-
-    handcrafted = sum(get_family(name).search_width(ranks, microbatches) for name in HANDCRAFTED)
+    """The most schedules :func:`all_candidates` builds and simulates, each seed family's own
+    search included (the cost of planning grows with it: see :mod:`pipesched.planning`)."""
+    seeds = sum(
+        family.search_width(ranks, microbatches) if seed.programs is None else seed.width
+        for family in families() for seed in family.zb_auto
+    )
     greedy = len(loop_knobs(ranks, microbatches)) + len(v_greedy_knobs(ranks, microbatches))
-    compacted = sum(1 for name in V_PROGRAMS if name.endswith("compacted"))
-    return handcrafted + len(V_PROGRAMS) + (COMPACTION_COST - 1) * compacted + greedy
+    return seeds + greedy
 
 
 def _knob_text(k: Knobs) -> str:

@@ -12,18 +12,12 @@ from typing import Optional
 from unittest import mock
 
 from ..actions import Action, Overlap
+from ..registry import TorchCounterpart, families
 from ..schedule import Schedule
 
-# pipesched name -> torch class name, stages per rank
-TORCH_COUNTERPARTS = {
-    "gpipe": ("ScheduleGPipe", 1),
-    "1f1b": ("Schedule1F1B", 1),
-    "interleaved-1f1b": ("ScheduleInterleaved1F1B", None),
-    "looped-bfs": ("ScheduleLoopedBFS", None),
-    "interleaved-zb": ("ScheduleInterleavedZeroBubble", None),
-    "zb-v": ("ScheduleZBVZeroBubble", 2),
-    "dualpipev": ("ScheduleDualPipeV", 2),
-}
+def torch_counterparts() -> dict[str, TorchCounterpart]:
+    """pipesched name -> torch's schedule class, as each registered family declares it."""
+    return {f.name: f.torch for f in families() if f.torch is not None}
 
 
 def torch_schedule(name: str, ranks: int, microbatches: int, chunks: int = 2) -> Optional[Schedule]:
@@ -35,8 +29,9 @@ def torch_schedule(name: str, ranks: int, microbatches: int, chunks: int = 2) ->
     import torch.distributed.pipelining.schedules as ts
     from torch.distributed.pipelining.stage import PipelineStage
 
-    class_name, fixed_chunks = TORCH_COUNTERPARTS[name]
-    per_rank = fixed_chunks or chunks
+    counterpart = torch_counterparts()[name]
+    per_rank = counterpart.chunks or chunks
+    class_name = counterpart.class_name
     cls = getattr(ts, class_name)
     stage = mock.create_autospec(PipelineStage, instance=True)
     stage.group_rank = 0

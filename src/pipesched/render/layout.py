@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
+from ..execution import TOLERANCE
 from .palette import BASE, KIND_NAMES, style_key
 from .timeline import Timeline, overlaps_previous, summary_line
 
@@ -158,7 +159,7 @@ def _strip(curve, top: float, top_level: float, px: float, makespan: float) -> S
     peak_level, peak_time = 0.0, 0.0
     for time, new_level in curve:
         x = LABEL_W + time * px
-        if points and abs(points[-1][0] - x) < 1e-9:
+        if points and abs(points[-1][0] - x) < TOLERANCE:
             points[-1] = (x, y_of(new_level))
         else:
             points.append((x, y_of(level)))
@@ -175,5 +176,5 @@ def _tick_times(axis_end: float, px: float) -> list[float]:
     raw = 70 / px
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
-    count = int(axis_end / step + 1e-9)
+    count = int(axis_end / step + TOLERANCE)
     return [i * step for i in range(count + 1)]

@@ -1,24 +1,35 @@
 """The torch.distributed runtime: runs any validated Schedule, equal to unpipelined training.
 
-The only layer of pipesched (with ``interop``) that imports torch.
+The only layer of pipesched (with ``interop``) that imports torch, and only where it runs
+something: the names below load their module (and torch) on first use, so the pure-Python
+parts (:mod:`.plan`, the message order; :mod:`.timeline`, replaying measured times) import
+anywhere, torch or not.
 """
 
-from .executor import NonFiniteLoss, PipelineRuntime, StepResult
-from .launch import DistributedRunError, spawn
-from .models import ModelDef, get_model
-from .p2p import PeerFailure
-from .partition import block_counts, sequential_builder, stage_block_ranges
+from __future__ import annotations
 
-__all__ = [
-    "DistributedRunError",
-    "ModelDef",
-    "NonFiniteLoss",
-    "PeerFailure",
-    "PipelineRuntime",
-    "StepResult",
-    "block_counts",
-    "get_model",
-    "sequential_builder",
-    "spawn",
-    "stage_block_ranges",
-]
+from importlib import import_module
+
+_HOME = {  # exported name -> the module that defines it
+    "NonFiniteLoss": "executor",
+    "PipelineRuntime": "executor",
+    "StepResult": "executor",
+    "DistributedRunError": "launch",
+    "spawn": "launch",
+    "ModelDef": "models",
+    "get_model": "models",
+    "PeerFailure": "p2p",
+    "block_counts": "partition",
+    "sequential_builder": "partition",
+    "stage_block_ranges": "partition",
+}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_HOME[name]}", __name__), name)
+    globals()[name] = value
+    return value

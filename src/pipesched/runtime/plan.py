@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
 from ..actions import Action
+from ..execution import consumer_stage, crosses_ranks, dependency
 from ..schedule import Schedule
 
 ACT, GRAD = "act", "grad"
@@ -55,24 +56,29 @@ def message_tag(kind: str, stage: int, microbatch: int, microbatches: int) -> in
     return (2 * stage + (kind == GRAD)) * microbatches + microbatch
 
 
+def _message(producer: int, forward: bool, microbatch: int, consumer: int,
+             placement: tuple[int, ...], m: int) -> Message:
+    kind = ACT if forward else GRAD
+    return Message(kind, producer, microbatch, placement[producer], placement[consumer],
+                   message_tag(kind, producer, microbatch, m))
+
+
 def _sent(action: Action, placement: tuple[int, ...], m: int) -> Optional[Message]:
+    """The message carrying ``action``'s output, when the stage that waits for it is elsewhere."""
     s, kind, k = action
-    here = placement[s]
-    if kind == "F" and s + 1 < len(placement) and placement[s + 1] != here:
-        return Message(ACT, s, k, here, placement[s + 1], message_tag(ACT, s, k, m))
-    if kind in "IB" and s > 0 and placement[s - 1] != here:
-        return Message(GRAD, s, k, here, placement[s - 1], message_tag(GRAD, s, k, m))
-    return None
+    to = consumer_stage(action, len(placement))
+    if to is None or not crosses_ranks(placement, s, to):
+        return None
+    return _message(s, kind == "F", k, to, placement, m)
 
 
 def _needed(action: Action, placement: tuple[int, ...], m: int) -> Optional[Message]:
-    s, kind, k = action
-    here = placement[s]
-    if kind == "F" and s > 0 and placement[s - 1] != here:
-        return Message(ACT, s - 1, k, placement[s - 1], here, message_tag(ACT, s - 1, k, m))
-    if kind in "IB" and s + 1 < len(placement) and placement[s + 1] != here:
-        return Message(GRAD, s + 1, k, placement[s + 1], here, message_tag(GRAD, s + 1, k, m))
-    return None
+    """The message ``action`` waits for, when its dependency ran on another rank."""
+    dep = dependency(action, len(placement))
+    if dep is None or not crosses_ranks(placement, dep[0], action.stage):
+        return None
+    producer, kind, k = dep
+    return _message(producer, kind == "F", k, action.stage, placement, m)
 
 
 def plan_rank(schedule: Schedule, rank: int) -> RankPlan:

@@ -1,30 +1,21 @@
-"""Pick the best of several candidate schedules by simulating each under the real costs."""
+"""Pick the best of several candidate schedules by simulating each under the real costs.
+
+The ranking rule itself is :func:`pipesched.ranking.rank_key` (objective, other time, peak
+memory; earlier candidates win what is still tied).
+"""
 
 from __future__ import annotations
 
 from typing import Iterable, Optional
 
 from ..costs import Costs
+from ..execution import TOLERANCE, latency
 from ..placement import stages_by_rank
+from ..ranking import OBJECTIVES, check_objective, objective_value, result_key
 from ..schedule import Schedule
+from ..simulate import action_durations, simulate
 
-OBJECTIVES = ("makespan", "span")
-_EPS = 1e-9
-
-
-def check_objective(objective: str) -> str:
-    """The objective name, or a ConfigError naming the valid ones."""
-    from ..errors import ConfigError
-
-    if objective not in OBJECTIVES:
-        raise ConfigError(f"objective {objective!r} is not known: use one of {', '.join(OBJECTIVES)}")
-    return objective
-
-
-def objective_value(result, objective: str) -> float:
-    """``makespan`` (optimizer steps synchronise ranks) or ``span`` (iterations overlap)."""
-    return result.makespan if objective == "makespan" else result.span
-
+__all__ = ["OBJECTIVES", "best_schedule", "check_objective", "objective_value", "ranked_schedules", "work_bound"]
 
 def ranked_schedules(
     candidates: Iterable[Optional[Schedule]],
@@ -34,21 +25,17 @@ def ranked_schedules(
 ) -> list:
     """(key, order, schedule, SimResult) of every candidate within the limit, best first.
 
-    The key is the objective, then the other metric; ``order`` keeps earlier candidates ahead
+    The key is :func:`~pipesched.ranking.result_key`; ``order`` keeps earlier candidates ahead
     on ties, so callers list the schedule they would rather keep first.
     """
-    from ..simulate import simulate
-
     ranked = []
     for order, schedule in enumerate(candidates):
         if schedule is None:
             continue
         result = simulate(schedule, costs)
-        if result.max_peak_memory > memory_limit + _EPS:
+        if result.max_peak_memory > memory_limit + TOLERANCE:
             continue
-        other = result.span if objective == "makespan" else result.makespan
-        key = (round(objective_value(result, objective), 9), round(other, 9))
-        ranked.append((key, order, schedule, result))
+        ranked.append((result_key(result, objective), order, schedule, result))
     ranked.sort(key=lambda item: (item[0], item[1]))
     return ranked
 
@@ -67,14 +54,11 @@ def best_schedule(
 
 def work_bound(schedule: Schedule, costs: Costs, objective: str) -> float:
     """A lower bound on the objective for any order: each rank's work after its earliest start."""
-    from ..simulate import action_durations
-
     dur = action_durations(schedule, costs)
     stages = schedule.stages
     head = [0.0] * stages  # earliest start of stage s's first forward
     for s in range(1, stages):
-        hop = costs.comm if schedule.placement[s] != schedule.placement[s - 1] else 0.0
-        head[s] = head[s - 1] + dur[(s - 1, "F")] + hop
+        head[s] = head[s - 1] + dur[(s - 1, "F")] + latency(schedule.placement, s - 1, s, costs.comm)
     best = 0.0
     for r, held in enumerate(stages_by_rank(schedule.placement, schedule.ranks)):
         work = sum(dur[(a.stage, a.kind)] for a in schedule.rank_actions(r))

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..actions import Action
-from ..costs import Costs
+from ..costs import Costs, durations_for
+from ..execution import TOLERANCE, consumer_stage, dependency, latency
+from ..memory import UNIT_STAGE, level_after
 from ..placement import stages_by_rank
 from ..schedule import Schedule
-
-_EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,6 @@ class Knobs:
     later_stage_first: bool = True  # among ready actions of one kind, the later stage first
     reserve: int = 1  # room kept for later stages' forwards on a rank holding several stages
 
-
-ALL_KNOBS = tuple(Knobs(*bits) for bits in itertools.product((True, False), repeat=4))
 
 
 def greedy_orders(
@@ -69,8 +67,6 @@ class _GreedyRun:
     """
 
     def __init__(self, placement, ranks, microbatches, costs, memory_limit, knobs) -> None:
-        from ..simulate import durations_for
-
         self.placement = placement
         self.m = microbatches
         self.stages = len(placement)
@@ -78,7 +74,7 @@ class _GreedyRun:
         self.comm = costs.comm
         self.held_by = stages_by_rank(placement, ranks)
         self.dur = durations_for(placement, ranks, costs)
-        self.cap = [int(memory_limit * len(h) + _EPS) for h in self.held_by]
+        self.cap = [int(memory_limit * len(h) + TOLERANCE) for h in self.held_by]
         self.f_end: list[list[Optional[float]]] = [[None] * microbatches for _ in range(self.stages)]
         self.g_end: list[list[Optional[float]]] = [[None] * microbatches for _ in range(self.stages)]
         self.next_f = [0] * self.stages
@@ -97,26 +93,20 @@ class _GreedyRun:
             self.wake(r, 0.0)
         while self.heap:
             now, _, r = heapq.heappop(self.heap)
-            if self.remaining[r] == 0 or now < self.clock[r] - _EPS:
+            if self.remaining[r] == 0 or now < self.clock[r] - TOLERANCE:
                 continue
             self.step(r, max(now, self.clock[r]))
         return None if any(self.remaining) else self.out
 
-    def hop(self, src: int, dst: int) -> float:
-        return self.comm if self.placement[src] != self.placement[dst] else 0.0
-
     def arrival(self, kind: str, s: int) -> Optional[float]:
         """When the input of stage ``s``'s next ``kind`` pass arrives (None: not produced yet)."""
-        if kind == "F":
-            if s == 0:
-                return 0.0
-            t = self.f_end[s - 1][self.next_f[s]]
-            return None if t is None else t + self.hop(s - 1, s)
-        k = self.next_i[s]
-        if s == self.stages - 1:
-            return self.f_end[s][k]
-        t = self.g_end[s + 1][k]
-        return None if t is None else t + self.hop(s + 1, s)
+        k = self.next_f[s] if kind == "F" else self.next_i[s]
+        dep = dependency((s, kind, k), self.stages)  # a plain tuple: this runs for every decision
+        if dep is None:
+            return 0.0
+        producer, produced_by, j = dep
+        t = (self.f_end if produced_by == "F" else self.g_end)[producer][j]
+        return None if t is None else t + latency(self.placement, producer, s, self.comm)
 
     def room_for_forward(self, r: int, s: int) -> bool:
         reserve = self.knobs.reserve if s != self.held_by[r][-1] else 0
@@ -131,20 +121,17 @@ class _GreedyRun:
         self.clock[r] = end
         self.out[r].append(action)
         self.remaining[r] -= 1
+        self.held[r] += level_after(kind, UNIT_STAGE)  # in M_B: F takes one, W frees it
         if kind == "F":
-            self.held[r] += 1
             self.next_f[s] += 1
             self.f_end[s][k] = end
-            if s + 1 < self.stages:
-                self.wake(self.placement[s + 1], end + self.hop(s, s + 1))
         elif kind == "I":
             self.next_i[s] += 1
             self.g_end[s][k] = end
             self.pending[r].append(Action(s, "W", k))
-            if s > 0:
-                self.wake(self.placement[s - 1], end + self.hop(s, s - 1))
-        else:
-            self.held[r] -= 1
+        consumer = consumer_stage(action, self.stages)
+        if consumer is not None:
+            self.wake(self.placement[consumer], end + latency(self.placement, s, consumer, self.comm))
         self.wake(r, end)
 
     def step(self, r: int, now: float) -> None:
@@ -158,16 +145,16 @@ class _GreedyRun:
             if next_f[s] < m:
                 a = arrival("F", s)
                 (fwds if self.room_for_forward(r, s) else blocked).append((a, s))
-        ready_b = [(a, s) for a, s in backs if a is not None and a <= now + _EPS]
-        ready_f = [(a, s) for a, s in fwds if a is not None and a <= now + _EPS]
+        ready_b = [(a, s) for a, s in backs if a is not None and a <= now + TOLERANCE]
+        ready_f = [(a, s) for a, s in fwds if a is not None and a <= now + TOLERANCE]
         order = (("I", ready_b), ("F", ready_f)) if knobs.backward_first else (("F", ready_f), ("I", ready_b))
         choice = next(((kind, ready[0]) for kind, ready in order if ready), None)
         if choice is not None and choice[0] == "F" and knobs.wait_for_backward:
             f_end = max(clock, choice[1][0]) + self.dur[(choice[1][1], "F")]
-            soon = [(a, s) for a, s in backs if a is not None and now < a < f_end - _EPS]
+            soon = [(a, s) for a, s in backs if a is not None and now < a < f_end - TOLERANCE]
             if soon:
                 choice = ("I", min(soon))  # not ready yet: handled as a wait below
-        if choice is not None and choice[1][0] <= now + _EPS:
+        if choice is not None and choice[1][0] <= now + TOLERANCE:
             kind, (a, s) = choice
             if pending and _w_fits(pending[0], clock, a, knobs, self.dur):
                 self.place(r, pending.popleft(), clock)
@@ -175,7 +162,7 @@ class _GreedyRun:
                 k = self.next_f[s] if kind == "F" else self.next_i[s]
                 self.place(r, Action(s, kind, k), max(clock, a))
             return
-        if pending and any(a is not None and a <= now + _EPS for a, _ in blocked):
+        if pending and any(a is not None and a <= now + TOLERANCE for a, _ in blocked):
             self.place(r, pending.popleft(), clock)  # a forward waits for the memory this W frees
             return
         known = [a for a, _ in backs + fwds if a is not None]
@@ -193,9 +180,9 @@ class _GreedyRun:
 
 def _w_fits(w: Action, free_at: float, arrival: float, knobs: Knobs, dur) -> bool:
     """Whether a W run at ``free_at`` fills the wait for an input arriving at ``arrival``."""
-    if free_at + dur[(w.stage, "W")] <= arrival + _EPS:
+    if free_at + dur[(w.stage, "W")] <= arrival + TOLERANCE:
         return True
-    return knobs.fill_partial_gaps and free_at < arrival - _EPS
+    return knobs.fill_partial_gaps and free_at < arrival - TOLERANCE
 
 
 def build_greedy(

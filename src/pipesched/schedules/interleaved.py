@@ -25,7 +25,9 @@ from ..actions import Action
 from ..costs import UNIT, Costs
 from ..errors import DeadlockError
 from ..placement import loop_placement
+from ..ranking import result_key, significant
 from ..schedule import Schedule
+from ..simulate import simulate
 
 
 def schedule_table(microbatches: int, chunks: int, group: int) -> list[tuple[int, int]]:
@@ -87,9 +89,8 @@ def interleaved_search_width(ranks: int, microbatches: int) -> int:
 
 
 def pick_fastest(candidates, costs: Costs, memory_limit: float) -> Schedule:
-    """The fastest candidate under ``costs`` within ``memory_limit`` (else the leanest); skips deadlocks."""
-    from ..simulate import simulate  # local: simulate imports the schedule layer
-
+    """The best candidate under ``costs`` by makespan (:func:`~pipesched.ranking.result_key`)
+    within ``memory_limit``, else the one least over it; skips deadlocks; earlier ones win ties."""
     best, best_key = None, None
     for schedule in candidates:
         try:
@@ -97,7 +98,7 @@ def pick_fastest(candidates, costs: Costs, memory_limit: float) -> Schedule:
         except DeadlockError:
             continue
         over = max(0.0, result.max_peak_memory - memory_limit)
-        key = (over, round(result.makespan, 9), result.max_peak_memory)
+        key = (significant(over), *result_key(result, "makespan"))
         if best_key is None or key < best_key:
             best, best_key = schedule, key
     if best is None:

@@ -18,9 +18,13 @@ import itertools
 from typing import Iterator, Optional
 
 from ..costs import UNIT, Costs
+from ..execution import TOLERANCE
 from ..placement import v_placement
 from ..schedule import Schedule
-from .choose import best_schedule, objective_value, work_bound
+from ..simulate import simulate
+from ..validate import validate
+from ..ranking import objective_value
+from .choose import best_schedule, work_bound
 from .greedy import Knobs, build_greedy
 from .limits import resolve_limit
 from .v_blocks import block_orders, v_half_offsets, v_min_offsets
@@ -122,12 +126,9 @@ def zb_v_search_width(ranks: int, microbatches: int) -> int:
 
 
 def _meets_work_bound(schedule: Schedule, costs: Costs, limit: float, objective: str) -> bool:
-    from ..simulate import simulate
-    from ..validate import validate
-
     result = simulate(validate(schedule), costs)  # validated once; build_schedule reuses it
-    return (result.max_peak_memory <= limit + 1e-9
-            and objective_value(result, objective) <= work_bound(schedule, costs, objective) * (1 + 1e-9))
+    return (result.max_peak_memory <= limit + TOLERANCE
+            and objective_value(result, objective) <= work_bound(schedule, costs, objective) * (1 + TOLERANCE))
 
 
 def v_half_limit(ranks: int) -> int:

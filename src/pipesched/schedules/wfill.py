@@ -13,13 +13,12 @@ from collections import deque
 from typing import Sequence
 
 from ..actions import Action
-from ..costs import Costs
+from ..costs import Costs, durations_for
 from ..errors import DeadlockError
-from ..execution import dependency
+from ..execution import TOLERANCE, dependency, latency
+from ..memory import UNIT_STAGE, level_after
 from ..placement import stages_by_rank
 from ..schedule import Schedule
-
-_EPS = 1e-9
 
 
 def fill_weight_passes(
@@ -36,8 +35,6 @@ def fill_weight_passes(
     With ``fill_partial_waits`` a pending ``W`` also starts in a wait shorter than itself (the
     next action starts a little late, but fewer ``W``s pile up at the end).
     """
-    from ..simulate import durations_for
-
     ranks = len(skeleton)
     stages = len(placement)
     table = durations_for(placement, ranks, costs)
@@ -55,14 +52,13 @@ def fill_weight_passes(
         clock[r] = end
         out[r].append(action)
         s, kind, k = action
+        held[r] += level_after(kind, UNIT_STAGE)  # in M_B: F takes one, W frees it
         if kind == "F":
-            held[r] += 1
             key = (s, "F", k)
         elif kind == "I":
             pending[r].append(Action(s, "W", k))
             key = (s, "G", k)
         else:
-            held[r] -= 1
             key = (s, "W", k)
         done[key] = end
         for woken in waiting.pop(key, ()):
@@ -75,7 +71,7 @@ def fill_weight_passes(
         while pos[r] < len(program):
             action = program[pos[r]]
             if action.kind == "F":
-                while held[r] + 1 > held_cap[r] + _EPS and pending[r]:
+                while held[r] + 1 > held_cap[r] + TOLERANCE and pending[r]:
                     run(r, pending[r].popleft(), clock[r])
             dep = dependency(action, stages)
             arrival = clock[r]
@@ -84,10 +80,10 @@ def fill_weight_passes(
                 if t_dep is None:
                     waiting.setdefault(dep, []).append(r)
                     break
-                arrival = t_dep + (costs.comm if placement[dep[0]] != r else 0.0)
-            while pending[r] and clock[r] < arrival - _EPS:
+                arrival = t_dep + latency(placement, dep[0], action.stage, costs.comm)
+            while pending[r] and clock[r] < arrival - TOLERANCE:
                 w = pending[r][0]
-                if clock[r] + table[(w.stage, "W")] > arrival + _EPS and not fill_partial_waits:
+                if clock[r] + table[(w.stage, "W")] > arrival + TOLERANCE and not fill_partial_waits:
                     break
                 run(r, pending[r].popleft(), clock[r])
             run(r, action, max(clock[r], arrival))
