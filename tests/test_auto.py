@@ -118,7 +118,7 @@ def test_unknown_objective_is_refused():
         (["--stage-multipliers", "1,2,3"], "3 stage multipliers do not fit 4 stages"),
         (["--stage-multipliers", "1,nan,1,1"], "stage multiplier 1"),
         (["--objective", "fast"], "use one of makespan, span"),
-        (["--memory-limit", "nan"], "finite number above 0"),
+        (["--memory-limit", "nan"], "is not a size"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(cli, args, message):
