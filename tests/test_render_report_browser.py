@@ -19,7 +19,7 @@ def test_report_renders_in_headless_chromium(tmp_path):
     done = run_cli("report", "--ranks", "4", "--microbatches", "8", "-o", str(page))
     assert done.returncode == 0, done.stderr
     shot = tmp_path / "shot.png"
-    screenshot(page, shot, width=1000, height=900)
+    screenshot(page, shot, width=1000, height=1600)  # the comparison table, the advice and the first charts
     pixels = Counter(p for row in png_pixels(shot) for p in row)
     total = sum(pixels.values())
     white = pixels[(255, 255, 255)]

@@ -19,10 +19,7 @@ enter on rank ``r``'s side and chunk 1 the other (DualPipeV is DualPipe folded i
 
 from __future__ import annotations
 
-from typing import Optional
-
 from ..actions import Action, Overlap, Slot
-from ..costs import Costs
 from ..errors import ConfigError
 from ..placement import v_placement
 from ..schedule import Schedule
@@ -31,13 +28,7 @@ from .dualpipev import rank_program as folded_program, trimmed
 PIPELINES = 2
 
 
-def build(
-    ranks: int,
-    microbatches: int,
-    chunks: int = 2,
-    costs: Optional[Costs] = None,
-    memory_limit: Optional[float] = None,
-) -> Schedule:
+def build(ranks: int, microbatches: int) -> Schedule:
     """DualPipe on ``ranks`` ranks (even), half the microbatches from each end; costs do not
     change the order."""
     if ranks % 2:

@@ -25,10 +25,9 @@ deadlock; torch refuses those cases. Peak memory is ``p + 1/2`` microbatches' ac
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Optional
+from typing import Callable
 
 from ..actions import Action, Overlap, Slot, sub_actions
-from ..costs import Costs
 from ..placement import v_placement
 from ..schedule import Schedule
 
@@ -115,13 +114,7 @@ def trimmed(entries: list[Slot], keep: Callable[[Action], bool]) -> list[Slot]:
     return out
 
 
-def build(
-    ranks: int,
-    microbatches: int,
-    chunks: int = 2,
-    costs: Optional[Costs] = None,
-    memory_limit: Optional[float] = None,
-) -> Schedule:
+def build(ranks: int, microbatches: int) -> Schedule:
     """DualPipeV on ``ranks`` ranks (2 stages each, V placement); costs do not change the order."""
     orders = tuple(tuple(rank_program(r, ranks, microbatches)) for r in range(ranks))
     return Schedule(ranks, microbatches, v_placement(ranks), orders, name="dualpipev")

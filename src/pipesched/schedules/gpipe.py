@@ -7,21 +7,12 @@ stay alive until its backward: peak memory ``m`` (in one microbatch's activation
 
 from __future__ import annotations
 
-from typing import Optional
-
 from ..actions import B, F
-from ..costs import Costs
 from ..placement import loop_placement
 from ..schedule import Schedule
 
 
-def build(
-    ranks: int,
-    microbatches: int,
-    chunks: int = 1,
-    costs: Optional[Costs] = None,
-    memory_limit: Optional[float] = None,
-) -> Schedule:
+def build(ranks: int, microbatches: int) -> Schedule:
     """All forwards, then all backwards, one stage per rank."""
     orders = []
     for stage in range(ranks):

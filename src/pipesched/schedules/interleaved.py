@@ -133,13 +133,7 @@ def build_interleaved(
     return pick_fastest(candidates, costs or UNIT, memory_limit if memory_limit is not None else float("inf"))
 
 
-def build_looped_bfs(
-    ranks: int,
-    microbatches: int,
-    chunks: int = 2,
-    costs: Optional[Costs] = None,
-    memory_limit: Optional[float] = None,
-) -> Schedule:
+def build_looped_bfs(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
     """Breadth-first: chunk by chunk, all microbatches forward; then backward in reverse chunks."""
     orders = []
     for r in range(ranks):

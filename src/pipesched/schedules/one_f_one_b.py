@@ -8,10 +8,7 @@ fewer microbatches than stages the warm-up is simply shorter (torch refuses this
 
 from __future__ import annotations
 
-from typing import Optional
-
 from ..actions import Action, B, F
-from ..costs import Costs
 from ..placement import loop_placement
 from ..schedule import Schedule
 
@@ -29,13 +26,7 @@ def stage_order(stage: int, ranks: int, microbatches: int) -> list[Action]:
     return order
 
 
-def build(
-    ranks: int,
-    microbatches: int,
-    chunks: int = 1,
-    costs: Optional[Costs] = None,
-    memory_limit: Optional[float] = None,
-) -> Schedule:
+def build(ranks: int, microbatches: int) -> Schedule:
     """1F1B with one stage per rank."""
     orders = tuple(tuple(stage_order(s, ranks, microbatches)) for s in range(ranks))
     return Schedule(ranks, microbatches, loop_placement(ranks), orders, name="1f1b")

@@ -41,13 +41,7 @@ def h1_stage_order(stage: int, ranks: int, microbatches: int) -> list[Action]:
     return order
 
 
-def build_h1(
-    ranks: int,
-    microbatches: int,
-    chunks: int = 1,
-    costs: Optional[Costs] = None,
-    memory_limit: Optional[float] = None,
-) -> Schedule:
+def build_h1(ranks: int, microbatches: int) -> Schedule:
     """ZB-H1: 1F1B's memory, a third of its bubble."""
     orders = tuple(tuple(h1_stage_order(s, ranks, microbatches)) for s in range(ranks))
     return Schedule(ranks, microbatches, loop_placement(ranks), orders, name="zb-h1")
@@ -70,7 +64,6 @@ def h2_forward_backward_order(stage: int, ranks: int, microbatches: int) -> list
 def build_h2(
     ranks: int,
     microbatches: int,
-    chunks: int = 1,
     costs: Optional[Costs] = None,
     memory_limit: Optional[float] = None,
 ) -> Schedule:
