@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -238,19 +239,22 @@ def test_a_bad_option_exits_2_in_one_line_before_spawning(args, fragment):
 
 
 def test_checkpoint_options_are_checked_before_spawning(tmp_path):
-    empty = tmp_path / "empty"
-    assert "--checkpoint-every must be at least 1" in _refused("--checkpoint-dir", str(empty), "--checkpoint-every", "0")
-    assert "--checkpoint-keep must be at least 1" in _refused("--checkpoint-dir", str(empty), "--checkpoint-keep", "0")
-    assert "no complete checkpoint in" in _refused("--checkpoint-dir", str(empty), "--resume")
-    a_file = tmp_path / "file"
+    empty, a_file, done = tmp_path / "empty", tmp_path / "file", tmp_path / "done"
     a_file.write_text("")
-    assert "is a file, not a folder" in _refused("--checkpoint-dir", str(a_file))
     # a finished reference run's checkpoint: another model, another optimizer, nothing left to do
-    done = tmp_path / "done"
     _train("--schedule", "none", "--model", "mlp", "--steps", "1", "--batch-size", "4", "--checkpoint-dir", str(done))
-    assert "already holds checkpoints (newest step-000001): add --resume" in _refused("--checkpoint-dir", str(done))
-    assert "is a checkpoint of another model: it has no '0.tokens.weight'" in _refused(
-        "--model", "gpt", "--checkpoint-dir", str(done), "--resume")
-    assert "was saved with another optimizer" in _refused(
-        "--optimizer", "adamw", "--checkpoint-dir", str(done), "--resume")
-    assert "--steps 1 asks for no more" in _refused("--steps", "1", "--checkpoint-dir", str(done), "--resume")
+    expected = {  # each row its own process (each pays Python's and torch's start): four at a time
+        ("--checkpoint-dir", str(empty), "--checkpoint-every", "0"): "--checkpoint-every must be at least 1",
+        ("--checkpoint-dir", str(empty), "--checkpoint-keep", "0"): "--checkpoint-keep must be at least 1",
+        ("--checkpoint-dir", str(empty), "--resume"): "no complete checkpoint in",
+        ("--checkpoint-dir", str(a_file)): "is a file, not a folder",
+        ("--checkpoint-dir", str(done)): "already holds checkpoints (newest step-000001): add --resume",
+        ("--model", "gpt", "--checkpoint-dir", str(done), "--resume"):
+            "is a checkpoint of another model: it has no '0.tokens.weight'",
+        ("--optimizer", "adamw", "--checkpoint-dir", str(done), "--resume"): "was saved with another optimizer",
+        ("--steps", "1", "--checkpoint-dir", str(done), "--resume"): "--steps 1 asks for no more",
+    }
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        said = dict(zip(expected, pool.map(lambda args: _refused(*args), expected)))
+    for args, fragment in expected.items():
+        assert fragment in said[args], args
