@@ -22,6 +22,7 @@ Every move respects the dependencies of the slot timetable, so the programs cann
 from __future__ import annotations
 
 from ..actions import Action
+from ..memory import UNIT_STAGE, level_after
 from .v_blocks import PERIOD
 
 # Building a compacted program costs about as much as two schedules built and simulated: the
@@ -31,6 +32,8 @@ COMPACTION_COST = 2
 
 F0, F1, I1, I0, W1, W0 = range(6)  # the passes of one rank, in the block's column order
 _FORWARDS = (F0, F1)
+FORWARD_TAKES = int(level_after("F", UNIT_STAGE))  # +1 chunk unit
+WEIGHT_PASS_FREES = int(level_after("W", UNIT_STAGE))  # -1
 _BACKWARDS = (I1, I0)
 
 Timetable = list[list[list[int]]]  # [rank][pass][microbatch] -> slot
@@ -74,16 +77,17 @@ def _with_weights(rank_slots: list[list[int]], split: bool) -> list[list[int]]:
 
 
 def _memory_profile(rank_slots: list[list[int]], length: int) -> list[int]:
-    """Activations held after each slot (chunk units): F +1, W -1; implicit Ws without W slots."""
+    """Activations held after each slot (chunk units, what :mod:`pipesched.memory` says F and W
+    take and free; I frees nothing in M_B); implicit Ws without W slots."""
     delta = [0] * length
     for kind in _FORWARDS:
         for t in rank_slots[kind]:
-            delta[t] += 1
+            delta[t] += FORWARD_TAKES
     explicit = len(rank_slots) > 4
     if explicit:
         for queue in rank_slots[4:]:
             for t in queue:
-                delta[t] -= 1
+                delta[t] += WEIGHT_PASS_FREES
     else:
         busy = set(t for kind in range(4) for t in rank_slots[kind])
         backward_slots = sorted(t for kind in _BACKWARDS for t in rank_slots[kind])
@@ -94,7 +98,7 @@ def _memory_profile(rank_slots: list[list[int]], length: int) -> list[int]:
                 i += 1
             if t not in busy and pending:
                 pending -= 1
-                delta[t] -= 1
+                delta[t] += WEIGHT_PASS_FREES
     profile, level = [], 0
     for d in delta:
         level += d
