@@ -226,7 +226,7 @@ class PipelineRuntime:
                 )
             self.optimizer.step()
             self._check_weights()
-        if self.device.type == "cuda":  # the step ends when the device's work does
+        if on_cuda:  # the step ends when the device's work does
             torch.cuda.synchronize(self.device)
         step_time = perf_counter() - t0
         times = clock.seconds([t for mark in marks for t in mark[1:3]])
