@@ -6,8 +6,10 @@ Run: PYTHONPATH=src python benchmarks/data_parallel.py [equivalence] [overlap]  
   first-step gradients and parameters after 3 steps against one process on the global batch
   (fp32, max relative error), and the bf16 run's loss after 3 steps against the fp32 run's.
 - overlap: P=2, D=2, each stage's all-reduce started after its last W/B against every all-reduce
-  after the step's last action, turn by turn on the same processes (paired ratios, medians); and
-  the step the simulator predicts from the measured action costs, p2p latency and all-reduce time.
+  after the step's last action, turn by turn on the same processes (paired ratios, medians, two
+  launches per schedule); and the step the simulator predicts for each mode from what the same run
+  measured: the mean cost of each (stage, kind) of its actions, its p2p latency, each stage's
+  all-reduce, and its closing (loss agreement, optimizer step, weight check).
 """
 
 from __future__ import annotations
@@ -61,13 +63,16 @@ def equivalence() -> list[str]:
 
 
 OVERLAP_MODEL = dict(blocks=5, dim=384, hidden=1536)
-OVERLAP_BATCH = 64
-ROUNDS = 20
+OVERLAP_BATCH = 32  # 4 samples per microbatch: the all-reduce of the weights is a real part of the step
+OVERLAP_SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-v", "zb-h1")
+LAUNCHES = 2  # separate runs of the 4 processes per schedule
+ROUNDS = 16  # steps per mode per launch, turn by turn (the first dropped)
 
 
 def overlap_worker(rank: int, world: int, job: tuple) -> dict:
     """Two runtimes on the same 2D mesh and weights, one overlapping the all-reduce, one not,
-    stepped turn by turn; step times, replica 0's timelines, and the all-reduce time per stage."""
+    stepped turn by turn; every rank's step times, action spans and the moment its gradients were
+    reduced, and the all-reduce time of each of its stages."""
     import torch.distributed as dist
 
     from pipesched.runtime.executor import PipelineRuntime
@@ -86,79 +91,129 @@ def overlap_worker(rank: int, world: int, job: tuple) -> dict:
                                  sample, mesh=mesh, overlap_grad_sync=overlap, timeout_s=300)
         for overlap in (True, False)
     }
+    reduced_at = {overlap: _time_reductions(rt.grad_sync) for overlap, rt in runtimes.items()}
     latency = measure_latency(*next(iter(runtimes[True].transport.buffer_spec.values())), torch.device("cpu"))
-    times = {True: [], False: []}
-    spans = []
+    steps = {True: [], False: []}  # per step: (start, end, reduced, spans), host clock in seconds
     for step in range(rounds):
         x, y = md.batch(step, OVERLAP_BATCH, 0)
         for overlap in ((True, False) if step % 2 else (False, True)):
             result = runtimes[overlap].step(x, y)
-            times[overlap].append(result.step_time)
-            if overlap:
-                spans.append(result.spans)
-    # the all-reduce of each of this rank's stages alone, as the runtime buckets it
+            steps[overlap].append((result.origin, result.origin + result.step_time, reduced_at[overlap][-1], result.spans))
+    # the all-reduce of each of this rank's stages alone (all four ranks at once, as at a step's end)
     rt = runtimes[True]
-    reduce_ms = {}
+    reduce_s = {}
     for stage, module in rt.stages.items():
         flat = torch.cat([p.grad.reshape(-1) for p in module.parameters()])
         trips = []
-        for _ in range(7):
-            dist.barrier(group=mesh.dp_group)
+        for _ in range(9):
+            dist.barrier()
             t0 = perf_counter()
             dist.all_reduce(flat, group=mesh.dp_group)
             trips.append(perf_counter() - t0)
-        reduce_ms[stage] = statistics.median(trips)
+        reduce_s[stage] = statistics.fmean(trips[1:])
     parts = [None] * world
-    dist.all_gather_object(parts, (times, spans, reduce_ms))
+    dist.all_gather_object(parts, (steps, reduce_s))
     if rank != 0:
         return {}
-    grid = mesh.grid[0]
-    return {
-        "times": {k: [max(parts[r][0][k][i] for r in range(world)) for i in range(rounds)] for k in (True, False)},
-        "timelines": [[parts[r][1][i] for r in grid] for i in range(rounds)],
-        "reduce": {s: t for r in grid for s, t in parts[r][2].items()},
-        "latency": latency,
-    }
+    return {"ranks": [p[0] for p in parts], "reduce": [p[1] for p in parts], "latency": latency, "grid": mesh.grid}
+
+
+def _time_reductions(sync) -> list[float]:
+    """Record when each step's gradients are reduced (``finish`` returns) on the host clock."""
+    moments: list[float] = []
+    finish = sync.finish
+
+    def timed_finish() -> None:
+        finish()
+        moments.append(perf_counter())
+
+    sync.finish = timed_finish
+    return moments
+
+
+def _mode(launches: list[dict], overlap: bool) -> dict:
+    """One mode's measured steps over every launch (first step of each dropped): the step time
+    (first rank's start to last rank's end), the closing (last rank's reduced gradients to the
+    step's end), and every replica's timeline with times from its step's start."""
+    times, closings, timelines = [], [], []
+    for out in launches:
+        ranks = [r[overlap] for r in out["ranks"]]
+        for i in range(1, len(ranks[0])):
+            start = min(r[i][0] for r in ranks)
+            end = max(r[i][1] for r in ranks)
+            times.append(end - start)
+            closings.append(end - max(r[i][2] for r in ranks))
+            for replica in out["grid"]:
+                timelines.append([[span for span in ranks[g][i][3]] for g in replica])
+    return {"times": times, "closing": statistics.median(closings), "timelines": timelines}
+
+
+def _predict(schedule, mode: dict, reduce_s: list[float], latency: float, overlap: bool, costs_of) -> tuple[float, float]:
+    """The simulator's step: the schedule replayed with ``costs_of`` the measured actions and the
+    measured p2p latency, each stage's measured all-reduce on that timeline, then the closing."""
+    from pipesched.advise.layout import AllReduceCost, gradient_sync
+    from pipesched.execution import execute
+    from pipesched.runtime.timeline import makespan
+
+    costs = costs_of(mode["timelines"])
+    orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
+    replay = execute(orders, schedule.placement, lambda a: costs[(a.stage, a.kind)], latency)
+    # bandwidth 1 byte per second and 2 (D-1)/D = 1 at D=2: each stage's term is its measured time
+    cost = AllReduceCost(2, bandwidth=1.0, latency=0.0, bucket_bytes=float("inf"))
+    synced = gradient_sync(replay, reduce_s, cost, overlap=overlap, closing=mode["closing"])
+    return makespan(replay), synced.step_time
 
 
 def overlap() -> list[str]:
-    from pipesched.advise.layout import AllReduceCost, gradient_sync
-    from pipesched.execution import execute
-    from pipesched.runtime.timeline import makespan as timeline_makespan
-    from pipesched.runtime.timeline import median_costs
+    from pipesched.runtime.timeline import makespan, mean_costs, median_costs
 
     lines = [
         f"mlp {OVERLAP_MODEL}, P=2, D=2 (4 gloo processes, one thread each), global batch {OVERLAP_BATCH}, "
-        f"m={MICROBATCHES} per replica; {ROUNDS} steps each, turn by turn (the first of each dropped); "
-        f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs.",
+        f"m={MICROBATCHES} per replica; {LAUNCHES} launches per schedule, each {ROUNDS} steps per mode turn by turn "
+        f"(the first dropped); load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs.",
         "",
-        "| schedule | overlapped / reduce-after (median of paired ratios) | median step overlapped | median step reduce-after | "
-        "actions end (measured / replayed) | simulated step | measured / simulated | measured / (measured actions + modelled all-reduce) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| schedule | overlapped / reduce-after (median of paired ratios; per launch) | median step overlapped / reduce-after | "
+        "all-reduce per rank alone | closing | actions end, overlapped: measured / replayed | "
+        "predicted overlapped / reduce-after | measured / predicted, overlapped | measured / predicted, reduce-after | "
+        "predicted ratio | measured / predicted from median costs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name in ("zb-v", "interleaved-1f1b", "1f1b"):
-        out = spawn(overlap_worker, 4, (name, ROUNDS), timeout_s=600)[0]
-        on, off = out["times"][True][1:], out["times"][False][1:]
-        ratio = statistics.median(a / b for a, b in zip(on, off))
+    for name in OVERLAP_SCHEDULES:
+        launches = [spawn(overlap_worker, 4, (name, ROUNDS), timeout_s=600)[0] for _ in range(LAUNCHES)]
         schedule = pipesched.build_schedule(name, 2, MICROBATCHES)
-        steps = out["timelines"][1:]
-        costs = median_costs(steps)
-        orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
-        replay = execute(orders, schedule.placement, lambda a: costs[(a.stage, a.kind)], out["latency"])
-        # the measured all-reduce of each stage, as a cost of that stage (bandwidth 1 byte per second)
-        seconds = [out["reduce"][s] for s in range(schedule.stages)]
-        # 2 (D-1)/D = 1 at D=2: with bandwidth 1 each stage's term is its measured time
-        cost = AllReduceCost(2, bandwidth=1.0, latency=0.0, bucket_bytes=float("inf"))
-        predicted = gradient_sync(replay, seconds, cost)
-        # the all-reduce model alone: each measured step's own timeline plus the modelled reductions
-        on_measured = statistics.median(a / gradient_sync(t, seconds, cost).step_time for a, t in zip(on, steps))
-        measured = statistics.median(on)
+        on, off = _mode(launches, True), _mode(launches, False)
+        per_launch = [statistics.median(a / b for a, b in zip(x, y)) for x, y in
+                      zip(_split(on["times"], LAUNCHES), _split(off["times"], LAUNCHES))]
+        ratio = statistics.median(a / b for a, b in zip(on["times"], off["times"]))
+        # each stage's all-reduce: the mean over launches and over the two ranks that reduce it
+        by_stage: dict[int, list[float]] = {}
+        for out in launches:
+            for rank_reduce in out["reduce"]:
+                for stage, seconds in rank_reduce.items():
+                    by_stage.setdefault(stage, []).append(seconds)
+        reduce_s = [statistics.fmean(by_stage[s]) for s in range(schedule.stages)]
+        per_rank = max(sum(reduce_s[s] for s in range(schedule.stages) if schedule.placement[s] == r)
+                       for r in range(schedule.ranks))
+        latency = statistics.median(out["latency"] for out in launches)
+        measured_on, measured_off = statistics.median(on["times"]), statistics.median(off["times"])
+        replayed, pred_on = _predict(schedule, on, reduce_s, latency, True, mean_costs)
+        _, pred_off = _predict(schedule, off, reduce_s, latency, False, mean_costs)
+        _, pred_median = _predict(schedule, on, reduce_s, latency, True, median_costs)
+        actions_end = statistics.median(makespan(t) for t in on["timelines"])
         lines.append(
-            f"| {name} | {ratio:.3f} | {1e3 * measured:.1f} ms | {1e3 * statistics.median(off):.1f} ms | "
-            f"{1e3 * statistics.median(timeline_makespan(t) for t in steps):.1f} / {1e3 * timeline_makespan(replay):.1f} ms | "
-            f"{1e3 * predicted.step_time:.1f} ms | {measured / predicted.step_time:.3f} | {on_measured:.3f} |"
+            f"| {name} | {ratio:.3f} ({', '.join(f'{r:.3f}' for r in per_launch)}) | "
+            f"{1e3 * measured_on:.0f} / {1e3 * measured_off:.0f} ms | {1e3 * per_rank:.0f} ms | "
+            f"{1e3 * on['closing']:.0f} / {1e3 * off['closing']:.0f} ms | {1e3 * actions_end:.0f} / {1e3 * replayed:.0f} ms | "
+            f"{1e3 * pred_on:.0f} / {1e3 * pred_off:.0f} ms | "
+            f"{measured_on / pred_on:.3f} | {measured_off / pred_off:.3f} | {pred_on / pred_off:.3f} | "
+            f"{measured_on / pred_median:.3f} |"
         )
     return lines
+
+
+def _split(values: list, parts: int) -> list[list]:
+    size = len(values) // parts
+    return [values[i * size:(i + 1) * size] for i in range(parts)]
 
 
 def main() -> None:

@@ -47,6 +47,17 @@ def test_on_a_v_the_first_finished_stage_reduces_while_the_other_still_computes(
     assert after.step_time == pytest.approx(result.makespan + 6.0)
 
 
+def test_the_closing_follows_the_last_reduction_and_is_not_counted_as_exposed_all_reduce():
+    schedule = pipesched.build_schedule("zb-v", 2, 4)
+    result = pipesched.simulate(schedule, pipesched.Costs(1, 1, 1))
+    cost = AllReduceCost(replicas=2, bandwidth=1.0)
+    plain = gradient_sync(result.timeline, [3.0] * 4, cost)
+    closed = gradient_sync(result.timeline, [3.0] * 4, cost, closing=1.5)
+    assert closed.step_time == pytest.approx(plain.step_time + 1.5)
+    assert closed.exposed == pytest.approx(plain.exposed)
+    assert closed.reduce_spans == plain.reduce_spans
+
+
 def _model(layers=8, hidden=1024):
     spec = TransformerSpec(layers, hidden, 512, 2, vocab=32000)
     return TransformerCosts(spec, 1, Hardware(bandwidth=50, gpu_memory=40))

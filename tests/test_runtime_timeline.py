@@ -4,7 +4,7 @@ import pytest
 
 import pipesched
 from pipesched.execution import Span
-from pipesched.runtime.timeline import calibrated_comm, compare_to_simulation, median_costs, replayed_makespan
+from pipesched.runtime.timeline import calibrated_comm, compare_to_simulation, mean_costs, median_costs, replayed_makespan
 
 
 def simulated_timeline(schedule, delay_after=None, delay=0.0):
@@ -43,6 +43,15 @@ def test_median_costs_are_per_stage_and_kind():
     schedule = pipesched.build_schedule("zb-h1", 2, 4)
     costs = median_costs([simulated_timeline(schedule)])
     assert costs == {(s, k): 1.0 for s in range(2) for k in "FIW"}
+
+
+def test_a_preempted_action_moves_the_mean_cost_but_not_the_median():
+    schedule = pipesched.build_schedule("1f1b", 2, 4)
+    timeline = simulated_timeline(schedule)
+    first_forward = timeline[0][0]
+    timeline[0][0] = Span(first_forward.action, first_forward.start, first_forward.end + 4.0)  # lost its core
+    assert median_costs([timeline])[(0, "F")] == 1.0
+    assert mean_costs([timeline])[(0, "F")] == pytest.approx((5.0 + 3 * 1.0) / 4)
 
 
 def test_the_calibrated_message_delay_reproduces_the_measured_steps():

@@ -51,18 +51,25 @@ class AllReduceCost:
 class SyncedStep:
     """A simulated step with its gradient all-reduces: when each rank's last one ends."""
 
-    step_time: float  # the last rank's end: compute or reduction, whichever is later
-    exposed: float  # step_time minus the pipeline's makespan: reduction that did not hide
+    step_time: float  # the last rank's end (compute or reduction, whichever is later) plus the closing
+    exposed: float  # the last rank's end minus the pipeline's makespan: reduction that did not hide
     reduce_spans: tuple[tuple[tuple[int, float, float], ...], ...]  # per rank: (stage, start, end)
 
 
 def gradient_sync(
-    timeline: Sequence[Sequence[Span]], stage_bytes: Sequence[float], cost: AllReduceCost, overlap: bool = True
+    timeline: Sequence[Sequence[Span]],
+    stage_bytes: Sequence[float],
+    cost: AllReduceCost,
+    overlap: bool = True,
+    closing: float = 0.0,
 ) -> SyncedStep:
     """Add the all-reduce of each stage's gradients to a step's ``timeline`` (per rank, its spans
     from time 0: a simulation's, or a replay of measured costs); see the module doc.
 
-    ``overlap=False``: every reduction waits for the rank's last action (the runtime's baseline)."""
+    ``overlap=False``: every reduction waits for the rank's last action (the runtime's baseline).
+    ``closing``: what the step does once every rank's gradients are reduced (the runtime agrees
+    on the loss across all ranks, which lines them up, then steps the optimizer and checks the
+    weights), added after the last rank's end."""
     ends = []
     spans = []
     for rank_spans in timeline:
@@ -80,9 +87,9 @@ def gradient_sync(
             mine.append((stage, start, free))
         spans.append(tuple(mine))
         ends.append(max(compute_end, free))
-    step = max(ends)
+    reduced = max(ends)
     makespan = max((s.end for rank_spans in timeline for s in rank_spans), default=0.0)
-    return SyncedStep(step, step - makespan, tuple(spans))
+    return SyncedStep(reduced + closing, reduced - makespan, tuple(spans))
 
 
 def stage_gradient_bytes(model: TransformerCosts, stages: int) -> list[float]:

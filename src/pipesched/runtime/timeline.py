@@ -53,14 +53,28 @@ def bubble(timeline: Timeline) -> float:
     return 1.0 - busy / (len(timeline) * makespan(timeline))
 
 
-def median_costs(steps: Sequence[Timeline]) -> dict[tuple[int, str], float]:
-    """Median duration of each (stage, kind) over every microbatch of every step."""
+def _durations(steps: Sequence[Timeline]) -> dict[tuple[int, str], list[float]]:
     samples: dict[tuple[int, str], list[float]] = {}
     for timeline in steps:
         for rank in timeline:
             for span in rank:
                 samples.setdefault((span.action.stage, span.action.kind), []).append(span.end - span.start)
-    return {key: statistics.median(values) for key, values in samples.items()}
+    return samples
+
+
+def median_costs(steps: Sequence[Timeline]) -> dict[tuple[int, str], float]:
+    """Median duration of each (stage, kind) over every microbatch of every step."""
+    return {key: statistics.median(values) for key, values in _durations(steps).items()}
+
+
+def mean_costs(steps: Sequence[Timeline]) -> dict[tuple[int, str], float]:
+    """Mean duration of each (stage, kind) over every microbatch of every step.
+
+    The cost to replay a step with when the durations are skewed: a makespan is a sum of
+    durations along the critical path, and on a time-shared CPU an action that loses its core
+    takes several times its usual time, so the median (the usual action) underestimates that
+    sum while the mean counts the preemptions at the rate they happen."""
+    return {key: statistics.fmean(values) for key, values in _durations(steps).items()}
 
 
 def replayed_makespan(schedule: Schedule, timeline: Timeline, comm: float) -> float:
