@@ -2,11 +2,19 @@
 
 Run: PYTHONPATH=src python benchmarks/layout.py   (prints Markdown for RESULTS.md)
 
-Models (layers, heads, hidden, sequence 1024, microbatch size, GPUs, microbatch counts), as
-the paper's Table 3 gives them: 1.5B (22, 24, 2304, b=6, 8 GPUs, m 24/32/64), 6.2B (30, 64, 4096,
-b=3, 8, 24/32/64), 14.6B (46, 64, 5120, b=1, 16, 48/64/128), 28.3B (62, 64, 6144, b=1, 32,
-96/128/256); A100 80 GB at 150 effective TFLOP/s, 100 GB/s between pipeline neighbours, 25 GB/s
-between replicas. Costs and memory come from the paper's per-layer formulas (advise/estimate.py).
+Models (layers, heads, hidden, sequence 1024, microbatch size, GPUs, microbatch counts), from
+the paper's Table 3 ("Models and fixed settings used for experiments"; Qi, Wan, Huang, Lin, "Zero
+Bubble Pipeline Parallelism", ICLR 2024, arXiv:2401.10241): 1.5B (22, 24, 2304, b=6, 8 GPUs, m
+24/32/64), 6.2B (30, 64, 4096, b=3, 8, 24/32/64), 14.6B (46, 64, 5120, b=1, 16, 48/64/128), 28.3B
+(62, 64, 6144, b=1, 32, 96/128/256). What could be checked here: the layer counts, GPUs and
+microbatch counts are those of /work/shared/reference/schedules.md (2.1, "Evaluation grid"), the
+layer counts follow the authors' README advice of ``k x p - 2`` layers
+(github.com/sail-sg/zero-bubble-pipeline-parallelism), and the hidden sizes give the models'
+names: :func:`parameter_table` prints 12 L h^2 + V h at vocabulary 51200 (1.52B, 6.25B, 14.74B,
+28.40B). The table's own text was not reachable from this machine (the searchable copies of the
+paper gave only its first page), so heads and microbatch sizes rest on the paper as transcribed.
+A100 80 GB at 150 effective TFLOP/s, 100 GB/s between pipeline neighbours, 25 GB/s between
+replicas. Costs and memory come from the paper's per-layer formulas (advise/estimate.py).
 
 1. At the paper's layout (pure pipeline, pp = GPUs) and microbatch counts: the predicted step of
    1F1B, interleaved 1F1B (2 chunks), ZB-1p and ZB-2p. ZB-1p and ZB-2p are the paper's automatic
@@ -39,6 +47,16 @@ LAYOUT_FAMILIES = [get_family(n) for n in ("1f1b", "interleaved-1f1b", "zb-h1", 
 
 def _spec(layers, heads, hidden, b, vocab=51200):
     return TransformerSpec(layers, hidden, 1024, b, heads=heads, vocab=vocab)
+
+
+def parameter_table() -> list[str]:
+    """Each model's parameters from its dimensions (layers and one vocabulary embedding), against
+    the size in its name: the check that the dimensions are the paper's models."""
+    lines = ["| model | layers | heads | hidden | parameters from the dimensions |", "|---|---|---|---|---|"]
+    for name, layers, heads, hidden, b, _gpus, _ms in CONFIGS:
+        spec = _spec(layers, heads, hidden, b)
+        lines.append(f"| {name} | {layers} | {heads} | {hidden} | {(layers * spec.layer_params + spec.embedding_params) / 1e9:.2f}B |")
+    return lines
 
 
 def _paper_row(spec, gpus, m) -> dict:
@@ -104,6 +122,8 @@ def layout_table() -> list[str]:
 
 
 if __name__ == "__main__":
+    print("\n".join(parameter_table()))
+    print()
     print("\n".join(paper_table()))
     print()
     print("\n".join(paper_table(balanced=True)))
