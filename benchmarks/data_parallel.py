@@ -6,7 +6,7 @@ Run: PYTHONPATH=src python benchmarks/data_parallel.py [equivalence] [overlap]  
   first-step gradients and parameters after 3 steps against one process on the global batch
   (fp32, max relative error), and the bf16 run's loss after 3 steps against the fp32 run's.
 - overlap: P=2, D=2, each stage's all-reduce started after its last W/B against every all-reduce
-  after the step's last action, turn by turn on the same processes (paired ratios, medians, two
+  after the step's last action, turn by turn on the same processes (paired ratios, medians, three
   launches per schedule); and the step the simulator predicts for each mode from what the same run
   measured: the mean cost of each (stage, kind) of its actions, its p2p latency, each stage's
   all-reduce, and its closing (loss agreement, optimizer step, weight check).
@@ -18,7 +18,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
-from time import perf_counter
+from time import perf_counter, process_time
 
 import torch
 
@@ -65,8 +65,8 @@ def equivalence() -> list[str]:
 OVERLAP_MODEL = dict(blocks=5, dim=384, hidden=1536)
 OVERLAP_BATCH = 32  # 4 samples per microbatch: the all-reduce of the weights is a real part of the step
 OVERLAP_SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-v", "zb-h1")
-LAUNCHES = 2  # separate runs of the 4 processes per schedule
-ROUNDS = 16  # steps per mode per launch, turn by turn (the first dropped)
+LAUNCHES = 3  # separate runs of the 4 processes per schedule
+ROUNDS = 20  # steps per mode per launch, turn by turn (the first dropped)
 
 
 def overlap_worker(rank: int, world: int, job: tuple) -> dict:
@@ -93,12 +93,14 @@ def overlap_worker(rank: int, world: int, job: tuple) -> dict:
     }
     reduced_at = {overlap: _time_reductions(rt.grad_sync) for overlap, rt in runtimes.items()}
     latency = measure_latency(*next(iter(runtimes[True].transport.buffer_spec.values())), torch.device("cpu"))
-    steps = {True: [], False: []}  # per step: (start, end, reduced, spans), host clock in seconds
+    steps = {True: [], False: []}  # per step: (start, end, reduced, spans, CPU seconds), host clock
     for step in range(rounds):
         x, y = md.batch(step, OVERLAP_BATCH, 0)
         for overlap in ((True, False) if step % 2 else (False, True)):
+            cpu = process_time()  # every thread of the process: gloo's included
             result = runtimes[overlap].step(x, y)
-            steps[overlap].append((result.origin, result.origin + result.step_time, reduced_at[overlap][-1], result.spans))
+            steps[overlap].append((result.origin, result.origin + result.step_time, reduced_at[overlap][-1],
+                                   result.spans, process_time() - cpu))
     # the all-reduce of each of this rank's stages alone (all four ranks at once, as at a step's end)
     rt = runtimes[True]
     reduce_s = {}
@@ -134,8 +136,9 @@ def _time_reductions(sync) -> list[float]:
 def _mode(launches: list[dict], overlap: bool) -> dict:
     """One mode's measured steps over every launch (first step of each dropped): the step time
     (first rank's start to last rank's end), the closing (last rank's reduced gradients to the
-    step's end), and every replica's timeline with times from its step's start."""
-    times, closings, timelines = [], [], []
+    step's end), the CPU time of the four processes, and every replica's timeline with times from
+    its step's start."""
+    times, closings, cpu, timelines = [], [], [], []
     for out in launches:
         ranks = [r[overlap] for r in out["ranks"]]
         for i in range(1, len(ranks[0])):
@@ -143,9 +146,10 @@ def _mode(launches: list[dict], overlap: bool) -> dict:
             end = max(r[i][1] for r in ranks)
             times.append(end - start)
             closings.append(end - max(r[i][2] for r in ranks))
+            cpu.append(sum(r[i][4] for r in ranks))
             for replica in out["grid"]:
                 timelines.append([[span for span in ranks[g][i][3]] for g in replica])
-    return {"times": times, "closing": statistics.median(closings), "timelines": timelines}
+    return {"times": times, "closing": statistics.median(closings), "cpu": statistics.median(cpu), "timelines": timelines}
 
 
 def _predict(schedule, mode: dict, reduce_s: list[float], latency: float, overlap: bool, costs_of) -> tuple[float, float]:
@@ -173,10 +177,10 @@ def overlap() -> list[str]:
         f"(the first dropped); load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs.",
         "",
         "| schedule | overlapped / reduce-after (median of paired ratios; per launch) | median step overlapped / reduce-after | "
-        "all-reduce per rank alone | closing | actions end, overlapped: measured / replayed | "
+        "CPU per step, 4 processes | all-reduce per rank alone | closing | actions end, overlapped: measured / replayed | "
         "predicted overlapped / reduce-after | measured / predicted, overlapped | measured / predicted, reduce-after | "
         "predicted ratio | measured / predicted from median costs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in OVERLAP_SCHEDULES:
         launches = [spawn(overlap_worker, 4, (name, ROUNDS), timeout_s=600)[0] for _ in range(LAUNCHES)]
@@ -202,7 +206,8 @@ def overlap() -> list[str]:
         actions_end = statistics.median(makespan(t) for t in on["timelines"])
         lines.append(
             f"| {name} | {ratio:.3f} ({', '.join(f'{r:.3f}' for r in per_launch)}) | "
-            f"{1e3 * measured_on:.0f} / {1e3 * measured_off:.0f} ms | {1e3 * per_rank:.0f} ms | "
+            f"{1e3 * measured_on:.0f} / {1e3 * measured_off:.0f} ms | {1e3 * on['cpu']:.0f} / {1e3 * off['cpu']:.0f} ms | "
+            f"{1e3 * per_rank:.0f} ms | "
             f"{1e3 * on['closing']:.0f} / {1e3 * off['closing']:.0f} ms | {1e3 * actions_end:.0f} / {1e3 * replayed:.0f} ms | "
             f"{1e3 * pred_on:.0f} / {1e3 * pred_off:.0f} ms | "
             f"{measured_on / pred_on:.3f} | {measured_off / pred_off:.3f} | {pred_on / pred_off:.3f} | "
