@@ -148,7 +148,7 @@ def _mode(launches: list[dict], overlap: bool) -> dict:
             closings.append(end - max(r[i][2] for r in ranks))
             cpu.append(sum(r[i][4] for r in ranks))
             for replica in out["grid"]:
-                timelines.append([[span for span in ranks[g][i][3]] for g in replica])
+                timelines.append([list(ranks[g][i][3]) for g in replica])
     return {"times": times, "closing": statistics.median(closings), "cpu": statistics.median(cpu), "timelines": timelines}
 
 
