@@ -15,6 +15,7 @@ from pipesched.advise.estimate import (
     balance_layers,
 )
 from pipesched.errors import ConfigError
+from pipesched.placement import loop_placement, v_placement
 
 import pipesched
 
@@ -64,7 +65,7 @@ def test_costs_add_up_to_the_model_and_multipliers_follow_the_layer_split():
     costs = model.costs(8, "loop", 1.0)
     assert costs.F * 8 == pytest.approx(30 * f + head)
     assert costs.W * 8 == pytest.approx(30 * w + head)
-    counts = model.layers_per_stage(8)
+    counts = model.layers_per_stage(8, "loop")
     stage_time = [n * (f + b + w) for n in counts]
     stage_time[-1] += 3 * head
     assert costs.stage_multipliers == pytest.approx([t / (sum(stage_time) / 8) for t in stage_time])
@@ -95,6 +96,49 @@ def test_layer_balance_minimises_the_slowest_stage(layers, stages, first, last):
     times[0] += first
     times[-1] += last
     assert max(times) == pytest.approx(_best_max_cost(layers, stages, 1.0, first, last))
+
+
+def _best_rank_then_stage(layers, rank_of_stage, cost, first, last):
+    stages = len(rank_of_stage)
+    best = None
+    for cuts in itertools.combinations(range(1, layers), stages - 1):
+        bounds = (0, *cuts, layers)
+        times = [(bounds[i + 1] - bounds[i]) * cost for i in range(stages)]
+        times[0] += first
+        times[-1] += last
+        per_rank = {}
+        for s, r in enumerate(rank_of_stage):
+            per_rank[r] = per_rank.get(r, 0.0) + times[s]
+        key = (max(per_rank.values()), max(times))
+        best = key if best is None else min(best, key)
+    return best
+
+
+@pytest.mark.parametrize("layers,rank_of_stage,first,last", [
+    (11, loop_placement(4, 2), 0.0, 0.0), (10, loop_placement(4, 2), 0.0, 1.5),
+    (13, v_placement(4), 0.0, 2.0), (9, v_placement(3), 0.5, 0.5), (12, loop_placement(3, 3), 0.0, 2.5),
+])
+def test_with_several_stages_per_rank_the_busiest_rank_is_balanced_first(layers, rank_of_stage, first, last):
+    counts = balance_layers(layers, len(rank_of_stage), 1.0, first, last, rank_of_stage)
+    assert sum(counts) == layers and min(counts) >= 1
+    times = [n * 1.0 for n in counts]
+    times[0] += first
+    times[-1] += last
+    per_rank = {}
+    for s, r in enumerate(rank_of_stage):
+        per_rank[r] = per_rank.get(r, 0.0) + times[s]
+    assert (max(per_rank.values()), max(times)) == pytest.approx(
+        _best_rank_then_stage(layers, rank_of_stage, 1.0, first, last))
+
+
+def test_interleaving_a_model_that_does_not_split_evenly_costs_no_rank_more_than_one_chunk_would():
+    """22 layers on 8 ranks: one chunk gives the busiest rank 3 layers; two chunks of 1 or 2
+    layers must not give any rank 4 (the Zero Bubble paper's 1.5B model, interleaved)."""
+    model = TransformerCosts(TransformerSpec(layers=22, hidden=2304, seq_len=1024, microbatch_size=6, heads=24), ranks=8)
+    one = model.layers_per_stage(8, "loop")
+    two = model.layers_per_stage(16, "loop")
+    busiest = max(two[r] + two[r + 8] for r in range(8))
+    assert sum(two) == 22 and busiest <= max(one)
 
 
 def test_a_heavy_head_gets_fewer_layers_on_the_last_stage():

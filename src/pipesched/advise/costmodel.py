@@ -33,8 +33,9 @@ class CostModel(Protocol):
     def memory_limit(self, stages: int, placement: str, scale: float) -> Optional[float]:
         """Peak activations a rank may hold, in the candidate's M_B units (None: no limit)."""
 
-    def layers_per_stage(self, stages: int) -> Optional[tuple[int, ...]]:
-        """How many layers each stage gets (None when the model's layers are unknown)."""
+    def layers_per_stage(self, stages: int, placement: str) -> Optional[tuple[int, ...]]:
+        """How many layers each stage gets under this placement (None when the model's layers
+        are unknown)."""
 
     def memory_gb(self, stages: int, placement: str, scale: float, peaks: tuple[float, ...]) -> Optional[float]:
         """Largest memory over ranks in GB for these per-rank peaks (None when unknown)."""
@@ -114,7 +115,7 @@ class ScaledCosts:
     def limits_device_memory(self) -> bool:
         return False
 
-    def layers_per_stage(self, stages: int) -> Optional[tuple[int, ...]]:
+    def layers_per_stage(self, stages: int, placement: str) -> Optional[tuple[int, ...]]:
         return None
 
     def memory_gb(self, stages: int, placement: str, scale: float, peaks: tuple[float, ...]) -> Optional[float]:

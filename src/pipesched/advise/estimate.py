@@ -29,7 +29,7 @@ parameter (bf16 weights and gradients, fp32 master weights and Adam's two moment
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..costs import Costs
 from ..errors import ConfigError
@@ -130,30 +130,78 @@ class Hardware:
                 raise ConfigError(f"{label.replace('_', ' ')} must be a number above 0, got {value!r}")
 
 
-def balance_layers(layers: int, stages: int, layer_cost: float, first_extra: float, last_extra: float) -> tuple[int, ...]:
-    """Layers per stage (each at least one, contiguous) that minimise the slowest stage's cost."""
+def balance_layers(
+    layers: int, stages: int, layer_cost: float, first_extra: float, last_extra: float,
+    rank_of_stage: Optional[Sequence[int]] = None,
+) -> tuple[int, ...]:
+    """Layers per stage (each at least one, contiguous in model order).
+
+    With several stages per rank (``rank_of_stage``: interleaved or V placements) the busiest
+    rank's total is minimised first, then the slowest stage: a rank runs all its stages' work in
+    every steady-state round, so an even split per stage that gives one rank two heavy stages is
+    slower than an uneven split that gives every rank the same total. Without a map each stage is
+    its own rank.
+    """
     if stages > layers:
         raise ConfigError(f"{stages} stages need at least {stages} layers, the model has {layers}")
+    owner = list(range(stages)) if rank_of_stage is None else list(rank_of_stage)
     extras = [0.0] * stages
     extras[0] += first_extra
     extras[-1] += last_extra
+    ranks = sorted(set(owner))
+    rank_stages = {r: [s for s in range(stages) if owner[s] == r] for r in ranks}
+    rank_extra = {r: sum(extras[s] for s in rank_stages[r]) for r in ranks}
 
-    def capacity(target: float) -> list[int]:
-        return [int((target - e) / layer_cost + TOLERANCE) for e in extras]
+    def fits(n: int, load: float, extra: float) -> bool:
+        return n * layer_cost + extra <= load + TOLERANCE
 
-    targets = sorted({n * layer_cost + e for n in range(1, layers + 1) for e in set(extras)})
-    lo, hi = 0, len(targets) - 1
-    while lo < hi:  # smallest target whose capacities hold every layer, one or more per stage
-        mid = (lo + hi) // 2
-        caps = capacity(targets[mid])
-        if min(caps) >= 1 and sum(caps) >= layers:
-            hi = mid
-        else:
-            lo = mid + 1
-    counts = capacity(targets[lo])
-    while sum(counts) > layers:  # take surplus layers from the costliest stages first
-        i = max((i for i in range(stages) if counts[i] > 1), key=lambda i: (counts[i] * layer_cost + extras[i], i))
-        counts[i] -= 1
+    def caps(rank_load: float, stage_load: float) -> Optional[dict[int, int]]:
+        """Layers each rank can take (None when some stage cannot hold its one layer)."""
+        out = {}
+        for r in ranks:
+            per_stage = [int((stage_load - extras[s]) / layer_cost + TOLERANCE) for s in rank_stages[r]]
+            on_rank = int((rank_load - rank_extra[r]) / layer_cost + TOLERANCE)
+            if min(per_stage) < 1 or on_rank < len(per_stage):
+                return None
+            out[r] = min(on_rank, sum(per_stage))
+        return out
+
+    def smallest(loads: list[float], feasible) -> float:
+        lo, hi = 0, len(loads) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if feasible(loads[mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        return loads[lo]
+
+    def holds_all(held: Optional[dict[int, int]]) -> bool:
+        return held is not None and sum(held.values()) >= layers
+
+    top = layers * layer_cost + sum(extras)
+    rank_load = smallest(
+        sorted({n * layer_cost + rank_extra[r] for r in ranks for n in range(1, layers + 1)}),
+        lambda load: holds_all(caps(load, top)),
+    )
+    stage_load = smallest(
+        sorted({n * layer_cost + e for n in range(1, layers + 1) for e in set(extras)}),
+        lambda load: holds_all(caps(rank_load, load)),
+    )
+    counts = [int((stage_load - e) / layer_cost + TOLERANCE) for e in extras]
+
+    def cost(s: int) -> tuple[float, int]:
+        return counts[s] * layer_cost + extras[s], s
+
+    def rank_cost(r: int) -> float:
+        return sum(counts[s] * layer_cost + extras[s] for s in rank_stages[r])
+
+    for r in ranks:  # no rank above its load: take from its costliest stages
+        while not fits(sum(counts[s] for s in rank_stages[r]), rank_load, rank_extra[r]):
+            counts[max((s for s in rank_stages[r] if counts[s] > 1), key=cost)] -= 1
+    while sum(counts) > layers:  # surplus: from the busiest rank's costliest stage first
+        spare = [s for s in range(stages) if counts[s] > 1]
+        counts[max(spare, key=lambda s: (rank_cost(owner[s]), cost(s)))] -= 1
     return tuple(counts)
 
 
@@ -190,12 +238,23 @@ class TransformerCosts:
         bytes_ = self.spec.p2p_bytes(self.spec.microbatch_size * scale)
         return 1e3 * bytes_ / (self.hardware.bandwidth * GB)
 
-    def layers_per_stage(self, stages: int) -> tuple[int, ...]:
+    def rank_of_stage(self, stages: int, placement: str) -> Optional[tuple[int, ...]]:
+        """The stage-to-rank map of a loop or V placement (None for any other: the family picks)."""
+        if placement == "v" and stages == 2 * self.ranks:
+            return v_placement(self.ranks)
+        if placement == "loop" and stages % self.ranks == 0:
+            return loop_placement(self.ranks, stages // self.ranks)
+        return None
+
+    def layers_per_stage(self, stages: int, placement: str) -> tuple[int, ...]:
+        """The layer split, balanced per rank for the placement's map (per stage without one)."""
         f, b, w = self.layer_times()
-        return balance_layers(self.spec.layers, stages, f + b + w, 0.0, 3 * self.head_time())
+        return balance_layers(
+            self.spec.layers, stages, f + b + w, 0.0, 3 * self.head_time(), self.rank_of_stage(stages, placement),
+        )
 
     def costs(self, stages: int, placement: str, scale: float) -> Costs:
-        counts = self.layers_per_stage(stages)
+        counts = self.layers_per_stage(stages, placement)
         f, b, w = self.layer_times(scale)
         head = self.head_time(scale)
         layer = f + b + w
@@ -212,7 +271,7 @@ class TransformerCosts:
     def _ranks_of(self, stages: int, placement: str) -> list[dict]:
         """Per rank: layers held, whether it holds the first / last stage."""
         where = v_placement(self.ranks) if placement == "v" else loop_placement(self.ranks, stages // self.ranks)
-        counts = self.layers_per_stage(stages)
+        counts = self.layers_per_stage(stages, placement)
         held = [{"layers": 0, "first": False, "last": False} for _ in range(self.ranks)]
         for s, r in enumerate(where):
             held[r]["layers"] += counts[s]
@@ -228,7 +287,7 @@ class TransformerCosts:
     def stage_sizes(self, stages: int, placement: str, scale: float) -> MemorySizes:
         """Per-stage bytes for :mod:`pipesched.memory`: what a stage keeps, stashes, and its input."""
         b = self.spec.microbatch_size * scale
-        counts = self.layers_per_stage(stages)
+        counts = self.layers_per_stage(stages, placement)
         keep = [n * self.spec.layer_activation_bytes(b) for n in counts]
         stash = [n * self.spec.layer_stash_bytes(b) for n in counts]
         keep[-1] += self.spec.head_activation_bytes(b)

@@ -92,10 +92,10 @@ def gradient_sync(
     return SyncedStep(reduced + closing, reduced - makespan, tuple(spans))
 
 
-def stage_gradient_bytes(model: TransformerCosts, stages: int) -> list[float]:
+def stage_gradient_bytes(model: TransformerCosts, stages: int, placement: str) -> list[float]:
     """Gradient bytes of each stage: its layers, and the embedding and head at the ends."""
     spec = model.spec
-    counts = model.layers_per_stage(stages)
+    counts = model.layers_per_stage(stages, placement)
     out = [GRAD_BYTES * n * spec.layer_params for n in counts]
     out[0] += GRAD_BYTES * spec.embedding_params
     out[-1] += GRAD_BYTES * spec.embedding_params
@@ -203,6 +203,6 @@ def _with_sync(pp: int, dp: int, c: Candidate, model: TransformerCosts, cost: Al
     schedule = build_schedule(c.schedule, pp, c.microbatches, c.chunks, c.costs, c.memory_limit,
                               **objective_option(family, c.objective or "makespan"))
     result = simulate(schedule, c.costs)
-    synced = gradient_sync(result.timeline, stage_gradient_bytes(model, schedule.stages), cost)
+    synced = gradient_sync(result.timeline, stage_gradient_bytes(model, schedule.stages, schedule.style), cost)
     busiest = max((sum(e - s for _, s, e in spans) for spans in synced.reduce_spans), default=0.0)
     return LayoutCandidate(pp, dp, c, synced.step_time, synced.exposed, busiest)

@@ -183,6 +183,11 @@ def _evaluate(
         if steer_to is None:
             raise
         raise _SteeredOverLimit(str(err)) from None
+    if model.layers_per_stage(schedule.stages, schedule.style) != model.layers_per_stage(stages, family.placement):
+        # the family chose a layout whose layer split differs from the one it was costed with:
+        # cost it under that split and build again, so time and memory describe one split
+        costs = model.costs(schedule.stages, schedule.style, scale)
+        schedule = build_schedule(family.name, ranks, m, v, costs, steer_to, objective)
     if schedule.stages != stages:  # the family chose its own chunk count: hold it to that layout
         limit = model.memory_limit(schedule.stages, schedule.style, scale)
     sizes = model.stage_sizes(schedule.stages, schedule.style, scale)
@@ -221,7 +226,7 @@ def _evaluate(
             limit=limit,
             placement=schedule.style,
             messages=sum(1 for a, b in zip(schedule.placement, schedule.placement[1:]) if a != b),
-            layers_per_stage=model.layers_per_stage(schedule.stages),
+            layers_per_stage=model.layers_per_stage(schedule.stages, schedule.style),
             memory_gb=memory_gb,
             objective=objective if family.uses_objective else None,
             recompute="all" if recompute else "none",
