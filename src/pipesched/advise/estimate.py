@@ -28,6 +28,7 @@ parameter (bf16 weights and gradients, fp32 master weights and Adam's two moment
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -134,13 +135,15 @@ def balance_layers(
     layers: int, stages: int, layer_cost: float, first_extra: float, last_extra: float,
     rank_of_stage: Optional[Sequence[int]] = None,
 ) -> tuple[int, ...]:
-    """Layers per stage (each at least one, contiguous in model order).
+    """Layers per stage (contiguous in model order; each stage at least one but see below).
 
     With several stages per rank (``rank_of_stage``: interleaved or V placements) the busiest
     rank's total is minimised first, then the slowest stage: a rank runs all its stages' work in
     every steady-state round, so an even split per stage that gives one rank two heavy stages is
     slower than an uneven split that gives every rank the same total. Without a map each stage is
-    its own rank.
+    its own rank. A stage with extra work (the embedding, the head) may hold no layer at all, as
+    Megatron-LM's ``--account-for-loss-in-pipeline-split`` allows: with two chunks per rank the
+    head's rank would otherwise carry two layers besides the head.
     """
     if stages > layers:
         raise ConfigError(f"{stages} stages need at least {stages} layers, the model has {layers}")
@@ -148,6 +151,7 @@ def balance_layers(
     extras = [0.0] * stages
     extras[0] += first_extra
     extras[-1] += last_extra
+    least = [0 if extras[s] > 0 else 1 for s in range(stages)]
     ranks = sorted(set(owner))
     rank_stages = {r: [s for s in range(stages) if owner[s] == r] for r in ranks}
     rank_extra = {r: sum(extras[s] for s in rank_stages[r]) for r in ranks}
@@ -156,12 +160,12 @@ def balance_layers(
         return n * layer_cost + extra <= load + TOLERANCE
 
     def caps(rank_load: float, stage_load: float) -> Optional[dict[int, int]]:
-        """Layers each rank can take (None when some stage cannot hold its one layer)."""
+        """Layers each rank can take (None when some stage cannot hold its least)."""
         out = {}
         for r in ranks:
-            per_stage = [int((stage_load - extras[s]) / layer_cost + TOLERANCE) for s in rank_stages[r]]
-            on_rank = int((rank_load - rank_extra[r]) / layer_cost + TOLERANCE)
-            if min(per_stage) < 1 or on_rank < len(per_stage):
+            per_stage = [math.floor((stage_load - extras[s]) / layer_cost + TOLERANCE) for s in rank_stages[r]]
+            on_rank = math.floor((rank_load - rank_extra[r]) / layer_cost + TOLERANCE)
+            if any(n < least[s] for n, s in zip(per_stage, rank_stages[r])) or on_rank < sum(least[s] for s in rank_stages[r]):
                 return None
             out[r] = min(on_rank, sum(per_stage))
         return out
@@ -181,14 +185,14 @@ def balance_layers(
 
     top = layers * layer_cost + sum(extras)
     rank_load = smallest(
-        sorted({n * layer_cost + rank_extra[r] for r in ranks for n in range(1, layers + 1)}),
+        sorted({n * layer_cost + rank_extra[r] for r in ranks for n in range(layers + 1)}),
         lambda load: holds_all(caps(load, top)),
     )
     stage_load = smallest(
-        sorted({n * layer_cost + e for n in range(1, layers + 1) for e in set(extras)}),
+        sorted({n * layer_cost + e for n in range(layers + 1) for e in set(extras)}),
         lambda load: holds_all(caps(rank_load, load)),
     )
-    counts = [int((stage_load - e) / layer_cost + TOLERANCE) for e in extras]
+    counts = [math.floor((stage_load - e) / layer_cost + TOLERANCE) for e in extras]
 
     def cost(s: int) -> tuple[float, int]:
         return counts[s] * layer_cost + extras[s], s
@@ -198,9 +202,9 @@ def balance_layers(
 
     for r in ranks:  # no rank above its load: take from its costliest stages
         while not fits(sum(counts[s] for s in rank_stages[r]), rank_load, rank_extra[r]):
-            counts[max((s for s in rank_stages[r] if counts[s] > 1), key=cost)] -= 1
+            counts[max((s for s in rank_stages[r] if counts[s] > least[s]), key=cost)] -= 1
     while sum(counts) > layers:  # surplus: from the busiest rank's costliest stage first
-        spare = [s for s in range(stages) if counts[s] > 1]
+        spare = [s for s in range(stages) if counts[s] > least[s]]
         counts[max(spare, key=lambda s: (rank_cost(owner[s]), cost(s)))] -= 1
     return tuple(counts)
 
