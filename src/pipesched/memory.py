@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 from .actions import Action
 from .errors import ConfigError
+from .execution import TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -75,25 +76,69 @@ def peak(actions: Sequence[Action], sizes: Sequence[StageMemory]) -> float:
     return max((high for high, _ in levels(actions, sizes)), default=0.0)
 
 
-class _Uniform:
-    """Every stage the same size (M_B counting)."""
+class _Table:
+    """Per-stage sizes: the stages named, and one size for every other."""
 
-    def __init__(self, size: StageMemory) -> None:
-        self.size = size
+    def __init__(self, named: dict, other: StageMemory) -> None:
+        self.named, self.other = named, other
 
     def __getitem__(self, stage: int) -> StageMemory:
-        return self.size
+        return self.named.get(stage, self.other)
 
 
-def unit_sizes(stages_on_rank: float) -> _Uniform:
-    """M_B sizes on a rank holding ``stages_on_rank`` stages: each stage a share of one unit."""
+def unit_sizes(stages_on_rank: float, recompute: Optional["Recompute"] = None) -> _Table:
+    """M_B sizes on a rank holding ``stages_on_rank`` stages: each stage a share of one unit
+    (a stage that ``recompute`` names keeping only its input's share of it)."""
     share = 1.0 / stages_on_rank
-    return _Uniform(StageMemory(keep=share, stash=share))
+    stored = StageMemory(keep=share, stash=share)
+    named = {} if recompute is None else {s: stored.recomputed(share * recompute.input_share) for s in recompute.stages}
+    return _Table(named, stored)
 
 
-def unit_peak(actions: Sequence[Action], stages_on_rank: float) -> float:
-    """Peak in M_B: stage-microbatches held at once (counted whole), each a ``1/stages_on_rank`` share."""
-    return peak(actions, _Uniform(UNIT_STAGE)) / stages_on_rank
+def unit_peak(actions: Sequence[Action], stages_on_rank: float, recompute: Optional["Recompute"] = None) -> float:
+    """Peak in M_B: stage-microbatches held at once (counted whole), each a ``1/stages_on_rank``
+    share; a stage that ``recompute`` names keeps only its input's share until its backward."""
+    return peak(actions, unit_sizes(1.0, recompute)) / stages_on_rank
+
+
+def whole_stage_microbatches(limit: float, stages_on_rank: int) -> int:
+    """How many stage-microbatches a rank holding ``stages_on_rank`` stages may keep at once
+    within ``limit`` M_B (each weighs ``1/stages_on_rank``; float noise never costs one)."""
+    return int(limit * stages_on_rank + TOLERANCE)
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """Which stages of a schedule recompute their activations, in M_B terms.
+
+    ``input_share``: what a recomputed stage-microbatch keeps between its forward and its
+    backward (the stage's input), as a share of what a stored one keeps. The backward rebuilds
+    the rest first and, split, leaves the whole W stash as a stored stage's ``I`` does.
+    A schedule carries it in ``meta["recompute"]`` (zb-auto's choice); the simulator then
+    prices its ``I``/``B`` with the forward again and counts its memory this way.
+    """
+
+    stages: frozenset
+    input_share: float
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.input_share < 1:
+            raise ConfigError(
+                f"a recomputed stage's input share must be from 0 to below 1 (what it keeps of its "
+                f"activations), got {self.input_share!r}"
+            )
+        object.__setattr__(self, "stages", frozenset(self.stages))
+
+    def spec(self) -> str:
+        """The stages as ``--recompute`` takes them (``0,2``; ``none`` when empty)."""
+        return ",".join(str(s) for s in sorted(self.stages)) or "none"
+
+
+def schedule_recompute(schedule) -> Optional[Recompute]:
+    """The recomputation a schedule carries (``meta["recompute"]``), or None."""
+    chosen = schedule.meta.get("recompute")
+    return chosen if isinstance(chosen, Recompute) and chosen.stages else None
+
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ class BuildRequest:
     costs: Costs = UNIT
     memory_limit: Optional[float] = None
     objective: str = "makespan"
+    recompute_input: Optional[float] = None  # what a recomputed stage keeps, of its activations (zb-auto)
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ def build_schedule(
     costs: Optional[Costs] = None,
     memory_limit: Optional[float] = None,
     objective: Optional[str] = None,
+    recompute_input: Optional[float] = None,
 ) -> Schedule:
     """Build, validate and return the schedule ``name`` for ``ranks`` ranks and ``microbatches``.
 
@@ -191,7 +193,10 @@ def build_schedule(
     microbatch's activations for the rank's share) caps peak memory: families that can trade
     speed for memory honour it, the others raise if they need more. ``objective``
     (``"makespan"``, the default, or ``"span"``) steers the families that search
-    (``uses_objective``); the others ignore it. Sizes that would take more than about a minute
+    (``uses_objective``); the others ignore it. ``recompute_input`` (what a recomputed stage
+    keeps, as a share of its activations) lets zb-auto recompute on some stages to meet
+    ``memory_limit`` when that is faster (the schedule's ``meta["recompute"]``); the others
+    ignore it. Sizes that would take more than about a minute
     to plan raise a ConfigError that says what fits (:mod:`pipesched.planning`).
     """
     family = get_family(name)
@@ -204,7 +209,7 @@ def build_schedule(
     check_schedule_size(family, ranks, microbatches, v)  # refuse minutes of work up front
     request = BuildRequest(
         ranks, microbatches, v, costs if costs is not None else UNIT, memory_limit,
-        check_objective(objective) if objective is not None else "makespan",
+        check_objective(objective) if objective is not None else "makespan", recompute_input,
     )
     schedule = family.build(request)
     validate(schedule)

@@ -22,7 +22,7 @@ from typing import Optional
 
 from .costs import UNIT, Costs, durations_for, program_durations
 from .execution import Program, Span, run
-from .memory import MemorySizes, levels, peak_bytes, unit_peak, unit_sizes
+from .memory import MemorySizes, levels, peak_bytes, schedule_recompute, unit_peak, unit_sizes
 from .placement import stages_by_rank
 from .schedule import Schedule
 from .validate import UNIT_RUN, VALIDATED, check_structure, lowered
@@ -75,7 +75,8 @@ class SimResult:
         a backward gives it back when it ends."""
         if in_bytes and self.memory is None:
             raise ValueError("no sizes were given: the memory curve exists in M_B units only")
-        sizes = self.memory.effective() if in_bytes else unit_sizes(_stages_on_rank(self.schedule)[rank])
+        sizes = (self.memory.effective() if in_bytes
+                 else unit_sizes(_stages_on_rank(self.schedule)[rank], schedule_recompute(self.schedule)))
         spans = self.timeline[rank]
         curve = [(0.0, 0.0)]
         for span, (high, after) in zip(spans, levels([s.action for s in spans], sizes)):
@@ -89,7 +90,8 @@ class SimResult:
         return curve
 
     def metrics(self) -> dict:
-        """The metrics as plain numbers (what ``simulate --json`` prints)."""
+        """The metrics as plain numbers (what ``simulate --json`` prints); ``recompute``: the
+        stages whose recomputation the times include."""
         return {
             "schedule": self.schedule.name,
             "ranks": self.schedule.ranks,
@@ -102,7 +104,15 @@ class SimResult:
             "peak_memory": list(self.peak_memory),
             **({"peak_memory_bytes": list(self.peak_memory_bytes)} if self.peak_memory_bytes is not None else {}),
             "parameter_copies": self.parameter_copies,
+            "recompute": sorted(self._recomputed()),
         }
+
+    def _recomputed(self) -> frozenset:
+        """The stages timed (and, in bytes, counted) as recomputing."""
+        if self.memory is not None:
+            return self.memory.recompute
+        own = schedule_recompute(self.schedule)
+        return own.stages if own is not None else frozenset()
 
 
 def _stages_on_rank(schedule: Schedule) -> list[float]:
@@ -127,14 +137,17 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional
     """Simulate ``schedule`` under ``costs`` (unit costs, no latency, by default).
 
     ``memory``: per-stage sizes in bytes (and which stages recompute): adds peak bytes per rank,
-    and a recomputed stage's ``I``/``B`` takes its ``F`` longer.
+    and a recomputed stage's ``I``/``B`` takes its ``F`` longer. A schedule that carries its own
+    recomputation (``meta["recompute"]``, zb-auto's choice) is timed with it when ``memory``
+    does not say otherwise, and its M_B peaks count it (:class:`~pipesched.memory.Recompute`).
     Raises ScheduleError for a malformed schedule and DeadlockError for one that cannot finish.
     """
     costs = costs or UNIT
     if not schedule.derived.get(VALIDATED):
         check_structure(schedule)
     program = lowered(schedule)
-    recompute = memory.recompute if memory is not None else frozenset()
+    own = schedule_recompute(schedule)
+    recompute = memory.recompute if memory is not None else (own.stages if own else frozenset())
     cached = schedule.derived.get(UNIT_RUN) if costs == UNIT and not recompute else None
     if cached is not None:
         durations, starts, ends = cached
@@ -145,7 +158,7 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional
     rank_actions = [[program.actions[i] for i in ids] for ids in program.rank_ids]
     for ids, actions, k in zip(program.rank_ids, rank_actions, _stages_on_rank(schedule)):
         busy.append(sum([durations[i] for i in ids]))
-        peaks.append(unit_peak(actions, k))
+        peaks.append(unit_peak(actions, k, own))
         if ids:
             first.append(starts[ids[0]])
             last.append(ends[ids[-1]])

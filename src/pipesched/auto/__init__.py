@@ -8,21 +8,32 @@ objective="span")`` or this function choose the other.
 
 The result's ``meta`` says which candidate won and what the exact refinement found
 (``meta["milp"]``: status, proven lower bound, gap).
+
+Given a limit and what a recomputed stage keeps (``recompute_input``), the search also offers
+faster orders that fit by recomputing activations on the ranks over the limit (:mod:`.recompute`);
+the winner's ``meta["recompute"]`` (a :class:`~pipesched.memory.Recompute`) names its stages,
+the simulator times and counts them, and ``pipesched train`` applies them;
+``meta["without_recompute"]`` is the objective of the best candidate that fits without
+(None: none does).
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
 from ..costs import UNIT, Costs
+from ..errors import ConfigError
+from ..memory import Recompute, schedule_recompute
 from ..registry import BuildRequest
 from ..execution import TOLERANCE
 from ..schedule import Schedule
 from ..ranking import check_objective, objective_value
 from ..schedules.choose import best_schedule, ranked_schedules, work_bound
-from ..schedules.limits import resolve_limit
+from ..schedules.limits import SMALLEST_LIMIT, resolve_limit
 from .local import SWAP_EVALUATIONS, improve_by_swaps
 from .milp import refine
+from .recompute import leanest_recomputing_need, recompute_width, recomputing_candidates
 from .search import all_candidates, candidate_count, with_weights_replaced
 
 MILP_MAX_SIZE = 256  # ranks * microbatches up to which the exact refinement runs
@@ -39,6 +50,7 @@ def build_auto(
     milp: bool = True,
     time_limit: float = 2.0,
     chunks: Optional[int] = None,
+    recompute_input: Optional[float] = None,
 ) -> Schedule:
     """The best schedule found for these costs within ``memory_limit`` (activations per rank).
 
@@ -46,14 +58,27 @@ def build_auto(
     (iterations overlap). ``milp``: when ``ranks * microbatches <= 256``, refine the best
     candidate within ``time_limit`` seconds, half by swapping neighbouring actions, half by the
     exact MILP; the candidate is kept unless they beat it. ``chunks`` (1 or 2) restricts the
-    search to that many stages per rank; by default both are searched.
+    search to that many stages per rank; by default both are searched. ``recompute_input``: what
+    a recomputed stage keeps (its input) as a share of its activations; given with a
+    ``memory_limit``, recomputing on some ranks is searched too (then limits below 1 are
+    accepted), and the winner recomputes only when that is faster than every leaner order.
+    A recomputing winner is not refined (the swaps and the MILP count stored activations).
     """
     costs = costs or UNIT
     check_objective(objective)
-    limit = resolve_limit(memory_limit, ranks, "zb-auto")
+    recomputing = recompute_input is not None and memory_limit is not None
+    if recomputing:
+        Recompute(frozenset(), recompute_input)  # a share outside [0, 1) fails here, in one line
+        limit = resolve_limit(memory_limit, ranks, "zb-auto", recompute_input, "a recomputed stage's input")
+    else:
+        limit = resolve_limit(memory_limit, ranks, "zb-auto")
     costs.multipliers(ranks)  # a multiplier list that fits no stage count fails here, in one line
     origins: dict[int, str] = {}
-    pool = _tagged(all_candidates(ranks, microbatches, costs, limit, chunks), origins)
+    candidates = all_candidates(ranks, microbatches, costs, limit, chunks) if limit >= SMALLEST_LIMIT - TOLERANCE else iter(())
+    if recomputing:  # after the pool: on ties, the order that stores its activations wins
+        candidates = itertools.chain(
+            candidates, recomputing_candidates(ranks, microbatches, costs, limit, recompute_input, chunks))
+    pool = _tagged(candidates, origins)
     ranked = ranked_schedules(pool, costs, limit, objective)
     variants = []
     for _, _, leader, _ in ranked[:TOP_FOR_W_REPLACEMENT]:
@@ -64,11 +89,21 @@ def build_auto(
                 origins[id(variant)] = origins[id(leader)] + how
                 variants.append(variant)
     best = best_schedule([ranked[0][2]] + variants if ranked else variants, costs, limit, objective)
-    if best is None:  # the 1-chunk greedy fits any limit >= 1; reaching here is a bug
-        raise RuntimeError(f"zb-auto: no candidate fits memory_limit={limit:g}")
+    if best is None:
+        if limit < SMALLEST_LIMIT - TOLERANCE:
+            raise ConfigError(
+                f"zb-auto: no schedule fits memory_limit={limit:g}, even recomputing activations: the "
+                f"leanest needs {leanest_recomputing_need(ranks, microbatches, costs, recompute_input, chunks):.4g}"
+            )
+        raise RuntimeError(f"zb-auto: no candidate fits memory_limit={limit:g}")  # the 1-chunk greedy fits any limit >= 1
     schedule, result = best
     meta = {"origin": origins.get(id(schedule), "?"), "objective": objective, "memory_limit": limit}
-    if milp and time_limit > 0 and ranks * microbatches <= MILP_MAX_SIZE:
+    recompute = schedule_recompute(schedule)
+    if recompute is not None:
+        meta["recompute"] = recompute
+        stored = next((r for _, _, s, r in ranked if schedule_recompute(s) is None), None)
+        meta["without_recompute"] = objective_value(stored, objective) if stored is not None else None
+    elif milp and time_limit > 0 and ranks * microbatches <= MILP_MAX_SIZE:
         if objective_value(result, objective) > work_bound(schedule, costs, objective) * (1 + TOLERANCE):
             polished = improve_by_swaps(schedule, costs, limit, objective, time_limit / 2)
             if polished.orders != schedule.orders:
@@ -89,15 +124,17 @@ def build_auto(
 def build(request: BuildRequest) -> Schedule:
     """The registry's builder (``chunks=None``: the search picks 1 or 2 stages per rank)."""
     r = request
-    return build_auto(r.ranks, r.microbatches, r.costs, r.memory_limit, r.objective, chunks=r.chunks)
+    return build_auto(r.ranks, r.microbatches, r.costs, r.memory_limit, r.objective, chunks=r.chunks,
+                      recompute_input=r.recompute_input)
 
 
 def search_width(ranks: int, microbatches: int) -> int:
     """The most schedules :func:`build_auto` simulates: every candidate, the best few again with
-    their W passes re-placed, the leader once more among them, and on small instances
-    (``MILP_MAX_SIZE``) the swaps' evaluations and the exact refinement's two."""
+    their W passes re-placed, the leader once more among them, the recomputing candidates, and
+    on small instances (``MILP_MAX_SIZE``) the swaps' evaluations and the exact refinement's two."""
 
     width = candidate_count(ranks, microbatches) + len(FILL_PARTIAL_WAITS) * TOP_FOR_W_REPLACEMENT + 1
+    width += recompute_width(ranks)
     if ranks * microbatches <= MILP_MAX_SIZE:
         width += 1 + SWAP_EVALUATIONS + 2
     return width

@@ -28,7 +28,7 @@ import numpy as np
 from ..actions import Action
 from ..costs import Costs
 from ..execution import TOLERANCE, dependency, latency
-from ..memory import UNIT_STAGE, level_after
+from ..memory import UNIT_STAGE, level_after, whole_stage_microbatches
 from ..placement import stages_by_rank
 from ..ranking import objective_value
 from ..schedule import Schedule
@@ -221,7 +221,7 @@ def _memory_rows(rows: _Rows, schedule: Schedule, graph: _Graph, pairs: dict, me
     nodes = graph.nodes
     held = {r: len(h) for r, h in enumerate(stages_by_rank(schedule.placement, schedule.ranks))}
     for r, members in graph.by_rank.items():
-        cap = int(memory_limit * held[r] + TOLERANCE)
+        cap = whole_stage_microbatches(memory_limit, held[r])
         for f in members:
             if nodes[f][1].kind != "F":
                 continue

@@ -31,6 +31,12 @@ Overlap = typer.Option(
     "the pair takes max(F,B) + OVERLAP * min(F,B); 1 = one after the other (what the runtime "
     "does on CPU), 0 = the shorter fully hidden.",
 )
+RecomputeInput = typer.Option(
+    None, "--recompute-input",
+    help="With --memory-limit: zb-auto may also recompute activations on some stages where that is "
+    "faster than a leaner order; SHARE is what a recomputed stage keeps (its input) of its "
+    "activations, e.g. 0.05.",
+)
 Multipliers = typer.Option(
     None, "--stage-multipliers", help="Cost factors along the model's depth, e.g. 1.3,1,1,1.3."
 )
@@ -46,6 +52,7 @@ class Setup:
     costs: Costs
     memory_limit: Optional[float]
     objective: Optional[str] = None  # None: each family's default (makespan)
+    recompute_input: Optional[float] = None  # zb-auto may recompute; what a recomputed stage keeps
 
 
 def parse_memory_limit(text: Optional[str], bytes_known: bool) -> tuple[Optional[float], Optional[float]]:
@@ -92,6 +99,7 @@ def setup(
     multipliers: Optional[str],
     objective: Optional[str] = None,
     overlap: float = 1.0,
+    recompute_input: Optional[float] = None,
 ) -> Setup:
     """Check and bundle the shared flags (bad values raise ConfigError: one line, exit 2)."""
     if ranks < 1:
@@ -105,5 +113,15 @@ def setup(
         from ..schedules.choose import check_objective
 
         check_objective(objective)
+    if recompute_input is not None:
+        check_recompute_input(recompute_input, limit)
     parsed = Costs.parse(costs, comm=comm, multipliers=parse_multipliers(multipliers), overlap=overlap)
-    return Setup(ranks, microbatches, chunks, parsed, limit, objective)
+    return Setup(ranks, microbatches, chunks, parsed, limit, objective, recompute_input)
+
+
+def check_recompute_input(share: float, limit: Optional[float]) -> None:
+    """``--recompute-input`` is a share from 0 to below 1, and steers only a search under a limit."""
+    if not (math.isfinite(share) and 0 <= share < 1):
+        raise ConfigError(f"--recompute-input must be from 0 to below 1 (what a recomputed stage keeps of its activations), got {share:g}")
+    if limit is None:
+        raise ConfigError("--recompute-input needs --memory-limit: without a limit recomputing only costs time")

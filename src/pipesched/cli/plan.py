@@ -54,6 +54,7 @@ def export(
     memory_limit: Optional[str] = opt.MemoryLimit,
     stage_multipliers: Optional[str] = opt.Multipliers,
     objective: Optional[str] = opt.Objective,
+    recompute_input: Optional[float] = opt.RecomputeInput,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="CSV file (default: stdout)."),
     torchtitan: bool = typer.Option(
         False, "--torchtitan",
@@ -64,7 +65,8 @@ def export(
     ),
 ) -> None:
     """Write a schedule as torch.distributed.pipelining's compute-only CSV."""
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective)
+    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
+                  recompute_input=recompute_input)
     if torchtitan and output is None:
         raise ConfigError("--torchtitan needs -o FILE: the settings point torchtitan at that CSV")
     if microbatch_size < 1:
@@ -83,6 +85,7 @@ def export(
         return
     write_atomic(output, text)
     typer.echo(f"wrote {output} ({schedule.describe()})", err=True)
+    say_recompute(schedule, "the CSV does not carry it: train it with --recompute {stages}")
     if settings is not None:
         typer.echo(settings, nl=False)
 
@@ -134,7 +137,8 @@ def build_from_flags(name: str, s: opt.Setup) -> Schedule:
     """``build_schedule`` for the shared flags, with a word on the terminal if it takes a while."""
     family = get_family(name)
     with planning_progress(family.name, actions_built(family, s.ranks, s.microbatches, s.chunks)):
-        return build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective)
+        return build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective,
+                              s.recompute_input)
 
 
 @app.command("simulate")
@@ -149,6 +153,7 @@ def simulate_cmd(
     stage_multipliers: Optional[str] = opt.Multipliers,
     overlap: float = opt.Overlap,
     objective: Optional[str] = opt.Objective,
+    recompute_input: Optional[float] = opt.RecomputeInput,
     csv: Optional[Path] = typer.Option(None, "--csv", help="Simulate a schedule CSV (torch's compute-only format)."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
     draw: bool = typer.Option(False, "--draw", help="Also draw the timeline in the terminal."),
@@ -171,12 +176,15 @@ def simulate_cmd(
     if limit_bytes is not None:  # M_B is one microbatch on a rank's share
         memory_limit = repr(limit_bytes / share[0])
     s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
-                  overlap=overlap)
+                  overlap=overlap, recompute_input=recompute_input)
     schedule = schedule_from_flags(name, csv, s)
     sizes = None
     if share is not None:
-        from ..memory import recompute_stages
+        from ..memory import recompute_stages, schedule_recompute
 
+        own = schedule_recompute(schedule)
+        if recompute is None and own is not None:
+            recompute = own.spec()  # zb-auto's choice, unless --recompute says otherwise
         per_rank = schedule.stages // schedule.ranks // schedule.pipelines  # stages in one share
         keep, stash, inp = share
         sizes = MemorySizes((StageMemory(keep / per_rank, stash / per_rank),) * schedule.stages,
@@ -220,6 +228,21 @@ def _activation_share(text: Optional[str]) -> Optional[tuple[float, float, float
     return keep, stash, values[2] if len(values) > 2 else 0.0
 
 
+def say_recompute(schedule: Schedule, then: str, echo=lambda line: typer.echo(line, err=True)) -> None:
+    """One line naming the stages the schedule recomputes and why (zb-auto's choice), if any;
+    ``then`` may name ``{stages}``."""
+    from ..memory import schedule_recompute
+
+    own = schedule_recompute(schedule)
+    if own is None:
+        return
+    stored = schedule.meta.get("without_recompute", "missing")
+    versus = ("" if stored == "missing" else "; nothing fits without recomputing" if stored is None
+              else f"; the best order that fits without recomputing takes {stored:.4g}")
+    echo(f"recompute: stages {own.spec()} ({schedule.meta.get('origin', '')}{versus}); "
+         + then.format(stages=own.spec()))
+
+
 def print_result(result: SimResult) -> None:
     """A short human summary of one simulation."""
     console = Console()
@@ -231,6 +254,7 @@ def print_result(result: SimResult) -> None:
         f"makespan {result.makespan:g}  span {result.span:g}  "
         f"bubble {100 * result.bubble_ratio:.1f}%  peak memory {result.max_peak_memory:g}{peak_bytes}"
     )
+    say_recompute(sched, "counted in the times and the memory above", console.print)
     if result.parameter_copies > 1:
         console.print(
             f"parameters: {result.parameter_copies}x a one-copy pipeline's per rank "

@@ -30,8 +30,10 @@ def train(
     ),
     memory_limit: Optional[str] = typer.Option(
         None, "--memory-limit",
-        help="With --schedule auto: peak activations per rank the choice must fit, in M_B or bytes (40GiB, 512MiB).",
+        help="Peak activations per rank the schedule must fit: with --schedule auto in M_B or bytes "
+        "(40GiB, 512MiB); with a named schedule in M_B (zb-auto and the V family build to it, the others check it).",
     ),
+    recompute_input: Optional[float] = opt.RecomputeInput,
     ranks: int = opt.Ranks,
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m", help="Microbatches per step (default 8; a CSV brings its own)."),
     chunks: Optional[int] = opt.Chunks,
@@ -103,7 +105,15 @@ def train(
         plan, chosen = _auto(model, ranks, microbatches, batch_size // dp, limit, seed, limit_bytes)  # one replica's batch
         recompute = recompute if recompute is not None else chosen
     else:
-        plan = _schedule(schedule, csv, ranks, microbatches, chunks)
+        if limit_bytes is not None:
+            raise ConfigError(
+                f"--memory-limit {memory_limit}: a size in bytes needs --schedule auto (it measures the "
+                "activations); with a named schedule give M_B units, e.g. --memory-limit 2"
+            )
+        if recompute_input is not None:
+            opt.check_recompute_input(recompute_input, limit)
+        plan = _schedule(schedule, csv, ranks, microbatches, chunks, limit, recompute_input)
+        recompute = _recompute_of(plan, recompute)
     counts = _parse_counts(stage_blocks)
     if plan is not None:
         require_one_pipeline(plan)
@@ -163,7 +173,21 @@ def _say(line: str) -> None:
         pass
 
 
-def _schedule(name: str, csv: Optional[Path], ranks: int, microbatches: Optional[int], chunks: Optional[int]) -> Optional[Schedule]:
+def _recompute_of(plan: Optional[Schedule], given: Optional[str]) -> Optional[str]:
+    """``--recompute`` if given, else the stages the schedule chose to recompute (zb-auto under
+    ``--memory-limit --recompute-input``), said on stderr."""
+    from ..memory import schedule_recompute
+
+    own = schedule_recompute(plan) if plan is not None else None
+    if given is not None or own is None:
+        return given
+    typer.echo(f"{plan.name}: recomputing stages {own.spec()} to fit the memory limit "
+               f"({plan.meta.get('origin', '')}); --recompute overrides it", err=True)
+    return own.spec()
+
+
+def _schedule(name: str, csv: Optional[Path], ranks: int, microbatches: Optional[int], chunks: Optional[int],
+              memory_limit: Optional[float] = None, recompute_input: Optional[float] = None) -> Optional[Schedule]:
     if csv is not None:
         from ..validate import validate
         from .plan import load_csv_file
@@ -174,7 +198,8 @@ def _schedule(name: str, csv: Optional[Path], ranks: int, microbatches: Optional
         return loaded
     if name.strip().lower() == "none":
         return None
-    return build_schedule(name, ranks, microbatches if microbatches is not None else 8, chunks)
+    return build_schedule(name, ranks, microbatches if microbatches is not None else 8, chunks,
+                          memory_limit=memory_limit, recompute_input=recompute_input)
 
 
 def _auto(model: str, ranks: int, microbatches: Optional[int], batch_size: int,

@@ -28,7 +28,7 @@ from typing import Optional
 from ..actions import Action
 from ..costs import Costs, durations_for
 from ..execution import TOLERANCE, consumer_stage, dependency, latency
-from ..memory import UNIT_STAGE, level_after
+from ..memory import UNIT_STAGE, level_after, whole_stage_microbatches
 from ..placement import stages_by_rank
 from ..schedule import Schedule
 
@@ -74,7 +74,7 @@ class _GreedyRun:
         self.comm = costs.comm
         self.held_by = stages_by_rank(placement, ranks)
         self.dur = durations_for(placement, ranks, costs)
-        self.cap = [int(memory_limit * len(h) + TOLERANCE) for h in self.held_by]
+        self.cap = [whole_stage_microbatches(memory_limit, len(h)) for h in self.held_by]
         self.f_end: list[list[Optional[float]]] = [[None] * microbatches for _ in range(self.stages)]
         self.g_end: list[list[Optional[float]]] = [[None] * microbatches for _ in range(self.stages)]
         self.next_f = [0] * self.stages
