@@ -29,7 +29,7 @@ from ..registry import BuildRequest
 from ..execution import TOLERANCE
 from ..schedule import Schedule
 from ..ranking import check_objective, objective_value
-from ..schedules.choose import best_schedule, ranked_schedules, work_bound
+from ..schedules.choose import ranked_schedules, work_bound
 from ..schedules.limits import SMALLEST_LIMIT, resolve_limit
 from .local import SWAP_EVALUATIONS, improve_by_swaps
 from .milp import refine
@@ -80,15 +80,17 @@ def build_auto(
             candidates, recomputing_candidates(ranks, microbatches, costs, limit, recompute_input, chunks))
     pool = _tagged(candidates, origins)
     ranked = ranked_schedules(pool, costs, limit, objective)
+    stored = [item for item in ranked if schedule_recompute(item[2]) is None]
     variants = []
-    for _, _, leader, _ in ranked[:TOP_FOR_W_REPLACEMENT]:
+    for _, _, leader, _ in stored[:TOP_FOR_W_REPLACEMENT]:
         for partial in FILL_PARTIAL_WAITS:
             variant = with_weights_replaced(leader, costs, limit, fill_partial_waits=partial)
             if variant is not None:
                 how = " + W re-placed" + (" (partial waits too)" if partial else "")
                 origins[id(variant)] = origins[id(leader)] + how
                 variants.append(variant)
-    best = best_schedule([ranked[0][2]] + variants if ranked else variants, costs, limit, objective)
+    replaced = ranked_schedules(variants, costs, limit, objective)
+    best = _first(ranked[:1] + replaced)  # the pool's leader wins ties with a re-placed variant
     if best is None:
         if limit < SMALLEST_LIMIT - TOLERANCE:
             raise ConfigError(
@@ -101,8 +103,8 @@ def build_auto(
     recompute = schedule_recompute(schedule)
     if recompute is not None:
         meta["recompute"] = recompute
-        stored = next((r for _, _, s, r in ranked if schedule_recompute(s) is None), None)
-        meta["without_recompute"] = objective_value(stored, objective) if stored is not None else None
+        without = _first(stored[:1] + replaced)
+        meta["without_recompute"] = objective_value(without[1], objective) if without is not None else None
     elif milp and time_limit > 0 and ranks * microbatches <= MILP_MAX_SIZE:
         if objective_value(result, objective) > work_bound(schedule, costs, objective) * (1 + TOLERANCE):
             polished = improve_by_swaps(schedule, costs, limit, objective, time_limit / 2)
@@ -129,15 +131,23 @@ def build(request: BuildRequest) -> Schedule:
 
 
 def search_width(ranks: int, microbatches: int) -> int:
-    """The most schedules :func:`build_auto` simulates: every candidate, the best few again with
-    their W passes re-placed, the leader once more among them, the recomputing candidates, and
-    on small instances (``MILP_MAX_SIZE``) the swaps' evaluations and the exact refinement's two."""
+    """The most schedules :func:`build_auto` simulates: every candidate, the recomputing ones,
+    the best few again with their W passes re-placed, and on small instances
+    (``MILP_MAX_SIZE``) the swaps' evaluations and the exact refinement's two."""
 
-    width = candidate_count(ranks, microbatches) + len(FILL_PARTIAL_WAITS) * TOP_FOR_W_REPLACEMENT + 1
-    width += recompute_width(ranks)
+    width = candidate_count(ranks, microbatches) + recompute_width(ranks)
+    width += len(FILL_PARTIAL_WAITS) * TOP_FOR_W_REPLACEMENT
     if ranks * microbatches <= MILP_MAX_SIZE:
         width += 1 + SWAP_EVALUATIONS + 2
     return width
+
+
+def _first(ranked: list):
+    """(schedule, SimResult) of the best of ranked entries (earlier entries win ties), or None."""
+    if not ranked:
+        return None
+    _, _, schedule, result = min(enumerate(ranked), key=lambda pair: (pair[1][0], pair[0]))[1]
+    return schedule, result
 
 
 def _tagged(pairs, origins: dict):

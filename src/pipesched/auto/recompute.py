@@ -5,11 +5,12 @@ at the limit, V-Half's and V-Min's blocks). Recomputing a stage's activations (a
 checkpointing) is the other way down: the stage keeps only its input between its forward and
 its backward, and re-runs its forward first, so each of its ``I``/``B`` takes ``F`` longer.
 
-For each of a few relaxed limits (1F1B's ``p``, then halved, above the limit) this module
-offers the greedy's schedule at that limit, loop and V, as built and with every ``W`` moved right
-after its ``I`` (a recomputed stage's ``I`` rebuilds the whole W stash: freeing it at once is
-what lets a V schedule go below one microbatch's activations), with the stages of every rank
-over the limit recomputed. Memory is per rank and depends only on the rank's own order, so those are
+For each of a few relaxed limits above the limit (1F1B's ``p`` and the nearest few of its
+halvings: :func:`relaxed_limits`) this module
+offers the greedy's schedule at that limit, loop and V, with every ``W`` moved right after its
+``I`` (a recomputed stage's ``I`` rebuilds the whole W stash: freeing it at once is what lets a
+V schedule go below one microbatch's activations; measured, the greedy's own W placement never
+won) and the stages of every rank over the limit recomputed. Memory is per rank and depends only on the rank's own order, so those are
 the fewest stages, rank by rank, that can bring the schedule within the limit (with one chunk
 per rank: the early ranks, which hold the most microbatches in flight). zb-auto ranks these with
 its pool by the one ranking rule, after the pool on ties: recomputation wins only where it is
@@ -29,18 +30,22 @@ from ..schedules.greedy import build_greedy
 from .search import loop_knobs, v_greedy_knobs
 
 
-def relaxed_limits(ranks: int) -> list[int]:
-    """The limits the recomputing candidates are built at: ``p``, ``ceil(p/2)``, ... down to 1."""
-    limits = [ranks]
-    while limits[-1] > 1:
-        limits.append((limits[-1] + 1) // 2)
-    return limits
+MOST_RELAXED_LIMITS = 4  # p, and the three halvings nearest above the limit (p <= 8: all of them)
+
+
+def relaxed_limits(ranks: int, limit: float) -> list[int]:
+    """The limits the recomputing candidates are built at, highest first: of ``p``,
+    ``ceil(p/2)``, ... down to 1, those above ``limit``: ``p`` and the nearest few."""
+    halvings = [ranks]
+    while halvings[-1] > 1:
+        halvings.append((halvings[-1] + 1) // 2)
+    above = [x for x in halvings if x > limit + TOLERANCE]
+    return above[:1] + above[1:][-(MOST_RELAXED_LIMITS - 1):]
 
 
 def recompute_width(ranks: int) -> int:
-    """The most recomputing candidates offered (and simulated): two placements, each as built
-    and with its weight passes eager, per relaxed limit."""
-    return 2 * len(W_FORMS) * len(relaxed_limits(ranks))
+    """The most recomputing candidates offered (and simulated): two placements per relaxed limit."""
+    return 2 * len(relaxed_limits(ranks, 0.0))
 
 
 def weights_eager(orders) -> tuple[tuple, ...]:
@@ -60,8 +65,6 @@ def weights_eager(orders) -> tuple[tuple, ...]:
     return tuple(eager)
 
 
-W_FORMS = (("", lambda orders: orders), (", Ws eager", weights_eager))
-
 
 def recomputing_candidates(
     ranks: int, microbatches: int, costs: Costs, limit: float, input_share: float, chunks: Optional[int] = None
@@ -72,26 +75,23 @@ def recomputing_candidates(
         ("1-chunk", loop_placement(ranks), loop_knobs(ranks, microbatches)[0], 1),
         ("V", v_placement(ranks), v_greedy_knobs(ranks, microbatches)[0], 2),
     ) if chunks in (None, v)]
-    for relaxed in relaxed_limits(ranks):
-        if relaxed <= limit + TOLERANCE:
-            break  # the pool holds what fits without recomputing
+    for relaxed in relaxed_limits(ranks, limit):  # (at or below the limit, the pool covers it)
         for name, placement, knobs in placements:
             built = build_greedy(placement, ranks, microbatches, costs, relaxed, knobs, "zb-auto")
             if built is None:
                 continue
             held = stages_by_rank(placement, ranks)
-            for form, reorder in W_FORMS:
-                orders = reorder(built.orders)
-                over = [r for r in range(ranks) if unit_peak(orders[r], len(held[r])) > limit + TOLERANCE]
-                if not over:
-                    continue  # it fits as it is: the pool's own candidates cover it
-                chosen = Recompute(frozenset(s for r in over for s in held[r]), input_share)
-                if any(unit_peak(orders[r], len(held[r]), chosen) > limit + TOLERANCE for r in over):
-                    continue  # even recomputing every stage of these ranks is not enough
-                origin = (f"greedy {name} at limit {relaxed}{form}, recomputing on ranks "
-                          f"{','.join(map(str, over))} (above {limit:g} M_B otherwise)")
-                yield origin, Schedule(ranks, microbatches, placement, orders, name="zb-auto",
-                                       meta={"recompute": chosen})
+            orders = weights_eager(built.orders)
+            over = [r for r in range(ranks) if unit_peak(orders[r], len(held[r])) > limit + TOLERANCE]
+            if not over:
+                continue  # it fits as it is: the pool's own candidates cover it
+            chosen = Recompute(frozenset(s for r in over for s in held[r]), input_share)
+            if any(unit_peak(orders[r], len(held[r]), chosen) > limit + TOLERANCE for r in over):
+                continue  # even recomputing every stage of these ranks is not enough
+            origin = (f"greedy {name} at limit {relaxed}, Ws eager, recomputing on ranks "
+                      f"{','.join(map(str, over))} (above {limit:g} M_B otherwise)")
+            yield origin, Schedule(ranks, microbatches, placement, orders, name="zb-auto",
+                                   meta={"recompute": chosen})
 
 
 def leanest_recomputing_need(
