@@ -136,13 +136,18 @@ def _simpler_alternative(fitting: list[Candidate], best: Candidate, unit: str, r
 
 
 def memory_text(c: Candidate) -> str:
-    """Peak memory in M_B units of the reference microbatch, plus GB when known."""
+    """Peak activations in M_B units of the reference microbatch, plus bytes when known: the
+    device's whole use in GB (weights, gradients and optimizer state with the activations,
+    :data:`WHOLE_DEVICE`), else the activations' bytes."""
     if c.recompute != "none" and c.peak_memory_bytes is not None:  # M_B counts stored activations
-        return f"{c.memory_gb:.1f} GB" if c.memory_gb is not None else format_bytes(c.peak_memory_bytes)
+        return f"{c.memory_gb:.1f} GB {WHOLE_DEVICE}" if c.memory_gb is not None else format_bytes(c.peak_memory_bytes)
     text = f"{c.peak_memory_reference:.3g} M_B"
     if c.memory_gb is not None:
-        return text + f" ({c.memory_gb:.1f} GB)"
+        return text + f" ({c.memory_gb:.1f} GB {WHOLE_DEVICE})"
     return text + (f" ({format_bytes(c.peak_memory_bytes)})" if c.peak_memory_bytes is not None else "")
+
+
+WHOLE_DEVICE = "in all"  # what the GB in memory_text count: the device's whole use, not activations only
 
 
 def _microbatch_choice(advice: Advice) -> str:

@@ -15,7 +15,7 @@ from ..advise.search import check_search_size
 from ..advise.estimate import (
     ATTENTION_KERNELS, DEFAULT_TFLOPS, DTYPE_BYTES, Hardware, TransformerCosts, TransformerSpec,
 )
-from ..advise.explain import memory_text
+from ..advise.explain import WHOLE_DEVICE, memory_text
 from ..costs import Costs
 from ..errors import ConfigError
 from ..registry import families as registered_families, get_family
@@ -212,6 +212,9 @@ def advice_table(result: Advice, top: int) -> Table:
     unit = f" (M_B at b={result.plan.microbatch_size})" if len(result.plan.options) > 1 and result.plan.microbatch_size else " (M_B)"
     table = Table(title=f"{len(result.fitting)} of {len(result.candidates)} candidates fit; best {len(shown)} shown")
     sizes = result.plan.global_batch is not None
+    if any(c.memory_gb is not None for c in shown):  # the GB count weights, gradients and optimizer state too
+        unit = unit[:-1] + f" of activations, GB {WHOLE_DEVICE})"
+        table.caption = f"M_B: activations only; GB {WHOLE_DEVICE}: activations + weights, gradients, optimizer state"
     columns = ["#", "schedule", "chunks", "m"] + (["b"] if sizes else []) + [result.objective, "bubble", f"peak{unit}", "vs 1f1b"]
     for column in columns:
         table.add_column(column, justify="left" if column == "schedule" else "right", no_wrap=True)
