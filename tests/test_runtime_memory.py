@@ -29,6 +29,8 @@ def test_measured_activation_bytes_match_the_prediction_and_recompute_holds_less
     names = ("gpipe", "1f1b", "zb-h1", "zb-h2", "zb-v", "v-half")
     runs = [(n, pipesched.build_schedule(n, 2, 6), None) for n in names]
     runs += [(f"{n} recompute", pipesched.build_schedule(n, 2, 6), "all") for n in ("gpipe", "1f1b", "zb-v")]
+    lean = pipesched.build_schedule("zb-auto", 2, 6, memory_limit=0.8, recompute_input=0.1)  # recomputes to fit
+    runs.append(("zb-auto recompute", lean, lean.meta["recompute"].spec()))
     results = spawn(measure_memory, 2, ("mlp", SIZE, 12, runs), timeout_s=90)[0]
     for label, ranks in results.items():
         for measured, predicted, left in ranks:
@@ -38,6 +40,7 @@ def test_measured_activation_bytes_match_the_prediction_and_recompute_holds_less
     assert peak["zb-v"] < peak["zb-h2"] < peak["gpipe"]
     assert peak["gpipe recompute"] < 0.4 * peak["gpipe"]
     assert peak["1f1b recompute"] < peak["1f1b"]
+    assert peak["zb-auto recompute"] < peak["v-half"]  # the leanest stored V order
 
 
 @pytest.mark.timeout(150)
