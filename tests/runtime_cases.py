@@ -9,6 +9,7 @@ import time
 import torch
 from torch import nn
 
+from pipesched.runtime.copies import input_ranks, loss_ranks
 from pipesched.runtime.executor import PipelineRuntime
 from pipesched.runtime.models import get_model
 from pipesched.runtime.train import TrainConfig, make_optimizer, train_reference
@@ -59,7 +60,7 @@ def run_schedules(rank: int, world: int, job: tuple) -> dict:
         losses, grads = [], None
         for step in range(STEPS):
             x, y = md.batch(step, batch, 3)
-            losses.append(rt.step(x if rank == schedule.placement[0] else None, y if rank == schedule.placement[-1] else None).loss)
+            losses.append(rt.step(x if rank in input_ranks(schedule) else None, y if rank in loss_ranks(schedule) else None).loss)
             if step == 0:
                 grads = rt.gather_gradients()
         params = rt.gather_state_dict()
