@@ -44,6 +44,7 @@ from .guard import NonFiniteWeights, first_nonfinite
 from .grad_sync import GradientSync
 from .memory_meter import ActivationMeter
 from .mesh import PipelineMesh
+from .overlap_streams import OverlapStreams
 from .p2p import Transport, make_link_groups
 from .partition import BlockBuilder, Stage, build_stage, infer_boundary_shapes, stage_block_ranges
 from .plan import ACT, GRAD, links, plan_rank
@@ -99,6 +100,8 @@ class PipelineRuntime:
     ``mesh`` (default: the whole world is one pipeline) places this rank among data-parallel
     replicas; ``overlap_grad_sync=False`` reduces their gradients only after the step's last
     action. ``dtype=torch.bfloat16`` computes under autocast and sends bf16 boundary tensors.
+    ``overlap_streams`` (default: on CUDA) runs an overlapped pair's forward half on a stream of
+    its own (:mod:`~pipesched.runtime.overlap_streams`); on a CPU the halves run one after the other.
     """
 
     def __init__(
@@ -122,6 +125,7 @@ class PipelineRuntime:
         mesh: Optional[PipelineMesh] = None,
         dtype: torch.dtype = torch.float32,
         overlap_grad_sync: bool = True,
+        overlap_streams: Optional[bool] = None,
     ) -> None:
         validate(schedule)
         self.recompute = recompute_stages(recompute, schedule.stages)
@@ -176,6 +180,7 @@ class PipelineRuntime:
         )
         copy_group = make_copy_groups(schedule, self.mesh.grid, self.mesh.dp_rank, self.rank, timeout_s)
         self.sum_copies = CopyGradientSum(self.named_parameters(), copy_group) if copy_group is not None else None
+        self.streams = OverlapStreams(schedule, self.rank, self.device, overlap_streams)
         self.transport.connect()
         self.sync_actions = sync_actions
         self.steps_done = 0
@@ -277,7 +282,7 @@ class PipelineRuntime:
     def _run_actions(self, in_mbs, tgt_mbs, losses, clock) -> list[tuple]:
         """Run this rank's actions; returns (action, start mark, end mark, highest bytes held
         during it, bytes held after it) for each."""
-        plan, transport, stash, meter = self.plan, self.transport, self.stash, self.meter
+        plan, transport, stash, meter, streams = self.plan, self.transport, self.stash, self.meter, self.streams
         takes_inputs, computes_loss = self.copies.takes_inputs, self.copies.computes_loss
         inv_m = 1.0 / self.schedule.microbatches
         state = _StepState()
@@ -289,6 +294,7 @@ class PipelineRuntime:
             received = transport.receive(need, action) if need is not None else None
             before = meter.current
             meter.high = before
+            streams.enter(index)  # CUDA: an overlapped pair's forward half on its own stream
             start = clock.mark()  # after the wait: waiting is idle time, not the action's
             if kind == "F":
                 if takes_inputs(s):
@@ -346,6 +352,7 @@ class PipelineRuntime:
             if self.grad_sync is not None:
                 self.grad_sync.after_action(index)
             transport.release_sent()
+            streams.leave(index)
             end = clock.mark_end()
             if self.memory_sizes is None:
                 self._learn_size(action, before, meter.current, meter.high)
