@@ -4,7 +4,8 @@ Default: ``dualpipe`` (two model copies, fed from both ends), ``dualpipev`` and 
 same ranks, model and batch (blocks balanced per schedule), stepped turn by turn in the same
 processes (a warm-up step, then a burst of steps each turn), so that the machine's drift hits
 all alike; prints each one's median step and the median of the per-turn ratios to zb-v, with
-the simulator's ratios at unit costs beside them (what the order alone predicts).
+the simulator's ratios at unit costs beside them (what the order alone predicts), and what
+dualpipe's gradient sum of its two copies costs alone.
 
 ``--streams``: each schedule with overlapped pairs that builds on these ranks (dualpipev on one
 rank, dualpipe and dualpipev on two or more) with the pairs' forward halves on a CUDA stream of
@@ -67,7 +68,15 @@ def compare_worker(rank: int, world: int, job: tuple) -> dict:
     rounds, burst = job
     md = get_model("mlp", **MODEL)
     runtimes = {name: _runtime(md, pipesched.build_schedule(name, world, MICROBATCHES)) for name in SCHEDULES}
-    return _turns(runtimes, md, rounds, burst)
+    out = _turns(runtimes, md, rounds, burst)
+    sums = []  # what dualpipe's end-of-step gradient sum of the two copies costs alone
+    for _ in range(2 * rounds):
+        torch.distributed.barrier()
+        started = perf_counter()
+        runtimes["dualpipe"].sum_copies()
+        sums.append(perf_counter() - started)
+    out["copy sum"] = [statistics.median(sums)]
+    return out
 
 
 def streams_worker(rank: int, world: int, job: tuple) -> list:
@@ -153,6 +162,8 @@ def main() -> int:
         turns = result[name]
         ratio = statistics.median(a / b for a, b in zip(turns, zbv))
         print(f"| {name} | {1000 * statistics.median(turns):.1f} | {ratio:.3f} | {simulated[name]:.3f} |")
+    print(f"\ndualpipe's gradient sum of the two copies (one all-reduce per pair of ranks, after the last action): "
+          f"{1000 * result['copy sum'][0]:.1f} ms alone")
     return 0
 
 
