@@ -10,7 +10,9 @@
 # backward (I + W against B) on one transformer block of realistic size on the GPU, and checks
 # memory: 2 and 4 ranks sharing the GPU over gloo run a GPT of width 1024 with 1f1b, zb-v,
 # v-half and v-min, and print per rank the activation bytes measured against the prediction
-# and what a step adds to max_memory_allocated (benchmarks/memory.py --device-check).
+# and what a step adds to max_memory_allocated (benchmarks/memory.py --device-check). Overlapped
+# F&B pairs (dualpipev, dualpipe) with the forward half on a second CUDA stream are checked
+# against the halves run one after the other: equivalence and step time (benchmarks/dualpipe.py --streams).
 # Exits non-zero if a check fails. Dry run of the script's logic on a CPU-only machine:
 # GPU_CHECK_ON_CPU=1 (gloo, CPU, small block; proves nothing about CUDA).
 set -euo pipefail
@@ -60,6 +62,15 @@ else
     PIPESCHED_BACKEND=gloo "$PY" -m torch.distributed.run --standalone --nproc-per-node 4 \
         benchmarks/equivalence.py --dp 2 | tee -a "$OUT" || status=1
 fi
+# overlapped F&B pairs with the forward half on a CUDA stream of its own, against the halves one
+# after the other: equivalence and step-time ratio (dualpipev on one rank needs no messages)
+echo "## Overlapped F&B on two CUDA streams, one rank" >> "$OUT"
+MASTER_ADDR=127.0.0.1 MASTER_PORT="${MASTER_PORT:-29533}" RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 \
+    "$PY" benchmarks/dualpipe.py --streams | tee -a "$OUT" || status=1
+if [[ "$gpus" -ge 2 ]]; then
+    echo "## Overlapped F&B on two CUDA streams, 2 ranks, NCCL" >> "$OUT"
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/dualpipe.py --streams | tee -a "$OUT" || status=1
+fi
 echo "## Split backward on one transformer block, $device" >> "$OUT"
 "$PY" benchmarks/split_block.py --device "$device" "${split_size[@]}" | tee -a "$OUT" || status=1
 for n in 2 4; do
@@ -69,5 +80,6 @@ for n in 2 4; do
 done
 ! grep -q "equivalence: FAIL" "$OUT" && grep -q "equivalence: PASS" "$OUT" || status=1
 ! grep -q "memory: FAIL" "$OUT" && grep -q "memory: PASS" "$OUT" || status=1
+! grep -q "overlap streams equivalence: FAIL" "$OUT" && grep -q "overlap streams equivalence: PASS" "$OUT" || status=1
 echo "gpu_check: $([[ $status -eq 0 ]] && echo PASS || echo FAIL), figures in $OUT"
 exit "$status"

@@ -9,6 +9,7 @@ import time
 import torch
 from torch import nn
 
+from pipesched.runtime.copies import input_ranks, loss_ranks
 from pipesched.runtime.executor import PipelineRuntime
 from pipesched.runtime.models import get_model
 from pipesched.runtime.train import TrainConfig, make_optimizer, train_reference
@@ -59,7 +60,7 @@ def run_schedules(rank: int, world: int, job: tuple) -> dict:
         losses, grads = [], None
         for step in range(STEPS):
             x, y = md.batch(step, batch, 3)
-            losses.append(rt.step(x if rank == schedule.placement[0] else None, y if rank == schedule.placement[-1] else None).loss)
+            losses.append(rt.step(x if rank in input_ranks(schedule) else None, y if rank in loss_ranks(schedule) else None).loss)
             if step == 0:
                 grads = rt.gather_gradients()
         params = rt.gather_state_dict()
@@ -244,7 +245,7 @@ def run_data_parallel(rank: int, world: int, job: tuple) -> dict:
         losses, grads = [], None
         for step in range(STEPS):
             x, y = md.batch(step, batch, 3)
-            first, last = mesh.pp_rank == schedule.placement[0], mesh.pp_rank == schedule.placement[-1]
+            first, last = mesh.pp_rank in input_ranks(schedule), mesh.pp_rank in loss_ranks(schedule)
             losses.append(rt.step(x if first else None, y if last else None).loss)
             if step == 0:
                 grads = rt.gather_gradients()
@@ -261,3 +262,37 @@ def run_data_parallel(rank: int, world: int, job: tuple) -> dict:
         torch.distributed.all_gather_object(verdicts, (skipped, unchanged))
         out["nonfinite"] = verdicts
     return out
+
+
+def copies_checkpoint_run(rank: int, world: int, job: tuple) -> tuple:
+    """``job``'s schedule (dualpipe: two model copies) with AdamW: four steps straight, and two
+    steps checkpointed then a fresh runtime resumed from that checkpoint for the other two.
+    Returns every rank's parameters after each (unpipelined names), gathered everywhere."""
+    import torch.distributed as dist
+
+    from pipesched.runtime import checkpoint
+
+    directory, schedule = job
+    md = get_model("mlp", **CHECKPOINT_MODEL)
+
+    def fresh() -> PipelineRuntime:
+        return PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("adamw", 0.01),
+                               md.batch(0, 8, 0)[0][: 8 // schedule.microbatches], timeout_s=60)
+
+    whole = fresh()
+    for step in range(4):
+        whole.step(*md.batch(step, 8, 0))
+    saved = fresh()
+    for step in range(2):
+        saved.step(*md.batch(step, 8, 0))
+    checkpoint.save_runtime(saved, directory)
+    resumed = fresh()
+    checkpoint.load_runtime(resumed, checkpoint.latest(directory))
+    for step in range(2, 4):
+        resumed.step(*md.batch(step, 8, 0))
+    out = []
+    for rt in (whole, resumed):
+        parts = [None] * world
+        dist.all_gather_object(parts, {n: p.detach().clone() for n, p in rt.named_parameters()})
+        out.append(parts)
+    return tuple(out)

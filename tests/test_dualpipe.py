@@ -99,13 +99,44 @@ def test_odd_ranks_and_a_single_microbatch_are_refused(p, m, fragment):
         build_schedule("dualpipe", p, m)
 
 
-def test_the_runtime_refuses_it_naming_why():
+def test_the_runtime_builds_each_rank_one_stage_of_each_copy_fed_from_both_ends():
     pytest.importorskip("torch")
-    from pipesched.runtime.executor import require_one_pipeline
+    from pipesched.runtime.copies import ModelCopies, balancing_placement, input_ranks, loss_ranks
 
-    with pytest.raises(ConfigError, match="2 copies of the model"):
-        require_one_pipeline(build_schedule("dualpipe", 2, 4))
-    require_one_pipeline(build_schedule("dualpipev", 2, 4))
+    schedule = build_schedule("dualpipe", 4, 8)
+    copies = ModelCopies(schedule)
+    assert [copies.model_stage(s) for s in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert input_ranks(schedule) == loss_ranks(schedule) == {0, 3}
+    # rank r and rank 3-r hold the two copies of model stages r and 3-r: they sum their gradients
+    assert copies.copy_groups() == [(0, 3), (1, 2)]
+    # rank r runs model stages r and 3-r on half the microbatches each: balance the pairs' blocks
+    assert balancing_placement(schedule) == (0, 1, 1, 0)
+    assert ModelCopies(build_schedule("zb-v", 2, 4)).copy_groups() == []
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_each_copys_messages_flow_its_own_way_and_the_trace_draws_every_one(p):
+    from pipesched.render.timeline import Timeline
+    from pipesched.render.trace import cross_rank_edges
+    from pipesched.runtime.plan import ACT, plan_rank
+
+    schedule = build_schedule("dualpipe", p, 2 * p)
+    messages = [msg for r in range(p) for msg in plan_rank(schedule, r).sends if msg is not None]
+    for msg in messages:
+        forward_copy = msg.stage < p
+        downstream = (msg.dst == msg.src + 1) == (msg.kind == ACT)
+        assert downstream == forward_copy, msg  # the reverse copy's activations go to rank r-1
+    timeline = Timeline.from_sim(simulate(schedule))
+    assert len(cross_rank_edges(timeline)) == len(messages)
+
+
+def test_the_drawings_name_the_two_pipelines_in_the_legend():
+    from pipesched.render.layout import build_chart
+    from pipesched.render.timeline import Timeline
+
+    legend = [words for _x, _key, words in build_chart(Timeline.from_sim(simulate(build_schedule("dualpipe", 4, 8)))).legend]
+    assert "F forward (pipeline 0 from rank 0)" in legend and "F forward (pipeline 1 from rank 3)" in legend
+    assert not any("chunk" in words for words in legend)
 
 
 def test_torchtitan_settings_are_refused_naming_why():

@@ -105,3 +105,16 @@ def test_drawings_split_an_overlapped_slot_in_two_half_boxes():
     halves = [b for b in chart.boxes if b.tip.startswith(f"{pair.forward} ") or b.tip.startswith(f"{pair.backward} ")]
     assert sorted(b.h for b in halves) == [ROW_H / 2, ROW_H / 2]
     assert halves[0].x == halves[1].x and abs(halves[0].y - halves[1].y) == ROW_H / 2
+
+
+def test_overlapped_halves_run_one_after_the_other_on_a_cpu_and_are_marked_for_cuda_streams():
+    torch = pytest.importorskip("torch")
+    from pipesched.runtime.overlap_streams import OverlapStreams, forward_halves
+
+    schedule = build_schedule("dualpipev", 1, 8)
+    actions, pairs = schedule.rank_actions(0), [e for e in schedule.rank_entries(0) if isinstance(e, Overlap)]
+    halves = sorted(forward_halves(schedule, 0))
+    # each index is a pair's forward half in the plain action list, its backward half the next one
+    assert [Overlap(actions[i], actions[i + 1]) for i in halves] == pairs
+    # on a CPU nothing moves to another stream, even when asked
+    assert OverlapStreams(schedule, 0, torch.device("cpu"), enabled=True).side is None

@@ -87,3 +87,24 @@ def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one_loadable(tmp
     for name, value in model.state_dict().items():
         assert torch.allclose(value, after_one_step[name], rtol=1e-5, atol=1e-7), name
     assert optimizer.state[model[0].fc1.weight]["step"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_dualpipe_saves_one_model_copy_and_loads_it_into_both(tmp_path):
+    from runtime_cases import copies_checkpoint_run
+
+    schedule = pipesched.build_schedule("dualpipe", 2, 2)
+    whole, resumed = spawn(copies_checkpoint_run, 2, (str(tmp_path), schedule), timeout_s=120)[0]
+    # each rank holds both model stages (one of each copy), under the unpipelined names
+    assert [sorted(part) for part in whole] == [sorted(whole[0])] * 2
+    for parts in (whole, resumed):  # the two copies of every parameter stay bitwise equal
+        assert all(torch.equal(parts[0][name], parts[1][name]) for name in parts[0])
+    assert all(torch.equal(resumed[0][name], whole[0][name]) for name in whole[0])
+    # the checkpoint holds one copy, the unpipelined model's: the reference resumes from it
+    saved = checkpoint.saved_entries(checkpoint.latest(tmp_path))
+    assert sorted(k for k in saved if k.startswith("model.")) == sorted(f"model.{name}" for name in _reference(0))
+    reference = _reference(4, resume_from=str(checkpoint.latest(tmp_path)))
+    want = _reference(4)
+    assert all(torch.allclose(reference[k], want[k], rtol=0, atol=1e-6) for k in want)
+    assert all(torch.allclose(whole[0][k], want[k], rtol=0, atol=1e-5) for k in whole[0])

@@ -33,7 +33,8 @@ def _one_line_error(result, *fragments):
         (["--save-params", "out.txt"], [".pt"]),
         (["--clip-grad-norm", "0"], ["--clip-grad-norm must be a finite number above 0"]),
         (["--optimizer", "lamb"], ["--optimizer 'lamb'", "sgd, adamw"]),
-        (["--schedule", "dualpipe", "--ranks", "2", "--microbatches", "4"], ["dualpipe runs 2 copies of the model"]),
+        # dualpipe's two model copies hold the same blocks: --stage-blocks splits one copy
+        (["--schedule", "dualpipe", "--ranks", "2", "--microbatches", "4", "--stage-blocks", "1,1,1,1"], ["give 2 counts"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, fragments):

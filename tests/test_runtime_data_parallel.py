@@ -25,18 +25,20 @@ pytestmark = [pytest.mark.torch]
 @pytest.mark.timeout(300)
 def test_two_replicas_of_a_two_rank_pipeline_equal_one_process_on_the_global_batch():
     size = dict(blocks=5, dim=8, hidden=16)
-    runs = [(n, pipesched.build_schedule(n, 2, 2), torch.float32, None) for n in ("1f1b", "zb-v", "interleaved-zb")]
+    runs = [(n, pipesched.build_schedule(n, 2, 2), torch.float32, None) for n in ("1f1b", "zb-v", "interleaved-zb", "dualpipe")]
     runs.append(("zb-h1 clipped", pipesched.build_schedule("zb-h1", 2, 2), torch.float32, 0.05))
+    runs.append(("dualpipe clipped", pipesched.build_schedule("dualpipe", 2, 2), torch.float32, 0.05))
     results = spawn(run_data_parallel, 4, ("mlp", size, 8, runs, 2), timeout_s=120)[0]
     places = results.pop("places")
     # pp is the inner mesh dimension: pipeline neighbours are consecutive global ranks
     assert places == [(0, 0, ((0, 1), (2, 3))), (1, 0, ((0, 1), (2, 3))), (0, 1, ((0, 1), (2, 3))), (1, 1, ((0, 1), (2, 3)))]
     # an infinite sample in replica 1's shard stops the step on every rank of both replicas
     assert results.pop("nonfinite") == [(True, True)] * 4
-    clipped = results.pop("zb-h1 clipped")
+    clipped = {label: results.pop(label) for label in ("zb-h1 clipped", "dualpipe clipped")}
     assert_equal_to_reference(results, reference("mlp", size, 8))
     # clipping by the norm of the whole model over every rank, after the replicas averaged
-    assert_equal_to_reference({"zb-h1 clipped": clipped}, reference("mlp", size, 8, clip_grad_norm=0.05))
+    # (and, for dualpipe, after each pair of ranks summed its two model copies' gradients)
+    assert_equal_to_reference(clipped, reference("mlp", size, 8, clip_grad_norm=0.05))
 
 
 @pytest.mark.slow

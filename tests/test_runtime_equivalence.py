@@ -23,14 +23,14 @@ TOL = 1e-5
 @pytest.mark.timeout(150)
 def test_every_registered_schedule_and_torch_csvs_on_two_ranks():
     size = dict(blocks=7, dim=16, hidden=32)
-    schedules = [(f.name, pipesched.build_schedule(f.name, 2, 4)) for f in pipesched.families()
-                 if f.parameter_copies == 1]  # the runtime refuses dualpipe (test_dualpipe.py)
+    schedules = [(f.name, pipesched.build_schedule(f.name, 2, 4)) for f in pipesched.families()]
+    schedules.append(("dualpipe m=3", pipesched.build_schedule("dualpipe", 2, 3)))  # 2 microbatches one way, 1 the other
     for name in ("zb-v", "interleaved-1f1b", "interleaved-zb", "dualpipev"):
         theirs = torch_schedule(name, 2, 4)
         schedules.append((f"csv:{theirs.name}", pipesched.Schedule.from_csv(theirs.to_csv())))
-    results = spawn(run_schedules, 2, ("mlp", size, 8, schedules), timeout_s=60)[0]
+    results = spawn(run_schedules, 2, ("mlp", size, 12, schedules), timeout_s=60)[0]
     assert set(results) == {label for label, _ in schedules}
-    assert_equal_to_reference(results, reference("mlp", size, 8))
+    assert_equal_to_reference(results, reference("mlp", size, 12))
 
 
 @pytest.mark.timeout(120)
@@ -45,7 +45,8 @@ def test_gpt_on_two_ranks_with_uneven_microbatch_count_and_host_staged_messages(
 @pytest.mark.timeout(150)
 def test_smaller_model_on_four_ranks():
     size = dict(blocks=7, dim=8, hidden=16)
-    schedules = [(n, pipesched.build_schedule(n, 4, 4)) for n in ("1f1b", "zb-v", "interleaved-zb", "dualpipev")]
+    schedules = [(n, pipesched.build_schedule(n, 4, 4)) for n in ("1f1b", "zb-v", "interleaved-zb", "dualpipev", "dualpipe")]
+    schedules.append(("dualpipe m=8", pipesched.build_schedule("dualpipe", 4, 8)))  # DualPipe's own m >= 2p
     results = spawn(run_schedules, 4, ("mlp", size, 8, schedules), timeout_s=90)[0]
     assert_equal_to_reference(results, reference("mlp", size, 8))
 
@@ -75,7 +76,7 @@ def test_blocks_whose_outputs_are_strided_views_are_sent_densely():
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_gradient_clipping_over_all_ranks_equals_clipping_the_whole_model(optimizer):
     size = dict(blocks=5, dim=8, hidden=16)
-    schedules = [(n, pipesched.build_schedule(n, 2, 4)) for n in ("1f1b", "zb-v", "interleaved-zb")]
+    schedules = [(n, pipesched.build_schedule(n, 2, 4)) for n in ("1f1b", "zb-v", "interleaved-zb", "dualpipe")]
     clip = 0.05  # well under the model's gradient norm: every step is clipped
     results = spawn(run_schedules, 2, ("mlp", size, 8, schedules, clip, optimizer), timeout_s=60)[0]
     ref = reference("mlp", size, 8, clip_grad_norm=clip, optimizer=optimizer)

@@ -31,6 +31,8 @@ def test_measured_activation_bytes_match_the_prediction_and_recompute_holds_less
     runs += [(f"{n} recompute", pipesched.build_schedule(n, 2, 6), "all") for n in ("gpipe", "1f1b", "zb-v")]
     lean = pipesched.build_schedule("zb-auto", 2, 6, memory_limit=0.8, recompute_input=0.1)  # recomputes to fit
     runs.append(("zb-auto recompute", lean, lean.meta["recompute"].spec()))
+    runs += [("dualpipe", pipesched.build_schedule("dualpipe", 2, 6), None),  # two model copies, one per direction
+             ("dualpipe recompute", pipesched.build_schedule("dualpipe", 2, 6), "all")]
     results = spawn(measure_memory, 2, ("mlp", SIZE, 12, runs), timeout_s=90)[0]
     for label, ranks in results.items():
         for measured, predicted, left in ranks:
@@ -41,6 +43,16 @@ def test_measured_activation_bytes_match_the_prediction_and_recompute_holds_less
     assert peak["gpipe recompute"] < 0.4 * peak["gpipe"]
     assert peak["1f1b recompute"] < peak["1f1b"]
     assert peak["zb-auto recompute"] < peak["v-half"]  # the leanest stored V order
+
+
+@pytest.mark.timeout(150)
+def test_dualpipe_on_four_ranks_holds_what_the_memory_model_predicts_for_its_two_copies():
+    runs = [(n, pipesched.build_schedule(n, 4, 8), None) for n in ("dualpipe", "dualpipev")]
+    results = spawn(measure_memory, 4, ("mlp", dict(blocks=7, dim=8, hidden=32), 8, runs), timeout_s=120)[0]
+    for label, ranks in results.items():
+        for measured, predicted, left in ranks:
+            assert measured == pytest.approx(predicted, rel=0.05), label
+            assert left == 0, f"{label}: bytes still held after the step"
 
 
 @pytest.mark.timeout(150)

@@ -223,9 +223,11 @@ def execute(
     placement: Sequence[int],
     duration,
     comm: float,
+    pipelines: int = 1,
 ) -> list[list[Span]]:
-    """Run the per-rank programs; ``duration`` maps an action to its time. Returns spans per rank."""
-    program = lower(orders, placement)
+    """Run the per-rank programs; ``duration`` maps an action to its time. Returns spans per rank
+    (``pipelines`` as in :func:`dependency`)."""
+    program = lower(orders, placement, pipelines)
     starts, ends = run(program, [duration(a) for a in program.actions], comm)
     return [[Span(program.actions[i], starts[i], ends[i]) for i in ids] for ids in program.rank_ids]
 

@@ -42,7 +42,7 @@ def train(
     seed: int = typer.Option(0, "--seed", help="Seed of the weights (block i uses seed+i) and the data."),
     lr: float = typer.Option(0.05, "--lr", help="Learning rate."),
     optimizer: str = typer.Option("sgd", "--optimizer", help="sgd or adamw (torch's defaults but the learning rate)."),
-    stage_blocks: Optional[str] = typer.Option(None, "--stage-blocks", help="Blocks per stage, e.g. 2,3,3,2 (default: balanced for the placement)."),
+    stage_blocks: Optional[str] = typer.Option(None, "--stage-blocks", help="Blocks per stage, e.g. 2,3,3,2 (dualpipe: per stage of one model copy; default: balanced for the placement)."),
     csv: Optional[Path] = typer.Option(None, "--csv", help="Run a schedule from torch's compute-only CSV."),
     save_params: Optional[Path] = typer.Option(None, "--save-params", help="Write the trained state_dict (.pt), unpipelined names."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write the measured timeline of every step (.json)."),
@@ -78,7 +78,6 @@ def train(
         import torch  # noqa: F401
     except ImportError:
         raise fail(TORCH_MISSING) from None
-    from ..runtime.executor import require_one_pipeline
     from ..runtime.models import MODELS, get_model
     from ..runtime.partition import block_counts
     from ..runtime.precision import parse_dtype
@@ -116,9 +115,8 @@ def train(
         recompute = _recompute_of(plan, recompute)
     counts = _parse_counts(stage_blocks)
     if plan is not None:
-        require_one_pipeline(plan)
-        try:
-            block_counts(model_def.num_blocks, plan.stages, counts)
+        try:  # a schedule of several model copies (dualpipe) takes the counts of one copy
+            block_counts(model_def.num_blocks, plan.pipeline_length, counts)
         except ConfigError as err:
             raise ConfigError(f"{plan.name} (ranks={plan.ranks}, chunks={plan.chunks}) on --model {model}: {err}") from None
         from ..memory import recompute_stages

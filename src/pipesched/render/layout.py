@@ -139,7 +139,7 @@ def _legend(timeline: Timeline, chunk: list[int]) -> list[tuple[float, str, str]
     for k in BASE:
         for c in range(timeline.chunks):
             if (k, c) in used:
-                words = f"{k} {KIND_NAMES[k]}" + (f" (chunk {c})" if many else "")
+                words = f"{k} {KIND_NAMES[k]}" + (f" ({timeline.shade_label(c)})" if many else "")
                 entries.append((x, style_key(k, c), words))
                 x += 28 + CHAR_W * len(words)
     entries.append((x + 10, "", NOTE))

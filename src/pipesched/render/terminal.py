@@ -66,7 +66,7 @@ def timeline_text(source: Union[SimResult, Timeline], width: int) -> Text:
             if style_key(kind, c) not in used:
                 continue
             swatch = f" {kind}{c if chunks > 1 else ''} "
-            words = f" {KIND_NAMES[kind]}{f' chunk {c}' if chunks > 1 else ''}  "
+            words = f" {KIND_NAMES[kind]}{f' {timeline.shade_label(c)}' if chunks > 1 else ''}  "
             if line_w + len(swatch) + len(words) > width and line_w > label_w:
                 out.append("\n" + " " * label_w)
                 line_w = label_w

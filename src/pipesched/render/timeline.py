@@ -22,7 +22,9 @@ class Timeline:
 
     ``memory[r]``, when given, is rank r's activations over time as ``(time, level)`` steps, in
     ``memory_unit`` (M_B from the simulator, bytes measured by the runtime).
-    ``unit`` names the time unit, for axis labels.
+    ``unit`` names the time unit, for axis labels. ``pipelines`` > 1 (DualPipe's two model
+    copies) says that the stages form that many pipelines, as in
+    :class:`~pipesched.schedule.Schedule`: each is drawn in its own shade.
     """
 
     spans: tuple[tuple[Span, ...], ...]
@@ -31,12 +33,13 @@ class Timeline:
     name: str = "timeline"
     unit: str = "cost units"
     memory_unit: str = "M_B"
+    pipelines: int = 1
 
     @classmethod
     def from_sim(cls, result: SimResult) -> "Timeline":
         sched = result.schedule
         curves = tuple(tuple(result.memory_curve(r)) for r in range(sched.ranks))
-        return cls(result.timeline, sched.placement, curves, sched.name)
+        return cls(result.timeline, sched.placement, curves, sched.name, pipelines=sched.pipelines)
 
     @property
     def ranks(self) -> int:
@@ -50,8 +53,21 @@ class Timeline:
     def microbatches(self) -> int:
         return 1 + max((s.action.microbatch for rs in self.spans for s in rs), default=-1)
 
+    def shade_label(self, chunk: int) -> str:
+        """What the shade of ``chunk`` (an index of :meth:`chunk_of_stage`) stands for: the
+        chunk on its rank, or with several pipelines the pipeline and the rank it enters at."""
+        if self.pipelines == 1:
+            return f"chunk {chunk}"
+        first = self.placement[chunk * (len(self.placement) // self.pipelines)]
+        return f"pipeline {chunk} from rank {first}"
+
     def chunk_of_stage(self) -> list[int]:
-        """Each stage's chunk index on its rank (0 for the rank's first stage)."""
+        """Each stage's chunk index on its rank (0 for the rank's first stage). With several
+        pipelines each rank holds one stage of each, which this numbers by pipeline: DualPipe's
+        forward-direction copy is chunk 0 on every rank."""
+        if self.pipelines > 1:
+            length = len(self.placement) // self.pipelines
+            return [s // length for s in range(len(self.placement))]
         chunk = [0] * len(self.placement)
         for stages in stages_by_rank(self.placement, self.ranks):
             for i, s in enumerate(sorted(stages)):

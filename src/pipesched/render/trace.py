@@ -65,7 +65,7 @@ def trace_json(source: Union[SimResult, Timeline], time_unit_us: float = DEFAULT
 def cross_rank_edges(timeline: Timeline) -> list[tuple[int, int, int, int]]:
     """Every input that crosses ranks as (producer rank, producer index, consumer rank, consumer
     index), indices into ``timeline.spans[rank]``."""
-    stages = len(timeline.placement)
+    stages, pipelines = len(timeline.placement), timeline.pipelines
     produced: dict[tuple[int, str, int], tuple[int, int]] = {}
     for rank, spans in enumerate(timeline.spans):
         for index, (action, _start, _end) in enumerate(spans):
@@ -74,7 +74,7 @@ def cross_rank_edges(timeline: Timeline) -> list[tuple[int, int, int, int]]:
     edges = []
     for rank, spans in enumerate(timeline.spans):
         for index, (action, _start, _end) in enumerate(spans):
-            needed = dependency(action, stages)
+            needed = dependency(action, stages, pipelines)
             source = produced.get(needed) if needed is not None else None
             if source is not None and source[0] != rank:
                 edges.append((source[0], source[1], rank, index))

@@ -15,7 +15,9 @@ parameters, summed in the same all-reduce that agrees on the loss.
 With a :class:`~pipesched.runtime.mesh.PipelineMesh` of ``dp`` replicas, every replica runs the
 schedule on its shard of the global batch, its pipeline's messages and loss all-reduce on its
 ``pp`` group; :mod:`~pipesched.runtime.grad_sync` averages the gradients over the replicas while
-the pipeline drains, and the loss and the checks agree over every rank. With ``dtype=bfloat16``
+the pipeline drains, and the loss and the checks agree over every rank. A schedule of several
+pipelines (DualPipe) holds a copy of the model per pipeline, whose gradients
+:mod:`~pipesched.runtime.copies` sums before the step. With ``dtype=bfloat16``
 see :mod:`~pipesched.runtime.precision`.
 """
 
@@ -37,10 +39,12 @@ from ..memory import StageMemory, peak, recompute_stages
 from ..schedule import Schedule
 from ..validate import validate
 from .clock import EventClock, HostClock
+from .copies import CopyGradientSum, ModelCopies, make_copy_groups
 from .guard import NonFiniteWeights, first_nonfinite
 from .grad_sync import GradientSync
 from .memory_meter import ActivationMeter
 from .mesh import PipelineMesh
+from .overlap_streams import OverlapStreams
 from .p2p import Transport, make_link_groups
 from .partition import BlockBuilder, Stage, build_stage, infer_boundary_shapes, stage_block_ranges
 from .plan import ACT, GRAD, links, plan_rank
@@ -81,16 +85,6 @@ class _StepState:
     input_holds: dict = field(default_factory=dict)  # (stage, mb) -> the meter's hold on the stage input
 
 
-def require_one_pipeline(schedule: Schedule) -> None:
-    """Refuse a schedule of several model copies (DualPipe): the runtime builds one copy of
-    each layer, while DualPipe needs two that start equal and sum their gradients."""
-    if schedule.pipelines > 1:
-        raise ConfigError(
-            f"{schedule.name} runs {schedule.pipelines} copies of the model (one per direction), which the "
-            "runtime does not build yet: simulate and draw it, or train dualpipev (one copy, same overlap)"
-        )
-
-
 class PipelineRuntime:
     """The stages of one rank, their optimizer, and the engine that runs the schedule's steps.
 
@@ -106,6 +100,8 @@ class PipelineRuntime:
     ``mesh`` (default: the whole world is one pipeline) places this rank among data-parallel
     replicas; ``overlap_grad_sync=False`` reduces their gradients only after the step's last
     action. ``dtype=torch.bfloat16`` computes under autocast and sends bf16 boundary tensors.
+    ``overlap_streams`` (default: on CUDA) runs an overlapped pair's forward half on a stream of
+    its own (:mod:`~pipesched.runtime.overlap_streams`); on a CPU the halves run one after the other.
     """
 
     def __init__(
@@ -129,9 +125,9 @@ class PipelineRuntime:
         mesh: Optional[PipelineMesh] = None,
         dtype: torch.dtype = torch.float32,
         overlap_grad_sync: bool = True,
+        overlap_streams: Optional[bool] = None,
     ) -> None:
         validate(schedule)
-        require_one_pipeline(schedule)
         self.recompute = recompute_stages(recompute, schedule.stages)
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ConfigError(f"the gradient norm to clip to must be above 0, got {clip_grad_norm:g}")
@@ -145,11 +141,13 @@ class PipelineRuntime:
         self.precision = Precision(dtype, self.device.type)
         self.loss_fn = loss_fn
         self.skip_nonfinite = skip_nonfinite
-        self.last_stage = schedule.stages - 1
-        ranges = stage_block_ranges(num_blocks, schedule.stages, block_counts)
-        self.stage_ranges = ranges
+        self.copies = ModelCopies(schedule)
+        ranges = stage_block_ranges(num_blocks, self.copies.length, block_counts)  # of one model copy
+        self.stage_ranges = self.copies.stage_ranges(ranges)
         owned = [s for s, r in enumerate(schedule.placement) if r == self.rank]
-        self.stages: dict[int, Stage] = {s: build_stage(build_block, ranges[s], s, seed, self.device) for s in owned}
+        self.stages: dict[int, Stage] = {
+            s: build_stage(build_block, self.stage_ranges[s], s, seed, self.device) for s in owned
+        }
         self.parameters = [p for s in owned for p in self.stages[s].parameters()]
         self.meter = ActivationMeter(exclude=self.parameters + [b for s in owned for b in self.stages[s].buffers()])
         self.stash = WeightGradStash(hold=self.meter.hold)
@@ -168,8 +166,9 @@ class PipelineRuntime:
                     "a stage boundary carries a gradient back: give that stage more blocks (block_counts)"
                 )
         outs = [(shape, self.precision.wire_dtype(dtype)) for shape, dtype in outs]
-        shapes = {(ACT, s): outs[s] for s in range(schedule.stages)}
-        shapes.update({(GRAD, s): outs[s - 1] for s in range(1, schedule.stages)})
+        model_stage = self.copies.model_stage
+        shapes = {(ACT, s): outs[model_stage(s)] for s in range(schedule.stages)}
+        shapes.update({(GRAD, s): outs[model_stage(s) - 1] for s in range(schedule.stages) if not self.copies.takes_inputs(s)})
         self.plan = plan_rank(schedule, self.rank)
         groups = make_link_groups(links(schedule), timeout_s, self.mesh)
         self.transport = Transport(
@@ -179,6 +178,9 @@ class PipelineRuntime:
             GradientSync(self.stages, self.plan.actions, self.mesh.dp_group, self.mesh.dp, overlap_grad_sync)
             if self.mesh.dp > 1 else None
         )
+        copy_group = make_copy_groups(schedule, self.mesh.grid, self.mesh.dp_rank, self.rank, timeout_s)
+        self.sum_copies = CopyGradientSum(self.named_parameters(), copy_group) if copy_group is not None else None
+        self.streams = OverlapStreams(schedule, self.rank, self.device, overlap_streams)
         self.transport.connect()
         self.sync_actions = sync_actions
         self.steps_done = 0
@@ -191,8 +193,8 @@ class PipelineRuntime:
         replica takes its own shard of them."""
         m = self.schedule.microbatches
         inputs, targets = self.mesh.shard(inputs), self.mesh.shard(targets)
-        in_mbs = self._split(inputs, "inputs") if 0 in self.stages else None
-        tgt_mbs = self._split(targets, "targets") if self.last_stage in self.stages else None
+        in_mbs = self._split(inputs, "inputs") if any(map(self.copies.takes_inputs, self.stages)) else None
+        tgt_mbs = self._split(targets, "targets") if any(map(self.copies.computes_loss, self.stages)) else None
         self.optimizer.zero_grad(set_to_none=True)
         losses: list[Optional[torch.Tensor]] = [None] * m
         clock = self._clock()
@@ -209,6 +211,8 @@ class PipelineRuntime:
             self.memory_sizes = dict(self._measured)
         if self.grad_sync is not None:
             self.grad_sync.finish()
+        if self.sum_copies is not None:
+            self.sum_copies()
         loss, bad_mb, bad_value, grad_norm = self._agree(losses)
         skipped = False
         if bad_mb >= 0:
@@ -278,8 +282,9 @@ class PipelineRuntime:
     def _run_actions(self, in_mbs, tgt_mbs, losses, clock) -> list[tuple]:
         """Run this rank's actions; returns (action, start mark, end mark, highest bytes held
         during it, bytes held after it) for each."""
-        plan, transport, stash, meter = self.plan, self.transport, self.stash, self.meter
-        last, inv_m = self.last_stage, 1.0 / self.schedule.microbatches
+        plan, transport, stash, meter, streams = self.plan, self.transport, self.stash, self.meter, self.streams
+        takes_inputs, computes_loss = self.copies.takes_inputs, self.copies.computes_loss
+        inv_m = 1.0 / self.schedule.microbatches
         state = _StepState()
         marks: list[tuple] = []
         transport.start_step()
@@ -289,17 +294,19 @@ class PipelineRuntime:
             received = transport.receive(need, action) if need is not None else None
             before = meter.current
             meter.high = before
+            streams.enter(index)  # CUDA: an overlapped pair's forward half on its own stream
             start = clock.mark()  # after the wait: waiting is idle time, not the action's
             if kind == "F":
-                if s == 0:
+                if takes_inputs(s):
                     x = in_mbs[k]
                 else:
                     x = received if need is not None else state.local_act.pop((s - 1, k))
                     x.requires_grad_(True)
                 state.input_holds[key] = meter.hold(x)  # no local alias: released with the backward
                 self.input_bytes[s] = state.input_holds[key].nbytes
-                y = self._forward(s, x, tgt_mbs[k] if s == last else None)
-                if s == last:
+                last = computes_loss(s)
+                y = self._forward(s, x, tgt_mbs[k] if last else None)
+                if last:
                     losses[k] = y.detach()
                     y = y * inv_m
                 else:
@@ -320,7 +327,7 @@ class PipelineRuntime:
             else:
                 x = state.inputs.pop(key)
                 y = state.outputs.pop(key)
-                if s == last:
+                if computes_loss(s):
                     grad = None
                 else:
                     grad = received if need is not None else state.local_grad.pop((s + 1, k))
@@ -336,7 +343,7 @@ class PipelineRuntime:
                     torch.autograd.backward(y, grad)
                 del y, grad
                 state.input_holds.pop(key)
-                if s > 0:
+                if not takes_inputs(s):
                     if send is not None:
                         transport.send(send, self.precision.to_wire(x.grad))
                     else:
@@ -345,6 +352,7 @@ class PipelineRuntime:
             if self.grad_sync is not None:
                 self.grad_sync.after_action(index)
             transport.release_sent()
+            streams.leave(index)
             end = clock.mark_end()
             if self.memory_sizes is None:
                 self._learn_size(action, before, meter.current, meter.high)
@@ -380,22 +388,26 @@ class PipelineRuntime:
 
     def _agree(self, losses: list[Optional[torch.Tensor]]) -> tuple[float, int, float, float]:
         """Mean loss, first non-finite microbatch (-1 if none) and its value, and (when clipping)
-        the whole model's gradient norm, on every rank: one all-reduce."""
+        the whole model's gradient norm, on every rank: one all-reduce of every microbatch's loss
+        (each computed on its pipeline's last stage) and this rank's squared gradients."""
+        m = self.schedule.microbatches
         # gloo reduces host memory; NCCL device memory
-        info = torch.zeros(4, dtype=torch.float64, device="cpu" if dist.get_backend() == "gloo" else self.device)
-        if self.last_stage in self.stages:
-            per_mb = torch.stack(losses).double().to(info.device)
-            info[0] = per_mb.mean()
-            bad = (~torch.isfinite(per_mb)).nonzero()
-            if bad.numel():
-                info[1] = bad[0, 0] + 1
-                info[2] = per_mb[bad[0, 0]]
+        info = torch.zeros(m + 1, dtype=torch.float64, device="cpu" if dist.get_backend() == "gloo" else self.device)
+        for k, loss in enumerate(losses):
+            if loss is not None:
+                info[k] = loss.double()
         if self.clip_grad_norm is not None:
             grads = [p.grad for p in self.parameters if p.grad is not None]
-            if grads:
-                info[3] = sum(g.detach().double().pow(2).sum() for g in grads).to(info.device)
+            if grads:  # every copy holds the summed gradients: count the model once
+                squares = sum(g.detach().double().pow(2).sum() for g in grads) / self.schedule.pipelines
+                info[m] = squares.to(info.device)
         dist.all_reduce(info, group=self.mesh.pp_group)
-        loss, bad_mb, bad_value, squares = self._across_replicas(info)
+        per_mb = info[:m]
+        bad = (~torch.isfinite(per_mb)).nonzero()
+        first_bad = int(bad[0, 0]) if bad.numel() else -1
+        summary = info.new_tensor([float(per_mb.mean()), first_bad + 1,
+                                   float(per_mb[first_bad]) if first_bad >= 0 else 0.0, float(info[m])])
+        loss, bad_mb, bad_value, squares = self._across_replicas(summary)
         return loss, int(bad_mb) - 1, bad_value, squares**0.5 if self.clip_grad_norm is not None else float("nan")
 
     def _across_replicas(self, info: torch.Tensor) -> list[float]:

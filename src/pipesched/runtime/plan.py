@@ -63,18 +63,18 @@ def _message(producer: int, forward: bool, microbatch: int, consumer: int,
                    message_tag(kind, producer, microbatch, m))
 
 
-def _sent(action: Action, placement: tuple[int, ...], m: int) -> Optional[Message]:
+def _sent(action: Action, placement: tuple[int, ...], m: int, pipelines: int) -> Optional[Message]:
     """The message carrying ``action``'s output, when the stage that waits for it is elsewhere."""
     s, kind, k = action
-    to = consumer_stage(action, len(placement))
+    to = consumer_stage(action, len(placement), pipelines)
     if to is None or not crosses_ranks(placement, s, to):
         return None
     return _message(s, kind == "F", k, to, placement, m)
 
 
-def _needed(action: Action, placement: tuple[int, ...], m: int) -> Optional[Message]:
+def _needed(action: Action, placement: tuple[int, ...], m: int, pipelines: int) -> Optional[Message]:
     """The message ``action`` waits for, when its dependency ran on another rank."""
-    dep = dependency(action, len(placement))
+    dep = dependency(action, len(placement), pipelines)
     if dep is None or not crosses_ranks(placement, dep[0], action.stage):
         return None
     producer, kind, k = dep
@@ -83,18 +83,18 @@ def _needed(action: Action, placement: tuple[int, ...], m: int) -> Optional[Mess
 
 def plan_rank(schedule: Schedule, rank: int) -> RankPlan:
     """The communication plan of ``rank`` for one step of ``schedule``."""
-    placement, m = schedule.placement, schedule.microbatches
+    placement, m, copies = schedule.placement, schedule.microbatches, schedule.pipelines
     actions = schedule.rank_actions(rank)
     plan = RankPlan(
         rank,
         actions,
-        sends=[_sent(a, placement, m) for a in actions],
-        needs=[_needed(a, placement, m) for a in actions],
+        sends=[_sent(a, placement, m, copies) for a in actions],
+        needs=[_needed(a, placement, m, copies) for a in actions],
     )
     for src in range(schedule.ranks):
         if src == rank:
             continue
-        link = [msg for a in schedule.rank_actions(src) if (msg := _sent(a, placement, m)) and msg.dst == rank]
+        link = [msg for a in schedule.rank_actions(src) if (msg := _sent(a, placement, m, copies)) and msg.dst == rank]
         if link:
             plan.incoming[src] = link
     plan.outgoing_peers = sorted({msg.dst for msg in plan.sends if msg is not None})
@@ -105,7 +105,7 @@ def links(schedule: Schedule) -> list[tuple[int, int]]:
     """Every directed (src, dst) pair that carries at least one message, sorted."""
     pairs = set()
     for _rank, action in schedule.actions():
-        msg = _sent(action, schedule.placement, schedule.microbatches)
+        msg = _sent(action, schedule.placement, schedule.microbatches, schedule.pipelines)
         if msg is not None:
             pairs.add((msg.src, msg.dst))
     return sorted(pairs)

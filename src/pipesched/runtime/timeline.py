@@ -117,7 +117,7 @@ def compare_to_simulation(schedule: Schedule, steps: Sequence[Timeline], comm: f
     every (stage, kind) and the measured p2p latency; compare with the measured steps."""
     costs = median_costs(steps)
     orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
-    predicted = execute(orders, schedule.placement, lambda a: costs[(a.stage, a.kind)], comm)
+    predicted = execute(orders, schedule.placement, lambda a: costs[(a.stage, a.kind)], comm, schedule.pipelines)
     by_kind: dict[str, list[float]] = {}
     for (_, kind), value in costs.items():
         by_kind.setdefault(kind, []).append(value)
@@ -158,7 +158,7 @@ def write_trace(path: Path, schedule: Schedule, steps: Sequence[Timeline], memor
     curves = tuple(tuple(curve) for curve in memory[index + skip]) if memory else None
     drawn = DrawnTimeline(
         tuple(tuple(rank) for rank in measured[index]), schedule.placement, curves,
-        name=f"{schedule.name} (measured)", unit="s", memory_unit="bytes",
+        name=f"{schedule.name} (measured)", unit="s", memory_unit="bytes", pipelines=schedule.pipelines,
     )
     trace = trace_events(drawn, time_unit_us=1e6)
     trace["otherData"]["measured_steps"] = steps_json(steps)

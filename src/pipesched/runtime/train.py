@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from ..schedule import Schedule
 from . import checkpoint
-from .executor import PipelineRuntime, require_one_pipeline
+from .copies import balancing_placement
+from .executor import PipelineRuntime
 from .guard import NonFiniteWeights, first_nonfinite
 from .launch import rank_device, stop_on_termination
 from .models import ModelDef, get_model
@@ -204,7 +205,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     device = rank_device()
     m = schedule.microbatches
     x0, _ = md.batch(0, cfg.batch_size, cfg.seed)
-    counts = cfg.block_counts or balanced_counts(md.block_costs, schedule.placement)
+    counts = cfg.block_counts or balanced_counts(md.block_costs, balancing_placement(schedule))
     mesh = init_pipeline_mesh(schedule.ranks, cfg.dp)
     runtime = PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr),
@@ -322,7 +323,6 @@ def run(cfg: TrainConfig) -> Optional[TrainResult]:
                 progress.close()
     from .launch import run_torchrun, spawn, under_torchrun
 
-    require_one_pipeline(cfg.schedule)
     if under_torchrun():
         return run_torchrun(train_worker, cfg, cfg.timeout_s)
     return spawn(train_worker, cfg.world, cfg, cfg.timeout_s)[0]

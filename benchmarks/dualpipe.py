@@ -1,0 +1,171 @@
+"""DualPipe in the runtime: step time against dualpipev and zb-v, and overlapped F&B on CUDA streams.
+
+Default: ``dualpipe`` (two model copies, fed from both ends), ``dualpipev`` and ``zb-v`` on the
+same ranks, model and batch (blocks balanced per schedule), stepped turn by turn in the same
+processes (a warm-up step, then a burst of steps each turn), so that the machine's drift hits
+all alike; prints each one's median step and the median of the per-turn ratios to zb-v, with
+the simulator's ratios at unit costs beside them (what the order alone predicts), and what
+dualpipe's gradient sum of its two copies costs alone.
+
+``--streams``: each schedule with overlapped pairs that builds on these ranks (dualpipev on one
+rank, dualpipe and dualpipev on two or more) with the pairs' forward halves on a CUDA stream of
+their own against the same runtime running the halves one after the other, turn by turn:
+losses and parameters of both against the single-process model (PASS within 1e-5 relative) and
+the step-time ratio. Only meaningful on CUDA (elsewhere both runs are sequential).
+
+    PYTHONPATH=src python benchmarks/dualpipe.py [--ranks 2] [--rounds 8] [--burst 3]
+    torchrun --nproc-per-node 1 benchmarks/dualpipe.py --streams
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from time import perf_counter
+
+import torch
+
+import pipesched
+from pipesched.errors import ConfigError
+from pipesched.runtime.copies import balancing_placement
+from pipesched.runtime.executor import PipelineRuntime
+from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_torchrun
+from pipesched.runtime.models import get_model
+from pipesched.runtime.partition import balanced_counts
+from pipesched.runtime.train import make_optimizer
+
+SCHEDULES = ("dualpipe", "dualpipev", "zb-v")
+MODEL = dict(blocks=8, dim=256, hidden=1024)  # pipesched train's mlp
+BATCH, MICROBATCHES, SEED, LR, TOL = 64, 8, 0, 0.05, 1e-5
+
+
+def _runtime(md, schedule, overlap_streams=None) -> PipelineRuntime:
+    x0, _ = md.batch(0, BATCH, SEED)
+    return PipelineRuntime(
+        md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", LR),
+        x0[: BATCH // schedule.microbatches], seed=SEED, device=rank_device(), timeout_s=300,
+        block_counts=balanced_counts(md.block_costs, balancing_placement(schedule)), overlap_streams=overlap_streams,
+    )
+
+
+def _turns(runtimes: dict, md, rounds: int, burst: int) -> dict[str, list[float]]:
+    """Per variant, its median step of each turn (a warm-up step first, not counted)."""
+    per_turn = {label: [] for label in runtimes}
+    for turn in range(rounds):
+        for label, rt in runtimes.items():
+            times = []
+            for i in range(burst + 1):
+                result = rt.step(*md.batch(turn * (burst + 1) + i, BATCH, SEED))
+                times.append(result.step_time)
+            per_turn[label].append(statistics.median(times[1:]))
+    return per_turn
+
+
+def compare_worker(rank: int, world: int, job: tuple) -> dict:
+    torch.set_num_threads(1)
+    rounds, burst = job
+    md = get_model("mlp", **MODEL)
+    runtimes = {name: _runtime(md, pipesched.build_schedule(name, world, MICROBATCHES)) for name in SCHEDULES}
+    out = _turns(runtimes, md, rounds, burst)
+    sums = []  # what dualpipe's end-of-step gradient sum of the two copies costs alone
+    for _ in range(2 * rounds):
+        torch.distributed.barrier()
+        started = perf_counter()
+        runtimes["dualpipe"].sum_copies()
+        sums.append(perf_counter() - started)
+    out["copy sum"] = [statistics.median(sums)]
+    return out
+
+
+def streams_worker(rank: int, world: int, job: tuple) -> list:
+    """Per schedule: (name, streams used, rel. error on and off against the reference, on/off ratio)."""
+    rounds, burst = job
+    md = get_model("mlp", **MODEL)
+    device = rank_device()
+    reference = _reference(md, device) if rank == 0 else None
+    rows = []
+    for name in ("dualpipev", "dualpipe"):
+        try:
+            schedule = pipesched.build_schedule(name, world, MICROBATCHES)
+        except ConfigError:  # dualpipe on one rank
+            continue
+        errors = {}
+        for label, streams in (("streams", True), ("sequential", False)):
+            rt = _runtime(md, schedule, streams)
+            for step in range(3):
+                rt.step(*md.batch(step, BATCH, SEED))
+            params = rt.gather_state_dict()
+            if rank == 0:
+                errors[label] = max(float((params[k] - reference[k]).abs().max() / reference[k].abs().max().clamp_min(1e-30))
+                                    for k in reference)
+        runtimes = {"streams": _runtime(md, schedule, True), "sequential": _runtime(md, schedule, False)}
+        used = runtimes["streams"].streams.side is not None
+        per_turn = _turns(runtimes, md, rounds, burst)
+        ratio = statistics.median(a / b for a, b in zip(per_turn["streams"], per_turn["sequential"]))
+        rows.append((name, used, errors.get("streams"), errors.get("sequential"), ratio))
+    return rows
+
+
+def _reference(md, device) -> dict:
+    """The single-process model's parameters after three SGD steps, on ``device``'s results."""
+    from pipesched.runtime.partition import build_block_seeded
+
+    model = torch.nn.Sequential(*(build_block_seeded(md.build_block, i, SEED) for i in range(md.num_blocks))).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(3):
+        x, y = (t.to(device) for t in md.batch(step, BATCH, SEED))
+        opt.zero_grad()
+        md.loss_fn(model(x), y).backward()
+        opt.step()
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def _simulated_ratios(ranks: int) -> dict[str, float]:
+    """Makespan at unit costs (overlap factor 1: the halves one after the other) over zb-v's."""
+    spans = {n: pipesched.simulate(pipesched.build_schedule(n, ranks, MICROBATCHES)).makespan for n in SCHEDULES}
+    return {n: spans[n] / spans["zb-v"] for n in SCHEDULES}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2, help="processes (local runs)")
+    parser.add_argument("--rounds", type=int, default=8, help="turns of each variant")
+    parser.add_argument("--burst", type=int, default=3, help="steps of a variant per turn (after a warm-up step)")
+    parser.add_argument("--streams", action="store_true", help="overlapped pairs on CUDA streams against sequential")
+    args = parser.parse_args()
+    worker = streams_worker if args.streams else compare_worker
+    job = (args.rounds, args.burst)
+    started = perf_counter()
+    result = run_torchrun(worker, job, 1200) if under_torchrun() else spawn(worker, args.ranks, job, 1200)[0]
+    if result is None:  # a torchrun rank other than 0
+        return 0
+    ranks = int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.ranks
+    if args.streams:
+        ok = True
+        print(f"| schedule | ranks | pair halves on two streams | param error, streams | param error, sequential | "
+              "step time streams / sequential |")
+        print("|---|---|---|---|---|---|")
+        for name, used, on, off, ratio in result:
+            ok &= max(on, off) < TOL
+            print(f"| {name} | {ranks} | {'yes' if used else 'no (not CUDA)'} | {on:.1e} | {off:.1e} | {ratio:.3f} |")
+        print("overlap streams equivalence:", "PASS" if ok else "FAIL", f"(tolerance {TOL:g} relative)")
+        return 0 if ok else 1
+    simulated = _simulated_ratios(ranks)
+    zbv = result["zb-v"]
+    print(f"mlp {MODEL}, batch {BATCH}, m={MICROBATCHES}, {ranks} ranks, {args.rounds} turns x {args.burst} steps "
+          f"({perf_counter() - started:.0f} s)\n")
+    print("| schedule | median step (ms) | step / zb-v's (median of turns) | simulated / zb-v's (unit costs) |")
+    print("|---|---|---|---|")
+    for name in SCHEDULES:
+        turns = result[name]
+        ratio = statistics.median(a / b for a, b in zip(turns, zbv))
+        print(f"| {name} | {1000 * statistics.median(turns):.1f} | {ratio:.3f} | {simulated[name]:.3f} |")
+    print(f"\ndualpipe's gradient sum of the two copies (one all-reduce per pair of ranks, after the last action): "
+          f"{1000 * result['copy sum'][0]:.1f} ms alone")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

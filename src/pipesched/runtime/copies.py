@@ -1,0 +1,135 @@
+"""The model copies of a schedule of several pipelines (DualPipe: two), as the runtime holds them.
+
+A schedule with ``pipelines`` > 1 has ``pipelines x L`` stages: stage ``s`` runs the model's
+stage ``s % L`` on its own pipeline's microbatches (:meth:`~pipesched.schedule.Schedule.stage_microbatches`).
+Every copy of a model stage is built from the same seeded blocks, so the copies start equal.
+Each copy's gradients come from its own share of the microbatches; their sum is the gradient of
+the whole batch, so before the optimizer step every rank all-reduces its gradients with the
+ranks holding the other copies of its model stages (DualPipe: rank ``r`` with rank ``p-1-r``,
+which hold the copies of model stages ``r`` and ``p-1-r``, DeepSeek's gradient all-reduce).
+Both copies then take the same optimizer step on the same gradients and stay equal, and every
+rank's parameters keep the unpipelined model's names, so a checkpoint holds one copy however
+many ranks write it (DCP keeps one of equal entries) and every copy loads from it.
+
+For a one-pipeline schedule every stage is its own model stage and nothing is reduced.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Iterable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from ..errors import ConfigError
+from ..schedule import Schedule
+
+
+class ModelCopies:
+    """Which model stage each of the schedule's stages runs, and where each pipeline starts and ends."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.length = schedule.pipeline_length
+        self.pipelines = schedule.pipelines
+        self.placement = schedule.placement
+
+    def model_stage(self, stage: int) -> int:
+        """The model's stage (its blocks) that ``stage`` runs."""
+        return stage % self.length
+
+    def takes_inputs(self, stage: int) -> bool:
+        """True for a pipeline's first stage: it reads the batch's inputs."""
+        return stage % self.length == 0
+
+    def computes_loss(self, stage: int) -> bool:
+        """True for a pipeline's last stage: it computes the loss against the targets."""
+        return (stage + 1) % self.length == 0
+
+    def stage_ranges(self, model_ranges: list[range]) -> list[range]:
+        """The blocks of every stage, given the blocks of every model stage."""
+        return [model_ranges[self.model_stage(s)] for s in range(len(self.placement))]
+
+    def copy_groups(self) -> list[tuple[int, ...]]:
+        """The sets of pipeline ranks that hold the copies of the same model stages (one set per
+        rank, each rank in exactly one; none for one pipeline). ConfigError for a placement
+        whose copies cannot be summed rank with rank."""
+        if self.pipelines == 1:
+            return []
+        holders = [tuple(sorted({self.placement[j + c * self.length] for c in range(self.pipelines)}))
+                   for j in range(self.length)]
+        groups = sorted(set(holders))
+        held = {}
+        for j, group in enumerate(holders):
+            for rank in group:
+                held.setdefault(rank, set()).add(j)
+        for group in groups:
+            if len({frozenset(held[r]) for r in group}) != 1 or len(group) < 2:
+                raise ConfigError(
+                    f"the copies of the model's stages are not held by ranks holding the same stages ({group}): "
+                    "the runtime cannot sum their gradients rank with rank"
+                )
+        return groups
+
+
+def input_ranks(schedule: Schedule) -> set[int]:
+    """The pipeline ranks that read the batch's inputs (each pipeline's first stage)."""
+    copies = ModelCopies(schedule)
+    return {schedule.placement[s] for s in range(schedule.stages) if copies.takes_inputs(s)}
+
+
+def loss_ranks(schedule: Schedule) -> set[int]:
+    """The pipeline ranks that read the targets (each pipeline's last stage)."""
+    copies = ModelCopies(schedule)
+    return {schedule.placement[s] for s in range(schedule.stages) if copies.computes_loss(s)}
+
+
+def balancing_placement(schedule: Schedule) -> tuple[int, ...]:
+    """A placement of the model's stages for :func:`~pipesched.runtime.partition.balanced_counts`:
+    the schedule's own, or with several pipelines each model stage on the group of ranks that
+    holds its copies (DualPipe: rank ``r`` runs model stages ``r`` and ``p-1-r`` on half the
+    microbatches each, so the pair's blocks are what to balance)."""
+    copies = ModelCopies(schedule)
+    if schedule.pipelines == 1:
+        return schedule.placement
+    groups = copies.copy_groups()
+    index = {rank: i for i, group in enumerate(groups) for rank in group}
+    return tuple(index[schedule.placement[j]] for j in range(copies.length))
+
+
+def make_copy_groups(schedule: Schedule, grid: tuple[tuple[int, ...], ...], replica: int, pp_rank: int,
+                     timeout_s: float) -> Optional[Any]:
+    """This rank's process group for summing the copies' gradients (None for one pipeline).
+    Creating a group takes the whole world: every rank calls this with the same schedule."""
+    mine = None
+    for d, ranks in enumerate(grid):
+        for group in ModelCopies(schedule).copy_groups():
+            made = dist.new_group([ranks[r] for r in group], timeout=timedelta(seconds=timeout_s))
+            if d == replica and pp_rank in group:
+                mine = made
+    return mine
+
+
+class CopyGradientSum:
+    """Sums the gradients of this rank's stages with the other copies' (one flat all-reduce,
+    parameters in name order: the ranks of a group hold the same names)."""
+
+    def __init__(self, named_parameters: Iterable[tuple[str, nn.Parameter]], group: Any) -> None:
+        self.parameters = [p for _, p in sorted(named_parameters, key=lambda item: item[0])]
+        self.group = group
+        self.on_host = dist.get_backend(group) == "gloo"
+
+    def __call__(self) -> None:
+        """Leave the sum over the copies in every parameter's ``.grad``."""
+        for p in self.parameters:
+            if p.grad is None:  # a copy that ran no microbatch adds nothing
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self.parameters]
+        flat = _flatten_dense_tensors(grads)
+        if self.on_host:
+            flat = flat.cpu()  # a no-op for CPU tensors
+        dist.all_reduce(flat, group=self.group)
+        for grad, summed in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            grad.copy_(summed)
