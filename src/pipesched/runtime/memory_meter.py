@@ -12,36 +12,38 @@ A recomputed stage (activation checkpointing) saves nothing in its forward; whil
 counts every tensor the rebuild creates until its storage is freed (checkpoint holds the rebuilt
 activations in its own hooks, which no saved-tensors hook of ours can see).
 
-Each holder is a small object whose release (when the last reference to it goes, which is when
-autograd frees a saved tensor) gives its bytes back. Python bookkeeping only; no device sync.
+Each holder is a small :class:`Claim` whose release (when the last reference to it goes, which
+is when autograd frees a saved tensor) gives its bytes back. It runs for every saved tensor of
+every step, so it is kept to the least Python work: one pack call and one claim per saved
+tensor, the hooks built once, and the span arithmetic of a storage only when a second distinct
+span of it is held (the common case, one storage held by one or several holders of the same
+span, is a dictionary lookup). Python bookkeeping only; no device sync.
 """
 
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager
-from typing import Iterator, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-def _span(tensor: torch.Tensor, storage: int) -> tuple[int, int, int]:
-    """(storage key, first byte, end byte) of the region of ``storage`` that ``tensor`` spans."""
+def _span(tensor: torch.Tensor) -> tuple[int, int]:
+    """(first byte, end byte) of the region of its storage that ``tensor`` spans."""
     item = tensor.element_size()
     start = tensor.storage_offset() * item
-    numel = tensor.numel()
-    if numel == 0:
-        return storage, start, start
     if tensor.is_contiguous():
-        return storage, start, start + numel * item
+        return start, start + tensor.numel() * item
+    if tensor.numel() == 0:
+        return start, start
     extent = 1 + sum((n - 1) * abs(st) for n, st in zip(tensor.shape, tensor.stride()))
-    return storage, start, start + extent * item
+    return start, start + extent * item
 
 
-def _union(intervals: dict[tuple[int, int], int]) -> int:
+def _union(spans: dict[tuple[int, int], int]) -> int:
+    """Bytes covered by the spans (each byte once)."""
     total, reach = 0, None
-    for start, end in sorted(intervals):
+    for start, end in sorted(spans):
         if reach is None or start > reach:
             total += end - start
             reach = end
@@ -51,23 +53,21 @@ def _union(intervals: dict[tuple[int, int], int]) -> int:
     return total
 
 
-class Held:
-    """One holder's claim on a tensor's bytes; dropping the object releases them."""
+class Claim:
+    """One holder's claim on the bytes a tensor spans of its storage; dropping it releases them."""
 
-    __slots__ = ("meter", "tensor", "key", "__weakref__")
-
-    def __init__(self, meter: "ActivationMeter", tensor: torch.Tensor, storage: Optional[int] = None) -> None:
-        self.meter = meter
-        self.tensor = tensor
-        self.key = _span(tensor, tensor.untyped_storage().data_ptr() if storage is None else storage)
-        meter._add(self.key)
+    __slots__ = ("meter", "tensor", "storage", "span")
 
     @property
     def nbytes(self) -> int:
-        return self.key[2] - self.key[1]
+        return self.span[1] - self.span[0]
 
     def __del__(self) -> None:
-        self.meter._remove(self.key)
+        self.meter._release(self.storage, self.span)
+
+
+def _unpack(packed):
+    return packed.tensor if packed.__class__ is Claim else packed
 
 
 class ActivationMeter:
@@ -75,78 +75,81 @@ class ActivationMeter:
 
     def __init__(self, exclude: list[torch.Tensor] = ()) -> None:
         self._excluded = {t.untyped_storage().data_ptr() for t in exclude}
-        self._storages: dict[int, dict[tuple[int, int], int]] = {}
-        self._bytes: dict[int, int] = {}
+        # storage -> [bytes counted, {span: holders}]
+        self._held: dict[int, list] = {}
         self.current = 0
         self.peak = 0
         self.high = 0  # the highest since whoever reads it last set it (the executor: per action)
-
-    def hold(self, tensor: torch.Tensor) -> Held:
-        """Count ``tensor`` until the returned holder is dropped."""
-        return Held(self, tensor)
-
-    def reset_peak(self) -> None:
-        self.peak = self.current
-
-    @contextmanager
-    def saved_tensors(self) -> Iterator[None]:
-        """Count what autograd saves for backward inside this block (parameters excepted)."""
-        excluded = self._excluded
+        excluded, claim = self._excluded, self._claim
 
         def pack(tensor: torch.Tensor):
             storage = tensor.untyped_storage().data_ptr()
             if storage in excluded:
                 return tensor
-            return Held(self, tensor.detach(), storage)  # an alias: the caller may swap the original's data
+            # a tensor with a history is held as an alias without it: holding the original would
+            # tie it to its own graph in a cycle, and the executor swaps a stage output's data
+            return claim(tensor if tensor.is_leaf else tensor.detach(), storage)
 
-        def unpack(packed):
-            return packed.tensor if isinstance(packed, Held) else packed
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, _unpack)
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-            yield
+    def hold(self, tensor: torch.Tensor) -> Claim:
+        """Count ``tensor`` until the returned claim is dropped."""
+        return self._claim(tensor, tensor.untyped_storage().data_ptr())
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+
+    def saved_tensors(self) -> torch.autograd.graph.saved_tensors_hooks:
+        """A context in which what autograd saves for backward counts (parameters excepted)."""
+        return self._hooks
 
     def recomputation(self) -> "_CountRebuilt":
         """A context in which every new tensor storage counts until it is freed (for
         ``torch.utils.checkpoint``'s ``context_fn``: the recomputation's context)."""
         return _CountRebuilt(self)
 
-    def _add(self, key: tuple[int, int, int]) -> None:
-        storage, start, end = key
-        if end <= start:
-            return
-        intervals = self._storages.setdefault(storage, {})
-        intervals[(start, end)] = intervals.get((start, end), 0) + 1
-        self._update(storage, intervals)
+    def _claim(self, tensor: torch.Tensor, storage: int) -> Claim:
+        claim = Claim.__new__(Claim)
+        claim.meter, claim.tensor, claim.storage = self, tensor, storage
+        claim.span = span = _span(tensor)
+        self._add(storage, span)
+        return claim
 
-    def _remove(self, key: tuple[int, int, int]) -> None:
-        storage, start, end = key
-        if end <= start:
-            return
-        intervals = self._storages[storage]
-        count = intervals[(start, end)] - 1
-        if count:
-            intervals[(start, end)] = count
+    def _add(self, storage: int, span: tuple[int, int]) -> None:
+        record = self._held.get(storage)
+        if record is None:  # the common case: a storage nobody holds yet
+            grown = span[1] - span[0]
+            self._held[storage] = [grown, {span: 1}]
         else:
-            del intervals[(start, end)]
-        if not intervals:
-            del self._storages[storage]
-        self._update(storage, intervals)
+            spans = record[1]
+            holders = spans.get(span, 0)
+            spans[span] = holders + 1
+            if holders:
+                return
+            counted = _union(spans)
+            grown, record[0] = counted - record[0], counted
+        if grown:
+            current = self.current = self.current + grown
+            if current > self.high:
+                self.high = current
+                if current > self.peak:
+                    self.peak = current
 
-    def _update(self, storage: int, intervals: dict) -> None:
-        if len(intervals) == 1:
-            (start, end), = intervals
-            new = end - start
+    def _release(self, storage: int, span: tuple[int, int]) -> None:
+        record = self._held[storage]
+        spans = record[1]
+        holders = spans[span] - 1
+        if holders:
+            spans[span] = holders
+            return
+        del spans[span]
+        if spans:
+            counted = _union(spans)
+            self.current -= record[0] - counted
+            record[0] = counted
         else:
-            new = _union(intervals) if intervals else 0
-        self.current += new - self._bytes.get(storage, 0)
-        if new:
-            self._bytes[storage] = new
-        else:
-            self._bytes.pop(storage, None)
-        if self.current > self.high:
-            self.high = self.current
-            if self.current > self.peak:
-                self.peak = self.current
+            del self._held[storage]
+            self.current -= record[0]
 
 
 class _CountRebuilt(TorchDispatchMode):
@@ -168,8 +171,9 @@ class _CountRebuilt(TorchDispatchMode):
         if tensor._is_view():
             return
         storage = tensor.untyped_storage()
-        key = _span(tensor, storage.data_ptr())
-        if key[0] in self.meter._storages or key[0] in self.meter._excluded or key[2] <= key[1]:
+        key = storage.data_ptr()
+        if key in self.meter._held or key in self.meter._excluded:
             return
-        self.meter._add(key)
-        weakref.finalize(storage, self.meter._remove, key)
+        span = _span(tensor)
+        self.meter._add(key, span)
+        weakref.finalize(storage, self.meter._release, key, span)
