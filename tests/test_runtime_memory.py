@@ -119,3 +119,22 @@ def test_the_advisors_transformer_bytes_match_the_runtimes_gpt_layer_on_cpu():
     spec = TransformerSpec(1, h, s, b, heads=a, dtype_bytes=4)  # fp32, flash (SDPA), no dropout
     assert kept == pytest.approx(spec.layer_activation_bytes(b), rel=0.05)
     assert stashed == pytest.approx(spec.layer_stash_bytes(b), rel=0.05)
+
+
+def test_the_meter_counts_each_byte_of_a_storage_once_however_its_holders_overlap():
+    from pipesched.runtime.memory_meter import ActivationMeter
+
+    meter = ActivationMeter()
+    base = torch.zeros(100)  # 400 bytes
+    first_half = meter.hold(base[:50])
+    middle = meter.hold(base[25:75])
+    middle_again = meter.hold(base[25:75])
+    assert meter.current == 300  # bytes 0-300, each once
+    del middle
+    assert meter.current == 300  # the same span is still held
+    del middle_again
+    assert meter.current == 200
+    transposed = meter.hold(base.view(10, 10).t())  # not contiguous: spans the whole storage
+    assert meter.current == 400
+    del first_half, transposed
+    assert (meter.current, meter.peak) == (0, 400)
