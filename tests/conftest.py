@@ -5,12 +5,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable, Iterable, TypeVar
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def cli_env() -> dict:
@@ -32,3 +37,14 @@ def run_cli(*args: str, timeout: float = 120, cwd: Path | None = None) -> subpro
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def concurrently(run: Callable[[T], R], rows: Iterable[T], workers: int = 4) -> list[R]:
+    """``run`` over ``rows``, ``workers`` at a time, results in row order.
+
+    For tables of commands: each row is its own process and pays Python's start (and typer's or
+    torch's import) before it does anything, one core each; a few at a time keep every core
+    busy while pytest itself waits on one.
+    """
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(run, rows))

@@ -18,12 +18,11 @@ import importlib.util
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from conftest import cli_env
+from conftest import cli_env, concurrently
 
 SCRIPT = Path(sys.executable).with_name("pipesched")
 # a refusal takes a second; a row that started the planning it should refuse would run for
@@ -168,8 +167,7 @@ def run_all(
             env=cli_env(), cwd=places["dir"],
         )
 
-    with ThreadPoolExecutor(max_workers=workers or max(4, 2 * (os.cpu_count() or 1))) as pool:
-        done = list(pool.map(run, [argv for argv, _ in cases]))
+    done = concurrently(run, [argv for argv, _ in cases], workers=workers or max(4, 2 * (os.cpu_count() or 1)))
     return [(argv, mention, out) for (argv, mention), out in zip(cases, done)]
 
 

@@ -16,12 +16,11 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from conftest import SRC
+from conftest import SRC, concurrently
 
 torch = pytest.importorskip("torch")
 
@@ -208,34 +207,49 @@ def test_a_silent_rank_ends_the_command_within_the_timeout_and_a_few_seconds(tmp
     assert time.monotonic() - silent_since < 3 + FAILURE_GRACE_S + 5
 
 
-def _refused(*args: str) -> str:
-    """Run ``pipesched train ARGS``: exit 2 and one line, before any rank starts."""
-    result = subprocess.run([str(PIPESCHED), "train", *args], capture_output=True, text=True, env=_env(), timeout=120)
+def _train_refusing(args) -> subprocess.CompletedProcess:
+    return subprocess.run([str(PIPESCHED), "train", *args], capture_output=True, text=True, env=_env(), timeout=120)
+
+
+def _said(result: subprocess.CompletedProcess) -> str:
+    """The one line of a refusal: exit 2 and one line on stderr, before any rank starts."""
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("pipesched: error: "), result.stderr
     assert "Traceback" not in result.stderr and not result.stdout
     return lines[0]
 
 
-@pytest.mark.parametrize(
-    "args,fragment",
-    [
-        (["--lr", "-1"], "--lr must be a finite number above 0"),
-        (["--lr", "nan"], "--lr must be a finite number above 0"),
-        (["--lr", "1e39"], "float32's largest"),
-        (["--lr", "0"], "--lr must be a finite number above 0"),
-        (["--timeout", "inf"], "--timeout must be a number of seconds above 0"),
-        (["--timeout", "0"], "--timeout must be a number of seconds above 0"),
-        (["--seed", str(2**70)], "--seed must be a whole number from 0 to 4294967295"),
-        (["--seed", "-1"], "--seed must be a whole number from 0 to 4294967295"),
-        (["--batch-size", str(10**15)], "more than this machine's"),
-        (["--clip-grad-norm", "inf"], "--clip-grad-norm must be a finite number above 0"),
-        (["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
-        (["--resume"], "--resume needs --checkpoint-dir"),
-    ],
-)
-def test_a_bad_option_exits_2_in_one_line_before_spawning(args, fragment):
-    assert fragment in _refused(*args)
+def _refused(*args: str) -> str:
+    """Run ``pipesched train ARGS``: exit 2 and one line, before any rank starts."""
+    return _said(_train_refusing(args))
+
+
+BAD_OPTIONS = [
+    (["--lr", "-1"], "--lr must be a finite number above 0"),
+    (["--lr", "nan"], "--lr must be a finite number above 0"),
+    (["--lr", "1e39"], "float32's largest"),
+    (["--lr", "0"], "--lr must be a finite number above 0"),
+    (["--timeout", "inf"], "--timeout must be a number of seconds above 0"),
+    (["--timeout", "0"], "--timeout must be a number of seconds above 0"),
+    (["--seed", str(2**70)], "--seed must be a whole number from 0 to 4294967295"),
+    (["--seed", "-1"], "--seed must be a whole number from 0 to 4294967295"),
+    (["--batch-size", str(10**15)], "more than this machine's"),
+    (["--clip-grad-norm", "inf"], "--clip-grad-norm must be a finite number above 0"),
+    (["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
+    (["--resume"], "--resume needs --checkpoint-dir"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_option_runs() -> dict:
+    """``pipesched train`` with each bad option of the table, four processes at a time."""
+    rows = [args for args, _ in BAD_OPTIONS]
+    return dict(zip(map(tuple, rows), concurrently(_train_refusing, rows)))
+
+
+@pytest.mark.parametrize("args,fragment", BAD_OPTIONS)
+def test_a_bad_option_exits_2_in_one_line_before_spawning(args, fragment, bad_option_runs):
+    assert fragment in _said(bad_option_runs[tuple(args)])
 
 
 def test_checkpoint_options_are_checked_before_spawning(tmp_path):
@@ -254,7 +268,6 @@ def test_checkpoint_options_are_checked_before_spawning(tmp_path):
         ("--optimizer", "adamw", "--checkpoint-dir", str(done), "--resume"): "was saved with another optimizer",
         ("--steps", "1", "--checkpoint-dir", str(done), "--resume"): "--steps 1 asks for no more",
     }
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        said = dict(zip(expected, pool.map(lambda args: _refused(*args), expected)))
+    said = dict(zip(expected, concurrently(lambda args: _refused(*args), expected)))
     for args, fragment in expected.items():
         assert fragment in said[args], args

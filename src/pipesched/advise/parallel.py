@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 from typing import Callable, Optional, Sequence, TypeVar, Union
 
@@ -37,7 +38,10 @@ def map_outcomes(fn: Callable[[T], R], items: Sequence[T], workers: int) -> list
         return [_outcome(fn, item) for item in items]
     _TASK = (fn, items)
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        # Ctrl-C reaches the terminal's whole process group: the command alone answers it (the
+        # pool's workers are stopped when it unwinds) instead of each worker printing a traceback
+        ignore_sigint = (signal.SIGINT, signal.SIG_IGN)
+        with multiprocessing.get_context("fork").Pool(workers, signal.signal, ignore_sigint) as pool:
             return pool.map(_call, range(len(items)), chunksize=1)
     finally:
         _TASK = None

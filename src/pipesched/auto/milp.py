@@ -19,11 +19,10 @@ no starting solution; the greedy's order enters as that cutoff only. The bound H
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Optional
-
-import numpy as np
 
 from ..actions import Action
 from ..costs import Costs
@@ -66,7 +65,7 @@ class _Graph:
     """The passes of a schedule and the order the execution rules impose on them."""
 
     nodes: list[tuple[int, Action]]  # (rank, action), the variable S_i is node i's start
-    durations: np.ndarray
+    durations: tuple[float, ...]  # node i's duration
     edges: list[tuple[int, int, float]]  # (before, after, lag)
     ancestors: list[int]  # bitset of the nodes that must come before node i
     by_rank: dict[int, list[int]]  # node ids per rank, in program order
@@ -127,7 +126,7 @@ def refine(
     remaining = max(0.05, 0.8 * time_limit - (time.perf_counter() - t0))  # room to read the result
     res = _solve(rows, variables, obj_var, len(graph.nodes), big=greedy, cutoff=cutoff, seconds=remaining)
     dual = getattr(res, "mip_dual_bound", None)
-    dual = bound if dual is None or not np.isfinite(dual) else max(bound, float(dual))
+    dual = bound if dual is None or not math.isfinite(dual) else max(bound, float(dual))
     if res.status == 2:  # infeasible: nothing beats the greedy by the margin
         return done("greedy-optimal", lower=cutoff)
     if res.x is None:
@@ -150,7 +149,7 @@ def _graph(schedule: Schedule, costs: Costs) -> _Graph:
     nodes = [(r, a) for r, a in schedule.actions()]
     index = {a: i for i, (_, a) in enumerate(nodes)}
     dur_of = action_durations(schedule, costs)
-    durations = np.array([dur_of[(a.stage, a.kind)] for _, a in nodes])
+    durations = tuple(dur_of[(a.stage, a.kind)] for _, a in nodes)
     preds: list[list[int]] = [[] for _ in nodes]
     edges = []
     for i, (r, a) in enumerate(nodes):
@@ -196,22 +195,22 @@ def _constraints(
     obj_var = n + len(pairs)
     rows = _Rows()
     for j, i, lag in graph.edges:
-        rows.add([(i, 1.0), (j, -1.0)], d[j] + lag, np.inf)
+        rows.add([(i, 1.0), (j, -1.0)], d[j] + lag, math.inf)
     for (a, b), y in pairs.items():
-        rows.add([(b, 1.0), (a, -1.0), (y, -big)], d[a] - big, np.inf)  # y=1: a before b
-        rows.add([(a, 1.0), (b, -1.0), (y, big)], d[b], np.inf)  # y=0: b before a
+        rows.add([(b, 1.0), (a, -1.0), (y, -big)], d[a] - big, math.inf)  # y=1: a before b
+        rows.add([(a, 1.0), (b, -1.0), (y, big)], d[b], math.inf)  # y=0: b before a
     _memory_rows(rows, schedule, graph, pairs, memory_limit)
     if objective == "makespan":
         for i, (_, a) in enumerate(nodes):
             if a.kind == "W":
-                rows.add([(obj_var, 1.0), (i, -1.0)], d[i], np.inf)
+                rows.add([(obj_var, 1.0), (i, -1.0)], d[i], math.inf)
     else:
         first = {r: obj_var + 1 + r for r in range(ranks)}
         for i, (r, a) in enumerate(nodes):
             if a.kind == "F" and a.microbatch == 0:
-                rows.add([(first[r], 1.0), (i, -1.0)], -np.inf, 0.0)
+                rows.add([(first[r], 1.0), (i, -1.0)], -math.inf, 0.0)
             if a.kind == "W":
-                rows.add([(obj_var, 1.0), (i, -1.0), (first[r], 1.0)], d[i], np.inf)
+                rows.add([(obj_var, 1.0), (i, -1.0), (first[r], 1.0)], d[i], math.inf)
     return rows, variables, obj_var
 
 
@@ -243,12 +242,14 @@ def _memory_rows(rows: _Rows, schedule: Schedule, graph: _Graph, pairs: dict, me
                     y = pairs[(f, g)]
                     const += sign
                     terms[y] = terms.get(y, 0.0) - sign
-            rows.add(list(terms.items()), -np.inf, cap - const)
+            rows.add(list(terms.items()), -math.inf, cap - const)
 
 
 def _solve(rows: _Rows, variables: int, obj_var: int, n: int, big: float, cutoff: float, seconds: float):
     """HiGHS on the model: minimise the objective variable, capped at ``cutoff``."""
-    from scipy.optimize import Bounds, LinearConstraint, milp  # scipy loads on the first refinement
+    # numpy and scipy load on the first refinement: every command line imports this module
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
     c = np.zeros(variables)

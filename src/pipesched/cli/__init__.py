@@ -5,10 +5,29 @@ from __future__ import annotations
 import sys
 
 import typer
+from typer.core import TyperGroup
 
 from ..errors import PipeschedError
 
+
+class _Commands(TyperGroup):
+    """The command group: a command stopped by Ctrl-C says so (typer alone exits 130 silently)."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise interrupted() from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise interrupted() from None
+
+
 app = typer.Typer(
+    cls=_Commands,
     name="pipesched",
     help="Pipeline-parallel schedules: build, simulate, compare, draw, choose and run them.",
     no_args_is_help=True,
@@ -31,10 +50,16 @@ def fail(message: str) -> "typer.Exit":
     return typer.Exit(code=2)
 
 
+def interrupted() -> "typer.Exit":
+    """Say in one line that Ctrl-C stopped the command; return the exit (status 130) to raise."""
+    typer.echo("pipesched: interrupted", err=True)
+    return typer.Exit(code=130)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
-    _register_commands()
     try:
+        _register_commands()
         status = app(args=argv, prog_name="pipesched", standalone_mode=False)
     except PipeschedError as err:
         typer.echo(f"pipesched: error: {err}", err=True)
@@ -44,9 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         typer.echo("pipesched: aborted", err=True)
         sys.exit(130)
-    except KeyboardInterrupt:
-        typer.echo("pipesched: interrupted", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt:  # before any command runs (while the commands load)
+        sys.exit(interrupted().exit_code)
     except ClickException as err:  # usage errors (bad option values, unknown options, ...)
         sys.exit(report_click_error(err))
     # click returns a raised typer.Exit's code instead of exiting when standalone_mode is off

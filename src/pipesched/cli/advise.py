@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from ..advise import Advice, advise, batch_plan
 from ..advise.search import check_search_size
@@ -23,6 +21,9 @@ from . import app
 from . import advise_layout as layout_options
 from . import options as opt
 from .progress import planning_progress
+
+if TYPE_CHECKING:  # rich loads when the advice is printed
+    from rich.table import Table
 
 _MODEL_FLAGS = ("--layers", "--hidden", "--seq-len")
 _HARDWARE_FLAGS = ("--heads", "--vocab", "--attention", "--dtype", "--gpu-memory", "--bandwidth", "--flops")
@@ -138,6 +139,8 @@ def _profiled(ranks, memory_limit, microbatches, given, costs, comm, multipliers
         raise ConfigError("--profile needs PyTorch: pip install 'pipesched[torch]'") from None
     prof = profile(model_name, ranks, microbatches, batch_size, steps=steps)
     if not quiet:
+        from rich.console import Console
+
         Console().print(prof.summary())
     return advise_from_profile(prof, memory_limit, limit_bytes=limit_bytes, **options)
 
@@ -184,6 +187,8 @@ def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm
 
 def print_advice(result: Advice, model: Optional[TransformerCosts], top: int) -> None:
     """The ranked table, the recommendation and why."""
+    from rich.console import Console
+
     console = Console()
     console.print(f"[bold]pipesched advise[/bold]  {_setup_line(result)}")
     if model is not None:
@@ -205,6 +210,8 @@ def print_advice(result: Advice, model: Optional[TransformerCosts], top: int) ->
 
 
 def advice_table(result: Advice, top: int) -> Table:
+    from rich.table import Table
+
     shown = [c for c in result.candidates if c.fits][:max(1, top)]
     base = result.baseline
     if base is not None and base not in shown:

@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 from html import escape
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from ..advise.estimate import TransformerCosts
 from ..advise.layout import DEFAULT_DP_LATENCY_MS, LayoutAdvice, advise_layouts
 from ..errors import ConfigError
 from ..outfiles import check_output_path, write_atomic
+
+if TYPE_CHECKING:  # rich loads when the layouts are printed
+    from rich.table import Table
 
 Gpus = typer.Option(
     None, "--gpus", help="GPUs in all: search pipeline ranks x data-parallel replicas (needs a model description and --global-batch)."
@@ -40,6 +41,8 @@ def run(gpus: Optional[int], global_batch: Optional[int], model: TransformerCost
     if as_json:
         typer.echo(json.dumps(advice.to_json()))
         return
+    from rich.console import Console
+
     console = Console()
     console.print(f"[bold]pipesched advise[/bold]  {gpus} GPUs, global batch {global_batch}")
     console.print(layout_table(advice, top))
@@ -70,6 +73,8 @@ def _rows(advice: LayoutAdvice, top: int) -> list:
 
 
 def layout_table(advice: LayoutAdvice, top: int) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"{len(advice.candidates)} layout candidates; best {min(top, len(advice.candidates))} shown")
     for column in ("#", "pp", "dp", "schedule", "v", "m", "ms/step", "all-reduce (exposed)", "GB"):
         table.add_column(column, justify="left" if column == "schedule" else "right", no_wrap=True)

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from ..compare import check_size
 from ..errors import ConfigError
@@ -23,6 +22,9 @@ from ..simulate import simulate
 from . import app
 from . import options as opt
 from .plan import compare_rows, print_compare
+
+if TYPE_CHECKING:  # rich loads when the tour starts printing
+    from rich.console import Console
 
 SKEWED = "1,1.4,0.6"  # backward heavier than weight-gradient work, as with attention
 
@@ -43,6 +45,8 @@ def demo(
     check_output_folder(out)
     check_size(ranks, microbatches, None)  # the comparison's work, refused before any output
     out.mkdir(parents=True, exist_ok=True)
+    from rich.console import Console
+
     console = Console()
 
     console.rule(f"[bold]1. Every schedule at p={ranks}, m={microbatches}")
@@ -76,6 +80,9 @@ def demo(
 
 def _train_tour(console: Console, steps: int) -> None:
     """Reference vs 1f1b vs zb-v: same data, same seed; report loss and weight agreement."""
+    from rich.console import Console
+    from rich.table import Table
+
     from ..runtime.train import TrainConfig, run
 
     runs = {}

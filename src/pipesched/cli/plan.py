@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from ..compare import planned_work, simulate_all
 from ..errors import ConfigError
@@ -22,9 +20,14 @@ from . import app
 from . import options as opt
 from .progress import planning_progress
 
+if TYPE_CHECKING:  # rich loads when a command prints (a refused input never does)
+    from rich.console import Console
+
 
 def wide_console() -> Console:
     """A console at least 120 columns wide: tables stay whole when piped or in a narrow pane."""
+    from rich.console import Console
+
     console = Console()
     return console if console.width >= 120 else Console(width=120)
 
@@ -32,6 +35,8 @@ def wide_console() -> Console:
 @app.command("list")
 def list_schedules() -> None:
     """Each schedule: when to use it, its chunks, placement and memory."""
+    from rich.table import Table
+
     table = Table(title="pipesched schedules", show_lines=False)
     for column in ("name", "when to use it", "chunks", "placement", "backward", "peak memory"):
         table.add_column(column, no_wrap=column == "name")
@@ -245,6 +250,9 @@ def say_recompute(schedule: Schedule, then: str, echo=lambda line: typer.echo(li
 
 def print_result(result: SimResult) -> None:
     """A short human summary of one simulation."""
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console()
     sched = result.schedule
     console.print(f"[bold]{sched.describe()}[/bold]")
@@ -306,6 +314,8 @@ def compare(
 
 def print_compare(s: opt.Setup, rows: list[dict]) -> None:
     """The compare table: one row per schedule, speed-up over 1f1b in the last column."""
+    from rich.table import Table
+
     c = s.costs
     table = Table(
         title=f"p={s.ranks} m={s.microbatches}  F,B,W={c.F:g},{c.B:g},{c.W:g} comm={c.comm:g}"

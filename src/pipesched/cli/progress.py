@@ -5,9 +5,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
 from ..planning import SHOW_PROGRESS_FROM
 
 
@@ -18,8 +15,14 @@ def planning_progress(label: str, work: int) -> Iterator[None]:
     Only on a terminal and only for work that takes a few seconds (:data:`SHOW_PROGRESS_FROM`);
     the line disappears when the block ends, so output and pipes stay clean.
     """
+    if work < SHOW_PROGRESS_FROM:  # the common case: no need to load rich
+        yield
+        return
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     console = Console(stderr=True)
-    if work < SHOW_PROGRESS_FROM or not console.is_terminal:
+    if not console.is_terminal:
         yield
         return
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
