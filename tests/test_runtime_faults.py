@@ -11,10 +11,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import pipesched  # noqa: E402
-from pipesched.runtime.launch import DistributedRunError, spawn  # noqa: E402
+from pipesched.runtime.launch import FAILURE_GRACE_S, DistributedRunError, spawn  # noqa: E402
 from runtime_cases import faulty_run, nonfinite_run  # noqa: E402
 
-pytestmark = [pytest.mark.torch, pytest.mark.slow]
+# pytest's timeouts and the bounds on how long a failed run takes include starting Python and torch
+# in every rank, which a loaded machine can stretch to a minute: generous, well above the
+# specified behaviour (a dead peer noticed at once, not after the timeout; a silent rank stopped
+# after the timeout and the grace), which test_runtime_resume.py also bounds from the moment of
+# the failure.
+pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(600)]
+STARTUP_ALLOWANCE_S = 90
 
 
 def _failed_run(schedule_name: str, mode: str, timeout_s: float) -> tuple[str, float]:
@@ -27,23 +33,22 @@ def _failed_run(schedule_name: str, mode: str, timeout_s: float) -> tuple[str, f
     return str(err.value), time.monotonic() - t0
 
 
-@pytest.mark.timeout(60)
 def test_a_killed_rank_makes_the_others_fail_fast():
-    message, elapsed = _failed_run("1f1b", "kill", 30.0)
+    timeout_s = 300.0
+    message, elapsed = _failed_run("1f1b", "kill", timeout_s)
     assert "rank 1 died (killed by signal 9)" in message
     assert "rank 0 gave up waiting at" in message and "from rank 1" in message
-    assert elapsed < 25  # far below the 30 s timeout: a dead peer is noticed at once
+    assert elapsed < STARTUP_ALLOWANCE_S + FAILURE_GRACE_S  # far below the timeout: noticed at once
 
 
-@pytest.mark.timeout(60)
 def test_a_silent_rank_times_out_and_is_stopped():
-    message, elapsed = _failed_run("zb-v", "hang", 3.0)
+    timeout_s = 5.0  # also bounds the ranks' rendezvous: more than a loaded machine's skew between them
+    message, elapsed = _failed_run("zb-v", "hang", timeout_s)
     assert "rank 0 timed out" in message and "waiting at" in message and "from rank 1" in message
     assert "rank 1 was stopped" in message
-    assert elapsed < 30
+    assert elapsed < STARTUP_ALLOWANCE_S + timeout_s + FAILURE_GRACE_S
 
 
-@pytest.mark.timeout(60)
 def test_nonfinite_loss_names_step_and_microbatch_and_can_be_skipped():
     schedule = pipesched.build_schedule("zb-h1", 2, 4)
     with pytest.raises(DistributedRunError, match=r"step 1: the loss of microbatch 2 is (nan|inf)"):
@@ -52,7 +57,6 @@ def test_nonfinite_loss_names_step_and_microbatch_and_can_be_skipped():
     assert skipped and unchanged
 
 
-@pytest.mark.timeout(60)
 def test_an_integer_tensor_on_a_stage_boundary_is_refused_before_any_step():
     from runtime_cases import integer_boundary_run
 

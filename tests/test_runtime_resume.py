@@ -189,21 +189,25 @@ def test_a_launcher_hung_up_on_or_interrupted_says_so_in_one_line_and_stops_ever
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_silent_rank_ends_the_command_within_the_timeout_and_a_few_seconds(tmp_path):
+@pytest.mark.parametrize("ranks,silent,said", [
+    (2, 1, "rank 1 was stopped"),  # its peer times out waiting for it
+    (1, 0, "rank 0 timed out after 3s without progress"),  # no peer: the launcher watches it
+])
+def test_a_silent_rank_ends_the_command_within_the_timeout_and_a_few_seconds(tmp_path, ranks, silent, said):
     pids = tmp_path / "pids"
     pids.mkdir()
+    run = [*RUN, "--ranks", str(ranks), "--timeout", "3", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "3"]
     proc = subprocess.Popen(
-        [str(PIPESCHED), "train", *RUN, "--timeout", "3", "--checkpoint-dir", str(tmp_path / "ck"),
-         "--checkpoint-every", "3"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(pids, ranks="1"),
-        start_new_session=True,
+        [str(PIPESCHED), "train", *run], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(pids, ranks=str(silent)), start_new_session=True,
     )
-    while not (pids / "rank1.pid").exists():
+    while not (pids / f"rank{silent}.pid").exists():
         assert proc.poll() is None, proc.communicate()[1]
         time.sleep(0.05)
     silent_since = time.monotonic()
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and "rank 1 was stopped" in err
+    assert proc.returncode == 1 and said in err
+    assert err.strip().splitlines()[-1].startswith("pipesched: error: ") and "Traceback" not in err
     assert time.monotonic() - silent_since < 3 + FAILURE_GRACE_S + 5
 
 

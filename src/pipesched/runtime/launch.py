@@ -6,6 +6,8 @@ expected to fail on their own within the timeout (their receives raise, naming t
 action they waited on); whatever is still alive 10 seconds later is killed. No rank outlives
 the launcher: each dies with it (``lifeline``), and Ctrl-C, SIGTERM or SIGHUP on the launcher
 stop every rank and raise ``RunStopped`` (KeyboardInterrupt for Ctrl-C) instead of a traceback.
+A single rank has no peer whose silence would time it out: the launcher itself stops it when it
+has not reported progress (:func:`report_progress`) for the timeout.
 """
 
 from __future__ import annotations
@@ -146,8 +148,20 @@ def keep_freed_memory() -> bool:
     return memory_kept
 
 
+_progress_to: Optional[Callable[[], None]] = None  # set in a spawned rank: says "alive" to the launcher
+
+
+def report_progress() -> None:
+    """Tell the launcher that this rank is making progress (before its first step, after each);
+    a no-op outside a locally spawned rank. A single rank that has said so once and then stays
+    silent for the timeout is stopped (workers that never say so are not watched)."""
+    if _progress_to is not None:
+        _progress_to()
+
+
 def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeout_s: float, results,
            launcher: int) -> None:
+    global _progress_to
     die_with_parent(launcher)
     # Ctrl-C reaches the whole terminal's process group: the launcher alone handles it (and stops
     # us), so no rank prints a KeyboardInterrupt traceback. SIGINT was blocked across our start.
@@ -160,6 +174,7 @@ def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeo
         keep_freed_memory()
     try:
         init_group(rank, world, "gloo", timeout_s)
+        _progress_to = lambda: results.put(("alive", rank, None))  # noqa: E731
         # plain pickle: tensors travel as bytes, not as shared-memory handles that die with us
         results.put(("ok", rank, pickle.dumps(worker(rank, world, payload))))
         dist.destroy_process_group()
@@ -223,17 +238,21 @@ FAILURE_GRACE_S = 10.0  # after a rank fails, how long the others get to say why
 
 def _collect(procs: list, results, timeout_s: float) -> dict[int, Any]:
     """Gather every rank's result; after the first failure, give the others a short grace to
-    report why they stopped (a dead peer makes their receives fail at once), then stop them."""
+    report why they stopped (a dead peer makes their receives fail at once), then stop them.
+    A single rank silent for ``timeout_s`` since it last reported progress is stopped at once."""
     world = len(procs)
     done: dict[int, Any] = {}
     errors: dict[int, str] = {}
+    heard: dict[int, float] = {}  # when each rank last reported progress
     grace = min(timeout_s, FAILURE_GRACE_S)
     failed_at: Optional[float] = None
     while len(done) + len(errors) < world:
-        _drain(results, done, errors, wait=0.1)
+        _drain(results, done, errors, heard, wait=0.1)
+        if world == 1 and 0 in heard and not done and not errors and time.monotonic() - heard[0] > timeout_s:
+            errors[0] = f"rank 0 timed out after {timeout_s:g}s without progress (it has no peer to wait for) and was stopped"
         for rank, p in enumerate(procs):
             if rank not in done and rank not in errors and p.exitcode is not None:
-                _drain(results, done, errors, wait=0.2)
+                _drain(results, done, errors, heard, wait=0.2)
                 if rank not in done and rank not in errors:
                     errors[rank] = f"rank {rank} died ({_exit_text(p.exitcode)})"
         if errors and failed_at is None:
@@ -261,13 +280,16 @@ def _failure_text(errors: dict[int, str]) -> str:
     return "; ".join(parts)
 
 
-def _drain(results, done: dict, errors: dict, wait: float) -> None:
+def _drain(results, done: dict, errors: dict, heard: dict, wait: float) -> None:
     try:
         kind, rank, value = results.get(timeout=wait)
     except queue.Empty:
         return
     while True:
-        (done if kind == "ok" else errors)[rank] = value
+        if kind == "alive":
+            heard[rank] = time.monotonic()
+        else:
+            (done if kind == "ok" else errors)[rank] = value
         try:
             kind, rank, value = results.get_nowait()
         except queue.Empty:

@@ -21,7 +21,7 @@ from . import checkpoint
 from .copies import balancing_placement
 from .executor import PipelineRuntime
 from .guard import NonFiniteWeights, first_nonfinite
-from .launch import rank_device, stop_on_termination
+from .launch import rank_device, report_progress, stop_on_termination
 from .models import ModelDef, get_model
 from .mesh import init_pipeline_mesh
 from .partition import balanced_counts
@@ -220,6 +220,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     latency = measure_latency(*_first_link_tensor(runtime), device)
     progress = _Progress(cfg.steps, schedule.name, first) if cfg.show_progress and rank == 0 else None
     losses, times, spans, grads, results = [], [], [], None, []
+    report_progress()  # from here a single rank silent for the timeout is stopped by the launcher
     try:
         for step in range(first, cfg.steps):
             x, y = md.batch(step, cfg.batch_size, cfg.seed)
@@ -234,6 +235,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
                 progress.update(step, result.loss, result.step_time, result.skipped)
             if cfg.checkpoint_due(runtime.steps_done):
                 checkpoint.save_runtime(runtime, cfg.checkpoint_dir, cfg.checkpoint_keep)
+            report_progress()
     finally:
         if progress:
             progress.close()

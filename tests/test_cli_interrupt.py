@@ -1,0 +1,58 @@
+"""Ctrl-C on a planning command, through the installed console script: one line
+``pipesched: interrupted`` on stderr, exit status 130, no traceback.
+
+Each command below plans for many CPU seconds. The terminal's Ctrl-C (SIGINT to the command's
+whole process group) is sent once the command has used more CPU time than starting Python and
+loading the commands take, so that it lands in the planning itself, whatever the machine's load.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_env, concurrently
+
+SCRIPT = Path(sys.executable).with_name("pipesched")
+STARTED_CPU_S = 1.5  # more than the start-up's CPU time (about 0.6 s), far less than the planning's
+LONG_PLANNING = [
+    ["simulate", "v-min", "-p", "32", "-m", "256"],
+    ["compare", "-p", "32", "-m", "128"],
+    ["advise", "-p", "16", "-m", "64"],
+    ["simulate", "zb-auto", "-p", "32", "-m", "64"],
+]
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads CPU time from /proc")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _interrupted(argv: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    """Start ``pipesched ARGV``, press Ctrl-C once it plans; the result and the seconds it took to stop."""
+    proc = subprocess.Popen([str(SCRIPT), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env(), start_new_session=True)
+    while proc.poll() is None and _cpu_seconds(proc.pid) < STARTED_CPU_S:
+        time.sleep(0.05)
+    pressed = time.monotonic()
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - pressed
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_stops_a_planning_command_in_one_line_and_exit_130():
+    for argv, (result, stopped_within) in zip(LONG_PLANNING, concurrently(_interrupted, LONG_PLANNING)):
+        said = f"pipesched {' '.join(argv)}: {result.stderr[-600:]!r}"
+        assert result.returncode == 130, said
+        assert result.stderr.strip().splitlines() == ["pipesched: interrupted"], said
+        assert stopped_within < 60, said  # at once, not after the planning's remaining minutes
