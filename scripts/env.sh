@@ -17,7 +17,12 @@ ensure_env() {
     fi
     if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
         echo "pipesched: installing into $VENV (first use only)" >&2
-        "$PY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+        # an editable install of a pyproject-only package needs pip >= 21.3 (PEP 660): upgrade
+        # only an older pip (a fresh venv's is new enough since Python 3.10.1; upgrading anyway
+        # costs a download and a reinstall on every fresh clone)
+        if ! "$PY" -c "import pip, sys; sys.exit(tuple(map(int, pip.__version__.split('.')[:2])) < (21, 3))" 2>/dev/null; then
+            "$PY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+        fi
         if [[ "${PIPESCHED_NO_TORCH:-0}" != "1" ]]; then
             "$PY" -m pip install -q "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" >&2 || true
             "$PY" -c "import torch" 2>/dev/null || { echo "pipesched: installing torch==2.13.0 failed" >&2; exit 1; }
