@@ -46,7 +46,7 @@ def train(
     csv: Optional[Path] = typer.Option(None, "--csv", help="Run a schedule from torch's compute-only CSV."),
     save_params: Optional[Path] = typer.Option(None, "--save-params", help="Write the trained state_dict (.pt), unpipelined names."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write the measured timeline of every step (.json)."),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds a rank waits for a peer before failing."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds a rank waits for a peer before failing (a single rank: without finishing a step)."),
     skip_nonfinite: bool = typer.Option(False, "--skip-nonfinite", help="Skip steps whose loss is NaN/inf instead of stopping."),
     clip_grad_norm: Optional[float] = typer.Option(
         None, "--clip-grad-norm", help="Clip the whole model's gradient norm (over every rank) to this, as torch's clip_grad_norm_."
