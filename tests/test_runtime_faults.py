@@ -21,6 +21,7 @@ from runtime_cases import faulty_run, nonfinite_run  # noqa: E402
 # the failure.
 pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(600)]
 STARTUP_ALLOWANCE_S = 90
+RUN_TIMEOUT_S = 300.0  # where no wait is meant to time out: ranks start minutes apart on a loaded machine
 
 
 def _failed_run(schedule_name: str, mode: str, timeout_s: float) -> tuple[str, float]:
@@ -34,8 +35,7 @@ def _failed_run(schedule_name: str, mode: str, timeout_s: float) -> tuple[str, f
 
 
 def test_a_killed_rank_makes_the_others_fail_fast():
-    timeout_s = 300.0
-    message, elapsed = _failed_run("1f1b", "kill", timeout_s)
+    message, elapsed = _failed_run("1f1b", "kill", RUN_TIMEOUT_S)
     assert "rank 1 died (killed by signal 9)" in message
     assert "rank 0 gave up waiting at" in message and "from rank 1" in message
     assert elapsed < STARTUP_ALLOWANCE_S + FAILURE_GRACE_S  # far below the timeout: noticed at once
@@ -52,8 +52,8 @@ def test_a_silent_rank_times_out_and_is_stopped():
 def test_nonfinite_loss_names_step_and_microbatch_and_can_be_skipped():
     schedule = pipesched.build_schedule("zb-h1", 2, 4)
     with pytest.raises(DistributedRunError, match=r"step 1: the loss of microbatch 2 is (nan|inf)"):
-        spawn(nonfinite_run, 2, (schedule, False), timeout_s=30.0)
-    skipped, unchanged = spawn(nonfinite_run, 2, (schedule, True), timeout_s=30.0)[0]
+        spawn(nonfinite_run, 2, (schedule, False), timeout_s=RUN_TIMEOUT_S)
+    skipped, unchanged = spawn(nonfinite_run, 2, (schedule, True), timeout_s=RUN_TIMEOUT_S)[0]
     assert skipped and unchanged
 
 
@@ -62,4 +62,4 @@ def test_an_integer_tensor_on_a_stage_boundary_is_refused_before_any_step():
 
     schedule = pipesched.build_schedule("1f1b", 2, 2)
     with pytest.raises(DistributedRunError, match="stage 0 ends at block 0 with a torch.int64 tensor"):
-        spawn(integer_boundary_run, 2, schedule, timeout_s=30)
+        spawn(integer_boundary_run, 2, schedule, timeout_s=RUN_TIMEOUT_S)

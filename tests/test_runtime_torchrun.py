@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import cli_env, run_cli
+from conftest import cli_env, concurrently, run_cli
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -24,12 +24,18 @@ def losses(text: str) -> str:
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-auto"])
 def test_torchrun_trains_like_the_built_in_launcher(schedule):
-    launched = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "pipesched", *ARGS, "--schedule", schedule],
-        capture_output=True, text=True, timeout=200, env=cli_env(),
-    )
+    def under_torchrun() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+             "-m", "pipesched", *ARGS, "--schedule", schedule],
+            capture_output=True, text=True, timeout=200, env=cli_env(),
+        )
+
+    def built_in() -> subprocess.CompletedProcess:
+        return run_cli(*ARGS, "--schedule", schedule, timeout=200)
+
+    # two independent runs (each its own free port): side by side, each fills the other's idle core
+    launched, spawned = concurrently(lambda run: run(), [under_torchrun, built_in], workers=2)
     assert launched.returncode == 0, launched.stderr[-2000:]
-    spawned = run_cli(*ARGS, "--schedule", schedule, timeout=200)
     assert spawned.returncode == 0, spawned.stderr[-2000:]
     assert losses(launched.stdout) == losses(spawned.stdout)
