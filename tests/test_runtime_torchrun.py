@@ -11,7 +11,7 @@ import pytest
 from conftest import cli_env, concurrently, run_cli
 
 pytest.importorskip("torch")
-pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(480)]
 
 ARGS = ["train", "--model", "mlp", "--ranks", "2", "--steps", "2", "--batch-size", "16"]
 
@@ -28,11 +28,11 @@ def test_torchrun_trains_like_the_built_in_launcher(schedule):
         return subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
              "-m", "pipesched", *ARGS, "--schedule", schedule],
-            capture_output=True, text=True, timeout=200, env=cli_env(),
+            capture_output=True, text=True, timeout=400, env=cli_env(),
         )
 
     def built_in() -> subprocess.CompletedProcess:
-        return run_cli(*ARGS, "--schedule", schedule, timeout=200)
+        return run_cli(*ARGS, "--schedule", schedule, timeout=400)
 
     # two independent runs (each its own free port): side by side, each fills the other's idle core
     launched, spawned = concurrently(lambda run: run(), [under_torchrun, built_in], workers=2)
