@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from conftest import concurrently, run_cli
+
 torch = pytest.importorskip("torch")
 
 from pipesched.advise.search import NoCandidateFitsError  # noqa: E402
@@ -38,17 +40,19 @@ def test_profile_measures_every_stage_and_advice_respects_the_model_and_byte_lim
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_cli_profile_and_train_auto(cli):
-    out = cli("advise", "--profile", "--ranks", "2", "--microbatches", "4", "--batch-size", "16",
-              "--profile-steps", "2", "--memory-limit", "2", "--json", timeout=240)
-    assert out.returncode == 0, out.stderr
-    rows = json.loads(out.stdout)
+@pytest.mark.timeout(600)
+def test_cli_profile_and_train_auto():
+    advised, trained = concurrently(lambda args: run_cli(*args, timeout=480), [  # independent: side by side
+        ["advise", "--profile", "--ranks", "2", "--microbatches", "4", "--batch-size", "16",
+         "--profile-steps", "2", "--memory-limit", "2", "--json"],
+        ["train", "--model", "mlp", "--schedule", "auto", "--ranks", "2", "--microbatches", "4",
+         "--batch-size", "16", "--steps", "2", "--memory-limit", "2"],
+    ], workers=2)
+    assert advised.returncode == 0, advised.stderr
+    rows = json.loads(advised.stdout)
     assert rows[0]["fits"] and rows[0]["peak_memory"] <= 2
-    out = cli("train", "--model", "mlp", "--schedule", "auto", "--ranks", "2", "--microbatches", "4",
-              "--batch-size", "16", "--steps", "2", "--memory-limit", "2", timeout=240)
-    assert out.returncode == 0, out.stderr
-    assert "auto:" in out.stderr and "fastest schedule within the limit" in out.stderr
+    assert trained.returncode == 0, trained.stderr
+    assert "auto:" in trained.stderr and "fastest schedule within the limit" in trained.stderr
 
 
 def test_profile_refuses_bad_input_in_one_line(cli):
