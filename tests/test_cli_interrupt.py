@@ -23,7 +23,7 @@ SCRIPT = Path(sys.executable).with_name("pipesched")
 STARTED_CPU_S = 1.5  # more than the start-up's CPU time (about 0.6 s), far less than the planning's
 LONG_PLANNING = [
     ["simulate", "v-min", "-p", "32", "-m", "256"],
-    ["compare", "-p", "32", "-m", "128"],
+    ["compare", "-p", "32", "-m", "40"],
     ["advise", "-p", "16", "-m", "64"],
     ["simulate", "zb-auto", "-p", "32", "-m", "64"],
 ]
