@@ -296,7 +296,8 @@ class TransformerCosts:
         stash = [n * self.spec.layer_stash_bytes(b) for n in counts]
         keep[-1] += self.spec.head_activation_bytes(b)
         stash[-1] += self.spec.head_activation_bytes(b)
-        return MemorySizes(tuple(StageMemory(k, w) for k, w in zip(keep, stash)), (self.spec.p2p_bytes(b),) * stages)
+        return MemorySizes(tuple(StageMemory(k, w) for k, w in zip(keep, stash)), (self.spec.p2p_bytes(b),) * stages,
+                           blocks=tuple(counts))
 
     def state_bytes(self, stages: int, placement: str) -> tuple[float, ...]:
         """Weights, gradients and optimizer state per rank, bytes."""
