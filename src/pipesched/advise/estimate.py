@@ -14,8 +14,8 @@ Per transformer layer, for a microbatch of ``b`` sequences of ``s`` tokens, hidd
   eager;
 - what ``I`` leaves for ``W`` (the Zero Bubble paper's per-layer parts): the input and output
   gradient of each of the four Linears, ``16*s*b*h*d`` (``7sbh`` inputs, ``9sbh`` gradients);
-- a recomputed layer keeps only the stage's input, ``s*b*h*d``, and rebuilds the rest first in
-  its backward;
+- a recomputed layer keeps only its input, ``s*b*h*d`` (each layer recomputed on its own, as
+  the runtime does), and is rebuilt, one layer at a time, in its stage's backward;
 - parameters: ``12h^2 + 13h``.
 
 The first stage also holds the token embedding (``V*h`` parameters, negligible compute) and the
@@ -112,7 +112,7 @@ class TransformerSpec:
         return self.vocab * self.hidden if self.vocab else 0
 
     def p2p_bytes(self, b: float) -> float:
-        """One stage boundary's activation (also all a recomputed stage keeps)."""
+        """One stage boundary's activation (also all a recomputed layer keeps)."""
         return float(self.dtype_bytes * self.seq_len * b * self.hidden)
 
 
