@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 ranks and m=8 only, mlp only")
     parser.add_argument("--timing-only", action="store_true", help="only recompute and meter step times")
-    parser.add_argument("--recompute-ranks", default="2,4", help="rank counts of the recompute timing")
+    parser.add_argument("--recompute-ranks", default="2,4", help="rank counts of the recompute timing (empty: none)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--burst", type=int, default=2)
     parser.add_argument("--json", help="write every figure here")
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
           "rank) and step time against the same schedule without it; with the meter on and off")
     variants = [("plain", None, True), ("recompute", "all", True), ("plain, no meter", None, False),
                 ("recompute, no meter", "all", False)]
-    for p in (int(r) for r in args.recompute_ranks.split(",")):
+    for p in (int(r) for r in args.recompute_ranks.split(",") if r):
         for name in RECOMPUTED:
             res = spawn(timed, p, ("mlp", 8, name, variants, args.rounds, args.burst), timeout_s=600)[0]
             t, peaks = res["times"], res["peaks"]

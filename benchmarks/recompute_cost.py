@@ -1,11 +1,13 @@
 """What activation checkpointing costs on its own: one process, one CPU thread, no pipeline.
 
 A stack of the runtime's ``mlp`` blocks (LN -> Linear d->4d -> GELU -> Linear 4d->d, residual)
-runs forward+backward four ways, taking turns: stored (plain autograd), each block its own
+runs forward+backward several ways, taking turns: stored (plain autograd), each block its own
 non-reentrant ``torch.utils.checkpoint`` region (what ``--recompute`` runs), the same with the
 activation meter's counting of rebuilt tensors (its ``TorchDispatchMode``), and the forward
-alone under ``no_grad``: stored + that forward is the floor, one extra forward and nothing else. Medians of paired ratios over turns; at the
-benchmark's width (256 -> 1024) and where kernels dominate (1024 -> 4096).
+alone under ``no_grad``: stored + that forward is the floor, one extra forward and nothing else.
+To place the rest: one region for the whole stack (the runtime's former granularity), and per
+block without saving the RNG state (not what the runtime does: it shows that part's cost). Medians of paired ratios over turns; at the
+benchmark's width (256 -> 1024), twice that, and where kernels dominate (1024 -> 4096).
 
     PYTHONPATH=src python benchmarks/recompute_cost.py
 """
@@ -23,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from pipesched.runtime.memory_meter import ActivationMeter
 from pipesched.runtime.models import ResidualMLP
 
-SIZES = ((256, 1024, 8), (1024, 4096, 8), (1024, 4096, 64))  # (width, hidden, samples)
+SIZES = ((256, 1024, 8), (512, 2048, 8), (1024, 4096, 8), (1024, 4096, 64))  # (width, hidden, samples)
 BLOCKS = 4
 
 
@@ -33,16 +35,21 @@ def _stored(blocks, x):
     return x
 
 
-def _checkpointed(meter=None):
+def _checkpointed(meter=None, preserve_rng_state=True):
     def run(blocks, x):
         for b in blocks:
             if meter is None:
-                x = checkpoint(b, x, use_reentrant=False)
+                x = checkpoint(b, x, use_reentrant=False, preserve_rng_state=preserve_rng_state)
             else:
                 x = checkpoint(b, x, use_reentrant=False, context_fn=lambda: (nullcontext(), meter.recomputation()))
                 meter.count_until_freed(x)
         return x
     return run
+
+
+def _checkpointed_whole(blocks, x):
+    """One region for the whole stack (the runtime's former stage granularity)."""
+    return checkpoint(_stored, blocks, x, use_reentrant=False)
 
 
 def _forward_only(blocks, x):
@@ -67,7 +74,8 @@ def main() -> int:
         blocks = [ResidualMLP(dim, hidden) for _ in range(BLOCKS)]
         x = torch.randn(samples, dim)
         variants = {"stored": _stored, "checkpoint": _checkpointed(), "checkpoint+meter": _checkpointed(ActivationMeter()),
-                    "forward only": _forward_only}
+                    "forward only": _forward_only, "whole": _checkpointed_whole,
+                    "no rng": _checkpointed(preserve_rng_state=False)}
         turns = 30 if dim < 1024 else 8
         times = {name: [] for name in variants}
         for _ in range(2):  # warm-up
@@ -80,7 +88,8 @@ def main() -> int:
         ratio = {n: statistics.median(a / b for a, b in zip(times[n], base)) for n in variants}
         print(f"  {dim}->{hidden}, {samples} samples: stored {statistics.median(base) * 1e3:.2f} ms; "
               f"one extra forward {1 + ratio['forward only']:.2f}x, checkpoint {ratio['checkpoint']:.2f}x, "
-              f"checkpoint + meter {ratio['checkpoint+meter']:.2f}x")
+              f"checkpoint + meter {ratio['checkpoint+meter']:.2f}x; checkpoint of the whole stack at once "
+              f"{ratio['whole']:.2f}x, per block without saving the RNG state {ratio['no rng']:.2f}x")
     return 0
 
 
