@@ -9,7 +9,8 @@ ranks (peak and step time against the same schedule without it, with the meter a
 and the meter's own cost (step time with the meter against the same runtime with its hooks
 removed).
 Step times: the variants take turns of a few steps in the same processes, medians of paired
-ratios.
+ratios; besides the wall-clock step, the CPU time every rank's process spent on it, summed (on
+a shared machine the wall clock also counts waiting for a core).
 
     PYTHONPATH=src python benchmarks/memory.py [--quick] [--json out.json]
 
@@ -29,6 +30,7 @@ import contextlib
 import json
 import statistics
 import sys
+import time
 import types
 
 import torch
@@ -126,8 +128,8 @@ def device_check(args) -> int:
 def timed(rank: int, world: int, job: tuple) -> dict:
     """Variants of one schedule taking turns: (label, recompute, meter on) -> step times and peak."""
     torch.set_num_threads(1)
-    model, m, name, variants, rounds, burst = job
-    md = get_model(model, **TIMED)
+    model, m, name, variants, rounds, burst, size = job
+    md = get_model(model, **size)
     schedule = pipesched.build_schedule(name, world, m)
     runtimes = {}
     batch = TIMED_MICROBATCH * m
@@ -137,16 +139,23 @@ def timed(rank: int, world: int, job: tuple) -> dict:
             _without_meter(rt)
         rt.step(*md.batch(0, batch, 0))  # warm-up
     times = {label: [] for label in runtimes}
+    cpu = {label: [] for label in runtimes}
     peaks = {label: 0 for label in runtimes}
     for turn in range(rounds):
         for label, rt in runtimes.items():
             for step in range(burst):
+                t0 = time.process_time()
                 result = rt.step(*md.batch(turn * burst + step, batch, 0))
+                cpu[label].append(time.process_time() - t0)
                 times[label].append(result.step_time)
                 peaks[label] = max(peaks[label], result.peak_activation_bytes)
     parts = [None] * world
-    dist.all_gather_object(parts, peaks)
-    return {"times": times, "peaks": {label: max(p[label] for p in parts) for label in peaks}}
+    dist.all_gather_object(parts, (peaks, cpu))
+    return {
+        "times": times,
+        "peaks": {label: max(p[label] for p, _ in parts) for label in peaks},
+        "cpu": {label: [sum(step) for step in zip(*(c[label] for _, c in parts))] for label in cpu},
+    }
 
 
 def _paired_ratio(times: dict, a: str, b: str) -> float:
@@ -158,6 +167,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 ranks and m=8 only, mlp only")
     parser.add_argument("--timing-only", action="store_true", help="only recompute and meter step times")
     parser.add_argument("--recompute-ranks", default="2,4", help="rank counts of the recompute timing (empty: none)")
+    parser.add_argument("--recompute-schedules", default=",".join(RECOMPUTED), help="schedules of the recompute timing")
+    parser.add_argument("--recompute-width", type=int, default=TIMED["dim"],
+                        help="the timed mlp's width (hidden 4x): where kernels dominate Python, recomputation costs less")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--burst", type=int, default=2)
     parser.add_argument("--json", help="write every figure here")
@@ -197,24 +209,28 @@ def main(argv=None) -> int:
     if configs:
         print(f"largest |measured/predicted - 1| over every rank: {worst:.4f}")
     report["worst_relative_error"] = worst
-    print(f"\nrecompute on every stage, block by block (mlp {TIMED}, b={TIMED_MICROBATCH}, m=8): peak (fullest "
+    size = dict(TIMED, dim=args.recompute_width, hidden=4 * args.recompute_width)
+    print(f"\nrecompute on every stage, block by block (mlp {size}, b={TIMED_MICROBATCH}, m=8): peak (fullest "
           "rank) and step time against the same schedule without it; with the meter on and off")
     variants = [("plain", None, True), ("recompute", "all", True), ("plain, no meter", None, False),
                 ("recompute, no meter", "all", False)]
     for p in (int(r) for r in args.recompute_ranks.split(",") if r):
-        for name in RECOMPUTED:
-            res = spawn(timed, p, ("mlp", 8, name, variants, args.rounds, args.burst), timeout_s=600)[0]
+        for name in args.recompute_schedules.split(","):
+            res = spawn(timed, p, ("mlp", 8, name, variants, args.rounds, args.burst, size), timeout_s=1200)[0]
             t, peaks = res["times"], res["peaks"]
             row = {
                 "peak_ratio": peaks["recompute"] / peaks["plain"],
                 "step_ratio": _paired_ratio(t, "recompute", "plain"),
                 "step_ratio_no_meter": _paired_ratio(t, "recompute, no meter", "plain, no meter"),
+                "cpu_ratio": _paired_ratio(res["cpu"], "recompute", "plain"),
+                "cpu_ratio_no_meter": _paired_ratio(res["cpu"], "recompute, no meter", "plain, no meter"),
                 "meter_overhead": _paired_ratio(t, "plain", "plain, no meter"),
                 "meter_overhead_recompute": _paired_ratio(t, "recompute", "recompute, no meter"),
             }
-            report["timing"][f"p={p} {name}"] = row
+            report["timing"][f"p={p} {name} width={args.recompute_width}"] = row
             print(f"p={p} {name:6} recompute peak {row['peak_ratio']:.3f}x, step {row['step_ratio']:.3f}x "
-                  f"(meter off: {row['step_ratio_no_meter']:.3f}x)   meter on / off step: stored "
+                  f"(meter off: {row['step_ratio_no_meter']:.3f}x), CPU time {row['cpu_ratio']:.3f}x (meter off: "
+                  f"{row['cpu_ratio_no_meter']:.3f}x)   meter on / off step: stored "
                   f"{row['meter_overhead']:.3f}x, recomputed {row['meter_overhead_recompute']:.3f}x")
     if args.json:
         with open(args.json, "w") as fh:

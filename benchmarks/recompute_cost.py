@@ -6,7 +6,9 @@ non-reentrant ``torch.utils.checkpoint`` region (what ``--recompute`` runs), the
 activation meter's counting of rebuilt tensors (its ``TorchDispatchMode``), and the forward
 alone under ``no_grad``: stored + that forward is the floor, one extra forward and nothing else.
 To place the rest: one region for the whole stack (the runtime's former granularity), and per
-block without saving the RNG state (not what the runtime does: it shows that part's cost). Medians of paired ratios over turns; at the
+block without saving the RNG state (not what the runtime does: it shows that part's cost).
+Times are the CPU time of the one thread (``time.thread_time``), not wall time: on a shared
+machine the wall clock also counts the time spent waiting for a core. Medians of paired ratios over turns; at the
 benchmark's width (256 -> 1024), twice that, and where kernels dominate (1024 -> 4096).
 
     PYTHONPATH=src python benchmarks/recompute_cost.py
@@ -17,7 +19,7 @@ from __future__ import annotations
 import statistics
 import sys
 from contextlib import nullcontext
-from time import perf_counter
+from time import thread_time
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -59,11 +61,11 @@ def _forward_only(blocks, x):
 
 
 def _time(fn, blocks, x) -> float:
-    t0 = perf_counter()
+    t0 = thread_time()
     loss = fn(blocks, x).square().mean()
     if loss.requires_grad:
         loss.backward()
-    return perf_counter() - t0
+    return thread_time() - t0
 
 
 def main() -> int:
@@ -76,7 +78,7 @@ def main() -> int:
         variants = {"stored": _stored, "checkpoint": _checkpointed(), "checkpoint+meter": _checkpointed(ActivationMeter()),
                     "forward only": _forward_only, "whole": _checkpointed_whole,
                     "no rng": _checkpointed(preserve_rng_state=False)}
-        turns = 30 if dim < 1024 else 8
+        turns = 30 if dim < 1024 else 10
         times = {name: [] for name in variants}
         for _ in range(2):  # warm-up
             for fn in variants.values():
@@ -86,7 +88,7 @@ def main() -> int:
                 times[name].append(_time(fn, blocks, x))
         base = times["stored"]
         ratio = {n: statistics.median(a / b for a, b in zip(times[n], base)) for n in variants}
-        print(f"  {dim}->{hidden}, {samples} samples: stored {statistics.median(base) * 1e3:.2f} ms; "
+        print(f"  {dim}->{hidden}, {samples} samples: stored {statistics.median(base) * 1e3:.2f} ms CPU; "
               f"one extra forward {1 + ratio['forward only']:.2f}x, checkpoint {ratio['checkpoint']:.2f}x, "
               f"checkpoint + meter {ratio['checkpoint+meter']:.2f}x; checkpoint of the whole stack at once "
               f"{ratio['whole']:.2f}x, per block without saving the RNG state {ratio['no rng']:.2f}x")
