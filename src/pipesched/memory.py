@@ -33,13 +33,16 @@ class StageMemory:
 
     - ``keep``: held from the start of ``F`` to the end of its ``I`` or ``B``;
     - ``stash``: what ``I`` leaves for ``W``, held until ``W`` ends;
-    - ``backward_extra``: held above the level at its start while ``I`` or ``B`` runs.
+    - ``backward_extra``: held above the level at its start while ``I`` or ``B`` runs;
+    - ``input_backward_extra``: the same for ``I`` alone, where it differs (a recomputed stage's
+      ``I`` also builds up its stash while it rebuilds; the runtime, which measures one kind of
+      backward per schedule, leaves it unset).
     """
 
     keep: float
     stash: float
     backward_extra: float = 0.0
-    input_backward_extra: Optional[float] = None  # while ``I`` runs, when not ``backward_extra``
+    input_backward_extra: Optional[float] = None
 
     def extra_during(self, kind: str) -> float:
         """Held above the level at the start of a backward of ``kind`` (``I`` or ``B``) while it runs."""
