@@ -35,8 +35,7 @@ class StageMemory:
     - ``stash``: what ``I`` leaves for ``W``, held until ``W`` ends;
     - ``backward_extra``: held above the level at its start while ``I`` or ``B`` runs;
     - ``input_backward_extra``: the same for ``I`` alone, where it differs (a recomputed stage's
-      ``I`` also builds up its stash while it rebuilds; the runtime, which measures one kind of
-      backward per schedule, leaves it unset).
+      ``I`` also builds up its stash while it rebuilds; DualPipe runs both ``B`` and ``I``).
     """
 
     keep: float

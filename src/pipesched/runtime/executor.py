@@ -23,7 +23,7 @@ see :mod:`~pipesched.runtime.precision`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from time import perf_counter
 from typing import Callable, Iterable, Optional, Sequence, Union
 
@@ -375,10 +375,12 @@ class PipelineRuntime:
         s, kind, _k = action
         seen = self._measured.get(s, StageMemory(0, 0))
         if kind == "F":
-            seen = StageMemory(max(seen.keep, after - before), seen.stash, seen.backward_extra)
-        elif kind in "IB":
-            stash = after - before + seen.keep if kind == "I" else seen.stash
-            seen = StageMemory(seen.keep, max(seen.stash, stash), max(seen.backward_extra, high - before))
+            seen = replace(seen, keep=max(seen.keep, after - before))
+        elif kind == "B":
+            seen = replace(seen, backward_extra=max(seen.backward_extra, high - before))
+        elif kind == "I":  # apart from B's: a recomputed I also builds up its stash (dualpipe runs both)
+            seen = replace(seen, stash=max(seen.stash, after - before + seen.keep),
+                           input_backward_extra=max(seen.input_backward_extra or 0, high - before))
         self._measured[s] = seen
 
     def _agree(self, losses: list[Optional[torch.Tensor]]) -> tuple[float, int, float, float]:
