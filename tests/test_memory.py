@@ -49,6 +49,22 @@ def test_a_recomputed_stage_keeps_its_input_and_rebuilds_the_rest_in_its_backwar
     assert pipesched.simulate(schedule, costs, sizes.with_recompute({0, 1})).makespan == 1 + 8 + 8 * 4 + 4
 
 
+def test_a_stage_recomputed_block_by_block_keeps_its_blocks_inputs_and_rebuilds_one_block_at_a_time():
+    schedule = pipesched.build_schedule("gpipe", 2, 8)
+    sizes = MemorySizes((StageMemory(100, 100),) * 2, (5.0, 5.0), blocks=(4, 4)).with_recompute({0, 1})
+    # 8 microbatches' 4 block inputs, plus one block of 25 rebuilt less its input
+    assert pipesched.simulate(schedule, memory=sizes).peak_memory_bytes == (8 * 4 * 5 + 20, 8 * 4 * 5 + 20)
+
+
+def test_under_a_split_backward_recomputation_leaves_the_w_stash_whole():
+    actions = [Action.parse(a) for a in ("0F0", "0F1", "0I0", "0W0", "0I1", "0W1")]
+    (recomputed,) = MemorySizes((StageMemory(100, 80),), (5.0,), frozenset({0}), (4,)).effective()
+    # I rebuilds a block (+20) after the 3 others left their stash (20 each) for their input (5)
+    assert [level for level in levels(actions, [recomputed])] == [
+        (20, 20), (40, 40), (40 + 20 + 3 * 15, 40 - 20 + 80), (100, 20), (20 + 65, 80), (80, 0)]
+    assert peak(actions, [StageMemory(100, 80)]) == 200
+
+
 def test_memory_curve_in_bytes_ends_where_it_started():
     schedule = pipesched.build_schedule("zb-v", 2, 4)
     sizes = MemorySizes((StageMemory(8, 6, 1),) * 4, (2.0,) * 4)
@@ -96,11 +112,12 @@ def test_advise_takes_a_byte_limit_with_a_model_description():
     fits = {(r["schedule"], r["recompute"]): r["fits"] for r in rows}
     assert fits[("1f1b", "all")] and not fits[("1f1b", "none")]
     too_little = run_cli("advise", "--ranks", "2", "--layers", "8", "--hidden", "256", "--seq-len", "64",
-                         "--microbatch-size", "1", "--microbatches", "4", "--memory-limit", "1MiB",
+                         "--microbatch-size", "1", "--microbatches", "4", "--memory-limit", "512KiB",
                          "--schedules", "1f1b,gpipe,zb-v")
     assert too_little.returncode == 2
     assert "no schedule fits the memory limit: the leanest, " in too_little.stderr
-    assert "recompute all), needs 2 MiB of activations on its fullest rank" in too_little.stderr
+    # two microbatches' 4 layer inputs and one layer rebuilt
+    assert "recompute all), needs 737 KiB of activations on its fullest rank" in too_little.stderr
 
 
 def test_simulate_reports_peak_bytes_when_the_activation_size_is_given():

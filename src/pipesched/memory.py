@@ -6,7 +6,9 @@ runtime's prediction and the advisor. A stage's forward ``F`` keeps what its bac
 (the W ``stash``: each Linear's input and output gradient, the Zero Bubble paper's per-layer
 accounting), which ``W`` frees; a full backward ``B`` frees everything ``F`` kept. While a
 backward runs it may hold more than at its start (``backward_extra``): a recomputed stage
-re-runs its forward first, so it rebuilds what a stored forward would have kept.
+(recomputed block by block, as the runtime does) keeps only its blocks' inputs and rebuilds one
+block at a time in its backward; under a split backward the W stash of the blocks already done
+builds up meanwhile, so recomputation does not shrink what ``I`` leaves for ``W``.
 
 In M_B units (the default, sizes unknown) a stage-microbatch weighs one unit, ``I`` frees
 nothing and a rank's count is divided by the stages it holds: the Zero Bubble paper's model.
@@ -17,7 +19,7 @@ Pure Python: no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from .actions import Action
@@ -31,18 +33,32 @@ class StageMemory:
 
     - ``keep``: held from the start of ``F`` to the end of its ``I`` or ``B``;
     - ``stash``: what ``I`` leaves for ``W``, held until ``W`` ends;
-    - ``backward_extra``: held above the level at its start while ``I`` or ``B`` runs.
+    - ``backward_extra``: held above the level at its start while ``I`` or ``B`` runs;
+    - ``input_backward_extra``: the same for ``I`` alone, where it differs (a recomputed stage's
+      ``I`` also builds up its stash while it rebuilds; DualPipe runs both ``B`` and ``I``).
     """
 
     keep: float
     stash: float
     backward_extra: float = 0.0
+    input_backward_extra: Optional[float] = None
 
-    def recomputed(self, input_size: float) -> "StageMemory":
-        """The same stage with its activations recomputed: ``F`` keeps only the stage's input, and
-        the backward first rebuilds everything else the forward would have kept."""
-        rebuilt = max(self.keep - input_size, 0.0)
-        return StageMemory(input_size, self.stash, rebuilt + self.backward_extra)
+    def extra_during(self, kind: str) -> float:
+        """Held above the level at the start of a backward of ``kind`` (``I`` or ``B``) while it runs."""
+        if kind == "I" and self.input_backward_extra is not None:
+            return self.input_backward_extra
+        return self.backward_extra
+
+    def recomputed(self, input_size: float, blocks: int = 1) -> "StageMemory":
+        """The same stage, of ``blocks`` blocks of equal size, each recomputed on its own: ``F``
+        keeps only the blocks' inputs (``input_size`` each); the backward rebuilds one block at a
+        time, last first, adding one block's activations less its input. A ``B`` holds the most
+        while the first block rebuilds; an ``I`` also keeps each finished block's W stash while
+        that block's input goes, so it holds the most at the last block."""
+        block, block_stash = self.keep / blocks, self.stash / blocks
+        rebuilt = max(block - input_size, 0.0) + self.backward_extra
+        stash_growth = (blocks - 1) * max(block_stash - input_size, 0.0)
+        return StageMemory(blocks * input_size, self.stash, rebuilt, stash_growth + rebuilt)
 
 
 UNIT_STAGE = StageMemory(keep=1, stash=1)  # M_B: I frees nothing of what F kept
@@ -65,7 +81,7 @@ def levels(actions: Sequence[Action], sizes: Sequence[StageMemory]) -> list[tupl
     out = []
     for action in actions:
         size = sizes[action.stage]
-        during = held + size.backward_extra if action.kind in "IB" else held
+        during = held + size.extra_during(action.kind) if action.kind in "IB" else held
         held += level_after(action.kind, size)
         out.append((max(during, held), held))
     return out
@@ -143,26 +159,32 @@ def schedule_recompute(schedule) -> Optional[Recompute]:
 
 @dataclass(frozen=True)
 class MemorySizes:
-    """Per-stage sizes in bytes: a stored stage's and, for recomputation, its input's.
+    """Per-stage sizes in bytes: a stored stage's, and for recomputation its blocks' input's and
+    how many blocks it has (``blocks``; default one per stage: the whole stage recomputed at once).
 
     ``recompute`` names the stages whose activations are recomputed in the backward."""
 
     stages: tuple[StageMemory, ...]
     inputs: tuple[float, ...]
     recompute: frozenset = frozenset()
+    blocks: Optional[tuple[int, ...]] = None
 
     def __post_init__(self) -> None:
         if len(self.inputs) != len(self.stages):
             raise ValueError(f"{len(self.stages)} stage sizes but {len(self.inputs)} input sizes")
+        if self.blocks is not None and len(self.blocks) != len(self.stages):
+            raise ValueError(f"{len(self.stages)} stage sizes but {len(self.blocks)} block counts")
 
     def effective(self) -> tuple[StageMemory, ...]:
-        """The sizes the rules use: recomputed stages keep only their input."""
+        """The sizes the rules use: recomputed stages keep only their blocks' inputs."""
+        blocks = self.blocks or (1,) * len(self.stages)
         return tuple(
-            size.recomputed(self.inputs[s]) if s in self.recompute else size for s, size in enumerate(self.stages)
+            size.recomputed(self.inputs[s], max(blocks[s], 1)) if s in self.recompute else size
+            for s, size in enumerate(self.stages)
         )
 
     def with_recompute(self, stages) -> "MemorySizes":
-        return MemorySizes(self.stages, self.inputs, frozenset(stages))
+        return replace(self, recompute=frozenset(stages))
 
 
 def peak_bytes(rank_actions: Sequence[Sequence[Action]], sizes: Optional[MemorySizes]) -> Optional[tuple[float, ...]]:

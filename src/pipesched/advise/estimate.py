@@ -14,8 +14,8 @@ Per transformer layer, for a microbatch of ``b`` sequences of ``s`` tokens, hidd
   eager;
 - what ``I`` leaves for ``W`` (the Zero Bubble paper's per-layer parts): the input and output
   gradient of each of the four Linears, ``16*s*b*h*d`` (``7sbh`` inputs, ``9sbh`` gradients);
-- a recomputed layer keeps only the stage's input, ``s*b*h*d``, and rebuilds the rest first in
-  its backward;
+- a recomputed layer keeps only its input, ``s*b*h*d`` (each layer recomputed on its own, as
+  the runtime does), and is rebuilt, one layer at a time, in its stage's backward;
 - parameters: ``12h^2 + 13h``.
 
 The first stage also holds the token embedding (``V*h`` parameters, negligible compute) and the
@@ -112,7 +112,7 @@ class TransformerSpec:
         return self.vocab * self.hidden if self.vocab else 0
 
     def p2p_bytes(self, b: float) -> float:
-        """One stage boundary's activation (also all a recomputed stage keeps)."""
+        """One stage boundary's activation (also all a recomputed layer keeps)."""
         return float(self.dtype_bytes * self.seq_len * b * self.hidden)
 
 
@@ -296,7 +296,8 @@ class TransformerCosts:
         stash = [n * self.spec.layer_stash_bytes(b) for n in counts]
         keep[-1] += self.spec.head_activation_bytes(b)
         stash[-1] += self.spec.head_activation_bytes(b)
-        return MemorySizes(tuple(StageMemory(k, w) for k, w in zip(keep, stash)), (self.spec.p2p_bytes(b),) * stages)
+        return MemorySizes(tuple(StageMemory(k, w) for k, w in zip(keep, stash)), (self.spec.p2p_bytes(b),) * stages,
+                           blocks=tuple(counts))
 
     def state_bytes(self, stages: int, placement: str) -> tuple[float, ...]:
         """Weights, gradients and optimizer state per rank, bytes."""

@@ -23,15 +23,13 @@ see :mod:`~pipesched.runtime.precision`.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from time import perf_counter
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError
 from ..execution import Span
@@ -49,6 +47,7 @@ from .p2p import Transport, make_link_groups
 from .partition import BlockBuilder, Stage, build_stage, infer_boundary_shapes, stage_block_ranges
 from .plan import ACT, GRAD, links, plan_rank
 from .precision import Precision
+from .recompute import recomputed_forward
 from .split_backward import WeightGradStash, apply_weight_grads, make_weight_grads_deferrable
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -95,8 +94,8 @@ class PipelineRuntime:
     action instead, ``False`` records host times only (when kernels were queued).
     ``host_staging`` (default: on a GPU over gloo) passes messages through host memory.
     ``recompute``: the stages whose activations are recomputed in the backward (full activation
-    checkpointing with ``torch.utils.checkpoint``, non-reentrant): ``"all"``, ``"none"`` or
-    stage indices. Their forward keeps only the stage input.
+    checkpointing with ``torch.utils.checkpoint``, non-reentrant, one region per block): ``"all"``,
+    ``"none"`` or stage indices. Their forward keeps only the blocks' inputs.
     ``mesh`` (default: the whole world is one pipeline) places this rank among data-parallel
     replicas; ``overlap_grad_sync=False`` reduces their gradients only after the step's last
     action. ``dtype=torch.bfloat16`` computes under autocast and sends bf16 boundary tensors.
@@ -362,15 +361,11 @@ class PipelineRuntime:
 
     def _forward(self, s: int, x: torch.Tensor, target: Optional[torch.Tensor]) -> torch.Tensor:
         """Stage ``s`` on ``x`` (and the loss against ``target`` on the last stage), its saved
-        tensors counted; a recomputed stage saves nothing and is rebuilt, counted, when its
-        backward needs it."""
-        meter = self.meter
-        with meter.saved_tensors(), self.precision.autocast():
+        tensors counted; a recomputed stage keeps only its blocks' inputs and is rebuilt one
+        block at a time, counted, when its backward needs it."""
+        with self.meter.saved_tensors(), self.precision.autocast():
             if s in self.recompute:
-                y = checkpoint(
-                    self.stages[s], x, use_reentrant=False,
-                    context_fn=lambda: (nullcontext(), meter.recomputation()),
-                )
+                y = recomputed_forward(self.stages[s], x, self.meter)
             else:
                 y = self.stages[s](x)
             return self.loss_fn(y, target) if target is not None else y
@@ -380,10 +375,12 @@ class PipelineRuntime:
         s, kind, _k = action
         seen = self._measured.get(s, StageMemory(0, 0))
         if kind == "F":
-            seen = StageMemory(max(seen.keep, after - before), seen.stash, seen.backward_extra)
-        elif kind in "IB":
-            stash = after - before + seen.keep if kind == "I" else seen.stash
-            seen = StageMemory(seen.keep, max(seen.stash, stash), max(seen.backward_extra, high - before))
+            seen = replace(seen, keep=max(seen.keep, after - before))
+        elif kind == "B":
+            seen = replace(seen, backward_extra=max(seen.backward_extra, high - before))
+        elif kind == "I":  # apart from B's: a recomputed I also builds up its stash (dualpipe runs both)
+            seen = replace(seen, stash=max(seen.stash, after - before + seen.keep),
+                           input_backward_extra=max(seen.input_backward_extra or 0, high - before))
         self._measured[s] = seen
 
     def _agree(self, losses: list[Optional[torch.Tensor]]) -> tuple[float, int, float, float]:

@@ -10,7 +10,8 @@ same input in the W stash count once.
 A recomputed stage (activation checkpointing) saves nothing in its forward; while
 ``torch.utils.checkpoint`` rebuilds it in the backward, :meth:`ActivationMeter.recomputation`
 counts every tensor the rebuild creates until its storage is freed (checkpoint holds the rebuilt
-activations in its own hooks, which no saved-tensors hook of ours can see).
+activations in its own hooks, which no saved-tensors hook of ours can see), and
+:meth:`ActivationMeter.count_until_freed` the block inputs checkpoint keeps for the rebuild.
 
 Each holder is a small :class:`Claim` whose release (when the last reference to it goes, which
 is when autograd frees a saved tensor) gives its bytes back. It runs for every saved tensor of
@@ -103,6 +104,20 @@ class ActivationMeter:
         """A context in which what autograd saves for backward counts (parameters excepted)."""
         return self._hooks
 
+    def count_until_freed(self, tensor: torch.Tensor) -> None:
+        """Count ``tensor`` until its storage is freed, whoever holds it (a checkpointed block's
+        input, which ``torch.utils.checkpoint`` keeps out of any saved-tensors hook); a view, or a
+        storage already counted, adds nothing."""
+        if tensor._is_view():
+            return
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key in self._held or key in self._excluded:
+            return
+        span = _span(tensor)
+        self._add(key, span)
+        weakref.finalize(storage, self._release, key, span)
+
     def recomputation(self) -> "_CountRebuilt":
         """A context in which every new tensor storage counts until it is freed (for
         ``torch.utils.checkpoint``'s ``context_fn``: the recomputation's context)."""
@@ -164,16 +179,5 @@ class _CountRebuilt(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for tensor in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(tensor, torch.Tensor):
-                self._count(tensor)
+                self.meter.count_until_freed(tensor)
         return out
-
-    def _count(self, tensor: torch.Tensor) -> None:
-        if tensor._is_view():
-            return
-        storage = tensor.untyped_storage()
-        key = storage.data_ptr()
-        if key in self.meter._held or key in self.meter._excluded:
-            return
-        span = _span(tensor)
-        self.meter._add(key, span)
-        weakref.finalize(storage, self.meter._release, key, span)

@@ -1,0 +1,34 @@
+"""Activation recomputation at block granularity (Megatron's full recompute, one layer at a time).
+
+Each block of a recomputed stage is its own non-reentrant ``torch.utils.checkpoint`` region. Its
+forward saves nothing inside the block: what lives on until the stage's backward is every block's
+input (the region's argument, which checkpoint keeps to rerun the block). The backward rebuilds
+the blocks one at a time, last first, so it holds the block inputs plus one block's activations,
+never the whole stage's. RNG state is preserved per region (checkpoint's default), so dropout
+draws the same masks when a block is rebuilt.
+
+With a split backward the rebuilt tensors a Linear stashes for ``W`` outlive the rebuild: the
+stash is the same with or without recomputation (see :mod:`.split_backward`).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .memory_meter import ActivationMeter
+from .partition import Stage
+
+
+def recomputed_forward(stage: Stage, x: torch.Tensor, meter: ActivationMeter) -> torch.Tensor:
+    """``stage(x)`` with each block checkpointed on its own; the meter counts every block input
+    past the first (the stage input its caller counts) for as long as checkpoint keeps it, and
+    the tensors a rebuild creates until they are freed."""
+    blocks = list(stage.blocks.values())
+    for i, block in enumerate(blocks):
+        x = checkpoint(block, x, use_reentrant=False, context_fn=lambda: (nullcontext(), meter.recomputation()))
+        if i < len(blocks) - 1:
+            meter.count_until_freed(x)
+    return x
