@@ -41,7 +41,7 @@ MODEL = dict(blocks=8, dim=256, hidden=1024)  # pipesched train's mlp
 BATCH, MICROBATCHES, SEED, LR, TOL = 64, 8, 0, 0.05, 1e-5
 
 
-def _runtime(md, schedule, overlap_streams=None) -> PipelineRuntime:
+def _runtime(md, schedule, overlap_streams=False) -> PipelineRuntime:
     x0, _ = md.batch(0, BATCH, SEED)
     return PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", LR),
@@ -144,7 +144,7 @@ def main() -> int:
     ranks = int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.ranks
     if args.streams:
         ok = True
-        print(f"| schedule | ranks | pair halves on two streams | param error, streams | param error, sequential | "
+        print("| schedule | ranks | pair halves on two streams | param error, streams | param error, sequential | "
               "step time streams / sequential |")
         print("|---|---|---|---|---|---|")
         for name, used, on, off, ratio in result:

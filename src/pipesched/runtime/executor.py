@@ -99,8 +99,9 @@ class PipelineRuntime:
     ``mesh`` (default: the whole world is one pipeline) places this rank among data-parallel
     replicas; ``overlap_grad_sync=False`` reduces their gradients only after the step's last
     action. ``dtype=torch.bfloat16`` computes under autocast and sends bf16 boundary tensors.
-    ``overlap_streams`` (default: on CUDA) runs an overlapped pair's forward half on a stream of
-    its own (:mod:`~pipesched.runtime.overlap_streams`); on a CPU the halves run one after the other.
+    ``overlap_streams=True`` runs an overlapped pair's forward half on a CUDA stream of its own
+    (:mod:`~pipesched.runtime.overlap_streams`; opt-in: no GPU has run it yet); otherwise, and
+    always on a CPU, the halves run one after the other.
     """
 
     def __init__(
@@ -124,7 +125,7 @@ class PipelineRuntime:
         mesh: Optional[PipelineMesh] = None,
         dtype: torch.dtype = torch.float32,
         overlap_grad_sync: bool = True,
-        overlap_streams: Optional[bool] = None,
+        overlap_streams: bool = False,
     ) -> None:
         validate(schedule)
         self.recompute = recompute_stages(recompute, schedule.stages)

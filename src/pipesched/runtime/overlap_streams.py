@@ -41,12 +41,13 @@ def forward_halves(schedule: Schedule, rank: int) -> frozenset[int]:
 
 
 class OverlapStreams:
-    """Where each action's kernels go: a pair's forward half on the side stream when enabled
-    (default: on CUDA; never elsewhere), everything else on the current stream."""
+    """Where each action's kernels go: a pair's forward half on the side stream when asked for
+    on CUDA (never elsewhere; off by default until a GPU run has checked it), everything else on
+    the current stream."""
 
-    def __init__(self, schedule: Schedule, rank: int, device: torch.device, enabled: Optional[bool] = None) -> None:
+    def __init__(self, schedule: Schedule, rank: int, device: torch.device, enabled: bool = False) -> None:
         on_cuda = device.type == "cuda"
-        self.forward_halves = forward_halves(schedule, rank) if on_cuda and enabled is not False else frozenset()
+        self.forward_halves = forward_halves(schedule, rank) if on_cuda and enabled else frozenset()
         self.device = device
         self.side = torch.cuda.Stream(device) if self.forward_halves else None
         self.main: Optional[torch.cuda.Stream] = None
