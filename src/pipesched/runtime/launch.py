@@ -82,8 +82,26 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def init_group(rank: int, world: int, backend: str, timeout_s: float) -> None:
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+JOIN_TIMEOUT_S = 120.0
+
+
+def init_group(rank: int, world: int, backend: str, timeout_s: float, *, host_store: bool = False) -> None:
+    """Join the process group; ``timeout_s`` bounds every wait for a peer once joined.
+
+    ``host_store`` (local ranks we spawned): rank 0 hosts the rendezvous store itself, and joining
+    waits at least ``JOIN_TIMEOUT_S``: our ranks start seconds apart on a loaded machine (each
+    imports torch), which a short ``--timeout`` meant for a silent peer must not turn into a
+    failed start. Under torchrun its agent hosts the store, and its rendezvous bounds the join.
+    """
+    timeout = timedelta(seconds=timeout_s)
+    if not host_store:
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+        return
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=rank == 0,
+        timeout=timedelta(seconds=max(timeout_s, JOIN_TIMEOUT_S)),
+    )
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def run_torchrun(worker: Worker, payload: Any, timeout_s: float) -> Any:
@@ -173,7 +191,7 @@ def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeo
     if os.environ.get("PIPESCHED_KEEP_FREED_MEMORY", "1") != "0":
         keep_freed_memory()
     try:
-        init_group(rank, world, "gloo", timeout_s)
+        init_group(rank, world, "gloo", timeout_s, host_store=True)
         _progress_to = lambda: results.put(("alive", rank, None))  # noqa: E731
         # plain pickle: tensors travel as bytes, not as shared-memory handles that die with us
         results.put(("ok", rank, pickle.dumps(worker(rank, world, payload))))
