@@ -103,3 +103,40 @@ def test_the_command_line_reports_which_stages_recompute_and_refuses_it_without_
     assert refused.returncode == 2
     assert refused.stderr.strip() == ("pipesched: error: --recompute-input needs --memory-limit: "
                                       "without a limit recomputing only costs time")
+
+
+def test_the_share_derived_from_sizes_is_what_a_recomputed_stage_keeps_of_a_stored_one():
+    # a stage of 3 blocks keeps 12 and takes inputs of 1: recomputed block by block it keeps 3
+    three_blocks = MemorySizes((StageMemory(12, 9),), (1.0,), blocks=(3,))
+    assert three_blocks.recompute_share() == 0.25
+    assert three_blocks.with_recompute({0}).effective()[0].keep == 0.25 * 12
+    # one share for the M_B model: the stage that saves the least
+    mixed = MemorySizes((StageMemory(12, 9), StageMemory(10, 10)), (1.0, 1.0), blocks=(3, 1))
+    assert mixed.recompute_share() == 0.25
+
+
+def test_simulate_derives_the_share_from_the_activation_bytes_and_the_flag_overrides_it():
+    args = ("simulate", "zb-auto", "-p", "4", "-m", "8", "--costs", "1,1.4,0.6", "--comm", "0.1", "--json")
+    derived = run_cli(*args, "--activation-bytes", "1GiB,1GiB,64MiB", "--memory-limit", "800MiB")
+    assert derived.returncode == 0, derived.stderr
+    metrics = json.loads(derived.stdout)
+    assert metrics["recompute"] and max(metrics["peak_memory_bytes"]) <= 800 * 2**20
+    # a V's stage is half a rank's share: a recomputed one keeps 2 x 64 MiB of its 512 MiB
+    assert metrics["peak_memory"] == simulate(auto(800 / 1024, recompute_input=0.125)).peak_memory
+    overridden = run_cli(*args, "--activation-bytes", "1GiB,1GiB,64MiB", "--memory-limit", "800MiB",
+                         "--recompute-input", "0.5")
+    assert overridden.returncode == 2 and "even recomputing activations" in overridden.stderr
+    unknown_input = run_cli(*args, "--activation-bytes", "1GiB", "--memory-limit", "800MiB")
+    assert unknown_input.returncode == 2 and "below one microbatch's activations" in unknown_input.stderr
+
+
+def test_compare_and_draw_let_zb_auto_recompute(tmp_path):
+    compared = run_cli("compare", "-p", "4", "-m", "8", "--costs", "1,1.4,0.6", "--comm", "0.1",
+                       "--memory-limit", "1.5", "--recompute-input", "0.1", "--json")
+    assert compared.returncode == 0, compared.stderr
+    row = next(r for r in json.loads(compared.stdout) if r["schedule"] == "zb-auto")
+    assert row["recompute"] == sorted(schedule_recompute(auto(1.5)).stages) and row["fits"]
+    drawn = run_cli("draw", "zb-auto", "-p", "2", "-m", "4", "--memory-limit", "0.8", "--recompute-input", "0.1",
+                    "-o", str(tmp_path / "chart.svg"))
+    assert drawn.returncode == 0, drawn.stderr
+    assert (tmp_path / "chart.svg").stat().st_size > 0

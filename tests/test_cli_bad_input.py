@@ -73,7 +73,7 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("simulate --csv {badcell}", "row 1 (rank 0), cell 2"),
     ("simulate --csv /dev/null", "is not a regular file"),
     ("simulate 1f1b --json --draw", "give one of them"),
-    ("simulate zb-auto -p 256 -m 4096", "use 36 microbatches or fewer"),
+    ("simulate zb-auto -p 256 -m 4096", "use 46 microbatches or fewer"),
     ("simulate zb-v -p 256 -m 4096", "without a search"),
     ("simulate v-min -p 100000 -m 8", "use fewer ranks"),
     # compare
@@ -83,6 +83,7 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("compare extra", "unexpected extra argument"),
     ("compare --memory-limit inf", "--memory-limit 'inf' is not a size"),
     ("compare -p 256 -m 4096", "microbatches or fewer"),
+    ("compare --recompute-input 0.1", "--recompute-input needs --memory-limit"),
     # draw
     ("draw zb-v", "Missing option '--output' / '-o'"),
     ("draw zb-v -o chart.pdf", "the suffix must be one of .svg, .png, .json"),
@@ -96,6 +97,7 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("draw --csv {latin1} -o {dir}/x.svg", "is not UTF-8 text"),
     ("draw zb-auto -p 256 -m 4096 -o {dir}/x.svg", "microbatches or fewer"),
     ("draw zb-auto -p 256 -m 4096 -o /proc/x.svg", "does not accept new files"),
+    ("draw zb-auto --memory-limit 1 --recompute-input 1.5 -o {dir}/x.svg", "--recompute-input must be from 0 to below 1"),
     # report
     ("report -o {dir}", "it is a folder"),
     ("report -o /proc/r.html", "does not accept new files"),
@@ -112,8 +114,8 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("advise -p 4 --global-batch 100 --microbatch-size 3", "not divisible by microbatch size 3"),
     ("advise -p 4 -m 8 --max-chunks 0", "max chunks must be a whole number of at least 1"),
     ("advise --profile --costs 1,1,1 -m 8", "--profile measures the costs itself"),
-    ("advise -p 256 -m 4096", "use 9 microbatches or fewer"),
-    ("advise --profile -p 256 -m 4096", "use 9 microbatches or fewer"),
+    ("advise -p 256 -m 4096", "use 10 microbatches or fewer"),
+    ("advise --profile -p 256 -m 4096", "use 10 microbatches or fewer"),
     ("advise -p 8 --global-batch 65536 --microbatch-size 1 --max-microbatches 65536", "--max-microbatches"),
     # demo
     ("demo --steps 0", "--steps must be at least 1"),
@@ -137,6 +139,7 @@ TRAIN_BAD_INPUTS: list[tuple[str, str]] = [
     ("train --csv {latin1}", "is not UTF-8 text"),
     ("train --csv {dir}", "is a folder"),
     ("train --batch-size 10 -m 4", "does not split into 4 equal microbatches"),
+    ("train -s 1f1b --memory-limit 512KiB", "a size in bytes needs --schedule auto or zb-auto"),
 ]
 
 

@@ -47,16 +47,20 @@ def simulate_all(
     costs: Costs,
     memory_limit: Optional[float] = None,
     objective: Optional[str] = None,
+    recompute_input: Optional[float] = None,
 ) -> list[Outcome]:
     """Build and simulate every family; ``chunks`` applies where a family accepts it (elsewhere
-    the family's default, or its own search); ``objective`` steers the families that search.
+    the family's default, or its own search); ``objective`` steers the families that search;
+    ``recompute_input`` (with ``memory_limit``) lets zb-auto recompute where that is faster.
     Sizes that would take more than about a minute raise a ConfigError (:mod:`.planning`)."""
-    check_size(ranks, microbatches, chunks)
+    recompute_limit = memory_limit if recompute_input is not None else None
+    check_size(ranks, microbatches, chunks, recompute_limit)
     outcomes = []
     for family, v in _chosen_chunks(chunks):
         limit = memory_limit if family.uses_memory_limit else None
         try:
-            schedule = build_schedule(family.name, ranks, microbatches, v, costs, limit, objective)
+            schedule = build_schedule(family.name, ranks, microbatches, v, costs, limit, objective,
+                                      recompute_input if limit is not None else None)
             result = simulate(schedule, costs)
         except PipeschedError as err:
             outcomes.append(Outcome(family, v or family.default_chunks, error=str(err)))
@@ -73,18 +77,19 @@ def simulate_all(
     ]
 
 
-def check_size(ranks: int, microbatches: int, chunks: Optional[int]) -> int:
+def check_size(ranks: int, microbatches: int, chunks: Optional[int], recompute_limit: Optional[float] = None) -> int:
     """The actions :func:`simulate_all` builds; a ConfigError naming what fits when that would
     take more than about a minute (:mod:`.planning`)."""
     return check_planning_work(
-        "every schedule", ranks, microbatches, lambda m: planned_work(ranks, m, chunks),
+        "every schedule", ranks, microbatches, lambda m: planned_work(ranks, m, chunks, recompute_limit),
         instead=", or one schedule at a time (pipesched simulate NAME)",
     )
 
 
-def planned_work(ranks: int, microbatches: int, chunks: Optional[int]) -> int:
-    """Actions :func:`simulate_all` builds (see :mod:`.planning`)."""
-    return sum(actions_built(family, ranks, microbatches, v) for family, v in _chosen_chunks(chunks))
+def planned_work(ranks: int, microbatches: int, chunks: Optional[int], recompute_limit: Optional[float] = None) -> int:
+    """Actions :func:`simulate_all` builds (see :mod:`.planning`; ``recompute_limit``: the memory
+    limit when zb-auto searches recomputation)."""
+    return sum(actions_built(family, ranks, microbatches, v, recompute_limit) for family, v in _chosen_chunks(chunks))
 
 
 def _chosen_chunks(chunks: Optional[int]) -> list[tuple[Family, Optional[int]]]:

@@ -186,6 +186,14 @@ class MemorySizes:
     def with_recompute(self, stages) -> "MemorySizes":
         return replace(self, recompute=frozenset(stages))
 
+    def recompute_share(self) -> float:
+        """What a recomputed stage's ``F`` keeps (its blocks' inputs) as a share of what the stored
+        stage's keeps: :class:`Recompute`'s ``input_share`` for these sizes. The M_B model weighs
+        every stage alike, so one share serves them all: the largest (the least a stage saves)."""
+        blocks = self.blocks or (1,) * len(self.stages)
+        return max(size.recomputed(self.inputs[s], max(blocks[s], 1)).keep / size.keep
+                   for s, size in enumerate(self.stages) if size.keep > 0)
+
 
 def peak_bytes(rank_actions: Sequence[Sequence[Action]], sizes: Optional[MemorySizes]) -> Optional[tuple[float, ...]]:
     """Peak bytes of each rank (None without sizes)."""

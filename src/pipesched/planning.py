@@ -7,7 +7,8 @@ simulating it visits each action a few times. The work therefore grows with the 
 
 where ``candidates`` is how many schedules a searching family builds and simulates to pick one
 (``Family.search_width``: 1 for the handcrafted families, about 40 for ``zb-auto``; a compacted
-V program counts as ``COMPACTION_COST`` schedules). Measured on this project's shared 2-core
+V program counts as ``COMPACTION_COST`` schedules; a request that has zb-auto search recomputation
+adds its recomputing candidates, ``Family.recompute_search_width``). Measured on this project's shared 2-core
 machine (benchmarks/RESULTS.md, "Reliability: bounded planning work"), one action built costs
 about 7 to 27 microseconds of CPU and a few hundred bytes, so :data:`MAX_ACTIONS_BUILT` keeps a
 command within about a minute and well under 2 GB. Larger requests are refused up front, in one
@@ -34,9 +35,18 @@ def actions_per_schedule(family: Family, ranks: int, microbatches: int, chunks: 
     return ranks * v * microbatches * kinds
 
 
-def actions_built(family: Family, ranks: int, microbatches: int, chunks: Optional[int]) -> int:
-    """Actions built (and simulated) to plan ``family``: one schedule's, times its candidates."""
-    return actions_per_schedule(family, ranks, microbatches, chunks) * family.search_width(ranks, microbatches)
+def search_width(family: Family, ranks: int, microbatches: int, recompute_limit: Optional[float] = None) -> int:
+    """Schedules ``family`` builds and simulates to plan one request: its search width, plus its
+    recomputing candidates when the request searches recomputation under ``recompute_limit``."""
+    width = family.search_width(ranks, microbatches)
+    return width if recompute_limit is None else width + family.recompute_search_width(ranks, recompute_limit)
+
+
+def actions_built(family: Family, ranks: int, microbatches: int, chunks: Optional[int],
+                  recompute_limit: Optional[float] = None) -> int:
+    """Actions built (and simulated) to plan ``family``: one schedule's, times its candidates
+    (``recompute_limit``: the memory limit of a request that searches recomputation)."""
+    return actions_per_schedule(family, ranks, microbatches, chunks) * search_width(family, ranks, microbatches, recompute_limit)
 
 
 def check_planning_work(what: str, ranks: int, microbatches: int, work_at: Callable[[int], int], instead: str = "") -> int:
@@ -58,12 +68,13 @@ def check_planning_work(what: str, ranks: int, microbatches: int, work_at: Calla
     )
 
 
-def check_schedule_size(family: Family, ranks: int, microbatches: int, chunks: Optional[int]) -> int:
+def check_schedule_size(family: Family, ranks: int, microbatches: int, chunks: Optional[int],
+                        recompute_limit: Optional[float] = None) -> int:
     """:func:`check_planning_work` for one family (``build_schedule``'s guard)."""
-    searching = family.search_width(ranks, microbatches) > 1
+    searching = search_width(family, ranks, microbatches, recompute_limit) > 1
     instead = ", or a schedule built without a search (1f1b, zb-h1)" if searching else ""
     return check_planning_work(
-        family.name, ranks, microbatches, lambda m: actions_built(family, ranks, m, chunks), instead
+        family.name, ranks, microbatches, lambda m: actions_built(family, ranks, m, chunks, recompute_limit), instead
     )
 
 

@@ -31,6 +31,11 @@ def single_candidate(ranks: int, microbatches: int) -> int:
     return 1
 
 
+def no_recompute_search(ranks: int, memory_limit: float) -> int:
+    """The extra width of a family that never searches recomputation: none."""
+    return 0
+
+
 class Placement(str, Enum):
     """Where a family puts its stages (:mod:`pipesched.placement` builds the maps)."""
 
@@ -102,6 +107,9 @@ class Family:
     parameter_copies: int = 1  # model copies each rank holds (DualPipe: 2; the runtime runs 1)
     # how many candidate schedules build() makes and simulates for (ranks, microbatches), at most
     search_width: Callable[[int, int], int] = single_candidate
+    # how many more it simulates when the request searches recomputation (a memory limit and a
+    # recompute_input) for (ranks, memory_limit); counted only for such requests
+    recompute_search_width: Callable[[int, float], int] = no_recompute_search
     why: str = ""  # the advisor's reason: what it removes and costs ({v} chunks, {msg} messages, {p} ranks)
     chunks_hint: str = ""  # appended to the error for a chunk count out of range
     torch: Optional[TorchCounterpart] = None
@@ -206,7 +214,8 @@ def build_schedule(
     if memory_limit is not None:
         if isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)) or not math.isfinite(memory_limit) or memory_limit <= 0:
             raise ConfigError(f"memory_limit must be a number above 0, got {memory_limit!r}")
-    check_schedule_size(family, ranks, microbatches, v)  # refuse minutes of work up front
+    recompute_limit = memory_limit if recompute_input is not None else None  # recomputation searched
+    check_schedule_size(family, ranks, microbatches, v, recompute_limit)  # refuse minutes of work up front
     request = BuildRequest(
         ranks, microbatches, v, costs if costs is not None else UNIT, memory_limit,
         check_objective(objective) if objective is not None else "makespan", recompute_input,

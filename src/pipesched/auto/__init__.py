@@ -33,7 +33,7 @@ from ..schedules.choose import ranked_schedules, work_bound
 from ..schedules.limits import SMALLEST_LIMIT, resolve_limit
 from .local import SWAP_EVALUATIONS, improve_by_swaps
 from .milp import refine
-from .recompute import leanest_recomputing_need, recompute_width, recomputing_candidates
+from .recompute import leanest_recomputing_need, recomputing_candidates
 from .search import all_candidates, candidate_count, with_weights_replaced
 
 MILP_MAX_SIZE = 256  # ranks * microbatches up to which the exact refinement runs
@@ -131,11 +131,12 @@ def build(request: BuildRequest) -> Schedule:
 
 
 def search_width(ranks: int, microbatches: int) -> int:
-    """The most schedules :func:`build_auto` simulates: every candidate, the recomputing ones,
-    the best few again with their W passes re-placed, and on small instances
-    (``MILP_MAX_SIZE``) the swaps' evaluations and the exact refinement's two."""
+    """The most schedules :func:`build_auto` simulates without searching recomputation: every
+    candidate, the best few again with their W passes re-placed, and on small instances
+    (``MILP_MAX_SIZE``) the swaps' evaluations and the exact refinement's two. A request that
+    searches recomputation simulates :func:`~.recompute.recompute_width` more."""
 
-    width = candidate_count(ranks, microbatches) + recompute_width(ranks)
+    width = candidate_count(ranks, microbatches)
     width += len(FILL_PARTIAL_WAITS) * TOP_FOR_W_REPLACEMENT
     if ranks * microbatches <= MILP_MAX_SIZE:
         width += 1 + SWAP_EVALUATIONS + 2

@@ -43,9 +43,11 @@ def relaxed_limits(ranks: int, limit: float) -> list[int]:
     return above[:1] + above[1:][-(MOST_RELAXED_LIMITS - 1):]
 
 
-def recompute_width(ranks: int) -> int:
-    """The most recomputing candidates offered (and simulated): two placements per relaxed limit."""
-    return 2 * len(relaxed_limits(ranks, 0.0))
+def recompute_width(ranks: int, limit: float) -> int:
+    """The most recomputing candidates offered (and simulated) under ``limit``: two placements
+    per relaxed limit (zb-auto's ``recompute_search_width``: counted only when recomputation is
+    searched)."""
+    return 2 * len(relaxed_limits(ranks, limit))
 
 
 def weights_eager(orders) -> tuple[tuple, ...]:

@@ -34,13 +34,14 @@ def draw(
     stage_multipliers: Optional[str] = opt.Multipliers,
     overlap: float = opt.Overlap,
     objective: Optional[str] = opt.Objective,
+    recompute_input: Optional[float] = opt.RecomputeInput,
     csv: Optional[Path] = typer.Option(None, "--csv", help="Draw a schedule CSV (torch's compute-only format)."),
     output: Path = typer.Option(..., "--output", "-o", help="chart.svg, chart.png (needs Pillow) or trace.json (Perfetto)."),
 ) -> None:
     """Draw one schedule's simulated timeline: Gantt chart (SVG/PNG) or Perfetto trace (JSON)."""
     check_output_path(output, DRAW_SUFFIXES)
     s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
-                  overlap=overlap)
+                  overlap=overlap, recompute_input=recompute_input)
     schedule = schedule_from_flags(name, csv, s)
     result = simulate(schedule, s.costs)
     suffix = output.suffix.lower()
@@ -71,12 +72,13 @@ def report(
     stage_multipliers: Optional[str] = opt.Multipliers,
     overlap: float = opt.Overlap,
     objective: Optional[str] = opt.Objective,
+    recompute_input: Optional[float] = opt.RecomputeInput,
     output: Path = typer.Option(Path("report.html"), "--output", "-o", help="The HTML file to write."),
 ) -> None:
     """Every schedule for one configuration in one offline HTML page: charts, metrics, when to choose each."""
     check_output_path(output, [".html", ".htm"])
     s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
-                  overlap=overlap)
+                  overlap=overlap, recompute_input=recompute_input)
     write_report(s, output)
 
 
@@ -84,8 +86,9 @@ def write_report(s: opt.Setup, output: Path) -> None:
     """Simulate every schedule for ``s`` and write the HTML report to ``output``."""
     from ..render.html import report_html
 
-    with planning_progress("every schedule", planned_work(s.ranks, s.microbatches, s.chunks)):
-        outcomes = simulate_all(s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective)
+    with planning_progress("every schedule", planned_work(s.ranks, s.microbatches, s.chunks, opt.recompute_limit(s))):
+        outcomes = simulate_all(s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective,
+                                s.recompute_input)
     write_atomic(output, report_html(outcomes, config_line(s), [advice_section(s)]))
     drawn = sum(1 for o in outcomes if o.result is not None)
     typer.echo(f"wrote {output} ({drawn} schedules, p={s.ranks} m={s.microbatches})", err=True)

@@ -35,7 +35,8 @@ RecomputeInput = typer.Option(
     None, "--recompute-input",
     help="With --memory-limit: zb-auto may also recompute activations on some stages where that is "
     "faster than a leaner order; SHARE is what a recomputed stage keeps (its input) of its "
-    "activations, e.g. 0.05.",
+    "activations, e.g. 0.05. Where the sizes are known (train -s zb-auto measures them, simulate "
+    "--activation-bytes KEEP,STASH,INPUT gives them) the share comes from them and this overrides it.",
 )
 Multipliers = typer.Option(
     None, "--stage-multipliers", help="Cost factors along the model's depth, e.g. 1.3,1,1,1.3."
@@ -117,6 +118,12 @@ def setup(
         check_recompute_input(recompute_input, limit)
     parsed = Costs.parse(costs, comm=comm, multipliers=parse_multipliers(multipliers), overlap=overlap)
     return Setup(ranks, microbatches, chunks, parsed, limit, objective, recompute_input)
+
+
+def recompute_limit(s: Setup) -> Optional[float]:
+    """The memory limit when the flags have zb-auto search recomputation (what its planning
+    work counts), else None."""
+    return s.memory_limit if s.recompute_input is not None else None
 
 
 def check_recompute_input(share: float, limit: Optional[float]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -141,7 +142,7 @@ def schedule_from_flags(name: Optional[str], csv: Optional[Path], s: opt.Setup) 
 def build_from_flags(name: str, s: opt.Setup) -> Schedule:
     """``build_schedule`` for the shared flags, with a word on the terminal if it takes a while."""
     family = get_family(name)
-    with planning_progress(family.name, actions_built(family, s.ranks, s.microbatches, s.chunks)):
+    with planning_progress(family.name, actions_built(family, s.ranks, s.microbatches, s.chunks, opt.recompute_limit(s))):
         return build_schedule(name, s.ranks, s.microbatches, s.chunks, s.costs, s.memory_limit, s.objective,
                               s.recompute_input)
 
@@ -182,6 +183,8 @@ def simulate_cmd(
         memory_limit = repr(limit_bytes / share[0])
     s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
                   overlap=overlap, recompute_input=recompute_input)
+    if share is not None and recompute_input is None and name is not None and s.memory_limit is not None:
+        s = replace(s, recompute_input=_measured_share(share, s.chunks or get_family(name).max_chunks or 1))
     schedule = schedule_from_flags(name, csv, s)
     sizes = None
     if share is not None:
@@ -203,6 +206,17 @@ def simulate_cmd(
         from ..render.terminal import print_timeline
 
         print_timeline(result)
+
+
+def _measured_share(share: tuple[float, float, float], stages_per_rank: int) -> Optional[float]:
+    """What a recomputed stage keeps of its activations, for ``--activation-bytes KEEP,STASH,INPUT``
+    shared by ``stages_per_rank`` stages (the most a schedule may have: the least each saves);
+    None when the input is not given or recomputing would save nothing."""
+    keep, stash, inp = share
+    if not inp > 0:
+        return None
+    derived = MemorySizes((StageMemory(keep / stages_per_rank, stash / stages_per_rank),), (inp,)).recompute_share()
+    return derived if derived < 1 else None
 
 
 def _activation_share(text: Optional[str]) -> Optional[tuple[float, float, float]]:
@@ -282,9 +296,11 @@ def print_result(result: SimResult) -> None:
 
 def compare_rows(setup: opt.Setup) -> list[dict]:
     """Simulate every family for one configuration; failures become rows with a reason."""
-    with planning_progress("every schedule", planned_work(setup.ranks, setup.microbatches, setup.chunks)):
+    with planning_progress("every schedule", planned_work(setup.ranks, setup.microbatches, setup.chunks,
+                                                          opt.recompute_limit(setup))):
         outcomes = simulate_all(
-            setup.ranks, setup.microbatches, setup.chunks, setup.costs, setup.memory_limit, setup.objective
+            setup.ranks, setup.microbatches, setup.chunks, setup.costs, setup.memory_limit, setup.objective,
+            setup.recompute_input,
         )
     return [o.row() for o in outcomes]
 
@@ -300,11 +316,12 @@ def compare(
     stage_multipliers: Optional[str] = opt.Multipliers,
     overlap: float = opt.Overlap,
     objective: Optional[str] = opt.Objective,
+    recompute_input: Optional[float] = opt.RecomputeInput,
     as_json: bool = typer.Option(False, "--json", help="Print the rows as a JSON list."),
 ) -> None:
     """Every schedule for one configuration, side by side."""
     s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
-                  overlap=overlap)
+                  overlap=overlap, recompute_input=recompute_input)
     rows = compare_rows(s)
     if as_json:
         typer.echo(json.dumps(rows))
@@ -330,8 +347,9 @@ def print_compare(s: opt.Setup, rows: list[dict]) -> None:
         peaks = row["peak_memory"]
         per_rank = " ".join(f"{x:g}" for x in peaks) if len(peaks) <= 8 else f"{min(peaks):g}..{max(peaks):g}"
         mark = "" if row.get("fits", True) else " [red](over limit)[/red]"
+        recomputed = row.get("recompute") or []
         table.add_row(
-            row["schedule"], str(row["chunks"]), f"{row['makespan']:.4g}", f"{row['span']:.4g}",
+            row["schedule"] + (f" (recompute {','.join(map(str, recomputed))})" if recomputed else ""), str(row["chunks"]), f"{row['makespan']:.4g}", f"{row['span']:.4g}",
             f"{100 * row['bubble_ratio']:.1f}%", f"{max(peaks):g}{mark}", per_rank,
             f"{row.get('speedup_vs_1f1b', float('nan')):.3f}x",
         )

@@ -30,8 +30,9 @@ def train(
     ),
     memory_limit: Optional[str] = typer.Option(
         None, "--memory-limit",
-        help="Peak activations per rank the schedule must fit: with --schedule auto in M_B or bytes "
-        "(40GiB, 512MiB); with a named schedule in M_B (zb-auto and the V family build to it, the others check it).",
+        help="Peak activations per rank the schedule must fit: with --schedule auto or zb-auto in M_B or bytes "
+        "(40GiB, 512MiB; zb-auto then measures the sizes and may recompute); with another named schedule in M_B "
+        "(the V family builds to it, the others check it).",
     ),
     recompute_input: Optional[float] = opt.RecomputeInput,
     ranks: int = opt.Ranks,
@@ -104,13 +105,18 @@ def train(
         plan, chosen = _auto(model, ranks, microbatches, batch_size // dp, limit, seed, limit_bytes)  # one replica's batch
         recompute = recompute if recompute is not None else chosen
     else:
-        if limit_bytes is not None:
+        measures = csv is None and schedule.strip().lower() == "zb-auto"
+        if limit_bytes is not None and not measures:
             raise ConfigError(
-                f"--memory-limit {memory_limit}: a size in bytes needs --schedule auto (it measures the "
-                "activations); with a named schedule give M_B units, e.g. --memory-limit 2"
+                f"--memory-limit {memory_limit}: a size in bytes needs --schedule auto or zb-auto (they "
+                "measure the activations); with another schedule give M_B units, e.g. --memory-limit 2"
             )
         if recompute_input is not None:
-            opt.check_recompute_input(recompute_input, limit)
+            opt.check_recompute_input(recompute_input, limit if limit_bytes is None else limit_bytes)
+        if measures and (limit_bytes is not None or (limit is not None and recompute_input is None)):
+            check_batch_split(batch_size, dp, microbatches or 8)  # before profiling starts processes
+            limit, recompute_input = _measured_limit(model, ranks, microbatches, batch_size // dp, seed, limit,
+                                                     limit_bytes, recompute_input)
         plan = _schedule(schedule, csv, ranks, microbatches, chunks, limit, recompute_input)
         recompute = _recompute_of(plan, recompute)
     counts = _parse_counts(stage_blocks)
@@ -215,6 +221,28 @@ def _auto(model: str, ranks: int, microbatches: Optional[int], batch_size: int,
     if advice.recommended.recompute != "none":
         typer.echo("auto: recomputing every stage's activations (--recompute all) to fit", err=True)
     return plan, advice.recommended.recompute
+
+
+def _measured_limit(model: str, ranks: int, microbatches: Optional[int], batch_size: int, seed: int,
+                    limit: Optional[float], limit_bytes: Optional[float],
+                    recompute_input: Optional[float]) -> tuple[float, Optional[float]]:
+    """zb-auto's limit in M_B and what a recomputed stage keeps, from sizes a short profile
+    measures (``--recompute-input``, if given, overrides the measured share); said on stderr."""
+    from ..memory import format_bytes
+    from ..runtime.profile import profile
+
+    prof = profile(model, ranks, microbatches if microbatches is not None else 8, batch_size, steps=2, seed=seed)
+    unit = prof.bytes_per_unit()
+    if limit_bytes is not None:
+        limit = limit_bytes / unit
+    measured = prof.memory_sizes().recompute_share()
+    share = recompute_input if recompute_input is not None else (measured if measured < 1 else None)
+    typer.echo(
+        f"zb-auto: one microbatch's activations on the fullest stage measured {format_bytes(unit)}: "
+        f"memory limit {limit:.4g} M_B; a recomputed stage keeps {measured:.3g} of its activations"
+        + (f" (--recompute-input {share:g} used instead)" if recompute_input is not None else "")
+        + ("" if share is not None else ": recomputing would save nothing, not searched"), err=True)
+    return limit, share
 
 
 def _parse_counts(text: Optional[str]) -> Optional[tuple[int, ...]]:

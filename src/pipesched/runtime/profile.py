@@ -21,8 +21,11 @@ from typing import TYPE_CHECKING, Optional
 
 from ..costs import Costs
 from ..errors import ConfigError
+from ..memory import MemorySizes
 from ..registry import build_schedule
+from .copies import balancing_placement
 from .models import MODELS, get_model
+from .partition import balanced_counts
 from .timeline import calibrated_comm, median_costs
 from .train import TrainConfig, run
 
@@ -49,6 +52,7 @@ class Profile:
     step_time: float  # median step of the profiling schedule
     model_size: dict = field(default_factory=dict)
     latency: float = 0.0  # one-way p2p latency of a ping-pong outside the steps
+    stage_blocks: Optional[tuple[int, ...]] = None  # the model's blocks on each stage (None: one each)
 
     @property
     def activation_bytes(self) -> tuple[float, ...]:
@@ -59,6 +63,17 @@ class Profile:
         """The whole model's bytes for one microbatch: kept by F, stashed for W; one boundary's."""
         boundaries = [inp for _, inp in self.stage_memory[1:]] or [0.0]
         return (sum(self.activation_bytes), sum(size.stash for size, _ in self.stage_memory), max(boundaries))
+
+    def memory_sizes(self) -> MemorySizes:
+        """The measured per-stage bytes, with each stage's blocks (what recomputation keeps)."""
+        return MemorySizes(tuple(size for size, _ in self.stage_memory), tuple(inp for _, inp in self.stage_memory),
+                           blocks=self.stage_blocks)
+
+    def bytes_per_unit(self) -> float:
+        """One M_B in bytes: one microbatch's activations on the fullest stage (a rank's share
+        under the profiled one-chunk placement; the largest, so a limit in bytes is never
+        converted into more M_B than any rank can hold)."""
+        return max(self.activation_bytes)
 
     def costs(self) -> Costs:
         """The advisor's costs in milliseconds: per-rank means plus per-stage multipliers."""
@@ -110,7 +125,9 @@ def profile(
     if md.num_blocks < ranks:
         raise ConfigError(f"--model {model} has {md.num_blocks} blocks, fewer than {ranks} ranks")
     schedule = build_schedule(PROFILE_SCHEDULE, ranks, microbatches)
-    result = run(TrainConfig(model, schedule, steps, batch_size, seed=seed, model_size=size, timeout_s=timeout_s))
+    blocks = tuple(balanced_counts(md.block_costs, balancing_placement(schedule)))  # as the run splits them
+    result = run(TrainConfig(model, schedule, steps, batch_size, seed=seed, model_size=size, timeout_s=timeout_s,
+                             block_counts=blocks))
     steps_measured = result.timelines[1:]
     measured = median_costs(steps_measured)
     stage_costs = tuple(
@@ -121,7 +138,7 @@ def profile(
         num_blocks=md.num_blocks, stage_costs=stage_costs,
         comm=calibrated_comm(schedule, steps_measured, result.comm_latency), latency=result.comm_latency,
         stage_memory=tuple(result.stage_memory[s] for s in range(schedule.stages)),
-        step_time=result.median_step_time(), model_size=size,
+        step_time=result.median_step_time(), model_size=size, stage_blocks=blocks,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from .. import auto
+from ..auto.recompute import recompute_width
 from ..placement import v_placement
 from ..registry import BuildRequest, Family, Placement, TorchCounterpart, ZbAutoCandidate, register
 from ..schedule import Schedule
@@ -117,6 +118,7 @@ register(Family(
     searches_chunks=True,
     why="a cost-aware zero-bubble order found by search for these costs and this limit, "
         "so weight passes land exactly in the gaps the costs leave", search_width=auto.search_width,
+    recompute_search_width=recompute_width,
 ))
 register(Family(
     name="v-half",
