@@ -92,7 +92,6 @@ def train(
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"--optimizer {optimizer!r} is not known: use one of {', '.join(OPTIMIZERS)}")
     model_def = get_model(model)
-    check_batch_fits(model_def, batch_size, seed)
     if save_params is not None:
         check_output_path(save_params, [".pt", ".pth"])
     if trace is not None:
@@ -100,8 +99,10 @@ def train(
     if json_path is not None:
         check_output_path(json_path, [".json"])
     limit, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=True)  # auto's profile measures sizes
-    if schedule.strip().lower() == "auto" and csv is None:
+    auto = schedule.strip().lower() == "auto" and csv is None
+    if auto:
         check_batch_split(batch_size, dp, microbatches or 8)  # before profiling starts processes
+        check_batch_fits(model_def, batch_size, seed)
         plan, chosen = _auto(model, ranks, microbatches, batch_size // dp, limit, seed, limit_bytes)  # one replica's batch
         recompute = recompute if recompute is not None else chosen
     else:
@@ -130,6 +131,8 @@ def train(
         recompute_stages(recompute, plan.stages)  # a bad list fails here, before any process starts
     check_layout(plan, dp, batch_size)
     parse_dtype(dtype)
+    if not auto:  # last but the folder: its meta inference imports torch's compiler (seconds of CPU)
+        check_batch_fits(model_def, batch_size, seed)
     resume_from = check_checkpointing(checkpoint_dir, resume, steps, model_def, optimizer, lr)  # last: creates the folder
     cfg = TrainConfig(
         model, plan, steps, batch_size, seed=seed, lr=lr, optimizer=optimizer, block_counts=counts, timeout_s=timeout,
