@@ -99,10 +99,9 @@ def train(
     if json_path is not None:
         check_output_path(json_path, [".json"])
     limit, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=True)  # auto's profile measures sizes
-    auto = schedule.strip().lower() == "auto" and csv is None
-    if auto:
-        check_batch_split(batch_size, dp, microbatches or 8)  # before profiling starts processes
-        check_batch_fits(model_def, batch_size, seed)
+    profiles = schedule.strip().lower() == "auto" and csv is None  # a profile: processes before the run
+    if profiles:
+        _check_batch(model_def, batch_size, dp, microbatches, seed)
         plan, chosen = _auto(model, ranks, microbatches, batch_size // dp, limit, seed, limit_bytes)  # one replica's batch
         recompute = recompute if recompute is not None else chosen
     else:
@@ -114,8 +113,9 @@ def train(
             )
         if recompute_input is not None:
             opt.check_recompute_input(recompute_input, limit if limit_bytes is None else limit_bytes)
-        if measures and (limit_bytes is not None or (limit is not None and recompute_input is None)):
-            check_batch_split(batch_size, dp, microbatches or 8)  # before profiling starts processes
+        profiles = measures and (limit_bytes is not None or (limit is not None and recompute_input is None))
+        if profiles:
+            _check_batch(model_def, batch_size, dp, microbatches, seed)
             limit, recompute_input = _measured_limit(model, ranks, microbatches, batch_size // dp, seed, limit,
                                                      limit_bytes, recompute_input)
         plan = _schedule(schedule, csv, ranks, microbatches, chunks, limit, recompute_input)
@@ -131,7 +131,7 @@ def train(
         recompute_stages(recompute, plan.stages)  # a bad list fails here, before any process starts
     check_layout(plan, dp, batch_size)
     parse_dtype(dtype)
-    if not auto:  # last but the folder: its meta inference imports torch's compiler (seconds of CPU)
+    if not profiles:  # last but the folder: its meta inference imports torch's compiler (seconds of CPU)
         check_batch_fits(model_def, batch_size, seed)
     resume_from = check_checkpointing(checkpoint_dir, resume, steps, model_def, optimizer, lr)  # last: creates the folder
     cfg = TrainConfig(
@@ -150,6 +150,14 @@ def train(
 
     print_summary(plan, result)
     write_outputs(plan, result, save_params, trace, json_path)
+
+
+def _check_batch(model_def, batch_size: int, dp: int, microbatches: Optional[int], seed: int) -> None:
+    """The batch's checks before a profile starts processes: it splits, and its memory floor fits."""
+    from .train_checks import check_batch_fits
+
+    check_batch_split(batch_size, dp, microbatches or 8)
+    check_batch_fits(model_def, batch_size, seed)
 
 
 def _run_to_the_end(run, cfg):
