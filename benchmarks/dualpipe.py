@@ -29,11 +29,10 @@ import torch
 
 import pipesched
 from pipesched.errors import ConfigError
-from pipesched.runtime.copies import balancing_placement
+from pipesched.runtime.copies import balanced_block_counts
 from pipesched.runtime.executor import PipelineRuntime
 from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_torchrun
 from pipesched.runtime.models import get_model
-from pipesched.runtime.partition import balanced_counts
 from pipesched.runtime.train import make_optimizer
 
 SCHEDULES = ("dualpipe", "dualpipev", "zb-v")
@@ -46,7 +45,7 @@ def _runtime(md, schedule, overlap_streams=False) -> PipelineRuntime:
     return PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", LR),
         x0[: BATCH // schedule.microbatches], seed=SEED, device=rank_device(), timeout_s=300,
-        block_counts=balanced_counts(md.block_costs, balancing_placement(schedule)), overlap_streams=overlap_streams,
+        block_counts=balanced_block_counts(md.block_costs, schedule), overlap_streams=overlap_streams,
     )
 
 

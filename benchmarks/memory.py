@@ -1,6 +1,6 @@
 """Memory benchmark: activation bytes the runtime measures against what the memory model predicts.
 
-For every schedule on 2 and 4 ranks (gloo, CPU, small widths), mlp and gpt, m = 8 and 12: each
+For every schedule (dualpipe too: two model copies) on 2 and 4 ranks (gloo, CPU, small widths), mlp and gpt, m = 8 and 12: each
 rank's most activation bytes held in any step (saved tensors by storage, W stashes, stage inputs,
 recomputed activations) against :mod:`pipesched.memory` fed with the per-stage sizes measured
 on the first step, stored and recomputed (every stage, block by block); the measured ordering of
@@ -37,13 +37,13 @@ import torch
 import torch.distributed as dist
 
 import pipesched
+from pipesched.runtime.copies import balanced_block_counts
 from pipesched.runtime.executor import PipelineRuntime
 from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_torchrun
 from pipesched.runtime.models import get_model
-from pipesched.runtime.partition import balanced_counts
 from pipesched.runtime.train import make_optimizer
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min", "dualpipe")
 ORDER = ("v-min", "v-half", "zb-v", "1f1b", "zb-h1", "zb-h2", "gpipe")
 RECOMPUTED = ("gpipe", "1f1b", "zb-h1", "zb-v", "v-half")  # also measured with every stage recomputed
 MODELS = {
@@ -60,7 +60,7 @@ def _runtime(md, schedule, recompute=None, microbatch=MICROBATCH) -> PipelineRun
     x0, _ = md.batch(0, microbatch * schedule.microbatches, 0)
     return PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05), x0[:microbatch],
-        block_counts=balanced_counts(md.block_costs, schedule.placement), recompute=recompute, timeout_s=600,
+        block_counts=balanced_block_counts(md.block_costs, schedule), recompute=recompute, timeout_s=600,
         device=rank_device(),
     )
 
@@ -166,6 +166,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 ranks and m=8 only, mlp only")
     parser.add_argument("--timing-only", action="store_true", help="only recompute and meter step times")
+    parser.add_argument("--accuracy-schedules", default=",".join(SCHEDULES), help="schedules of the measured/predicted grid")
     parser.add_argument("--recompute-ranks", default="2,4", help="rank counts of the recompute timing (empty: none)")
     parser.add_argument("--recompute-schedules", default=",".join(RECOMPUTED), help="schedules of the recompute timing")
     parser.add_argument("--recompute-width", type=int, default=TIMED["dim"],
@@ -194,14 +195,14 @@ def main(argv=None) -> int:
     worst = 0.0
     print("measured / predicted peak activation bytes, per rank")
     for p, model, m in configs:
-        results = spawn(measure, p, (model, m, _runs(SCHEDULES)), timeout_s=600)[0]
+        results = spawn(measure, p, (model, m, _runs(args.accuracy_schedules.split(","))), timeout_s=600)[0]
         for name, ranks in results.items():
             ratios = [meas / pred for meas, pred, _ in ranks]
             worst = max(worst, max(abs(r - 1) for r in ratios))
             report["accuracy"][f"{model} p={p} m={m} {name}"] = ranks
             cells = "  ".join(f"{meas / 1024:8.0f}/{pred / 1024:<8.0f}" for meas, pred, _ in ranks)
             print(f"{model:3} p={p} m={m:2} {name:26} KiB {cells}  ratio {min(ratios):.3f}-{max(ratios):.3f}")
-        if p == 4 and m == 12:
+        if p == 4 and m == 12 and all(n in results for n in ORDER):
             peak = {n: max(meas for meas, _, _ in results[n]) for n in results}
             line = "  ".join(f"{n} {peak[n] / peak['1f1b']:.2f}" for n in ORDER)
             print(f"{model} p=4 m=12 peak (fullest rank) / 1f1b's: {line}")

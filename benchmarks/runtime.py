@@ -26,10 +26,11 @@ import torch.distributed as dist
 from torch import nn
 
 import pipesched
+from pipesched.runtime.copies import balanced_block_counts
 from pipesched.runtime.executor import PipelineRuntime
 from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_torchrun
 from pipesched.runtime.models import get_model
-from pipesched.runtime.partition import balanced_counts, build_block_seeded, stage_block_ranges
+from pipesched.runtime.partition import build_block_seeded, stage_block_ranges
 from pipesched.runtime.timeline import compare_to_simulation, median_costs, replayed_makespan
 from pipesched.runtime.train import measure_latency
 
@@ -53,7 +54,7 @@ def _torch_runner(md, name: str, schedule: pipesched.Schedule, rank: int):
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining import schedules as ts
 
-    ranges = stage_block_ranges(md.num_blocks, schedule.stages, balanced_counts(md.block_costs, schedule.placement))
+    ranges = stage_block_ranges(md.num_blocks, schedule.stages, balanced_block_counts(md.block_costs, schedule))
     owned = [s for s, r in enumerate(schedule.placement) if r == rank]
     device = rank_device()
     mods = {s: nn.Sequential(*(build_block_seeded(md.build_block, i, SEED) for i in ranges[s])).to(device) for s in owned}
@@ -85,7 +86,7 @@ def _ours_runner(md, schedule: pipesched.Schedule, timelines: list):
     rt = PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
         x0[: BATCH // MICROBATCHES], seed=SEED, device=rank_device(),
-        block_counts=balanced_counts(md.block_costs, schedule.placement),
+        block_counts=balanced_block_counts(md.block_costs, schedule),
     )
 
     def step(x, y) -> float:

@@ -101,7 +101,8 @@ def test_odd_ranks_and_a_single_microbatch_are_refused(p, m, fragment):
 
 def test_the_runtime_builds_each_rank_one_stage_of_each_copy_fed_from_both_ends():
     pytest.importorskip("torch")
-    from pipesched.runtime.copies import ModelCopies, balancing_placement, input_ranks, loss_ranks
+    from pipesched.runtime.copies import ModelCopies, balanced_block_counts, input_ranks, loss_ranks
+    from pipesched.runtime.partition import balanced_counts
 
     schedule = build_schedule("dualpipe", 4, 8)
     copies = ModelCopies(schedule)
@@ -109,8 +110,11 @@ def test_the_runtime_builds_each_rank_one_stage_of_each_copy_fed_from_both_ends(
     assert input_ranks(schedule) == loss_ranks(schedule) == {0, 3}
     # rank r and rank 3-r hold the two copies of model stages r and 3-r: they sum their gradients
     assert copies.copy_groups() == [(0, 3), (1, 2)]
-    # rank r runs model stages r and 3-r on half the microbatches each: balance the pairs' blocks
-    assert balancing_placement(schedule) == (0, 1, 1, 0)
+    # rank r runs model stages r and 3-r on half the microbatches each: balance the pairs'
+    # blocks, one count per stage of one model copy
+    costs = [2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 3.0]
+    assert balanced_block_counts(costs, schedule) == balanced_counts(costs, (0, 1, 1, 0))
+    assert len(balanced_block_counts(costs, schedule)) == 4
     assert ModelCopies(build_schedule("zb-v", 2, 4)).copy_groups() == []
 
 

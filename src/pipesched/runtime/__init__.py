@@ -12,6 +12,7 @@ from importlib import import_module
 
 _HOME = {  # exported name -> the module that defines it
     "NonFiniteLoss": "executor",
+    "balanced_block_counts": "copies",
     "PipelineRuntime": "executor",
     "StepResult": "executor",
     "DistributedRunError": "launch",

@@ -17,7 +17,7 @@ For a one-pipeline schedule every stage is its own model stage and nothing is re
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..errors import ConfigError
 from ..schedule import Schedule
+from .partition import balanced_counts
 
 
 class ModelCopies:
@@ -86,7 +87,15 @@ def loss_ranks(schedule: Schedule) -> set[int]:
     return {schedule.placement[s] for s in range(schedule.stages) if copies.computes_loss(s)}
 
 
-def balancing_placement(schedule: Schedule) -> tuple[int, ...]:
+def balanced_block_counts(block_costs: Sequence[float], schedule: Schedule) -> list[int]:
+    """Blocks per stage of one model copy that balance the ranks' loads under ``schedule`` (one
+    count per model stage: ``p`` for DualPipe, not its ``2p`` stages). What ``pipesched train``
+    and the benchmarks cut the model by when no counts are given: call this, not
+    :func:`~pipesched.runtime.partition.balanced_counts` on the schedule's placement."""
+    return balanced_counts(block_costs, _balancing_placement(schedule))
+
+
+def _balancing_placement(schedule: Schedule) -> tuple[int, ...]:
     """A placement of the model's stages for :func:`~pipesched.runtime.partition.balanced_counts`:
     the schedule's own, or with several pipelines each model stage on the group of ranks that
     holds its copies (DualPipe: rank ``r`` runs model stages ``r`` and ``p-1-r`` on half the

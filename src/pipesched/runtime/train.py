@@ -18,13 +18,12 @@ import torch.distributed as dist
 
 from ..schedule import Schedule
 from . import checkpoint
-from .copies import balancing_placement
+from .copies import balanced_block_counts
 from .executor import PipelineRuntime
 from .guard import NonFiniteWeights, first_nonfinite
 from .launch import rank_device, report_progress, stop_on_termination
 from .models import ModelDef, get_model
 from .mesh import init_pipeline_mesh
-from .partition import balanced_counts
 from .precision import Precision, parse_dtype
 from .timeline import Timeline
 
@@ -205,7 +204,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     device = rank_device()
     m = schedule.microbatches
     x0, _ = md.batch(0, cfg.batch_size, cfg.seed)
-    counts = cfg.block_counts or balanced_counts(md.block_costs, balancing_placement(schedule))
+    counts = cfg.block_counts or balanced_block_counts(md.block_costs, schedule)
     mesh = init_pipeline_mesh(schedule.ranks, cfg.dp)
     runtime = PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr),
