@@ -157,3 +157,25 @@ def test_activation_bytes_weigh_each_copys_stage_as_a_whole_share(cli):
     assert done.returncode == 0, done.stderr
     metrics = json.loads(done.stdout)
     assert metrics["peak_memory_bytes"] == [peak * 2**30 for peak in metrics["peak_memory"]]
+
+
+def test_recompute_names_the_models_stages_and_recomputes_them_in_both_copies(cli):
+    import json
+
+    from pipesched.memory import recompute_stages
+
+    schedule = build_schedule("dualpipe", 4, 8)
+    assert recompute_stages("1", schedule) == {1, 5}  # model stage 1: rank 1's forward copy, rank 2's reverse one
+    assert recompute_stages("all", schedule) == set(range(8))
+    with pytest.raises(ConfigError, match="stage 5, but the model has stages 0 to 3"):
+        recompute_stages("5", schedule)
+
+    def simulated(*recompute):
+        done = cli("simulate", "dualpipe", "-p", "4", "-m", "8", "--activation-bytes", "1GiB,1GiB,64MiB", *recompute, "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    plain, first = simulated(), simulated("--recompute", "0")
+    assert first["recompute"] == [0]
+    lighter = [r for r in range(4) if first["peak_memory_bytes"][r] < plain["peak_memory_bytes"][r]]
+    assert lighter == [0, 3]  # the ranks that hold a copy of model stage 0

@@ -35,6 +35,9 @@ def _one_line_error(result, *fragments):
         (["--optimizer", "lamb"], ["--optimizer 'lamb'", "sgd, adamw"]),
         # dualpipe's two model copies hold the same blocks: --stage-blocks splits one copy
         (["--schedule", "dualpipe", "--ranks", "2", "--microbatches", "4", "--stage-blocks", "1,1,1,1"], ["give 2 counts"]),
+        # and --recompute names the stages of one copy too (both copies recompute them)
+        (["--schedule", "dualpipe", "--ranks", "2", "--microbatches", "4", "--recompute", "3"],
+         ["stage 3", "stages 0 to 1 (each of its 2 model copies)"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, fragments):

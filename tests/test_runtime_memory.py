@@ -32,7 +32,9 @@ def test_measured_activation_bytes_match_the_prediction_and_recompute_holds_less
     lean = pipesched.build_schedule("zb-auto", 2, 6, memory_limit=0.8, recompute_input=0.1)  # recomputes to fit
     runs.append(("zb-auto recompute", lean, lean.meta["recompute"].spec()))
     runs += [("dualpipe", pipesched.build_schedule("dualpipe", 2, 6), None),  # two model copies, one per direction
-             ("dualpipe recompute", pipesched.build_schedule("dualpipe", 2, 6), "all")]
+             ("dualpipe recompute", pipesched.build_schedule("dualpipe", 2, 6), "all"),
+             # model stage 0: rank 0's forward copy and rank 1's reverse copy
+             ("dualpipe recompute 0", pipesched.build_schedule("dualpipe", 2, 6), "0")]
     results = spawn(measure_memory, 2, ("mlp", SIZE, 12, runs), timeout_s=90)[0]
     for label, ranks in results.items():
         for measured, predicted, left in ranks:
@@ -43,6 +45,8 @@ def test_measured_activation_bytes_match_the_prediction_and_recompute_holds_less
     assert peak["gpipe recompute"] < 0.4 * peak["gpipe"]
     assert peak["1f1b recompute"] < 0.4 * peak["1f1b"]
     assert peak["zb-auto recompute"] < peak["v-half"]  # the leanest stored V order
+    # recomputing one model stage of dualpipe recomputes both its copies: each rank holds one
+    assert all(one[0] < plain[0] for one, plain in zip(results["dualpipe recompute 0"], results["dualpipe"]))
     # the W stash is not recomputed: zb-h1's last rank, which holds stashes for long, keeps them
     assert results["zb-h1 recompute"][1][0] > 0.9 * results["zb-h1"][1][0]
 

@@ -233,9 +233,12 @@ def format_bytes(value: float) -> str:
     return f"{value:.0f} B"
 
 
-def recompute_stages(spec, stages: int) -> frozenset:
-    """The stages to recompute: ``"all"``, ``"none"`` / None, ``"0,2"`` or an iterable of indices.
-    Raises ConfigError naming what is valid."""
+def recompute_stages(spec, schedule) -> frozenset:
+    """The schedule's stages to recompute, given ``spec`` in the model's stages: ``"all"``,
+    ``"none"`` / None, ``"0,2"`` or an iterable of indices from 0 to ``pipeline_length - 1``
+    (every stage of a one-pipeline schedule; of one model copy for DualPipe, whose named stages
+    then recompute in both copies). Raises ConfigError naming what is valid."""
+    length = schedule.pipeline_length
     if spec is None:
         return frozenset()
     if isinstance(spec, str):
@@ -243,13 +246,14 @@ def recompute_stages(spec, stages: int) -> frozenset:
         if text in ("", "none"):
             return frozenset()
         if text == "all":
-            return frozenset(range(stages))
+            return frozenset(range(schedule.stages))
         try:
             spec = [int(part) for part in text.split(",")]
         except ValueError:
             raise ConfigError(f"recompute {spec!r}: give all, none, or stage indices such as 0,2") from None
     chosen = frozenset(int(s) for s in spec)
-    outside = sorted(s for s in chosen if not 0 <= s < stages)
+    outside = sorted(s for s in chosen if not 0 <= s < length)
     if outside:
-        raise ConfigError(f"recompute names stage {outside[0]}, but the schedule has stages 0 to {stages - 1}")
-    return chosen
+        copies = f" (each of its {schedule.pipelines} model copies)" if schedule.pipelines > 1 else ""
+        raise ConfigError(f"recompute names stage {outside[0]}, but the model has stages 0 to {length - 1}{copies}")
+    return frozenset(s for s in range(schedule.stages) if schedule.model_stage(s) in chosen)

@@ -62,6 +62,10 @@ class Schedule:
         """Stages per pipeline (all of them unless the schedule runs several model copies)."""
         return self.stages // self.pipelines
 
+    def model_stage(self, stage: int) -> int:
+        """The stage of the model (of one copy) that ``stage`` runs: itself with one pipeline."""
+        return stage % self.pipeline_length
+
     def stage_microbatches(self, stage: int) -> range:
         """The microbatches ``stage`` runs: all, or its pipeline's block (pipeline ``j`` of
         ``P`` gets ``[ceil(j*m/P), ceil((j+1)*m/P))``, so the first copies take any extra one)."""

@@ -91,7 +91,8 @@ class SimResult:
 
     def metrics(self) -> dict:
         """The metrics as plain numbers (what ``simulate --json`` prints); ``recompute``: the
-        stages whose recomputation the times include."""
+        model's stages whose recomputation the times include (as ``--recompute`` names them:
+        DualPipe's in both copies)."""
         return {
             "schedule": self.schedule.name,
             "ranks": self.schedule.ranks,
@@ -104,7 +105,7 @@ class SimResult:
             "peak_memory": list(self.peak_memory),
             **({"peak_memory_bytes": list(self.peak_memory_bytes)} if self.peak_memory_bytes is not None else {}),
             "parameter_copies": self.parameter_copies,
-            "recompute": sorted(self._recomputed()),
+            "recompute": sorted({self.schedule.model_stage(s) for s in self._recomputed()}),
         }
 
     def _recomputed(self) -> frozenset:

@@ -169,7 +169,7 @@ def simulate_cmd(
         "what I leaves for W (default: all of it), a stage's input (default 0). Adds peak bytes per rank.",
     ),
     recompute: Optional[str] = typer.Option(
-        None, "--recompute", help="With --activation-bytes: stages that recompute their activations (all, none, 0,2)."
+        None, "--recompute", help="With --activation-bytes: the model's stages that recompute their activations (all, none, 0,2; dualpipe: in both copies)."
     ),
 ) -> None:
     """Simulate one schedule: makespan, span, bubble ratio, busy time and peak memory per rank."""
@@ -196,7 +196,7 @@ def simulate_cmd(
         per_rank = schedule.stages // schedule.ranks // schedule.pipelines  # stages in one share
         keep, stash, inp = share
         sizes = MemorySizes((StageMemory(keep / per_rank, stash / per_rank),) * schedule.stages,
-                            (inp,) * schedule.stages, recompute_stages(recompute, schedule.stages))
+                            (inp,) * schedule.stages, recompute_stages(recompute, schedule))
     result = simulate(schedule, s.costs, sizes)
     if as_json:
         typer.echo(json.dumps(result.metrics()))

@@ -62,7 +62,8 @@ def train(
     ),
     recompute: Optional[str] = typer.Option(
         None, "--recompute",
-        help="Recompute activations in the backward (activation checkpointing): all, none, or stage indices such as 0,2.",
+        help="Recompute activations in the backward (activation checkpointing): all, none, or the model's stage "
+        "indices such as 0,2 (dualpipe: 0..p-1, recomputed in both model copies).",
     ),
     json_path: Optional[Path] = typer.Option(
         None, "--json", help="Write the run's summary (.json): losses, median step, activation bytes per rank."
@@ -128,7 +129,7 @@ def train(
             raise ConfigError(f"{plan.name} (ranks={plan.ranks}, chunks={plan.chunks}) on --model {model}: {err}") from None
         from ..memory import recompute_stages
 
-        recompute_stages(recompute, plan.stages)  # a bad list fails here, before any process starts
+        recompute_stages(recompute, plan)  # a bad list fails here, before any process starts
     check_layout(plan, dp, batch_size)
     parse_dtype(dtype)
     if not profiles:  # last but the folder: its meta inference imports torch's compiler (seconds of CPU)

@@ -33,13 +33,14 @@ class ModelCopies:
     """Which model stage each of the schedule's stages runs, and where each pipeline starts and ends."""
 
     def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
         self.length = schedule.pipeline_length
         self.pipelines = schedule.pipelines
         self.placement = schedule.placement
 
     def model_stage(self, stage: int) -> int:
         """The model's stage (its blocks) that ``stage`` runs."""
-        return stage % self.length
+        return self.schedule.model_stage(stage)
 
     def takes_inputs(self, stage: int) -> bool:
         """True for a pipeline's first stage: it reads the batch's inputs."""

@@ -95,7 +95,8 @@ class PipelineRuntime:
     ``host_staging`` (default: on a GPU over gloo) passes messages through host memory.
     ``recompute``: the stages whose activations are recomputed in the backward (full activation
     checkpointing with ``torch.utils.checkpoint``, non-reentrant, one region per block): ``"all"``,
-    ``"none"`` or stage indices. Their forward keeps only the blocks' inputs.
+    ``"none"`` or the model's stage indices (DualPipe: ``0..p-1``, each recomputed in both
+    copies). Their forward keeps only the blocks' inputs.
     ``mesh`` (default: the whole world is one pipeline) places this rank among data-parallel
     replicas; ``overlap_grad_sync=False`` reduces their gradients only after the step's last
     action. ``dtype=torch.bfloat16`` computes under autocast and sends bf16 boundary tensors.
@@ -128,7 +129,7 @@ class PipelineRuntime:
         overlap_streams: bool = False,
     ) -> None:
         validate(schedule)
-        self.recompute = recompute_stages(recompute, schedule.stages)
+        self.recompute = recompute_stages(recompute, schedule)
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ConfigError(f"the gradient norm to clip to must be above 0, got {clip_grad_norm:g}")
         self.clip_grad_norm = clip_grad_norm
