@@ -118,6 +118,30 @@ def test_the_runtime_builds_each_rank_one_stage_of_each_copy_fed_from_both_ends(
     assert ModelCopies(build_schedule("zb-v", 2, 4)).copy_groups() == []
 
 
+def late_finishing_copy(schedule: Schedule) -> Schedule:
+    """``schedule`` (dualpipe, 2 ranks, m=4) as a CSV whose rank 1 finishes its model stages in
+    the other order than rank 0: its last full backward of model stage 1 moved to the end."""
+    lines = schedule.to_csv().splitlines()
+    assert lines[1].endswith(",1B1,2I3,2W3")
+    lines[1] = lines[1].replace(",1B1,2I3,2W3", ",2I3,2W3,1B1")
+    return validate(Schedule.from_csv("\n".join(lines) + "\n", name="late copy", pipelines=2))
+
+
+def test_a_rank_starts_summing_a_stage_with_its_copy_when_both_ranks_finish_stages_in_one_order():
+    pytest.importorskip("torch")
+    from pipesched.runtime.copies import copies_finish_in_step
+    from pipesched.runtime.grad_sync import last_gradient_actions
+
+    for p, m in [(2, 2), (2, 4), (4, 8), (6, 12), (8, 20)]:
+        assert copies_finish_in_step(build_schedule("dualpipe", p, m)), (p, m)
+    dual = build_schedule("dualpipe", 2, 4)
+    # rank 0 is done with model stage 1 (its reverse copy's stage 3) three actions before the end
+    assert last_gradient_actions(dual.rank_actions(0)) == {3: 6, 0: 8}
+    # a CSV whose two ranks finish model stages 0 and 1 in opposite orders would pair rank 0's
+    # sum of stage 1 with rank 1's of stage 0: its sums wait for the step's end
+    assert not copies_finish_in_step(late_finishing_copy(dual))
+
+
 @pytest.mark.parametrize("p", [2, 4])
 def test_each_copys_messages_flow_its_own_way_and_the_trace_draws_every_one(p):
     from pipesched.render.timeline import Timeline

@@ -15,6 +15,7 @@ import pipesched  # noqa: E402
 from pipesched.interop.torch_schedules import torch_schedule  # noqa: E402
 from pipesched.runtime.launch import spawn  # noqa: E402
 from runtime_cases import assert_equal_to_reference, reference, relative_error, run_schedules  # noqa: E402
+from test_dualpipe import late_finishing_copy  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 TOL = 1e-5
@@ -25,6 +26,8 @@ def test_every_registered_schedule_and_torch_csvs_on_two_ranks():
     size = dict(blocks=7, dim=16, hidden=32)
     schedules = [(f.name, pipesched.build_schedule(f.name, 2, 4)) for f in pipesched.families()]
     schedules.append(("dualpipe m=3", pipesched.build_schedule("dualpipe", 2, 3)))  # 2 microbatches one way, 1 the other
+    # copies finishing in different orders on the two ranks: summed after the last action
+    schedules.append(("dualpipe csv, late copy", late_finishing_copy(pipesched.build_schedule("dualpipe", 2, 4))))
     for name in ("zb-v", "interleaved-1f1b", "interleaved-zb", "dualpipev"):
         theirs = torch_schedule(name, 2, 4)
         schedules.append((f"csv:{theirs.name}", pipesched.Schedule.from_csv(theirs.to_csv())))

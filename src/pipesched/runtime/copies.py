@@ -4,9 +4,12 @@ A schedule with ``pipelines`` > 1 has ``pipelines x L`` stages: stage ``s`` runs
 stage ``s % L`` on its own pipeline's microbatches (:meth:`~pipesched.schedule.Schedule.stage_microbatches`).
 Every copy of a model stage is built from the same seeded blocks, so the copies start equal.
 Each copy's gradients come from its own share of the microbatches; their sum is the gradient of
-the whole batch, so before the optimizer step every rank all-reduces its gradients with the
-ranks holding the other copies of its model stages (DualPipe: rank ``r`` with rank ``p-1-r``,
-which hold the copies of model stages ``r`` and ``p-1-r``, DeepSeek's gradient all-reduce).
+the whole batch, so every rank all-reduces its gradients with the ranks holding the other
+copies of its model stages (DualPipe: rank ``r`` with rank ``p-1-r``, which hold the copies of
+model stages ``r`` and ``p-1-r``, DeepSeek's gradient all-reduce): each stage's as soon as this
+rank's copy of it has done its last gradient action, while the pipeline's tail goes on
+(:class:`~pipesched.runtime.grad_sync.GradientSync`, as data parallelism does), and all of
+them done before the optimizer step.
 Both copies then take the same optimizer step on the same gradients and stay equal, and every
 rank's parameters keep the unpipelined model's names, so a checkpoint holds one copy however
 many ranks write it (DCP keeps one of equal entries) and every copy loads from it.
@@ -17,15 +20,15 @@ For a one-pipeline schedule every stage is its own model stage and nothing is re
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
-import torch
 import torch.distributed as dist
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from ..actions import Action
 from ..errors import ConfigError
 from ..schedule import Schedule
+from .grad_sync import GradientSync, last_gradient_actions
 from .partition import balanced_counts
 
 
@@ -67,8 +70,11 @@ class ModelCopies:
         for j, group in enumerate(holders):
             for rank in group:
                 held.setdefault(rank, set()).add(j)
+        for j, group in enumerate(holders):
+            if len(group) != self.pipelines:
+                raise ConfigError(f"a rank holds two copies of the model's stage {j}: the runtime sums the copies rank with rank")
         for group in groups:
-            if len({frozenset(held[r]) for r in group}) != 1 or len(group) < 2:
+            if len({frozenset(held[r]) for r in group}) != 1:
                 raise ConfigError(
                     f"the copies of the model's stages are not held by ranks holding the same stages ({group}): "
                     "the runtime cannot sum their gradients rank with rank"
@@ -109,37 +115,47 @@ def _balancing_placement(schedule: Schedule) -> tuple[int, ...]:
     return tuple(index[schedule.placement[j]] for j in range(copies.length))
 
 
-def make_copy_groups(schedule: Schedule, grid: tuple[tuple[int, ...], ...], replica: int, pp_rank: int,
-                     timeout_s: float) -> Optional[Any]:
-    """This rank's process group for summing the copies' gradients (None for one pipeline).
-    Creating a group takes the whole world: every rank calls this with the same schedule."""
+def make_copy_group(schedule: Schedule, grid: tuple[tuple[int, ...], ...], pp_rank: int, timeout_s: float) -> Optional[Any]:
+    """This rank's process group for reducing the copies' gradients (None for one pipeline): the
+    ranks holding the copies of its model stages, in every replica of ``grid`` (one all-reduce
+    then sums the copies and the replicas at once). Creating a group takes the whole world:
+    every rank calls this with the same schedule."""
     mine = None
-    for d, ranks in enumerate(grid):
-        for group in ModelCopies(schedule).copy_groups():
-            made = dist.new_group([ranks[r] for r in group], timeout=timedelta(seconds=timeout_s))
-            if d == replica and pp_rank in group:
-                mine = made
+    for group in ModelCopies(schedule).copy_groups():
+        made = dist.new_group([ranks[r] for ranks in grid for r in group], timeout=timedelta(seconds=timeout_s))
+        if pp_rank in group:
+            mine = made
     return mine
 
 
-class CopyGradientSum:
-    """Sums the gradients of this rank's stages with the other copies' (one flat all-reduce,
-    parameters in name order: the ranks of a group hold the same names)."""
+def copies_finish_in_step(schedule: Schedule) -> bool:
+    """Whether the ranks of every copy group finish their model stages' gradients (the last
+    ``W``, or ``B``) in the same order, each stage having some: then each rank may start a
+    stage's reduction as soon as its own copy is done, and the group's all-reduces still pair
+    up one for one. DualPipe's mirrored programs do; a CSV need not, and then the reductions
+    wait for the step's end, in model-stage order."""
+    copies = ModelCopies(schedule)
+    for group in copies.copy_groups():
+        orders = set()
+        for rank in group:
+            last = last_gradient_actions(schedule.rank_actions(rank))
+            if len(last) != schedule.placement.count(rank):
+                return False
+            orders.add(tuple(copies.model_stage(s) for s in sorted(last, key=last.get)))
+        if len(orders) > 1:
+            return False
+    return True
 
-    def __init__(self, named_parameters: Iterable[tuple[str, nn.Parameter]], group: Any) -> None:
-        self.parameters = [p for _, p in sorted(named_parameters, key=lambda item: item[0])]
-        self.group = group
-        self.on_host = dist.get_backend(group) == "gloo"
 
-    def __call__(self) -> None:
-        """Leave the sum over the copies in every parameter's ``.grad``."""
-        for p in self.parameters:
-            if p.grad is None:  # a copy that ran no microbatch adds nothing
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in self.parameters]
-        flat = _flatten_dense_tensors(grads)
-        if self.on_host:
-            flat = flat.cpu()  # a no-op for CPU tensors
-        dist.all_reduce(flat, group=self.group)
-        for grad, summed in zip(grads, _unflatten_dense_tensors(flat, grads)):
-            grad.copy_(summed)
+def copy_gradient_sync(stages: dict[int, nn.Module], schedule: Schedule, actions: Sequence[Action], group: Any,
+                       replicas: int, overlap: bool = True) -> GradientSync:
+    """The reduction of this rank's copies' gradients (:class:`~.grad_sync.GradientSync` keyed by
+    model stage, so that the ranks of a group pair the same blocks): their sum over the copies,
+    and the mean over ``replicas``, started right after this rank's last gradient action of each
+    stage when ``overlap`` is on and :func:`copies_finish_in_step`, else after the step's last."""
+    copies = ModelCopies(schedule)
+    return GradientSync(
+        {copies.model_stage(s): stage for s, stage in stages.items()},
+        [a._replace(stage=copies.model_stage(a.stage)) for a in actions],
+        group, replicas, overlap=overlap and copies_finish_in_step(schedule), zero_missing=True,
+    )

@@ -17,7 +17,8 @@ schedule on its shard of the global batch, its pipeline's messages and loss all-
 ``pp`` group; :mod:`~pipesched.runtime.grad_sync` averages the gradients over the replicas while
 the pipeline drains, and the loss and the checks agree over every rank. A schedule of several
 pipelines (DualPipe) holds a copy of the model per pipeline, whose gradients
-:mod:`~pipesched.runtime.copies` sums before the step. With ``dtype=bfloat16``
+:mod:`~pipesched.runtime.copies` sums (with the replicas' mean, in one reduction) while the
+pipeline drains. With ``dtype=bfloat16``
 see :mod:`~pipesched.runtime.precision`.
 """
 
@@ -37,7 +38,7 @@ from ..memory import StageMemory, peak, recompute_stages
 from ..schedule import Schedule
 from ..validate import validate
 from .clock import EventClock, HostClock
-from .copies import CopyGradientSum, ModelCopies, make_copy_groups
+from .copies import ModelCopies, copy_gradient_sync, make_copy_group
 from .guard import NonFiniteWeights, first_nonfinite
 from .grad_sync import GradientSync
 from .memory_meter import ActivationMeter
@@ -98,8 +99,8 @@ class PipelineRuntime:
     ``"none"`` or the model's stage indices (DualPipe: ``0..p-1``, each recomputed in both
     copies). Their forward keeps only the blocks' inputs.
     ``mesh`` (default: the whole world is one pipeline) places this rank among data-parallel
-    replicas; ``overlap_grad_sync=False`` reduces their gradients only after the step's last
-    action. ``dtype=torch.bfloat16`` computes under autocast and sends bf16 boundary tensors.
+    replicas; ``overlap_grad_sync=False`` reduces their gradients (and DualPipe's copies') only
+    after the step's last action. ``dtype=torch.bfloat16`` computes under autocast and sends bf16 boundary tensors.
     ``overlap_streams=True`` runs an overlapped pair's forward half on a CUDA stream of its own
     (:mod:`~pipesched.runtime.overlap_streams`; opt-in: no GPU has run it yet); otherwise, and
     always on a CPU, the halves run one after the other.
@@ -175,16 +176,22 @@ class PipelineRuntime:
         self.transport = Transport(
             self.plan, groups, shapes, self.device, timeout_s, host_staging=host_staging, global_rank=self.mesh.global_rank
         )
-        self.grad_sync = (
-            GradientSync(self.stages, self.plan.actions, self.mesh.dp_group, self.mesh.dp, overlap_grad_sync)
-            if self.mesh.dp > 1 else None
-        )
-        copy_group = make_copy_groups(schedule, self.mesh.grid, self.mesh.dp_rank, self.rank, timeout_s)
-        self.sum_copies = CopyGradientSum(self.named_parameters(), copy_group) if copy_group is not None else None
+        self.grad_sync = self._gradient_sync(overlap_grad_sync, timeout_s)
         self.streams = OverlapStreams(schedule, self.rank, self.device, overlap_streams)
         self.transport.connect()
         self.sync_actions = sync_actions
         self.steps_done = 0
+
+    def _gradient_sync(self, overlap: bool, timeout_s: float) -> Optional[GradientSync]:
+        """What reduces this rank's gradients across ranks: the model copies' sum and the
+        replicas' mean in one all-reduce per stage (several pipelines), the replicas' mean
+        (data parallelism), or nothing."""
+        if self.schedule.pipelines > 1:
+            group = make_copy_group(self.schedule, self.mesh.grid, self.rank, timeout_s)
+            return copy_gradient_sync(self.stages, self.schedule, self.plan.actions, group, self.mesh.dp, overlap)
+        if self.mesh.dp > 1:
+            return GradientSync(self.stages, self.plan.actions, self.mesh.dp_group, self.mesh.dp, overlap)
+        return None
 
     # -- one step --------------------------------------------------------------------------
 
@@ -212,8 +219,6 @@ class PipelineRuntime:
             self.memory_sizes = dict(self._measured)
         if self.grad_sync is not None:
             self.grad_sync.finish()
-        if self.sum_copies is not None:
-            self.sum_copies()
         loss, bad_mb, bad_value, grad_norm = self._agree(losses)
         skipped = False
         if bad_mb >= 0:

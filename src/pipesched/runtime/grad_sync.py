@@ -1,5 +1,7 @@
-"""Data-parallel gradient reduction, overlapped with the rest of the pipeline.
+"""Gradient reduction across ranks holding the same stages, overlapped with the rest of the pipeline.
 
+Two reductions use it: data parallelism (the replicas' mean of each stage's gradients) and a
+schedule of several model copies (DualPipe: the copies' sum, :mod:`~pipesched.runtime.copies`).
 A stage's gradients are final once the last of its gradient-producing actions of the step (its
 last ``W``, or its last ``B`` without split backward) has run. The plan says which action that is,
 so right after it this rank flattens the stage's gradients into buckets and starts one
@@ -10,7 +12,8 @@ the mean over its own shard, so the mean of the replicas' gradients is the gradi
 over the global batch, as one process would compute it on the whole batch.
 
 ``overlap=False`` starts every reduction only after the last action of the step (the baseline
-the overlap is measured against). Over gloo, gradients on a GPU are reduced through host copies
+the overlap is measured against, and the fallback where the ranks of a group would not start
+their reductions in the same order: collectives must match one for one). Over gloo, gradients on a GPU are reduced through host copies
 (as the pipeline's messages are).
 """
 
@@ -38,22 +41,30 @@ def last_gradient_actions(actions: Sequence[Action]) -> dict[int, int]:
 
 
 class GradientSync:
-    """Buckets and asynchronous all-reduces of one rank's stage gradients across ``group``."""
+    """Buckets and asynchronous all-reduces of one rank's stage gradients across ``group``.
+
+    ``stages`` and the stages of ``actions`` are keyed alike on every rank of the group (the
+    same key, the same modules), and every rank of the group must finish its stages in the same
+    order when ``overlap`` is on. The sum is divided by ``divisor`` (the replicas: their mean).
+    ``zero_missing``: a parameter without a gradient adds zeros instead of being left out (a model
+    copy whose microbatches never reached it must still match the other copy's buckets)."""
 
     def __init__(
         self,
         stages: dict[int, nn.Module],
         actions: Sequence[Action],
         group: Any,
-        replicas: int,
+        divisor: int,
         overlap: bool = True,
         bucket_bytes: int = BUCKET_BYTES,
+        zero_missing: bool = False,
     ) -> None:
         self.stages = stages
         self.group = group
-        self.replicas = replicas
+        self.divisor = divisor
         self.overlap = overlap
         self.bucket_bytes = bucket_bytes
+        self.zero_missing = zero_missing
         self.stage_done_at = {i: s for s, i in last_gradient_actions(actions).items()}
         self.on_host = dist.get_backend(group) == "gloo"
         self.pending: list[tuple[Any, torch.Tensor, list[torch.Tensor]]] = []
@@ -65,19 +76,25 @@ class GradientSync:
             self._start(stage)
 
     def finish(self) -> None:
-        """Wait for every reduction of the step and leave the replicas' mean in ``.grad``."""
+        """Wait for every reduction of the step and leave the reduced gradients in ``.grad``."""
         if not self.overlap:
-            for stage in sorted(self.stage_done_at.values()):
+            for stage in sorted(self.stages):
                 self._start(stage)
         for work, flat, grads in self.pending:
             work.wait()
-            flat.div_(self.replicas)
+            if self.divisor != 1:
+                flat.div_(self.divisor)
             for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
                 grad.copy_(reduced)  # back onto the gradient's device
         self.pending = []
 
     def _start(self, stage: int) -> None:
-        grads = [p.grad for p in self.stages[stage].parameters() if p.grad is not None]
+        params = list(self.stages[stage].parameters())
+        if self.zero_missing:
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params if p.grad is not None]
         for bucket in _buckets(grads, self.bucket_bytes):
             flat = _flatten_dense_tensors(bucket)
             if self.on_host:
