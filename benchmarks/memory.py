@@ -45,7 +45,7 @@ from pipesched.runtime.train import make_optimizer
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min", "dualpipe")
 ORDER = ("v-min", "v-half", "zb-v", "1f1b", "zb-h1", "zb-h2", "gpipe")
-RECOMPUTED = ("gpipe", "1f1b", "zb-h1", "zb-v", "v-half")  # also measured with every stage recomputed
+RECOMPUTED = ("gpipe", "1f1b", "zb-h1", "zb-v", "v-half", "dualpipe")  # also measured with every stage recomputed
 MODELS = {
     "mlp": dict(blocks=8, dim=64, hidden=256),  # 9 blocks
     "gpt": dict(layers=6, dim=64, heads=4, context=32),  # 8 blocks
