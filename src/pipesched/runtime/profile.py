@@ -23,9 +23,8 @@ from ..costs import Costs
 from ..errors import ConfigError
 from ..memory import MemorySizes
 from ..registry import build_schedule
-from .copies import balancing_placement
+from .copies import balanced_block_counts
 from .models import MODELS, get_model
-from .partition import balanced_counts
 from .timeline import calibrated_comm, median_costs
 from .train import TrainConfig, run
 
@@ -125,7 +124,7 @@ def profile(
     if md.num_blocks < ranks:
         raise ConfigError(f"--model {model} has {md.num_blocks} blocks, fewer than {ranks} ranks")
     schedule = build_schedule(PROFILE_SCHEDULE, ranks, microbatches)
-    blocks = tuple(balanced_counts(md.block_costs, balancing_placement(schedule)))  # as the run splits them
+    blocks = tuple(balanced_block_counts(md.block_costs, schedule))  # as the run splits them
     result = run(TrainConfig(model, schedule, steps, batch_size, seed=seed, model_size=size, timeout_s=timeout_s,
                              block_counts=blocks))
     steps_measured = result.timelines[1:]
