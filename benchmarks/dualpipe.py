@@ -2,8 +2,8 @@
 
 Default: ``dualpipe`` (two model copies, fed from both ends), ``dualpipev`` and ``zb-v`` on the
 same ranks, model and batch (blocks balanced per schedule), stepped turn by turn in the same
-processes (a warm-up step, then a burst of steps each turn), so that the machine's drift hits
-all alike; prints each one's median step and the median of the per-turn ratios to zb-v, with
+processes (a warm-up step, then a burst of steps each turn, in reverse order every other
+turn), so that the machine's drift hits all alike; prints each one's median step and the median of the per-turn ratios to zb-v, with
 the simulator's ratios at unit costs beside them (what the order alone predicts). dualpipe runs
 twice: summing its two copies' gradients stage by stage while the pipeline drains (the default)
 and after the last action (``overlap_grad_sync=False``); and what that sum costs alone.
@@ -53,10 +53,12 @@ def _runtime(md, schedule, overlap_streams=False, overlap_grad_sync=True) -> Pip
 
 
 def _turns(runtimes: dict, md, rounds: int, burst: int) -> dict[str, list[float]]:
-    """Per variant, its median step of each turn (a warm-up step first, not counted)."""
+    """Per variant, its median step of each turn (a warm-up step first, not counted); the
+    variants go in reverse order every other turn, so that none always follows the same one."""
     per_turn = {label: [] for label in runtimes}
+    order = list(runtimes.items())
     for turn in range(rounds):
-        for label, rt in runtimes.items():
+        for label, rt in (order if turn % 2 == 0 else order[::-1]):
             times = []
             for i in range(burst + 1):
                 result = rt.step(*md.batch(turn * (burst + 1) + i, BATCH, SEED))
