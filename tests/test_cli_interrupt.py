@@ -28,6 +28,14 @@ LONG_PLANNING = [
     ["simulate", "zb-auto", "-p", "32", "-m", "64"],
 ]
 
+# A command started from a terminal has Ctrl-C delivered and handled by default; a child of this
+# test process might not (an earlier test may have left SIGINT ignored or blocked in the thread
+# that starts it, and both are inherited): restore the terminal's defaults, then become the command.
+AS_FROM_A_TERMINAL = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); os.execv(sys.argv[1], sys.argv[1:])"
+)
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads CPU time from /proc")
 
 
@@ -38,8 +46,8 @@ def _cpu_seconds(pid: int) -> float:
 
 def _interrupted(argv: list[str]) -> tuple[subprocess.CompletedProcess, float]:
     """Start ``pipesched ARGV``, press Ctrl-C once it plans; the result and the seconds it took to stop."""
-    proc = subprocess.Popen([str(SCRIPT), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=cli_env(), start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL, str(SCRIPT), *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=cli_env(), start_new_session=True)
     while proc.poll() is None and _cpu_seconds(proc.pid) < STARTED_CPU_S:
         time.sleep(0.05)
     pressed = time.monotonic()

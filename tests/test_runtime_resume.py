@@ -99,7 +99,7 @@ class PausedRun:
             time.sleep(0.05)
         return [int(f.read_text()) for f in files]
 
-    def finish(self, timeout: float = 60) -> subprocess.CompletedProcess:
+    def finish(self, timeout: float = 180) -> subprocess.CompletedProcess:
         out, err = self.proc.communicate(timeout=timeout)
         return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
 
