@@ -39,6 +39,20 @@ def cli():
     return run_cli
 
 
+# A command typed at a terminal gets Ctrl-C delivered and handled by default. A child of the test
+# process inherits its SIGINT state instead, which a shell may have set to ignored (a background
+# job's) or an earlier test left blocked: restore the terminal's defaults, then become the command.
+_AS_FROM_A_TERMINAL = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
+def as_from_a_terminal(argv: list[str]) -> list[str]:
+    """``argv`` started with a terminal's SIGINT handling (same process id, for signalling it)."""
+    return [sys.executable, "-c", _AS_FROM_A_TERMINAL, *argv]
+
+
 def concurrently(run: Callable[[T], R], rows: Iterable[T], workers: int = 4) -> list[R]:
     """``run`` over ``rows``, ``workers`` at a time, results in row order.
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_env, concurrently
+from conftest import as_from_a_terminal, cli_env, concurrently
 
 SCRIPT = Path(sys.executable).with_name("pipesched")
 STARTED_CPU_S = 1.5  # more than the start-up's CPU time (about 0.6 s), far less than the planning's
@@ -27,14 +27,6 @@ LONG_PLANNING = [
     ["advise", "-p", "16", "-m", "64"],
     ["simulate", "zb-auto", "-p", "32", "-m", "64"],
 ]
-
-# A command started from a terminal has Ctrl-C delivered and handled by default; a child of this
-# test process might not (an earlier test may have left SIGINT ignored or blocked in the thread
-# that starts it, and both are inherited): restore the terminal's defaults, then become the command.
-AS_FROM_A_TERMINAL = (
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); os.execv(sys.argv[1], sys.argv[1:])"
-)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads CPU time from /proc")
 
@@ -46,7 +38,7 @@ def _cpu_seconds(pid: int) -> float:
 
 def _interrupted(argv: list[str]) -> tuple[subprocess.CompletedProcess, float]:
     """Start ``pipesched ARGV``, press Ctrl-C once it plans; the result and the seconds it took to stop."""
-    proc = subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL, str(SCRIPT), *argv], stdout=subprocess.PIPE,
+    proc = subprocess.Popen(as_from_a_terminal([str(SCRIPT), *argv]), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=cli_env(), start_new_session=True)
     while proc.poll() is None and _cpu_seconds(proc.pid) < STARTED_CPU_S:
         time.sleep(0.05)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SRC, concurrently
+from conftest import SRC, as_from_a_terminal, concurrently
 
 torch = pytest.importorskip("torch")
 
@@ -82,8 +82,8 @@ class PausedRun:
         self.pids_dir.mkdir()
         self.checkpoints = tmp_path / "checkpoints"
         self.proc = subprocess.Popen(
-            [str(PIPESCHED), "train", *RUN, "--schedule", schedule, "--checkpoint-dir", str(self.checkpoints),
-             "--checkpoint-every", "1"],
+            as_from_a_terminal([str(PIPESCHED), "train", *RUN, "--schedule", schedule, "--checkpoint-dir",
+                                str(self.checkpoints), "--checkpoint-every", "1"]),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(self.pids_dir),
             start_new_session=True,
         )
