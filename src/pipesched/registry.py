@@ -104,7 +104,7 @@ class Family:
     uses_memory_limit: bool = False  # True when memory_limit steers the construction
     uses_objective: bool = False  # True when the objective steers the construction
     searches_chunks: bool = False  # True: chunks=None reaches the builder, which tries every count
-    parameter_copies: int = 1  # model copies each rank holds (DualPipe: 2; the runtime runs 1)
+    parameter_copies: int = 1  # model copies each rank holds (DualPipe: 2)
     # how many candidate schedules build() makes and simulates for (ranks, microbatches), at most
     search_width: Callable[[int, int], int] = single_candidate
     # how many more it simulates when the request searches recomputation (a memory limit and a

@@ -71,7 +71,7 @@ def advise(
     plan = batch_plan(ranks, microbatches, global_batch, microbatch_size, min_microbatch_size, max_microbatches)
     if cost_model is None:
         cost_model = ScaledCosts(costs or Costs(), memory_limit, overhead)
-    # the advisor's memory model and the runtime both hold one copy of the weights (not DualPipe)
+    # the advisor's memory model holds one copy of the weights (not DualPipe's two)
     family_list = list(families) if families is not None else [
         f for f in registered_families() if f.parameter_copies == 1
     ]
