@@ -6,7 +6,7 @@ simulating it visits each action a few times. The work therefore grows with the 
     actions built = stages x microbatches x kinds (F+B, or F+I+W) x candidates
 
 where ``candidates`` is how many schedules a searching family builds and simulates to pick one
-(``Family.search_width``: 1 for the handcrafted families, about 30 for ``zb-auto``; a compacted
+(``Family.search_width``: 1 for the handcrafted families, about 30 for ``zb-auto`` at large sizes; a compacted
 V program counts as ``COMPACTION_COST`` schedules; a request that has zb-auto search recomputation
 adds its recomputing candidates, ``Family.recompute_search_width``). Measured on this project's shared 2-core
 machine (benchmarks/RESULTS.md, "Reliability: bounded planning work"), one action built costs
