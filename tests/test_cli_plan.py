@@ -39,6 +39,34 @@ def test_export_then_simulate_the_csv(tmp_path):
     assert json.loads(out.stdout)["makespan"] == 3 * 8 + 3
 
 
+def test_a_dualpipe_csv_loads_back_as_its_two_pipelines_in_simulate_draw_and_train(tmp_path):
+    target = tmp_path / "dp.csv"
+    exported = run_cli("export", "dualpipe", "-p", "4", "-m", "8", "-o", str(target))
+    assert exported.returncode == 0 and "placement=v pipelines=2" in exported.stderr
+    loaded = run_cli("simulate", "--csv", str(target), "--json", "--costs", "1,1.5,0.5", "--comm", "0.1")
+    built = run_cli("simulate", "dualpipe", "-p", "4", "-m", "8", "--json", "--costs", "1,1.5,0.5", "--comm", "0.1")
+    assert loaded.returncode == 0, loaded.stderr
+    assert {**json.loads(loaded.stdout), "schedule": "dualpipe"} == json.loads(built.stdout)  # "dp": the file's
+    drawn = run_cli("draw", "--csv", str(target), "-o", str(tmp_path / "dp.svg"))
+    assert drawn.returncode == 0 and "pipelines=2" in drawn.stderr, drawn.stderr
+    # train loads and validates the CSV before it starts a process: its microbatch check answers
+    trained = run_cli("train", "--csv", str(target), "--ranks", "4", "--microbatches", "6")
+    assert trained.returncode == 2
+    assert "dp.csv has 8 microbatches but --microbatches is 6" in trained.stderr
+
+
+def test_a_two_pipeline_csv_that_no_split_explains_is_one_line_and_exit_2(tmp_path):
+    rows = run_cli("export", "dualpipe", "-p", "2", "-m", "4").stdout.splitlines()
+    assert rows[1].startswith("2F2,")  # rank 1 feeds the reverse copy: stages 2-3, microbatches 2-3
+    path = tmp_path / "bad.csv"
+    path.write_text(rows[0] + "\n" + rows[1].replace("2F2,", "2F1,", 1) + "\n")
+    out = run_cli("simulate", "--csv", str(path))
+    assert out.returncode == 2
+    assert out.stderr.startswith("pipesched: error: the stages run different microbatches")
+    assert "stages 0-1 run 0-1, stage 2 runs 1-3, stage 3 runs 2-3" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
 def test_export_to_stdout_is_the_csv():
     out = run_cli("export", "1f1b", "-p", "2", "-m", "2")
     assert out.stdout.splitlines() == ["0F0,0F1,0B0,0B1", "1F0,1B0,1F1,1B1"]

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipesched import Costs, ConfigError, Schedule, ScheduleError, build_schedule, simulate, validate
+from pipesched import Costs, ConfigError, CSVFormatError, Schedule, build_schedule, simulate, validate
 from pipesched.actions import Action, Overlap, sub_actions
 from pipesched.simulate import action_durations
 
@@ -84,13 +84,31 @@ def test_both_copies_of_a_stage_cost_the_same_under_skewed_stage_costs():
     assert table[(0, "F")] == table[(4, "F")] == pytest.approx(1.0)
 
 
-def test_its_csv_reads_back_only_when_told_the_two_pipelines():
-    schedule = build_schedule("dualpipe", 4, 8)
-    text = schedule.to_csv()
-    back = validate(Schedule.from_csv(text, pipelines=2))
-    assert simulate(back).makespan == simulate(schedule).makespan
-    with pytest.raises(ScheduleError, match="never runs"):
-        validate(Schedule.from_csv(text))
+@pytest.mark.parametrize("p,m", [(2, 3), (4, 8), (6, 13)])
+def test_its_csv_reads_back_as_two_pipelines_from_which_microbatches_each_stage_runs(p, m):
+    schedule = build_schedule("dualpipe", p, m)
+    back = validate(Schedule.from_csv(schedule.to_csv()))
+    assert back.pipelines == 2
+    assert (back.orders, back.placement, back.microbatches) == (schedule.orders, schedule.placement, m)
+    costs = Costs(F=1, B=1.5, W=0.5, comm=0.1)
+    assert simulate(back, costs).makespan == simulate(schedule, costs).makespan
+
+
+def test_a_two_pipeline_csv_whose_stage_runs_another_block_is_refused_naming_what_each_stage_runs():
+    # stage 5 (the reverse copy's stage 1) runs microbatch 3, the forward copy's, instead of 7
+    rows = [",".join(str(_renumbered(entry)) for entry in build_schedule("dualpipe", 4, 8).rank_entries(r))
+            for r in range(4)]
+    with pytest.raises(CSVFormatError) as refused:
+        Schedule.from_csv("\n".join(rows) + "\n")
+    assert ("stages 0-3 run 0-3, stage 4 runs 4-7, stage 5 runs 3-6, stages 6-7 run 4-7"
+            in str(refused.value))
+
+
+def _renumbered(entry):
+    def moved(a: Action) -> Action:
+        return Action(5, a.kind, 3) if (a.stage, a.microbatch) == (5, 7) else a
+
+    return Overlap(moved(entry.forward), moved(entry.backward)) if isinstance(entry, Overlap) else moved(entry)
 
 
 @pytest.mark.parametrize("p,m,fragment", [(3, 8, "even number of ranks"), (4, 1, "microbatches >= 2")])
@@ -124,7 +142,7 @@ def late_finishing_copy(schedule: Schedule) -> Schedule:
     lines = schedule.to_csv().splitlines()
     assert lines[1].endswith(",1B1,2I3,2W3")
     lines[1] = lines[1].replace(",1B1,2I3,2W3", ",2I3,2W3,1B1")
-    return validate(Schedule.from_csv("\n".join(lines) + "\n", name="late copy", pipelines=2))
+    return validate(Schedule.from_csv("\n".join(lines) + "\n", name="late copy"))
 
 
 def test_a_rank_starts_summing_a_stage_with_its_copy_when_both_ranks_finish_stages_in_one_order():

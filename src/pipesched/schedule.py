@@ -18,6 +18,7 @@ from .actions import Action, Overlap, parse_slot, sub_actions
 from .actions import Slot as Entry
 from .errors import CSVFormatError
 from .execution import Program, lower
+from .pipelines import infer_pipelines, pipeline_block
 from .placement import placement_style, stages_by_rank
 
 Slot = Optional[Entry]  # an action, an overlapped pair, or None for an idle slot
@@ -36,7 +37,8 @@ class Schedule:
     length, each a whole copy of the model that is its own pipeline: the first stage of a run
     takes fresh inputs, its last computes the loss, and each run processes its own contiguous
     block of the microbatches (:meth:`stage_microbatches`), so microbatch numbers stay unique.
-    torch's CSV cannot say this: a CSV read back is always one pipeline.
+    torch's CSV has no field for it: :meth:`from_csv` reads it from which microbatches each
+    stage runs (:func:`~pipesched.pipelines.infer_pipelines`).
 
     ``meta`` is the user's: who built the schedule and how (zb-auto's origin, interleaving's
     group). Data derived from the programs (:attr:`program`, :attr:`derived`) lives in cached
@@ -67,10 +69,8 @@ class Schedule:
         return stage % self.pipeline_length
 
     def stage_microbatches(self, stage: int) -> range:
-        """The microbatches ``stage`` runs: all, or its pipeline's block (pipeline ``j`` of
-        ``P`` gets ``[ceil(j*m/P), ceil((j+1)*m/P))``, so the first copies take any extra one)."""
-        j, m, count = stage // self.pipeline_length, self.microbatches, self.pipelines
-        return range(-(-j * m // count), -(-(j + 1) * m // count))
+        """The microbatches ``stage`` runs: all, or its pipeline's block (:func:`pipeline_block`)."""
+        return pipeline_block(stage // self.pipeline_length, self.microbatches, self.pipelines)
 
     @property
     def chunks(self) -> int:
@@ -144,9 +144,10 @@ class Schedule:
         return buffer.getvalue()
 
     @classmethod
-    def from_csv(cls, text: str, name: str = "csv", pipelines: int = 1) -> "Schedule":
-        """Parse torch's compute-only CSV; placement is inferred from which row holds a stage.
-        The CSV cannot say how many pipelines the stages form: ``pipelines`` tells it.
+    def from_csv(cls, text: str, name: str = "csv", pipelines: Optional[int] = None) -> "Schedule":
+        """Parse torch's compute-only CSV; placement is inferred from which row holds a stage,
+        and the pipelines (model copies) from which microbatches each stage runs, unless
+        ``pipelines`` says it.
 
         A leading byte-order mark (U+FEFF, as Excel and some Windows tools write) is ignored.
         """
@@ -160,10 +161,12 @@ class Schedule:
 
     @classmethod
     def from_orders(
-        cls, orders: Sequence[Sequence[Slot]], name: str = "custom", pipelines: int = 1
+        cls, orders: Sequence[Sequence[Slot]], name: str = "custom", pipelines: Optional[int] = None
     ) -> "Schedule":
-        """Build from per-rank action lists, inferring placement and microbatch count."""
+        """Build from per-rank action lists, inferring placement, microbatch count and (unless
+        given) the number of pipelines."""
         stage_rank: dict[int, int] = {}
+        stage_runs: dict[int, set[int]] = {}
         most_mb = -1
         for rank, order in enumerate(orders):
             for action in (a for entry in order if entry is not None for a in sub_actions(entry)):
@@ -173,6 +176,7 @@ class Schedule:
                         f"stage {action.stage} appears on rank {held} and on rank {rank} "
                         f"(action {action}): each stage must live on one rank"
                     )
+                stage_runs.setdefault(action.stage, set()).add(action.microbatch)
                 most_mb = max(most_mb, action.microbatch)
         if not stage_rank:
             raise CSVFormatError("the schedule holds no actions")
@@ -184,6 +188,8 @@ class Schedule:
                 "stages must be numbered 0..S-1 without gaps"
             )
         placement = tuple(stage_rank[s] for s in range(stages))
+        if pipelines is None:
+            pipelines = infer_pipelines([frozenset(stage_runs[s]) for s in range(stages)], most_mb + 1)
         return cls(
             ranks=len(orders),
             microbatches=most_mb + 1,
