@@ -14,6 +14,7 @@ from ..advise.estimate import (
     ATTENTION_KERNELS, DEFAULT_TFLOPS, DTYPE_BYTES, Hardware, TransformerCosts, TransformerSpec,
 )
 from ..advise.explain import WHOLE_DEVICE, memory_text
+from ..advise.howto import guidance
 from ..costs import Costs
 from ..errors import ConfigError
 from ..registry import families as registered_families, get_family
@@ -93,7 +94,7 @@ def advise_cmd(
         if as_json:
             typer.echo(json.dumps(result.to_json()))
         else:
-            print_advice(result, None, top)
+            print_advice(result, None, top, trained_model=(model_name, batch_size))
         return
     if gpus is not None or report is not None:
         layout_options.run(
@@ -185,8 +186,10 @@ def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm
     return TransformerCosts(spec, ranks, hardware, limit=memory_limit, activation_limit=limit_bytes)
 
 
-def print_advice(result: Advice, model: Optional[TransformerCosts], top: int) -> None:
-    """The ranked table, the recommendation and why."""
+def print_advice(result: Advice, model: Optional[TransformerCosts], top: int,
+                 trained_model: Optional[tuple[str, int]] = None) -> None:
+    """The ranked table, the recommendation and why, and how to run it (``trained_model``: the
+    built-in model and batch size the costs were measured on, if they were)."""
     from rich.console import Console
 
     console = Console()
@@ -200,13 +203,8 @@ def print_advice(result: Advice, model: Optional[TransformerCosts], top: int) ->
         console.print(f"  - {note}")
     if best.layers_per_stage:
         console.print(f"  Layers per stage (model order): {', '.join(map(str, best.layers_per_stage))}")
-    limit = f" --memory-limit {best.memory_limit:.6g}" if best.memory_limit is not None else ""
-    limit += f" --objective {best.objective}" if best.objective and best.objective != "makespan" else ""
-    console.print(
-        f"  Build it: pipesched export {best.schedule} --ranks {result.ranks} "
-        f"--microbatches {best.microbatches} --chunks {best.chunks}{limit}"
-        + ("  (and train it with --recompute all)" if best.recompute != "none" else "")
-    )
+    for line in guidance(best, result.ranks, trained_model=trained_model):
+        console.print(f"  {line}", highlight=False)
 
 
 def advice_table(result: Advice, top: int) -> Table:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from ..advise.estimate import TransformerCosts
+from ..advise.howto import guidance
 from ..advise.layout import DEFAULT_DP_LATENCY_MS, LayoutAdvice, advise_layouts
 from ..errors import ConfigError
 from ..outfiles import check_output_path, write_atomic
@@ -50,11 +51,10 @@ def run(gpus: Optional[int], global_batch: Optional[int], model: TransformerCost
     console.print(f"[bold green]Recommendation:[/bold green] {recommendation(advice)}")
     for line in advice.skipped:
         console.print(f"  - skipped {line}")
-    console.print(
-        f"  Run it: pipesched train --schedule {best.candidate.schedule} --ranks {best.pp} --dp {best.dp} "
-        f"--microbatches {best.candidate.microbatches} --chunks {best.candidate.chunks} "
-        f"--batch-size {advice.global_batch}"
-    )
+    if best.candidate.layers_per_stage:
+        console.print(f"  Layers per stage (model order): {', '.join(map(str, best.candidate.layers_per_stage))}")
+    for line in guidance(best.candidate, best.pp, best.dp):
+        console.print(f"  {line}", highlight=False)
 
 
 def recommendation(advice: LayoutAdvice) -> str:

@@ -1,0 +1,105 @@
+"""How to run what the advisor recommends: commands and calls that are accepted as printed.
+
+The advisor plans for costs (given, measured, or from a model's dimensions), not for one of
+``pipesched train``'s built-in models, so its guidance is the schedule itself (``pipesched
+export`` or ``pipesched.build_schedule`` with the candidate's costs and limit, which rebuild the
+simulated order) and the runtime calls that run it on the user's own model under torchrun
+(docs/runtime.md, "Your own model"; docs/data-parallel.md for replicas). ``pipesched train``
+appears only for a measured built-in model whose blocks split into the schedule's stages.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..costs import UNIT, Costs
+from ..registry import get_family
+from .result import Candidate
+
+
+def guidance(c: Candidate, pp: int, dp: int = 1, trained_model: Optional[tuple[str, int]] = None) -> list[str]:
+    """The lines that say how to build and run ``c`` on ``pp`` pipeline ranks x ``dp`` replicas.
+
+    ``trained_model``: (built-in model name, batch size) when the costs were measured on one of
+    ``pipesched train``'s models; its ``train`` command is added when that model fits the stages.
+    """
+    csv = f"{c.schedule}.csv"
+    lines = [f"Build it: {export_command(c, pp)} -o {csv}"]
+    if trained_model is not None:
+        command = train_command(c, pp, dp, csv, *trained_model)
+        if command is not None:
+            lines.append(f"Train it: {command}")
+    world = pp * dp
+    mesh = f", mesh=init_pipeline_mesh(pp={pp}, dp={dp})" if dp > 1 else ""
+    recompute = ', recompute="all"' if c.recompute != "none" else ""
+    counts = ", block_counts=COUNTS" if c.layers_per_stage else ""
+    lines += [
+        "Run it on your own model (docs/runtime.md, docs/data-parallel.md), on every rank:",
+        f"  schedule = {build_call(c, pp)}",
+        f"  runtime = PipelineRuntime(build_block, num_blocks, schedule, loss_fn, optimizer, sample_input"
+        f"{counts}{mesh}{recompute})",
+    ]
+    if c.layers_per_stage:
+        lines.append("  COUNTS: your blocks per stage, split as the layers per stage above")
+    lines.append(
+        f"Launch: torchrun --nproc-per-node {world} YOUR_SCRIPT.py (WORLD_SIZE = pp x dp = {pp} x {dp} = {world}; "
+        f"on N nodes: --nnodes N --nproc-per-node {world}/N)"
+    )
+    return lines
+
+
+def export_command(c: Candidate, ranks: int) -> str:
+    """``pipesched export`` with every flag that rebuilds ``c``'s order (costs steer some families)."""
+    flags = f" --memory-limit {c.memory_limit:.10g}" if c.memory_limit is not None else ""
+    flags += f" --objective {c.objective}" if _steered_by_objective(c) else ""
+    costs = c.costs
+    if _costs_matter(costs):
+        flags += f" --costs {costs.F:.10g},{costs.B:.10g},{costs.W:.10g}"
+        flags += f" --comm {costs.comm:.10g}" if costs.comm else ""
+        if costs.stage_multipliers:
+            flags += " --stage-multipliers " + ",".join(f"{x:.10g}" for x in costs.stage_multipliers)
+    return f"pipesched export {c.schedule} --ranks {ranks} --microbatches {c.microbatches} --chunks {c.chunks}{flags}"
+
+
+def build_call(c: Candidate, ranks: int) -> str:
+    """The ``pipesched.build_schedule(...)`` call that rebuilds ``c``."""
+    args = [f'"{c.schedule}"', f"ranks={ranks}", f"microbatches={c.microbatches}", f"chunks={c.chunks}"]
+    costs = c.costs
+    if _costs_matter(costs):
+        fields = [f"F={costs.F:.10g}", f"B={costs.B:.10g}", f"W={costs.W:.10g}"]
+        fields += [f"comm={costs.comm:.10g}"] if costs.comm else []
+        if costs.stage_multipliers:
+            fields.append("stage_multipliers=(" + ", ".join(f"{x:.10g}" for x in costs.stage_multipliers) + ")")
+        args.append(f"costs=pipesched.Costs({', '.join(fields)})")
+    if c.memory_limit is not None:
+        args.append(f"memory_limit={c.memory_limit:.10g}")
+    if _steered_by_objective(c):
+        args.append(f'objective="{c.objective}"')
+    return f"pipesched.build_schedule({', '.join(args)})"
+
+
+def train_command(c: Candidate, pp: int, dp: int, csv: str, model: str, batch_size: int) -> Optional[str]:
+    """``pipesched train`` running the exported ``csv`` on built-in ``model``, or None when the
+    model's blocks do not split into the schedule's stages (train would refuse it)."""
+    from ..errors import ConfigError
+    from ..runtime.models import get_model
+    from ..runtime.partition import block_counts
+
+    if batch_size % (dp * c.microbatches):
+        return None  # train refuses a batch that does not split into the microbatches
+    try:
+        block_counts(get_model(model).num_blocks, pp * c.chunks)
+    except ConfigError:
+        return None
+    dp_flag = f" --dp {dp}" if dp > 1 else ""
+    recompute = " --recompute all" if c.recompute != "none" else ""
+    return f"pipesched train --model {model} --csv {csv} --ranks {pp}{dp_flag} --batch-size {batch_size}{recompute}"
+
+
+def _costs_matter(costs: Costs) -> bool:
+    return (costs.F, costs.B, costs.W, costs.comm, costs.stage_multipliers) != (
+        UNIT.F, UNIT.B, UNIT.W, UNIT.comm, UNIT.stage_multipliers)
+
+
+def _steered_by_objective(c: Candidate) -> bool:
+    return bool(c.objective) and c.objective != "makespan" and get_family(c.schedule).uses_objective
