@@ -140,6 +140,12 @@ TRAIN_BAD_INPUTS: list[tuple[str, str]] = [
     ("train --csv {dir}", "is a folder"),
     ("train --batch-size 10 -m 4", "does not split into 4 equal microbatches"),
     ("train -s 1f1b --memory-limit 512KiB", "a size in bytes needs --schedule auto or zb-auto"),
+    # --costs steers zb-auto's plan only (refused before torch is imported)
+    ("train -s 1f1b --costs 1,1.4,0.6", "--costs with --schedule 1f1b: train builds it without costs"),
+    ("train -s auto --costs 1,1,1", "auto measures the costs"),
+    ("train --csv {csv} --costs 1,1,1", "is already planned"),
+    ("train -s zb-auto --comm 0.1", "--comm 0.1 goes with --costs F,B,W"),
+    ("train -s zb-auto --costs 1,2", "expected three numbers F,B,W"),
 ]
 
 

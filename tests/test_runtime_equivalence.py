@@ -19,6 +19,7 @@ from test_dualpipe import late_finishing_copy  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 TOL = 1e-5
+MEASURED_LIKE = pipesched.Costs(F=3.5, B=3.4, W=2.1, comm=0.6, stage_multipliers=(1.18, 0.82))
 
 
 @pytest.mark.timeout(150)
@@ -26,6 +27,10 @@ def test_every_registered_schedule_and_torch_csvs_on_two_ranks():
     size = dict(blocks=7, dim=16, hidden=32)
     schedules = [(f.name, pipesched.build_schedule(f.name, 2, 4)) for f in pipesched.families()]
     schedules.append(("dualpipe m=3", pipesched.build_schedule("dualpipe", 2, 3)))  # 2 microbatches one way, 1 the other
+    # zb-auto as train plans it from a profile: skewed passes, a heavy stage, a delay per message
+    measured = pipesched.build_schedule("zb-auto", 2, 4, costs=MEASURED_LIKE)
+    assert measured.orders != dict(schedules)["zb-auto"].orders  # not the unit-cost plan
+    schedules.append(("zb-auto, measured-like costs", measured))
     # copies finishing in different orders on the two ranks: summed after the last action
     schedules.append(("dualpipe csv, late copy", late_finishing_copy(pipesched.build_schedule("dualpipe", 2, 4))))
     for name in ("zb-v", "interleaved-1f1b", "interleaved-zb", "dualpipev"):

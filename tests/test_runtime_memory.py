@@ -74,7 +74,7 @@ def test_recomputed_stages_train_exactly_like_the_unpipelined_model_also_with_i_
 
 @pytest.mark.timeout(240)
 def test_zb_auto_under_a_byte_limit_holds_no_more_and_the_json_summary_and_trace_say_so(tmp_path):
-    # zb-auto measures the stage sizes (a short profile), derives what a recomputed stage keeps,
+    # zb-auto measures the stage sizes and costs (one short profile), derives what a recomputed stage keeps,
     # and recomputes to fit a limit below one microbatch's activations (172 KiB per stage)
     path, trace, limit = tmp_path / "run.json", tmp_path / "trace.json", 128 * 2**10
     result = run_cli("train", "--model", "mlp", "--schedule", "zb-auto", "--ranks", "2", "--microbatches", "4",
@@ -82,6 +82,7 @@ def test_zb_auto_under_a_byte_limit_holds_no_more_and_the_json_summary_and_trace
                      "--trace", str(trace))
     assert result.returncode == 0, result.stderr
     assert "a recomputed stage keeps" in result.stderr and "zb-auto: recomputing stages" in result.stderr
+    assert "zb-auto: planned with measured costs F " in result.stderr  # the same profile's
     data = json.loads(path.read_text())
     assert {k: data[k] for k in ("schedule", "ranks", "microbatches", "dp", "dtype")} == {
         "schedule": "zb-auto", "ranks": 2, "microbatches": 4, "dp": 1, "dtype": "fp32"}

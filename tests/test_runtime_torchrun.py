@@ -22,17 +22,19 @@ def losses(text: str) -> str:
     return match.group(0)
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "zb-auto"])
+# zb-auto with given costs: the same plan under both launchers (the built-in one would otherwise
+# profile and plan with measured costs, which torchrun's ranks do not)
+@pytest.mark.parametrize("schedule", [["1f1b"], ["zb-auto", "--costs", "1,1.4,0.6"]], ids=["1f1b", "zb-auto"])
 def test_torchrun_trains_like_the_built_in_launcher(schedule):
     def under_torchrun() -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-             "-m", "pipesched", *ARGS, "--schedule", schedule],
+             "-m", "pipesched", *ARGS, "--schedule", *schedule],
             capture_output=True, text=True, timeout=400, env=cli_env(),
         )
 
     def built_in() -> subprocess.CompletedProcess:
-        return run_cli(*ARGS, "--schedule", schedule, timeout=400)
+        return run_cli(*ARGS, "--schedule", *schedule, timeout=400)
 
     # two independent runs (each its own free port): side by side, each fills the other's idle core
     launched, spawned = concurrently(lambda run: run(), [under_torchrun, built_in], workers=2)

@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from ..costs import Costs
 from ..errors import ConfigError
 from ..outfiles import check_output_path
 from ..registry import build_schedule
@@ -17,6 +18,7 @@ from ..schedule import Schedule
 from . import app, fail
 from . import options as opt
 from .train_layout import Dp, Dtype, check_batch_split, check_layout
+from .train_zb_auto import given_costs, wants_profile, zb_auto_inputs, zb_auto_profile
 
 TORCH_MISSING = "pipesched train needs PyTorch: pip install 'pipesched[torch]' (CPU: pip install torch==2.13.0)"
 
@@ -26,8 +28,15 @@ def train(
     model: str = typer.Option("mlp", "--model", help="mlp (residual MLP stack) or gpt (char-level GPT)."),
     schedule: str = typer.Option(
         "1f1b", "--schedule", "-s",
-        help="Schedule name, none for the single-process reference, or auto (measure, then pipesched advise picks).",
+        help="Schedule name, none for the single-process reference, or auto (measure, then pipesched advise picks); "
+        "zb-auto measures the costs first and plans for them.",
     ),
+    costs: Optional[str] = typer.Option(
+        None, "--costs",
+        help="With --schedule zb-auto: plan with these costs F,B,W (e.g. 1,1.4,0.6; 1,1,1: unit costs) instead of "
+        "measuring them (a short profile before training).",
+    ),
+    comm: Optional[float] = typer.Option(None, "--comm", help="With --costs: latency of every cross-rank transfer, in cost units."),
     memory_limit: Optional[str] = typer.Option(
         None, "--memory-limit",
         help="Peak activations per rank the schedule must fit: with --schedule auto or zb-auto in M_B or bytes "
@@ -76,6 +85,7 @@ def train(
 
     check_numbers(lr, timeout, seed, clip_grad_norm)
     check_checkpoint_flags(checkpoint_dir, checkpoint_every, checkpoint_keep, resume)
+    planning_costs = given_costs(schedule, csv, costs, comm)
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -114,12 +124,14 @@ def train(
             )
         if recompute_input is not None:
             opt.check_recompute_input(recompute_input, limit if limit_bytes is None else limit_bytes)
-        profiles = measures and (limit_bytes is not None or (limit is not None and recompute_input is None))
+        profiles = measures and wants_profile(planning_costs, limit, limit_bytes, recompute_input)
         if profiles:
             _check_batch(model_def, batch_size, dp, microbatches, seed)
-            limit, recompute_input = _measured_limit(model, ranks, microbatches, batch_size // dp, seed, limit,
-                                                     limit_bytes, recompute_input)
-        plan = _schedule(schedule, csv, ranks, microbatches, chunks, limit, recompute_input)
+        if measures:
+            prof = zb_auto_profile(model, ranks, microbatches or 8, batch_size // dp, seed, dtype) if profiles else None
+            planning_costs, limit, recompute_input = zb_auto_inputs(prof, planning_costs, limit, limit_bytes,
+                                                                    recompute_input)
+        plan = _schedule(schedule, csv, ranks, microbatches, chunks, limit, recompute_input, planning_costs)
         recompute = _recompute_of(plan, recompute)
     counts = _parse_counts(stage_blocks)
     if plan is not None:
@@ -203,7 +215,8 @@ def _recompute_of(plan: Optional[Schedule], given: Optional[str]) -> Optional[st
 
 
 def _schedule(name: str, csv: Optional[Path], ranks: int, microbatches: Optional[int], chunks: Optional[int],
-              memory_limit: Optional[float] = None, recompute_input: Optional[float] = None) -> Optional[Schedule]:
+              memory_limit: Optional[float] = None, recompute_input: Optional[float] = None,
+              costs: Optional[Costs] = None) -> Optional[Schedule]:
     if csv is not None:
         from ..validate import validate
         from .plan import load_csv_file
@@ -214,7 +227,7 @@ def _schedule(name: str, csv: Optional[Path], ranks: int, microbatches: Optional
         return loaded
     if name.strip().lower() == "none":
         return None
-    return build_schedule(name, ranks, microbatches if microbatches is not None else 8, chunks,
+    return build_schedule(name, ranks, microbatches if microbatches is not None else 8, chunks, costs,
                           memory_limit=memory_limit, recompute_input=recompute_input)
 
 
@@ -233,28 +246,6 @@ def _auto(model: str, ranks: int, microbatches: Optional[int], batch_size: int,
     if advice.recommended.recompute != "none":
         typer.echo("auto: recomputing every stage's activations (--recompute all) to fit", err=True)
     return plan, advice.recommended.recompute
-
-
-def _measured_limit(model: str, ranks: int, microbatches: Optional[int], batch_size: int, seed: int,
-                    limit: Optional[float], limit_bytes: Optional[float],
-                    recompute_input: Optional[float]) -> tuple[float, Optional[float]]:
-    """zb-auto's limit in M_B and what a recomputed stage keeps, from sizes a short profile
-    measures (``--recompute-input``, if given, overrides the measured share); said on stderr."""
-    from ..memory import format_bytes
-    from ..runtime.profile import profile
-
-    prof = profile(model, ranks, microbatches if microbatches is not None else 8, batch_size, steps=2, seed=seed)
-    unit = prof.bytes_per_unit()
-    if limit_bytes is not None:
-        limit = limit_bytes / unit
-    measured = prof.memory_sizes().recompute_share()
-    share = recompute_input if recompute_input is not None else (measured if measured < 1 else None)
-    typer.echo(
-        f"zb-auto: one microbatch's activations on the fullest stage measured {format_bytes(unit)}: "
-        f"memory limit {limit:.4g} M_B; a recomputed stage keeps {measured:.3g} of its activations"
-        + (f" (--recompute-input {share:g} used instead)" if recompute_input is not None else "")
-        + ("" if share is not None else ": recomputing would save nothing, not searched"), err=True)
-    return limit, share
 
 
 def _parse_counts(text: Optional[str]) -> Optional[tuple[int, ...]]:

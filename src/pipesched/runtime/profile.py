@@ -108,8 +108,10 @@ def profile(
     seed: int = 0,
     model_size: Optional[dict] = None,
     timeout_s: float = 300.0,
+    dtype: str = "fp32",
 ) -> Profile:
-    """Run ``steps`` steps of ZB-H1 on ``ranks`` local ranks and measure every stage."""
+    """Run ``steps`` steps of ZB-H1 on ``ranks`` local ranks and measure every stage (in
+    ``dtype``, the run's: bf16 halves the bytes and changes the times)."""
     if model not in MODELS:
         raise ConfigError(f"--model {model!r} is not known: use one of {', '.join(MODELS)}")
     if steps < 2:
@@ -126,7 +128,7 @@ def profile(
     schedule = build_schedule(PROFILE_SCHEDULE, ranks, microbatches)
     blocks = tuple(balanced_block_counts(md.block_costs, schedule))  # as the run splits them
     result = run(TrainConfig(model, schedule, steps, batch_size, seed=seed, model_size=size, timeout_s=timeout_s,
-                             block_counts=blocks))
+                             block_counts=blocks, dtype=dtype))
     steps_measured = result.timelines[1:]
     measured = median_costs(steps_measured)
     stage_costs = tuple(

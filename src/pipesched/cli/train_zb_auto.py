@@ -1,0 +1,117 @@
+"""What ``pipesched train -s zb-auto`` plans with: costs and a memory limit, from one profile.
+
+zb-auto exists to place F, I and W from their real durations, so ``train`` profiles the model
+first (a few ZB-H1 steps on the same ranks: :func:`pipesched.runtime.profile.profile`) and
+plans with the measured costs, as ``-s auto`` does for the advisor. ``--costs F,B,W`` (and
+``--comm C``, the grammar of ``simulate`` and ``compare``) plans with given costs instead and
+skips the profile unless the memory limit needs the measured sizes (``--costs 1,1,1``: the unit
+costs, the plan ``simulate zb-auto`` makes). A byte ``--memory-limit``, or a limit without
+``--recompute-input``, needs the activation sizes: the same profile gives them, so a run profiles
+at most once. Under torchrun the profile, which starts its own local ranks, does not run for the
+costs: the plan then uses ``--costs``, or unit costs, and says so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+from ..costs import UNIT, Costs
+from ..errors import ConfigError
+from ..registry import get_family
+
+if TYPE_CHECKING:
+    from ..runtime.profile import Profile
+
+PROFILE_STEPS = 4  # the first a warm-up: medians over the others' microbatches, per stage and pass
+COSTS_STEER = "--costs steers --schedule zb-auto's plan"
+
+
+def given_costs(schedule: str, csv: Optional[Path], costs: Optional[str], comm: Optional[float]) -> Optional[Costs]:
+    """``--costs``/``--comm`` as Costs (None: not given), refused in one line where nothing
+    would plan with them: a CSV (already planned), ``auto`` (it measures), another schedule
+    (train builds it without costs), ``--comm`` alone (measured costs bring their own delay)."""
+    if costs is None:
+        if comm is not None:
+            raise ConfigError(f"--comm {comm:g} goes with --costs F,B,W (zb-auto's measured costs bring their own "
+                              "delay per message)")
+        return None
+    name = schedule.strip().lower()
+    if csv is not None:
+        raise ConfigError(f"--costs with --csv: {csv} is already planned; {COSTS_STEER}")
+    if name == "auto":
+        raise ConfigError(f"--costs with --schedule auto: auto measures the costs for the advisor; {COSTS_STEER}")
+    if name != "zb-auto":
+        shown = "none (no pipeline)" if name == "none" else get_family(name).name  # an unknown name fails here
+        raise ConfigError(f"--costs with --schedule {shown}: train builds it without costs; {COSTS_STEER}")
+    return Costs.parse(costs, comm=comm if comm is not None else 0.0)
+
+
+def wants_profile(given: Optional[Costs], limit: Optional[float], limit_bytes: Optional[float],
+                  recompute_input: Optional[float]) -> bool:
+    """Whether zb-auto's plan needs a profile: for the costs (not given, not under torchrun), or
+    for the sizes (a byte limit; a limit whose recompute share is not given)."""
+    from ..runtime.launch import under_torchrun
+
+    return _wants_sizes(limit, limit_bytes, recompute_input) or (given is None and not under_torchrun())
+
+
+def _wants_sizes(limit: Optional[float], limit_bytes: Optional[float], recompute_input: Optional[float]) -> bool:
+    """A byte limit needs the bytes of one M_B; a limit without ``--recompute-input`` the share."""
+    return limit_bytes is not None or (limit is not None and recompute_input is None)
+
+
+def zb_auto_profile(model: str, ranks: int, microbatches: int, batch_size: int, seed: int, dtype: str) -> "Profile":
+    """The profile zb-auto plans from: the run's model, ranks, microbatches, one replica's batch
+    and dtype."""
+    from ..runtime.profile import profile
+
+    return profile(model, ranks, microbatches, batch_size, steps=PROFILE_STEPS, seed=seed, dtype=dtype)
+
+
+def zb_auto_inputs(prof: Optional["Profile"], given: Optional[Costs], limit: Optional[float],
+                   limit_bytes: Optional[float], recompute_input: Optional[float]
+                   ) -> tuple[Costs, Optional[float], Optional[float]]:
+    """(costs, memory limit in M_B, recompute share) for zb-auto, each said on stderr.
+
+    Costs: ``given``, else the profile's (:meth:`Profile.costs`: per pass the mean over stages,
+    and each stage's F+I+W over that mean as its stage factor, which the planner's cost model
+    takes; a stage's own mix of F, I and W it cannot take), else unit costs (under torchrun)."""
+    if _wants_sizes(limit, limit_bytes, recompute_input):
+        limit, recompute_input = _measured_limit(prof, limit, limit_bytes, recompute_input)
+    costs = given if given is not None else prof.costs() if prof is not None else UNIT
+    typer.echo(_costs_line(costs, given is not None, prof is not None), err=True)
+    return costs, limit, recompute_input
+
+
+def _costs_line(costs: Costs, given: bool, measured: bool) -> str:
+    if given:
+        return f"zb-auto: planned with --costs F {costs.F:g}, I {costs.B:g}, W {costs.W:g}, comm {costs.comm:g}"
+    if not measured:
+        return ("zb-auto: planned with unit costs (F = I = W = 1, comm 0): under torchrun no profile runs; "
+                "--costs F,B,W --comm C plans with yours")
+    factors = ", ".join(f"{x:.2f}" for x in costs.stage_multipliers or ())
+    return (f"zb-auto: planned with measured costs F {costs.F:.3g} ms, I {costs.B:.3g} ms, W {costs.W:.3g} ms, "
+            f"comm {costs.comm:.3g} ms, stage factors {factors} (profile of {PROFILE_STEPS} steps, the first a "
+            "warm-up; --costs 1,1,1 plans with unit costs and no profile)")
+
+
+def _measured_limit(prof: "Profile", limit: Optional[float], limit_bytes: Optional[float],
+                    recompute_input: Optional[float]) -> tuple[float, Optional[float]]:
+    """zb-auto's limit in M_B and what a recomputed stage keeps, from the profile's sizes
+    (``--recompute-input``, if given, overrides the measured share); said on stderr."""
+    from ..memory import format_bytes
+
+    unit = prof.bytes_per_unit()
+    if limit_bytes is not None:
+        limit = limit_bytes / unit
+    measured = prof.memory_sizes().recompute_share()
+    share = recompute_input if recompute_input is not None else (measured if measured < 1 else None)
+    typer.echo(
+        f"zb-auto: one microbatch's activations on the fullest stage measured {format_bytes(unit)}: "
+        f"memory limit {limit:.4g} M_B; a recomputed stage keeps {measured:.3g} of its activations"
+        + (f" (--recompute-input {share:g} used instead)" if recompute_input is not None else "")
+        + ("" if share is not None else ": recomputing would save nothing, not searched"), err=True)
+    return limit, share
