@@ -2,15 +2,16 @@
 
 For each model (the runtime's mlp and gpt at train's default sizes, batch 64, m = 8) and rank
 count: one profile, the one ``pipesched train -s zb-auto`` runs (ZB-H1, ``PROFILE_STEPS`` steps),
-then two zb-auto plans: from the profile's costs (what train plans now) and from unit costs
-(what it planned before, and what ``--costs 1,1,1`` plans). Each plan is simulated under the
+then two zb-auto plans: from the profile's costs (what train plans now: the search led by them,
+or the unit-cost plan where they rank that first) and from unit costs (what it planned before,
+and what ``--costs 1,1,1`` plans), both at the same ``--memory-limit`` and measured recompute share. Each plan is simulated under the
 measured costs, then both are trained in the same processes, taking turns of a few steps (the
 first of each turn a warm-up), the step being the slowest rank's; the ratio measured/unit is
 paired turn by turn (median and quartiles over turns), so that this shared machine's drift
 cancels out of it. With ``--startup``, the whole command's wall time with the profile and with
 ``--costs 1,1,1`` (what the profile adds to a run's start), in alternating pairs.
 
-    PYTHONPATH=src python benchmarks/zb_auto_costs.py [--models mlp,gpt] [--ranks 2,4] [--rounds 10] [--burst 3] [--startup 2]
+    PYTHONPATH=src python benchmarks/zb_auto_costs.py [--models mlp,gpt] [--ranks 2,4] [--rounds 10] [--burst 3] [--memory-limit 1] [--startup 2]
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ import argparse
 import statistics
 import subprocess
 import sys
+from dataclasses import replace
 from time import perf_counter
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 import pipesched
-from pipesched.cli.train_zb_auto import zb_auto_profile
+from pipesched.cli.train_zb_auto import chunks_for_model, zb_auto_inputs, zb_auto_profile
+from pipesched.memory import schedule_recompute
 from pipesched.costs import UNIT
 from pipesched.runtime.copies import balanced_block_counts
 from pipesched.runtime.executor import PipelineRuntime
@@ -44,6 +48,7 @@ def bench_worker(rank: int, world: int, job: tuple) -> dict:
         label: PipelineRuntime(
             md.build_block, md.num_blocks, plan, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
             x0[: BATCH // MICROBATCHES], seed=SEED, block_counts=balanced_block_counts(md.block_costs, plan),
+            recompute=None if schedule_recompute(plan) is None else schedule_recompute(plan).spec(),
         )
         for label, plan in plans.items()
     }
@@ -67,12 +72,14 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return tuple(statistics.quantiles(values, n=4)) if len(values) > 1 else (values[0],) * 3
 
 
-def compare(model: str, ranks: int, rounds: int, burst: int) -> str:
+def compare(model: str, ranks: int, rounds: int, burst: int, limit: Optional[float]) -> str:
     prof = zb_auto_profile(model, ranks, MICROBATCHES, BATCH, SEED, "fp32")
-    measured_costs = prof.costs()
-    plans = {
-        "measured": pipesched.build_schedule("zb-auto", ranks, MICROBATCHES, costs=measured_costs),
-        "unit": pipesched.build_schedule("zb-auto", ranks, MICROBATCHES, costs=UNIT),
+    inputs = zb_auto_inputs(prof, None, limit, None, None)  # as train plans (and says on stderr)
+    measured_costs = inputs.costs
+    chunks = chunks_for_model(None, ranks, get_model(model).num_blocks)
+    plans = {  # the unit-cost plan: what train planned before, with the same limit and measured share
+        "measured": inputs.plan(ranks, MICROBATCHES, chunks),
+        "unit": replace(inputs, costs=UNIT, measured=False).plan(ranks, MICROBATCHES, chunks),
     }
     sim = {label: pipesched.simulate(plan, measured_costs).makespan for label, plan in plans.items()}
     same = plans["measured"].orders == plans["unit"].orders and plans["measured"].placement == plans["unit"].placement
@@ -84,7 +91,7 @@ def compare(model: str, ranks: int, rounds: int, burst: int) -> str:
           f"{', '.join(f'{x:.2f}' for x in c.stage_multipliers)}; measured plan {plans['measured'].meta['origin']} "
           f"(chunks {plans['measured'].chunks}), unit plan {plans['unit'].meta['origin']} (chunks {plans['unit'].chunks})",
           file=sys.stderr, flush=True)
-    return (f"| {model} | {ranks} | {'same' if same else 'differ'} | {sim['measured']:.1f} | {sim['unit']:.1f} | "
+    return (f"| {model} | {ranks} | {'-' if limit is None else f'{limit:g}'} | {'same' if same else 'differ'} | {sim['measured']:.1f} | {sim['unit']:.1f} | "
             f"{sim['measured'] / sim['unit']:.3f} | {1e3 * statistics.median(times['measured']):.1f} | "
             f"{1e3 * statistics.median(times['unit']):.1f} | {ratio[1]:.3f} ({ratio[0]:.2f}-{ratio[2]:.2f}) |")
 
@@ -112,14 +119,15 @@ def main() -> None:
     parser.add_argument("--ranks", default="2")
     parser.add_argument("--rounds", type=int, default=10, help="turns of each plan")
     parser.add_argument("--burst", type=int, default=3, help="measured steps per turn (after one warm-up step)")
+    parser.add_argument("--memory-limit", type=float, default=None, help="zb-auto's limit in M_B (default: none, p)")
     parser.add_argument("--startup", type=int, default=0, help="pairs of whole-command runs (0: none)")
     args = parser.parse_args()
-    print("| model | ranks | plans | simulated ms, measured-cost plan | simulated ms, unit-cost plan | ratio | "
+    print("| model | ranks | limit (M_B) | plans | simulated ms, measured-cost plan | simulated ms, unit-cost plan | ratio | "
           "measured ms, measured-cost plan | measured ms, unit-cost plan | measured/unit, paired (quartiles) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for ranks in (int(r) for r in args.ranks.split(",")):
         for model in args.models.split(","):
-            print(compare(model, ranks, args.rounds, args.burst), flush=True)
+            print(compare(model, ranks, args.rounds, args.burst, args.memory_limit), flush=True)
     if args.startup:
         print(startup(args.startup))
 

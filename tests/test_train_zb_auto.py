@@ -12,7 +12,9 @@ import pytest
 
 pytest.importorskip("torch")
 
+from pipesched import build_schedule, simulate  # noqa: E402
 from pipesched.cli import main  # noqa: E402
+from pipesched.cli.train_zb_auto import ZbAutoInputs  # noqa: E402
 from pipesched.costs import UNIT, Costs  # noqa: E402
 from pipesched.memory import StageMemory  # noqa: E402
 from pipesched.runtime.profile import Profile  # noqa: E402
@@ -30,8 +32,9 @@ ARGS = ["train", "--model", "mlp", "-s", "zb-auto", "--ranks", "2", "--microbatc
 
 @pytest.fixture
 def planned(monkeypatch):
-    """Run ``pipesched ARGS...`` in process; returns (profile calls, costs the planner got, plan, stderr)."""
-    import pipesched.cli.train as train_cli
+    """Run ``pipesched ARGS...`` in process; returns (profile calls, the costs of each zb-auto
+    planned, the plan the run got, stderr)."""
+    import pipesched.cli.train_zb_auto as zb_auto_cli
     import pipesched.runtime.profile as profile_module
     import pipesched.runtime.train as runtime_train
 
@@ -45,9 +48,9 @@ def planned(monkeypatch):
         planner.append(costs)
         return real_build(name, ranks, microbatches, chunks, costs, **kwargs)
 
-    real_build = train_cli.build_schedule
+    real_build = zb_auto_cli.build_schedule
     monkeypatch.setattr(profile_module, "profile", profile)
-    monkeypatch.setattr(train_cli, "build_schedule", build_schedule)
+    monkeypatch.setattr(zb_auto_cli, "build_schedule", build_schedule)
     monkeypatch.setattr(runtime_train, "run", lambda cfg: runs.append(cfg))  # None: as a torchrun rank other than 0
 
     def invoke(capsys, *extra: str):
@@ -68,7 +71,7 @@ def test_zb_auto_plans_with_the_profiles_measured_costs_and_says_so(planned, cap
     assert len(profiles) == 1
     args, kwargs = profiles[0]
     assert args == ("mlp", 2, 4, 16) and kwargs["dtype"] == "fp32"  # the run's model, ranks, microbatches, batch
-    assert planner == [MEASURED.costs()]
+    assert planner == [MEASURED.costs(), UNIT]  # the unit-cost plan too, kept if the measured costs rank it first
     assert MEASURED.costs().stage_multipliers == pytest.approx((10.6 / 9, 7.4 / 9))  # F+I+W over the mean
     assert plan.name == "zb-auto"
     assert ("zb-auto: planned with measured costs F 3.5 ms, I 3.4 ms, W 2.1 ms, comm 0.6 ms, "
@@ -78,7 +81,7 @@ def test_zb_auto_plans_with_the_profiles_measured_costs_and_says_so(planned, cap
 def test_one_profile_serves_both_a_byte_limit_and_the_costs(planned, capsys):
     profiles, planner, plan, err = planned(capsys, "--memory-limit", "400KB", "--dp", "1")
     assert len(profiles) == 1
-    assert planner == [MEASURED.costs()]
+    assert planner == [MEASURED.costs(), UNIT]
     assert plan.meta["memory_limit"] == pytest.approx(400_000 / 176_000)  # the fullest stage's bytes are one M_B
     assert "memory limit 2.273 M_B" in err and "planned with measured costs" in err
 
@@ -97,3 +100,25 @@ def test_under_torchrun_no_profile_runs_and_the_plan_says_unit_costs(planned, ca
     profiles, planner, _, err = planned(capsys)
     assert profiles == [] and planner == [UNIT]
     assert "planned with unit costs (F = I = W = 1, comm 0): under torchrun no profile runs" in err
+
+
+def test_a_model_with_too_few_blocks_for_a_v_is_planned_with_one_chunk_per_rank(planned, capsys):
+    # the 6-block GPT has no 8-stage V on 4 ranks: zb-auto searches the loop placement only
+    _, _, plan, _ = planned(capsys, "--model", "gpt", "--ranks", "4", "--costs", "1,1.4,0.6")
+    assert plan.chunks == 1 and plan.stages == 4
+
+
+def test_the_measured_plan_is_never_slower_under_the_measured_costs_than_the_unit_cost_plan(capsys):
+    # the mlp's costs measured on 4 ranks: at a limit of 1 M_B zb-auto's search, led by these
+    # costs, ends on a 1-chunk order that they time 1.2x slower than the V order it finds for unit costs
+    # (a search that finds the V order itself would make the fallback moot: this test then says so)
+    measured = Costs(4.42, 4.27, 1.55, comm=0.22, stage_multipliers=(0.88, 1.01, 1.06, 1.05))
+    inputs = ZbAutoInputs(measured, measured=True, memory_limit=1.0, recompute_input=None)
+    kept = inputs.plan(4, 8, None)
+    searched = build_schedule("zb-auto", 4, 8, costs=measured, memory_limit=1.0)
+    unit = build_schedule("zb-auto", 4, 8, costs=UNIT, memory_limit=1.0)
+    times = {label: simulate(s, measured).makespan for label, s in (("kept", kept), ("searched", searched), ("unit", unit))}
+    assert times["unit"] < times["searched"] and times["kept"] == times["unit"]
+    assert "zb-auto: the plan for unit costs is faster under the measured costs" in capsys.readouterr().err
+    given = ZbAutoInputs(measured, measured=False, memory_limit=1.0, recompute_input=None)
+    assert simulate(given.plan(4, 8, None), measured).makespan == times["searched"]  # given costs: as simulate plans

@@ -10,7 +10,6 @@ from typing import Optional
 
 import typer
 
-from ..costs import Costs
 from ..errors import ConfigError
 from ..outfiles import check_output_path
 from ..registry import build_schedule
@@ -18,7 +17,7 @@ from ..schedule import Schedule
 from . import app, fail
 from . import options as opt
 from .train_layout import Dp, Dtype, check_batch_split, check_layout
-from .train_zb_auto import given_costs, wants_profile, zb_auto_inputs, zb_auto_profile
+from .train_zb_auto import chunks_for_model, given_costs, wants_profile, zb_auto_inputs, zb_auto_profile
 
 TORCH_MISSING = "pipesched train needs PyTorch: pip install 'pipesched[torch]' (CPU: pip install torch==2.13.0)"
 
@@ -129,9 +128,10 @@ def train(
             _check_batch(model_def, batch_size, dp, microbatches, seed)
         if measures:
             prof = zb_auto_profile(model, ranks, microbatches or 8, batch_size // dp, seed, dtype) if profiles else None
-            planning_costs, limit, recompute_input = zb_auto_inputs(prof, planning_costs, limit, limit_bytes,
-                                                                    recompute_input)
-        plan = _schedule(schedule, csv, ranks, microbatches, chunks, limit, recompute_input, planning_costs)
+            inputs = zb_auto_inputs(prof, planning_costs, limit, limit_bytes, recompute_input)
+            plan = inputs.plan(ranks, microbatches or 8, chunks_for_model(chunks, ranks, model_def.num_blocks))
+        else:
+            plan = _schedule(schedule, csv, ranks, microbatches, chunks, limit, recompute_input)
         recompute = _recompute_of(plan, recompute)
     counts = _parse_counts(stage_blocks)
     if plan is not None:
@@ -215,8 +215,7 @@ def _recompute_of(plan: Optional[Schedule], given: Optional[str]) -> Optional[st
 
 
 def _schedule(name: str, csv: Optional[Path], ranks: int, microbatches: Optional[int], chunks: Optional[int],
-              memory_limit: Optional[float] = None, recompute_input: Optional[float] = None,
-              costs: Optional[Costs] = None) -> Optional[Schedule]:
+              memory_limit: Optional[float] = None, recompute_input: Optional[float] = None) -> Optional[Schedule]:
     if csv is not None:
         from ..validate import validate
         from .plan import load_csv_file
@@ -227,7 +226,7 @@ def _schedule(name: str, csv: Optional[Path], ranks: int, microbatches: Optional
         return loaded
     if name.strip().lower() == "none":
         return None
-    return build_schedule(name, ranks, microbatches if microbatches is not None else 8, chunks, costs,
+    return build_schedule(name, ranks, microbatches if microbatches is not None else 8, chunks,
                           memory_limit=memory_limit, recompute_input=recompute_input)
 
 

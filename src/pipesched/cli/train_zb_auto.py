@@ -13,6 +13,7 @@ costs: the plan then uses ``--costs``, or unit costs, and says so.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -20,7 +21,10 @@ import typer
 
 from ..costs import UNIT, Costs
 from ..errors import ConfigError
-from ..registry import get_family
+from ..registry import build_schedule, get_family
+from ..schedule import Schedule
+from ..schedules.choose import best_schedule
+from ..simulate import simulate
 
 if TYPE_CHECKING:
     from ..runtime.profile import Profile
@@ -49,6 +53,16 @@ def given_costs(schedule: str, csv: Optional[Path], costs: Optional[str], comm: 
     return Costs.parse(costs, comm=comm if comm is not None else 0.0)
 
 
+def chunks_for_model(chunks: Optional[int], ranks: int, num_blocks: int) -> Optional[int]:
+    """zb-auto's chunks for a model of ``num_blocks`` blocks: as given, or searched (None) where
+    every chunk count it searches fits; else the one chunk per rank every model of at least
+    ``ranks`` blocks takes (each stage needs a block: the 6-block GPT on 4 ranks has no V)."""
+    family = get_family("zb-auto")
+    if chunks is not None or num_blocks >= family.max_chunks * ranks:
+        return chunks
+    return family.min_chunks
+
+
 def wants_profile(given: Optional[Costs], limit: Optional[float], limit_bytes: Optional[float],
                   recompute_input: Optional[float]) -> bool:
     """Whether zb-auto's plan needs a profile: for the costs (not given, not under torchrun), or
@@ -71,19 +85,51 @@ def zb_auto_profile(model: str, ranks: int, microbatches: int, batch_size: int, 
     return profile(model, ranks, microbatches, batch_size, steps=PROFILE_STEPS, seed=seed, dtype=dtype)
 
 
+@dataclass(frozen=True)
+class ZbAutoInputs:
+    """What train's zb-auto plans with: costs (measured or not), memory limit in M_B, the share
+    a recomputed stage keeps."""
+
+    costs: Costs
+    measured: bool
+    memory_limit: Optional[float]
+    recompute_input: Optional[float]
+
+    def plan(self, ranks: int, microbatches: int, chunks: Optional[int]) -> Schedule:
+        """zb-auto for these costs. With measured costs, also zb-auto for unit costs (what train
+        planned before it measured), keeping whichever the measured costs rank first, the
+        measured plan on a tie: zb-auto's search is a heuristic whose candidates depend on the
+        costs, and planned for the mlp's measured costs on 4 ranks at a limit of 1 M_B it found an
+        order 1.2x slower under those costs than the one it found for unit costs (benchmarks/RESULTS.md)."""
+        def build(costs: Costs) -> Schedule:
+            return build_schedule("zb-auto", ranks, microbatches, chunks, costs, memory_limit=self.memory_limit,
+                                  recompute_input=self.recompute_input)
+
+        plan = build(self.costs)
+        if not self.measured:
+            return plan
+        unit = build(UNIT)
+        kept, _ = best_schedule([plan, unit], self.costs, plan.meta["memory_limit"], plan.meta["objective"])
+        if kept is unit:
+            times = [simulate(s, self.costs).makespan for s in (unit, plan)]
+            typer.echo(f"zb-auto: the plan for unit costs is faster under the measured costs ({times[0]:.4g} ms "
+                       f"simulated, against {times[1]:.4g} ms for the plan searched with them): kept it", err=True)
+        return kept
+
+
 def zb_auto_inputs(prof: Optional["Profile"], given: Optional[Costs], limit: Optional[float],
-                   limit_bytes: Optional[float], recompute_input: Optional[float]
-                   ) -> tuple[Costs, Optional[float], Optional[float]]:
-    """(costs, memory limit in M_B, recompute share) for zb-auto, each said on stderr.
+                   limit_bytes: Optional[float], recompute_input: Optional[float]) -> ZbAutoInputs:
+    """What zb-auto plans with, each said on stderr.
 
     Costs: ``given``, else the profile's (:meth:`Profile.costs`: per pass the mean over stages,
     and each stage's F+I+W over that mean as its stage factor, which the planner's cost model
     takes; a stage's own mix of F, I and W it cannot take), else unit costs (under torchrun)."""
     if _wants_sizes(limit, limit_bytes, recompute_input):
         limit, recompute_input = _measured_limit(prof, limit, limit_bytes, recompute_input)
-    costs = given if given is not None else prof.costs() if prof is not None else UNIT
-    typer.echo(_costs_line(costs, given is not None, prof is not None), err=True)
-    return costs, limit, recompute_input
+    measured = given is None and prof is not None
+    costs = given if given is not None else prof.costs() if measured else UNIT
+    typer.echo(_costs_line(costs, given is not None, measured), err=True)
+    return ZbAutoInputs(costs, measured, limit, recompute_input)
 
 
 def _costs_line(costs: Costs, given: bool, measured: bool) -> str:
