@@ -8,7 +8,9 @@ skips the profile unless the memory limit needs the measured sizes (``--costs 1,
 costs, the plan ``simulate zb-auto`` makes). A byte ``--memory-limit``, or a limit without
 ``--recompute-input``, needs the activation sizes: the same profile gives them, so a run profiles
 at most once. Under torchrun the profile, which starts its own local ranks, does not run for the
-costs: the plan then uses ``--costs``, or unit costs, and says so.
+costs: the plan then uses ``--costs``, or unit costs, and says so. Planned from measured costs,
+zb-auto is also planned for unit costs, and the measured costs pick between the two
+(:meth:`ZbAutoInputs.plan`): never behind what train planned before it measured.
 """
 
 from __future__ import annotations
