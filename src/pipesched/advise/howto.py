@@ -17,18 +17,20 @@ from ..registry import get_family
 from .result import Candidate
 
 
-def guidance(c: Candidate, pp: int, dp: int = 1, trained_model: Optional[tuple[str, int]] = None) -> list[str]:
+def csv_name(c: Candidate) -> str:
+    """The file the printed ``export`` command writes (and a printed ``train --csv`` reads)."""
+    return f"{c.schedule}.csv"
+
+
+def guidance(c: Candidate, pp: int, dp: int = 1, train: Optional[str] = None) -> list[str]:
     """The lines that say how to build and run ``c`` on ``pp`` pipeline ranks x ``dp`` replicas.
 
-    ``trained_model``: (built-in model name, batch size) when the costs were measured on one of
-    ``pipesched train``'s models; its ``train`` command is added when that model fits the stages.
+    ``train``: a ``pipesched train`` command that runs it, where the caller (the CLI, which knows
+    the built-in models) found one that train accepts.
     """
-    csv = f"{c.schedule}.csv"
-    lines = [f"Build it: {export_command(c, pp)} -o {csv}"]
-    if trained_model is not None:
-        command = train_command(c, pp, dp, csv, *trained_model)
-        if command is not None:
-            lines.append(f"Train it: {command}")
+    lines = [f"Build it: {export_command(c, pp)} -o {csv_name(c)}"]
+    if train is not None:
+        lines.append(f"Train it: {train}")
     world = pp * dp
     mesh = f", mesh=init_pipeline_mesh(pp={pp}, dp={dp})" if dp > 1 else ""
     recompute = ', recompute="all"' if c.recompute != "none" else ""
@@ -76,24 +78,6 @@ def build_call(c: Candidate, ranks: int) -> str:
     if _steered_by_objective(c):
         args.append(f'objective="{c.objective}"')
     return f"pipesched.build_schedule({', '.join(args)})"
-
-
-def train_command(c: Candidate, pp: int, dp: int, csv: str, model: str, batch_size: int) -> Optional[str]:
-    """``pipesched train`` running the exported ``csv`` on built-in ``model``, or None when the
-    model's blocks do not split into the schedule's stages (train would refuse it)."""
-    from ..errors import ConfigError
-    from ..runtime.models import get_model
-    from ..runtime.partition import block_counts
-
-    if batch_size % (dp * c.microbatches):
-        return None  # train refuses a batch that does not split into the microbatches
-    try:
-        block_counts(get_model(model).num_blocks, pp * c.chunks)
-    except ConfigError:
-        return None
-    dp_flag = f" --dp {dp}" if dp > 1 else ""
-    recompute = " --recompute all" if c.recompute != "none" else ""
-    return f"pipesched train --model {model} --csv {csv} --ranks {pp}{dp_flag} --batch-size {batch_size}{recompute}"
 
 
 def _costs_matter(costs: Costs) -> bool:

@@ -14,7 +14,8 @@ from ..advise.estimate import (
     ATTENTION_KERNELS, DEFAULT_TFLOPS, DTYPE_BYTES, Hardware, TransformerCosts, TransformerSpec,
 )
 from ..advise.explain import WHOLE_DEVICE, memory_text
-from ..advise.howto import guidance
+from ..advise.howto import csv_name, guidance
+from ..advise.result import Candidate
 from ..costs import Costs
 from ..errors import ConfigError
 from ..registry import families as registered_families, get_family
@@ -203,8 +204,26 @@ def print_advice(result: Advice, model: Optional[TransformerCosts], top: int,
         console.print(f"  - {note}")
     if best.layers_per_stage:
         console.print(f"  Layers per stage (model order): {', '.join(map(str, best.layers_per_stage))}")
-    for line in guidance(best, result.ranks, trained_model=trained_model):
+    train = None if trained_model is None else train_command(best, result.ranks, 1, csv_name(best), *trained_model)
+    for line in guidance(best, result.ranks, train=train):
         console.print(f"  {line}", highlight=False)
+
+
+def train_command(c: Candidate, pp: int, dp: int, csv: str, model: str, batch_size: int) -> Optional[str]:
+    """``pipesched train`` running the exported ``csv`` on built-in ``model``, or None when the
+    model's blocks do not split into the schedule's stages (train would refuse it)."""
+    from ..runtime.models import get_model
+    from ..runtime.partition import block_counts
+
+    if batch_size % (dp * c.microbatches):
+        return None  # train refuses a batch that does not split into the microbatches
+    try:
+        block_counts(get_model(model).num_blocks, pp * c.chunks)
+    except ConfigError:
+        return None
+    dp_flag = f" --dp {dp}" if dp > 1 else ""
+    recompute = " --recompute all" if c.recompute != "none" else ""
+    return f"pipesched train --model {model} --csv {csv} --ranks {pp}{dp_flag} --batch-size {batch_size}{recompute}"
 
 
 def advice_table(result: Advice, top: int) -> Table:
