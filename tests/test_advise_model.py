@@ -11,9 +11,12 @@ from pipesched.advise.estimate import (
     TransformerCosts,
     TransformerSpec,
     balance_layers,
+    orient_layers,
 )
 from pipesched.errors import ConfigError
 from pipesched.placement import loop_placement, v_placement
+from pipesched.registry import build_schedule, get_family
+from pipesched.simulate import simulate
 
 import pipesched
 
@@ -156,6 +159,41 @@ def test_interleaving_a_model_that_does_not_split_evenly_loads_no_rank_more_than
         return max(work)
 
     assert busiest(16) <= busiest(8) + 1e-9
+
+
+def test_orienting_a_split_moves_layers_only_between_a_ranks_stages_of_equal_extra_work():
+    counts = (2, 2, 2, 1, 1, 1, 1, 0)  # 4 ranks x 2 chunks, the head alone on the last stage
+    owner = loop_placement(4, 2)
+    extras = (0.0,) * 7 + (2.0,)
+    late = orient_layers(counts, owner, extras, "heavy-late")
+    assert late == (1, 1, 1, 1, 2, 2, 2, 0)
+    assert orient_layers(late, owner, extras, "heavy-early") == counts
+    assert orient_layers(counts, owner, extras, "alternating") == (2, 1, 2, 1, 1, 2, 1, 0)
+    for oriented in (late, orient_layers(counts, owner, extras, "alternating")):
+        assert [oriented[r] + oriented[r + 4] for r in range(4)] == [counts[r] + counts[r + 4] for r in range(4)]
+
+
+def test_the_advisor_simulates_each_layer_assignment_and_reports_the_fastest():
+    """Interleaving the Zero Bubble paper's 1.5B model (22 layers and a head worth 1.7 layers
+    on 16 stages): each rank holds a 2-layer and a 1-layer chunk, and whether the heavy chunks
+    come first or last in model order changes the step. The advisor keeps the faster split and
+    says which it is, so the run can be reproduced."""
+    spec = TransformerSpec(layers=22, hidden=2304, seq_len=1024, microbatch_size=6, heads=24, vocab=51200)
+    model = TransformerCosts(spec, ranks=8, hardware=Hardware(bandwidth=100))
+    times = {}
+    for name in model.layer_assignments(16, "loop"):
+        costs = model.with_layer_assignment(name).costs(16, "loop", 1.0)
+        times[name] = simulate(build_schedule("interleaved-1f1b", 8, 24, 2, costs), costs).makespan
+    assert {"heavy-early", "heavy-late"} <= set(times) and len(set(times.values())) > 1
+    fastest = min(times, key=times.get)
+    families = [get_family("1f1b"), get_family("interleaved-1f1b")]
+    advice = advise(8, microbatches=24, cost_model=model, families=families, max_chunks=2)
+    chosen = next(c for c in advice.candidates if c.chunks == 2)
+    assert chosen.layer_assignment == fastest and chosen.makespan == pytest.approx(times[fastest])
+    assert chosen.layers_per_stage == model.with_layer_assignment(fastest).layers_per_stage(16, "loop")
+    assert chosen.to_json()["layer_assignment"] == fastest
+    one_chunk = next(c for c in advice.candidates if c.chunks == 1)
+    assert one_chunk.layer_assignment is None  # one stage per rank: nothing to choose
 
 
 def test_a_heavy_head_gets_fewer_layers_on_the_last_stage():

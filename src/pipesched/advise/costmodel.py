@@ -37,6 +37,13 @@ class CostModel(Protocol):
         """How many layers each stage gets under this placement (None when the model's layers
         are unknown)."""
 
+    def layer_assignments(self, stages: int, placement: str) -> tuple[str, ...]:
+        """Names of the layer assignments that give this layout different splits, this model's
+        own first (fewer than two: nothing to choose)."""
+
+    def with_layer_assignment(self, name: str) -> "CostModel":
+        """The same model with its layers given to stages the ``name`` way."""
+
     def memory_gb(self, stages: int, placement: str, scale: float, peaks: tuple[float, ...]) -> Optional[float]:
         """Largest memory over ranks in GB for these per-rank peaks (None when unknown)."""
 
@@ -117,6 +124,12 @@ class ScaledCosts:
 
     def layers_per_stage(self, stages: int, placement: str) -> Optional[tuple[int, ...]]:
         return None
+
+    def layer_assignments(self, stages: int, placement: str) -> tuple[str, ...]:
+        return ()
+
+    def with_layer_assignment(self, name: str) -> "ScaledCosts":
+        return self
 
     def memory_gb(self, stages: int, placement: str, scale: float, peaks: tuple[float, ...]) -> Optional[float]:
         return None

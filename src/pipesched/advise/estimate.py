@@ -29,7 +29,8 @@ parameter (bf16 weights and gradients, fp32 master weights and Adam's two moment
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Optional, Sequence
 
 from ..costs import Costs
@@ -209,6 +210,34 @@ def balance_layers(
     return tuple(counts)
 
 
+LAYER_ASSIGNMENTS = ("heavy-early", "heavy-late", "alternating", "per-stage")
+"""Ways to give layers to stages when a rank holds several (see :func:`orient_layers`)."""
+
+
+def orient_layers(
+    counts: Sequence[int], rank_of_stage: Sequence[int], extras: Sequence[float], assignment: str,
+) -> tuple[int, ...]:
+    """``counts`` (balanced per rank) with each rank's layers moved between its stages.
+
+    A rank's stages of equal extra work (all but the ones holding the embedding or the head)
+    share the same layers in any order without changing the rank's total or the slowest stage;
+    which chunk is the heavier changes when each rank's work becomes ready for the next, so no
+    one order is fastest for every schedule (interleaved 1F1B's groups of ``p`` microbatches
+    move through one chunk before the next). ``heavy-early``: a rank's heavier stages first in
+    model order; ``heavy-late``: last; ``alternating``: heavy-early on even ranks, heavy-late on
+    odd ones.
+    """
+    out = list(counts)
+    for r in sorted(set(rank_of_stage)):
+        late = assignment == "heavy-late" or (assignment == "alternating" and r % 2 == 1)
+        for extra in sorted({extras[s] for s in range(len(out)) if rank_of_stage[s] == r}):
+            mine = [s for s in range(len(out)) if rank_of_stage[s] == r and extras[s] == extra]
+            held = sorted((out[s] for s in mine), reverse=not late)
+            for s, n in zip(mine, held):
+                out[s] = n
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class TransformerCosts:
     """A :class:`~pipesched.advise.costmodel.CostModel` estimated from a model description."""
@@ -218,11 +247,15 @@ class TransformerCosts:
     hardware: Hardware = Hardware()
     limit: Optional[float] = None  # M_B units at the reference size, used without gpu_memory
     activation_limit: Optional[float] = None  # bytes of activations per rank (--memory-limit 40GiB)
+    layer_assignment: str = LAYER_ASSIGNMENTS[0]  # with several stages per rank: which takes the extra layers
 
     def __post_init__(self) -> None:
         given = [x for x in (self.hardware.gpu_memory, self.limit, self.activation_limit) if x is not None]
         if len(given) > 1:
             raise ConfigError("give one memory limit: GPU memory, M_B units or activation bytes")
+        if self.layer_assignment not in LAYER_ASSIGNMENTS:
+            raise ConfigError(f"layer assignment {self.layer_assignment!r} is not known: use one of "
+                              f"{', '.join(LAYER_ASSIGNMENTS)}")
 
     def _ms(self, flops: float) -> float:
         return 1e3 * flops / (self.hardware.tflops * 1e12)
@@ -251,11 +284,21 @@ class TransformerCosts:
         return None
 
     def layers_per_stage(self, stages: int, placement: str) -> tuple[int, ...]:
-        """The layer split, balanced per rank for the placement's map (per stage without one)."""
-        f, b, w = self.layer_times()
-        return balance_layers(
-            self.spec.layers, stages, f + b + w, 0.0, 3 * self.head_time(), self.rank_of_stage(stages, placement),
-        )
+        """The layer split: balanced per rank for the placement's map and oriented by
+        ``layer_assignment`` (:func:`orient_layers`); per stage without a map or for ``per-stage``."""
+        return _layer_split(self.spec.layers, stages, sum(self.layer_times()), 3 * self.head_time(),
+                            self.rank_of_stage(stages, placement), self.layer_assignment)
+
+    def layer_assignments(self, stages: int, placement: str) -> tuple[str, ...]:
+        """The assignments that give this layout different splits, this model's own first
+        (one name when a rank holds one stage, or the layers split evenly)."""
+        splits = {}
+        for name in (self.layer_assignment,) + LAYER_ASSIGNMENTS:
+            splits.setdefault(replace(self, layer_assignment=name).layers_per_stage(stages, placement), name)
+        return tuple(splits.values())
+
+    def with_layer_assignment(self, name: str) -> "TransformerCosts":
+        return replace(self, layer_assignment=name)
 
     def costs(self, stages: int, placement: str, scale: float) -> Costs:
         counts = self.layers_per_stage(stages, placement)
@@ -348,3 +391,17 @@ class TransformerCosts:
     def state_gb(self, stages: int, placement: str) -> float:
         """Parameters and optimizer state on the fullest rank, GB."""
         return max(self._state_bytes(r) for r in self._ranks_of(stages, placement)) / GB
+
+
+@lru_cache(maxsize=1024)
+def _layer_split(
+    layers: int, stages: int, layer_cost: float, head_cost: float, rank_of_stage: Optional[tuple[int, ...]],
+    assignment: str,
+) -> tuple[int, ...]:
+    """:meth:`TransformerCosts.layers_per_stage`, kept: every cost and memory question of a
+    candidate asks for it again."""
+    if rank_of_stage is None or assignment == "per-stage":
+        return balance_layers(layers, stages, layer_cost, 0.0, head_cost)
+    counts = balance_layers(layers, stages, layer_cost, 0.0, head_cost, rank_of_stage)
+    extras = [0.0] * (stages - 1) + [head_cost]
+    return orient_layers(counts, rank_of_stage, extras, assignment)

@@ -19,7 +19,8 @@ def advice_html(advice: Advice, top: int = 10) -> str:
     if advice.notes:
         parts.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in advice.notes) + "</ul>")
     if best.layers_per_stage:
-        parts.append(f"<p>Layers per stage: {escape(', '.join(map(str, best.layers_per_stage)))}</p>")
+        how = f" ({escape(best.layer_assignment)})" if best.layer_assignment else ""
+        parts.append(f"<p>Layers per stage{how}: {escape(', '.join(map(str, best.layers_per_stage)))}</p>")
     shown = advice.fitting[:max(1, top)]
     if advice.baseline is not None and advice.baseline not in shown:
         shown.append(advice.baseline)

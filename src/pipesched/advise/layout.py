@@ -203,6 +203,8 @@ def _with_sync(pp: int, dp: int, c: Candidate, model: TransformerCosts, cost: Al
     schedule = build_schedule(c.schedule, pp, c.microbatches, c.chunks, c.costs, c.memory_limit,
                               **objective_option(family, c.objective or "makespan"))
     result = simulate(schedule, c.costs)
+    if c.layer_assignment is not None:  # the split the candidate was costed with
+        model = model.with_layer_assignment(c.layer_assignment)
     synced = gradient_sync(result.timeline, stage_gradient_bytes(model, schedule.stages, schedule.style), cost)
     busiest = max((sum(e - s for _, s, e in spans) for spans in synced.reduce_spans), default=0.0)
     return LayoutCandidate(pp, dp, c, synced.step_time, synced.exposed, busiest)

@@ -31,6 +31,7 @@ class Candidate:
     messages: int = 0  # cross-rank transfers per microbatch in each direction
     speedup_vs_1f1b: Optional[float] = None
     layers_per_stage: Optional[tuple[int, ...]] = None
+    layer_assignment: Optional[str] = None  # how a rank's layers went to its stages, when that was a choice
     memory_gb: Optional[float] = None
     objective: Optional[str] = None  # pass to build_schedule for families that search by it
     recompute: str = "none"  # "all": every stage recomputes its activations in the backward
@@ -71,6 +72,7 @@ class Candidate:
             "fits": self.fits,
             "speedup_vs_1f1b": self.speedup_vs_1f1b,
             "layers_per_stage": list(self.layers_per_stage) if self.layers_per_stage else None,
+            "layer_assignment": self.layer_assignment,
             "memory_gb": self.memory_gb,
             "messages_per_microbatch": self.messages,
             "objective": self.objective,

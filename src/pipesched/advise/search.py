@@ -20,6 +20,7 @@ from ..memory import format_bytes
 from ..planning import actions_built, check_planning_work
 from ..ranking import BASELINE, OBJECTIVES, rank_key, significant
 from ..registry import Family, build_schedule, families as registered_families
+from ..schedule import Schedule
 from ..simulate import simulate
 from .candidates import BatchPlan, Setting, batch_plan, settings
 from .costmodel import CostModel, ScaledCosts
@@ -168,7 +169,44 @@ def _evaluate(
 
     Under a limit in bytes (activation sizes known) the same schedule is also simulated with
     every stage recomputing its activations: slower (each backward re-runs its forward), leaner.
+
+    Where a rank holds several stages and the model offers several ways to give them its layers
+    (:meth:`CostModel.layer_assignments`), the program built for the model's own assignment is
+    simulated under each other one (a simulation each, no build); the fastest that fits, when it
+    is not the model's own, is built again under its costs, and whichever of the two is faster
+    is kept for each recompute choice. Every candidate returned was built and simulated under
+    the one split it reports.
     """
+    schedule, steer_to = _build(setting, ranks, plan, model, objective, steer, steer_to_floor)
+    options = model.layer_assignments(schedule.stages, schedule.style)
+    if len(options) < 2:
+        return _measure(setting, plan, model, objective, schedule, steer_to, None)
+    own = _measure(setting, plan, model, objective, schedule, steer_to, options[0])
+    screened = [
+        _measure(setting, plan, model.with_layer_assignment(name), objective, schedule, steer_to, name, recompute=False)[0]
+        for name in options[1:]
+    ]
+    best = min([own[0]] + screened, key=lambda c: _fit_then_time(c, objective))
+    if best.layer_assignment == options[0]:
+        return own
+    other = model.with_layer_assignment(best.layer_assignment)
+    try:
+        rebuilt, steer_other = _build(setting, ranks, plan, other, objective, steer, steer_to_floor)
+    except PipeschedError:
+        return own
+    theirs = {c.recompute: c for c in _measure(setting, plan, other, objective, rebuilt, steer_other, best.layer_assignment)}
+    return [min((c, theirs.get(c.recompute, c)), key=lambda x: _fit_then_time(x, objective)) for c in own]
+
+
+def _fit_then_time(c: Candidate, objective: str) -> tuple:
+    return (not c.fits, rank_key(c.makespan, c.span, c.peak_memory_reference, objective))
+
+
+def _build(
+    setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str,
+    steer: bool, steer_to_floor: bool,
+) -> tuple[Schedule, Optional[float]]:
+    """The setting's schedule under ``model``'s costs, and the limit it was built to."""
     family, v, m = setting.family, setting.chunks, setting.microbatches
     stages = ranks * v
     scale = plan.scale(m)
@@ -188,14 +226,28 @@ def _evaluate(
         # cost it under that split and build again, so time and memory describe one split
         costs = model.costs(schedule.stages, schedule.style, scale)
         schedule = build_schedule(family.name, ranks, m, v, costs, steer_to, objective)
-    if schedule.stages != stages:  # the family chose its own chunk count: hold it to that layout
+    return schedule, steer_to
+
+
+def _measure(
+    setting: Setting, plan: BatchPlan, model: CostModel, objective: str, schedule: Schedule,
+    steer_to: Optional[float], assignment: Optional[str], recompute: bool = True,
+) -> list[Candidate]:
+    """Simulate ``schedule`` under ``model``'s costs and memory: as it is and, with a limit in
+    bytes and ``recompute``, with every stage recomputing."""
+    family, m = setting.family, setting.microbatches
+    scale = plan.scale(m)
+    costs = model.costs(schedule.stages, schedule.style, scale)
+    if schedule.stages == schedule.ranks * setting.chunks:
+        limit = model.memory_limit(schedule.stages, family.placement, scale)
+    else:  # the family chose its own chunk count: hold it to that layout
         limit = model.memory_limit(schedule.stages, schedule.style, scale)
     sizes = model.stage_sizes(schedule.stages, schedule.style, scale)
     budgets = model.activation_budgets(schedule.stages, schedule.style) if sizes is not None else None
-    variants = [frozenset()] + ([frozenset(range(schedule.stages))] if budgets is not None else [])
+    variants = [frozenset()] + ([frozenset(range(schedule.stages))] if budgets is not None and recompute else [])
     out = []
-    for recompute in variants:
-        result = simulate(schedule, costs, sizes.with_recompute(recompute) if sizes is not None else None)
+    for stages_recomputed in variants:
+        result = simulate(schedule, costs, sizes.with_recompute(stages_recomputed) if sizes is not None else None)
         peaks = result.peak_memory
         peak = max(peaks)
         fits = limit is None or peak <= limit + TOLERANCE
@@ -227,9 +279,10 @@ def _evaluate(
             placement=schedule.style,
             messages=sum(1 for a, b in zip(schedule.placement, schedule.placement[1:]) if a != b),
             layers_per_stage=model.layers_per_stage(schedule.stages, schedule.style),
+            layer_assignment=assignment,
             memory_gb=memory_gb,
             objective=objective if family.uses_objective else None,
-            recompute="all" if recompute else "none",
+            recompute="all" if stages_recomputed else "none",
             peak_memory_bytes=peak_bytes,
             activation_bytes=activation_bytes,
         ))

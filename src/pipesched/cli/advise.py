@@ -202,8 +202,8 @@ def print_advice(result: Advice, model: Optional[TransformerCosts], top: int,
     console.print(f"[bold green]Recommendation:[/bold green] {result.reason}")
     for note in result.notes:
         console.print(f"  - {note}")
-    if best.layers_per_stage:
-        console.print(f"  Layers per stage (model order): {', '.join(map(str, best.layers_per_stage))}")
+    for line in layout_options.split_lines(best, model):
+        console.print(line, highlight=False)
     train = None if trained_model is None else train_command(best, result.ranks, 1, csv_name(best), *trained_model)
     for line in guidance(best, result.ranks, train=train):
         console.print(f"  {line}", highlight=False)
@@ -280,3 +280,4 @@ def _model_line(model: TransformerCosts) -> str:
     parts.append(f"p2p {spec.p2p_bytes(spec.microbatch_size) / 1e6:.3g} MB/microbatch -> comm {model.comm_ms():.3g} ms")
     parts.append(f"params+optimizer {model.state_gb(model.ranks, 'loop'):.3g} GB on the fullest rank (1 chunk)")
     return "model: " + "; ".join(parts)
+

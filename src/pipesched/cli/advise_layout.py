@@ -12,6 +12,7 @@ import typer
 from ..advise.estimate import TransformerCosts
 from ..advise.howto import guidance
 from ..advise.layout import DEFAULT_DP_LATENCY_MS, LayoutAdvice, advise_layouts
+from ..advise.result import Candidate
 from ..errors import ConfigError
 from ..outfiles import check_output_path, write_atomic
 
@@ -51,10 +52,26 @@ def run(gpus: Optional[int], global_batch: Optional[int], model: TransformerCost
     console.print(f"[bold green]Recommendation:[/bold green] {recommendation(advice)}")
     for line in advice.skipped:
         console.print(f"  - skipped {line}")
-    if best.candidate.layers_per_stage:
-        console.print(f"  Layers per stage (model order): {', '.join(map(str, best.candidate.layers_per_stage))}")
+    for line in split_lines(best.candidate, model):
+        console.print(line, highlight=False)
     for line in guidance(best.candidate, best.pp, best.dp):
         console.print(f"  {line}", highlight=False)
+
+
+def split_lines(c: Candidate, model: Optional[TransformerCosts]) -> list[str]:
+    """The candidate's layers per stage (and how a rank's layers went to its stages, when the
+    advisor chose), and the same split as ``train --stage-blocks`` for a model whose embedding
+    and head are blocks of their own, as the runtime's ``gpt`` is."""
+    if not c.layers_per_stage:
+        return []
+    how = f", {c.layer_assignment}" if c.layer_assignment else ""
+    lines = [f"  Layers per stage (model order{how}): {', '.join(map(str, c.layers_per_stage))}"]
+    if model is not None and model.spec.vocab:
+        blocks = list(c.layers_per_stage)
+        blocks[0] += 1  # the embedding
+        blocks[-1] += 1  # the head
+        lines.append(f"  As blocks (embedding and head one each, as --model gpt): --stage-blocks {','.join(map(str, blocks))}")
+    return lines
 
 
 def recommendation(advice: LayoutAdvice) -> str:
