@@ -62,12 +62,14 @@ def test_a_byte_limit_under_one_stored_microbatch_is_met_by_recomputing():
 def test_costs_add_up_to_the_model_and_multipliers_follow_the_layer_split():
     model = TransformerCosts(GPT, ranks=8, hardware=Hardware(tflops=100, bandwidth=25))
     f, b, w = model.layer_times()
-    head = model.head_time()
+    head, embedding = model.head_time(), model.embedding_time()
     costs = model.costs(8, "loop", 1.0)
-    assert costs.F * 8 == pytest.approx(30 * f + head)
-    assert costs.W * 8 == pytest.approx(30 * w + head)
+    assert costs.F * 8 == pytest.approx(30 * f + head + embedding)
+    assert costs.W * 8 == pytest.approx(30 * w + head + embedding)
+    assert embedding < 1e-4 * f  # next to nothing
     counts = model.layers_per_stage(8, "loop")
     stage_time = [n * (f + b + w) for n in counts]
+    stage_time[0] += 3 * embedding
     stage_time[-1] += 3 * head
     assert costs.stage_multipliers == pytest.approx([t / (sum(stage_time) / 8) for t in stage_time])
     assert costs.comm == pytest.approx(1e3 * 2 * 2048 * 4096 / 25e9)
@@ -161,15 +163,15 @@ def test_interleaving_a_model_that_does_not_split_evenly_loads_no_rank_more_than
     assert busiest(16) <= busiest(8) + 1e-9
 
 
-def test_orienting_a_split_moves_layers_only_between_a_ranks_stages_of_equal_extra_work():
+def test_orienting_a_split_moves_layers_only_between_a_ranks_stages_that_hold_only_layers():
     counts = (2, 2, 2, 1, 1, 1, 1, 0)  # 4 ranks x 2 chunks, the head alone on the last stage
     owner = loop_placement(4, 2)
-    extras = (0.0,) * 7 + (2.0,)
-    late = orient_layers(counts, owner, extras, "heavy-late")
+    movable = (True,) * 7 + (False,)
+    late = orient_layers(counts, owner, movable, "heavy-late")
     assert late == (1, 1, 1, 1, 2, 2, 2, 0)
-    assert orient_layers(late, owner, extras, "heavy-early") == counts
-    assert orient_layers(counts, owner, extras, "alternating") == (2, 1, 2, 1, 1, 2, 1, 0)
-    for oriented in (late, orient_layers(counts, owner, extras, "alternating")):
+    assert orient_layers(late, owner, movable, "heavy-early") == counts
+    assert orient_layers(counts, owner, movable, "alternating") == (2, 1, 2, 1, 1, 2, 1, 0)
+    for oriented in (late, orient_layers(counts, owner, movable, "alternating")):
         assert [oriented[r] + oriented[r + 4] for r in range(4)] == [counts[r] + counts[r + 4] for r in range(4)]
 
 
@@ -196,6 +198,19 @@ def test_the_advisor_simulates_each_layer_assignment_and_reports_the_fastest():
     assert one_chunk.layer_assignment is None  # one stage per rank: nothing to choose
 
 
+def test_the_embedding_and_the_head_may_each_hold_a_stage_alone():
+    """``k*p - 2`` layers (the Zero Bubble paper's layer counts) interleave one layer per chunk:
+    the first stage holds the embedding alone and the last the head alone, which is what the
+    authors' code gets by padding the model to ``k*p`` layers; without them it cannot split."""
+    spec = TransformerSpec(layers=6, hidden=256, seq_len=128, microbatch_size=1, vocab=1000)
+    model = TransformerCosts(spec, ranks=4)
+    assert model.layers_per_stage(8, "loop") == (0, 1, 1, 1, 1, 1, 1, 0)
+    assert model.layers_per_stage(4, "loop")[0] > 0  # one chunk: the embedding's stage still has layers
+    assert 0 < model.costs(8, "loop", 1.0).stage_multipliers[0] < 1e-3  # next to nothing, not nothing
+    with pytest.raises(ConfigError, match="at least 8 layers"):
+        TransformerCosts(TransformerSpec(layers=6, hidden=256, seq_len=128, microbatch_size=1), ranks=4).layers_per_stage(8, "loop")
+
+
 def test_a_heavy_head_gets_fewer_layers_on_the_last_stage():
     counts = balance_layers(22, 8, 1.0, 0.0, 2.0)
     assert counts[-1] < max(counts)
@@ -212,7 +227,9 @@ def test_gpu_memory_sets_a_limit_that_recommended_schedules_respect():
     best = advice.recommended
     assert best.memory_gb <= 60
     state = model.state_gb(8, "loop")
-    assert state == pytest.approx(BYTES_PER_PARAM * (4 * GPT.layer_params + GPT.embedding_params) / 1e9)
+    counts = model.layers_per_stage(8, "loop")
+    held = [n * GPT.layer_params + GPT.embedding_params * (s in (0, 7)) for s, n in enumerate(counts)]
+    assert state == pytest.approx(BYTES_PER_PARAM * max(held) / 1e9)
     for c in advice.candidates:
         assert c.fits == (c.memory_gb <= 60 + 1e-6)
     assert best.layers_per_stage is not None and sum(best.layers_per_stage) == 30

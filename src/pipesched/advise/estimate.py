@@ -18,8 +18,11 @@ Per transformer layer, for a microbatch of ``b`` sequences of ``s`` tokens, hidd
   the runtime does), and is rebuilt, one layer at a time, in its stage's backward;
 - parameters: ``12h^2 + 13h``.
 
-The first stage also holds the token embedding (``V*h`` parameters, negligible compute) and the
-last the output head: ``2*s*b*h*V`` FLOPs for each of F, B and W, and its logits, counted as
+The first stage also holds the token embedding (``V*h`` parameters; its work, counted as one
+operation per token and width, is next to nothing, so the first stage may hold it alone as the
+last may hold the head alone: Megatron-LM's ``--account-for-embedding-in-pipeline-split`` and
+``--account-for-loss-in-pipeline-split``, and what the Zero Bubble code's padding of ``k*p - 2``
+layers gives with one layer per chunk) and the last the output head: ``2*s*b*h*V`` FLOPs for each of F, B and W, and its logits, counted as
 ``s*b*(2h + 4V)`` bytes (its input plus fp32 logits). Between stages one activation of
 ``2*s*b*h`` bytes crosses per microbatch. Parameters and optimizer state take 16 bytes per
 parameter (bf16 weights and gradients, fp32 master weights and Adam's two moments). Times use
@@ -87,6 +90,13 @@ class TransformerSpec:
         """FLOPs of each of the head's F, B and W (zero without a vocabulary)."""
         return 2.0 * self.seq_len * b * self.hidden * self.vocab if self.vocab else 0.0
 
+    def embedding_flops(self, b: float) -> float:
+        """Work of each of the embedding's F, B and W, counted as one operation per token and
+        width (the lookup copies a row, its backward adds one into the gradient): next to
+        nothing, but not nothing, so that a stage holding the embedding alone takes some time
+        (zero without a vocabulary)."""
+        return float(self.seq_len * b * self.hidden) if self.vocab else 0.0
+
     def layer_activation_bytes(self, b: float) -> float:
         """Bytes one layer keeps from F to its backward (see the module docstring)."""
         s, h, a, d = self.seq_len, self.hidden, self.head_count, self.dtype_bytes
@@ -134,7 +144,7 @@ class Hardware:
 
 def balance_layers(
     layers: int, stages: int, layer_cost: float, first_extra: float, last_extra: float,
-    rank_of_stage: Optional[Sequence[int]] = None,
+    rank_of_stage: Optional[Sequence[int]] = None, first_alone: bool = False,
 ) -> tuple[int, ...]:
     """Layers per stage (contiguous in model order; each stage at least one but see below).
 
@@ -142,17 +152,20 @@ def balance_layers(
     rank's total is minimised first, then the slowest stage: a rank runs all its stages' work in
     every steady-state round, so an even split per stage that gives one rank two heavy stages is
     slower than an uneven split that gives every rank the same total. Without a map each stage is
-    its own rank. A stage with extra work (the embedding, the head) may hold no layer at all, as
-    Megatron-LM's ``--account-for-loss-in-pipeline-split`` allows: with two chunks per rank the
-    head's rank would otherwise carry two layers besides the head.
+    its own rank. A stage with extra work (the head) may hold no layer at all, as Megatron-LM's
+    ``--account-for-loss-in-pipeline-split`` allows: with two chunks per rank the head's rank
+    would otherwise carry two layers besides the head. ``first_alone``: so may the first stage
+    (it holds the embedding, whose work is too small to count here: Megatron-LM's
+    ``--account-for-embedding-in-pipeline-split``); a model of ``k*p - 2`` layers then
+    interleaves one layer per chunk, as the Zero Bubble code's padding does.
     """
-    if stages > layers:
-        raise ConfigError(f"{stages} stages need at least {stages} layers, the model has {layers}")
     owner = list(range(stages)) if rank_of_stage is None else list(rank_of_stage)
     extras = [0.0] * stages
     extras[0] += first_extra
     extras[-1] += last_extra
-    least = [0 if extras[s] > 0 else 1 for s in range(stages)]
+    least = [0 if extras[s] > 0 or (s == 0 and first_alone) else 1 for s in range(stages)]
+    if sum(least) > layers:
+        raise ConfigError(f"{stages} stages need at least {sum(least)} layers, the model has {layers}")
     ranks = sorted(set(owner))
     rank_stages = {r: [s for s in range(stages) if owner[s] == r] for r in ranks}
     rank_extra = {r: sum(extras[s] for s in rank_stages[r]) for r in ranks}
@@ -215,26 +228,24 @@ LAYER_ASSIGNMENTS = ("heavy-early", "heavy-late", "alternating", "per-stage")
 
 
 def orient_layers(
-    counts: Sequence[int], rank_of_stage: Sequence[int], extras: Sequence[float], assignment: str,
+    counts: Sequence[int], rank_of_stage: Sequence[int], movable: Sequence[bool], assignment: str,
 ) -> tuple[int, ...]:
-    """``counts`` (balanced per rank) with each rank's layers moved between its stages.
+    """``counts`` (balanced per rank) with each rank's layers moved between its ``movable`` stages.
 
-    A rank's stages of equal extra work (all but the ones holding the embedding or the head)
-    share the same layers in any order without changing the rank's total or the slowest stage;
-    which chunk is the heavier changes when each rank's work becomes ready for the next, so no
-    one order is fastest for every schedule (interleaved 1F1B's groups of ``p`` microbatches
-    move through one chunk before the next). ``heavy-early``: a rank's heavier stages first in
-    model order; ``heavy-late``: last; ``alternating``: heavy-early on even ranks, heavy-late on
-    odd ones.
+    A rank's stages that hold only layers (not the head; and not a stage holding the embedding
+    or the head alone) may share its layers in any order without changing the rank's total or
+    the slowest stage. Which chunk is the heavier changes when each rank's work becomes ready
+    for the next, so no one order is fastest for every schedule (interleaved 1F1B's groups of
+    ``p`` microbatches move through one chunk before the next). ``heavy-early``: a rank's
+    heavier stages first in model order; ``heavy-late``: last; ``alternating``: heavy-early on
+    even ranks, heavy-late on odd ones.
     """
     out = list(counts)
     for r in sorted(set(rank_of_stage)):
         late = assignment == "heavy-late" or (assignment == "alternating" and r % 2 == 1)
-        for extra in sorted({extras[s] for s in range(len(out)) if rank_of_stage[s] == r}):
-            mine = [s for s in range(len(out)) if rank_of_stage[s] == r and extras[s] == extra]
-            held = sorted((out[s] for s in mine), reverse=not late)
-            for s, n in zip(mine, held):
-                out[s] = n
+        mine = [s for s in range(len(out)) if rank_of_stage[s] == r and movable[s]]
+        for s, n in zip(mine, sorted((out[s] for s in mine), reverse=not late)):
+            out[s] = n
     return tuple(out)
 
 
@@ -269,6 +280,10 @@ class TransformerCosts:
         """Each of the head's F, B and W in ms."""
         return self._ms(self.spec.head_flops(self.spec.microbatch_size * scale))
 
+    def embedding_time(self, scale: float = 1.0) -> float:
+        """Each of the embedding's F, B and W in ms."""
+        return self._ms(self.spec.embedding_flops(self.spec.microbatch_size * scale))
+
     def comm_ms(self, scale: float = 1.0) -> float:
         if self.hardware.bandwidth is None:
             return 0.0
@@ -286,8 +301,8 @@ class TransformerCosts:
     def layers_per_stage(self, stages: int, placement: str) -> tuple[int, ...]:
         """The layer split: balanced per rank for the placement's map and oriented by
         ``layer_assignment`` (:func:`orient_layers`); per stage without a map or for ``per-stage``."""
-        return _layer_split(self.spec.layers, stages, sum(self.layer_times()), 3 * self.head_time(),
-                            self.rank_of_stage(stages, placement), self.layer_assignment)
+        return _layer_split(self.spec.layers, stages, sum(self.layer_times()), 3 * self.embedding_time(),
+                            3 * self.head_time(), self.rank_of_stage(stages, placement), self.layer_assignment)
 
     def layer_assignments(self, stages: int, placement: str) -> tuple[str, ...]:
         """The assignments that give this layout different splits, this model's own first
@@ -304,13 +319,15 @@ class TransformerCosts:
         counts = self.layers_per_stage(stages, placement)
         f, b, w = self.layer_times(scale)
         head = self.head_time(scale)
+        ends = head + self.embedding_time(scale)
         layer = f + b + w
         stage_time = [n * layer for n in counts]
+        stage_time[0] += 3 * self.embedding_time(scale)
         stage_time[-1] += 3 * head
         mean = sum(stage_time) / stages
         p, L = self.ranks, self.spec.layers
         return Costs(
-            F=(L * f + head) / p, B=(L * b + head) / p, W=(L * w + head) / p,
+            F=(L * f + ends) / p, B=(L * b + ends) / p, W=(L * w + ends) / p,
             comm=self.comm_ms(scale),
             stage_multipliers=tuple(t / mean for t in stage_time),
         )
@@ -379,6 +396,7 @@ class TransformerCosts:
             (budget - counted * self._state_bytes(r)) / self._activation_bytes(r, scale)
             for n, style in layouts
             for r in self._ranks_of(n, style)
+            if self._activation_bytes(r, scale) > 0  # a rank holding the embedding alone keeps nothing
         )
 
     def memory_gb(self, stages: int, placement: str, scale: float, peaks: tuple[float, ...]) -> Optional[float]:
@@ -395,13 +413,14 @@ class TransformerCosts:
 
 @lru_cache(maxsize=1024)
 def _layer_split(
-    layers: int, stages: int, layer_cost: float, head_cost: float, rank_of_stage: Optional[tuple[int, ...]],
-    assignment: str,
+    layers: int, stages: int, layer_cost: float, embedding_cost: float, head_cost: float,
+    rank_of_stage: Optional[tuple[int, ...]], assignment: str,
 ) -> tuple[int, ...]:
     """:meth:`TransformerCosts.layers_per_stage`, kept: every cost and memory question of a
     candidate asks for it again."""
+    alone = embedding_cost > 0  # balanced as if free (it nearly is), but it may be a stage of its own
     if rank_of_stage is None or assignment == "per-stage":
-        return balance_layers(layers, stages, layer_cost, 0.0, head_cost)
-    counts = balance_layers(layers, stages, layer_cost, 0.0, head_cost, rank_of_stage)
-    extras = [0.0] * (stages - 1) + [head_cost]
-    return orient_layers(counts, rank_of_stage, extras, assignment)
+        return balance_layers(layers, stages, layer_cost, 0.0, head_cost, first_alone=alone)
+    counts = balance_layers(layers, stages, layer_cost, 0.0, head_cost, rank_of_stage, alone)
+    movable = [n > 0 and not (s == stages - 1 and head_cost > 0) for s, n in enumerate(counts)]
+    return orient_layers(counts, rank_of_stage, movable, assignment)
