@@ -17,7 +17,8 @@ A100 80 GB at 150 effective TFLOP/s, 100 GB/s between pipeline neighbours, 25 GB
 replicas. Costs and memory come from the paper's per-layer formulas (advise/estimate.py).
 
 1. At the paper's layout (pure pipeline, pp = GPUs) and microbatch counts: the predicted step of
-   1F1B, interleaved 1F1B (2 chunks), ZB-1p and ZB-2p. ZB-1p and ZB-2p are the paper's automatic
+   1F1B, interleaved 1F1B (2 chunks, with the layer assignment the advisor chose, and the best
+   of 2 to 4 chunks), ZB-1p and ZB-2p. ZB-1p and ZB-2p are the paper's automatic
    schedules at p and 2p microbatches of activations; here their handcrafted counterparts zb-h1
    (the paper: "ZB-1p is close to ZB-H1") and zb-h2 (zero bubble at 2p), since zb-auto's search
    at p=32, m=256 takes too long for this shared machine.
@@ -27,10 +28,12 @@ replicas. Costs and memory come from the paper's per-layer formulas (advise/esti
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pipesched.advise import advise
 from pipesched.advise.estimate import Hardware, TransformerCosts, TransformerSpec
 from pipesched.advise.layout import advise_layouts
-from pipesched.errors import PipeschedError
+from pipesched.errors import ConfigError, PipeschedError
 from pipesched.registry import get_family
 
 CONFIGS = [
@@ -41,7 +44,7 @@ CONFIGS = [
 ]
 HARDWARE = Hardware(tflops=150, bandwidth=100, gpu_memory=80)
 DP_BANDWIDTH = 25
-PAPER = ("1f1b", "interleaved-1f1b", "ZB-1p", "ZB-2p")
+PAPER = ("1f1b", "interleaved-1f1b", "ZB-1p", "ZB-2p")  # interleaved at 2 chunks
 LAYOUT_FAMILIES = [get_family(n) for n in ("1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v")]
 
 
@@ -60,44 +63,108 @@ def parameter_table() -> list[str]:
 
 
 def _paper_row(spec, gpus, m) -> dict:
-    """Predicted step (ms) of each of the paper's four schedules at pp = gpus, or why not."""
+    """The best candidate (or None: nothing fits 80 GB) of each of the paper's four schedules at
+    pp = gpus, interleaving at 2 chunks (Megatron's usual) and at the best of 2 to 4."""
     model = TransformerCosts(spec, gpus, HARDWARE)
     out = {}
-    for label, family, limit in (("1f1b", "1f1b", None), ("interleaved-1f1b", "interleaved-1f1b", None),
-                                 ("ZB-1p", "zb-h1", None), ("ZB-2p", "zb-h2", None)):
+    for label, family, chunks in (("1f1b", "1f1b", (1,)), ("interleaved-1f1b", "interleaved-1f1b", (2,)),
+                                  ("interleaved, best v", "interleaved-1f1b", (2, 3, 4)),
+                                  ("ZB-1p", "zb-h1", (1,)), ("ZB-2p", "zb-h2", (1,))):
         try:
-            advice = advise(gpus, cost_model=model, microbatches=m, families=[get_family(family)], max_chunks=2)
-            best = advice.recommended
-            out[label] = (best.makespan, best.fits, best.memory_gb)
-        except PipeschedError:  # nothing of this family fits the GPU memory
-            out[label] = (None, False, None)
+            advice = advise(gpus, cost_model=model, microbatches=m, families=[get_family(family)], max_chunks=max(chunks))
+            out[label] = next((c for c in advice.fitting if c.chunks in chunks), None)
+        except PipeschedError:  # no split of the layers, or nothing of this family fits the GPU memory
+            out[label] = None
     return out
+
+
+def _ms(c) -> str:
+    return "does not fit" if c is None else f"{c.makespan:.0f}"
+
+
+def _split(c) -> str:
+    """How the candidate's layers went to its stages: the advisor's choice, when it had one."""
+    if c is None:
+        return "-"
+    return c.layer_assignment or "one way only"
 
 
 def paper_table(balanced: bool = False) -> list[str]:
     """The paper's four schedules at each configuration; ``balanced``: layers rounded up to a
     multiple of 2p and no embedding or head, so that interleaving's 2p stages are even."""
     lines = [
-        "| model | GPUs | m | 1F1B ms | interleaved ms | ZB-1p ms | ZB-2p ms | order (fastest first, fitting 80 GB) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | GPUs | m | 1F1B ms | interleaved ms (v=2) | its layer assignment | ZB-1p ms | ZB-2p ms "
+        "| order (fastest first, fitting 80 GB) | interleaved between 1F1B and ZB-1p | interleaved, best v of 2-4 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, layers, heads, hidden, b, gpus, ms in CONFIGS:
         spec = _spec(-(-layers // (2 * gpus)) * 2 * gpus, heads, hidden, b, None) if balanced else _spec(layers, heads, hidden, b)
         for m in (ms[:1] if balanced else ms):
             row = _paper_row(spec, gpus, m)
-            cells = []
-            for label in PAPER:
-                t, fits, gb = row[label]
-                cells.append("over 80 GB" if t is None else f"{t:.0f}" + ("" if fits else f" (over: {gb:.0f} GB)"))
-            fitting = sorted((row[k][0], k) for k in PAPER if row[k][0] is not None and row[k][1])
-            lines.append(f"| {name} | {gpus} | {m} | " + " | ".join(cells) + " | " + " < ".join(k for _, k in fitting) + " |")
+            fitting = sorted((row[k].makespan, k) for k in PAPER if row[k] is not None)
+            one, inter, zb1 = row["1f1b"], row["interleaved-1f1b"], row["ZB-1p"]
+            between = inter is not None and zb1.makespan <= inter.makespan <= one.makespan
+            best = row["interleaved, best v"]
+            best_text = "-" if best is None else f"v={best.chunks}: {best.makespan:.0f} ({_split(best)})"
+            lines.append(
+                f"| {name} | {gpus} | {m} | {_ms(one)} | {_ms(inter)} | {_split(inter)} | {_ms(zb1)} | {_ms(row['ZB-2p'])} "
+                f"| {' < '.join(k for _, k in fitting)} | {'yes' if between else 'NO'} | {best_text} |"
+            )
+    return lines
+
+
+@dataclass(frozen=True)
+class PaddedSplit(TransformerCosts):
+    """The layer split the authors' code runs (its ``--allow-padding-num-layers``): the model is
+    padded to a multiple of p layers, every stage gets the same number of the padded layers and
+    the first and last stage each lose one (so the embedding and the head take a layer's place).
+    Interleaving needs the padded layers per rank to divide into the chunks; otherwise the code
+    refuses, and so does this split."""
+
+    def layers_per_stage(self, stages: int, placement: str) -> tuple[int, ...]:
+        padded = -(-self.spec.layers // self.ranks) * self.ranks
+        per_stage, rest = divmod(padded, stages)
+        if rest:
+            raise ConfigError(f"{padded} padded layers do not split into {stages} stages")
+        missing = padded - self.spec.layers
+        counts = [per_stage] * stages
+        counts[0] -= missing // 2
+        counts[-1] -= missing - missing // 2
+        return tuple(counts)
+
+
+def padded_table() -> list[str]:
+    """The four schedules, every one under the authors' padded split (interleaved at the fastest
+    chunk count that split allows)."""
+    lines = [
+        "| model | GPUs | m | 1F1B ms | interleaved ms (v) | ZB-1p ms | ZB-2p ms | interleaved between 1F1B and ZB-1p |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, layers, heads, hidden, b, gpus, ms in CONFIGS:
+        model = PaddedSplit(_spec(layers, heads, hidden, b), gpus, HARDWARE)
+        for m in ms:
+            best = {}
+            for label, family, chunks in (("1f1b", "1f1b", 1), ("interleaved", "interleaved-1f1b", 4),
+                                          ("ZB-1p", "zb-h1", 1), ("ZB-2p", "zb-h2", 1)):
+                try:
+                    advice = advise(gpus, cost_model=model, microbatches=m, families=[get_family(family)], max_chunks=chunks)
+                    best[label] = advice.fitting[0] if advice.fitting else None
+                except PipeschedError:
+                    best[label] = None
+            inter = best["interleaved"]
+            between = inter is not None and best["ZB-1p"].makespan <= inter.makespan <= best["1f1b"].makespan
+            lines.append(
+                f"| {name} | {gpus} | {m} | {_ms(best['1f1b'])} | "
+                + ("-" if inter is None else f"{inter.makespan:.0f} (v={inter.chunks})")
+                + f" | {_ms(best['ZB-1p'])} | {_ms(best['ZB-2p'])} | {'yes' if between else 'NO'} |"
+            )
     return lines
 
 
 def layout_table() -> list[str]:
     lines = [
-        "| model | GPUs | global batch | recommended | step ms | 1F1B, same layout | pure pipeline (pp=GPUs) best | every layout's best <= its 1F1B |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | GPUs | global batch | recommended | its layers per stage | step ms | 1F1B, same layout | pure pipeline (pp=GPUs) best | every layout's best <= its 1F1B |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, layers, heads, hidden, b, gpus, ms in CONFIGS:
         spec = _spec(layers, heads, hidden, b)
@@ -114,11 +181,16 @@ def layout_table() -> list[str]:
         pure = [c for c in advice.candidates if c.pp == gpus]
         lines.append(
             f"| {name} | {gpus} | {batch} | pp={best.pp} x dp={best.dp}, {best.candidate.schedule} "
-            f"v={best.candidate.chunks} m={best.candidate.microbatches} | {best.step_time:.0f} | "
+            f"v={best.candidate.chunks} m={best.candidate.microbatches} | {_layers(best.candidate)} | {best.step_time:.0f} | "
             f"{base.step_time:.0f} | " + (f"{pure[0].candidate.schedule} {pure[0].step_time:.0f}" if pure else "does not fit")
             + f" | {'yes' if ok else 'NO'} ({len(layouts)} layouts) |"
         )
     return lines
+
+
+def _layers(c) -> str:
+    split = ",".join(map(str, c.layers_per_stage))
+    return split + (f" ({c.layer_assignment})" if c.layer_assignment else "")
 
 
 if __name__ == "__main__":
@@ -127,5 +199,7 @@ if __name__ == "__main__":
     print("\n".join(paper_table()))
     print()
     print("\n".join(paper_table(balanced=True)))
+    print()
+    print("\n".join(padded_table()))
     print()
     print("\n".join(layout_table()))
