@@ -223,8 +223,10 @@ def balance_layers(
     return tuple(counts)
 
 
-LAYER_ASSIGNMENTS = ("heavy-early", "heavy-late", "alternating", "per-stage")
-"""Ways to give layers to stages when a rank holds several (see :func:`orient_layers`)."""
+LAYER_ASSIGNMENTS = ("heavy-early", "heavy-late")
+"""Ways to give a rank's layers to its stages when it holds several (see :func:`orient_layers`).
+Two more were tried on the Zero Bubble paper's models and never won (benchmarks/RESULTS.md):
+heavy-early on even ranks and heavy-late on odd ones, and balancing each stage on its own."""
 
 
 def orient_layers(
@@ -237,12 +239,11 @@ def orient_layers(
     the slowest stage. Which chunk is the heavier changes when each rank's work becomes ready
     for the next, so no one order is fastest for every schedule (interleaved 1F1B's groups of
     ``p`` microbatches move through one chunk before the next). ``heavy-early``: a rank's
-    heavier stages first in model order; ``heavy-late``: last; ``alternating``: heavy-early on
-    even ranks, heavy-late on odd ones.
+    heavier stages first in model order; ``heavy-late``: last.
     """
     out = list(counts)
+    late = assignment == "heavy-late"
     for r in sorted(set(rank_of_stage)):
-        late = assignment == "heavy-late" or (assignment == "alternating" and r % 2 == 1)
         mine = [s for s in range(len(out)) if rank_of_stage[s] == r and movable[s]]
         for s, n in zip(mine, sorted((out[s] for s in mine), reverse=not late)):
             out[s] = n
@@ -300,7 +301,7 @@ class TransformerCosts:
 
     def layers_per_stage(self, stages: int, placement: str) -> tuple[int, ...]:
         """The layer split: balanced per rank for the placement's map and oriented by
-        ``layer_assignment`` (:func:`orient_layers`); per stage without a map or for ``per-stage``."""
+        ``layer_assignment`` (:func:`orient_layers`); per stage without a map."""
         return _layer_split(self.spec.layers, stages, sum(self.layer_times()), 3 * self.embedding_time(),
                             3 * self.head_time(), self.rank_of_stage(stages, placement), self.layer_assignment)
 
@@ -419,7 +420,7 @@ def _layer_split(
     """:meth:`TransformerCosts.layers_per_stage`, kept: every cost and memory question of a
     candidate asks for it again."""
     alone = embedding_cost > 0  # balanced as if free (it nearly is), but it may be a stage of its own
-    if rank_of_stage is None or assignment == "per-stage":
+    if rank_of_stage is None:
         return balance_layers(layers, stages, layer_cost, 0.0, head_cost, first_alone=alone)
     counts = balance_layers(layers, stages, layer_cost, 0.0, head_cost, rank_of_stage, alone)
     movable = [n > 0 and not (s == stages - 1 and head_cost > 0) for s, n in enumerate(counts)]
