@@ -82,6 +82,17 @@ def _ms(c) -> str:
     return "does not fit" if c is None else f"{c.makespan:.0f}"
 
 
+def _between(one, inter, zb1) -> str:
+    """Where interleaved lands against 1F1B and ZB-1p (times within 0.1% count as a tie)."""
+    if inter is None:
+        return "NO: does not fit"
+    if inter.makespan > one.makespan * 1.001:
+        return "NO: slower than 1F1B"
+    if inter.makespan < zb1.makespan * 0.999:
+        return "NO: faster than ZB-1p"
+    return "yes" if inter.makespan > zb1.makespan * 1.001 else "tie with ZB-1p"
+
+
 def _split(c) -> str:
     """How the candidate's layers went to its stages: the advisor's choice, when it had one."""
     if c is None:
@@ -103,12 +114,11 @@ def paper_table(balanced: bool = False) -> list[str]:
             row = _paper_row(spec, gpus, m)
             fitting = sorted((row[k].makespan, k) for k in PAPER if row[k] is not None)
             one, inter, zb1 = row["1f1b"], row["interleaved-1f1b"], row["ZB-1p"]
-            between = inter is not None and zb1.makespan <= inter.makespan <= one.makespan
             best = row["interleaved, best v"]
             best_text = "-" if best is None else f"v={best.chunks}: {best.makespan:.0f} ({_split(best)})"
             lines.append(
                 f"| {name} | {gpus} | {m} | {_ms(one)} | {_ms(inter)} | {_split(inter)} | {_ms(zb1)} | {_ms(row['ZB-2p'])} "
-                f"| {' < '.join(k for _, k in fitting)} | {'yes' if between else 'NO'} | {best_text} |"
+                f"| {' < '.join(k for _, k in fitting)} | {_between(one, inter, zb1)} | {best_text} |"
             )
     return lines
 
@@ -152,11 +162,10 @@ def padded_table() -> list[str]:
                 except PipeschedError:
                     best[label] = None
             inter = best["interleaved"]
-            between = inter is not None and best["ZB-1p"].makespan <= inter.makespan <= best["1f1b"].makespan
             lines.append(
                 f"| {name} | {gpus} | {m} | {_ms(best['1f1b'])} | "
                 + ("-" if inter is None else f"{inter.makespan:.0f} (v={inter.chunks})")
-                + f" | {_ms(best['ZB-1p'])} | {_ms(best['ZB-2p'])} | {'yes' if between else 'NO'} |"
+                + f" | {_ms(best['ZB-1p'])} | {_ms(best['ZB-2p'])} | {_between(best['1f1b'], inter, best['ZB-1p'])} |"
             )
     return lines
 
