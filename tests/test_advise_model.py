@@ -192,6 +192,8 @@ def test_the_advisor_simulates_each_layer_assignment_and_reports_the_fastest():
     assert chosen.layer_assignment == fastest and chosen.makespan == pytest.approx(times[fastest])
     assert chosen.layers_per_stage == model.with_layer_assignment(fastest).layers_per_stage(16, "loop")
     assert chosen.to_json()["layer_assignment"] == fastest
+    again = build_schedule(chosen.schedule, 8, chosen.microbatches, chosen.chunks, chosen.costs, chosen.memory_limit)
+    assert simulate(again, chosen.costs).makespan == pytest.approx(chosen.makespan)  # its costs are its split's
     one_chunk = next(c for c in advice.candidates if c.chunks == 1)
     assert one_chunk.layer_assignment is None  # one stage per rank: nothing to choose
 
