@@ -19,14 +19,15 @@ Per transformer layer, for a microbatch of ``b`` sequences of ``s`` tokens, hidd
 - parameters: ``12h^2 + 13h``.
 
 The first stage also holds the token embedding (``V*h`` parameters; its work, counted as one
-operation per token and width, is next to nothing, so the first stage may hold it alone as the
-last may hold the head alone: Megatron-LM's ``--account-for-embedding-in-pipeline-split`` and
-``--account-for-loss-in-pipeline-split``, and what the Zero Bubble code's padding of ``k*p - 2``
-layers gives with one layer per chunk) and the last the output head: ``2*s*b*h*V`` FLOPs for each of F, B and W, and its logits, counted as
-``s*b*(2h + 4V)`` bytes (its input plus fp32 logits). Between stages one activation of
-``2*s*b*h`` bytes crosses per microbatch. Parameters and optimizer state take 16 bytes per
-parameter (bf16 weights and gradients, fp32 master weights and Adam's two moments). Times use
-``tflops`` (effective, not peak) and ``bandwidth`` (GB/s, 1 GB = 1e9 bytes); times are in ms.
+operation per token and width, is next to nothing) and the last the output head: ``2*s*b*h*V``
+FLOPs for each of F, B and W, and its logits, counted as ``s*b*(2h + 4V)`` bytes (its input plus
+fp32 logits). Either end's stage may hold its embedding or head alone (Megatron-LM's
+``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``; what
+the Zero Bubble code's padding of ``k*p - 2`` layers gives at one layer per chunk). Between
+stages one activation of ``2*s*b*h`` bytes crosses per microbatch. Parameters and optimizer
+state take 16 bytes per parameter (bf16 weights and gradients, fp32 master weights and Adam's
+two moments). Times use ``tflops`` (effective, not peak) and ``bandwidth`` (GB/s, 1 GB = 1e9
+bytes); times are in ms.
 """
 
 from __future__ import annotations
