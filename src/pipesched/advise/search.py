@@ -31,6 +31,9 @@ from .result import Advice, Candidate
 __all__ = ["Advice", "Candidate", "NoCandidateFitsError", "advise", "objective_option"]
 
 
+REBUILD_WIDTH = 10  # families building at most this many programs are built under every layer assignment
+
+
 class NoCandidateFitsError(ConfigError):
     """No candidate's peak memory is within the limit (the message names the smallest feasible)."""
 
@@ -171,31 +174,37 @@ def _evaluate(
     every stage recomputing its activations: slower (each backward re-runs its forward), leaner.
 
     Where a rank holds several stages and the model offers several ways to give them its layers
-    (:meth:`CostModel.layer_assignments`), the program built for the model's own assignment is
-    simulated under each other one (a simulation each, no build); the fastest that fits, when it
-    is not the model's own, is built again under its costs, and whichever of the two is faster
-    is kept for each recompute choice. Every candidate returned was built and simulated under
-    the one split it reports.
+    (:meth:`CostModel.layer_assignments`), the setting is built under each other one too when
+    the family builds few programs (``search_width`` up to :data:`REBUILD_WIDTH`: its choice,
+    such as interleaved's microbatch group, may depend on the split); a family that searches
+    wider has its program simulated under each other split instead (no build), and is built
+    again only under the fastest that fits. For each recompute choice the faster is kept.
+    Every candidate returned was built and simulated under the one split it reports.
     """
     schedule, steer_to = _build(setting, ranks, plan, model, objective, steer, steer_to_floor)
     options = model.layer_assignments(schedule.stages, schedule.style)
     if len(options) < 2:
         return _measure(setting, plan, model, objective, schedule, steer_to, None)
-    own = _measure(setting, plan, model, objective, schedule, steer_to, options[0])
-    screened = [
-        _measure(setting, plan, model.with_layer_assignment(name), objective, schedule, steer_to, name, recompute=False)[0]
-        for name in options[1:]
-    ]
-    best = min([own[0]] + screened, key=lambda c: _fit_then_time(c, objective))
-    if best.layer_assignment == options[0]:
-        return own
-    other = model.with_layer_assignment(best.layer_assignment)
-    try:
-        rebuilt, steer_other = _build(setting, ranks, plan, other, objective, steer, steer_to_floor)
-    except PipeschedError:
-        return own
-    theirs = {c.recompute: c for c in _measure(setting, plan, other, objective, rebuilt, steer_other, best.layer_assignment)}
-    return [min((c, theirs.get(c.recompute, c)), key=lambda x: _fit_then_time(x, objective)) for c in own]
+    best = _measure(setting, plan, model, objective, schedule, steer_to, options[0])
+    if setting.family.search_width(ranks, setting.microbatches) <= REBUILD_WIDTH:
+        tries = options[1:]
+    else:
+        screened = [
+            _measure(setting, plan, model.with_layer_assignment(name), objective, schedule, steer_to, name,
+                     recompute=False)[0]
+            for name in options[1:]
+        ]
+        fastest = min([best[0]] + screened, key=lambda c: _fit_then_time(c, objective)).layer_assignment
+        tries = [name for name in options[1:] if name == fastest]
+    for name in tries:
+        other = model.with_layer_assignment(name)
+        try:
+            rebuilt, steer_other = _build(setting, ranks, plan, other, objective, steer, steer_to_floor)
+        except PipeschedError:
+            continue
+        theirs = {c.recompute: c for c in _measure(setting, plan, other, objective, rebuilt, steer_other, name)}
+        best = [min((c, theirs.get(c.recompute, c)), key=lambda x: _fit_then_time(x, objective)) for c in best]
+    return best
 
 
 def _fit_then_time(c: Candidate, objective: str) -> tuple:

@@ -11,7 +11,11 @@ reversed. Rank ``r`` runs ``2(p-r-1) + (v-1)G`` warm-up forwards, then alternate
 and one backward. With ``p`` dividing ``m``, ``G = p`` gives Megatron's schedule exactly. For
 other ``m`` (which Megatron's old code and torch refuse in many cases) every feasible ``G`` is a
 valid schedule; we simulate a few and keep the fastest under the given costs (within the memory
-limit, when one is given).
+limit, when one is given). Under a memory limit the larger groups Megatron accepts up to ``2p``
+(``microbatch_group_size_per_vp_stage``: ``m % G`` 0 or at least ``p``) are tried for every
+``m``: they hold more microbatches in flight, and where the chunks differ in cost (a layer count
+that does not split evenly) ``G = p`` makes each rank's heavy and light chunks alternate out of
+step with its neighbours', which a larger group largely avoids.
 
 Looped BFS (breadth-first) runs every microbatch through one chunk before the next: the same
 bubble, but memory grows with ``m`` like GPipe.
@@ -70,22 +74,33 @@ def rank_order(
     return order
 
 
-def group_candidates(ranks: int, microbatches: int, limit: int = 8) -> list[int]:
-    """Group sizes worth trying: ``p`` when it divides ``m``, else a few around ``p`` and ``m``."""
+def group_candidates(ranks: int, microbatches: int, limit: int = 8, larger: bool = False) -> list[int]:
+    """Group sizes worth trying: ``p`` when it divides ``m`` (with ``larger``, also the larger
+    groups up to ``2p`` that Megatron accepts), else a few around ``p`` and ``m``."""
     if microbatches % ranks == 0:
-        return [ranks]
+        if not larger:
+            return [ranks]
+        accepted = [g for g in range(ranks, min(microbatches, 2 * ranks) + 1)
+                    if microbatches % g == 0 or microbatches % g >= ranks]
+        return _thinned(accepted, limit, keep={ranks, accepted[-1]})
     if microbatches < ranks:
         return [microbatches]
     span = list(range(ranks, min(microbatches, 2 * ranks - 1) + 1))
-    if len(span) > limit:
-        step = len(span) / limit
-        span = sorted({span[int(i * step)] for i in range(limit)} | {ranks})
-    return sorted(set(span) | {microbatches})
+    return sorted(set(_thinned(span, limit, keep={ranks})) | {microbatches})
+
+
+def _thinned(groups: list[int], limit: int, keep: set[int]) -> list[int]:
+    """About ``limit`` of ``groups`` (ascending), evenly spread, with those in ``keep``."""
+    if len(groups) <= limit:
+        return groups
+    step = len(groups) / limit
+    return sorted({groups[int(i * step)] for i in range(limit)} | keep)
 
 
 def interleaved_search_width(ranks: int, microbatches: int) -> int:
-    """How many candidate schedules :func:`build_interleaved` builds: one per group size."""
-    return len(group_candidates(ranks, microbatches))
+    """How many candidate schedules :func:`build_interleaved` builds at most: one per group
+    size (the larger groups counted, as under a memory limit)."""
+    return len(group_candidates(ranks, microbatches, larger=True))
 
 
 def pick_fastest(candidates, costs: Costs, memory_limit: float) -> Schedule:
@@ -116,12 +131,13 @@ def build_interleaved(
     """Interleaved 1F1B, Megatron order, the best group size for ``m`` under ``costs``.
 
     Larger groups hold more microbatches in flight: with ``memory_limit`` the fastest group
-    within it wins; without, the fastest (ties to the leaner). When ``p`` divides ``m`` the group
+    within it wins (the larger groups Megatron accepts included, see the module doc); without,
+    the fastest (ties to the leaner). When ``p`` divides ``m`` and no limit is given the group
     is ``p`` and the peak is Megatron's ``(2(p-1) + (v-1)p + 1) / v``.
     """
     placement = loop_placement(ranks, chunks)
     candidates = []
-    for group in group_candidates(ranks, microbatches):
+    for group in group_candidates(ranks, microbatches, larger=memory_limit is not None):
         orders = tuple(
             tuple(rank_order(r, ranks, microbatches, chunks, group)) for r in range(ranks)
         )
