@@ -211,6 +211,22 @@ def test_the_embedding_and_the_head_may_each_hold_a_stage_alone():
         TransformerCosts(TransformerSpec(layers=6, hidden=256, seq_len=128, microbatch_size=1), ranks=4).layers_per_stage(8, "loop")
 
 
+def test_interleaving_uneven_chunks_under_a_memory_limit_may_take_a_larger_microbatch_group():
+    """22 layers on 16 stages, the heavy chunks last: Megatron's group of p microbatches puts
+    each rank's heavy and light chunks out of step with its neighbours'; under a memory limit a
+    larger group Megatron accepts is also tried, and kept when it is faster within the limit.
+    Without a limit the schedule stays Megatron's default."""
+    spec = TransformerSpec(layers=22, hidden=2304, seq_len=1024, microbatch_size=6, heads=24, vocab=51200)
+    costs = TransformerCosts(spec, ranks=8, layer_assignment="heavy-late").costs(16, "loop", 1.0)
+    default = build_schedule("interleaved-1f1b", 8, 64, 2, costs)
+    limited = build_schedule("interleaved-1f1b", 8, 64, 2, costs, memory_limit=16)
+    assert default.meta["group"] == 8 and limited.meta["group"] > 8
+    faster, megatron = simulate(limited, costs), simulate(default, costs)
+    assert faster.makespan < megatron.makespan and faster.max_peak_memory <= 16
+    tight = build_schedule("interleaved-1f1b", 8, 64, 2, costs, memory_limit=megatron.max_peak_memory)
+    assert tight.meta["group"] == 8  # the larger groups hold more than that
+
+
 def test_a_heavy_head_gets_fewer_layers_on_the_last_stage():
     counts = balance_layers(22, 8, 1.0, 0.0, 2.0)
     assert counts[-1] < max(counts)
