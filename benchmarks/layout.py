@@ -18,7 +18,8 @@ replicas. Costs and memory come from the paper's per-layer formulas (advise/esti
 
 1. At the paper's layout (pure pipeline, pp = GPUs) and microbatch counts: the predicted step of
    1F1B, interleaved 1F1B (2 chunks, with the layer assignment the advisor chose, and the best
-   of 2 to 4 chunks), ZB-1p and ZB-2p. ZB-1p and ZB-2p are the paper's automatic
+   of 2 to 4 chunks), ZB-1p and ZB-2p; the same with evenly splitting layer counts; every
+   schedule under the authors' padded split; interleaved's microbatch group. ZB-1p and ZB-2p are the paper's automatic
    schedules at p and 2p microbatches of activations; here their handcrafted counterparts zb-h1
    (the paper: "ZB-1p is close to ZB-H1") and zb-h2 (zero bubble at 2p), since zb-auto's search
    at p=32, m=256 takes too long for this shared machine.
@@ -171,10 +172,11 @@ def padded_table() -> list[str]:
 
 
 def group_table() -> list[str]:
-    """Interleaved (2 chunks) where it loses to 1F1B, under Megatron's larger microbatch groups
-    (``microbatch_group_size_per_vp_stage``: ``G`` in ``[p, m]`` with ``m % G`` 0 or at least p; the
-    interleaved family tries only ``G = p`` when p divides m), each layer assignment, the GPU's
-    memory checked as the advisor checks it."""
+    """Interleaved (2 chunks) with Megatron's default group of p microbatches against the best of
+    the larger groups Megatron accepts (``microbatch_group_size_per_vp_stage``: ``G`` up to 2p,
+    ``m % G`` 0 or at least p; what the interleaved family now tries under a memory limit), each
+    layer assignment, the GPU's memory checked as the advisor checks it; where uneven chunks made
+    the default lose to 1F1B."""
     from pipesched.placement import loop_placement
     from pipesched.schedule import Schedule
     from pipesched.schedules.interleaved import rank_order

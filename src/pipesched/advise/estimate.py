@@ -226,7 +226,7 @@ def balance_layers(
 
 LAYER_ASSIGNMENTS = ("heavy-early", "heavy-late")
 """Ways to give a rank's layers to its stages when it holds several (see :func:`orient_layers`).
-Two more were tried on the Zero Bubble paper's models and never won (benchmarks/RESULTS.md):
+Two more were tried on the Zero Bubble paper's models (Megatron's group of p) and never won:
 heavy-early on even ranks and heavy-late on odd ones, and balancing each stage on its own."""
 
 
