@@ -11,11 +11,11 @@ reversed. Rank ``r`` runs ``2(p-r-1) + (v-1)G`` warm-up forwards, then alternate
 and one backward. With ``p`` dividing ``m``, ``G = p`` gives Megatron's schedule exactly. For
 other ``m`` (which Megatron's old code and torch refuse in many cases) every feasible ``G`` is a
 valid schedule; we simulate a few and keep the fastest under the given costs (within the memory
-limit, when one is given). Under a memory limit the larger groups Megatron accepts up to ``2p``
-(``microbatch_group_size_per_vp_stage``: ``m % G`` 0 or at least ``p``) are tried for every
-``m``: they hold more microbatches in flight, and where the chunks differ in cost (a layer count
-that does not split evenly) ``G = p`` makes each rank's heavy and light chunks alternate out of
-step with its neighbours', which a larger group largely avoids.
+limit, when one is given). Where the chunks differ in cost (a layer count that does not split
+evenly) ``G = p`` makes each rank's heavy and light chunks alternate out of step with its
+neighbours', which a larger group largely avoids: there, under a memory limit, the larger groups
+Megatron accepts up to ``2p`` (``microbatch_group_size_per_vp_stage``: ``m % G`` 0 or at least
+``p``) are tried for every ``m``; they hold more microbatches in flight.
 
 Looped BFS (breadth-first) runs every microbatch through one chunk before the next: the same
 bubble, but memory grows with ``m`` like GPipe.
@@ -131,13 +131,15 @@ def build_interleaved(
     """Interleaved 1F1B, Megatron order, the best group size for ``m`` under ``costs``.
 
     Larger groups hold more microbatches in flight: with ``memory_limit`` the fastest group
-    within it wins (the larger groups Megatron accepts included, see the module doc); without,
-    the fastest (ties to the leaner). When ``p`` divides ``m`` and no limit is given the group
-    is ``p`` and the peak is Megatron's ``(2(p-1) + (v-1)p + 1) / v``.
+    within it wins (with chunks of unequal cost, the larger groups Megatron accepts included:
+    see the module doc); without, the fastest (ties to the leaner). When ``p`` divides ``m``
+    and no limit is given the group is ``p`` and the peak is Megatron's ``(2(p-1) + (v-1)p + 1) / v``.
     """
     placement = loop_placement(ranks, chunks)
     candidates = []
-    for group in group_candidates(ranks, microbatches, larger=memory_limit is not None):
+    costs = costs or UNIT
+    uneven = len(set(costs.multipliers(len(placement)))) > 1  # where larger groups can help
+    for group in group_candidates(ranks, microbatches, larger=memory_limit is not None and uneven):
         orders = tuple(
             tuple(rank_order(r, ranks, microbatches, chunks, group)) for r in range(ranks)
         )
@@ -146,7 +148,7 @@ def build_interleaved(
         )
     if len(candidates) == 1:
         return candidates[0]
-    return pick_fastest(candidates, costs or UNIT, memory_limit if memory_limit is not None else float("inf"))
+    return pick_fastest(candidates, costs, memory_limit if memory_limit is not None else float("inf"))
 
 
 def build_looped_bfs(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
