@@ -174,29 +174,21 @@ def _evaluate(
     every stage recomputing its activations: slower (each backward re-runs its forward), leaner.
 
     Where a rank holds several stages and the model offers several ways to give them its layers
-    (:meth:`CostModel.layer_assignments`), the setting is built under each other one too when
-    the family builds few programs (``search_width`` up to :data:`REBUILD_WIDTH`: its choice,
-    such as interleaved's microbatch group, may depend on the split); a family that searches
-    wider has its program simulated under each other split instead (no build), and is built
-    again only under the fastest that fits. For each recompute choice the faster is kept.
-    Every candidate returned was built and simulated under the one split it reports.
+    (:meth:`CostModel.layer_assignments`), a family that builds few programs (``search_width``
+    up to :data:`REBUILD_WIDTH`) is built under each one (what it builds, such as interleaved's
+    microbatch group, may depend on the split) and for each recompute choice the faster is kept;
+    a family that searches wider (the V family, zb-auto) is built once, under the model's own
+    assignment: repeating its search per split would double the advisor's time. Every
+    candidate returned was built and simulated under the one split it reports.
     """
     schedule, steer_to = _build(setting, ranks, plan, model, objective, steer, steer_to_floor)
     options = model.layer_assignments(schedule.stages, schedule.style)
     if len(options) < 2:
         return _measure(setting, plan, model, objective, schedule, steer_to, None)
     best = _measure(setting, plan, model, objective, schedule, steer_to, options[0])
-    if setting.family.search_width(ranks, setting.microbatches) <= REBUILD_WIDTH:
-        tries = options[1:]
-    else:
-        screened = [
-            _measure(setting, plan, model.with_layer_assignment(name), objective, schedule, steer_to, name,
-                     recompute=False)[0]
-            for name in options[1:]
-        ]
-        fastest = min([best[0]] + screened, key=lambda c: _fit_then_time(c, objective)).layer_assignment
-        tries = [name for name in options[1:] if name == fastest]
-    for name in tries:
+    if setting.family.search_width(ranks, setting.microbatches) > REBUILD_WIDTH:
+        return best
+    for name in options[1:]:
         other = model.with_layer_assignment(name)
         try:
             rebuilt, steer_other = _build(setting, ranks, plan, other, objective, steer, steer_to_floor)
@@ -240,10 +232,10 @@ def _build(
 
 def _measure(
     setting: Setting, plan: BatchPlan, model: CostModel, objective: str, schedule: Schedule,
-    steer_to: Optional[float], assignment: Optional[str], recompute: bool = True,
+    steer_to: Optional[float], assignment: Optional[str],
 ) -> list[Candidate]:
     """Simulate ``schedule`` under ``model``'s costs and memory: as it is and, with a limit in
-    bytes and ``recompute``, with every stage recomputing."""
+    bytes, with every stage recomputing."""
     family, m = setting.family, setting.microbatches
     scale = plan.scale(m)
     costs = model.costs(schedule.stages, schedule.style, scale)
@@ -253,7 +245,7 @@ def _measure(
         limit = model.memory_limit(schedule.stages, schedule.style, scale)
     sizes = model.stage_sizes(schedule.stages, schedule.style, scale)
     budgets = model.activation_budgets(schedule.stages, schedule.style) if sizes is not None else None
-    variants = [frozenset()] + ([frozenset(range(schedule.stages))] if budgets is not None and recompute else [])
+    variants = [frozenset()] + ([frozenset(range(schedule.stages))] if budgets is not None else [])
     out = []
     for stages_recomputed in variants:
         result = simulate(schedule, costs, sizes.with_recompute(stages_recomputed) if sizes is not None else None)
