@@ -43,7 +43,7 @@ def test_model_description_gives_layers_per_stage(cli):
               "--gpu-memory", "40", "--bandwidth", "20", "--schedules", FAST)
     assert out.returncode == 0, out.stderr
     assert "Layers per stage" in out.stdout and "GB" in out.stdout
-    assert "--stage-blocks" in out.stdout  # the split as pipesched train takes it (embedding, head as blocks)
+    assert "--stage-blocks" in out.stdout  # the split as blocks (embedding, head one each), as train takes it
 
 
 @pytest.mark.parametrize("args,message", [

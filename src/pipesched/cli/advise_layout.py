@@ -70,7 +70,8 @@ def split_lines(c: Candidate, model: Optional[TransformerCosts]) -> list[str]:
         blocks = list(c.layers_per_stage)
         blocks[0] += 1  # the embedding
         blocks[-1] += 1  # the head
-        lines.append(f"  As blocks (embedding and head one each, as --model gpt): --stage-blocks {','.join(map(str, blocks))}")
+        lines.append(f"  Blocks per stage with the embedding and the head one block each (COUNTS below, "
+                     f"or train --stage-blocks): {','.join(map(str, blocks))}")
     return lines
 
 
