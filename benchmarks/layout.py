@@ -172,14 +172,14 @@ def padded_table() -> list[str]:
 
 
 def group_table() -> list[str]:
-    """Interleaved (2 chunks) with Megatron's default group of p microbatches against the best of
-    the larger groups Megatron accepts (``microbatch_group_size_per_vp_stage``: ``G`` up to 2p,
-    ``m % G`` 0 or at least p; what the interleaved family now tries under a memory limit), each
-    layer assignment, the GPU's memory checked as the advisor checks it; where uneven chunks made
-    the default lose to 1F1B."""
+    """Interleaved (2 chunks) with Megatron's default group of p microbatches against the groups
+    the interleaved family tries under a memory limit (also the largest Megatron accepts up to
+    2p: ``microbatch_group_size_per_vp_stage``, ``m % G`` 0 or at least p), each layer
+    assignment, the GPU's memory checked as the advisor checks it; where uneven chunks made the
+    default lose to 1F1B."""
     from pipesched.placement import loop_placement
     from pipesched.schedule import Schedule
-    from pipesched.schedules.interleaved import rank_order
+    from pipesched.schedules.interleaved import group_candidates, rank_order
     from pipesched.simulate import simulate
 
     lines = ["| model | GPUs | m | 1F1B ms | interleaved, G = p | best G | its layer assignment | ms | activations GB (fullest rank) |",
@@ -195,9 +195,7 @@ def group_table() -> list[str]:
                 split = model.with_layer_assignment(assignment)
                 costs, sizes = split.costs(2 * gpus, "loop", 1.0), split.stage_sizes(2 * gpus, "loop", 1.0)
                 budgets = split.activation_budgets(2 * gpus, "loop")
-                for group in range(gpus, min(m, 2 * gpus) + 1):
-                    if m % group and m % group < gpus:
-                        continue  # Megatron refuses it
+                for group in group_candidates(gpus, m, larger=True):
                     orders = tuple(tuple(rank_order(r, gpus, m, 2, group)) for r in range(gpus))
                     result = simulate(Schedule(gpus, m, loop_placement(gpus, 2), orders), costs, sizes)
                     if all(x <= y for x, y in zip(result.peak_memory_bytes, budgets)):

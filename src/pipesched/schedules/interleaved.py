@@ -13,9 +13,9 @@ other ``m`` (which Megatron's old code and torch refuse in many cases) every fea
 valid schedule; we simulate a few and keep the fastest under the given costs (within the memory
 limit, when one is given). Where the chunks differ in cost (a layer count that does not split
 evenly) ``G = p`` makes each rank's heavy and light chunks alternate out of step with its
-neighbours', which a larger group largely avoids: there, under a memory limit, the larger groups
+neighbours', which a larger group largely avoids: there, under a memory limit, the largest group
 Megatron accepts up to ``2p`` (``microbatch_group_size_per_vp_stage``: ``m % G`` 0 or at least
-``p``) are tried for every ``m``; they hold more microbatches in flight.
+``p``) is tried for every ``m``; it holds more microbatches in flight.
 
 Looped BFS (breadth-first) runs every microbatch through one chunk before the next: the same
 bubble, but memory grows with ``m`` like GPipe.
@@ -75,31 +75,25 @@ def rank_order(
 
 
 def group_candidates(ranks: int, microbatches: int, limit: int = 8, larger: bool = False) -> list[int]:
-    """Group sizes worth trying: ``p`` when it divides ``m`` (with ``larger``, also the larger
-    groups up to ``2p`` that Megatron accepts), else a few around ``p`` and ``m``."""
+    """Group sizes worth trying: ``p`` when it divides ``m`` (with ``larger``, also the largest
+    group up to ``2p`` that Megatron accepts: the one that keeps uneven chunks in step, and one
+    more build at most, so that planning sizes barely move), else a few around ``p`` and ``m``."""
     if microbatches % ranks == 0:
-        if not larger:
-            return [ranks]
         accepted = [g for g in range(ranks, min(microbatches, 2 * ranks) + 1)
                     if microbatches % g == 0 or microbatches % g >= ranks]
-        return _thinned(accepted, limit, keep={ranks, accepted[-1]})
+        return sorted({ranks, accepted[-1]}) if larger else [ranks]
     if microbatches < ranks:
         return [microbatches]
     span = list(range(ranks, min(microbatches, 2 * ranks - 1) + 1))
-    return sorted(set(_thinned(span, limit, keep={ranks})) | {microbatches})
-
-
-def _thinned(groups: list[int], limit: int, keep: set[int]) -> list[int]:
-    """About ``limit`` of ``groups`` (ascending), evenly spread, with those in ``keep``."""
-    if len(groups) <= limit:
-        return groups
-    step = len(groups) / limit
-    return sorted({groups[int(i * step)] for i in range(limit)} | keep)
+    if len(span) > limit:
+        step = len(span) / limit
+        span = sorted({span[int(i * step)] for i in range(limit)} | {ranks})
+    return sorted(set(span) | {microbatches})
 
 
 def interleaved_search_width(ranks: int, microbatches: int) -> int:
     """How many candidate schedules :func:`build_interleaved` builds at most: one per group
-    size (the larger groups counted, as under a memory limit)."""
+    size (the larger group counted, as under a memory limit)."""
     return len(group_candidates(ranks, microbatches, larger=True))
 
 
@@ -131,8 +125,8 @@ def build_interleaved(
     """Interleaved 1F1B, Megatron order, the best group size for ``m`` under ``costs``.
 
     Larger groups hold more microbatches in flight: with ``memory_limit`` the fastest group
-    within it wins (with chunks of unequal cost, the larger groups Megatron accepts included:
-    see the module doc); without, the fastest (ties to the leaner). When ``p`` divides ``m``
+    within it wins (with chunks of unequal cost, the largest group Megatron accepts up to ``2p``
+    included: see the module doc); without, the fastest (ties to the leaner). When ``p`` divides ``m``
     and no limit is given the group is ``p`` and the peak is Megatron's ``(2(p-1) + (v-1)p + 1) / v``.
     """
     placement = loop_placement(ranks, chunks)
