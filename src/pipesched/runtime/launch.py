@@ -24,7 +24,6 @@ import time
 import traceback
 from contextlib import contextmanager
 from datetime import timedelta
-from multiprocessing import resource_tracker
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -234,9 +233,6 @@ def spawn(worker: Worker, world: int, payload: Any, timeout_s: float = 300.0) ->
     """
     port = _free_port()
     procs: list = []
-    # multiprocessing's resource tracker, on its first start, unblocks SIGINT in the thread that
-    # starts it: start it before SIGINT is blocked for the ranks' start
-    resource_tracker.ensure_running()
     with stop_on_termination():
         try:
             with _sigint_blocked():  # the ranks inherit the mask until they ignore SIGINT
