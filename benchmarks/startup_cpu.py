@@ -15,7 +15,6 @@ inherit it). ``--new`` defaults to this checkout's ``src``; test files run from 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import resource
 import statistics
@@ -26,32 +25,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 
 
-PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
-
-
-def adopt_orphans() -> None:
-    """Become the parent of every descendant whose parent exits first (Linux), so that its CPU
-    is counted too: a fork server outlives the pytest process that started it by a moment."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def reap_orphans() -> None:
-    """Wait for every adopted descendant, so that its CPU joins RUSAGE_CHILDREN."""
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
-
-
 def cpu_seconds(command: list[str], src: Path, cwd: Path) -> float:
-    """User + sys seconds of ``command`` and every process it started, with ``src`` imported."""
+    """User + sys seconds of ``command`` and every process it waited for, with ``src`` imported."""
     env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run([sys.executable, *command], env=env, cwd=cwd, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
-    reap_orphans()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed under {src}:\n{done.stderr[-2000:]}")
@@ -65,7 +44,6 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
-    adopt_orphans()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     times: dict[Path, list[float]] = {args.base: [], args.new: []}
     for _ in range(args.runs):

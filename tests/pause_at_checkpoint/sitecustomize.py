@@ -2,23 +2,12 @@
 of step $PIPESCHED_TEST_PAUSE_STEP, once complete and visible, is followed by the rank writing
 its pid to $PIPESCHED_TEST_PAUSE_DIR/rank<R>.pid and, for the ranks in
 $PIPESCHED_TEST_PAUSE_RANKS (default: all), sleeping: the test then kills a rank or the launcher
-at a known point of the run, with no race against the remaining steps.
-
-A rank runs no interpreter start-up of its own where it is forked from multiprocessing's fork
-server (``pipesched.runtime.rank_start``): the server runs this file, and its ranks inherit the
-patch."""
+at a known point of the run, with no race against the remaining steps."""
 
 import os
 import sys
 
-
-def _starts_ranks() -> bool:
-    """This process is a spawned rank, or the fork server that ranks are forked from."""
-    server = any("multiprocessing.forkserver import main" in arg for arg in getattr(sys, "orig_argv", []))
-    return server or "--multiprocessing-fork" in sys.argv
-
-
-if os.environ.get("PIPESCHED_TEST_PAUSE_STEP") and _starts_ranks():
+if os.environ.get("PIPESCHED_TEST_PAUSE_STEP") and "--multiprocessing-fork" in sys.argv:
     import time
 
     import torch.distributed as dist

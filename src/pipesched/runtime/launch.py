@@ -1,8 +1,7 @@
 """Start the ranks: spawn local processes (gloo, one thread each) or join torchrun's group.
 
-Local runs pick a free port on 127.0.0.1, start one process per rank (on Linux forked from a
-server that imported torch once, :mod:`.rank_start`; one compute thread each, freed memory kept
-for the next step) and watch them: when one fails or dies, the others are
+Local runs pick a free port on 127.0.0.1, start one process per rank (one compute thread each,
+freed memory kept for the next step) and watch them: when one fails or dies, the others are
 expected to fail on their own within the timeout (their receives raise, naming the rank and
 action they waited on); whatever is still alive 10 seconds later is killed. No rank outlives
 the launcher: each dies with it (``lifeline``), and Ctrl-C, SIGTERM or SIGHUP on the launcher
@@ -14,6 +13,7 @@ has not reported progress (:func:`report_progress`) for the timeout.
 from __future__ import annotations
 
 import ctypes
+import multiprocessing as mp
 import os
 import pickle
 import queue
@@ -31,7 +31,6 @@ import torch.distributed as dist
 
 from ..errors import ConfigError
 from .lifeline import die_with_parent
-from .rank_start import leave_the_server_to_the_launcher, rank_context
 
 Worker = Callable[[int, int, Any], Any]
 
@@ -179,14 +178,9 @@ def report_progress() -> None:
 
 
 def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeout_s: float, results,
-           parent: int, environ: dict, cwd: str) -> None:
+           launcher: int) -> None:
     global _progress_to
-    leave_the_server_to_the_launcher()
-    die_with_parent(parent)
-    # a rank forked by the server starts in the server's environment: take the launcher's
-    os.environ.clear()
-    os.environ.update(environ)
-    os.chdir(cwd)
+    die_with_parent(launcher)
     # Ctrl-C reaches the whole terminal's process group: the launcher alone handles it (and stops
     # us), so no rank prints a KeyboardInterrupt traceback. SIGINT was blocked across our start.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -223,40 +217,36 @@ def _one_line(err: BaseException) -> str:
 def spawn(worker: Worker, world: int, payload: Any, timeout_s: float = 300.0) -> dict[int, Any]:
     """Run ``worker(rank, world, payload)`` in ``world`` local processes; return each rank's result.
 
-    ``worker`` must be importable (defined at module level): it travels by name, as the payload
-    travels pickled (:mod:`.rank_start`: on Linux the ranks fork from a server that imported
-    torch once; elsewhere each is spawned). Each rank runs in this process's environment and
-    working folder as they are now. Raises DistributedRunError naming every rank that failed,
-    RunStopped on SIGTERM or SIGHUP and KeyboardInterrupt on Ctrl-C (every rank stopped first).
-    The calling thread must live until this returns (it does: it waits here), since on Linux
-    the ranks die with it.
+    ``worker`` must be importable (defined at module level): processes are spawned, not forked.
+    Raises DistributedRunError naming every rank that failed, RunStopped on SIGTERM or SIGHUP
+    and KeyboardInterrupt on Ctrl-C (every rank stopped first). The calling thread must live
+    until this returns (it does: it waits here), since on Linux the ranks die with it.
     """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
     port = _free_port()
-    procs: list = []
+    procs = [
+        ctx.Process(target=_child, args=(r, world, port, worker, payload, timeout_s, results, os.getpid()), daemon=True)
+        for r in range(world)
+    ]
     with stop_on_termination():
         try:
-            with _sigint_blocked():  # the ranks inherit the mask until they ignore SIGINT
-                ctx, parent = rank_context()
-                results = ctx.Queue()
-                args = (port, worker, payload, timeout_s, results, parent, dict(os.environ), os.getcwd())
-                for r in range(world):
-                    rank = ctx.Process(target=_child, args=(r, world, *args), daemon=True)
-                    rank.start()
-                    procs.append(rank)
+            _start_without_sigint(procs)
             return _collect(procs, results, timeout_s)
         finally:
             _stop(procs)
 
 
-@contextmanager
-def _sigint_blocked() -> Iterator[None]:
-    """SIGINT blocked in this thread within the block (where the platform can block signals)."""
+def _start_without_sigint(procs: list) -> None:
+    """Start the ranks with SIGINT blocked (they inherit the mask until they ignore SIGINT)."""
     if not hasattr(signal, "pthread_sigmask"):
-        yield
+        for p in procs:
+            p.start()
         return
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        yield
+        for p in procs:
+            p.start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 

@@ -3,10 +3,8 @@
 A launcher killed by SIGKILL, or hung up on (a closed terminal, a dropped ssh session), runs no
 cleanup code, so its ranks must notice by themselves. On Linux the kernel does it: the rank asks
 for SIGKILL when its parent dies (``prctl(PR_SET_PDEATHSIG)``), then checks that the parent did
-not die before the request took effect. The parent there is the fork server the ranks start
-from (:mod:`.rank_start`), which exits as soon as the launcher is gone. Elsewhere ranks are
-spawned by the launcher itself, and a watchdog thread waits on its process sentinel (which
-becomes ready when the launcher is gone) and kills the rank.
+not die before the request took effect. Elsewhere a watchdog thread waits on the launcher's
+process sentinel (which becomes ready when the launcher is gone) and kills the rank.
 """
 
 from __future__ import annotations
@@ -23,15 +21,14 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def die_with_parent(parent_pid: int) -> str:
-    """Make this process die as soon as its parent, process ``parent_pid`` (the launcher, or the
-    fork server that lives as long as the launcher), does; returns how ("pdeathsig" or
-    "watchdog"). Call it first thing in a rank."""
+    """Make this process die as soon as process ``parent_pid`` (its launcher) does; returns how
+    ("pdeathsig" or "watchdog"). Call it first thing in a spawned rank."""
     if sys.platform.startswith("linux") and _ask_kernel():
         how = "pdeathsig"
     else:
         _start_watchdog()
         how = "watchdog"
-    if os.getppid() != parent_pid:  # the parent died before we could ask
+    if os.getppid() != parent_pid:  # the launcher died before we could ask
         os._exit(1)
     return how
 
