@@ -139,11 +139,6 @@ def rank_setup(rank: int, world: int, _job) -> tuple[int, bool]:
     return torch.get_num_threads(), launch.memory_kept
 
 
-def rank_surroundings(rank: int, world: int, name: str) -> tuple:
-    """Where a rank runs: the value of environment variable ``name`` and its working folder."""
-    return os.environ.get(name), os.getcwd()
-
-
 class StridedOutput(nn.Module):
     """A Linear whose output is a non-contiguous view (as a block ending in a transpose is)."""
 

@@ -27,14 +27,3 @@ def test_ranks_computing_off_the_cpu_stage_messages_through_host_memory_over_glo
     from runtime_cases import staging_decision
 
     assert spawn(staging_decision, 3, None, timeout_s=60) == {0: True, 1: True, 2: True}
-
-
-@pytest.mark.timeout(120)
-def test_ranks_run_in_the_launchers_environment_and_folder_as_they_are_at_the_start(tmp_path, monkeypatch):
-    from runtime_cases import rank_surroundings
-
-    spawn(rank_setup, 1, None, timeout_s=60)  # where ranks fork from a server, it is running now
-    monkeypatch.setenv("PIPESCHED_TEST_MARK", "set after the first start")
-    monkeypatch.chdir(tmp_path)
-    got = spawn(rank_surroundings, 2, "PIPESCHED_TEST_MARK", timeout_s=60)
-    assert got == {r: ("set after the first start", str(tmp_path)) for r in range(2)}
