@@ -15,6 +15,7 @@ otherwise, and the guard on planning size is itself tested by rows that must ref
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -126,8 +127,8 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("demo -p 256 -m 4096 --out {dir}/demo --no-train", "microbatches or fewer"),
 ]
 
-# pipesched train: argument parsing and the options it checks before any rank starts (a few: each
-# checked option costs an import of torch, seconds of CPU)
+# pipesched train: argument parsing and the options it checks before any rank starts (a few: the
+# model's checks cost an import of torch, seconds of CPU; the others are answered before it)
 TRAIN_BAD_INPUTS: list[tuple[str, str]] = [
     ("train --ranks two", "'--ranks' / '-p'"),
     ("train --frobnicate", "No such option: --frobnicate"),
@@ -234,6 +235,33 @@ def test_a_bad_output_path_is_refused_before_any_planning(argv, monkeypatch, cap
         main(argv)
     assert exit_.value.code == 2
     assert "does not accept new files" in capsys.readouterr().err
+
+
+# answered from the options alone: neither torch (seconds of CPU to import) nor the model is needed
+TRAIN_REFUSED_WITHOUT_TORCH = [(line, mention) for line, mention in TRAIN_BAD_INPUTS if "--model" not in line]
+
+_REFUSE_ALL = """
+import json, sys
+from pipesched.cli import main
+codes = []
+for argv in json.loads(sys.argv[1]):
+    try:
+        main(argv)
+    except SystemExit as exit_:
+        codes.append(exit_.code)
+print(json.dumps({"codes": codes, "torch imported": "torch" in sys.modules}))
+"""
+
+
+def test_train_refuses_what_needs_no_model_without_importing_torch(places):
+    rows = [line.format(**places).split() for line, _ in TRAIN_REFUSED_WITHOUT_TORCH]
+    out = subprocess.run([sys.executable, "-c", _REFUSE_ALL, json.dumps(rows)], capture_output=True, text=True,
+                         timeout=REFUSED_WITHIN_S, env=cli_env(), cwd=places["dir"])
+    assert out.returncode == 0, out.stderr
+    said = json.loads(out.stdout)
+    assert said == {"codes": [2] * len(rows), "torch imported": False}, out.stderr
+    for line, mention in TRAIN_REFUSED_WITHOUT_TORCH:
+        assert mention.format(**places) in out.stderr, line
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="pipesched train needs PyTorch")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import cli_env, run_cli
+from conftest import cli_env, concurrently, run_cli
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -22,26 +22,33 @@ def _one_line_error(result, *fragments):
         assert fragment in lines[0]
 
 
-@pytest.mark.parametrize(
-    "args,fragments",
-    [
-        (["--model", "gpt", "--schedule", "interleaved-1f1b", "--ranks", "4", "--chunks", "2"], ["8 stages", "6 blocks"]),
-        (["--schedule", "1f1b", "--ranks", "2", "--microbatches", "8", "--batch-size", "30"], ["--batch-size 30", "8"]),
-        (["--schedule", "zb-v", "--ranks", "2", "--chunks", "3"], ["zb-v needs chunks=2"]),
-        (["--model", "resnet"], ["--model 'resnet'"]),
-        (["--schedule", "no-such"], ["unknown schedule"]),
-        (["--save-params", "out.txt"], [".pt"]),
-        (["--clip-grad-norm", "0"], ["--clip-grad-norm must be a finite number above 0"]),
-        (["--optimizer", "lamb"], ["--optimizer 'lamb'", "sgd, adamw"]),
-        # dualpipe's two model copies hold the same blocks: --stage-blocks splits one copy
-        (["--schedule", "dualpipe", "--ranks", "2", "--microbatches", "4", "--stage-blocks", "1,1,1,1"], ["give 2 counts"]),
-        # and --recompute names the stages of one copy too (both copies recompute them)
-        (["--schedule", "dualpipe", "--ranks", "2", "--microbatches", "4", "--recompute", "3"],
-         ["stage 3", "stages 0 to 1 (each of its 2 model copies)"]),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(args, fragments):
-    _one_line_error(run_cli("train", *args, "--steps", "1"), *fragments)
+BAD_INPUT = [
+    (["--model", "gpt", "--schedule", "interleaved-1f1b", "--ranks", "4", "--chunks", "2"], ["8 stages", "6 blocks"]),
+    (["--schedule", "1f1b", "--ranks", "2", "--microbatches", "8", "--batch-size", "30"], ["--batch-size 30", "8"]),
+    (["--schedule", "zb-v", "--ranks", "2", "--chunks", "3"], ["zb-v needs chunks=2"]),
+    (["--model", "resnet"], ["--model 'resnet'"]),
+    (["--schedule", "no-such"], ["unknown schedule"]),
+    (["--save-params", "out.txt"], [".pt"]),
+    (["--clip-grad-norm", "0"], ["--clip-grad-norm must be a finite number above 0"]),
+    (["--optimizer", "lamb"], ["--optimizer 'lamb'", "sgd, adamw"]),
+    # dualpipe's two model copies hold the same blocks: --stage-blocks splits one copy
+    (["--schedule", "dualpipe", "--ranks", "2", "--microbatches", "4", "--stage-blocks", "1,1,1,1"], ["give 2 counts"]),
+    # and --recompute names the stages of one copy too (both copies recompute them)
+    (["--schedule", "dualpipe", "--ranks", "2", "--microbatches", "4", "--recompute", "3"],
+     ["stage 3", "stages 0 to 1 (each of its 2 model copies)"]),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs() -> dict:
+    """``pipesched train`` with each row of BAD_INPUT, four processes at a time."""
+    rows = [tuple(args) for args, _ in BAD_INPUT]
+    return dict(zip(rows, concurrently(lambda args: run_cli("train", *args, "--steps", "1"), rows)))
+
+
+@pytest.mark.parametrize("args,fragments", BAD_INPUT)
+def test_bad_input_is_one_line_and_exit_2(args, fragments, bad_input_runs):
+    _one_line_error(bad_input_runs[tuple(args)], *fragments)
 
 
 def test_csv_whose_ranks_differ_from_ranks_flag(tmp_path):

@@ -1,6 +1,7 @@
 """``pipesched train``: run a schedule for real on local processes or under torchrun.
 
-torch is imported inside the command, so every other command works without it.
+torch is imported inside the command, so every other command works without it, and only after
+the options that need no torch are checked, so that a plain mistake is refused at once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import typer
 from ..errors import ConfigError
 from ..outfiles import check_output_path
 from ..registry import build_schedule
+from ..runtime.optimizers import OPTIMIZERS
 from ..schedule import Schedule
 from . import app, fail
 from . import options as opt
@@ -82,26 +84,15 @@ def train(
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
     from .train_checks import check_batch_fits, check_checkpoint_flags, check_checkpointing, check_numbers
 
+    # first what needs no torch (importing it costs seconds): a plain mistake is refused at once
     check_numbers(lr, timeout, seed, clip_grad_norm)
     check_checkpoint_flags(checkpoint_dir, checkpoint_every, checkpoint_keep, resume)
     planning_costs = given_costs(schedule, csv, costs, comm)
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise fail(TORCH_MISSING) from None
-    from ..runtime.models import MODELS, get_model
-    from ..runtime.partition import block_counts
-    from ..runtime.precision import parse_dtype
-    from ..runtime.train import OPTIMIZERS, TrainConfig, run
-
-    if model not in MODELS:
-        raise ConfigError(f"--model {model!r} is not known: use one of {', '.join(MODELS)}")
     for label, value in (("--ranks", ranks), ("--steps", steps), ("--batch-size", batch_size), ("--dp", dp)):
         if value < 1:
             raise ConfigError(f"{label} must be at least 1, got {value}")
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"--optimizer {optimizer!r} is not known: use one of {', '.join(OPTIMIZERS)}")
-    model_def = get_model(model)
     if save_params is not None:
         check_output_path(save_params, [".pt", ".pth"])
     if trace is not None:
@@ -109,42 +100,45 @@ def train(
     if json_path is not None:
         check_output_path(json_path, [".json"])
     limit, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=True)  # auto's profile measures sizes
-    profiles = schedule.strip().lower() == "auto" and csv is None  # a profile: processes before the run
-    if profiles:
-        _check_batch(model_def, batch_size, dp, microbatches, seed)
-        plan, chosen = _auto(model, ranks, microbatches, batch_size // dp, limit, seed, limit_bytes)  # one replica's batch
-        recompute = recompute if recompute is not None else chosen
-    else:
-        measures = csv is None and schedule.strip().lower() == "zb-auto"
-        if limit_bytes is not None and not measures:
-            raise ConfigError(
-                f"--memory-limit {memory_limit}: a size in bytes needs --schedule auto or zb-auto (they "
-                "measure the activations); with another schedule give M_B units, e.g. --memory-limit 2"
-            )
-        if recompute_input is not None:
-            opt.check_recompute_input(recompute_input, limit if limit_bytes is None else limit_bytes)
-        profiles = measures and wants_profile(planning_costs, limit, limit_bytes, recompute_input)
-        if profiles:
+    profiled = _profiled_by(schedule, csv, memory_limit, limit, limit_bytes, recompute_input)
+    counts = _parse_counts(stage_blocks)
+    plan = None
+    if profiled is None:  # the schedule is known without measuring anything
+        plan = _schedule(schedule, csv, ranks, microbatches, chunks, limit, recompute_input)
+        recompute = _recompute_of(plan, recompute)
+        _check_plan(plan, recompute, dp, batch_size)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise fail(TORCH_MISSING) from None
+    from ..runtime.models import MODELS, get_model
+    from ..runtime.partition import block_counts
+    from ..runtime.precision import parse_dtype
+    from ..runtime.train import TrainConfig, run
+
+    if model not in MODELS:
+        raise ConfigError(f"--model {model!r} is not known: use one of {', '.join(MODELS)}")
+    model_def = get_model(model)
+    measured = profiled == "auto" or (profiled == "zb-auto" and wants_profile(planning_costs, limit, limit_bytes, recompute_input))
+    if profiled is not None:  # the schedule needs the model (zb-auto), measured by processes first (auto, zb-auto's profile)
+        if measured:
             _check_batch(model_def, batch_size, dp, microbatches, seed)
-        if measures:
-            prof = zb_auto_profile(model, ranks, microbatches or 8, batch_size // dp, seed, dtype) if profiles else None
+        if profiled == "auto":
+            plan, chosen = _auto(model, ranks, microbatches, batch_size // dp, limit, seed, limit_bytes)  # one replica's batch
+            recompute = recompute if recompute is not None else chosen
+        else:
+            prof = zb_auto_profile(model, ranks, microbatches or 8, batch_size // dp, seed, dtype) if measured else None
             inputs = zb_auto_inputs(prof, planning_costs, limit, limit_bytes, recompute_input)
             plan = inputs.plan(ranks, microbatches or 8, chunks_for_model(chunks, ranks, model_def.num_blocks))
-        else:
-            plan = _schedule(schedule, csv, ranks, microbatches, chunks, limit, recompute_input)
-        recompute = _recompute_of(plan, recompute)
-    counts = _parse_counts(stage_blocks)
+            recompute = _recompute_of(plan, recompute)
+        _check_plan(plan, recompute, dp, batch_size)
     if plan is not None:
         try:  # a schedule of several model copies (dualpipe) takes the counts of one copy
             block_counts(model_def.num_blocks, plan.pipeline_length, counts)
         except ConfigError as err:
             raise ConfigError(f"{plan.name} (ranks={plan.ranks}, chunks={plan.chunks}) on --model {model}: {err}") from None
-        from ..memory import recompute_stages
-
-        recompute_stages(recompute, plan)  # a bad list fails here, before any process starts
-    check_layout(plan, dp, batch_size)
     parse_dtype(dtype)
-    if not profiles:  # last but the folder: its meta inference imports torch's compiler (seconds of CPU)
+    if not measured:  # last but the folder: its meta inference imports torch's compiler (seconds of CPU)
         check_batch_fits(model_def, batch_size, seed)
     resume_from = check_checkpointing(checkpoint_dir, resume, steps, model_def, optimizer, lr)  # last: creates the folder
     cfg = TrainConfig(
@@ -171,6 +165,33 @@ def _check_batch(model_def, batch_size: int, dp: int, microbatches: Optional[int
 
     check_batch_split(batch_size, dp, microbatches or 8)
     check_batch_fits(model_def, batch_size, seed)
+
+
+def _profiled_by(schedule: str, csv: Optional[Path], memory_limit: Optional[str], limit: Optional[float],
+                 limit_bytes: Optional[float], recompute_input: Optional[float]) -> Optional[str]:
+    """What the schedule waits for: "auto" (the advisor chooses from measured costs), "zb-auto"
+    (planned for the model's blocks, from measured costs and sizes where it wants them), or None
+    (made from the options alone, before torch is imported)."""
+    if csv is None and schedule.strip().lower() == "auto":
+        return "auto"
+    measures = csv is None and schedule.strip().lower() == "zb-auto"
+    if limit_bytes is not None and not measures:
+        raise ConfigError(
+            f"--memory-limit {memory_limit}: a size in bytes needs --schedule auto or zb-auto (they "
+            "measure the activations); with another schedule give M_B units, e.g. --memory-limit 2"
+        )
+    if recompute_input is not None:
+        opt.check_recompute_input(recompute_input, limit if limit_bytes is None else limit_bytes)
+    return "zb-auto" if measures else None
+
+
+def _check_plan(plan: Optional[Schedule], recompute: Optional[str], dp: int, batch_size: int) -> None:
+    """The schedule's own checks: the stages ``--recompute`` names exist, the batch splits."""
+    from ..memory import recompute_stages
+
+    if plan is not None:
+        recompute_stages(recompute, plan)  # a bad list fails here, before any process starts
+    check_layout(plan, dp, batch_size)
 
 
 def _run_to_the_end(run, cfg):

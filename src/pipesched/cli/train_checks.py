@@ -84,7 +84,7 @@ def check_checkpointing(directory: Optional[Path], resume: bool, steps: int, mod
     if directory is None:
         return None
     from ..runtime import checkpoint
-    from ..runtime.train import make_optimizer
+    from ..runtime.optimizers import make_optimizer
 
     found = checkpoint.prepare_directory(directory, resume)
     if found is None:

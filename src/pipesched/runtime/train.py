@@ -22,8 +22,9 @@ from .copies import balanced_block_counts
 from .executor import PipelineRuntime
 from .guard import NonFiniteWeights, first_nonfinite
 from .launch import rank_device, report_progress, stop_on_termination
-from .models import ModelDef, get_model
 from .mesh import init_pipeline_mesh
+from .models import ModelDef, get_model
+from .optimizers import make_optimizer
 from .precision import Precision, parse_dtype
 from .timeline import Timeline
 
@@ -38,7 +39,7 @@ class TrainConfig:
     batch_size: int
     seed: int = 0
     lr: float = 0.05
-    optimizer: str = "sgd"  # one of OPTIMIZERS
+    optimizer: str = "sgd"  # one of optimizers.OPTIMIZERS
     model_size: dict = field(default_factory=dict)
     block_counts: Optional[tuple[int, ...]] = None
     timeout_s: float = 300.0
@@ -112,20 +113,6 @@ class TrainResult:
     def median_step_time(self, skip: int = 1) -> float:
         times = self.step_times[skip:] or self.step_times
         return statistics.median(times)
-
-
-OPTIMIZERS = ("sgd", "adamw")
-
-
-def make_optimizer(name: str, lr: float) -> Callable:
-    """The optimizer factory for ``name``: SGD, or AdamW with torch's defaults otherwise.
-
-    Both act on each parameter alone, so a pipeline steps exactly as the unpipelined model does."""
-    if name == "sgd":
-        return lambda params: torch.optim.SGD(params, lr=lr)
-    if name == "adamw":
-        return lambda params: torch.optim.AdamW(params, lr=lr)
-    raise ValueError(f"unknown optimizer {name!r}: use one of {', '.join(OPTIMIZERS)}")
 
 
 def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, float], None]] = None) -> TrainResult:
