@@ -81,3 +81,5 @@ def test_advise_gpus_prints_how_to_run_the_layout_and_no_train_command(cli):
     for line in ("Build it: pipesched export ", "Run it on your own model", "schedule = pipesched.build_schedule(",
                  "runtime = PipelineRuntime(", "Launch: torchrun --nproc-per-node 4 ", "Layers per stage"):
         assert line in done.stdout
+    call = next(line for line in done.stdout.splitlines() if "schedule = pipesched.build_schedule(" in line)
+    assert call.rstrip().endswith(")"), "the call is printed on one line, never folded, so it can be copied"

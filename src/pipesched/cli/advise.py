@@ -206,7 +206,7 @@ def print_advice(result: Advice, model: Optional[TransformerCosts], top: int,
         console.print(line, highlight=False)
     train = None if trained_model is None else train_command(best, result.ranks, 1, csv_name(best), *trained_model)
     for line in guidance(best, result.ranks, train=train):
-        console.print(f"  {line}", highlight=False)
+        console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)  # commands and code: copied whole, never folded
 
 
 def train_command(c: Candidate, pp: int, dp: int, csv: str, model: str, batch_size: int) -> Optional[str]:

@@ -55,7 +55,7 @@ def run(gpus: Optional[int], global_batch: Optional[int], model: TransformerCost
     for line in split_lines(best.candidate, model):
         console.print(line, highlight=False)
     for line in guidance(best.candidate, best.pp, best.dp):
-        console.print(f"  {line}", highlight=False)
+        console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)  # commands and code: copied whole, never folded
 
 
 def split_lines(c: Candidate, model: Optional[TransformerCosts]) -> list[str]:
