@@ -311,10 +311,11 @@ class TransformerCosts:
         (one name when a rank holds one stage, or the layers split evenly)."""
         splits = {}
         for name in (self.layer_assignment,) + LAYER_ASSIGNMENTS:
-            splits.setdefault(replace(self, layer_assignment=name).layers_per_stage(stages, placement), name)
+            splits.setdefault(self.with_layer_assignment(name).layers_per_stage(stages, placement), name)
         return tuple(splits.values())
 
     def with_layer_assignment(self, name: str) -> "TransformerCosts":
+        """This model with its layers given to a rank's stages by ``name`` (see :func:`orient_layers`)."""
         return replace(self, layer_assignment=name)
 
     def costs(self, stages: int, placement: str, scale: float) -> Costs:
