@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import pipesched
 from pipesched.actions import Action, Overlap
 from pipesched.errors import ConfigError, DeadlockError, ScheduleError
+from pipesched.runtime.program_check import check_programs
 from pipesched.runtime.program import (
     RECV_B,
     RECV_F,
@@ -22,7 +23,6 @@ from pipesched.runtime.program import (
     SENDS,
     Instruction,
     RankProgram,
-    check_programs,
     lower,
     lower_all,
 )
@@ -152,6 +152,10 @@ def test_receives_out_of_link_order_and_misplaced_reductions_are_refused():
         check_programs(_edit(programs, 0, code))
     code.insert(0, Instruction(REDUCE_GRAD, 0))
     with pytest.raises(ScheduleError, match="reduces stage 0 before its 0B0"):
+        check_programs(_edit(programs, 0, code))
+    code = list(programs[0].instructions)
+    code[0], code[1] = code[1], code[0]  # 0SEND_F0 before 0F0
+    with pytest.raises(ScheduleError, match="rank 0 sends .* before the action that computes it"):
         check_programs(_edit(programs, 0, code))
 
 

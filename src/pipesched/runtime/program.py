@@ -24,9 +24,10 @@ Why a run cannot hang: number the instructions in the order lowering appends the
 (number n+1) waits for its SEND (n), which sits on another rank behind instructions numbered
 below n; a SEND that waits for its receiver (a rendezvous) waits for RECV n+1, behind
 instructions numbered below n. By induction on the numbers, every instruction completes, even
-when every receive blocks and every send waits for its receiver. :func:`check_programs` runs the
-programs under exactly those rules and fails naming each stuck rank; the tests run it on every
-schedule family. Same-rank neighbours (the turn of a V) hand tensors over in memory: no message.
+when every receive blocks and every send waits for its receiver.
+:func:`~.program_check.check_programs` runs programs under exactly those rules and fails
+naming each stuck rank; the tests run it on every schedule family. Same-rank neighbours (the
+turn of a V) hand tensors over in memory: no message.
 
 This module is pure Python (no torch): programs can be built, written and checked anywhere.
 """
@@ -35,10 +36,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional
 
 from ..actions import Action, Overlap, sub_actions
-from ..errors import DeadlockError, ScheduleError
+from ..errors import DeadlockError
 from ..execution import consumer_stage, crosses_ranks, dependency
 from ..schedule import Schedule
 
@@ -254,75 +255,3 @@ def _needed(action: Action, placement: tuple[int, ...], m: int, pipelines: int) 
         return None
     producer, kind, k = dep
     return _message(producer, kind == "F", k, action.stage, placement, m)
-
-
-def check_programs(programs: Sequence[RankProgram], microbatches_per_stage: Optional[dict[int, int]] = None) -> None:
-    """Run the programs as strictly as a transport may: every RECV blocks until its SEND is
-    posted and every SEND until its RECV is (a rendezvous), one instruction at a time per rank.
-    Raises ScheduleError when a message is received twice, out of its link's order, consumed
-    before its RECV, or a stage reduced before its last gradient action (or not once), and
-    DeadlockError naming each stuck rank's instruction when the programs cannot all finish.
-    Whatever finishes under these rules finishes when sends are buffered, too."""
-    heads = [0] * len(programs)
-    received: list[set[Message]] = [set() for _ in programs]
-    done: list[set[Action]] = [set() for _ in programs]
-    reduced: list[set[int]] = [set() for _ in programs]
-    _check_link_order(programs)
-    runnable = deque(range(len(programs)))
-    while runnable:
-        r = runnable.popleft()
-        code = programs[r].instructions
-        while heads[r] < len(code):
-            ins = code[heads[r]]
-            if ins.op in SENDS or ins.op in RECEIVES:
-                peer = ins.peer
-                if not 0 <= peer < len(programs):
-                    raise ScheduleError(f"rank {r}: {ins} names rank {peer}, which does not exist")
-                other = programs[peer].instructions
-                mate = other[heads[peer]] if heads[peer] < len(other) else None
-                if mate is None or mate.message != ins.message or (mate.op in SENDS) == (ins.op in SENDS):
-                    break  # waits for its peer to reach the matching instruction
-                receiver = r if ins.op in RECEIVES else peer
-                if ins.message in received[receiver]:
-                    raise ScheduleError(f"rank {receiver} receives {ins.message} twice")
-                received[receiver].add(ins.message)
-                heads[peer] += 1
-                runnable.append(peer)
-            elif ins.op == REDUCE_GRAD:
-                _check_reduction(programs[r], heads[r], done[r], ins.stage)
-                if ins.stage in reduced[r]:
-                    raise ScheduleError(f"rank {r} reduces stage {ins.stage} twice")
-                reduced[r].add(ins.stage)
-            else:
-                if ins.receives is not None and ins.receives not in received[r]:
-                    raise ScheduleError(f"rank {r} runs {ins} before receiving what it consumes ({ins.receives})")
-                done[r].add(ins.action)
-            heads[r] += 1
-    stuck = [r for r, program in enumerate(programs) if heads[r] < len(program.instructions)]
-    if stuck:
-        raise DeadlockError("program hangs: " + "; ".join(
-            f"rank {r} waits at {programs[r].instructions[heads[r]]} (instruction {heads[r]})" for r in stuck))
-    for program in programs:
-        missing = {a.stage for a in program.actions if a.kind in "WB"} - reduced[program.rank]
-        if missing:
-            raise ScheduleError(f"rank {program.rank} never reduces the gradients of stages {sorted(missing)}")
-
-
-def _check_link_order(programs: Sequence[RankProgram]) -> None:
-    """On every link the receiver posts its receives in the order the sender sends."""
-    for program in programs:
-        for src, messages in program.incoming().items():
-            if not 0 <= src < len(programs):
-                continue  # named by check_programs
-            sent = [i.message for i in programs[src].instructions if i.op in SENDS and i.message.dst == program.rank]
-            if sent != messages:
-                raise ScheduleError(
-                    f"link {src}->{program.rank}: rank {program.rank} receives in another order than rank {src} sends"
-                )
-
-
-def _check_reduction(program: RankProgram, at: int, done: set[Action], stage: int) -> None:
-    later = [i.action for i in program.instructions[at:] if i.action is not None
-             and i.action.stage == stage and i.action.kind in "WB"]
-    if later:
-        raise ScheduleError(f"rank {program.rank} reduces stage {stage} before its {later[0]}")
