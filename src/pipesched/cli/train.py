@@ -54,7 +54,7 @@ def train(
     lr: float = typer.Option(0.05, "--lr", help="Learning rate."),
     optimizer: str = typer.Option("sgd", "--optimizer", help="sgd or adamw (torch's defaults but the learning rate)."),
     stage_blocks: Optional[str] = typer.Option(None, "--stage-blocks", help="Blocks per stage, e.g. 2,3,3,2 (dualpipe: per stage of one model copy; default: balanced for the placement)."),
-    csv: Optional[Path] = typer.Option(None, "--csv", help="Run a schedule from torch's compute-only CSV."),
+    csv: Optional[Path] = typer.Option(None, "--csv", help="Run a schedule from a torch CSV (compute_only or compute_comms format)."),
     save_params: Optional[Path] = typer.Option(None, "--save-params", help="Write the trained state_dict (.pt), unpipelined names."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write the measured timeline of every step (.json)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds a rank waits for a peer before failing (a single rank: without finishing a step)."),
@@ -239,7 +239,7 @@ def _schedule(name: str, csv: Optional[Path], ranks: int, microbatches: Optional
               memory_limit: Optional[float] = None, recompute_input: Optional[float] = None) -> Optional[Schedule]:
     if csv is not None:
         from ..validate import validate
-        from .plan import load_csv_file
+        from ..schedule_files import load_csv_file
 
         loaded = validate(load_csv_file(csv, ranks))
         if microbatches is not None and microbatches != loaded.microbatches:

@@ -36,10 +36,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence, Union
 
-from ..actions import Action, Overlap, sub_actions
-from ..errors import DeadlockError
+from ..actions import Action, Overlap, Slot, sub_actions
+from ..errors import DeadlockError, ScheduleError
 from ..execution import consumer_stage, crosses_ranks, dependency
 from ..schedule import Schedule
 
@@ -255,3 +255,36 @@ def _needed(action: Action, placement: tuple[int, ...], m: int, pipelines: int) 
         return None
     producer, kind, k = dep
     return _message(producer, kind == "F", k, action.stage, placement, m)
+
+
+Step = Union[Slot, tuple[str, int, Optional[int]]]  # a compute entry, or (op, stage, microbatch)
+
+
+def assemble(schedule: Schedule, rank: int, steps: Sequence[Step]) -> RankProgram:
+    """The program ``steps`` spell for ``rank`` (read from a ``compute_comms`` file): compute
+    entries of ``schedule``, and SEND, RECV and REDUCE_GRAD as ``(op, stage, microbatch)``. A
+    SEND or RECV that carries no message of the schedule is a ScheduleError; whether the program
+    is consistent and cannot hang is :func:`~.program_check.check_programs`' to say."""
+    placement, pipelines, m = schedule.placement, schedule.pipelines, schedule.microbatches
+    out: list[Instruction] = []
+    for step in steps:
+        if isinstance(step, (Action, Overlap)):
+            parts = sub_actions(step)
+            for half, action in enumerate(parts, start=1 if len(parts) == 2 else 0):
+                out.append(_compute(action, half, placement, m, pipelines))
+            continue
+        op, stage, k = step
+        if op == REDUCE_GRAD:
+            out.append(Instruction(REDUCE_GRAD, stage))
+            continue
+        if not 0 <= stage < len(placement):
+            raise ScheduleError(f"rank {rank}: {stage}{op}{k} names stage {stage}, which the schedule lacks")
+        action = Action(stage, "F" if op in (SEND_F, RECV_F) else "B", k)
+        msg = (_sent if op in SENDS else _needed)(action, placement, m, pipelines)
+        if msg is None or placement[stage] != rank:
+            raise ScheduleError(
+                f"rank {rank}: {stage}{op}{k} carries no message (stage {stage} runs on rank "
+                f"{placement[stage]}; its neighbour that way is on the same rank or there is none)"
+            )
+        out.append(Instruction(op, stage, k, message=msg))
+    return RankProgram(rank, tuple(out))

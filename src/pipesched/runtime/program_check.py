@@ -44,9 +44,9 @@ def check_programs(programs: Sequence[RankProgram]) -> None:
                     break  # waits for its peer to reach the matching instruction
                 sender, receiver = (peer, r) if ins.op in RECEIVES else (r, peer)
                 if ins.message not in produced[sender]:
-                    raise ScheduleError(f"rank {sender} sends {ins.message} before the action that computes it")
+                    raise ScheduleError(f"rank {sender} sends {_what(ins.message)} before the action that computes it")
                 if ins.message in received[receiver]:
-                    raise ScheduleError(f"rank {receiver} receives {ins.message} twice")
+                    raise ScheduleError(f"rank {receiver} receives {_what(ins.message)} twice")
                 received[receiver].add(ins.message)
                 heads[peer] += 1
                 runnable.append(peer)
@@ -57,7 +57,7 @@ def check_programs(programs: Sequence[RankProgram]) -> None:
                 reduced[r].add(ins.stage)
             else:
                 if ins.receives is not None and ins.receives not in received[r]:
-                    raise ScheduleError(f"rank {r} runs {ins} before receiving what it consumes ({ins.receives})")
+                    raise ScheduleError(f"rank {r} runs {ins} before receiving its input, {_what(ins.receives)}")
                 if ins.sends is not None:
                     produced[r].add(ins.sends)
             heads[r] += 1
@@ -72,16 +72,30 @@ def check_programs(programs: Sequence[RankProgram]) -> None:
 
 
 def _check_link_order(programs: Sequence[RankProgram]) -> None:
-    """On every link the receiver posts its receives in the order the sender sends."""
+    """Every message sent is received, and on every link in the order the sender sends."""
+    sent: dict[tuple[int, int], list[Message]] = {}
+    received: dict[tuple[int, int], list[Message]] = {}
     for program in programs:
-        for src, messages in program.incoming().items():
-            if not 0 <= src < len(programs):
-                continue  # named by check_programs
-            sent = [i.message for i in programs[src].instructions if i.op in SENDS and i.message.dst == program.rank]
-            if sent != messages:
-                raise ScheduleError(
-                    f"link {src}->{program.rank}: rank {program.rank} receives in another order than rank {src} sends"
-                )
+        for i in program.instructions:
+            if i.op in SENDS:
+                sent.setdefault((program.rank, i.message.dst), []).append(i.message)
+            elif i.op in RECEIVES:
+                received.setdefault((i.message.src, program.rank), []).append(i.message)
+    for (src, dst) in sorted(set(sent) | set(received)):
+        out, into = sent.get((src, dst), []), received.get((src, dst), [])
+        lost = [m for m in out if m not in into]
+        if lost:
+            raise ScheduleError(f"rank {src} sends {_what(lost[0])} to rank {dst}, which never receives it")
+        unsent = [m for m in into if m not in out]
+        if unsent:
+            raise ScheduleError(f"rank {dst} receives {_what(unsent[0])} from rank {src}, which never sends it")
+        if out != into:
+            raise ScheduleError(f"link {src}->{dst}: rank {dst} receives in another order than rank {src} sends")
+
+
+def _what(msg: Message) -> str:
+    """``the activation of stage 0 microbatch 1`` (or its input gradient)."""
+    return f"the {'activation' if msg.kind == 'act' else 'input gradient'} of stage {msg.stage} microbatch {msg.microbatch}"
 
 
 def _check_reduction(program: RankProgram, at: int, stage: int) -> None:
