@@ -25,6 +25,8 @@ from .errors import ConfigError
 from .memory import format_bytes, schedule_recompute
 from .registry import build_schedule
 from .schedule import Schedule
+from .schedule_files import load_csv_file
+from .validate import validate
 from .zb_auto_plan import Say, chunks_for_model, on_stderr, wants_profile, zb_auto_inputs, zb_auto_profile
 
 if TYPE_CHECKING:
@@ -112,9 +114,6 @@ def named_schedule(choice: ScheduleChoice) -> Optional[Schedule]:
     """A registered schedule built for ``choice``, a CSV file read and validated, or None for
     ``none``; needs no measurement (and no torch)."""
     if choice.csv is not None:
-        from .schedule_files import load_csv_file
-        from .validate import validate
-
         loaded = validate(load_csv_file(choice.csv, choice.ranks))
         if choice.microbatches is not None and choice.microbatches != loaded.microbatches:
             raise ConfigError(f"{choice.csv} has {loaded.microbatches} microbatches but --microbatches is {choice.microbatches}")

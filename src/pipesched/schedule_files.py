@@ -27,7 +27,10 @@ from typing import Optional
 from .actions import Action, Overlap, parse_slot
 from .errors import ConfigError, CSVFormatError, ScheduleError
 from .planning import MAX_ACTIONS_BUILT
+from .runtime.program import assemble, lower_all
+from .runtime.program_check import check_programs
 from .schedule import BYTE_ORDER_MARK, Schedule
+from .validate import validate
 
 FORMATS = ("compute_only", "compute_comms")  # torch's names
 _COMM_RE = re.compile(r"^\s*(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|REDUCE_GRAD|UNSHARD|RESHARD)(\d*)\s*$")
@@ -46,9 +49,6 @@ def csv_text(schedule: Schedule, format: str = "compute_only") -> str:
     """The schedule as a CSV in ``format`` (one of :data:`FORMATS`), as torch's csv.writer writes."""
     if check_format(format) == "compute_only":
         return schedule.to_csv()
-    from .runtime.program import lower_all
-    from .validate import validate
-
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     for program in lower_all(validate(schedule)):
@@ -101,10 +101,6 @@ def _step(cell: str, where: str):
 
 def _checked_program(schedule: Schedule, steps: list[list]) -> Schedule:
     """``schedule`` once the communication ``steps`` spell is checked to be its own."""
-    from .runtime.program import assemble
-    from .runtime.program_check import check_programs
-    from .validate import validate
-
     validate(schedule)
     try:
         check_programs([assemble(schedule, r, row) for r, row in enumerate(steps)])
