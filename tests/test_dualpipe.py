@@ -120,7 +120,7 @@ def test_odd_ranks_and_a_single_microbatch_are_refused(p, m, fragment):
 def test_the_runtime_builds_each_rank_one_stage_of_each_copy_fed_from_both_ends():
     pytest.importorskip("torch")
     from pipesched.runtime.copies import ModelCopies, balanced_block_counts, input_ranks, loss_ranks
-    from pipesched.runtime.partition import balanced_counts
+    from pipesched.balance import balanced_counts
 
     schedule = build_schedule("dualpipe", 4, 8)
     copies = ModelCopies(schedule)

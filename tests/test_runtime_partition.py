@@ -9,8 +9,9 @@ torch = pytest.importorskip("torch")
 from pipesched.errors import ConfigError  # noqa: E402
 from pipesched.placement import loop_placement, v_placement  # noqa: E402
 from pipesched.runtime.models import get_model  # noqa: E402
+from pipesched.balance import balanced_counts  # noqa: E402
 from pipesched.runtime.partition import (  # noqa: E402
-    balanced_counts, block_counts, build_stage, infer_boundary_shapes, stage_block_ranges,
+    block_counts, build_stage, infer_boundary_shapes, stage_block_ranges,
 )
 
 pytestmark = pytest.mark.torch

@@ -32,14 +32,13 @@ bytes); times are in ms.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Optional, Sequence
 
+from ..balance import balance_layers
 from ..costs import Costs
 from ..errors import ConfigError
-from ..execution import TOLERANCE
 from ..memory import MemorySizes, StageMemory
 from ..placement import loop_placement, v_placement
 
@@ -141,87 +140,6 @@ class Hardware:
             value = getattr(self, label)
             if value is not None and not (isinstance(value, (int, float)) and value > 0 and value < float("inf")):
                 raise ConfigError(f"{label.replace('_', ' ')} must be a number above 0, got {value!r}")
-
-
-def balance_layers(
-    layers: int, stages: int, layer_cost: float, first_extra: float, last_extra: float,
-    rank_of_stage: Optional[Sequence[int]] = None, first_alone: bool = False,
-) -> tuple[int, ...]:
-    """Layers per stage (contiguous in model order; each stage at least one but see below).
-
-    With several stages per rank (``rank_of_stage``: interleaved or V placements) the busiest
-    rank's total is minimised first, then the slowest stage: a rank runs all its stages' work in
-    every steady-state round, so an even split per stage that gives one rank two heavy stages is
-    slower than an uneven split that gives every rank the same total. Without a map each stage is
-    its own rank. A stage with extra work (the head) may hold no layer at all, as Megatron-LM's
-    ``--account-for-loss-in-pipeline-split`` allows: with two chunks per rank the head's rank
-    would otherwise carry two layers besides the head. ``first_alone``: so may the first stage
-    (it holds the embedding, whose work is too small to count here: Megatron-LM's
-    ``--account-for-embedding-in-pipeline-split``); a model of ``k*p - 2`` layers then
-    interleaves one layer per chunk, as the Zero Bubble code's padding does.
-    """
-    owner = list(range(stages)) if rank_of_stage is None else list(rank_of_stage)
-    extras = [0.0] * stages
-    extras[0] += first_extra
-    extras[-1] += last_extra
-    least = [0 if extras[s] > 0 or (s == 0 and first_alone) else 1 for s in range(stages)]
-    if sum(least) > layers:
-        raise ConfigError(f"{stages} stages need at least {sum(least)} layers, the model has {layers}")
-    ranks = sorted(set(owner))
-    rank_stages = {r: [s for s in range(stages) if owner[s] == r] for r in ranks}
-    rank_extra = {r: sum(extras[s] for s in rank_stages[r]) for r in ranks}
-
-    def fits(n: int, load: float, extra: float) -> bool:
-        return n * layer_cost + extra <= load + TOLERANCE
-
-    def caps(rank_load: float, stage_load: float) -> Optional[dict[int, int]]:
-        """Layers each rank can take (None when some stage cannot hold its least)."""
-        out = {}
-        for r in ranks:
-            per_stage = [math.floor((stage_load - extras[s]) / layer_cost + TOLERANCE) for s in rank_stages[r]]
-            on_rank = math.floor((rank_load - rank_extra[r]) / layer_cost + TOLERANCE)
-            if any(n < least[s] for n, s in zip(per_stage, rank_stages[r])) or on_rank < sum(least[s] for s in rank_stages[r]):
-                return None
-            out[r] = min(on_rank, sum(per_stage))
-        return out
-
-    def smallest(loads: list[float], feasible) -> float:
-        lo, hi = 0, len(loads) - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if feasible(loads[mid]):
-                hi = mid
-            else:
-                lo = mid + 1
-        return loads[lo]
-
-    def holds_all(held: Optional[dict[int, int]]) -> bool:
-        return held is not None and sum(held.values()) >= layers
-
-    top = layers * layer_cost + sum(extras)
-    rank_load = smallest(
-        sorted({n * layer_cost + rank_extra[r] for r in ranks for n in range(layers + 1)}),
-        lambda load: holds_all(caps(load, top)),
-    )
-    stage_load = smallest(
-        sorted({n * layer_cost + e for n in range(layers + 1) for e in set(extras)}),
-        lambda load: holds_all(caps(rank_load, load)),
-    )
-    counts = [math.floor((stage_load - e) / layer_cost + TOLERANCE) for e in extras]
-
-    def cost(s: int) -> tuple[float, int]:
-        return counts[s] * layer_cost + extras[s], s
-
-    def rank_cost(r: int) -> float:
-        return sum(counts[s] * layer_cost + extras[s] for s in rank_stages[r])
-
-    for r in ranks:  # no rank above its load: take from its costliest stages
-        while not fits(sum(counts[s] for s in rank_stages[r]), rank_load, rank_extra[r]):
-            counts[max((s for s in rank_stages[r] if counts[s] > least[s]), key=cost)] -= 1
-    while sum(counts) > layers:  # surplus: from the busiest rank's costliest stage first
-        spare = [s for s in range(stages) if counts[s] > least[s]]
-        counts[max(spare, key=lambda s: (rank_cost(owner[s]), cost(s)))] -= 1
-    return tuple(counts)
 
 
 LAYER_ASSIGNMENTS = ("heavy-early", "heavy-late")

@@ -8,13 +8,12 @@ of the unpipelined ``nn.Sequential`` (``"3.fc1.weight"``), so state dicts line u
 from __future__ import annotations
 
 import copy
-import itertools
-import math
 from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
 
+from ..balance import even_counts
 from ..errors import ConfigError
 
 BlockBuilder = Callable[[int], nn.Module]
@@ -30,7 +29,7 @@ def block_counts(num_blocks: int, stages: int, counts: Optional[Sequence[int]] =
     """Blocks per stage: ``counts`` when given (checked), else as even as possible.
 
     Uneven splits give the extra blocks to the last stages (a model's last block is often a
-    light head). :func:`balanced_counts` does better when block costs can be estimated.
+    light head). :func:`~pipesched.balance.balanced_counts` does better when block costs can be estimated.
     """
     if counts is not None:
         counts = list(counts)
@@ -40,41 +39,7 @@ def block_counts(num_blocks: int, stages: int, counts: Optional[Sequence[int]] =
                 f"{num_blocks} (the model's blocks)"
             )
         return counts
-    if stages > num_blocks:
-        raise ConfigError(
-            f"{stages} stages but the model has only {num_blocks} blocks: use fewer ranks or chunks "
-            f"(at most {num_blocks} stages)"
-        )
-    base, extra = divmod(num_blocks, stages)
-    return [base + (s >= stages - extra) for s in range(stages)]
-
-
-def balanced_counts(block_costs: Sequence[float], placement: Sequence[int], max_tries: int = 200_000) -> list[int]:
-    """Blocks per stage that balance the ranks' loads for estimated ``block_costs``.
-
-    Minimises the heaviest rank's total (then the heaviest stage) over every contiguous split;
-    a V placement, whose first rank holds both ends of the model, needs a different split from a
-    loop placement. Falls back to :func:`block_counts` when there are too many splits to try.
-    """
-    n, stages = len(block_costs), len(placement)
-    block_counts(n, stages)  # same checks as the even split
-    if math.comb(n - 1, stages - 1) > max_tries:
-        return block_counts(n, stages)
-    prefix = [0.0]
-    for c in block_costs:
-        prefix.append(prefix[-1] + c)
-    ranks = max(placement) + 1
-    best, best_key = None, None
-    for cuts in itertools.combinations(range(1, n), stages - 1):
-        bounds = (0, *cuts, n)
-        per_stage = [prefix[bounds[i + 1]] - prefix[bounds[i]] for i in range(stages)]
-        per_rank = [0.0] * ranks
-        for stage, cost in enumerate(per_stage):
-            per_rank[placement[stage]] += cost
-        key = (round(max(per_rank), 9), round(max(per_stage), 9))
-        if best_key is None or key < best_key:
-            best, best_key = bounds, key
-    return [best[i + 1] - best[i] for i in range(stages)]
+    return even_counts(num_blocks, stages)
 
 
 def stage_block_ranges(num_blocks: int, stages: int, counts: Optional[Sequence[int]] = None) -> list[range]:
