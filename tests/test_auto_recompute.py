@@ -10,10 +10,10 @@ from conftest import run_cli
 from pipesched import build_schedule
 from pipesched.auto import build_auto
 from pipesched.auto.recompute import recomputing_candidates
-from pipesched.cli.train import _recompute_of
 from pipesched.costs import Costs
 from pipesched.errors import ConfigError
-from pipesched.memory import MemorySizes, Recompute, StageMemory, schedule_recompute
+from pipesched.memory import MemorySizes, Recompute, Recomputed, StageMemory, schedule_recompute
+from pipesched.resolve import recompute_of
 from pipesched.schedule import Schedule
 from pipesched.simulate import simulate
 
@@ -86,9 +86,10 @@ def test_a_schedule_carrying_its_recompute_is_timed_and_counted_with_it():
 def test_train_applies_the_chosen_recompute_unless_told_otherwise():
     schedule = build_schedule("zb-auto", 2, 4, memory_limit=0.8, recompute_input=INPUT)
     chosen = schedule_recompute(schedule).spec()
-    assert _recompute_of(schedule, None) == chosen
-    assert _recompute_of(schedule, "none") == "none"
-    assert _recompute_of(build_schedule("1f1b", 2, 4), None) is None
+    said: list[str] = []
+    assert str(recompute_of(schedule, None, said.append)) == chosen and "--recompute overrides it" in said[0]
+    assert recompute_of(schedule, Recomputed.parse("none"), said.append) == Recomputed()
+    assert not recompute_of(build_schedule("1f1b", 2, 4), None, said.append) and len(said) == 1
 
 
 def test_the_command_line_reports_which_stages_recompute_and_refuses_it_without_a_limit(tmp_path):

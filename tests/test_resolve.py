@@ -8,13 +8,14 @@ import pytest
 
 import pipesched
 from pipesched import ConfigError, RunSpec, ScheduleChoice, resolve_schedule
+from pipesched.memory import Recomputed
 from pipesched.schedule_files import csv_text
 
 
 def test_a_name_is_built_for_the_ranks_and_none_is_the_reference():
     resolved = resolve_schedule(ScheduleChoice("zb-v", ranks=2, microbatches=4))
     assert resolved.schedule.orders == pipesched.build_schedule("zb-v", 2, 4).orders
-    assert resolved.recompute is None and resolved.profile is None
+    assert resolved.recompute == Recomputed() and not resolved.recompute and resolved.profile is None
     assert resolve_schedule(ScheduleChoice("none")).schedule is None
     assert resolve_schedule(ScheduleChoice("1f1b", ranks=2)).schedule.microbatches == 8  # train's default
 
@@ -47,5 +48,18 @@ def test_the_stages_a_schedule_chose_to_recompute_come_with_it_unless_the_run_na
                             costs=pipesched.Costs(1, 1, 1))
     resolved = resolve_schedule(choice, RunSpec("mlp", 16), said.append)
     assert resolved.profile is None  # given costs and share: nothing to measure
-    assert resolved.recompute == "0,1,2,3" and any("--recompute overrides it" in line for line in said)
-    assert resolve_schedule(replace(choice, recompute="none"), RunSpec("mlp", 16), said.append).recompute == "none"
+    assert str(resolved.recompute) == "0,1,2,3" and any("--recompute overrides it" in line for line in said)
+    assert not resolve_schedule(replace(choice, recompute="none"), RunSpec("mlp", 16), said.append).recompute
+
+
+def test_which_stages_recompute_is_one_type_from_every_spelling():
+    assert Recomputed.parse("all") == Recomputed(None) and str(Recomputed(None)) == "all"
+    assert Recomputed.parse(" none ") == Recomputed.parse(None) == Recomputed() and str(Recomputed()) == "none"
+    assert Recomputed.parse("2,0") == Recomputed.parse([0, 2]) == Recomputed(frozenset({0, 2}))
+    assert str(Recomputed.parse("2,0")) == "0,2"
+    dualpipe = pipesched.build_schedule("dualpipe", 2, 4)
+    assert Recomputed.parse("0").of(dualpipe) == {0, 2}  # model stage 0 in both copies (stages 0-1, 2-3)
+    with pytest.raises(ConfigError, match="give all, none, or stage indices"):
+        ScheduleChoice("1f1b", recompute="0,x")  # refused before anything is built
+    with pytest.raises(ConfigError, match="recompute names stage 5, but the model has stages 0 to 1"):
+        resolve_schedule(ScheduleChoice("1f1b", ranks=2, recompute="5"))

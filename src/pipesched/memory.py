@@ -147,7 +147,7 @@ class Recompute:
 
     def spec(self) -> str:
         """The stages as ``--recompute`` takes them (``0,2``; ``none`` when empty)."""
-        return ",".join(str(s) for s in sorted(self.stages)) or "none"
+        return str(Recomputed(self.stages))
 
 
 def schedule_recompute(schedule) -> Optional[Recompute]:
@@ -233,27 +233,54 @@ def format_bytes(value: float) -> str:
     return f"{value:.0f} B"
 
 
-def recompute_stages(spec, schedule) -> frozenset:
-    """The schedule's stages to recompute, given ``spec`` in the model's stages: ``"all"``,
-    ``"none"`` / None, ``"0,2"`` or an iterable of indices from 0 to ``pipeline_length - 1``
-    (every stage of a one-pipeline schedule; of one model copy for DualPipe, whose named stages
-    then recompute in both copies). Raises ConfigError naming what is valid."""
-    length = schedule.pipeline_length
-    if spec is None:
-        return frozenset()
-    if isinstance(spec, str):
-        text = spec.strip().lower()
-        if text in ("", "none"):
-            return frozenset()
-        if text == "all":
+@dataclass(frozen=True)
+class Recomputed:
+    """Which of the model's stages recompute their activations in the backward: every one
+    (``stages`` None, written ``all``), none (``none``) or some (``0,2``). The one form a
+    choice takes from the command line or the Python API (a string, indices, or this) to a
+    schedule's stages (:meth:`of`); model stages, so that DualPipe's named stages recompute
+    in both copies."""
+
+    stages: Optional[frozenset] = frozenset()
+
+    @classmethod
+    def parse(cls, spec) -> "Recomputed":
+        """``"all"``, ``"none"`` / None / ``""``, ``"0,2"``, indices, or a Recomputed as it is;
+        anything else is a ConfigError naming what is valid."""
+        if isinstance(spec, Recomputed):
+            return spec
+        if spec is None:
+            return cls()
+        if isinstance(spec, str):
+            text = spec.strip().lower()
+            if text in ("", "none", "all"):
+                return cls(None if text == "all" else frozenset())
+            try:
+                spec = [int(part) for part in text.split(",")]
+            except ValueError:
+                raise ConfigError(f"recompute {spec!r}: give all, none, or stage indices such as 0,2") from None
+        return cls(frozenset(int(s) for s in spec))
+
+    def __str__(self) -> str:
+        return "all" if self.stages is None else ",".join(map(str, sorted(self.stages))) or "none"
+
+    def __bool__(self) -> bool:
+        return self.stages is None or bool(self.stages)
+
+    def of(self, schedule) -> frozenset:
+        """The schedule's stages these are (its model stages from 0 to ``pipeline_length - 1``:
+        every stage of a one-pipeline schedule, one model copy's for DualPipe); a stage the
+        model lacks is a ConfigError."""
+        if self.stages is None:
             return frozenset(range(schedule.stages))
-        try:
-            spec = [int(part) for part in text.split(",")]
-        except ValueError:
-            raise ConfigError(f"recompute {spec!r}: give all, none, or stage indices such as 0,2") from None
-    chosen = frozenset(int(s) for s in spec)
-    outside = sorted(s for s in chosen if not 0 <= s < length)
-    if outside:
-        copies = f" (each of its {schedule.pipelines} model copies)" if schedule.pipelines > 1 else ""
-        raise ConfigError(f"recompute names stage {outside[0]}, but the model has stages 0 to {length - 1}{copies}")
-    return frozenset(s for s in range(schedule.stages) if schedule.model_stage(s) in chosen)
+        length = schedule.pipeline_length
+        outside = sorted(s for s in self.stages if not 0 <= s < length)
+        if outside:
+            copies = f" (each of its {schedule.pipelines} model copies)" if schedule.pipelines > 1 else ""
+            raise ConfigError(f"recompute names stage {outside[0]}, but the model has stages 0 to {length - 1}{copies}")
+        return frozenset(s for s in range(schedule.stages) if schedule.model_stage(s) in self.stages)
+
+
+def recompute_stages(spec, schedule) -> frozenset:
+    """The schedule's stages to recompute for ``spec`` (anything :meth:`Recomputed.parse` takes)."""
+    return Recomputed.parse(spec).of(schedule)

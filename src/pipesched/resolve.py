@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Optional
 
 from .costs import Costs
 from .errors import ConfigError
-from .memory import format_bytes, schedule_recompute
+from .memory import Recomputed, format_bytes, schedule_recompute
 from .registry import build_schedule
 from .schedule import Schedule
 from .schedule_files import load_csv_file
@@ -41,8 +41,9 @@ class ScheduleChoice:
     """What the user names: ``name`` (a registered schedule, ``none``, ``auto`` or ``zb-auto``)
     or ``csv``, and what shapes it. ``memory_limit`` is in M_B, ``limit_bytes`` in bytes (only
     ``auto`` and ``zb-auto``, which measure the bytes); ``costs``: zb-auto plans with these
-    instead of measuring them; ``recompute``: the stages to recompute (``all``, ``none``,
-    ``0,2``), None to take the schedule's own choice."""
+    instead of measuring them; ``recompute``: the stages to recompute (anything
+    :meth:`~pipesched.memory.Recomputed.parse` takes: ``all``, ``none``, ``0,2``), None to take
+    the schedule's own choice."""
 
     name: str = "1f1b"
     ranks: int = 2
@@ -53,9 +54,11 @@ class ScheduleChoice:
     limit_bytes: Optional[float] = None
     recompute_input: Optional[float] = None
     costs: Optional[Costs] = None
-    recompute: Optional[str] = None
+    recompute: Optional[Recomputed] = None
 
     def __post_init__(self) -> None:
+        if self.recompute is not None:  # a malformed list is refused before anything is built
+            object.__setattr__(self, "recompute", Recomputed.parse(self.recompute))
         if self.limit_bytes is not None and self.measures is None:
             raise ConfigError(
                 f"--memory-limit {format_bytes(self.limit_bytes)}: a size in bytes needs --schedule auto or zb-auto "
@@ -89,11 +92,11 @@ class RunSpec:
 
 @dataclass(frozen=True)
 class Resolved:
-    """The schedule (None: the single-process reference), the stages to recompute, and the
-    profile it was made from (None when nothing was measured)."""
+    """The schedule (None: the single-process reference), the stages to recompute (checked
+    against the schedule's), and the profile it was made from (None when nothing was measured)."""
 
     schedule: Optional[Schedule]
-    recompute: Optional[str]
+    recompute: Recomputed
     profile: Optional["Profile"] = None
 
 
@@ -124,15 +127,17 @@ def named_schedule(choice: ScheduleChoice) -> Optional[Schedule]:
                           memory_limit=choice.memory_limit, recompute_input=choice.recompute_input)
 
 
-def recompute_of(schedule: Optional[Schedule], given: Optional[str], say: Say = on_stderr) -> Optional[str]:
+def recompute_of(schedule: Optional[Schedule], given: Optional[Recomputed], say: Say = on_stderr) -> Recomputed:
     """``given`` if any, else the stages the schedule chose to recompute (zb-auto under a memory
-    limit with a recompute share), said through ``say``."""
+    limit with a recompute share), said through ``say``; checked against the schedule's stages."""
     own = schedule_recompute(schedule) if schedule is not None else None
-    if given is not None or own is None:
-        return given
-    say(f"{schedule.name}: recomputing stages {own.spec()} to fit the memory limit "
-        f"({schedule.meta.get('origin', '')}); --recompute overrides it")
-    return own.spec()
+    if given is None and own is not None:
+        say(f"{schedule.name}: recomputing stages {own.spec()} to fit the memory limit "
+            f"({schedule.meta.get('origin', '')}); --recompute overrides it")
+    chosen = Recomputed.parse(given if given is not None or own is None else own.spec())
+    if schedule is not None:
+        chosen.of(schedule)  # a stage the model lacks fails here, before any process starts
+    return chosen
 
 
 def _auto(choice: ScheduleChoice, run: RunSpec, say: Say) -> Resolved:
@@ -145,10 +150,11 @@ def _auto(choice: ScheduleChoice, run: RunSpec, say: Say) -> Resolved:
     )
     say(prof.summary())
     say(f"auto: {advice.reason}")
-    chosen = advice.recommended.recompute
-    if choice.recompute is None and chosen != "none":
+    chosen = Recomputed.parse(advice.recommended.recompute)  # the advisor's: all or none
+    if choice.recompute is None and chosen:
         say("auto: recomputing every stage's activations (--recompute all) to fit")
-    return Resolved(schedule, choice.recompute if choice.recompute is not None else chosen, prof)
+    return Resolved(schedule, recompute_of(schedule, choice.recompute if choice.recompute is not None else chosen, say),
+                    prof)
 
 
 def _zb_auto(choice: ScheduleChoice, run: RunSpec, say: Say) -> Resolved:

@@ -13,6 +13,7 @@ import typer
 
 from ..errors import ConfigError
 from ..outfiles import check_output_path
+from ..memory import Recomputed
 from ..resolve import Resolved, RunSpec, ScheduleChoice, resolve_schedule
 from ..runtime.optimizers import OPTIMIZERS
 from ..schedule import Schedule
@@ -161,16 +162,10 @@ def _check_batch(model_def, batch_size: int, dp: int, microbatches: Optional[int
     check_batch_fits(model_def, batch_size, seed)
 
 
-def _resolved(resolved: Resolved, dp: int, batch_size: int) -> tuple[Optional[Schedule], Optional[str]]:
-    """The schedule and the stages to recompute, checked: the stages ``--recompute`` names
-    exist, the batch splits."""
-    from ..memory import recompute_stages
-
-    plan = resolved.schedule
-    if plan is not None:
-        recompute_stages(resolved.recompute, plan)  # a bad list fails here, before any process starts
-    check_layout(plan, dp, batch_size)
-    return plan, resolved.recompute
+def _resolved(resolved: Resolved, dp: int, batch_size: int) -> tuple[Optional[Schedule], Recomputed]:
+    """The schedule and the stages to recompute, once the batch is checked to split."""
+    check_layout(resolved.schedule, dp, batch_size)
+    return resolved.schedule, resolved.recompute
 
 
 def _run_to_the_end(run, cfg):

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from ..memory import Recomputed
 from ..schedule import Schedule
 from . import checkpoint
 from .copies import balanced_block_counts
@@ -45,7 +46,7 @@ class TrainConfig:
     timeout_s: float = 300.0
     skip_nonfinite: bool = False
     clip_grad_norm: Optional[float] = None
-    recompute: Optional[str] = None  # stages whose activations are recomputed: "all", "0,2", ...
+    recompute: Optional[Recomputed] = None  # model stages whose activations are recomputed (or "all", "0,2", ...)
     want_params: bool = False
     want_grads: bool = False
     show_progress: bool = False
