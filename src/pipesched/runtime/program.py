@@ -162,10 +162,7 @@ def _lower_all(schedule: Schedule) -> tuple[RankProgram, ...]:
     queues = [deque(_with_reductions(schedule, r)) for r in range(schedule.ranks)]
     out: list[list[Instruction]] = [[] for _ in range(schedule.ranks)]
     produced: set[tuple[int, str, int]] = set()  # (stage, "F" | "G" | "W", microbatch) placed
-
-    def ready(action: Action) -> bool:
-        dep = dependency(action, stages, pipelines)
-        return dep is None or dep in produced
+    awaited: list[Optional[list]] = [None] * schedule.ranks  # the inputs each rank's next entry awaits
 
     while any(queues):
         progress = False
@@ -177,14 +174,18 @@ def _lower_all(schedule: Schedule) -> tuple[RankProgram, ...]:
                 out[rank].append(Instruction(REDUCE_GRAD, entry))
             else:
                 parts = sub_actions(entry)
-                if not all(map(ready, parts)):
+                if awaited[rank] is None:  # asked once per entry, however long it waits
+                    awaited[rank] = [d for a in parts if (d := dependency(a, stages, pipelines)) is not None]
+                if not all(d in produced for d in awaited[rank]):
                     continue
-                for half, action in enumerate(parts, start=1 if len(parts) == 2 else 0):
-                    out[rank].append(_compute(action, half, placement, m, pipelines))
-                for action in parts:
-                    s, kind, k = action
+                awaited[rank] = None
+                computed = [_compute(a, half, placement, m, pipelines)
+                            for half, a in enumerate(parts, start=1 if len(parts) == 2 else 0)]
+                out[rank].extend(computed)
+                for ins in computed:
+                    s, kind, k = ins.action
                     produced.add((s, "G" if kind in "IB" else kind, k))
-                    msg = _sent(action, placement, m, pipelines)
+                    msg = ins.sends
                     if msg is not None:
                         receiver = s + 1 if kind == "F" else s - 1
                         out[rank].append(Instruction(SEND_F if kind == "F" else SEND_B, s, k, message=msg))

@@ -83,10 +83,11 @@ def _check_link_order(programs: Sequence[RankProgram]) -> None:
                 received.setdefault((i.message.src, program.rank), []).append(i.message)
     for (src, dst) in sorted(set(sent) | set(received)):
         out, into = sent.get((src, dst), []), received.get((src, dst), [])
-        lost = [m for m in out if m not in into]
+        taken, given = set(into), set(out)
+        lost = [m for m in out if m not in taken]
         if lost:
             raise ScheduleError(f"rank {src} sends {_what(lost[0])} to rank {dst}, which never receives it")
-        unsent = [m for m in into if m not in out]
+        unsent = [m for m in into if m not in given]
         if unsent:
             raise ScheduleError(f"rank {dst} receives {_what(unsent[0])} from rank {src}, which never sends it")
         if out != into:
