@@ -26,10 +26,10 @@ import torch.distributed as dist
 from torch import nn
 
 from ..actions import Action
-from ..balance import balanced_counts
 from ..errors import ConfigError
 from ..schedule import Schedule
 from .grad_sync import GradientSync, last_gradient_actions
+from .partition import balanced_counts
 
 
 class ModelCopies:
