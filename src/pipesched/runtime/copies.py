@@ -98,12 +98,12 @@ def balanced_block_counts(block_costs: Sequence[float], schedule: Schedule) -> l
     """Blocks per stage of one model copy that balance the ranks' loads under ``schedule`` (one
     count per model stage: ``p`` for DualPipe, not its ``2p`` stages). What ``pipesched train``
     and the benchmarks cut the model by when no counts are given: call this, not
-    :func:`~pipesched.balance.balanced_counts` on the schedule's placement."""
+    :func:`~pipesched.runtime.partition.balanced_counts` on the schedule's placement."""
     return balanced_counts(block_costs, _balancing_placement(schedule))
 
 
 def _balancing_placement(schedule: Schedule) -> tuple[int, ...]:
-    """A placement of the model's stages for :func:`~pipesched.balance.balanced_counts`:
+    """A placement of the model's stages for :func:`~pipesched.runtime.partition.balanced_counts`:
     the schedule's own, or with several pipelines each model stage on the group of ranks that
     holds its copies (DualPipe: rank ``r`` runs model stages ``r`` and ``p-1-r`` on half the
     microbatches each, so the pair's blocks are what to balance)."""
