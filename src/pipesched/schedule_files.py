@@ -60,7 +60,10 @@ def parse_csv(text: str, name: str = "csv") -> Schedule:
     """A schedule from CSV text of either format: a file with a SEND or RECV cell is a program
     (checked); elsewhere REDUCE_GRAD, UNSHARD and RESHARD cells compute nothing and are dropped
     (torch's order of a single-stage schedule holds REDUCE_GRAD)."""
-    rows = list(csv.reader(io.StringIO(text.removeprefix(BYTE_ORDER_MARK))))
+    try:
+        rows = list(csv.reader(io.StringIO(text.removeprefix(BYTE_ORDER_MARK))))
+    except csv.Error as err:  # a cell over csv's field limit, a stray quote...
+        raise CSVFormatError(f"not a CSV torch reads ({err})") from None
     ops = {match.group(2) for row in rows for cell in row if (match := _COMM_RE.match(cell))}
     if ops & _TRANSFERS:
         return _from_program_rows(rows, name)
@@ -122,7 +125,7 @@ def load_csv_file(path: Path, ranks: Optional[int] = None) -> Schedule:
         data = path.read_bytes()
     except OSError as err:
         raise ConfigError(f"schedule CSV {str(path)!r} cannot be read ({err.strerror})") from None
-    cells = data.count(b",") + data.count(b"\n")  # every action is a cell: an upper bound
+    cells = data.count(b",") + data.count(b"\n") + data.count(b"\r")  # every action is a cell: an upper bound
     if cells > MAX_ACTIONS_BUILT:
         raise ConfigError(
             f"schedule CSV {str(path)!r} holds up to {cells} actions, more than the "
