@@ -1,10 +1,19 @@
-"""Options shared by every command that builds a schedule (the flags of DESIGN.md)."""
+"""Options shared by every command that builds a schedule (the flags of DESIGN.md).
+
+The planning options (ranks, microbatches, chunks, costs, comm, memory limit, stage multipliers,
+overlap, objective, recompute input) are declared once, in :data:`PLANNING_OPTIONS`, and checked
+once, in :func:`setup`: a command decorated with :func:`planning_options` takes one
+``plan: PlanningFlags`` parameter in their place and calls ``plan.setup()``.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from dataclasses import dataclass
-from typing import Optional
+import os
+from dataclasses import dataclass, fields
+from typing import Callable, Optional
 
 import typer
 
@@ -82,8 +91,11 @@ def parse_memory_limit(text: Optional[str], bytes_known: bool) -> tuple[Optional
 
 
 def parse_multipliers(text: Optional[str]) -> Optional[tuple[float, ...]]:
-    if text is None or not text.strip():
+    """``--stage-multipliers 1.3,1,1,1.3`` as numbers (None when not given; empty is refused)."""
+    if text is None:
         return None
+    if not text.strip():
+        raise ConfigError("--stage-multipliers is empty: give factors such as 1.3,1,1,1.3, or leave the flag out")
     try:
         return tuple(float(x) for x in text.split(","))
     except ValueError:
@@ -101,15 +113,21 @@ def setup(
     objective: Optional[str] = None,
     overlap: float = 1.0,
     recompute_input: Optional[float] = None,
+    bytes_per_mb: Optional[float] = None,
 ) -> Setup:
-    """Check and bundle the shared flags (bad values raise ConfigError: one line, exit 2)."""
+    """Check and bundle the shared flags (bad values raise ConfigError: one line, exit 2).
+
+    ``bytes_per_mb`` (one microbatch's activations, where the command knows it) lets
+    ``--memory-limit`` be a size in bytes, converted to M_B."""
     if ranks < 1:
         raise ConfigError(f"--ranks must be at least 1, got {ranks}")
     if microbatches < 1:
         raise ConfigError(f"--microbatches must be at least 1, got {microbatches}")
     if chunks is not None and chunks < 1:
         raise ConfigError(f"--chunks must be at least 1, got {chunks}")
-    limit, _ = parse_memory_limit(memory_limit, bytes_known=False)
+    limit, limit_bytes = parse_memory_limit(memory_limit, bytes_known=bytes_per_mb is not None)
+    if limit_bytes is not None:
+        limit = limit_bytes / bytes_per_mb
     if objective is not None:
         from ..schedules.choose import check_objective
 
@@ -118,6 +136,88 @@ def setup(
         check_recompute_input(recompute_input, limit)
     parsed = Costs.parse(costs, comm=comm, multipliers=parse_multipliers(multipliers), overlap=overlap)
     return Setup(ranks, microbatches, chunks, parsed, limit, objective, recompute_input)
+
+
+@dataclass(frozen=True)
+class PlanningFlags:
+    """The planning options as typed, before :meth:`setup` checks them."""
+
+    ranks: int = 4
+    microbatches: int = 8
+    chunks: Optional[int] = None
+    costs: Optional[str] = None
+    comm: float = 0.0
+    memory_limit: Optional[str] = None
+    stage_multipliers: Optional[str] = None
+    overlap: float = 1.0
+    objective: Optional[str] = None
+    recompute_input: Optional[float] = None
+
+    def setup(self, bytes_per_mb: Optional[float] = None) -> Setup:
+        """The checked :class:`Setup` (ConfigError on a bad value)."""
+        return setup(self.ranks, self.microbatches, self.chunks, self.costs, self.comm, self.memory_limit,
+                     self.stage_multipliers, self.objective, self.overlap, self.recompute_input, bytes_per_mb)
+
+
+# each planning option: (parameter, type, typer's declaration), in the order --help lists them
+PLANNING_OPTIONS: tuple[tuple[str, object, object], ...] = (
+    ("ranks", int, Ranks), ("microbatches", int, Microbatches), ("chunks", Optional[int], Chunks),
+    ("costs", Optional[str], CostsOpt), ("comm", float, Comm), ("memory_limit", Optional[str], MemoryLimit),
+    ("stage_multipliers", Optional[str], Multipliers), ("overlap", float, Overlap),
+    ("objective", Optional[str], Objective), ("recompute_input", Optional[float], RecomputeInput),
+)
+assert [name for name, _, _ in PLANNING_OPTIONS] == [f.name for f in fields(PlanningFlags)]
+
+
+def planning_options(*, without: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Give a typer command the planning options in place of its ``plan: PlanningFlags``
+    parameter (``without`` names options the command does not take, e.g. ``("overlap",)``)."""
+
+    def decorate(command: Callable) -> Callable:
+        own = inspect.signature(command, eval_str=True).parameters
+        shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=declared, annotation=kind)
+                  for name, kind, declared in PLANNING_OPTIONS if name not in without]
+        params: list[inspect.Parameter] = []
+        for p in own.values():
+            params.extend(shared if p.name == "plan" else [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)])
+        names = {p.name for p in shared}
+
+        @functools.wraps(command)
+        def run(**given):
+            plan = PlanningFlags(**{name: given.pop(name) for name in list(given) if name in names})
+            return command(plan=plan, **given)
+
+        run.__signature__ = inspect.Signature(params, return_annotation=None)
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        del run.__wrapped__  # typer reads the signature above, not the command's
+        return run
+
+    return decorate
+
+
+# flag -> (least, most) for the numbers that size work or enter the cost model and have no
+# range of their own elsewhere: the search is bounded by these, not only by the memory it exhausts
+RANGES: dict[str, tuple[float, float]] = {
+    "--max-chunks": (1, 16), "--layers": (1, 100_000), "--hidden": (1, 2**20), "--seq-len": (1, 2**24),
+    "--heads": (1, 2**16), "--vocab": (1, 2**24), "--gpus": (1, 2**16), "--global-batch": (1, 2**24),
+    "--microbatch-size": (1, 2**24), "--max-microbatches": (1, 2**24), "--min-microbatch-size": (1, 2**24),
+    "--top": (1, 10_000), "--batch-size": (1, 2**24), "--profile-steps": (1, 10_000),
+    "--gpu-memory": (1e-3, 1e6), "--bandwidth": (1e-6, 1e9), "--flops": (1e-6, 1e9),
+    "--dp-bandwidth": (1e-6, 1e9), "--dp-latency": (0.0, 1e9), "--overhead": (0.0, 1e9),
+}
+
+
+def check_ranges(values: dict[str, object]) -> None:
+    """Refuse in one line (ConfigError) a given value outside its flag's range (:data:`RANGES`;
+    ``--workers``: 1 to this machine's CPUs); None means not given. NaN is outside every range."""
+    for flag, value in values.items():
+        if value is None:
+            continue
+        low, high = (1, os.cpu_count() or 1) if flag == "--workers" else RANGES[flag]
+        if not low <= value <= high:
+            whole = isinstance(low, int)
+            span = f"a whole number from {low} to {high}" if whole else f"a finite number from {low:g} to {high:g}"
+            raise ConfigError(f"{flag} must be {span}, got {value}")
 
 
 def recompute_limit(s: Setup) -> Optional[float]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from ..jsontext import json_text
 from ..compare import planned_work, simulate_all
 from ..errors import ConfigError
 from ..memory import MemorySizes, StageMemory, format_bytes
@@ -50,17 +50,10 @@ def list_schedules() -> None:
 
 
 @app.command("export")
+@opt.planning_options(without=("overlap",))  # the order of a CSV does not depend on it
 def export(
     name: str = typer.Argument(..., help="Schedule name (pipesched list)."),
-    ranks: int = opt.Ranks,
-    microbatches: int = opt.Microbatches,
-    chunks: Optional[int] = opt.Chunks,
-    costs: Optional[str] = opt.CostsOpt,
-    comm: float = opt.Comm,
-    memory_limit: Optional[str] = opt.MemoryLimit,
-    stage_multipliers: Optional[str] = opt.Multipliers,
-    objective: Optional[str] = opt.Objective,
-    recompute_input: Optional[float] = opt.RecomputeInput,
+    plan: opt.PlanningFlags = opt.PlanningFlags(),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="CSV file (default: stdout)."),
     torchtitan: bool = typer.Option(
         False, "--torchtitan",
@@ -71,8 +64,7 @@ def export(
     ),
 ) -> None:
     """Write a schedule as torch.distributed.pipelining's compute-only CSV."""
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
-                  recompute_input=recompute_input)
+    s = plan.setup()
     if torchtitan and output is None:
         raise ConfigError("--torchtitan needs -o FILE: the settings point torchtitan at that CSV")
     if microbatch_size < 1:
@@ -148,18 +140,10 @@ def build_from_flags(name: str, s: opt.Setup) -> Schedule:
 
 
 @app.command("simulate")
+@opt.planning_options()
 def simulate_cmd(
     name: Optional[str] = typer.Argument(None, help="Schedule name (or give --csv)."),
-    ranks: int = opt.Ranks,
-    microbatches: int = opt.Microbatches,
-    chunks: Optional[int] = opt.Chunks,
-    costs: Optional[str] = opt.CostsOpt,
-    comm: float = opt.Comm,
-    memory_limit: Optional[str] = opt.MemoryLimit,
-    stage_multipliers: Optional[str] = opt.Multipliers,
-    overlap: float = opt.Overlap,
-    objective: Optional[str] = opt.Objective,
-    recompute_input: Optional[float] = opt.RecomputeInput,
+    plan: opt.PlanningFlags = opt.PlanningFlags(),
     csv: Optional[Path] = typer.Option(None, "--csv", help="Simulate a schedule CSV (torch's compute-only format)."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
     draw: bool = typer.Option(False, "--draw", help="Also draw the timeline in the terminal."),
@@ -178,12 +162,8 @@ def simulate_cmd(
     share = _activation_share(activation_bytes)
     if share is None and recompute is not None:
         raise ConfigError("--recompute needs --activation-bytes (what a recomputed stage saves is in bytes)")
-    _, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=share is not None)
-    if limit_bytes is not None:  # M_B is one microbatch on a rank's share
-        memory_limit = repr(limit_bytes / share[0])
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
-                  overlap=overlap, recompute_input=recompute_input)
-    if share is not None and recompute_input is None and name is not None and s.memory_limit is not None:
+    s = plan.setup(bytes_per_mb=share[0] if share is not None else None)  # M_B: one microbatch on a rank's share
+    if share is not None and s.recompute_input is None and name is not None and s.memory_limit is not None:
         s = replace(s, recompute_input=_measured_share(share, s.chunks or get_family(name).max_chunks or 1))
     schedule = schedule_from_flags(name, csv, s)
     sizes = None
@@ -199,7 +179,7 @@ def simulate_cmd(
                             (inp,) * schedule.stages, recompute_stages(recompute, schedule))
     result = simulate(schedule, s.costs, sizes)
     if as_json:
-        typer.echo(json.dumps(result.metrics()))
+        typer.echo(json_text(result.metrics()))
         return
     print_result(result)
     if draw:
@@ -306,25 +286,16 @@ def compare_rows(setup: opt.Setup) -> list[dict]:
 
 
 @app.command("compare")
+@opt.planning_options()
 def compare(
-    ranks: int = opt.Ranks,
-    microbatches: int = opt.Microbatches,
-    chunks: Optional[int] = opt.Chunks,
-    costs: Optional[str] = opt.CostsOpt,
-    comm: float = opt.Comm,
-    memory_limit: Optional[str] = opt.MemoryLimit,
-    stage_multipliers: Optional[str] = opt.Multipliers,
-    overlap: float = opt.Overlap,
-    objective: Optional[str] = opt.Objective,
-    recompute_input: Optional[float] = opt.RecomputeInput,
+    plan: opt.PlanningFlags = opt.PlanningFlags(),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as a JSON list."),
 ) -> None:
     """Every schedule for one configuration, side by side."""
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
-                  overlap=overlap, recompute_input=recompute_input)
+    s = plan.setup()
     rows = compare_rows(s)
     if as_json:
-        typer.echo(json.dumps(rows))
+        typer.echo(json_text(rows))
         return
     print_compare(s, rows)
 
