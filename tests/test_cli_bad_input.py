@@ -113,7 +113,7 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("advise -p 4 -m 8 --schedules nope", "unknown schedule 'nope'"),
     ("advise -p 4 -m 8 --layers 4", "missing --hidden, --seq-len"),
     ("advise -p 4 --global-batch 100 --microbatch-size 3", "not divisible by microbatch size 3"),
-    ("advise -p 4 -m 8 --max-chunks 0", "max chunks must be a whole number of at least 1"),
+    ("advise -p 4 -m 8 --max-chunks 0", "--max-chunks must be a whole number from 1 to 16, got 0"),
     ("advise --profile --costs 1,1,1 -m 8", "--profile measures the costs itself"),
     ("advise -p 256 -m 4096", "use 10 microbatches or fewer"),
     ("advise --profile -p 256 -m 4096", "use 10 microbatches or fewer"),

@@ -101,7 +101,7 @@ def load_csv_file(path: Path, ranks: Optional[int] = None) -> Schedule:
         data = path.read_bytes()
     except OSError as err:
         raise ConfigError(f"schedule CSV {str(path)!r} cannot be read ({err.strerror})") from None
-    cells = data.count(b",") + data.count(b"\n")  # every action is a cell: an upper bound
+    cells = data.count(b",") + data.count(b"\n") + data.count(b"\r")  # every action is a cell: an upper bound
     if cells > MAX_ACTIONS_BUILT:
         raise ConfigError(
             f"schedule CSV {str(path)!r} holds up to {cells} actions, more than the "
@@ -199,6 +199,9 @@ def _measured_share(share: tuple[float, float, float], stages_per_rank: int) -> 
     return derived if derived < 1 else None
 
 
+MAX_ACTIVATION_BYTES = 2.0**50  # 1 PiB per microbatch and rank: far above any device, far below overflow
+
+
 def _activation_share(text: Optional[str]) -> Optional[tuple[float, float, float]]:
     """``--activation-bytes KEEP[,STASH[,INPUT]]`` as bytes (STASH defaults to KEEP, INPUT to 0)."""
     if text is None:
@@ -215,8 +218,8 @@ def _activation_share(text: Optional[str]) -> Optional[tuple[float, float, float
         except ValueError as err:
             raise ConfigError(f"--activation-bytes {err}") from None
         size = float(part) if size is None else size  # a plain number: bytes
-        if not size >= 0:
-            raise ConfigError(f"--activation-bytes {part!r} must be 0 or more")
+        if not 0 <= size <= MAX_ACTIVATION_BYTES:
+            raise ConfigError(f"--activation-bytes {part!r} must be from 0 to 1024TiB (one microbatch on one rank)")
         values.append(size)
     keep = values[0]
     if not keep > 0:
