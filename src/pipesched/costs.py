@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from .bounds import check_number
 from .errors import ConfigError
 from .execution import Program, pair_durations
 from .placement import stages_by_rank
@@ -35,13 +36,6 @@ MULTIPLIER_RANGE = (1e-6, 1e6)  # each stage multiplier
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def check_cost(label: str, value, lowest: float = COST_RANGE[0]) -> None:
-    """Raise ConfigError unless ``value`` is a finite number from ``lowest`` to the most a cost may be."""
-    top = COST_RANGE[1]
-    if not _is_number(value) or not (lowest <= value <= top):
-        raise ConfigError(f"{label}={value!r} must be a finite number from {lowest:g} to {top:g} (cost units)")
 
 
 @dataclass(frozen=True)
@@ -57,8 +51,8 @@ class Costs:
 
     def __post_init__(self) -> None:
         for label in ("F", "B", "W"):
-            check_cost(f"cost {label}", getattr(self, label))
-        check_cost("comm", self.comm, lowest=0.0)
+            check_number(f"cost {label}", getattr(self, label), *COST_RANGE)
+        check_number("comm", self.comm, 0.0, COST_RANGE[1])
         if not _is_number(self.overlap) or not 0 <= self.overlap <= 1:
             raise ConfigError(
                 f"overlap={self.overlap!r} must be a number from 0 (an overlapped forward and "
@@ -70,10 +64,8 @@ class Costs:
             mults = tuple(float(x) for x in self.stage_multipliers)
             if not mults:
                 raise ConfigError("stage multipliers must hold at least one factor")
-            low, high = MULTIPLIER_RANGE
             for i, x in enumerate(mults):
-                if not low <= x <= high:
-                    raise ConfigError(f"stage multiplier {i} is {x!r}: each must be a finite number from {low:g} to {high:g}")
+                check_number(f"stage multiplier {i}", x, *MULTIPLIER_RANGE)
             object.__setattr__(self, "stage_multipliers", mults)
 
     @classmethod
@@ -131,6 +123,19 @@ class Costs:
 
 
 UNIT = Costs()
+
+
+def as_costs(costs: object) -> Costs:
+    """``costs`` for the library's functions: None is unit costs; anything but a Costs (such as
+    the text ``"1,1,1"``, which only the command line reads) is a ConfigError."""
+    if costs is None:
+        return UNIT
+    if not isinstance(costs, Costs):
+        raise ConfigError(
+            f"costs must be a pipesched.Costs such as Costs(F=1, B=1.4, W=0.6) (or None for unit costs), "
+            f"got {type(costs).__name__} {costs!r:.60}"
+        )
+    return costs
 
 
 def durations_for(

@@ -23,17 +23,15 @@ DRAW_SUFFIXES = (".svg", ".png", ".json")
 
 
 @app.command("draw")
-@opt.planning_options()
+@opt.planning_options(source=True)
 def draw(
-    name: Optional[str] = typer.Argument(None, help="Schedule name (or give --csv)."),
     plan: opt.PlanningFlags = opt.PlanningFlags(),
-    csv: Optional[Path] = typer.Option(None, "--csv", help="Draw a schedule CSV (torch's compute-only format)."),
     output: Path = typer.Option(..., "--output", "-o", help="chart.svg, chart.png (needs Pillow) or trace.json (Perfetto)."),
 ) -> None:
     """Draw one schedule's simulated timeline: Gantt chart (SVG/PNG) or Perfetto trace (JSON)."""
     check_output_path(output, DRAW_SUFFIXES)
     s = plan.setup()
-    schedule = schedule_from_flags(name, csv, s)
+    schedule = schedule_from_flags(plan.name, plan.csv, s)
     result = simulate(schedule, s.costs)
     suffix = output.suffix.lower()
     if suffix == ".svg":

@@ -13,13 +13,17 @@ import inspect
 import math
 import os
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Callable, Optional
 
 import typer
 
+from ..bounds import check_number
 from ..costs import Costs
 from ..errors import ConfigError
 
+ScheduleName = typer.Argument(None, help="Schedule name (or give --csv).")
+ScheduleCsv = typer.Option(None, "--csv", help="A schedule CSV (torch's compute-only format) instead of a name.")
 Ranks = typer.Option(4, "--ranks", "-p", help="Pipeline ranks (devices), p.")
 Microbatches = typer.Option(8, "--microbatches", "-m", help="Microbatches per iteration, m.")
 Chunks = typer.Option(None, "--chunks", "-v", help="Chunks (stages) per rank, v; default per schedule.")
@@ -152,6 +156,8 @@ class PlanningFlags:
     overlap: float = 1.0
     objective: Optional[str] = None
     recompute_input: Optional[float] = None
+    name: Optional[str] = None  # with the schedule's source: a registered name, or
+    csv: Optional[Path] = None  # a CSV file (one of the two)
 
     def setup(self, bytes_per_mb: Optional[float] = None) -> Setup:
         """The checked :class:`Setup` (ConfigError on a bad value)."""
@@ -166,17 +172,21 @@ PLANNING_OPTIONS: tuple[tuple[str, object, object], ...] = (
     ("stage_multipliers", Optional[str], Multipliers), ("overlap", float, Overlap),
     ("objective", Optional[str], Objective), ("recompute_input", Optional[float], RecomputeInput),
 )
-assert [name for name, _, _ in PLANNING_OPTIONS] == [f.name for f in fields(PlanningFlags)]
+# the schedule's source, for commands that take a name or a CSV: the argument, then the option
+SOURCE_OPTIONS = (("name", Optional[str], ScheduleName), ("csv", Optional[Path], ScheduleCsv))
+assert [name for name, _, _ in PLANNING_OPTIONS + SOURCE_OPTIONS] == [f.name for f in fields(PlanningFlags)]
 
 
-def planning_options(*, without: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+def planning_options(*, without: tuple[str, ...] = (), source: bool = False) -> Callable[[Callable], Callable]:
     """Give a typer command the planning options in place of its ``plan: PlanningFlags``
-    parameter (``without`` names options the command does not take, e.g. ``("overlap",)``)."""
+    parameter (``without`` names options the command does not take, e.g. ``("overlap",)``);
+    ``source``: also the schedule's name argument and ``--csv`` (``plan.name``, ``plan.csv``)."""
 
     def decorate(command: Callable) -> Callable:
         own = inspect.signature(command, eval_str=True).parameters
+        declared_here = (SOURCE_OPTIONS[:1] if source else ()) + PLANNING_OPTIONS + (SOURCE_OPTIONS[1:] if source else ())
         shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=declared, annotation=kind)
-                  for name, kind, declared in PLANNING_OPTIONS if name not in without]
+                  for name, kind, declared in declared_here if name not in without]
         params: list[inspect.Parameter] = []
         for p in own.values():
             params.extend(shared if p.name == "plan" else [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)])
@@ -211,13 +221,9 @@ def check_ranges(values: dict[str, object]) -> None:
     """Refuse in one line (ConfigError) a given value outside its flag's range (:data:`RANGES`;
     ``--workers``: 1 to this machine's CPUs); None means not given. NaN is outside every range."""
     for flag, value in values.items():
-        if value is None:
-            continue
-        low, high = (1, os.cpu_count() or 1) if flag == "--workers" else RANGES[flag]
-        if not low <= value <= high:
-            whole = isinstance(low, int)
-            span = f"a whole number from {low} to {high}" if whole else f"a finite number from {low:g} to {high:g}"
-            raise ConfigError(f"{flag} must be {span}, got {value}")
+        if value is not None:
+            low, high = (1, os.cpu_count() or 1) if flag == "--workers" else RANGES[flag]
+            check_number(flag, value, low, high, whole=isinstance(low, int))
 
 
 def recompute_limit(s: Setup) -> Optional[float]:

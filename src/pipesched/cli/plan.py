@@ -140,11 +140,9 @@ def build_from_flags(name: str, s: opt.Setup) -> Schedule:
 
 
 @app.command("simulate")
-@opt.planning_options()
+@opt.planning_options(source=True)
 def simulate_cmd(
-    name: Optional[str] = typer.Argument(None, help="Schedule name (or give --csv)."),
     plan: opt.PlanningFlags = opt.PlanningFlags(),
-    csv: Optional[Path] = typer.Option(None, "--csv", help="Simulate a schedule CSV (torch's compute-only format)."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
     draw: bool = typer.Option(False, "--draw", help="Also draw the timeline in the terminal."),
     activation_bytes: Optional[str] = typer.Option(
@@ -163,9 +161,9 @@ def simulate_cmd(
     if share is None and recompute is not None:
         raise ConfigError("--recompute needs --activation-bytes (what a recomputed stage saves is in bytes)")
     s = plan.setup(bytes_per_mb=share[0] if share is not None else None)  # M_B: one microbatch on a rank's share
-    if share is not None and s.recompute_input is None and name is not None and s.memory_limit is not None:
-        s = replace(s, recompute_input=_measured_share(share, s.chunks or get_family(name).max_chunks or 1))
-    schedule = schedule_from_flags(name, csv, s)
+    if share is not None and s.recompute_input is None and plan.name is not None and s.memory_limit is not None:
+        s = replace(s, recompute_input=_measured_share(share, s.chunks or get_family(plan.name).max_chunks or 1))
+    schedule = schedule_from_flags(plan.name, plan.csv, s)
     sizes = None
     if share is not None:
         from ..memory import recompute_stages, schedule_recompute
