@@ -57,7 +57,13 @@ def export(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="CSV file (default: stdout)."),
     torchtitan: bool = typer.Option(
         False, "--torchtitan",
-        help="Also print the torchtitan job-config settings (TOML) that run the CSV written to -o.",
+        help="Also print the torchtitan settings that run the CSV written to -o: 0.3.0's command-line "
+        "flags (as comments) and 0.2's job-config TOML.",
+    ),
+    torchtitan_schedule: Optional[str] = typer.Option(
+        None, "--torchtitan-schedule",
+        help="With --torchtitan: the pipeline_parallel_schedule to name (default: the one whose stage "
+        "layout is the CSV's); one that lays the stages out otherwise is refused.",
     ),
     microbatch_size: int = typer.Option(
         1, "--microbatch-size", help="With --torchtitan: samples per microbatch (local_batch_size = m x this)."
@@ -67,6 +73,8 @@ def export(
     s = plan.setup()
     if torchtitan and output is None:
         raise ConfigError("--torchtitan needs -o FILE: the settings point torchtitan at that CSV")
+    if torchtitan_schedule is not None and not torchtitan:
+        raise ConfigError("--torchtitan-schedule goes with --torchtitan (it names the schedule in torchtitan's settings)")
     if microbatch_size < 1:
         raise ConfigError(f"--microbatch-size must be at least 1, got {microbatch_size}")
     if output is not None:
@@ -76,7 +84,7 @@ def export(
     if torchtitan:
         from ..interop.torchtitan import settings_toml
 
-        settings = settings_toml(schedule, str(output), microbatch_size)  # refuses a layout torchtitan lacks
+        settings = settings_toml(schedule, str(output), microbatch_size, torchtitan_schedule)  # refuses a layout torchtitan lacks
     text = schedule.to_csv()
     if output is None:
         typer.echo(text, nl=False)
