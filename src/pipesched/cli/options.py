@@ -69,6 +69,10 @@ class Setup:
     recompute_input: Optional[float] = None  # zb-auto may recompute; what a recomputed stage keeps
 
 
+MAX_LIMIT_MB = 1e9  # a limit above this many microbatches' activations is no limit at all
+MAX_LIMIT_BYTES = 2.0**60  # 1 EiB per rank
+
+
 def parse_memory_limit(text: Optional[str], bytes_known: bool) -> tuple[Optional[float], Optional[float]]:
     """``--memory-limit`` as (M_B units, bytes): a plain number is M_B, a size with a unit
     (``40GiB``, ``512MiB``) bytes, accepted only where the activation size is known."""
@@ -81,8 +85,10 @@ def parse_memory_limit(text: Optional[str], bytes_known: bool) -> tuple[Optional
     except ValueError as err:
         raise ConfigError(f"--memory-limit {err}") from None
     value = size if size is not None else float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"--memory-limit must be a finite number above 0, got {text}")
+    most = MAX_LIMIT_BYTES if size is not None else MAX_LIMIT_MB
+    if not (math.isfinite(value) and 0 < value <= most):
+        raise ConfigError(f"--memory-limit must be a finite number above 0, at most {most:g} "
+                          f"{'bytes' if size is not None else 'M_B'}, got {text}")
     if size is None:
         return value, None
     if not bytes_known:
@@ -131,7 +137,7 @@ def setup(
         raise ConfigError(f"--chunks must be at least 1, got {chunks}")
     limit, limit_bytes = parse_memory_limit(memory_limit, bytes_known=bytes_per_mb is not None)
     if limit_bytes is not None:
-        limit = limit_bytes / bytes_per_mb
+        limit = min(limit_bytes / bytes_per_mb, MAX_LIMIT_MB)  # more would be no limit at all
     if objective is not None:
         from ..schedules.choose import check_objective
 
