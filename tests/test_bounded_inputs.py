@@ -161,6 +161,7 @@ def test_a_partial_or_inconsistent_torchrun_environment_is_refused(environ, word
 
 def test_torchruns_environment_and_none_are_read():
     assert torchrun_rank({}) is None
+    assert torchrun_rank({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}) is None  # pipesched's local ranks
     assert torchrun_rank({**TORCHRUN, "LOCAL_RANK": "1"}) == TorchrunRank(1, 2, 1)
 
 

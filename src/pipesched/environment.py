@@ -29,13 +29,13 @@ class TorchrunRank(NamedTuple):
 
 
 def torchrun_rank(environ: Mapping[str, str] = os.environ) -> Optional[TorchrunRank]:
-    """This process's place under torchrun; None when none of torchrun's variables is set.
+    """This process's place under torchrun; None when neither ``RANK`` nor ``WORLD_SIZE`` is set.
 
     Raises ConfigError when only some are set, or one is not what torchrun writes (a rank
     outside 0..WORLD_SIZE-1, a port outside 1..65535, a number that is not one)."""
     present = [name for name in TORCHRUN_VARIABLES if name in environ]
-    if not present:
-        return None
+    if "RANK" not in environ and "WORLD_SIZE" not in environ:
+        return None  # MASTER_ADDR/MASTER_PORT alone name no rank (pipesched's own local ranks set them)
     missing = [name for name in TORCHRUN_VARIABLES if name not in environ]
     if missing:
         raise ConfigError(
