@@ -195,3 +195,11 @@ def test_train_refuses_a_bad_environment_in_one_line_before_any_rank_starts(tmp_
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("pipesched: error: "), (extra, out.stderr)
         assert words in lines[0]
+
+
+def test_an_error_quoting_a_huge_value_stays_one_short_line(tmp_path):
+    commands = [["simulate", "x" * 50_000], ["simulate", "1f1b", "--costs", "1," * 50_000],
+                ["simulate", "1f1b", "-p", "1" * 5000]]
+    for argv, out in zip(commands, concurrently(lambda argv: _pipesched(argv, tmp_path), commands, workers=3)):
+        last = out.stderr.rstrip("\n").splitlines()[-1]
+        assert out.returncode == 2 and last.startswith("pipesched: error: ") and len(out.stderr) < 2000, argv[:2]
