@@ -178,10 +178,10 @@ def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm
             raise ConfigError(f"{flag} cannot be combined with a model description (the model gives the costs)")
     if (memory_limit is not None or limit_bytes is not None) and given["--gpu-memory"] is not None:
         raise ConfigError("give --memory-limit (activations) or --gpu-memory (GB, all of a device), not both")
-    dtype = given["--dtype"] or "bf16"
+    dtype = given["--dtype"] if given["--dtype"] is not None else "bf16"  # an empty value is refused below
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"--dtype {dtype!r} is not known: use one of {', '.join(DTYPE_BYTES)}")
-    attention = given["--attention"] or "flash"
+    attention = given["--attention"] if given["--attention"] is not None else "flash"
     if attention not in ATTENTION_KERNELS:
         raise ConfigError(f"--attention {attention!r} is not known: use one of {', '.join(ATTENTION_KERNELS)}")
     spec = TransformerSpec(

@@ -166,6 +166,8 @@ def simulate_cmd(
     if draw and as_json:
         raise ConfigError("--draw prints a chart and --json prints data for programs: give one of them")
     share = _activation_share(activation_bytes)
+    if recompute is not None and not recompute.strip():
+        raise ConfigError("--recompute is empty: give all, none or the model's stages such as 0,2")
     if share is None and recompute is not None:
         raise ConfigError("--recompute needs --activation-bytes (what a recomputed stage saves is in bytes)")
     s = plan.setup(bytes_per_mb=share[0] if share is not None else None)  # M_B: one microbatch on a rank's share
