@@ -112,9 +112,9 @@ def test_unknown_objective_is_refused():
     "args, message",
     [
         (["--memory-limit", "0.5"], "smallest feasible limit is 1"),
-        (["--costs", "1,nan,1"], "cost B=nan"),
-        (["--costs", "1,0,1"], "cost B=0.0"),
-        (["--costs", "-1,1,1"], "cost F=-1.0"),
+        (["--costs", "1,nan,1"], "cost B must be a finite number from 1e-06 to 1e+09, got nan"),
+        (["--costs", "1,0,1"], "cost B must be a finite number from 1e-06 to 1e+09, got 0.0"),
+        (["--costs", "-1,1,1"], "cost F must be a finite number from 1e-06 to 1e+09, got -1.0"),
         (["--stage-multipliers", "1,2,3"], "3 stage multipliers do not fit 4 stages"),
         (["--stage-multipliers", "1,nan,1,1"], "stage multiplier 1"),
         (["--objective", "fast"], "use one of makespan, span"),

@@ -77,6 +77,31 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("simulate zb-auto -p 256 -m 4096", "use 46 microbatches or fewer"),
     ("simulate zb-v -p 256 -m 4096", "without a search"),
     ("simulate v-min -p 100000 -m 8", "use fewer ranks"),
+    # numbers the planner cannot use, empty values (issue 22)
+    ("simulate 1f1b --comm 1e308", "comm must be a finite number from 0 to 1e+09"),
+    ("simulate 1f1b --comm nan", "comm must be a finite number from 0 to 1e+09"),
+    ("simulate 1f1b --stage-multipliers 1e308", "stage multiplier 0 must be a finite number from 1e-06 to 1e+06"),
+    ("simulate 1f1b --stage-multipliers 1,nan", "stage multiplier 1 must be a finite number"),
+    ("simulate 1f1b --activation-bytes 1e308 --json", "--activation-bytes '1e308' must be from 0 to 1024TiB"),
+    ("simulate 1f1b --costs 1e308,1,1 --json", "cost F must be a finite number from 1e-06 to 1e+09"),
+    ("compare --comm 1e308 --json", "comm must be a finite number"),
+    ("draw 1f1b --costs inf,1,1 -o {dir}/x.svg", "cost F must be a finite number"),
+    ("draw 1f1b -p 2 -m 4 --comm 1e12 -o {dir}/x.svg", "comm must be a finite number from 0 to 1e+09"),
+    ("report -p 2 -m 4 --comm 1e12 -o {dir}/r.html", "comm must be a finite number from 0 to 1e+09"),
+    ("export 1f1b --costs=", "--costs is empty"),
+    ("simulate 1f1b --stage-multipliers=", "--stage-multipliers is empty"),
+    ("export 1f1b --memory-limit=", "--memory-limit '' is not a size"),
+    ("simulate zb-v --activation-bytes 1MiB --recompute=", "--recompute is empty"),
+    ("advise -p 2 -m 4 --layers 4 --hidden 64 --seq-len 64 --microbatch-size 1 --dtype=", "--dtype '' is not known"),
+    ("advise -p 2 -m 4 --layers 4 --hidden 64 --seq-len 64 --microbatch-size 1 --attention=", "--attention '' is not known"),
+    # schedule CSVs that once escaped as exceptions or took unbounded memory
+    ("simulate --csv {longcell}", "row 1: not a CSV row torch reads (field larger than field limit (131072))"),
+    ("simulate --csv {index63}", "the stage number has 19 digits"),
+    ("simulate --csv {index5000}", "the microbatch number has 5000 digits"),
+    ("simulate --csv {farstage}", "the stage number has 13 digits"),
+    ("simulate --csv {gapstage}", "stages 0..9999999 have no actions, but stage 10000000 does"),
+    ("simulate --csv {farmicrobatch}", "microbatch 99999999 is run, but the schedule holds only 2 actions"),
+    ("draw --csv {farstage} -o {dir}/x.svg", "the stage number has 13 digits"),
     # compare
     ("compare -p 0", "--ranks must be at least 1"),
     ("compare -m -1", "--microbatches must be at least 1"),
@@ -113,11 +138,27 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("advise -p 4 -m 8 --schedules nope", "unknown schedule 'nope'"),
     ("advise -p 4 -m 8 --layers 4", "missing --hidden, --seq-len"),
     ("advise -p 4 --global-batch 100 --microbatch-size 3", "not divisible by microbatch size 3"),
-    ("advise -p 4 -m 8 --max-chunks 0", "max chunks must be a whole number of at least 1"),
+    ("advise -p 4 -m 8 --max-chunks 0", "--max-chunks must be a whole number from 1 to 16, got 0"),
     ("advise --profile --costs 1,1,1 -m 8", "--profile measures the costs itself"),
     ("advise -p 256 -m 4096", "use 10 microbatches or fewer"),
     ("advise --profile -p 256 -m 4096", "use 10 microbatches or fewer"),
     ("advise -p 8 --global-batch 65536 --microbatch-size 1 --max-microbatches 65536", "--max-microbatches"),
+    # advise's numbers that size its work or enter its cost model (issue 22)
+    ("advise -p 4 -m 8 --workers 9223372036854775808", "--workers must be a whole number from 1 to"),
+    ("advise -p 4 -m 8 --workers 0", "--workers must be a whole number from 1 to"),
+    ("advise -p 4 -m 8 --max-chunks 9223372036854775808", "--max-chunks must be a whole number from 1 to 16"),
+    ("advise -p 4 -m 8 --layers 9223372036854775808 --hidden 64 --seq-len 64 --microbatch-size 1", "--layers must be a whole number from 1 to 100000"),
+    ("advise -p 4 -m 8 --layers 8 --hidden 64 --seq-len 64 --microbatch-size 1 --vocab 9223372036854775808", "--vocab must be"),
+    ("advise --gpus 9223372036854775808 --layers 8 --hidden 64 --seq-len 64 --microbatch-size 1 --global-batch 8", "--gpus must be"),
+    ("advise -p 4 --global-batch 9223372036854775808 --microbatch-size 1", "--global-batch must be"),
+    ("advise --gpus 8 --layers 8 --hidden 64 --seq-len 64 --microbatch-size 1 --global-batch 64 --dp-bandwidth nan", "--dp-bandwidth must be a finite number from 1e-06"),
+    ("advise --gpus 8 --layers 8 --hidden 64 --seq-len 64 --microbatch-size 1 --global-batch 64 --dp-bandwidth -1", "--dp-bandwidth must be"),
+    ("advise --gpus 8 --layers 8 --hidden 64 --seq-len 64 --microbatch-size 1 --global-batch 64 --dp-bandwidth 0", "--dp-bandwidth must be"),
+    ("advise --gpus 8 --layers 8 --hidden 64 --seq-len 64 --microbatch-size 1 --global-batch 64 --bandwidth 10 --dp-latency -1", "--dp-latency must be a finite number from 0"),
+    ("advise --gpus 8 --layers 8 --hidden 64 --seq-len 64 --microbatch-size 1 --global-batch 64 --bandwidth 10 --dp-latency nan", "--dp-latency must be"),
+    ("advise --gpus 8 --layers 8 --hidden 64 --seq-len 64 --microbatch-size 1 --global-batch 64 --bandwidth 10 --dp-latency inf", "--dp-latency must be"),
+    ("advise -p 4 -m 8 --overhead nan", "--overhead must be"),
+    ("advise -p 4 -m 8 --costs=", "--costs is empty"),
     # demo
     ("demo --steps 0", "--steps must be at least 1"),
     ("demo --out {file} --no-train", "it exists and is not a folder"),
@@ -158,10 +199,16 @@ def places(tmp_path_factory) -> dict[str, str]:
     (root / "latin1.csv").write_bytes("0F0,0B0\n# r\xe9sum\xe9\n".encode("latin-1"))
     (root / "empty.csv").write_text("")
     (root / "badcell.csv").write_text("0F0,0X0\n")
+    hostile = {  # each once escaped as an exception, or needed unbounded memory or a 90 MB message
+        "longcell": "0F0," + "1" * 131_073 + "\n", "index63": f"{2**63}F0\n", "index5000": "0F" + "9" * 5000 + "\n",
+        "farstage": "1000000000000F0\n", "gapstage": "10000000F0\n", "farmicrobatch": "0F99999999,0B99999999\n",
+    }
+    for name, text in hostile.items():
+        (root / f"{name}.csv").write_text(text)
     return {
         "dir": str(root), "file": str(root / "plain.txt"), "csv": str(root / "ok.csv"),
         "latin1": str(root / "latin1.csv"), "empty": str(root / "empty.csv"),
-        "badcell": str(root / "badcell.csv"),
+        "badcell": str(root / "badcell.csv"), **{name: str(root / f"{name}.csv") for name in hostile},
     }
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import pipesched
 from pipesched import ConfigError, Schedule, build_schedule
-from pipesched.interop.torchtitan import torchtitan_schedule_name, torchtitan_settings
+from pipesched.interop.torchtitan import command_line, torchtitan_schedule_name, torchtitan_settings
 
 tomllib = pytest.importorskip("tomllib")
 
@@ -20,6 +20,7 @@ TORCHTITAN_KEYS = {
     "training": {"local_batch_size"},
     "parallelism": {"pipeline_parallel_degree", "pipeline_parallel_schedule",
                     "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size"},
+    "activation_checkpoint": {"mode"},  # 0.2's ActivationCheckpoint.mode: selective, full, memory_budget, none
 }
 
 
@@ -76,3 +77,44 @@ def test_export_torchtitan_without_an_output_file_is_a_one_line_error(cli):
     done = cli("export", "zb-v", "-p", "2", "-m", "4", "--torchtitan")
     assert done.returncode == 2
     assert done.stderr.strip() == "pipesched: error: --torchtitan needs -o FILE: the settings point torchtitan at that CSV"
+
+
+def test_torchtitan_0_3_gets_every_setting_on_its_command_line():
+    # 0.3.0 reads no TOML job file and refuses pipeline parallelism under CUDA graphs; a CSV with
+    # split backwards fails at its first W under the default selective activation checkpointing
+    flags = next(line for line in EXAMPLE.read_text().splitlines() if line.startswith("#   --")).lstrip("# ").split()
+    config = tomllib.loads(EXAMPLE.read_text())
+    given = dict(zip(flags[:-2:2], flags[1:-2:2]))
+    assert given == {f"--{section}.{key}": str(value) for section, keys in config.items() if section != "activation_checkpoint"
+                     for key, value in keys.items()}
+    assert flags[-2:] == ["--training.disable_cuda_graphs", "activation-checkpoint:full"]
+    assert config["activation_checkpoint"] == {"mode": "full"}
+
+
+def test_a_csv_without_split_backwards_keeps_torchtitans_activation_checkpointing():
+    schedule = build_schedule("1f1b", 2, 4)
+    assert "activation_checkpoint" not in torchtitan_settings(schedule, "s.csv")
+    assert command_line(schedule, "s.csv")[-1] == "--training.disable_cuda_graphs"
+
+
+@pytest.mark.parametrize("name, chosen, words", [
+    ("zb-v", "Interleaved1F1B", "places them in a V: use ZBVZeroBubble"),
+    ("v-half", "1F1B", "places them in a V: use ZBVZeroBubble"),
+    ("interleaved-1f1b", "ZBVZeroBubble", "use Interleaved1F1B"),
+    ("interleaved-1f1b", "1F1B", "one stage per rank"),
+    ("1f1b", "Interleaved1F1B", "use 1F1B"),
+    ("zb-v", "Bogus", "torchtitan schedule 'Bogus' is not known: use ZBVZeroBubble"),
+])
+def test_export_refuses_a_torchtitan_schedule_that_lays_the_stages_out_otherwise(tmp_path, cli, name, chosen, words):
+    done = cli("export", name, "-p", "2", "-m", "4", "-o", "s.csv", "--torchtitan", "--torchtitan-schedule", chosen, cwd=tmp_path)
+    assert done.returncode == 2 and not done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pipesched: error: ") and words in lines[0], done.stderr
+    assert not (tmp_path / "s.csv").exists()
+
+
+def test_a_torchtitan_schedule_with_the_csvs_layout_is_taken(tmp_path, cli):
+    done = cli("export", "interleaved-1f1b", "-p", "2", "-m", "4", "-o", "s.csv", "--torchtitan",
+               "--torchtitan-schedule", "LoopedBFS", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert tomllib.loads(done.stdout)["parallelism"]["pipeline_parallel_schedule"] == "LoopedBFS"

@@ -102,7 +102,7 @@ def test_given_costs_plan_without_a_profile(planned, capsys):
 
 
 def test_under_torchrun_no_profile_runs_and_the_plan_says_unit_costs(planned, capsys, monkeypatch):
-    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1")):
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
         monkeypatch.setenv(name, value)
     profiles, planner, _, err = planned(capsys)
     assert profiles == [] and planner == [UNIT]

@@ -21,6 +21,8 @@ from .errors import CSVFormatError
 
 OVERLAP_F_B = "OVERLAP_F_B"  # torch's computation type of an overlapped forward and backward
 _ACTION_RE = re.compile(r"^\s*(\d+)([FIWB])(\d+)\s*$")
+MAX_INDEX_DIGITS = 9  # stage and microbatch numbers below a billion: more is never a real schedule
+SHOWN_CHARS = 40  # a cell quoted in a message is cut to about this many characters
 _OVERLAP_RE = re.compile(r"^\s*\(([^;()]*);([^;()]*)\)" + OVERLAP_F_B + r"\s*$")
 
 
@@ -40,10 +42,17 @@ class Action(NamedTuple):
         match = _ACTION_RE.match(text)
         if match is None:
             raise CSVFormatError(
-                f"cannot parse action {text!r}: expected <stage><kind><microbatch> with kind "
+                f"cannot parse action {shown(text)}: expected <stage><kind><microbatch> with kind "
                 "F, I, W or B, such as 2F0 or 1I3"
             )
-        return cls(int(match.group(1)), match.group(2), int(match.group(3)))
+        stage, kind, microbatch = match.groups()
+        for what, digits in (("stage", stage), ("microbatch", microbatch)):
+            if len(digits.lstrip("0")) > MAX_INDEX_DIGITS:
+                raise CSVFormatError(
+                    f"action {shown(text)}: the {what} number has {len(digits.lstrip('0'))} digits; "
+                    f"stages and microbatches are numbered below 10**{MAX_INDEX_DIGITS}"
+                )
+        return cls(int(stage), kind, int(microbatch))
 
 
 class Overlap(NamedTuple):
@@ -68,6 +77,15 @@ class Overlap(NamedTuple):
 Slot = Union[Action, Overlap]  # one entry of a rank's program
 
 
+def shown(text: str) -> str:
+    """``text`` quoted for a message, a long one cut in the middle (saying how long it was)."""
+    text = text.strip()
+    if len(text) <= SHOWN_CHARS:
+        return repr(text)
+    half = SHOWN_CHARS // 2
+    return f"{text[:half]!r}...{text[-half:]!r} ({len(text)} characters)"
+
+
 def parse_slot(text: str) -> Slot:
     """Parse ``"2F0"`` into an Action or ``"(0F3;3B1)OVERLAP_F_B"`` into an Overlap."""
     match = _OVERLAP_RE.match(text)
@@ -76,7 +94,7 @@ def parse_slot(text: str) -> Slot:
     forward, backward = Action.parse(match.group(1)), Action.parse(match.group(2))
     if forward.kind != "F" or backward.kind not in "BI":
         raise CSVFormatError(
-            f"cannot parse {text.strip()!r}: an {OVERLAP_F_B} pair is a forward then a backward "
+            f"cannot parse {shown(text)}: an {OVERLAP_F_B} pair is a forward then a backward "
             "(B or I), such as (0F3;3B1)OVERLAP_F_B"
         )
     return Overlap(forward, backward)

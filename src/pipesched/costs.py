@@ -9,6 +9,10 @@ is the input-gradient backward (action ``I``); a full backward (action ``B``) co
 runtime does, one half after the other; 0 is a perfect overlap (the shorter hidden entirely);
 on a GPU with the halves on two streams, measure it.
 
+Every number has a range the planner can use (:data:`COST_RANGE`, :data:`MULTIPLIER_RANGE`):
+``F``, ``B``, ``W`` and ``comm`` in any unit from nanoseconds to hours stay inside it, while a
+value such as ``1e308`` would make times overflow to ``inf`` and speed-ups ``nan``.
+
 ``stage_multipliers`` describe imbalance along the model's depth (a heavy embedding or head):
 a list of ``L`` factors splits the model into ``L`` equal segments. A schedule with ``S`` stages
 uses it directly when ``L == S``, repeats each factor when ``L`` divides ``S`` (so the same
@@ -17,13 +21,21 @@ uses it directly when ``L == S``, repeats each factor when ``L`` divides ``S`` (
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from .bounds import check_number
 from .errors import ConfigError
 from .execution import Program, pair_durations
 from .placement import stages_by_rank
+
+
+COST_RANGE = (1e-6, 1e9)  # F, B, W (above 0) and comm (0 allowed): at most 1e9 cost units
+MULTIPLIER_RANGE = (1e-6, 1e6)  # each stage multiplier
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -39,23 +51,21 @@ class Costs:
 
     def __post_init__(self) -> None:
         for label in ("F", "B", "W"):
-            value = getattr(self, label)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ConfigError(f"cost {label}={value!r} must be a finite number above 0")
-        if not isinstance(self.comm, (int, float)) or not math.isfinite(self.comm) or self.comm < 0:
-            raise ConfigError(f"comm={self.comm!r} must be a finite number of 0 or more")
-        if not isinstance(self.overlap, (int, float)) or not 0 <= self.overlap <= 1:
+            check_number(f"cost {label}", getattr(self, label), *COST_RANGE)
+        check_number("comm", self.comm, 0.0, COST_RANGE[1])
+        if not _is_number(self.overlap) or not 0 <= self.overlap <= 1:
             raise ConfigError(
                 f"overlap={self.overlap!r} must be a number from 0 (an overlapped forward and "
                 "backward hide the shorter entirely) to 1 (they run one after the other)"
             )
         if self.stage_multipliers is not None:
+            if isinstance(self.stage_multipliers, (str, bytes)) or not all(map(_is_number, self.stage_multipliers)):
+                raise ConfigError(f"stage multipliers {self.stage_multipliers!r} must be a sequence of numbers")
             mults = tuple(float(x) for x in self.stage_multipliers)
             if not mults:
                 raise ConfigError("stage multipliers must hold at least one factor")
             for i, x in enumerate(mults):
-                if not math.isfinite(x) or x <= 0:
-                    raise ConfigError(f"stage multiplier {i} is {x!r}: each must be a finite number above 0")
+                check_number(f"stage multiplier {i}", x, *MULTIPLIER_RANGE)
             object.__setattr__(self, "stage_multipliers", mults)
 
     @classmethod
@@ -66,9 +76,11 @@ class Costs:
         multipliers: Optional[Sequence[float]] = None,
         overlap: float = 1.0,
     ) -> "Costs":
-        """Build from CLI text ``"F,B,W"`` (defaults 1,1,1)."""
-        if text is None or not text.strip():
+        """Build from CLI text ``"F,B,W"`` (None: 1,1,1; empty text is refused)."""
+        if text is None:
             f, b, w = 1.0, 1.0, 1.0
+        elif not text.strip():
+            raise ConfigError("--costs is empty: give three numbers F,B,W such as 1,1.4,0.6, or leave the flag out for unit costs")
         else:
             parts = [p.strip() for p in text.split(",")]
             if len(parts) != 3:
@@ -111,6 +123,19 @@ class Costs:
 
 
 UNIT = Costs()
+
+
+def as_costs(costs: object) -> Costs:
+    """``costs`` for the library's functions: None is unit costs; anything but a Costs (such as
+    the text ``"1,1,1"``, which only the command line reads) is a ConfigError."""
+    if costs is None:
+        return UNIT
+    if not isinstance(costs, Costs):
+        raise ConfigError(
+            f"costs must be a pipesched.Costs such as Costs(F=1, B=1.4, W=0.6) (or None for unit costs), "
+            f"got {type(costs).__name__} {costs!r:.60}"
+        )
+    return costs
 
 
 def durations_for(

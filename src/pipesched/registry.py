@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Iterable, Optional
 
-from .costs import UNIT, Costs
+from .costs import UNIT, Costs, as_costs
 from .errors import ConfigError, UnknownScheduleError
 from .execution import TOLERANCE
 from .planning import check_schedule_size
@@ -167,6 +167,8 @@ def schedule_names() -> list[str]:
 
 def get_family(name: str) -> Family:
     """The family called ``name``; an unknown name suggests the closest ones."""
+    if not isinstance(name, str):
+        raise UnknownScheduleError(f"a schedule name is text such as 'zb-v' (pipesched list), got {name!r:.60}")
     key = name.strip().lower()
     if key in _FAMILIES:
         return _FAMILIES[key]
@@ -217,7 +219,7 @@ def build_schedule(
     recompute_limit = memory_limit if recompute_input is not None else None  # recomputation searched
     check_schedule_size(family, ranks, microbatches, v, recompute_limit)  # refuse minutes of work up front
     request = BuildRequest(
-        ranks, microbatches, v, costs if costs is not None else UNIT, memory_limit,
+        ranks, microbatches, v, as_costs(costs), memory_limit,
         check_objective(objective) if objective is not None else "makespan", recompute_input,
     )
     schedule = family.build(request)

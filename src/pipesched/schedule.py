@@ -149,9 +149,15 @@ class Schedule:
         and the pipelines (model copies) from which microbatches each stage runs, unless
         ``pipelines`` says it.
 
-        A leading byte-order mark (U+FEFF, as Excel and some Windows tools write) is ignored.
+        A leading byte-order mark (U+FEFF, as Excel and some Windows tools write) is ignored;
+        rows may end in LF, CRLF or a lone CR (Excel on a Mac).
         """
-        rows = list(csv.reader(io.StringIO(text.removeprefix(BYTE_ORDER_MARK))))
+        text = text.removeprefix(BYTE_ORDER_MARK).replace("\r\n", "\n").replace("\r", "\n")  # CR-only: old Mac Excel
+        reader = csv.reader(io.StringIO(text))
+        try:
+            rows = list(reader)
+        except csv.Error as err:  # a cell over csv's field limit (131,072 characters), a stray quote...
+            raise CSVFormatError(f"row {reader.line_num}: not a CSV row torch reads ({err})") from None
         while rows and not any(cell.strip() for cell in rows[-1]):
             rows.pop()
         if not rows:
@@ -181,11 +187,16 @@ class Schedule:
         if not stage_rank:
             raise CSVFormatError("the schedule holds no actions")
         stages = max(stage_rank) + 1
-        missing = [s for s in range(stages) if s not in stage_rank]
-        if missing:
+        if len(stage_rank) < stages:
             raise CSVFormatError(
-                f"stages {missing} have no actions, but stage {stages - 1} does: "
+                f"stages {_gaps(stage_rank, stages)} have no actions, but stage {stages - 1} does: "
                 "stages must be numbered 0..S-1 without gaps"
+            )
+        actions = sum(len(order) for order in orders)
+        if most_mb >= actions:  # each microbatch has a forward at least: the numbers have gaps
+            raise CSVFormatError(
+                f"microbatch {most_mb} is run, but the schedule holds only {actions} actions: "
+                "microbatches must be numbered 0..M-1 without gaps"
             )
         placement = tuple(stage_rank[s] for s in range(stages))
         if pipelines is None:
@@ -198,6 +209,17 @@ class Schedule:
             name=name,
             pipelines=pipelines,
         )
+
+
+def _gaps(present, count: int, most: int = 3) -> str:
+    """The numbers in 0..count-1 missing from ``present``, as at most ``most`` ranges (``1..9``)."""
+    gaps, expected = [], 0
+    for number in sorted(present):
+        if number > expected:
+            gaps.append(str(expected) if number == expected + 1 else f"{expected}..{number - 1}")
+        expected = number + 1
+    more = f" and {len(gaps) - most} more ranges" if len(gaps) > most else ""
+    return ", ".join(gaps[:most]) + more
 
 
 def _parse_row(row: list[str], rank: int) -> list[Slot]:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Optional
 
-from .costs import UNIT, Costs, durations_for, program_durations
+from .costs import UNIT, Costs, as_costs, durations_for, program_durations
+from .errors import ConfigError
 from .execution import Program, Span, run
 from .memory import MemorySizes, levels, peak_bytes, schedule_recompute, unit_peak, unit_sizes
 from .placement import stages_by_rank
@@ -143,7 +144,9 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional
     does not say otherwise, and its M_B peaks count it (:class:`~pipesched.memory.Recompute`).
     Raises ScheduleError for a malformed schedule and DeadlockError for one that cannot finish.
     """
-    costs = costs or UNIT
+    if not isinstance(schedule, Schedule):
+        raise ConfigError(f"simulate takes a pipesched.Schedule (build_schedule, Schedule.from_csv), got {schedule!r:.60}")
+    costs = as_costs(costs)
     if not schedule.derived.get(VALIDATED):
         check_structure(schedule)
     program = lowered(schedule)

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         _register_commands()
         status = app(args=argv, prog_name="pipesched", standalone_mode=False)
     except PipeschedError as err:
-        typer.echo(f"pipesched: error: {err}", err=True)
+        typer.echo(f"pipesched: error: {bounded(str(err))}", err=True)
         sys.exit(2)
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
@@ -100,5 +100,17 @@ def report_click_error(err: Exception) -> int:
         typer.echo(ctx.get_usage(), err=True)
         typer.echo(f"Try '{ctx.command_path} {ctx.help_option_names[0]}' for help.", err=True)
     message = " ".join(err.format_message().split())
-    typer.echo(f"pipesched: error: {message}", err=True)
+    typer.echo(f"pipesched: error: {bounded(message)}", err=True)
     return err.exit_code
+
+
+MAX_MESSAGE = 1500  # characters of an error line: a pasted file or a 5,000-digit value is cut
+
+
+def bounded(message: str) -> str:
+    """``message`` on one line of at most about MAX_MESSAGE characters, cut in the middle."""
+    line = " ".join(message.split()) if "\n" in message else message
+    if len(line) <= MAX_MESSAGE:
+        return line
+    half = MAX_MESSAGE // 2
+    return f"{line[:half]} [... {len(line) - 2 * half} characters ...] {line[-half:]}"

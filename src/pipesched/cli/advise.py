@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from ..jsontext import json_text
 from ..advise import Advice, advise, batch_plan
 from ..advise.search import check_search_size
 from ..advise.estimate import (
@@ -78,6 +78,14 @@ def advise_cmd(
     report: Optional[Path] = layout_options.Report,
 ) -> None:
     """Search every schedule, chunk count and microbatch count; recommend the fastest that fits."""
+    opt.check_ranges({  # before any work: each of these sizes the search or enters the cost model
+        "--workers": workers, "--max-chunks": max_chunks, "--layers": layers, "--hidden": hidden, "--seq-len": seq_len,
+        "--heads": heads, "--vocab": vocab, "--gpus": gpus, "--global-batch": global_batch,
+        "--microbatch-size": microbatch_size, "--max-microbatches": max_microbatches,
+        "--min-microbatch-size": min_microbatch_size, "--top": top, "--batch-size": batch_size,
+        "--profile-steps": profile_steps, "--gpu-memory": gpu_memory, "--bandwidth": bandwidth, "--flops": flops,
+        "--dp-bandwidth": dp_bandwidth, "--dp-latency": dp_latency, "--overhead": overhead,
+    })
     given = {
         "--layers": layers, "--hidden": hidden, "--seq-len": seq_len, "--heads": heads, "--vocab": vocab,
         "--gpu-memory": gpu_memory, "--bandwidth": bandwidth, "--flops": flops,
@@ -93,7 +101,7 @@ def advise_cmd(
             families=_families(schedules), workers=workers, quiet=as_json,
         )
         if as_json:
-            typer.echo(json.dumps(result.to_json()))
+            typer.echo(json_text(result.to_json()))
         else:
             print_advice(result, None, top, trained_model=(model_name, batch_size))
         return
@@ -119,7 +127,7 @@ def advise_cmd(
         progress=lambda work: planning_progress("advise", work),
     )
     if as_json:
-        typer.echo(json.dumps(result.to_json()))
+        typer.echo(json_text(result.to_json()))
         return
     print_advice(result, model, top)
 
@@ -170,10 +178,10 @@ def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm
             raise ConfigError(f"{flag} cannot be combined with a model description (the model gives the costs)")
     if (memory_limit is not None or limit_bytes is not None) and given["--gpu-memory"] is not None:
         raise ConfigError("give --memory-limit (activations) or --gpu-memory (GB, all of a device), not both")
-    dtype = given["--dtype"] or "bf16"
+    dtype = given["--dtype"] if given["--dtype"] is not None else "bf16"  # an empty value is refused below
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"--dtype {dtype!r} is not known: use one of {', '.join(DTYPE_BYTES)}")
-    attention = given["--attention"] or "flash"
+    attention = given["--attention"] if given["--attention"] is not None else "flash"
     if attention not in ATTENTION_KERNELS:
         raise ConfigError(f"--attention {attention!r} is not known: use one of {', '.join(ATTENTION_KERNELS)}")
     spec = TransformerSpec(

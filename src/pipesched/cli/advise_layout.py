@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from ..jsontext import json_text
 from ..advise.estimate import TransformerCosts
 from ..advise.howto import guidance
 from ..advise.layout import DEFAULT_DP_LATENCY_MS, LayoutAdvice, advise_layouts
@@ -41,7 +41,7 @@ def run(gpus: Optional[int], global_batch: Optional[int], model: TransformerCost
         write_atomic(report, layout_report(advice))
         typer.echo(f"wrote {report}", err=True)
     if as_json:
-        typer.echo(json.dumps(advice.to_json()))
+        typer.echo(json_text(advice.to_json()))
         return
     from rich.console import Console
 

@@ -23,26 +23,15 @@ DRAW_SUFFIXES = (".svg", ".png", ".json")
 
 
 @app.command("draw")
+@opt.planning_options(source=True)
 def draw(
-    name: Optional[str] = typer.Argument(None, help="Schedule name (or give --csv)."),
-    ranks: int = opt.Ranks,
-    microbatches: int = opt.Microbatches,
-    chunks: Optional[int] = opt.Chunks,
-    costs: Optional[str] = opt.CostsOpt,
-    comm: float = opt.Comm,
-    memory_limit: Optional[str] = opt.MemoryLimit,
-    stage_multipliers: Optional[str] = opt.Multipliers,
-    overlap: float = opt.Overlap,
-    objective: Optional[str] = opt.Objective,
-    recompute_input: Optional[float] = opt.RecomputeInput,
-    csv: Optional[Path] = typer.Option(None, "--csv", help="Draw a schedule CSV (torch's compute-only format)."),
+    plan: opt.PlanningFlags = opt.PlanningFlags(),
     output: Path = typer.Option(..., "--output", "-o", help="chart.svg, chart.png (needs Pillow) or trace.json (Perfetto)."),
 ) -> None:
     """Draw one schedule's simulated timeline: Gantt chart (SVG/PNG) or Perfetto trace (JSON)."""
     check_output_path(output, DRAW_SUFFIXES)
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
-                  overlap=overlap, recompute_input=recompute_input)
-    schedule = schedule_from_flags(name, csv, s)
+    s = plan.setup()
+    schedule = schedule_from_flags(plan.name, plan.csv, s)
     result = simulate(schedule, s.costs)
     suffix = output.suffix.lower()
     if suffix == ".svg":
@@ -62,23 +51,14 @@ def draw(
 
 
 @app.command("report")
+@opt.planning_options()
 def report(
-    ranks: int = opt.Ranks,
-    microbatches: int = opt.Microbatches,
-    chunks: Optional[int] = opt.Chunks,
-    costs: Optional[str] = opt.CostsOpt,
-    comm: float = opt.Comm,
-    memory_limit: Optional[str] = opt.MemoryLimit,
-    stage_multipliers: Optional[str] = opt.Multipliers,
-    overlap: float = opt.Overlap,
-    objective: Optional[str] = opt.Objective,
-    recompute_input: Optional[float] = opt.RecomputeInput,
+    plan: opt.PlanningFlags = opt.PlanningFlags(),
     output: Path = typer.Option(Path("report.html"), "--output", "-o", help="The HTML file to write."),
 ) -> None:
     """Every schedule for one configuration in one offline HTML page: charts, metrics, when to choose each."""
     check_output_path(output, [".html", ".htm"])
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
-                  overlap=overlap, recompute_input=recompute_input)
+    s = plan.setup()
     write_report(s, output)
 
 

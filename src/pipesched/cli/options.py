@@ -1,16 +1,29 @@
-"""Options shared by every command that builds a schedule (the flags of DESIGN.md)."""
+"""Options shared by every command that builds a schedule (the flags of DESIGN.md).
+
+The planning options (ranks, microbatches, chunks, costs, comm, memory limit, stage multipliers,
+overlap, objective, recompute input) are declared once, in :data:`PLANNING_OPTIONS`, and checked
+once, in :func:`setup`: a command decorated with :func:`planning_options` takes one
+``plan: PlanningFlags`` parameter in their place and calls ``plan.setup()``.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from dataclasses import dataclass
-from typing import Optional
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable, Optional
 
 import typer
 
+from ..bounds import check_number
 from ..costs import Costs
 from ..errors import ConfigError
 
+ScheduleName = typer.Argument(None, help="Schedule name (or give --csv).")
+ScheduleCsv = typer.Option(None, "--csv", help="A schedule CSV (torch's compute_only or compute_comms format) instead of a name.")
 Ranks = typer.Option(4, "--ranks", "-p", help="Pipeline ranks (devices), p.")
 Microbatches = typer.Option(8, "--microbatches", "-m", help="Microbatches per iteration, m.")
 Chunks = typer.Option(None, "--chunks", "-v", help="Chunks (stages) per rank, v; default per schedule.")
@@ -56,6 +69,10 @@ class Setup:
     recompute_input: Optional[float] = None  # zb-auto may recompute; what a recomputed stage keeps
 
 
+MAX_LIMIT_MB = 1e9  # a limit above this many microbatches' activations is no limit at all
+MAX_LIMIT_BYTES = 2.0**60  # 1 EiB per rank
+
+
 def parse_memory_limit(text: Optional[str], bytes_known: bool) -> tuple[Optional[float], Optional[float]]:
     """``--memory-limit`` as (M_B units, bytes): a plain number is M_B, a size with a unit
     (``40GiB``, ``512MiB``) bytes, accepted only where the activation size is known."""
@@ -68,8 +85,10 @@ def parse_memory_limit(text: Optional[str], bytes_known: bool) -> tuple[Optional
     except ValueError as err:
         raise ConfigError(f"--memory-limit {err}") from None
     value = size if size is not None else float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"--memory-limit must be a finite number above 0, got {text}")
+    most = MAX_LIMIT_BYTES if size is not None else MAX_LIMIT_MB
+    if not (math.isfinite(value) and 0 < value <= most):
+        raise ConfigError(f"--memory-limit must be a finite number above 0, at most {most:g} "
+                          f"{'bytes' if size is not None else 'M_B'}, got {text}")
     if size is None:
         return value, None
     if not bytes_known:
@@ -82,8 +101,11 @@ def parse_memory_limit(text: Optional[str], bytes_known: bool) -> tuple[Optional
 
 
 def parse_multipliers(text: Optional[str]) -> Optional[tuple[float, ...]]:
-    if text is None or not text.strip():
+    """``--stage-multipliers 1.3,1,1,1.3`` as numbers (None when not given; empty is refused)."""
+    if text is None:
         return None
+    if not text.strip():
+        raise ConfigError("--stage-multipliers is empty: give factors such as 1.3,1,1,1.3, or leave the flag out")
     try:
         return tuple(float(x) for x in text.split(","))
     except ValueError:
@@ -101,15 +123,21 @@ def setup(
     objective: Optional[str] = None,
     overlap: float = 1.0,
     recompute_input: Optional[float] = None,
+    bytes_per_mb: Optional[float] = None,
 ) -> Setup:
-    """Check and bundle the shared flags (bad values raise ConfigError: one line, exit 2)."""
+    """Check and bundle the shared flags (bad values raise ConfigError: one line, exit 2).
+
+    ``bytes_per_mb`` (one microbatch's activations, where the command knows it) lets
+    ``--memory-limit`` be a size in bytes, converted to M_B."""
     if ranks < 1:
         raise ConfigError(f"--ranks must be at least 1, got {ranks}")
     if microbatches < 1:
         raise ConfigError(f"--microbatches must be at least 1, got {microbatches}")
     if chunks is not None and chunks < 1:
         raise ConfigError(f"--chunks must be at least 1, got {chunks}")
-    limit, _ = parse_memory_limit(memory_limit, bytes_known=False)
+    limit, limit_bytes = parse_memory_limit(memory_limit, bytes_known=bytes_per_mb is not None)
+    if limit_bytes is not None:
+        limit = min(limit_bytes / bytes_per_mb, MAX_LIMIT_MB)  # more would be no limit at all
     if objective is not None:
         from ..schedules.choose import check_objective
 
@@ -118,6 +146,90 @@ def setup(
         check_recompute_input(recompute_input, limit)
     parsed = Costs.parse(costs, comm=comm, multipliers=parse_multipliers(multipliers), overlap=overlap)
     return Setup(ranks, microbatches, chunks, parsed, limit, objective, recompute_input)
+
+
+@dataclass(frozen=True)
+class PlanningFlags:
+    """The planning options as typed, before :meth:`setup` checks them."""
+
+    ranks: int = 4
+    microbatches: int = 8
+    chunks: Optional[int] = None
+    costs: Optional[str] = None
+    comm: float = 0.0
+    memory_limit: Optional[str] = None
+    stage_multipliers: Optional[str] = None
+    overlap: float = 1.0
+    objective: Optional[str] = None
+    recompute_input: Optional[float] = None
+    name: Optional[str] = None  # with the schedule's source: a registered name, or
+    csv: Optional[Path] = None  # a CSV file (one of the two)
+
+    def setup(self, bytes_per_mb: Optional[float] = None) -> Setup:
+        """The checked :class:`Setup` (ConfigError on a bad value)."""
+        return setup(self.ranks, self.microbatches, self.chunks, self.costs, self.comm, self.memory_limit,
+                     self.stage_multipliers, self.objective, self.overlap, self.recompute_input, bytes_per_mb)
+
+
+# each planning option: (parameter, type, typer's declaration), in the order --help lists them
+PLANNING_OPTIONS: tuple[tuple[str, object, object], ...] = (
+    ("ranks", int, Ranks), ("microbatches", int, Microbatches), ("chunks", Optional[int], Chunks),
+    ("costs", Optional[str], CostsOpt), ("comm", float, Comm), ("memory_limit", Optional[str], MemoryLimit),
+    ("stage_multipliers", Optional[str], Multipliers), ("overlap", float, Overlap),
+    ("objective", Optional[str], Objective), ("recompute_input", Optional[float], RecomputeInput),
+)
+# the schedule's source, for commands that take a name or a CSV: the argument, then the option
+SOURCE_OPTIONS = (("name", Optional[str], ScheduleName), ("csv", Optional[Path], ScheduleCsv))
+assert [name for name, _, _ in PLANNING_OPTIONS + SOURCE_OPTIONS] == [f.name for f in fields(PlanningFlags)]
+
+
+def planning_options(*, without: tuple[str, ...] = (), source: bool = False) -> Callable[[Callable], Callable]:
+    """Give a typer command the planning options in place of its ``plan: PlanningFlags``
+    parameter (``without`` names options the command does not take, e.g. ``("overlap",)``);
+    ``source``: also the schedule's name argument and ``--csv`` (``plan.name``, ``plan.csv``)."""
+
+    def decorate(command: Callable) -> Callable:
+        own = inspect.signature(command, eval_str=True).parameters
+        declared_here = (SOURCE_OPTIONS[:1] if source else ()) + PLANNING_OPTIONS + (SOURCE_OPTIONS[1:] if source else ())
+        shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=declared, annotation=kind)
+                  for name, kind, declared in declared_here if name not in without]
+        params: list[inspect.Parameter] = []
+        for p in own.values():
+            params.extend(shared if p.name == "plan" else [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)])
+        names = {p.name for p in shared}
+
+        @functools.wraps(command)
+        def run(**given):
+            plan = PlanningFlags(**{name: given.pop(name) for name in list(given) if name in names})
+            return command(plan=plan, **given)
+
+        run.__signature__ = inspect.Signature(params, return_annotation=None)
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        del run.__wrapped__  # typer reads the signature above, not the command's
+        return run
+
+    return decorate
+
+
+# flag -> (least, most) for the numbers that size work or enter the cost model and have no
+# range of their own elsewhere: the search is bounded by these, not only by the memory it exhausts
+RANGES: dict[str, tuple[float, float]] = {
+    "--max-chunks": (1, 16), "--layers": (1, 100_000), "--hidden": (1, 2**20), "--seq-len": (1, 2**24),
+    "--heads": (1, 2**16), "--vocab": (1, 2**24), "--gpus": (1, 2**16), "--global-batch": (1, 2**24),
+    "--microbatch-size": (1, 2**24), "--max-microbatches": (1, 2**24), "--min-microbatch-size": (1, 2**24),
+    "--top": (1, 10_000), "--batch-size": (1, 2**24), "--profile-steps": (1, 10_000),
+    "--gpu-memory": (1e-3, 1e6), "--bandwidth": (1e-6, 1e9), "--flops": (1e-6, 1e9),
+    "--dp-bandwidth": (1e-6, 1e9), "--dp-latency": (0.0, 1e9), "--overhead": (0.0, 1e9),
+}
+
+
+def check_ranges(values: dict[str, object]) -> None:
+    """Refuse in one line (ConfigError) a given value outside its flag's range (:data:`RANGES`;
+    ``--workers``: 1 to this machine's CPUs); None means not given. NaN is outside every range."""
+    for flag, value in values.items():
+        if value is not None:
+            low, high = (1, os.cpu_count() or 1) if flag == "--workers" else RANGES[flag]
+            check_number(flag, value, low, high, whole=isinstance(low, int))
 
 
 def recompute_limit(s: Setup) -> Optional[float]:

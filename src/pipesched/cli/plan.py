@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from ..jsontext import json_text
 from ..compare import planned_work, simulate_all
 from ..errors import ConfigError
 from ..memory import MemorySizes, StageMemory, format_bytes
@@ -51,21 +51,20 @@ def list_schedules() -> None:
 
 
 @app.command("export")
+@opt.planning_options(without=("overlap",))  # the order of a CSV does not depend on it
 def export(
     name: str = typer.Argument(..., help="Schedule name (pipesched list)."),
-    ranks: int = opt.Ranks,
-    microbatches: int = opt.Microbatches,
-    chunks: Optional[int] = opt.Chunks,
-    costs: Optional[str] = opt.CostsOpt,
-    comm: float = opt.Comm,
-    memory_limit: Optional[str] = opt.MemoryLimit,
-    stage_multipliers: Optional[str] = opt.Multipliers,
-    objective: Optional[str] = opt.Objective,
-    recompute_input: Optional[float] = opt.RecomputeInput,
+    plan: opt.PlanningFlags = opt.PlanningFlags(),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="CSV file (default: stdout)."),
     torchtitan: bool = typer.Option(
         False, "--torchtitan",
-        help="Also print the torchtitan job-config settings (TOML) that run the CSV written to -o.",
+        help="Also print the torchtitan settings that run the CSV written to -o: 0.3.0's command-line "
+        "flags (as comments) and 0.2's job-config TOML.",
+    ),
+    torchtitan_schedule: Optional[str] = typer.Option(
+        None, "--torchtitan-schedule",
+        help="With --torchtitan: the pipeline_parallel_schedule to name (default: the one whose stage "
+        "layout is the CSV's); one that lays the stages out otherwise is refused.",
     ),
     microbatch_size: int = typer.Option(
         1, "--microbatch-size", help="With --torchtitan: samples per microbatch (local_batch_size = m x this)."
@@ -77,10 +76,11 @@ def export(
     ),
 ) -> None:
     """Write a schedule as a torch.distributed.pipelining CSV (compute-only, or with its communication)."""
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
-                  recompute_input=recompute_input)
+    s = plan.setup()
     if torchtitan and output is None:
         raise ConfigError("--torchtitan needs -o FILE: the settings point torchtitan at that CSV")
+    if torchtitan_schedule is not None and not torchtitan:
+        raise ConfigError("--torchtitan-schedule goes with --torchtitan (it names the schedule in torchtitan's settings)")
     if microbatch_size < 1:
         raise ConfigError(f"--microbatch-size must be at least 1, got {microbatch_size}")
     if check_format(csv_format) != "compute_only" and torchtitan:
@@ -92,7 +92,7 @@ def export(
     if torchtitan:
         from ..interop.torchtitan import settings_toml
 
-        settings = settings_toml(schedule, str(output), microbatch_size)  # refuses a layout torchtitan lacks
+        settings = settings_toml(schedule, str(output), microbatch_size, torchtitan_schedule)  # refuses a layout torchtitan lacks
     text = csv_text(schedule, csv_format)
     if output is None:
         typer.echo(text, nl=False)
@@ -124,19 +124,9 @@ def build_from_flags(name: str, s: opt.Setup) -> Schedule:
 
 
 @app.command("simulate")
+@opt.planning_options(source=True)
 def simulate_cmd(
-    name: Optional[str] = typer.Argument(None, help="Schedule name (or give --csv)."),
-    ranks: int = opt.Ranks,
-    microbatches: int = opt.Microbatches,
-    chunks: Optional[int] = opt.Chunks,
-    costs: Optional[str] = opt.CostsOpt,
-    comm: float = opt.Comm,
-    memory_limit: Optional[str] = opt.MemoryLimit,
-    stage_multipliers: Optional[str] = opt.Multipliers,
-    overlap: float = opt.Overlap,
-    objective: Optional[str] = opt.Objective,
-    recompute_input: Optional[float] = opt.RecomputeInput,
-    csv: Optional[Path] = typer.Option(None, "--csv", help="Simulate a schedule CSV (torch's compute_only or compute_comms format)."),
+    plan: opt.PlanningFlags = opt.PlanningFlags(),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
     draw: bool = typer.Option(False, "--draw", help="Also draw the timeline in the terminal."),
     activation_bytes: Optional[str] = typer.Option(
@@ -152,16 +142,14 @@ def simulate_cmd(
     if draw and as_json:
         raise ConfigError("--draw prints a chart and --json prints data for programs: give one of them")
     share = _activation_share(activation_bytes)
+    if recompute is not None and not recompute.strip():
+        raise ConfigError("--recompute is empty: give all, none or the model's stages such as 0,2")
     if share is None and recompute is not None:
         raise ConfigError("--recompute needs --activation-bytes (what a recomputed stage saves is in bytes)")
-    _, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=share is not None)
-    if limit_bytes is not None:  # M_B is one microbatch on a rank's share
-        memory_limit = repr(limit_bytes / share[0])
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
-                  overlap=overlap, recompute_input=recompute_input)
-    if share is not None and recompute_input is None and name is not None and s.memory_limit is not None:
-        s = replace(s, recompute_input=_measured_share(share, s.chunks or get_family(name).max_chunks or 1))
-    schedule = schedule_from_flags(name, csv, s)
+    s = plan.setup(bytes_per_mb=share[0] if share is not None else None)  # M_B: one microbatch on a rank's share
+    if share is not None and s.recompute_input is None and plan.name is not None and s.memory_limit is not None:
+        s = replace(s, recompute_input=_measured_share(share, s.chunks or get_family(plan.name).max_chunks or 1))
+    schedule = schedule_from_flags(plan.name, plan.csv, s)
     sizes = None
     if share is not None:
         from ..memory import recompute_stages, schedule_recompute
@@ -175,7 +163,7 @@ def simulate_cmd(
                             (inp,) * schedule.stages, recompute_stages(recompute, schedule))
     result = simulate(schedule, s.costs, sizes)
     if as_json:
-        typer.echo(json.dumps(result.metrics()))
+        typer.echo(json_text(result.metrics()))
         return
     print_result(result)
     if draw:
@@ -195,6 +183,9 @@ def _measured_share(share: tuple[float, float, float], stages_per_rank: int) -> 
     return derived if derived < 1 else None
 
 
+MAX_ACTIVATION_BYTES = 2.0**50  # 1 PiB per microbatch and rank: far above any device, far below overflow
+
+
 def _activation_share(text: Optional[str]) -> Optional[tuple[float, float, float]]:
     """``--activation-bytes KEEP[,STASH[,INPUT]]`` as bytes (STASH defaults to KEEP, INPUT to 0)."""
     if text is None:
@@ -211,8 +202,8 @@ def _activation_share(text: Optional[str]) -> Optional[tuple[float, float, float
         except ValueError as err:
             raise ConfigError(f"--activation-bytes {err}") from None
         size = float(part) if size is None else size  # a plain number: bytes
-        if not size >= 0:
-            raise ConfigError(f"--activation-bytes {part!r} must be 0 or more")
+        if not 0 <= size <= MAX_ACTIVATION_BYTES:
+            raise ConfigError(f"--activation-bytes {part!r} must be from 0 to 1024TiB (one microbatch on one rank)")
         values.append(size)
     keep = values[0]
     if not keep > 0:
@@ -282,25 +273,16 @@ def compare_rows(setup: opt.Setup) -> list[dict]:
 
 
 @app.command("compare")
+@opt.planning_options()
 def compare(
-    ranks: int = opt.Ranks,
-    microbatches: int = opt.Microbatches,
-    chunks: Optional[int] = opt.Chunks,
-    costs: Optional[str] = opt.CostsOpt,
-    comm: float = opt.Comm,
-    memory_limit: Optional[str] = opt.MemoryLimit,
-    stage_multipliers: Optional[str] = opt.Multipliers,
-    overlap: float = opt.Overlap,
-    objective: Optional[str] = opt.Objective,
-    recompute_input: Optional[float] = opt.RecomputeInput,
+    plan: opt.PlanningFlags = opt.PlanningFlags(),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as a JSON list."),
 ) -> None:
     """Every schedule for one configuration, side by side."""
-    s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
-                  overlap=overlap, recompute_input=recompute_input)
+    s = plan.setup()
     rows = compare_rows(s)
     if as_json:
-        typer.echo(json.dumps(rows))
+        typer.echo(json_text(rows))
         return
     print_compare(s, rows)
 

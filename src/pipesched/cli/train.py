@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from ..environment import backend as launch_backend, torchrun_rank
 from ..errors import ConfigError
 from ..outfiles import check_output_path
 from ..memory import Recomputed
@@ -86,6 +87,7 @@ def train(
     from .train_checks import check_batch_fits, check_checkpoint_flags, check_checkpointing, check_numbers
 
     # first what needs no torch (importing it costs seconds): a plain mistake is refused at once
+    torchrun_rank()  # a partial torchrun environment left in a shell: refused, not waited on
     check_numbers(lr, timeout, seed, clip_grad_norm)
     check_checkpoint_flags(checkpoint_dir, checkpoint_every, checkpoint_keep, resume)
     planning_costs = given_costs(schedule, csv, costs, comm)
@@ -110,9 +112,10 @@ def train(
     if choice.measures is None:  # the schedule is known without measuring anything
         plan, recompute = _resolved(resolve_schedule(choice, say=_say), dp, batch_size)
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         raise fail(TORCH_MISSING) from None
+    launch_backend(cuda=torch.cuda.is_available())  # PIPESCHED_BACKEND checked before any rank starts
     from ..runtime.models import MODELS, get_model
     from ..runtime.partition import block_counts
     from ..runtime.precision import parse_dtype

@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from ..bounds import MAX_TIMEOUT_S
 from ..errors import ConfigError
 
 FLOAT32_MAX = 3.4028234663852886e38
-MAX_TIMEOUT_S = 365 * 24 * 3600
 # numpy's seed range; every generator seed derived from one (seed + block for the weights,
 # 1_000_003 * seed + step for the data) then stays inside torch.manual_seed's
 MAX_SEED = 2**32 - 1

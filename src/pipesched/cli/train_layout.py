@@ -10,6 +10,7 @@ from typing import Mapping, Optional
 
 import typer
 
+from ..environment import torchrun_rank
 from ..errors import ConfigError
 from ..schedule import Schedule
 
@@ -37,9 +38,9 @@ def check_layout(plan: Optional[Schedule], dp: int, batch_size: int, environ: Ma
             raise ConfigError("--dp needs a pipeline: the reference (--schedule none) is one process")
         return
     check_batch_split(batch_size, dp, plan.microbatches)
-    world = environ.get("WORLD_SIZE")
-    if world is not None and "RANK" in environ and int(world) != plan.ranks * dp:
+    launched = torchrun_rank(environ)
+    if launched is not None and launched.world != plan.ranks * dp:
         raise ConfigError(
-            f"torchrun started {world} processes but --ranks {plan.ranks} x --dp {dp} needs {plan.ranks * dp}: "
+            f"torchrun started {launched.world} processes but --ranks {plan.ranks} x --dp {dp} needs {plan.ranks * dp}: "
             f"use --nproc-per-node x --nnodes = {plan.ranks * dp}"
         )

@@ -74,11 +74,10 @@ def summary(schedule: Optional[Schedule], result) -> dict:
 def write_outputs(schedule: Optional[Schedule], result, save_params: Optional[Path], trace: Optional[Path],
                   json_path: Optional[Path] = None) -> None:
     if json_path is not None:
-        import json
-
+        from ..jsontext import json_text
         from ..outfiles import write_atomic
 
-        write_atomic(json_path, json.dumps(summary(schedule, result), indent=1))
+        write_atomic(json_path, json_text(summary(schedule, result), indent=1))
         print(f"wrote {json_path} (run summary)")
     if save_params is not None:
         import io

@@ -29,6 +29,7 @@ LEGEND_Y = 33
 NOTE = "grey = idle (bubble)   curve under each rank = activations held (M_B)"
 DEFAULT_WIDTH = 1100  # px the time axis aims for
 MIN_PX, MAX_PX = 4.0, 48.0  # px per time unit
+MAX_AXIS_WIDTH = 12_000  # px the time axis takes at most, however long the run: charts stay small
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,11 @@ class Scale:
 
     @classmethod
     def fit(cls, axis_end: float, width: float = DEFAULT_WIDTH) -> "Scale":
+        """Aim for ``width`` px, keeping short actions readable (at least MIN_PX per unit) while
+        the axis stays within MAX_AXIS_WIDTH (long runs get thinner boxes, not wider charts)."""
         axis_end = axis_end if axis_end > 0 else 1.0
-        return cls(min(MAX_PX, max(MIN_PX, width / axis_end)), axis_end)
+        readable = min(MAX_PX, max(MIN_PX, width / axis_end))
+        return cls(min(readable, MAX_AXIS_WIDTH / axis_end), axis_end)
 
 
 class Box(NamedTuple):

@@ -12,7 +12,8 @@ from .palette import palette, text_colour
 from .timeline import Timeline, as_timeline
 
 INSTALL_HINT = "PNG output needs Pillow: pip install 'pipesched[png]' (or write .svg, which needs nothing)"
-ZOOM = 2  # pixels per layout unit, for a crisp raster
+ZOOM = 2  # pixels per layout unit, for a crisp raster (1 where that would pass MAX_PIXELS)
+MAX_PIXELS = 40_000_000  # about 120 MB of RGB while painting: a larger chart is refused (SVG has no such cost)
 LANE, MEM_FILL, MEM_LINE, PEAK, INK = "#ececec", "#ddd6ea", "#5e4b8b", "#cc0000", "#222222"
 
 
@@ -25,7 +26,13 @@ def gantt_png(source: Union[SimResult, Timeline], scale: Optional[Scale] = None)
     timeline = as_timeline(source)
     chart = build_chart(timeline, scale)
     fills = palette(timeline.chunks)
-    z = ZOOM
+    area = chart.width * chart.height
+    if area > MAX_PIXELS:
+        raise ConfigError(
+            f"a PNG of this chart would be {chart.width:.0f} x {chart.height:.0f} px, more than "
+            f"{MAX_PIXELS // 1_000_000} million pixels: write .svg instead"
+        )
+    z = ZOOM if area * ZOOM * ZOOM <= MAX_PIXELS else 1
     image = Image.new("RGB", (int(chart.width * z) + 1, int(chart.height * z) + 1), "white")
     draw = ImageDraw.Draw(image)
 

@@ -12,9 +12,9 @@ in Perfetto); a runtime timeline measured in seconds passes ``1e6``.
 
 from __future__ import annotations
 
-import json
 from typing import Union
 
+from ..jsontext import json_text
 from ..execution import dependency
 from ..simulate import SimResult
 from .timeline import Timeline, as_timeline
@@ -59,7 +59,7 @@ def trace_events(source: Union[SimResult, Timeline], time_unit_us: float = DEFAU
 
 def trace_json(source: Union[SimResult, Timeline], time_unit_us: float = DEFAULT_UNIT_US) -> str:
     """The trace as JSON text, ready for ui.perfetto.dev or chrome://tracing."""
-    return json.dumps(trace_events(source, time_unit_us), separators=(",", ":"))
+    return json_text(trace_events(source, time_unit_us), separators=(",", ":"))
 
 
 def cross_rank_edges(timeline: Timeline) -> list[tuple[int, int, int, int]]:

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..bounds import MAX_TIMEOUT_S, check_number
 from ..errors import ConfigError
 from ..execution import Span
 from ..memory import StageMemory, peak, recompute_stages
@@ -130,6 +131,7 @@ class PipelineRuntime:
         overlap_streams: bool = False,
     ) -> None:
         validate(schedule)
+        check_number("timeout_s", timeout_s, 1e-3, MAX_TIMEOUT_S)  # nan or inf would wait forever
         self.recompute = recompute_stages(recompute, schedule)
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ConfigError(f"the gradient norm to clip to must be above 0, got {clip_grad_norm:g}")

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.distributed as dist
 
+from ..environment import backend as launch_backend, torchrun_rank
 from ..errors import ConfigError
 from .lifeline import die_with_parent
 
@@ -73,7 +74,8 @@ def stop_on_termination() -> Iterator[None]:
 
 
 def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+    """Whether torchrun started this process (ConfigError for a partial torchrun environment)."""
+    return torchrun_rank() is not None
 
 
 def _free_port() -> int:
@@ -108,10 +110,9 @@ def run_torchrun(worker: Worker, payload: Any, timeout_s: float) -> Any:
     """Run ``worker`` in this process as torchrun's rank: NCCL on CUDA, one device per rank, or
     with ``PIPESCHED_BACKEND=gloo`` ranks that may share GPUs (tensors cross through host memory);
     gloo on CPU where there is no GPU."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", 0))
+    rank, world, local = torchrun_rank()
     cuda = torch.cuda.is_available()
-    backend = os.environ.get("PIPESCHED_BACKEND") or ("nccl" if cuda else "gloo")
+    backend = launch_backend(cuda=cuda)
     if cuda:
         count = torch.cuda.device_count()
         if backend == "nccl" and local >= count:

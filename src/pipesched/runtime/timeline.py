@@ -7,12 +7,12 @@ Pure Python: no torch.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ..jsontext import json_text
 from ..execution import Span, execute, run
 from ..schedule import Schedule
 from ..validate import lowered
@@ -162,5 +162,5 @@ def write_trace(path: Path, schedule: Schedule, steps: Sequence[Timeline], memor
     )
     trace = trace_events(drawn, time_unit_us=1e6)
     trace["otherData"]["measured_steps"] = steps_json(steps)
-    write_atomic(path, json.dumps(trace, separators=(",", ":")))
+    write_atomic(path, json_text(trace, separators=(",", ":")))
     return index + skip

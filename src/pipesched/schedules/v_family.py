@@ -90,7 +90,7 @@ def v_candidates(
             yield _from_orders(ranks, microbatches, handcrafted[family](), name)
     for offsets in (v_half_offsets, v_min_offsets):
         yield _from_orders(ranks, microbatches, block_orders(ranks, microbatches, offsets), name)
-    reserves = tuple(range(1, max(2, int(limit)) + 1))[:MAX_RESERVES]
+    reserves = tuple(range(1, min(max(2, int(limit)), MAX_RESERVES) + 1))  # never a huge limit's range
     yield from greedy_v_candidates(ranks, microbatches, costs, limit, name, v_knobs(ranks, microbatches, reserves))
 
 
