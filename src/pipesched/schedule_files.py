@@ -61,7 +61,8 @@ def parse_csv(text: str, name: str = "csv") -> Schedule:
     (checked); elsewhere REDUCE_GRAD, UNSHARD and RESHARD cells compute nothing and are dropped
     (torch's order of a single-stage schedule holds REDUCE_GRAD)."""
     try:
-        rows = list(csv.reader(io.StringIO(text.removeprefix(BYTE_ORDER_MARK))))
+        # CR-only line ends (Excel on a Mac) read as line ends, as Schedule.from_csv reads them
+        rows = list(csv.reader(io.StringIO(text.removeprefix(BYTE_ORDER_MARK), newline=None)))
     except csv.Error as err:  # a cell over csv's field limit, a stray quote...
         raise CSVFormatError(f"not a CSV torch reads ({err})") from None
     ops = {match.group(2) for row in rows for cell in row if (match := _COMM_RE.match(cell))}
