@@ -17,7 +17,7 @@ from ..costs import Costs
 from ..errors import ConfigError, PipeschedError
 from ..execution import TOLERANCE
 from ..memory import format_bytes
-from ..planning import actions_built, check_planning_work
+from ..planning import actions_built, actions_per_schedule, check_planning_time, planning_seconds
 from ..ranking import BASELINE, OBJECTIVES, rank_key, significant
 from ..registry import Family, build_schedule, families as registered_families
 from ..schedule import Schedule
@@ -86,7 +86,8 @@ def advise(
     over_limit: list[Setting] = []  # families that could not get under the limit when steered
     # Largest instances first, so parallel workers finish together.
     todo = sorted(settings(family_list, plan, max_chunks), key=lambda s: -s.microbatches * s.chunks)
-    work = check_search_size(ranks, plan, family_list, max_chunks)
+    check_search_size(ranks, plan, family_list, max_chunks)
+    work = search_actions(ranks, plan, family_list, max_chunks)
     with progress(work) if progress is not None else nullcontext():
         outcomes = map_outcomes(
             lambda setting: _evaluate(setting, ranks, plan, cost_model, objective), todo,
@@ -135,15 +136,21 @@ def advise(
     )
 
 
-def check_search_size(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> int:
-    """The actions the search builds (see :mod:`..planning`); a ConfigError naming what fits
-    when that would take more than about a minute."""
+def check_search_size(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> float:
+    """The search's predicted CPU seconds (see :mod:`..planning`); a ConfigError naming what
+    fits when that is more than about a minute."""
     todo = settings(family_list, plan, max_chunks)
-    return check_planning_work(
+    return check_planning_time(
         "advise", ranks, max(plan.options),
-        lambda m: sum(actions_built(s.family, ranks, min(s.microbatches, m), s.chunks) for s in todo),
+        lambda m: sum(planning_seconds(s.family, ranks, min(s.microbatches, m), s.chunks) for s in todo),
         instead=" (--microbatches, or --max-microbatches with --global-batch), fewer --schedules or a lower --max-chunks",
+        held_at=lambda m: max(actions_per_schedule(s.family, ranks, min(s.microbatches, m), s.chunks) for s in todo),
     )
+
+
+def search_actions(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> int:
+    """Actions the search builds and simulates (what its progress line counts)."""
+    return sum(actions_built(s.family, ranks, s.microbatches, s.chunks) for s in settings(family_list, plan, max_chunks))
 
 
 def objective_option(family: Family, objective: str) -> dict:
