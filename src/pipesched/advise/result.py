@@ -94,6 +94,7 @@ class Advice:
     reason: str = ""
     notes: tuple[str, ...] = ()
     skipped: tuple[tuple[str, int, int, str], ...] = field(default=())  # (schedule, chunks, m, why)
+    searched: str = "in full"  # or how the search was narrowed to stay within its time budget
 
     @property
     def recommended(self) -> Candidate:

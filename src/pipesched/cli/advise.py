@@ -184,7 +184,7 @@ def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm
         tflops=given["--flops"] if given["--flops"] is not None else DEFAULT_TFLOPS,
         bandwidth=given["--bandwidth"], gpu_memory=given["--gpu-memory"],
     )
-    return TransformerCosts(spec, ranks, hardware, limit=memory_limit, activation_limit=limit_bytes)
+    return TransformerCosts(spec, ranks, hardware, limit=memory_limit, memory_bytes=limit_bytes)
 
 
 def print_advice(result: Advice, model: Optional[TransformerCosts], top: int,

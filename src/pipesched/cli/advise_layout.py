@@ -48,6 +48,7 @@ def run(gpus: Optional[int], global_batch: Optional[int], model: TransformerCost
     console = Console()
     console.print(f"[bold]pipesched advise[/bold]  {gpus} GPUs, global batch {global_batch}")
     console.print(layout_table(advice, top))
+    console.print("Layouts searched: " + "; ".join(advice.searched_lines()), highlight=False)
     best = advice.recommended
     console.print(f"[bold green]Recommendation:[/bold green] {recommendation(advice)}")
     for line in advice.skipped:
