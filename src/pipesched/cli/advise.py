@@ -14,6 +14,7 @@ from ..advise.estimate import (
     ATTENTION_KERNELS, DEFAULT_TFLOPS, DTYPE_BYTES, Hardware, TransformerCosts, TransformerSpec,
 )
 from ..advise.explain import WHOLE_DEVICE, memory_text
+from ..advise.layout import DEFAULT_DP_LATENCY_MS
 from ..advise.howto import csv_name, guidance
 from ..advise.result import Candidate
 from ..costs import Costs
@@ -23,12 +24,13 @@ from . import app
 from . import advise_layout as layout_options
 from . import options as opt
 from .progress import planning_progress
+from .renamed import deprecated_option, renamed
 
 if TYPE_CHECKING:  # rich loads when the advice is printed
     from rich.table import Table
 
 _MODEL_FLAGS = ("--layers", "--hidden", "--seq-len")
-_HARDWARE_FLAGS = ("--heads", "--vocab", "--attention", "--dtype", "--gpu-memory", "--bandwidth", "--flops")
+_HARDWARE_FLAGS = ("--heads", "--vocab", "--attention", "--activation-dtype", "--gpu-memory", "--bandwidth", "--flops")
 
 
 @app.command("advise")
@@ -48,8 +50,12 @@ def advise_cmd(
     objective: str = typer.Option("makespan", "--objective", help="makespan (optimizer step syncs ranks) or span."),
     max_chunks: int = typer.Option(4, "--max-chunks", help="Most chunks per rank to try."),
     max_microbatches: Optional[int] = typer.Option(None, "--max-microbatches", help="Most microbatches to try (default max(G/b, 8p))."),
-    min_microbatch_size: int = typer.Option(1, "--min-microbatch-size", help="Smallest microbatch (samples) worth trying."),
-    overhead: float = typer.Option(0.0, "--overhead", help="Part of each F, B, W that does not shrink with the microbatch."),
+    min_microbatch_size: Optional[int] = typer.Option(
+        None, "--min-microbatch-size", help="Smallest microbatch (samples) worth trying (default 1)."
+    ),
+    overhead: Optional[float] = typer.Option(
+        None, "--overhead", help="With --costs: part of each F, B, W that does not shrink with the microbatch (default 0)."
+    ),
     layers: Optional[int] = typer.Option(None, "--layers", help="Model: transformer layers L."),
     hidden: Optional[int] = typer.Option(None, "--hidden", help="Model: hidden size h."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Model: sequence length s."),
@@ -58,14 +64,21 @@ def advise_cmd(
     attention: Optional[str] = typer.Option(
         None, "--attention", help="Model: flash (default; SDPA keeps no score matrix) or eager (keeps a*s*s per sequence)."
     ),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="Model: activation precision, bf16 (default), fp16 or fp32."),
+    dtype: Optional[str] = typer.Option(
+        None, "--activation-dtype", help="Model: activation precision, bf16 (default), fp16 or fp32."
+    ),
+    old_dtype: Optional[str] = deprecated_option("--dtype", "--activation-dtype"),
     gpu_memory: Optional[float] = typer.Option(None, "--gpu-memory", help="GB per device: sets the memory limit."),
     bandwidth: Optional[float] = typer.Option(None, "--bandwidth", help="GB/s between neighbouring ranks: sets comm."),
     flops: Optional[float] = typer.Option(None, "--flops", help=f"Effective TFLOP/s per device (default {DEFAULT_TFLOPS:g})."),
     profile: bool = typer.Option(False, "--profile", help="Measure the costs: run a few steps of --model on --ranks local ranks."),
-    model_name: str = typer.Option("mlp", "--model", help="With --profile: mlp or gpt (pipesched train's models)."),
-    batch_size: int = typer.Option(64, "--batch-size", help="With --profile: samples per step."),
-    profile_steps: int = typer.Option(4, "--profile-steps", help="With --profile: steps to measure (the first is warm-up)."),
+    model_name: Optional[str] = typer.Option(
+        None, "--model", help="With --profile: mlp (default) or gpt (pipesched train's models)."
+    ),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="With --profile: samples per step (default 64)."),
+    profile_steps: Optional[int] = typer.Option(
+        None, "--profile-steps", help="With --profile: steps to measure (default 4; the first is warm-up)."
+    ),
     schedules: Optional[str] = typer.Option(
         None, "--schedules", help="Only these schedules, comma-separated (default: every registered one)."
     ),
@@ -74,17 +87,29 @@ def advise_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the candidates as a JSON list, best first."),
     gpus: Optional[int] = layout_options.Gpus,
     dp_bandwidth: Optional[float] = layout_options.DpBandwidth,
-    dp_latency: float = layout_options.DpLatency,
+    dp_latency: Optional[float] = layout_options.DpLatency,
     report: Optional[Path] = layout_options.Report,
 ) -> None:
     """Search every schedule, chunk count and microbatch count; recommend the fastest that fits."""
+    dtype = renamed("advise", "--dtype", "--activation-dtype", old_dtype, dtype)
     given = {
         "--layers": layers, "--hidden": hidden, "--seq-len": seq_len, "--heads": heads, "--vocab": vocab,
         "--gpu-memory": gpu_memory, "--bandwidth": bandwidth, "--flops": flops,
-        "--attention": attention, "--dtype": dtype,
+        "--attention": attention, "--activation-dtype": dtype,
     }
     model = None
     described = any(given[f] is not None for f in _MODEL_FLAGS + _HARDWARE_FLAGS)
+    mode = "--profile" if profile else "--gpus" if gpus is not None else "a model description" if described else "given costs"
+    refuse_ignored(mode, {
+        "--overhead": overhead, "--microbatch-size": microbatch_size, "--max-microbatches": max_microbatches,
+        "--min-microbatch-size": min_microbatch_size, "--microbatches": microbatches, "--model": model_name,
+        "--batch-size": batch_size, "--profile-steps": profile_steps, "--dp-bandwidth": dp_bandwidth,
+        "--dp-latency": dp_latency, "--report": report, "--gpus": gpus,
+    })
+    model_name, batch_size, profile_steps = model_name or "mlp", batch_size or 64, profile_steps or 4
+    min_microbatch_size = min_microbatch_size if min_microbatch_size is not None else 1
+    overhead = overhead or 0.0
+    dp_latency = dp_latency if dp_latency is not None else DEFAULT_DP_LATENCY_MS
     memory_limit, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=profile or described)
     if profile:
         result = _profiled(
@@ -122,6 +147,29 @@ def advise_cmd(
         typer.echo(json.dumps(result.to_json()))
         return
     print_advice(result, model, top)
+
+
+IGNORED_BY = {  # what each way of giving the costs does without: refused rather than dropped silently
+    "--profile": ("--overhead", "--microbatch-size", "--max-microbatches", "--min-microbatch-size",
+                  "--dp-bandwidth", "--dp-latency", "--report", "--gpus"),
+    "--gpus": ("--microbatches", "--overhead", "--model", "--batch-size", "--profile-steps"),
+    "a model description": ("--overhead", "--model", "--batch-size", "--profile-steps", "--dp-bandwidth", "--dp-latency"),
+    "given costs": ("--model", "--batch-size", "--profile-steps", "--dp-bandwidth", "--dp-latency"),
+}
+WHY_IGNORED = {
+    "--profile": "the costs are measured at the profiled microbatches",
+    "--gpus": "it chooses the microbatches and costs them from the model",
+    "a model description": "the model gives each microbatch size's costs",
+    "given costs": "--model, --batch-size and --profile-steps belong to --profile, --dp-* to --gpus",
+}
+
+
+def refuse_ignored(mode: str, values: dict) -> None:
+    """A ConfigError naming the flags given that ``mode`` would ignore (see :data:`IGNORED_BY`)."""
+    ignored = [flag for flag in IGNORED_BY[mode] if values.get(flag) is not None]
+    if ignored:
+        raise ConfigError(f"advise with {mode} ignores {', '.join(ignored)} ({WHY_IGNORED[mode]}): drop "
+                          f"{'it' if len(ignored) == 1 else 'them'}")
 
 
 def _profiled(ranks, memory_limit, microbatches, given, costs, comm, multipliers, global_batch,
@@ -170,9 +218,9 @@ def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm
             raise ConfigError(f"{flag} cannot be combined with a model description (the model gives the costs)")
     if (memory_limit is not None or limit_bytes is not None) and given["--gpu-memory"] is not None:
         raise ConfigError("give --memory-limit (activations) or --gpu-memory (GB, all of a device), not both")
-    dtype = given["--dtype"] or "bf16"
+    dtype = given["--activation-dtype"] or "bf16"
     if dtype not in DTYPE_BYTES:
-        raise ConfigError(f"--dtype {dtype!r} is not known: use one of {', '.join(DTYPE_BYTES)}")
+        raise ConfigError(f"--activation-dtype {dtype!r} is not known: use one of {', '.join(DTYPE_BYTES)}")
     attention = given["--attention"] or "flash"
     if attention not in ATTENTION_KERNELS:
         raise ConfigError(f"--attention {attention!r} is not known: use one of {', '.join(ATTENTION_KERNELS)}")

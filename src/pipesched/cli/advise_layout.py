@@ -23,7 +23,7 @@ Gpus = typer.Option(
     None, "--gpus", help="GPUs in all: search pipeline ranks x data-parallel replicas (needs a model description and --global-batch)."
 )
 DpBandwidth = typer.Option(None, "--dp-bandwidth", help="With --gpus: GB/s between data-parallel replicas (default --bandwidth).")
-DpLatency = typer.Option(DEFAULT_DP_LATENCY_MS, "--dp-latency", help="With --gpus: ms per all-reduce bucket.")
+DpLatency = typer.Option(None, "--dp-latency", help=f"With --gpus: ms per all-reduce bucket (default {DEFAULT_DP_LATENCY_MS:g}).")
 Report = typer.Option(None, "--report", help="With --gpus: write an HTML report of the chosen layout.")
 
 

@@ -18,6 +18,7 @@ from ..runtime.optimizers import OPTIMIZERS
 from ..schedule import Schedule
 from . import app, fail
 from . import options as opt
+from .renamed import deprecated_option as renamed_option, renamed
 from .train_layout import Dp, Dtype, check_batch_split, check_layout
 from .train_zb_auto import chunks_for_model, given_costs, wants_profile, zb_auto_inputs, zb_auto_profile
 
@@ -76,8 +77,9 @@ def train(
         "indices such as 0,2 (dualpipe: 0..p-1, recomputed in both model copies).",
     ),
     json_path: Optional[Path] = typer.Option(
-        None, "--json", help="Write the run's summary (.json): losses, median step, activation bytes per rank."
+        None, "--summary", help="Write the run's summary (.json): losses, median step, activation bytes per rank."
     ),
+    old_json_path: Optional[Path] = renamed_option("--json", "--summary"),
     dp: int = Dp,
     dtype: str = Dtype,
 ) -> None:
@@ -85,6 +87,7 @@ def train(
     from .train_checks import check_batch_fits, check_checkpoint_flags, check_checkpointing, check_numbers
 
     # first what needs no torch (importing it costs seconds): a plain mistake is refused at once
+    json_path = renamed("train", "--json", "--summary", old_json_path, json_path)
     check_numbers(lr, timeout, seed, clip_grad_norm)
     check_checkpoint_flags(checkpoint_dir, checkpoint_every, checkpoint_keep, resume)
     planning_costs = given_costs(schedule, csv, costs, comm)
