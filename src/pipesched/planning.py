@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional
 
 from .errors import ConfigError
+from .units import format_seconds
 
 if TYPE_CHECKING:  # the registry asks this module before it builds: type names only
     from .registry import Family
@@ -132,17 +133,6 @@ def largest_fitting(fits: Callable[[int], bool], upto: int) -> int:
         else:
             high = mid - 1
     return low
-
-
-def format_seconds(seconds: float) -> str:
-    """A duration with a unit chosen to fit: ``812 ms``, ``14.9 s``, ``3.2 min``, ``2.5 h``."""
-    if seconds < 0.9995:
-        return f"{1e3 * seconds:.3g} ms"
-    if seconds < 99.5:
-        return f"{seconds:.3g} s"
-    if seconds < 5940:
-        return f"{seconds / 60:.2g} min" if seconds < 600 else f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.3g} h"
 
 
 def _millions(n: int) -> str:

@@ -263,6 +263,7 @@ class TransformerCosts:
     # optimizer state and activations, as gpu_memory counts them
     memory_bytes: Optional[float] = None
     layer_assignment: str = LAYER_ASSIGNMENTS[0]  # with several stages per rank: which takes the extra layers
+    time_unit: str = "ms"  # every time this model gives
 
     def __post_init__(self) -> None:
         given = [x for x in (self.hardware.gpu_memory, self.limit, self.memory_bytes) if x is not None]

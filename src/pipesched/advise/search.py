@@ -17,7 +17,8 @@ from ..costs import Costs
 from ..errors import ConfigError, PipeschedError
 from ..execution import TOLERANCE
 from ..memory import format_bytes
-from ..planning import actions_built, actions_per_schedule, check_planning_time, format_seconds, planning_seconds
+from ..planning import actions_built, actions_per_schedule, check_planning_time, planning_seconds
+from ..units import format_seconds
 from ..ranking import BASELINE, OBJECTIVES, rank_key, significant
 from ..registry import Family, build_schedule, families as registered_families
 from ..schedule import Schedule
@@ -32,6 +33,12 @@ __all__ = ["Advice", "Candidate", "NoCandidateFitsError", "advise", "objective_o
 
 
 REBUILD_WIDTH = 10  # families building at most this many programs are built under every layer assignment
+
+
+MEMORY_COUNTED = {  # what a candidate's bytes count: the whole footprint where the model knows it
+    True: "weights, gradients, optimizer state and activations (with the stage inputs held)",
+    False: "activations (with the stage inputs held); weights and optimizer state are not known from costs",
+}
 
 
 class NoCandidateFitsError(ConfigError):
@@ -136,7 +143,7 @@ def advise(
     ranked = [_with_speedup(c, baseline, objective) for c in fits + over]
     baseline = _with_speedup(baseline, baseline, objective) if baseline else None
     advice = Advice(ranks, objective, memory_limit, plan, tuple(ranked), baseline, skipped=tuple(skipped),
-                    searched=searched)
+                    searched=searched, time_unit=getattr(cost_model, "time_unit", ""))
     reason, notes = explain(advice)
     return replace(advice, reason=reason, notes=tuple(notes))
 
@@ -301,12 +308,13 @@ def _measure(
         peak = max(peaks)
         fits = limit is None or peak <= limit + TOLERANCE
         memory_gb = model.memory_gb(schedule.stages, schedule.style, scale, tuple(peaks))
-        peak_bytes = activation_bytes = None
+        peak_bytes = activation_bytes = counted = None
         if sizes is not None:
             held = result.peak_memory_bytes
             state = model.state_bytes(schedule.stages, schedule.style)
             peak_bytes = max(a + b for a, b in zip(held, state))
             activation_bytes = max(held)
+            counted = MEMORY_COUNTED[any(state)]
             memory_gb = peak_bytes / 1e9 if memory_gb is not None else None
             if budgets is not None:
                 fits = all(a <= b * (1 + TOLERANCE) for a, b in zip(held, budgets))
@@ -334,6 +342,7 @@ def _measure(
             recompute="all" if stages_recomputed else "none",
             peak_memory_bytes=peak_bytes,
             activation_bytes=activation_bytes,
+            memory_counted=counted,
         ))
     return out
 
