@@ -5,10 +5,11 @@ For each model: ``advise --profile`` (the library calls behind it: profile the m
 then run every distinct candidate the advice ranked as fitting, on the same 2 ranks, and take
 its median step. Reports, per model, whether the pick's measured step is within 5% of the fastest
 measured, and the Spearman rank correlation between the predicted makespans and the measured
-steps. A shared machine's noise is real here: every candidate runs with the same steps, one after
-another, and the pick is also rerun at the end (its second median shows the drift).
+steps. A shared machine's noise is real here: the candidates are measured in ``--rounds`` rounds,
+each running every candidate once (so drift hits them alike), and each candidate's figure is its
+median over the rounds; the spread (largest over smallest round) is printed with it.
 
-    PYTHONPATH=src python benchmarks/advise_accuracy.py [--models mlp,gpt] [--steps 6]
+    PYTHONPATH=src python benchmarks/advise_accuracy.py [--models mlp,gpt] [--steps 6] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="mlp,gpt")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     for model in args.models.split(","):
         prof = profile(model, RANKS, MICROBATCHES, BATCH)
@@ -65,16 +67,18 @@ def main() -> None:
             if key not in seen:
                 seen.add(key)
                 ranked.append(c)
-        steps = [measured_step(model, c, args.steps) for c in ranked]
-        again = measured_step(model, ranked[0], args.steps)
-        print(f"\n{model}: {len(ranked)} candidates that fit (p={RANKS}, m={MICROBATCHES}, limit {LIMIT:g} M_B)")
-        print("| # | candidate | predicted ms | measured ms |")
-        print("|---|---|---|---|")
-        for i, (c, t) in enumerate(zip(ranked, steps)):
-            print(f"| {i + 1} | {c.label()} | {c.makespan:.2f} | {1e3 * t:.2f} |")
+        rounds = [[measured_step(model, c, args.steps) for c in ranked] for _ in range(args.rounds)]
+        per = list(zip(*rounds))
+        steps = [statistics.median(times) for times in per]
+        print(f"\n{model}: {len(ranked)} candidates that fit (p={RANKS}, m={MICROBATCHES}, limit {LIMIT:g} M_B), "
+              f"{args.rounds} rounds of {args.steps} steps")
+        print("| # | candidate | predicted ms | measured ms (median) | spread |")
+        print("|---|---|---|---|---|")
+        for i, (c, t, times) in enumerate(zip(ranked, steps, per)):
+            print(f"| {i + 1} | {c.label()} | {c.makespan:.2f} | {1e3 * t:.2f} | {max(times) / min(times):.2f}x |")
         fastest = min(steps)
         pick = steps[0]
-        print(f"pick {ranked[0].label()}: {1e3 * pick:.2f} ms (rerun {1e3 * again:.2f} ms); fastest measured "
+        print(f"pick {ranked[0].label()}: {1e3 * pick:.2f} ms; fastest measured "
               f"{ranked[steps.index(fastest)].label()}: {1e3 * fastest:.2f} ms; pick / fastest = {pick / fastest:.3f} "
               f"({'within' if pick <= (1 + NEAR) * fastest else 'NOT within'} 5%); "
               f"Spearman(predicted, measured) = {spearman([c.makespan for c in ranked], steps):.2f}")

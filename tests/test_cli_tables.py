@@ -40,9 +40,9 @@ def check_uncut(out: subprocess.CompletedProcess) -> None:
 
 COMMANDS = {
     "list": ["list"],
-    "simulate": ["simulate", "zb-v", "-p", "8", "-m", "10000"],
-    "compare": ["compare", "-p", "16", "-m", "64", "--costs", "1,1.4,0.6", "--comm", "0.1", "--memory-limit", "12"],
-    "compare json": ["compare", "-p", "16", "-m", "64", "--costs", "1,1.4,0.6", "--comm", "0.1", "--memory-limit", "12", "--json"],
+    "simulate": ["simulate", "zb-v", "-p", "8", "-m", "4000"],
+    "compare": ["compare", "-p", "8", "-m", "32", "--costs", "1,1.4,0.6", "--comm", "0.1", "--memory-limit", "6"],
+    "compare json": ["compare", "-p", "8", "-m", "32", "--costs", "1,1.4,0.6", "--comm", "0.1", "--memory-limit", "6", "--json"],
     "advise costs": ["advise", "-p", "4", "--global-batch", "64", "--microbatch-size", "4", "--costs", "1000,1400,600",
                      "--memory-limit", "4", "--schedules", "1f1b,zb-h1,zb-v,interleaved-zb"],
     "advise model": ["advise", "-p", "4", *MODEL, "--schedules", "1f1b,zb-h1,zb-v,interleaved-zb"],
