@@ -361,12 +361,13 @@ def _no_fit_message(over: Sequence[Candidate], limit: Optional[float], device: b
             f"no schedule fits the memory limit: the leanest, {leanest.label()}, needs "
             f"{format_bytes(leanest.activation_bytes)} of activations on its fullest rank"
         )
-    if device and over[0].memory_gb is not None:
-        leanest = min(over, key=lambda c: c.memory_gb)
+    if device and over[0].peak_memory_bytes is not None:
+        leanest = min(over, key=lambda c: c.peak_memory_bytes)
         return (
             f"no schedule fits in the memory limit: the leanest, {leanest.label()}, needs "
-            f"{leanest.memory_gb:.3g} GB on its fullest rank (weights, gradients, optimizer state and "
-            "activations); give a larger limit, more ranks or a smaller microbatch"
+            f"{format_bytes(leanest.peak_memory_bytes)} ({leanest.peak_memory_bytes / 1e9:.3g} GB) on its fullest "
+            f"rank, weights, gradients and optimizer state with {format_bytes(leanest.activation_bytes)} of "
+            "activations; give a larger limit, more ranks or a smaller microbatch"
         )
     leanest = over[0]
     given = f" {limit:g}" if limit is not None else ""
