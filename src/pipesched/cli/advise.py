@@ -21,13 +21,13 @@ from ..costs import Costs
 from ..errors import ConfigError
 from ..memory import format_bytes
 from ..registry import families as registered_families, get_family
+from ..units import format_time
 from . import app
 from . import advise_layout as layout_options
 from . import options as opt
 from .progress import planning_progress
-from ..units import format_time
-from .tables import Column, fitted_table
 from .renamed import deprecated_option, renamed
+from .tables import Column, fitted_table
 
 if TYPE_CHECKING:  # rich loads when the advice is printed
     from rich.table import Table
@@ -99,10 +99,9 @@ def advise_cmd(
         "--batch-size": batch_size, "--profile-steps": profile_steps, "--dp-bandwidth": dp_bandwidth,
         "--dp-latency": dp_latency, "--report": report, "--gpus": gpus,
     })
-    model_name, batch_size, profile_steps = model_name or "mlp", batch_size or 64, profile_steps or 4
-    min_microbatch_size = min_microbatch_size if min_microbatch_size is not None else 1
-    overhead = overhead or 0.0
-    dp_latency = dp_latency if dp_latency is not None else DEFAULT_DP_LATENCY_MS
+    model_name, batch_size, profile_steps = _or(model_name, "mlp"), _or(batch_size, 64), _or(profile_steps, 4)
+    min_microbatch_size, overhead = _or(min_microbatch_size, 1), _or(overhead, 0.0)
+    dp_latency = _or(dp_latency, DEFAULT_DP_LATENCY_MS)
     memory_limit, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=profile or described)
     if profile:
         result = _profiled(
@@ -155,6 +154,12 @@ WHY_IGNORED = {
     "a model description": "the model gives each microbatch size's costs",
     "given costs": "--model, --batch-size and --profile-steps belong to --profile, --dp-* to --gpus",
 }
+
+
+def _or(value, default):
+    """A flag's value, or its default where it was not given (flags default to None, so that a
+    flag given is told apart from one left out)."""
+    return default if value is None else value
 
 
 def refuse_ignored(mode: str, values: dict) -> None:
