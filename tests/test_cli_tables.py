@@ -106,3 +106,11 @@ def test_advise_gpus_lists_every_layout_searched_and_times_in_units(outputs):
 def test_durations_pick_the_unit_that_fits():
     assert [format_seconds(x) for x in (0.812, 14.93, 59.96, 200, 7200)] == ["812 ms", "14.9 s", "60 s", "3.3 min", "2 h"]
     assert [format_number(x) for x in (14930.2, 1567.5, 0.1234)] == ["14930", "1568", "0.1234"]
+
+
+def test_a_console_too_narrow_for_any_table_gets_it_wider_than_itself_but_uncut():
+    env = {**cli_env(), "COLUMNS": "30"}
+    out = subprocess.run([sys.executable, "-m", "pipesched", "compare", "-p", "4", "-m", "8"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and "…" not in out.stdout
+    assert any(row[0] == "interleaved-1f1b" and row[2] == "28.5" for row in cells(out.stdout))

@@ -243,7 +243,7 @@ def print_advice(result: Advice, model: Optional[TransformerCosts], top: int,
     console.print(f"[bold]pipesched advise[/bold]  {_setup_line(result)}")
     if model is not None:
         console.print(_model_line(model))
-    console.print(advice_table(result, top, console.width))
+    console.print(advice_table(result, top, console.width), crop=False)  # uncut, even on a narrow console
     best = result.recommended
     console.print(f"[bold green]Recommendation:[/bold green] {result.reason}")
     for note in result.notes:

@@ -50,7 +50,7 @@ def run(gpus: Optional[int], global_batch: Optional[int], model: TransformerCost
 
     console = Console()
     console.print(f"[bold]pipesched advise[/bold]  {gpus} GPUs, global batch {global_batch}")
-    console.print(layout_table(advice, top, console.width))
+    console.print(layout_table(advice, top, console.width), crop=False)  # uncut, even on a narrow console
     console.print("Layouts searched: " + "; ".join(advice.searched_lines()), highlight=False)
     best = advice.recommended
     console.print(f"[bold green]Recommendation:[/bold green] {recommendation(advice)}")

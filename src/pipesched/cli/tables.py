@@ -7,7 +7,8 @@ a number column is as wide as its widest value, its header wrapped between words
 its longest word. When even that is wider than the console, the least important columns
 (highest ``drop``) are left out, one at a time, and the caption says which. Used by ``compare``,
 ``simulate``, ``list`` and ``advise``, on a terminal and when piped (rich's width is then
-``COLUMNS``, else 80).
+``COLUMNS``, else 80). A table that cannot fit even with every column that may go left out (a
+very narrow console) is printed wider than the console, its lines uncut.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ def fitted_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], width
     notes = [caption] if caption else []
     if dropped:
         notes.append(f"left out to fit {width} columns: {', '.join(dropped)} (a wider terminal or --json shows them)")
-    table = Table(title=title or None, caption="\n".join(notes) or None)
+    needed = sum(widths.values()) + BORDERS * len(kept) + 1
+    # wider than the console even so (a very narrow one): the lines run past it, never cut
+    table = Table(title=title or None, caption="\n".join(notes) or None, width=needed if needed > width else None)
     for i in kept:
         c = columns[i]
         table.add_column(c.header_at(widths[i]), justify=c.justify, width=widths[i], no_wrap=not c.wrap, overflow="fold")
@@ -78,8 +81,8 @@ def fitted_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], width
 
 def print_table(console: Console, columns: Sequence[Column], rows: Sequence[Sequence[str]], title: str = "",
                 caption: Optional[str] = None, styles: Optional[Sequence[Optional[str]]] = None) -> None:
-    """Print :func:`fitted_table` at the console's width."""
-    console.print(fitted_table(columns, rows, console.width, title, caption, styles))
+    """Print :func:`fitted_table` at the console's width (uncropped, should it be wider)."""
+    console.print(fitted_table(columns, rows, console.width, title, caption, styles), crop=False)
 
 
 def _least_width(column: Column, cells: Sequence) -> int:
