@@ -20,6 +20,7 @@ import statistics
 from pipesched.advise.search import objective_option
 from pipesched.registry import build_schedule, get_family
 from pipesched.runtime.copies import balanced_block_counts
+from pipesched.runtime.launch import DistributedRunError
 from pipesched.runtime.models import get_model
 from pipesched.runtime.profile import advise_from_profile, profile
 from pipesched.runtime.train import TrainConfig, run
@@ -33,9 +34,12 @@ def measured_step(model: str, c, steps: int) -> float:
     schedule = build_schedule(c.schedule, RANKS, c.microbatches, c.chunks, c.costs, c.memory_limit,
                               **objective_option(get_family(c.schedule), c.objective or "makespan"))
     blocks = tuple(balanced_block_counts(get_model(model).block_costs, schedule))
-    result = run(TrainConfig(model, schedule, steps, BATCH, block_counts=blocks,
-                             recompute="all" if c.recompute != "none" else None))
-    return result.median_step_time()
+    config = TrainConfig(model, schedule, steps, BATCH, block_counts=blocks,
+                         recompute="all" if c.recompute != "none" else None)
+    try:
+        return run(config).median_step_time()
+    except DistributedRunError:  # on a shared machine another job may take the rendezvous port: once more
+        return run(config).median_step_time()
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
