@@ -114,3 +114,33 @@ def test_cli_gpus_without_a_global_batch_is_one_line_exit_2(cli):
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["pipesched: error: --gpus needs --global-batch G (samples per step over every replica)"]
+
+
+def test_no_layout_is_left_out_for_the_search_s_own_time(monkeypatch):
+    from pipesched.advise import layout
+
+    searching = [get_family(n) for n in ("1f1b", "zb-h1", "zb-v", "v-min")]
+    full = advise_layouts(4, _model(), 64, dp_bandwidth=10, families=searching)
+    assert {a.ranks for a in full.per_layout} == {1, 2, 4} and all(a.searched == "in full" for a in full.per_layout)
+    monkeypatch.setattr(layout, "LAYOUT_BUDGET", 1e-4)  # far too little for any full search
+    cheap = advise_layouts(4, _model(), 64, dp_bandwidth=10, families=searching)
+    assert {a.ranks for a in cheap.per_layout} == {1, 2, 4}  # every layout still searched, and says how
+    deepest = next(a for a in cheap.per_layout if a.ranks == 4)
+    assert "without v-min, zb-v" in deepest.searched or "without zb-v, v-min" in deepest.searched
+    assert "microbatches up to" in deepest.searched and "a full search takes about" in deepest.searched
+    assert {c.candidate.schedule for c in cheap.candidates if c.pp == 4} <= {"1f1b", "zb-h1"}
+    assert any(line.startswith("pp=4 x dp=1: microbatches up to") for line in cheap.searched_lines())
+    assert all(e["searched"] for e in cheap.to_json())
+
+
+def test_a_narrowed_search_keeps_the_microbatch_counts_where_the_bubble_still_shrinks():
+    from pipesched.advise.candidates import batch_plan
+    from pipesched.advise.search import affordable_search
+    from pipesched.planning import planning_seconds
+
+    families = [get_family(n) for n in ("1f1b", "zb-v", "zb-auto")]
+    plan = batch_plan(4, None, 256, 1)
+    narrowed, kept, how = affordable_search(4, plan, families, 2, budget=1.0)
+    assert max(narrowed.options) <= 16 and [f.name for f in kept][0] == "1f1b"  # at most 4p
+    assert sum(planning_seconds(f, 4, m, None) for f in kept for m in narrowed.options) <= 1.0 or len(narrowed.options) == 1
+    assert how.startswith("microbatches up to") and "of 256" in how

@@ -49,11 +49,11 @@ def test_flash_attention_keeps_no_score_matrix_and_precision_scales_the_bytes():
 def test_a_byte_limit_under_one_stored_microbatch_is_met_by_recomputing():
     model = TransformerCosts(GPT, ranks=4)
     one_layer = GPT.layer_activation_bytes(1)
-    lean = TransformerCosts(GPT, ranks=4, activation_limit=8 * one_layer)  # a rank holds 7-8 layers
+    state = max(model.state_bytes(4, "loop"))  # weights, grads, optimizer of the fullest rank
+    lean = TransformerCosts(GPT, ranks=4, memory_bytes=state + 8 * one_layer)  # a rank holds 7-8 layers
     advice = advise(4, microbatches=8, cost_model=lean, families=FAST)
     best = advice.recommended
-    state = max(lean.state_bytes(4 * best.chunks, best.placement))  # weights, grads, optimizer
-    assert best.recompute == "all" and best.fits and best.peak_memory_bytes <= 8 * one_layer + state
+    assert best.recompute == "all" and best.fits and best.peak_memory_bytes <= lean.memory_bytes
     free = advise(4, microbatches=8, cost_model=model, families=FAST)
     assert free.recommended.recompute == "none" and best.makespan > free.recommended.makespan
     assert all(c["recompute"] in ("none", "all") and "peak_memory_bytes" in c for c in advice.to_json())
@@ -263,3 +263,18 @@ def test_bad_model_dimensions_are_refused(field, value):
     kwargs[field] = value
     with pytest.raises(ConfigError, match=field):
         TransformerSpec(**kwargs)
+
+
+def test_a_limit_in_bytes_bounds_the_whole_footprint_the_advisor_reports():
+    # the case: 32 layers, h = s = 4096, b = 1, G = 64 on 8 ranks, --memory-limit 40GiB
+    spec = TransformerSpec(layers=32, hidden=4096, seq_len=4096, microbatch_size=1)
+    limit = 40 * 2**30
+    model = TransformerCosts(spec, ranks=8, memory_bytes=limit)
+    families = [get_family(n) for n in ("1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "v-min")]
+    advice = advise(8, global_batch=64, microbatch_size=1, cost_model=model, families=families, max_chunks=2)
+    fitting = [c for c in advice.candidates if c.fits]
+    assert fitting and all(c.peak_memory_bytes <= limit * (1 + 1e-9) for c in fitting)
+    assert any(c.peak_memory_bytes > limit for c in advice.candidates if not c.fits)  # the limit binds
+    for c in advice.candidates:  # one number: the bytes reported are the GB shown, weights and all
+        state = max(model.state_bytes(8 * c.chunks, c.placement))
+        assert c.memory_gb == pytest.approx(c.peak_memory_bytes / 1e9) and c.peak_memory_bytes > state

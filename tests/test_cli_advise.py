@@ -68,3 +68,43 @@ def test_html_report_carries_the_advice(cli, tmp_path):
     assert out.returncode == 0, out.stderr
     page = (tmp_path / "r.html").read_text()
     assert "Which schedule to choose" in page and "Recommendation:" in page and "<table>" in page
+
+
+MODEL = ["--layers", "8", "--hidden", "1024", "--seq-len", "512", "--microbatch-size", "2", "--global-batch", "32"]
+IGNORED = [  # (arguments, the mode named, the flag named): each flag does nothing in that mode
+    (["--profile", "-m", "4", "--overhead", "0.1"], "--profile", "--overhead"),
+    (["--profile", "-m", "4", "--microbatch-size", "2"], "--profile", "--microbatch-size"),
+    (["--profile", "-m", "4", "--max-microbatches", "16"], "--profile", "--max-microbatches"),
+    (["--profile", "-m", "4", "--min-microbatch-size", "2"], "--profile", "--min-microbatch-size"),
+    (["--gpus", "4", *MODEL, "--bandwidth", "50", "--microbatches", "8"], "--gpus", "--microbatches"),
+    (["--gpus", "4", *MODEL, "--bandwidth", "50", "--overhead", "0.1"], "--gpus", "--overhead"),
+    ([*MODEL, "--overhead", "0.1"], "a model description", "--overhead"),
+    (["-m", "8", "--model", "gpt"], "given costs", "--model"),
+    (["-m", "8", "--dp-latency", "1"], "given costs", "--dp-latency"),
+]
+
+
+def test_a_flag_the_mode_ignores_is_refused_in_one_line_naming_the_mode():
+    from conftest import concurrently, run_cli
+
+    outs = concurrently(lambda row: run_cli("advise", "--ranks", "2", *row[0]), IGNORED)
+    for (args, mode, flag), out in zip(IGNORED, outs):
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, (args, out.stderr)
+        assert f"advise with {mode} ignores {flag}" in lines[0] and "Traceback" not in out.stderr
+
+
+def test_the_old_spellings_still_work_for_a_release_with_a_one_line_warning(cli, tmp_path):
+    from conftest import concurrently, run_cli
+
+    rows = [
+        ("advise", "--ranks", "2", *MODEL, "--dtype", "fp32", "--schedules", "1f1b", "--json"),
+        ("advise", "--ranks", "2", *MODEL, "--activation-dtype", "fp32", "--schedules", "1f1b", "--json"),
+        ("train", "--model", "mlp", "--json", str(tmp_path / "run.txt")),  # refused for its suffix, torch unloaded
+    ]
+    old, new, train = concurrently(lambda row: run_cli(*row), rows)
+    assert old.returncode == 0 and json.loads(old.stdout) == json.loads(new.stdout)
+    assert old.stderr.strip() == "pipesched: warning: advise --dtype is deprecated and goes in the next release: use --activation-dtype"
+    assert train.returncode == 2
+    warning, error = train.stderr.strip().splitlines()
+    assert "train --json is deprecated" in warning and "use --summary" in warning and ".json" in error

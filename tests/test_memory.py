@@ -102,8 +102,10 @@ def test_bad_memory_limits_are_one_line_and_exit_2(args, fragment):
 
 
 def test_advise_takes_a_byte_limit_with_a_model_description():
+    # a limit in bytes counts the whole footprint: each rank's 4 layers' weights, gradients and
+    # optimizer state take 48.2 MiB, so 51.2MiB leaves 3 MiB for activations
     result = run_cli("advise", "--ranks", "2", "--layers", "8", "--hidden", "256", "--seq-len", "64",
-                     "--microbatch-size", "1", "--microbatches", "4", "--memory-limit", "3MiB",
+                     "--microbatch-size", "1", "--microbatches", "4", "--memory-limit", "51.2MiB",
                      "--schedules", "1f1b,gpipe,zb-v", "--json")
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
@@ -112,12 +114,13 @@ def test_advise_takes_a_byte_limit_with_a_model_description():
     fits = {(r["schedule"], r["recompute"]): r["fits"] for r in rows}
     assert fits[("1f1b", "all")] and not fits[("1f1b", "none")]
     too_little = run_cli("advise", "--ranks", "2", "--layers", "8", "--hidden", "256", "--seq-len", "64",
-                         "--microbatch-size", "1", "--microbatches", "4", "--memory-limit", "512KiB",
+                         "--microbatch-size", "1", "--microbatches", "4", "--memory-limit", "48.7MiB",
                          "--schedules", "1f1b,gpipe,zb-v")
     assert too_little.returncode == 2
-    assert "no schedule fits the memory limit: the leanest, " in too_little.stderr
+    assert "no schedule fits in the memory limit: the leanest, " in too_little.stderr
     # two microbatches' 4 layer inputs and one layer rebuilt
-    assert "recompute all), needs 737 KiB of activations on its fullest rank" in too_little.stderr
+    assert "recompute all), needs 48.9 MiB (0.0513 GB) on its fullest rank" in too_little.stderr
+    assert "with 737 KiB of activations" in too_little.stderr
 
 
 def test_simulate_reports_peak_bytes_when_the_activation_size_is_given():

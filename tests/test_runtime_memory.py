@@ -78,7 +78,7 @@ def test_zb_auto_under_a_byte_limit_holds_no_more_and_the_json_summary_and_trace
     # and recomputes to fit a limit below one microbatch's activations (172 KiB per stage)
     path, trace, limit = tmp_path / "run.json", tmp_path / "trace.json", 128 * 2**10
     result = run_cli("train", "--model", "mlp", "--schedule", "zb-auto", "--ranks", "2", "--microbatches", "4",
-                     "--batch-size", "16", "--steps", "2", "--memory-limit", "128KiB", "--json", str(path),
+                     "--batch-size", "16", "--steps", "2", "--memory-limit", "128KiB", "--summary", str(path),
                      "--trace", str(trace))
     assert result.returncode == 0, result.stderr
     assert "a recomputed stage keeps" in result.stderr and "zb-auto: recomputing stages" in result.stderr

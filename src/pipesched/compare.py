@@ -13,7 +13,7 @@ from typing import Optional
 from .costs import Costs
 from .errors import PipeschedError
 from .execution import TOLERANCE
-from .planning import actions_built, check_planning_work
+from .planning import actions_built, actions_per_schedule, check_planning_time, planning_seconds
 from .ranking import BASELINE
 from .registry import Family, build_schedule, families
 from .simulate import SimResult, simulate
@@ -77,12 +77,14 @@ def simulate_all(
     ]
 
 
-def check_size(ranks: int, microbatches: int, chunks: Optional[int], recompute_limit: Optional[float] = None) -> int:
-    """The actions :func:`simulate_all` builds; a ConfigError naming what fits when that would
-    take more than about a minute (:mod:`.planning`)."""
-    return check_planning_work(
-        "every schedule", ranks, microbatches, lambda m: planned_work(ranks, m, chunks, recompute_limit),
+def check_size(ranks: int, microbatches: int, chunks: Optional[int], recompute_limit: Optional[float] = None) -> float:
+    """The predicted CPU seconds of :func:`simulate_all`; a ConfigError naming what fits when
+    that is more than about a minute (:mod:`.planning`)."""
+    return check_planning_time(
+        "every schedule", ranks, microbatches,
+        lambda m: sum(planning_seconds(f, ranks, m, v, recompute_limit) for f, v in _chosen_chunks(chunks)),
         instead=", or one schedule at a time (pipesched simulate NAME)",
+        held_at=lambda m: max(actions_per_schedule(f, ranks, m, v) for f, v in _chosen_chunks(chunks)),
     )
 
 

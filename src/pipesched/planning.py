@@ -1,4 +1,4 @@
-"""How much work planning takes, and refusing sizes that would take minutes and gigabytes.
+"""How long planning takes, and refusing sizes that would take more than about a minute.
 
 Planning is pure Python: every schedule built holds one object per action, and validating and
 simulating it visits each action a few times. The work therefore grows with the actions built:
@@ -8,11 +8,19 @@ simulating it visits each action a few times. The work therefore grows with the 
 where ``candidates`` is how many schedules a searching family builds and simulates to pick one
 (``Family.search_width``: 1 for the handcrafted families, about 30 for ``zb-auto`` at large sizes; a compacted
 V program counts as ``COMPACTION_COST`` schedules; a request that has zb-auto search recomputation
-adds its recomputing candidates, ``Family.recompute_search_width``). Measured on this project's shared 2-core
-machine (benchmarks/RESULTS.md, "Reliability: bounded planning work"), one action built costs
-about 7 to 27 microseconds of CPU and a few hundred bytes, so :data:`MAX_ACTIONS_BUILT` keeps a
-command within about a minute and well under 2 GB. Larger requests are refused up front, in one
-line that says what would fit.
+adds its recomputing candidates, ``Family.recompute_search_width``).
+
+What one action built costs depends on how the family builds (``Family.planning``, a key of
+:data:`SECONDS_PER_ACTION`): a construction writes each action once; a search over group sizes
+and placements (interleaved, zb-auto's seeds) simulates each candidate; the V family's greedy
+list scheduler scans its ranks for every action it places; zb-auto's exact refinement (a MILP,
+small instances only) is counted in its search width. Those rates were measured in CPU seconds on
+this project's 2-core machine (``python benchmarks/planning_rates.py``; benchmarks/RESULTS.md,
+"Planning bound in seconds") and rounded up, so the time stated is an upper estimate;
+tests/test_planning.py checks them against real builds. A request predicted above
+:data:`MAX_PLANNING_SECONDS` is refused up front, in one line naming the largest size that fits
+and its predicted time. One schedule also holds a few hundred bytes per action: above
+:data:`MAX_ACTIONS_HELD` actions in one schedule (some GB) it is refused on memory alone.
 """
 
 from __future__ import annotations
@@ -20,11 +28,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional
 
 from .errors import ConfigError
+from .units import format_seconds
 
 if TYPE_CHECKING:  # the registry asks this module before it builds: type names only
     from .registry import Family
 
-MAX_ACTIONS_BUILT = 2_200_000  # 1f1b at p=256, m=4096 (2.1M) fits
+SECONDS_PER_ACTION = {  # CPU seconds per action built: measured (see the module doc), rounded up
+    "construction": 8e-6,  # one pass, no search (measured 2-5 us; 7 us at 2M actions)
+    "search": 10e-6,  # candidates simulated and ranked (interleaved 2-4 us; zb-auto 4 us, 9 us with its MILP)
+    "greedy": 14e-6,  # the V family's list scheduler and pool (7-11 us)
+}
+MAX_PLANNING_SECONDS = 60.0  # predicted CPU time above which a request is refused
+MAX_ACTIONS_HELD = 12_000_000  # actions in one schedule (about 4 GB held): refused above
+MAX_ACTIONS_BUILT = 2_200_000  # actions in a schedule CSV read whole (1f1b at p=256, m=4096 fits)
 SHOW_PROGRESS_FROM = 250_000  # actions built: a few seconds, worth a word on the terminal
 
 
@@ -49,42 +65,70 @@ def actions_built(family: Family, ranks: int, microbatches: int, chunks: Optiona
     return actions_per_schedule(family, ranks, microbatches, chunks) * search_width(family, ranks, microbatches, recompute_limit)
 
 
-def check_planning_work(what: str, ranks: int, microbatches: int, work_at: Callable[[int], int], instead: str = "") -> int:
-    """Raise a ConfigError when planning ``what`` would build more than :data:`MAX_ACTIONS_BUILT`
-    actions; ``work_at(m)`` is the actions built at ``m`` microbatches (growing with ``m``).
-    The message names the most microbatches that fit, then ``instead``. Returns the work."""
-    work = work_at(microbatches)
-    if work <= MAX_ACTIONS_BUILT:
-        return work
-    fits = largest_fitting(work_at, microbatches)
+def seconds_per_action(family: Family) -> float:
+    """CPU seconds per action ``family`` builds; a family that names no kind of planning
+    (a plug-in's) is charged the slowest rate."""
+    return SECONDS_PER_ACTION.get(family.planning, max(SECONDS_PER_ACTION.values()))
+
+
+def planning_seconds(family: Family, ranks: int, microbatches: int, chunks: Optional[int],
+                     recompute_limit: Optional[float] = None) -> float:
+    """Predicted CPU seconds to build and simulate ``family`` for this request."""
+    return actions_built(family, ranks, microbatches, chunks, recompute_limit) * seconds_per_action(family)
+
+
+def check_planning_time(what: str, ranks: int, microbatches: int, seconds_at: Callable[[int], float],
+                        instead: str = "", held_at: Optional[Callable[[int], int]] = None) -> float:
+    """Raise a ConfigError when planning ``what`` is predicted to take more than
+    :data:`MAX_PLANNING_SECONDS`; ``seconds_at(m)`` is the predicted time at ``m`` microbatches
+    (growing with ``m``), ``held_at(m)`` the actions of the largest schedule held at once.
+    The message names the most microbatches that fit and their time, then ``instead``.
+    Returns the predicted seconds."""
+    def fits(m: int) -> bool:
+        return seconds_at(m) <= MAX_PLANNING_SECONDS and (held_at is None or held_at(m) <= MAX_ACTIONS_HELD)
+
+    seconds = seconds_at(microbatches)
+    if fits(microbatches):
+        return seconds
+    largest = largest_fitting(fits, microbatches)
     smaller = (
-        f"use {fits} microbatches or fewer" if fits >= 1
+        f"use {largest} microbatches or fewer (about {format_seconds(seconds_at(largest))})" if largest >= 1
         else f"use fewer ranks (even 1 microbatch is too much at ranks={ranks})"
     )
-    raise ConfigError(
-        f"{what} at ranks={ranks} microbatches={microbatches} would build about "
-        f"{_millions(work)} actions, more than the {_millions(MAX_ACTIONS_BUILT)} planned within "
-        f"about a minute: {smaller}{instead}"
-    )
+    if held_at is not None and held_at(microbatches) > MAX_ACTIONS_HELD:
+        why = (f"would hold {_millions(held_at(microbatches))} actions in one schedule, more than the "
+               f"{_millions(MAX_ACTIONS_HELD)} (a few GB) planning keeps in memory")
+    else:
+        why = (f"would take about {format_seconds(seconds)} of CPU to plan, more than the "
+               f"{format_seconds(MAX_PLANNING_SECONDS)} allowed")
+    raise ConfigError(f"{what} at ranks={ranks} microbatches={microbatches} {why}: {smaller}{instead}")
 
 
 def check_schedule_size(family: Family, ranks: int, microbatches: int, chunks: Optional[int],
-                        recompute_limit: Optional[float] = None) -> int:
-    """:func:`check_planning_work` for one family (``build_schedule``'s guard)."""
-    searching = search_width(family, ranks, microbatches, recompute_limit) > 1
+                        recompute_limit: Optional[float] = None, searches: bool = True) -> float:
+    """:func:`check_planning_time` for one family (``build_schedule``'s guard); ``searches=False``:
+    the request is known to build one schedule (``Family.searches_for``)."""
+    searching = searches and search_width(family, ranks, microbatches, recompute_limit) > 1
+
+    def seconds(m: int) -> float:
+        if searching:
+            return planning_seconds(family, ranks, m, chunks, recompute_limit)
+        return actions_per_schedule(family, ranks, m, chunks) * seconds_per_action(family)
+
     instead = ", or a schedule built without a search (1f1b, zb-h1)" if searching else ""
-    return check_planning_work(
-        family.name, ranks, microbatches, lambda m: actions_built(family, ranks, m, chunks, recompute_limit), instead
+    return check_planning_time(
+        family.name, ranks, microbatches, seconds, instead,
+        held_at=lambda m: actions_per_schedule(family, ranks, m, chunks),
     )
 
 
-def largest_fitting(work_at: Callable[[int], int], upto: int) -> int:
-    """The largest microbatch count below ``upto`` whose work fits (0 if none does); the work
-    grows with the count, so a bisection finds it."""
+def largest_fitting(fits: Callable[[int], bool], upto: int) -> int:
+    """The largest microbatch count below ``upto`` that fits (0 if none does); the work grows
+    with the count, so a bisection finds it."""
     low, high = 0, upto - 1  # invariant: low fits (0 trivially), everything above high does not
     while low < high:
         mid = (low + high + 1) // 2
-        if work_at(mid) <= MAX_ACTIONS_BUILT:
+        if fits(mid):
             low = mid
         else:
             high = mid - 1

@@ -36,6 +36,11 @@ def no_recompute_search(ranks: int, memory_limit: float) -> int:
     return 0
 
 
+def always_searches(ranks: int, costs: Costs, memory_limit: Optional[float]) -> bool:
+    """A family whose search width counts whatever the costs (the planning bound's default)."""
+    return True
+
+
 class Placement(str, Enum):
     """Where a family puts its stages (:mod:`pipesched.placement` builds the maps)."""
 
@@ -110,6 +115,12 @@ class Family:
     # how many more it simulates when the request searches recomputation (a memory limit and a
     # recompute_input) for (ranks, memory_limit); counted only for such requests
     recompute_search_width: Callable[[int, float], int] = no_recompute_search
+    # how it builds, for the planning bound's CPU time per action (a key of
+    # pipesched.planning.SECONDS_PER_ACTION): "construction", "search" or "greedy"
+    planning: str = "construction"
+    # False when the request alone shows the family builds one schedule, no search, for
+    # (ranks, costs, memory_limit): zb-v's program is optimal at equal costs within p M_B
+    searches_for: Callable[[int, Costs, Optional[float]], bool] = always_searches
     why: str = ""  # the advisor's reason: what it removes and costs ({v} chunks, {msg} messages, {p} ranks)
     chunks_hint: str = ""  # appended to the error for a chunk count out of range
     torch: Optional[TorchCounterpart] = None
@@ -217,7 +228,8 @@ def build_schedule(
         if isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)) or not math.isfinite(memory_limit) or memory_limit <= 0:
             raise ConfigError(f"memory_limit must be a number above 0, got {memory_limit!r}")
     recompute_limit = memory_limit if recompute_input is not None else None  # recomputation searched
-    check_schedule_size(family, ranks, microbatches, v, recompute_limit)  # refuse minutes of work up front
+    check_schedule_size(family, ranks, microbatches, v, recompute_limit,  # refuse minutes of work up front
+                        searches=family.searches_for(ranks, costs if costs is not None else UNIT, memory_limit))
     request = BuildRequest(
         ranks, microbatches, v, as_costs(costs), memory_limit,
         check_objective(objective) if objective is not None else "makespan", recompute_input,

@@ -60,6 +60,8 @@ class CostModel(Protocol):
     def limits_device_memory(self) -> bool:
         """Whether the limit is a device's whole memory (weights and optimizer state included)."""
 
+    time_unit: str  # of the costs: "ms", or "" for cost units
+
 
 @dataclass(frozen=True)
 class ScaledCosts:
@@ -78,6 +80,7 @@ class ScaledCosts:
     activation: Optional[tuple[float, float, float]] = None  # whole model's keep, stash; a boundary's bytes
     limit_bytes: Optional[float] = None  # activation bytes per rank
     ranks: int = 1  # the ranks that share the model's activations (with ``activation``)
+    time_unit: str = ""  # of ``base``: "" (cost units) or "ms" (measured)
 
     def __post_init__(self) -> None:
         smallest = min(self.base.F, self.base.B, self.base.W)

@@ -177,13 +177,16 @@ class TransformerCosts:
     ranks: int
     hardware: Hardware = Hardware()
     limit: Optional[float] = None  # M_B units at the reference size, used without gpu_memory
-    activation_limit: Optional[float] = None  # bytes of activations per rank (--memory-limit 40GiB)
+    # bytes per rank of everything the model counts (--memory-limit 40GiB): weights, gradients,
+    # optimizer state and activations, as gpu_memory counts them
+    memory_bytes: Optional[float] = None
     layer_assignment: str = LAYER_ASSIGNMENTS[0]  # with several stages per rank: which takes the extra layers
+    time_unit: str = "ms"  # every time this model gives
 
     def __post_init__(self) -> None:
-        given = [x for x in (self.hardware.gpu_memory, self.limit, self.activation_limit) if x is not None]
+        given = [x for x in (self.hardware.gpu_memory, self.limit, self.memory_bytes) if x is not None]
         if len(given) > 1:
-            raise ConfigError("give one memory limit: GPU memory, M_B units or activation bytes")
+            raise ConfigError("give one memory limit: GPU memory, M_B units or bytes")
         if self.layer_assignment not in LAYER_ASSIGNMENTS:
             raise ConfigError(f"layer assignment {self.layer_assignment!r} is not known: use one of "
                               f"{', '.join(LAYER_ASSIGNMENTS)}")
@@ -285,21 +288,19 @@ class TransformerCosts:
         return tuple(self._state_bytes(r) for r in self._ranks_of(stages, placement))
 
     def activation_budgets(self, stages: int, placement: str) -> Optional[tuple[float, ...]]:
-        """Activation bytes each rank may hold: GPU memory less its weights, gradients and
-        optimizer state, or the activation limit (None: no limit in bytes)."""
-        if self.hardware.gpu_memory is not None:
-            return tuple(self.hardware.gpu_memory * GB - x for x in self.state_bytes(stages, placement))
-        if self.activation_limit is not None:
-            return (self.activation_limit,) * self.ranks
-        return None
+        """Activation bytes each rank may hold: the limit in bytes (GPU memory, or a byte
+        limit) less its weights, gradients and optimizer state (None: no limit in bytes)."""
+        budget = self.budget_bytes()
+        return None if budget is None else tuple(budget - x for x in self.state_bytes(stages, placement))
 
     def limits_device_memory(self) -> bool:
-        return self.hardware.gpu_memory is not None
+        return self.budget_bytes() is not None
 
     def budget_bytes(self) -> Optional[float]:
+        """The limit in bytes on each rank's whole footprint (None: none in bytes)."""
         if self.hardware.gpu_memory is not None:
             return self.hardware.gpu_memory * GB
-        return self.activation_limit
+        return self.memory_bytes
 
     def _activation_bytes(self, rank: dict, scale: float) -> float:
         b = self.spec.microbatch_size * scale
@@ -309,12 +310,11 @@ class TransformerCosts:
         budget = self.budget_bytes()  # one budget for all ranks, each less its own state
         if budget is None:
             return None if self.limit is None else self.limit / scale
-        counted = self.hardware.gpu_memory is not None  # weights and optimizer state share the device
         layouts = [(stages, placement)]
         if placement not in ("loop", "v"):  # the family picks its layout: hold it to the tighter one
             layouts = [(stages, "loop")] + ([(2 * self.ranks, "v")] if 2 * self.ranks <= self.spec.layers else [])
         return min(
-            (budget - counted * self._state_bytes(r)) / self._activation_bytes(r, scale)
+            (budget - self._state_bytes(r)) / self._activation_bytes(r, scale)  # the rest is the state's
             for n, style in layouts
             for r in self._ranks_of(n, style)
             if self._activation_bytes(r, scale) > 0  # a rank holding the embedding alone keeps nothing

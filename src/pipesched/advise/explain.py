@@ -13,6 +13,7 @@ from ..errors import UnknownScheduleError
 from ..execution import TOLERANCE
 from ..memory import format_bytes
 from ..registry import get_family
+from ..units import format_time
 from .result import Advice, Candidate
 
 NEAR = 0.01  # a simpler schedule this close (relative) to the best is worth a note
@@ -35,9 +36,13 @@ def explain(advice: Advice) -> tuple[str, list[str]]:
     best, base, p = advice.recommended, advice.baseline, advice.ranks
     unit = advice.objective
     fitting = advice.fitting
+
+    def t(c: Candidate) -> str:
+        return format_time(c.value(unit), advice.time_unit)
+
     if base is not None and base.schedule == best.schedule and base.microbatches == best.microbatches:
         reason = (
-            f"{best.label()} is the fastest schedule within the limit ({unit} {best.value(unit):.4g}): "
+            f"{best.label()} is the fastest schedule within the limit ({unit} {t(best)}): "
             f"{why(best, p)}."
         )
         faster = _fastest_over_limit(advice, best)
@@ -48,11 +53,11 @@ def explain(advice: Advice) -> tuple[str, list[str]]:
             )
     else:
         versus = (
-            f" vs {base.value(unit):.4g} for 1F1B at m={base.microbatches} ({best.speedup_vs_1f1b:.2f}x)"
+            f" vs {t(base)} for 1F1B at m={base.microbatches} ({best.speedup_vs_1f1b:.2f}x)"
             if base is not None else ""
         )
         reason = (
-            f"{best.label()} is the fastest schedule within the limit ({unit} {best.value(unit):.4g}{versus}): "
+            f"{best.label()} is the fastest schedule within the limit ({unit} {t(best)}{versus}): "
             f"{why(best, p)}."
         )
     notes = []

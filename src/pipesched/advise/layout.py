@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from ..errors import ConfigError, PipeschedError
+from ..planning import MAX_PLANNING_SECONDS
 from ..registry import build_schedule, get_family
 from ..execution import Span
 from ..simulate import simulate
@@ -28,6 +29,7 @@ from .search import Advice, Candidate, advise, objective_option
 GRAD_BYTES = 2  # bf16 gradients, as the memory model's 16 bytes per parameter assume
 BUCKET_BYTES = 25 << 20  # the runtime's (and DDP's) bucket size
 DEFAULT_DP_LATENCY_MS = 0.05
+LAYOUT_BUDGET = MAX_PLANNING_SECONDS / 2  # CPU seconds per layout's search before it is narrowed
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ class LayoutCandidate:
     step_time: float  # ms, with the exposed all-reduce
     exposed_allreduce: float  # ms
     allreduce_per_rank: float  # ms of reduction on the busiest rank, hidden or not
+    searched: str = "in full"  # how its layout was searched (Advice.searched)
 
     def label(self) -> str:
         return f"pp={self.pp} x dp={self.dp}: {self.candidate.label()}"
@@ -124,6 +127,7 @@ class LayoutCandidate:
             "step_time": self.step_time,
             "exposed_allreduce": self.exposed_allreduce,
             "allreduce_per_rank": self.allreduce_per_rank,
+            "searched": self.searched,
         }
 
 
@@ -146,6 +150,10 @@ class LayoutAdvice:
     def to_json(self) -> list[dict]:
         return [c.to_json() for c in self.candidates]
 
+    def searched_lines(self) -> list[str]:
+        """How each layout's pipeline was searched (in full, or narrowed to its time budget)."""
+        return [f"pp={a.ranks} x dp={self.gpus // a.ranks}: {a.searched}" for a in self.per_layout]
+
 
 def advise_layouts(
     gpus: int,
@@ -163,7 +171,9 @@ def advise_layouts(
     ``model`` describes the model and hardware (its ``ranks`` is replaced by each ``pp``);
     ``dp_bandwidth`` (GB/s between replicas; default the model's pipeline bandwidth) and
     ``dp_latency_ms`` price the all-reduce. The ``keep`` fastest fitting candidates of each
-    layout (and its 1F1B) are rebuilt and simulated with the reduction on their timeline."""
+    layout (and its 1F1B) are rebuilt and simulated with the reduction on their timeline.
+    No layout is left out for the search's own time: one whose full search is predicted above
+    :data:`LAYOUT_BUDGET` is searched more cheaply (:func:`~.search.affordable_search`)."""
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise ConfigError(f"--gpus must be a whole number of at least 1, got {gpus!r}")
     bandwidth = dp_bandwidth if dp_bandwidth is not None else model.hardware.bandwidth
@@ -182,7 +192,7 @@ def advise_layouts(
         pipeline = replace(model, ranks=pp)
         try:
             advice = advise(pp, cost_model=pipeline, global_batch=global_batch // dp,
-                            microbatch_size=model.spec.microbatch_size, **advise_options)
+                            microbatch_size=model.spec.microbatch_size, budget=LAYOUT_BUDGET, **advise_options)
         except PipeschedError as err:
             skipped.append(f"pp={pp} x dp={dp}: {err}")
             continue
@@ -191,7 +201,7 @@ def advise_layouts(
         shortlist = advice.fitting[:keep]
         shortlist += [c for c in advice.fitting if c.schedule == "1f1b" and c not in shortlist][:1]
         for c in shortlist:
-            ranked.append(_with_sync(pp, dp, c, pipeline, cost))
+            ranked.append(replace(_with_sync(pp, dp, c, pipeline, cost), searched=advice.searched))
     if not ranked:
         raise ConfigError(f"no layout of {gpus} GPUs fits: " + "; ".join(skipped[:3]))
     ranked.sort(key=lambda c: (c.step_time, c.candidate.peak_memory_reference, c.dp))

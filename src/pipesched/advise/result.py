@@ -37,6 +37,7 @@ class Candidate:
     recompute: str = "none"  # "all": every stage recomputes its activations in the backward
     peak_memory_bytes: Optional[float] = None  # fullest rank: activations plus what the model counts besides
     activation_bytes: Optional[float] = None  # fullest rank's activations alone
+    memory_counted: Optional[str] = None  # what peak_memory_bytes (and a limit in bytes) counts
 
     @property
     def peak_memory_reference(self) -> float:
@@ -78,6 +79,7 @@ class Candidate:
             "objective": self.objective,
             "recompute": self.recompute,
             "peak_memory_bytes": self.peak_memory_bytes,
+            "peak_memory_bytes_counts": self.memory_counted,
         }
 
 
@@ -94,6 +96,8 @@ class Advice:
     reason: str = ""
     notes: tuple[str, ...] = ()
     skipped: tuple[tuple[str, int, int, str], ...] = field(default=())  # (schedule, chunks, m, why)
+    searched: str = "in full"  # or how the search was narrowed to stay within its time budget
+    time_unit: str = ""  # of the costs and times: "ms" (a model description, a profile) or "" (cost units)
 
     @property
     def recommended(self) -> Candidate:

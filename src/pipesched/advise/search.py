@@ -17,7 +17,8 @@ from ..costs import Costs
 from ..errors import ConfigError, PipeschedError
 from ..execution import TOLERANCE
 from ..memory import format_bytes
-from ..planning import actions_built, check_planning_work
+from ..planning import actions_built, actions_per_schedule, check_planning_time, planning_seconds
+from ..units import format_seconds
 from ..ranking import BASELINE, OBJECTIVES, rank_key, significant
 from ..registry import Family, build_schedule, families as registered_families
 from ..schedule import Schedule
@@ -32,6 +33,12 @@ __all__ = ["Advice", "Candidate", "NoCandidateFitsError", "advise", "objective_o
 
 
 REBUILD_WIDTH = 10  # families building at most this many programs are built under every layer assignment
+
+
+MEMORY_COUNTED = {  # what a candidate's bytes count: the whole footprint where the model knows it
+    True: "weights, gradients, optimizer state and activations (with the stage inputs held)",
+    False: "activations (with the stage inputs held); weights and optimizer state are not known from costs",
+}
 
 
 class NoCandidateFitsError(ConfigError):
@@ -55,6 +62,7 @@ def advise(
     families: Optional[Sequence[Family]] = None,
     workers: Optional[int] = None,
     progress: Optional[Callable[[int], ContextManager]] = None,
+    budget: Optional[float] = None,
 ) -> Advice:
     """Rank every schedule x chunk count (x microbatch count) for this setup; see the module doc.
 
@@ -63,7 +71,9 @@ def advise(
     size; ``cost_model`` replaces ``costs`` and ``memory_limit`` (e.g. a model description).
     ``workers``: processes for the builds (default: the CPUs when there are 4 or more, else one).
     ``progress(work)``: a context the search runs in, given the actions it builds (a spinner).
-    Searches that would take more than about a minute raise a ConfigError (:mod:`..planning`).
+    Searches that would take more than about a minute raise a ConfigError (:mod:`..planning`);
+    with ``budget`` (CPU seconds) a search predicted above it is narrowed instead
+    (:func:`affordable_search`), and ``Advice.searched`` says how.
     Raises :class:`NoCandidateFitsError` when nothing fits, naming the smallest feasible limit.
     """
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
@@ -80,13 +90,17 @@ def advise(
         f for f in registered_families() if f.parameter_copies == 1
     ]
     order = {f.name: i for i, f in enumerate(family_list)}
+    searched = FULL_SEARCH
+    if budget is not None:
+        plan, family_list, searched = affordable_search(ranks, plan, family_list, max_chunks, budget)
 
     built: list[Candidate] = []
     skipped: list[tuple[str, int, int, str]] = []
     over_limit: list[Setting] = []  # families that could not get under the limit when steered
     # Largest instances first, so parallel workers finish together.
     todo = sorted(settings(family_list, plan, max_chunks), key=lambda s: -s.microbatches * s.chunks)
-    work = check_search_size(ranks, plan, family_list, max_chunks)
+    check_search_size(ranks, plan, family_list, max_chunks)
+    work = search_actions(ranks, plan, family_list, max_chunks)
     with progress(work) if progress is not None else nullcontext():
         outcomes = map_outcomes(
             lambda setting: _evaluate(setting, ranks, plan, cost_model, objective), todo,
@@ -128,22 +142,63 @@ def advise(
     )
     ranked = [_with_speedup(c, baseline, objective) for c in fits + over]
     baseline = _with_speedup(baseline, baseline, objective) if baseline else None
-    advice = Advice(ranks, objective, memory_limit, plan, tuple(ranked), baseline, skipped=tuple(skipped))
+    advice = Advice(ranks, objective, memory_limit, plan, tuple(ranked), baseline, skipped=tuple(skipped),
+                    searched=searched, time_unit=getattr(cost_model, "time_unit", ""))
     reason, notes = explain(advice)
-    return Advice(
-        ranks, objective, memory_limit, plan, tuple(ranked), baseline, reason, tuple(notes), tuple(skipped)
-    )
+    return replace(advice, reason=reason, notes=tuple(notes))
 
 
-def check_search_size(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> int:
-    """The actions the search builds (see :mod:`..planning`); a ConfigError naming what fits
-    when that would take more than about a minute."""
+def check_search_size(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> float:
+    """The search's predicted CPU seconds (see :mod:`..planning`); a ConfigError naming what
+    fits when that is more than about a minute."""
     todo = settings(family_list, plan, max_chunks)
-    return check_planning_work(
+    return check_planning_time(
         "advise", ranks, max(plan.options),
-        lambda m: sum(actions_built(s.family, ranks, min(s.microbatches, m), s.chunks) for s in todo),
+        lambda m: sum(planning_seconds(s.family, ranks, min(s.microbatches, m), s.chunks) for s in todo),
         instead=" (--microbatches, or --max-microbatches with --global-batch), fewer --schedules or a lower --max-chunks",
+        held_at=lambda m: max(actions_per_schedule(s.family, ranks, min(s.microbatches, m), s.chunks) for s in todo),
     )
+
+
+FULL_SEARCH = "in full"
+
+
+def affordable_search(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int,
+                      budget: float) -> tuple[BatchPlan, list[Family], str]:
+    """The search narrowed until its predicted CPU time is within ``budget`` seconds, and how.
+
+    First the microbatch counts above ``4p`` go (the bubble, about ``(p-1)/(m+p-1)`` of a step
+    for 1F1B and less for the others, has stopped shrinking much there), then the families that
+    search widest (``zb-auto``, the V family: their candidates are mostly the others' orders
+    again), widest first, then the largest microbatch counts left, down to one. Every layout
+    is thus searched, more cheaply where a full search would take too long."""
+    families = list(family_list)
+
+    def seconds(p: BatchPlan, fs: Sequence[Family]) -> float:
+        return sum(planning_seconds(s.family, ranks, s.microbatches, s.chunks) for s in settings(fs, p, max_chunks))
+
+    full = seconds(plan, families)
+    if full <= budget:
+        return plan, families, FULL_SEARCH
+    largest = plan.options[-1]
+    options = tuple(m for m in plan.options if m <= 4 * ranks) or plan.options[:1]
+    dropped = []
+    for family in sorted((f for f in families if f.search_width(ranks, options[-1]) > REBUILD_WIDTH),
+                         key=lambda f: -f.search_width(ranks, options[-1])):
+        if seconds(replace(plan, options=options), families) <= budget:
+            break
+        families.remove(family)
+        dropped.append(family.name)
+    while len(options) > 1 and seconds(replace(plan, options=options), families) > budget:
+        options = options[:-1]
+    steps = ([f"microbatches up to {options[-1]} (of {largest})"] if options[-1] != largest else []) + (
+        [f"without {', '.join(dropped)}"] if dropped else [])
+    return replace(plan, options=options), families, f"{'; '.join(steps)}: a full search takes about {format_seconds(full)}"
+
+
+def search_actions(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> int:
+    """Actions the search builds and simulates (what its progress line counts)."""
+    return sum(actions_built(s.family, ranks, s.microbatches, s.chunks) for s in settings(family_list, plan, max_chunks))
 
 
 def objective_option(family: Family, objective: str) -> dict:
@@ -253,12 +308,13 @@ def _measure(
         peak = max(peaks)
         fits = limit is None or peak <= limit + TOLERANCE
         memory_gb = model.memory_gb(schedule.stages, schedule.style, scale, tuple(peaks))
-        peak_bytes = activation_bytes = None
+        peak_bytes = activation_bytes = counted = None
         if sizes is not None:
             held = result.peak_memory_bytes
             state = model.state_bytes(schedule.stages, schedule.style)
             peak_bytes = max(a + b for a, b in zip(held, state))
             activation_bytes = max(held)
+            counted = MEMORY_COUNTED[any(state)]
             memory_gb = peak_bytes / 1e9 if memory_gb is not None else None
             if budgets is not None:
                 fits = all(a <= b * (1 + TOLERANCE) for a, b in zip(held, budgets))
@@ -286,6 +342,7 @@ def _measure(
             recompute="all" if stages_recomputed else "none",
             peak_memory_bytes=peak_bytes,
             activation_bytes=activation_bytes,
+            memory_counted=counted,
         ))
     return out
 
@@ -304,12 +361,13 @@ def _no_fit_message(over: Sequence[Candidate], limit: Optional[float], device: b
             f"no schedule fits the memory limit: the leanest, {leanest.label()}, needs "
             f"{format_bytes(leanest.activation_bytes)} of activations on its fullest rank"
         )
-    if device and over[0].memory_gb is not None:
-        leanest = min(over, key=lambda c: c.memory_gb)
+    if device and over[0].peak_memory_bytes is not None:
+        leanest = min(over, key=lambda c: c.peak_memory_bytes)
         return (
-            f"no schedule fits in the GPU memory: the leanest, {leanest.label()}, needs "
-            f"{leanest.memory_gb:.3g} GB on its fullest rank; give more --gpu-memory, more ranks "
-            "or a smaller microbatch"
+            f"no schedule fits in the memory limit: the leanest, {leanest.label()}, needs "
+            f"{format_bytes(leanest.peak_memory_bytes)} ({leanest.peak_memory_bytes / 1e9:.3g} GB) on its fullest "
+            f"rank, weights, gradients and optimizer state with {format_bytes(leanest.activation_bytes)} of "
+            "activations; give a larger limit, more ranks or a smaller microbatch"
         )
     leanest = over[0]
     given = f" {limit:g}" if limit is not None else ""

@@ -15,6 +15,9 @@ from ..advise.layout import DEFAULT_DP_LATENCY_MS, LayoutAdvice, advise_layouts
 from ..advise.result import Candidate
 from ..errors import ConfigError
 from ..outfiles import check_output_path, write_atomic
+from ..advise.explain import WHOLE_DEVICE
+from ..units import format_time
+from .tables import Column, fitted_table
 
 if TYPE_CHECKING:  # rich loads when the layouts are printed
     from rich.table import Table
@@ -23,7 +26,7 @@ Gpus = typer.Option(
     None, "--gpus", help="GPUs in all: search pipeline ranks x data-parallel replicas (needs a model description and --global-batch)."
 )
 DpBandwidth = typer.Option(None, "--dp-bandwidth", help="With --gpus: GB/s between data-parallel replicas (default --bandwidth).")
-DpLatency = typer.Option(DEFAULT_DP_LATENCY_MS, "--dp-latency", help="With --gpus: ms per all-reduce bucket.")
+DpLatency = typer.Option(None, "--dp-latency", help=f"With --gpus: ms per all-reduce bucket (default {DEFAULT_DP_LATENCY_MS:g}).")
 Report = typer.Option(None, "--report", help="With --gpus: write an HTML report of the chosen layout.")
 
 
@@ -47,7 +50,8 @@ def run(gpus: Optional[int], global_batch: Optional[int], model: TransformerCost
 
     console = Console()
     console.print(f"[bold]pipesched advise[/bold]  {gpus} GPUs, global batch {global_batch}")
-    console.print(layout_table(advice, top))
+    console.print(layout_table(advice, top, console.width), crop=False)  # uncut, even on a narrow console
+    console.print("Layouts searched: " + "; ".join(advice.searched_lines()), highlight=False)
     best = advice.recommended
     console.print(f"[bold green]Recommendation:[/bold green] {recommendation(advice)}")
     for line in advice.skipped:
@@ -79,7 +83,7 @@ def recommendation(advice: LayoutAdvice) -> str:
     best = advice.recommended
     c = best.candidate
     text = (f"{best.pp} pipeline ranks x {best.dp} replicas with {c.schedule} (chunks={c.chunks}, m={c.microbatches} "
-            f"per replica): {best.step_time:.4g} ms per step, {best.exposed_allreduce:.3g} ms of it all-reduce not hidden")
+            f"per replica): {format_time(best.step_time, 'ms')} per step, {format_time(best.exposed_allreduce, 'ms')} of it all-reduce not hidden")
     base = advice.baseline(best.pp, best.dp)
     if base is not None and base is not best:
         text += f"; {base.step_time / best.step_time:.3f}x faster than 1f1b on the same layout"
@@ -90,19 +94,19 @@ def _rows(advice: LayoutAdvice, top: int) -> list:
     return list(advice.candidates[:max(1, top)])
 
 
-def layout_table(advice: LayoutAdvice, top: int) -> Table:
-    from rich.table import Table
-
-    table = Table(title=f"{len(advice.candidates)} layout candidates; best {min(top, len(advice.candidates))} shown")
-    for column in ("#", "pp", "dp", "schedule", "v", "m", "ms/step", "all-reduce (exposed)", "GB"):
-        table.add_column(column, justify="left" if column == "schedule" else "right", no_wrap=True)
+def layout_table(advice: LayoutAdvice, top: int, width: int) -> Table:
+    """The ranked layouts, fitted to ``width`` columns (times in ms, with units)."""
+    columns = [Column("#"), Column("pp"), Column("dp"), Column("schedule", justify="left", wrap=True), Column("chunks", short="v"),
+               Column("m"), Column("step"), Column("all-reduce (exposed)", drop=1), Column(f"GB {WHOLE_DEVICE}")]
+    rows = []
     for i, c in enumerate(_rows(advice, top)):
-        gb = f"{c.candidate.memory_gb:.3g}" if c.candidate.memory_gb is not None else "-"
-        table.add_row(str(i + 1), str(c.pp), str(c.dp), c.candidate.schedule, str(c.candidate.chunks),
-                      str(c.candidate.microbatches), f"{c.step_time:.4g}",
-                      f"{c.allreduce_per_rank:.3g} ({c.exposed_allreduce:.3g})", gb,
-                      style="bold green" if i == 0 else None)
-    return table
+        gb = f"{c.candidate.memory_gb:.1f}" if c.candidate.memory_gb is not None else "-"
+        rows.append([str(i + 1), str(c.pp), str(c.dp), c.candidate.schedule, str(c.candidate.chunks),
+                     str(c.candidate.microbatches), format_time(c.step_time, "ms"),
+                     f"{format_time(c.allreduce_per_rank, 'ms')} ({format_time(c.exposed_allreduce, 'ms')})", gb])
+    title = f"{len(advice.candidates)} layout candidates; best {min(top, len(advice.candidates))} shown"
+    return fitted_table(columns, rows, width, title, f"GB {WHOLE_DEVICE}: weights, gradients, optimizer state and activations",
+                        ["bold green"] + [None] * (len(rows) - 1))
 
 
 def layout_report(advice: LayoutAdvice, top: int = 12) -> str:

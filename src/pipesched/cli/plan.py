@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import typer
 
@@ -18,36 +18,23 @@ from ..registry import build_schedule, families, get_family
 from ..schedule import Schedule
 from ..schedule_files import check_format, csv_text, load_csv_file
 from ..simulate import SimResult, simulate
+from ..units import format_number
 from . import app
 from . import options as opt
 from .progress import planning_progress
-
-if TYPE_CHECKING:  # rich loads when a command prints (a refused input never does)
-    from rich.console import Console
-
-
-def wide_console() -> Console:
-    """A console at least 120 columns wide: tables stay whole when piped or in a narrow pane."""
-    from rich.console import Console
-
-    console = Console()
-    return console if console.width >= 120 else Console(width=120)
-
+from .tables import Column, print_table
 
 @app.command("list")
 def list_schedules() -> None:
     """Each schedule: when to use it, its chunks, placement and memory."""
-    from rich.table import Table
+    from rich.console import Console
 
-    table = Table(title="pipesched schedules", show_lines=False)
-    for column in ("name", "when to use it", "chunks", "placement", "backward", "peak memory"):
-        table.add_column(column, no_wrap=column == "name")
-    for f in families():
-        table.add_row(
-            f.name, f.summary, f.chunks_text(), f.placement,
-            "split (I+W)" if f.split_backward else "full (B)", f.memory,
-        )
-    wide_console().print(table)
+    columns = [Column("name", justify="left"), Column("when to use it", justify="left", wrap=True),
+               Column("chunks", justify="left", wrap=True), Column("placement", justify="left", drop=1),
+               Column("backward", justify="left", wrap=True, drop=2), Column("peak memory", justify="left", wrap=True)]
+    rows = [[f.name, f.summary, f.chunks_text(), f.placement, "split (I+W)" if f.split_backward else "full (B)", f.memory]
+            for f in families()]
+    print_table(Console(), columns, rows, "pipesched schedules")
 
 
 @app.command("export")
@@ -232,7 +219,6 @@ def say_recompute(schedule: Schedule, then: str, echo=lambda line: typer.echo(li
 def print_result(result: SimResult) -> None:
     """A short human summary of one simulation."""
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     sched = result.schedule
@@ -240,8 +226,8 @@ def print_result(result: SimResult) -> None:
     in_bytes = result.peak_memory_bytes is not None
     peak_bytes = f" ({format_bytes(max(result.peak_memory_bytes))})" if in_bytes else ""
     console.print(
-        f"makespan {result.makespan:g}  span {result.span:g}  "
-        f"bubble {100 * result.bubble_ratio:.1f}%  peak memory {result.max_peak_memory:g}{peak_bytes}"
+        f"makespan {format_number(result.makespan)}  span {format_number(result.span)}  "
+        f"bubble {100 * result.bubble_ratio:.1f}%  peak memory {format_number(result.max_peak_memory)}{peak_bytes}"
     )
     say_recompute(sched, "counted in the times and the memory above", console.print)
     if result.parameter_copies > 1:
@@ -249,16 +235,12 @@ def print_result(result: SimResult) -> None:
             f"parameters: {result.parameter_copies}x a one-copy pipeline's per rank "
             "(peak memory counts activations only)"
         )
-    table = Table()
-    for column in ("rank", "actions", "busy", "idle", "peak memory") + (("peak bytes",) if in_bytes else ()):
-        table.add_column(column, justify="right")
-    for r in range(sched.ranks):
-        table.add_row(
-            str(r), str(len(result.timeline[r])), f"{result.busy[r]:g}",
-            f"{result.makespan - result.busy[r]:g}", f"{result.peak_memory[r]:g}",
-            *((format_bytes(result.peak_memory_bytes[r]),) if in_bytes else ()),
-        )
-    console.print(table)
+    columns = [Column("rank"), Column("actions"), Column("busy"), Column("idle"), Column("peak memory")]
+    columns += [Column("peak bytes")] if in_bytes else []
+    rows = [[str(r), str(len(result.timeline[r])), format_number(result.busy[r]),
+             format_number(result.makespan - result.busy[r]), format_number(result.peak_memory[r]),
+             *((format_bytes(result.peak_memory_bytes[r]),) if in_bytes else ())] for r in range(sched.ranks)]
+    print_table(console, columns, rows)
 
 
 def compare_rows(setup: opt.Setup) -> list[dict]:
@@ -288,27 +270,31 @@ def compare(
 
 
 def print_compare(s: opt.Setup, rows: list[dict]) -> None:
-    """The compare table: one row per schedule, speed-up over 1f1b in the last column."""
-    from rich.table import Table
+    """The compare table: one row per schedule, speed-up over 1f1b in the last column; the
+    schedules that could not be built are named below it, with why."""
+    from rich.console import Console
 
     c = s.costs
-    table = Table(
-        title=f"p={s.ranks} m={s.microbatches}  F,B,W={c.F:g},{c.B:g},{c.W:g} comm={c.comm:g}"
-        + (f"  memory limit {s.memory_limit:g}" if s.memory_limit else "")
-    )
-    for column in ("schedule", "v", "makespan", "span", "bubble", "peak memory (max)", "per rank", "vs 1f1b"):
-        table.add_column(column, justify="left" if column in ("schedule", "per rank") else "right", no_wrap=column == "schedule")
+    title = (f"p={s.ranks} m={s.microbatches}  F,B,W={c.F:g},{c.B:g},{c.W:g} comm={c.comm:g}"
+             + (f"  memory limit {s.memory_limit:g}" if s.memory_limit else ""))
+    columns = [Column("schedule", justify="left", wrap=True), Column("chunks", short="v"), Column("makespan"),
+               Column("span", drop=3), Column("bubble", drop=2), Column("peak memory (max)"),
+               Column("per rank", justify="left", drop=4), Column("vs 1f1b", drop=1)]
+    table, failed = [], []
     for row in rows:
         if "error" in row:
-            table.add_row(row["schedule"], str(row["chunks"]), "[red]" + row["error"] + "[/red]", "", "", "", "", "")
+            failed.append(f"  {row['schedule']} (chunks={row['chunks']}): not built: {row['error']}")
             continue
         peaks = row["peak_memory"]
         per_rank = " ".join(f"{x:g}" for x in peaks) if len(peaks) <= 8 else f"{min(peaks):g}..{max(peaks):g}"
         mark = "" if row.get("fits", True) else " [red](over limit)[/red]"
         recomputed = row.get("recompute") or []
-        table.add_row(
-            row["schedule"] + (f" (recompute {','.join(map(str, recomputed))})" if recomputed else ""), str(row["chunks"]), f"{row['makespan']:.4g}", f"{row['span']:.4g}",
-            f"{100 * row['bubble_ratio']:.1f}%", f"{max(peaks):g}{mark}", per_rank,
-            f"{row.get('speedup_vs_1f1b', float('nan')):.3f}x",
-        )
-    wide_console().print(table)
+        table.append([
+            row["schedule"] + (f" (recompute {','.join(map(str, recomputed))})" if recomputed else ""), str(row["chunks"]),
+            format_number(row["makespan"]), format_number(row["span"]), f"{100 * row['bubble_ratio']:.1f}%",
+            f"{max(peaks):g}{mark}", per_rank, f"{row.get('speedup_vs_1f1b', float('nan')):.3f}x",
+        ])
+    console = Console()
+    print_table(console, columns, table, title)
+    for line in failed:
+        console.print(line, style="red", highlight=False)

@@ -20,6 +20,7 @@ from ..runtime.optimizers import OPTIMIZERS
 from ..schedule import Schedule
 from . import app, fail
 from . import options as opt
+from .renamed import deprecated_option as renamed_option, renamed
 from .train_layout import Dp, Dtype, check_batch_split, check_layout
 from ..zb_auto_plan import given_costs
 
@@ -78,8 +79,9 @@ def train(
         "indices such as 0,2 (dualpipe: 0..p-1, recomputed in both model copies).",
     ),
     json_path: Optional[Path] = typer.Option(
-        None, "--json", help="Write the run's summary (.json): losses, median step, activation bytes per rank."
+        None, "--summary", help="Write the run's summary (.json): losses, median step, activation bytes per rank."
     ),
+    old_json_path: Optional[Path] = renamed_option("--json", "--summary"),
     dp: int = Dp,
     dtype: str = Dtype,
 ) -> None:
@@ -88,6 +90,7 @@ def train(
 
     # first what needs no torch (importing it costs seconds): a plain mistake is refused at once
     torchrun_rank()  # a partial torchrun environment left in a shell: refused, not waited on
+    json_path = renamed("train", "--json", "--summary", old_json_path, json_path)
     check_numbers(lr, timeout, seed, clip_grad_norm)
     check_checkpoint_flags(checkpoint_dir, checkpoint_every, checkpoint_keep, resume)
     planning_costs = given_costs(schedule, csv, costs, comm)

@@ -152,7 +152,8 @@ def advise_from_profile(prof: Profile, memory_limit: Optional[float] = None, lim
     from ..advise.costmodel import ScaledCosts
 
     options["max_chunks"] = min(options.get("max_chunks", 4), prof.max_chunks)
-    model = ScaledCosts(prof.costs(), memory_limit, activation=prof.activation(), limit_bytes=limit_bytes, ranks=prof.ranks)
+    model = ScaledCosts(prof.costs(), memory_limit, activation=prof.activation(), limit_bytes=limit_bytes, ranks=prof.ranks,
+                        time_unit="ms")
     return advise(prof.ranks, memory_limit, microbatches=prof.microbatches, cost_model=model, **options)
 
 

@@ -60,6 +60,7 @@ register(Family(
     why="{v} chunks per rank shrink the warm-up and drain bubble about {v}-fold, "
         "at about {msg}x 1F1B's point-to-point messages and a little more memory",
     torch=TorchCounterpart("ScheduleInterleaved1F1B"), zb_auto=ZbAutoCandidate(order=4), search_width=interleaved.interleaved_search_width,
+    planning="search",
 ))
 register(Family(
     name="looped-bfs", build=lambda r: interleaved.build_looped_bfs(r.ranks, r.microbatches, r.chunks),
@@ -99,6 +100,7 @@ register(Family(
         "for {msg}x 1F1B's point-to-point volume",
     torch=TorchCounterpart("ScheduleZBVZeroBubble", 2),
     zb_auto=ZbAutoCandidate(order=7, programs=_zb_v_program), search_width=v_family.zb_v_search_width,
+    planning="greedy", searches_for=v_family.zb_v_searches,
 ))
 register(Family(
     name="interleaved-zb",
@@ -109,6 +111,7 @@ register(Family(
     why="{v} chunks per rank plus a split backward: interleaving's small warm-up "
         "and weight passes in the gaps, at about {msg}x 1F1B's messages",
     torch=TorchCounterpart("ScheduleInterleavedZeroBubble"), zb_auto=ZbAutoCandidate(order=3), search_width=interleaved_zb.search_width,
+    planning="search",
 ))
 register(Family(
     name="zb-auto", build=auto.build,
@@ -118,7 +121,7 @@ register(Family(
     searches_chunks=True,
     why="a cost-aware zero-bubble order found by search for these costs and this limit, "
         "so weight passes land exactly in the gaps the costs leave", search_width=auto.search_width,
-    recompute_search_width=recompute_width,
+    recompute_search_width=recompute_width, planning="search",
 ))
 register(Family(
     name="v-half",
@@ -130,7 +133,7 @@ register(Family(
         "its bubble, for {msg}x the point-to-point volume",
     zb_auto=(ZbAutoCandidate(order=8, programs=_v_seed("v-half block", block_orders, v_half_offsets)),
              ZbAutoCandidate(order=10, programs=_v_seed("v-half compacted", compacted_orders, v_half_offsets),
-                             width=COMPACTION_COST)), search_width=v_family.v_pool_width,
+                             width=COMPACTION_COST)), search_width=v_family.v_pool_width, planning="greedy",
 ))
 register(Family(
     name="v-min",
@@ -142,7 +145,7 @@ register(Family(
         "for {msg}x the point-to-point volume",
     zb_auto=(ZbAutoCandidate(order=9, programs=_v_seed("v-min block", block_orders, v_min_offsets)),
              ZbAutoCandidate(order=11, programs=_v_seed("v-min compacted", compacted_orders, v_min_offsets),
-                             width=COMPACTION_COST)), search_width=v_family.v_pool_width,
+                             width=COMPACTION_COST)), search_width=v_family.v_pool_width, planning="greedy",
 ))
 register(Family(
     name="dualpipev", build=lambda r: dualpipev.build(r.ranks, r.microbatches),

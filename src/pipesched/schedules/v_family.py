@@ -112,6 +112,14 @@ def build_zb_v(
     return _finish(best_schedule(candidates, costs, limit, objective), "zb-v", limit)
 
 
+def zb_v_searches(ranks: int, costs: Costs, memory_limit: Optional[float]) -> bool:
+    """Whether :func:`build_zb_v` may search: not at equal costs (F = B = W, no comm, no stage
+    multipliers) within ``p`` M_B, where its program meets the work bound (no order is faster)."""
+    equal = (costs.F == costs.B == costs.W and costs.comm == 0
+             and len(set(costs.stage_multipliers or (1.0,))) == 1)
+    return not (equal and (memory_limit is None or memory_limit >= ranks))
+
+
 def v_pool_width(ranks: int, microbatches: int) -> int:
     """The most schedules :func:`v_candidates` yields: three handcrafted programs (two of them
     compacted, each costing ``COMPACTION_COST`` schedules), two blocks, and one greedy V per
