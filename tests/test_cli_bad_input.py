@@ -92,7 +92,7 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("simulate 1f1b --stage-multipliers=", "--stage-multipliers is empty"),
     ("export 1f1b --memory-limit=", "--memory-limit '' is not a size"),
     ("simulate zb-v --activation-bytes 1MiB --recompute=", "--recompute is empty"),
-    ("advise -p 2 -m 4 --layers 4 --hidden 64 --seq-len 64 --microbatch-size 1 --dtype=", "--dtype '' is not known"),
+    ("advise -p 2 -m 4 --layers 4 --hidden 64 --seq-len 64 --microbatch-size 1 --activation-dtype=", "--activation-dtype '' is not known"),
     ("advise -p 2 -m 4 --layers 4 --hidden 64 --seq-len 64 --microbatch-size 1 --attention=", "--attention '' is not known"),
     # schedule CSVs that once escaped as exceptions or took unbounded memory
     ("simulate --csv {longcell}", "row 1: not a CSV row torch reads (field larger than field limit (131072))"),

@@ -25,6 +25,18 @@ Slot = Optional[Entry]  # an action, an overlapped pair, or None for an idle slo
 BYTE_ORDER_MARK = "\ufeff"
 
 
+def csv_rows(text: str) -> list[list[str]]:
+    """The cells of a schedule CSV's rows, of either format: a leading byte-order mark ignored,
+    rows ending in LF, CRLF or a lone CR (old Mac Excel); a row csv cannot read (a cell over its
+    field limit of 131,072 characters, a stray quote) is a CSVFormatError naming the row."""
+    text = text.removeprefix(BYTE_ORDER_MARK).replace("\r\n", "\n").replace("\r", "\n")
+    reader = csv.reader(io.StringIO(text))
+    try:
+        return list(reader)
+    except csv.Error as err:
+        raise CSVFormatError(f"row {reader.line_num}: not a CSV row torch reads ({err})") from None
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Per-rank program order plus the stage-to-rank placement.
@@ -152,12 +164,7 @@ class Schedule:
         A leading byte-order mark (U+FEFF, as Excel and some Windows tools write) is ignored;
         rows may end in LF, CRLF or a lone CR (Excel on a Mac).
         """
-        text = text.removeprefix(BYTE_ORDER_MARK).replace("\r\n", "\n").replace("\r", "\n")  # CR-only: old Mac Excel
-        reader = csv.reader(io.StringIO(text))
-        try:
-            rows = list(reader)
-        except csv.Error as err:  # a cell over csv's field limit (131,072 characters), a stray quote...
-            raise CSVFormatError(f"row {reader.line_num}: not a CSV row torch reads ({err})") from None
+        rows = csv_rows(text)
         while rows and not any(cell.strip() for cell in rows[-1]):
             rows.pop()
         if not rows:

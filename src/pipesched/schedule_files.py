@@ -29,7 +29,7 @@ from .errors import ConfigError, CSVFormatError, ScheduleError
 from .planning import MAX_ACTIONS_BUILT
 from .runtime.program import assemble, lower_all
 from .runtime.program_check import check_programs
-from .schedule import BYTE_ORDER_MARK, Schedule
+from .schedule import Schedule, csv_rows
 from .validate import validate
 
 FORMATS = ("compute_only", "compute_comms")  # torch's names
@@ -60,11 +60,7 @@ def parse_csv(text: str, name: str = "csv") -> Schedule:
     """A schedule from CSV text of either format: a file with a SEND or RECV cell is a program
     (checked); elsewhere REDUCE_GRAD, UNSHARD and RESHARD cells compute nothing and are dropped
     (torch's order of a single-stage schedule holds REDUCE_GRAD)."""
-    try:
-        # CR-only line ends (Excel on a Mac) read as line ends, as Schedule.from_csv reads them
-        rows = list(csv.reader(io.StringIO(text.removeprefix(BYTE_ORDER_MARK), newline=None)))
-    except csv.Error as err:  # a cell over csv's field limit, a stray quote...
-        raise CSVFormatError(f"not a CSV torch reads ({err})") from None
+    rows = csv_rows(text)
     ops = {match.group(2) for row in rows for cell in row if (match := _COMM_RE.match(cell))}
     if ops & _TRANSFERS:
         return _from_program_rows(rows, name)
