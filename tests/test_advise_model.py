@@ -253,7 +253,7 @@ def test_gpu_memory_sets_a_limit_that_recommended_schedules_respect():
 
 def test_too_little_gpu_memory_names_what_the_leanest_schedule_needs():
     model = TransformerCosts(GPT, ranks=4, hardware=Hardware(gpu_memory=20))
-    with pytest.raises(ConfigError, match=r"needs [\d.]+ GB"):
+    with pytest.raises(ConfigError, match=r"needs [\d.]+ GiB \([\d.]+ GB\) on its fullest rank, weights, gradients and optimizer state"):
         advise(4, microbatches=8, cost_model=model, families=FAST)
 
 
