@@ -80,13 +80,19 @@ def check_checkpointing(directory: Optional[Path], resume: bool, steps: int, mod
                         lr: float) -> Optional[Path]:
     """Check (and create) the checkpoint folder; return the checkpoint to resume from.
 
-    A checkpoint of another model or optimizer is refused here (CheckpointMismatch)."""
+    A checkpoint of another model or optimizer is refused here (CheckpointMismatch), a damaged
+    one passed over for the newest intact one, saying so. This process locks the folder for the
+    run (under torchrun: rank 0's)."""
     if directory is None:
         return None
+    import typer
+
     from ..runtime import checkpoint
+    from ..runtime.launch import under_torchrun
     from ..runtime.optimizers import make_optimizer
 
-    found = checkpoint.prepare_directory(directory, resume)
+    owner = not under_torchrun() or os.environ["RANK"] == "0"
+    found = checkpoint.prepare_directory(directory, resume, lambda line: typer.echo(f"pipesched: {line}", err=True), owner)
     if found is None:
         return None
     done = checkpoint.checkpoint_step(found)
