@@ -351,6 +351,6 @@ def misuse_run(rank: int, world: int, schedule) -> list:
     t0 = time.monotonic()
     try:
         short.step(x, y)
-    except RuntimeError as err:
-        said.append(type(err).__name__)
+    except RuntimeError as err:  # PeerFailure
+        said.append(str(err))
     return [said, time.monotonic() - t0]

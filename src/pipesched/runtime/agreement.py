@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from ..errors import ConfigError
 from ..schedule import Schedule
+from .p2p import PeerFailure
 from .partition import meta_block, stage_block_ranges
 
 
@@ -184,7 +185,11 @@ class StepChecks:
         flag = torch.tensor([problem is not None], dtype=torch.int32)
         if dist.get_backend(self.group) != "gloo":
             flag = flag.to(torch.device("cuda", torch.cuda.current_device()))
-        dist.all_reduce(flag, group=self.group)
+        try:
+            dist.all_reduce(flag, group=self.group)
+        except RuntimeError as err:  # gloo's "Timed out waiting 3000ms for recv", a peer gone
+            raise PeerFailure(f"rank {dist.get_rank()} gave up waiting for every rank to start step {step}: "
+                              f"{str(err).splitlines()[0].split('] ')[-1] if str(err) else type(err).__name__}") from None
         if not flag.item():
             return
         every: list = [None] * dist.get_world_size(self.group)

@@ -361,6 +361,8 @@ def _stop(procs: list) -> None:
     for p in procs:
         if p.is_alive():
             p.terminate()
+            if _not_running(p.pid):  # a stopped process acts on SIGTERM only once continued
+                os.kill(p.pid, signal.SIGCONT)
     deadline = time.monotonic() + 5
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
