@@ -28,6 +28,9 @@ except ImportError:  # not POSIX: the pid and host alone say who holds it
     fcntl = None
 
 
+_held: dict[str, "FolderLock"] = {}  # the locks this process holds, by their file's real path
+
+
 class FolderInUse(ConfigError):
     """Another live run holds the checkpoint folder."""
 
@@ -51,7 +54,11 @@ class FolderLock:
         self.took_over: Optional[str] = None  # "pid N on HOST": the dead holder whose lock we took
 
     def acquire(self) -> "FolderLock":
-        """Take the lock (FolderInUse when a live run holds it)."""
+        """Take the lock (FolderInUse when a live run holds it); a lock this process already
+        holds on the folder is shared (a second flock of it would refuse ourselves)."""
+        key = os.path.realpath(self.path)
+        if key in _held and _held[key].fd is not None:
+            return _held[key]
         host = socket.gethostname()
         for _ in range(5):  # the holder may remove the file between our open and our flock
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -79,6 +86,7 @@ class FolderLock:
             os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": host, "since": time.time()}).encode(), 0)
             os.fsync(fd)
             self.fd = fd
+            _held[key] = self
             atexit.register(self.release)
             return self
         raise FolderInUse(f"{self.path.parent}: its lock file {self.path} keeps changing: another run is starting there")
