@@ -92,7 +92,8 @@ def check_checkpointing(directory: Optional[Path], resume: bool, steps: int, mod
     from ..runtime.optimizers import make_optimizer
 
     owner = not under_torchrun() or os.environ["RANK"] == "0"
-    found = checkpoint.prepare_directory(directory, resume, lambda line: typer.echo(f"pipesched: {line}", err=True), owner)
+    say = (lambda line: typer.echo(f"pipesched: {line}", err=True)) if owner else (lambda _line: None)  # once per run
+    found = checkpoint.prepare_directory(directory, resume, say, owner)
     if found is None:
         return None
     done = checkpoint.checkpoint_step(found)

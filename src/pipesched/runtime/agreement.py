@@ -79,32 +79,30 @@ def agree_at_construction(group: Any, build_block: Callable[[int], torch.nn.Modu
                           schedule: Schedule, stages: int, block_counts: Optional[Sequence[int]], seed: int,
                           dtype: torch.dtype, clip_grad_norm: Optional[float], sample_input: torch.Tensor) -> None:
     """Refuse (RanksDisagree, on every rank) arguments that differ across the ranks of ``group``;
-    ``stages`` is the number of stages of one model copy. Collective."""
+    ``stages`` is the number of stages of one model copy. Collective: one all-gather. What one
+    rank refuses by itself (invalid block counts, a stage ending in a tuple) is gathered too, and
+    raised on every rank once they agree on it."""
+    refused: Optional[ConfigError] = None
+    counts = model = None
     try:
         ranges = stage_block_ranges(num_blocks, stages, block_counts)
         counts = str(tuple(len(r) for r in ranges))
+        model = _model_term(build_block, ranges, sample_input)
     except ConfigError as err:
-        ranges, counts = None, f"invalid ({err})"
-    terms = {
+        refused = err
+    every: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, {
         "the schedule": _schedule_term(schedule),
-        "block_counts": counts,
+        "block_counts": counts or f"{tuple(block_counts or ())} (refused: {refused})",
         "seed": str(seed),
         "dtype": str(dtype).replace("torch.", ""),
         "clip_grad_norm": str(clip_grad_norm),
         "sample_input": f"{list(sample_input.shape)} {str(sample_input.dtype).replace('torch.', '')}",
-    }
-    every = _gather(terms, group)
+        "the model": model or f"refused ({refused})",
+    }, group=group)
     _refuse_differences(every)
-    if ranges is None:  # the same invalid counts on every rank: say why, as one rank would
-        stage_block_ranges(num_blocks, stages, block_counts)
-    every = _gather({"the model": _model_term(build_block, ranges, sample_input)}, group)
-    _refuse_differences(every)
-
-
-def _gather(terms: dict, group: Any) -> list[dict]:
-    every: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(every, terms, group=group)
-    return every
+    if refused is not None:
+        raise refused
 
 
 def _refuse_differences(every: list[dict]) -> None:
