@@ -88,7 +88,8 @@ def measure_memory(rank: int, world: int, job: tuple) -> dict:
 
 
 class Saboteur(nn.Module):
-    """A block that, on rank 1, kills its process or hangs at one forward of the second step."""
+    """A block that, on rank 1, kills its process, raises (noting when in the file
+    $PIPESCHED_TEST_RAISED_AT) or hangs at one forward of the second step."""
 
     def __init__(self, mode: str) -> None:
         super().__init__()
@@ -101,6 +102,10 @@ class Saboteur(nn.Module):
         if int(os.environ.get("RANK", "-1")) == 1 and self.calls == 6:
             if self.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if self.mode == "raise":
+                with open(os.environ["PIPESCHED_TEST_RAISED_AT"], "w") as fh:
+                    fh.write(str(time.time()))
+                raise RuntimeError("a bug in rank 1's block")
             time.sleep(3600)
         return self.lin(x)
 

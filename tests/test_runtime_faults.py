@@ -4,6 +4,7 @@ a non-finite loss stops the run before any weight changes (or skips the step whe
 from __future__ import annotations
 
 import multiprocessing
+import re
 import time
 
 import pytest
@@ -39,6 +40,16 @@ def test_a_killed_rank_makes_the_others_fail_fast():
     assert "rank 1 died (killed by signal 9)" in message
     assert "rank 0 gave up waiting at" in message and "from rank 1" in message
     assert elapsed < STARTUP_ALLOWANCE_S + FAILURE_GRACE_S  # far below the timeout: noticed at once
+
+
+def test_a_rank_failing_of_its_own_cause_stops_the_others_within_a_second_with_its_reason(tmp_path, monkeypatch):
+    raised_at = tmp_path / "raised_at"
+    monkeypatch.setenv("PIPESCHED_TEST_RAISED_AT", str(raised_at))
+    message, _ = _failed_run("1f1b", "raise", RUN_TIMEOUT_S)
+    assert time.time() - float(raised_at.read_text()) < 1 + 1  # and the launcher's own exit
+    # rank 0's "Connection closed by peer" only echoes it
+    assert re.fullmatch(r"rank 1: RuntimeError: a bug in rank 1's block \(runtime_cases.py:\d+\); "
+                        "rank 0 was stopped after the failure", message), message
 
 
 def test_a_silent_rank_times_out_and_is_stopped():

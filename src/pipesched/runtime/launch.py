@@ -282,15 +282,16 @@ def _collect(procs: list, results, timeout_s: float) -> dict[int, Any]:
     done: dict[int, Any] = {}
     errors: dict[int, str] = {}
     causes: set[int] = set()  # ranks whose failure is their own
+    echoes: set[int] = set()  # ranks that reported a peer's failure (gone, silent)
     heard: dict[int, float] = {}  # when each rank last reported progress
     failed_at: Optional[float] = None
     while len(done) + len(errors) < world:
-        _drain(results, done, errors, causes, heard, wait=0.1)
+        _drain(results, done, errors, causes, echoes, heard, wait=0.1)
         if world == 1 and 0 in heard and not done and not errors and time.monotonic() - heard[0] > timeout_s:
             errors[0] = f"rank 0 timed out after {timeout_s:g}s without progress (it has no peer to wait for) and was stopped"
         for rank, p in enumerate(procs):
             if rank not in done and rank not in errors and p.exitcode is not None:
-                _drain(results, done, errors, causes, heard, wait=0.2)
+                _drain(results, done, errors, causes, echoes, heard, wait=0.2)
                 if rank not in done and rank not in errors:
                     errors[rank] = f"rank {rank} died ({_exit_text(p.exitcode)})"
         if errors and failed_at is None:
@@ -303,10 +304,9 @@ def _collect(procs: list, results, timeout_s: float) -> dict[int, Any]:
             for rank in waiting:
                 why = " (it was not running: stopped by a signal)" if _not_running(procs[rank].pid) else ""
                 errors[rank] = f"rank {rank} was stopped after the failure{why}"
-    if causes:  # the others' failures only echo it ("Connection closed by peer")
-        for rank in set(errors) - causes:
-            if not errors[rank].startswith(f"rank {rank} "):
-                errors[rank] = f"rank {rank} was stopped after the failure"
+    if causes:  # the others' reports only echo it ("Connection closed by peer")
+        for rank in echoes:
+            errors[rank] = f"rank {rank} was stopped after the failure"
     if errors:
         raise DistributedRunError(_failure_text(errors))
     return {rank: pickle.loads(blob) for rank, blob in done.items()}
@@ -335,7 +335,7 @@ def _failure_text(errors: dict[int, str]) -> str:
     return "; ".join(parts)
 
 
-def _drain(results, done: dict, errors: dict, causes: set, heard: dict, wait: float) -> None:
+def _drain(results, done: dict, errors: dict, causes: set, echoes: set, heard: dict, wait: float) -> None:
     try:
         kind, rank, value = results.get(timeout=wait)
     except queue.Empty:
@@ -345,8 +345,8 @@ def _drain(results, done: dict, errors: dict, causes: set, heard: dict, wait: fl
             heard[rank] = time.monotonic()
         else:
             (done if kind == "ok" else errors)[rank] = value
-            if kind == "cause":
-                causes.add(rank)
+            if kind != "ok":
+                (causes if kind == "cause" else echoes).add(rank)
         try:
             kind, rank, value = results.get_nowait()
         except queue.Empty:
