@@ -164,8 +164,9 @@ class PipelineRuntime:
         self.input_bytes: dict[int, int] = {}  # per own stage: one microbatch's stage input
         self.optimizer = optimizer(self.parameters)
         outs = infer_boundary_shapes(build_block, ranges, sample_input)
-        self.checks = StepChecks(sample_input, loss_fn, schedule.microbatches, self.mesh.dp, any(map(self.copies.takes_inputs, owned)),
-                                 any(map(self.copies.computes_loss, owned)), outs[-1], self.mesh.world_group)
+        self.checks = StepChecks(sample_input, loss_fn, schedule.microbatches, self.mesh.dp,
+                                 any(map(self.copies.takes_inputs, owned)), any(map(self.copies.computes_loss, owned)),
+                                 outs[-1], self.mesh.world_group)
         for s, (_, dtype) in enumerate(outs[:-1]):
             if not dtype.is_floating_point:
                 raise ConfigError(

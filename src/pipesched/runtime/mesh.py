@@ -69,7 +69,8 @@ def check_timeout(timeout_s: Optional[float]) -> Optional[timedelta]:
     finite number of seconds above 0."""
     if timeout_s is None:
         return None
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (math.isfinite(timeout_s) and 0 < timeout_s <= 365 * 86400):
+    number = isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
+    if not (number and math.isfinite(timeout_s) and 0 < timeout_s <= 365 * 86400):
         raise ConfigError(f"timeout_s must be a finite number of seconds above 0 (at most a year), got {timeout_s!r}")
     return timedelta(seconds=timeout_s)
 
