@@ -158,12 +158,14 @@ def latest(directory: PathLike) -> Optional[Path]:
 
 
 def prepare_directory(directory: PathLike, resume: bool, say: Callable[[str], None] = lambda _: None,
-                      owner: bool = True) -> Optional[Path]:
-    """Check ``directory`` before a run starts (ConfigError: one line), create it and, as its
-    ``owner`` (the one process of the run that writes there), lock it for this process's life
-    and remove the partial folders of interrupted saves; return the checkpoint to resume from
-    (with ``resume``: the newest intact one, damaged newer ones set aside), else None. ``say``
-    gets a line for each thing done that the user should know (a lock taken over, a fallback).
+                      owner: bool = True, check: Optional[Callable[[Path], None]] = None) -> Optional[Path]:
+    """Check ``directory`` before a run starts (ConfigError: one line) and create it; return the
+    checkpoint to resume from (with ``resume``: the newest intact one), else None. ``check``
+    may refuse that checkpoint (another model, nothing left to do). Only then, as the folder's
+    ``owner`` (the one process of the run that writes there), lock it for this process's life,
+    remove the partial folders of interrupted saves and set aside the damaged checkpoints newer
+    than the one chosen: a run refused for its options never holds the lock, nor changes the
+    folder. ``say`` gets a line for each thing done that the user should know.
 
     Starting afresh in a folder that already holds checkpoints is refused: the new run's would
     mix with the old run's, and ``--resume`` would then pick from both."""
@@ -177,13 +179,6 @@ def prepare_directory(directory: PathLike, resume: bool, say: Callable[[str], No
         probe.unlink()
     except OSError as err:
         raise ConfigError(f"--checkpoint-dir {str(folder)!r}: cannot write there ({err.strerror})") from None
-    if owner:
-        lock = FolderLock(folder).acquire()
-        if lock.took_over:
-            say(f"took over the lock of {folder} from {lock.took_over}, which is no longer running")
-        stale = remove_partials(folder)
-        if stale:
-            say(f"removed {', '.join(p.name for p in stale)} in {folder} (left by an interrupted save)")
     newest = latest(folder)
     if resume and newest is None:
         raise ConfigError(f"--resume: no complete checkpoint in {str(folder)!r} (step-NNNNNN folders)")
@@ -192,14 +187,21 @@ def prepare_directory(directory: PathLike, resume: bool, say: Callable[[str], No
             f"--checkpoint-dir {str(folder)!r} already holds checkpoints (newest {newest.name}): "
             "add --resume to continue that run, or choose an empty folder"
         )
-    if not resume:
-        return None
-    intact, damaged = newest_intact(folder)
-    if intact is None:
+    intact, damaged = newest_intact(folder) if resume else (None, [])
+    if resume and intact is None:
         why = "; ".join(f"{p.name}: {problem}" for p, problem in damaged)
         raise CheckpointUnreadable(f"--resume: no intact checkpoint in {str(folder)!r}: {why}")
+    if intact is not None and check is not None:
+        check(intact)
+    if not owner:
+        return intact
+    lock = FolderLock(folder).acquire()
+    if lock.took_over:
+        say(f"took over the lock of {folder} from {lock.took_over}, which is no longer running")
+    stale = remove_partials(folder)
+    if stale:
+        say(f"removed {', '.join(p.name for p in stale)} in {folder} (left by an interrupted save)")
     for path, problem in damaged:
-        aside = set_aside(path).name if owner else path.name
-        say(f"{path.name} is damaged: {problem}; set aside as {aside}, resuming from {intact.name}, "
-            "the newest intact checkpoint")
+        say(f"{path.name} is damaged: {problem}; set aside as {set_aside(path).name}, resuming from "
+            f"{intact.name}, the newest intact checkpoint")
     return intact
