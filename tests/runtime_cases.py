@@ -88,7 +88,8 @@ def measure_memory(rank: int, world: int, job: tuple) -> dict:
 
 
 class Saboteur(nn.Module):
-    """A block that, on rank 1, kills its process or hangs at one forward of the second step."""
+    """A block that, on rank 1, kills its process, raises (noting when in the file
+    $PIPESCHED_TEST_RAISED_AT) or hangs at one forward of the second step."""
 
     def __init__(self, mode: str) -> None:
         super().__init__()
@@ -101,6 +102,10 @@ class Saboteur(nn.Module):
         if int(os.environ.get("RANK", "-1")) == 1 and self.calls == 6:
             if self.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if self.mode == "raise":
+                with open(os.environ["PIPESCHED_TEST_RAISED_AT"], "w") as fh:
+                    fh.write(str(time.time()))
+                raise RuntimeError("a bug in rank 1's block")
             time.sleep(3600)
         return self.lin(x)
 
@@ -296,3 +301,61 @@ def copies_checkpoint_run(rank: int, world: int, job: tuple) -> tuple:
         dist.all_gather_object(parts, {n: p.detach().clone() for n, p in rt.named_parameters()})
         out.append(parts)
     return tuple(out)
+
+
+class PairBlock(nn.Module):
+    """A block that returns a tuple (what the runtime cannot send between stages)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x), x
+
+
+def misuse_run(rank: int, world: int, schedule) -> list:
+    """Every misuse the runtime must refuse on every rank alike (one line each, nothing hung):
+    arguments that differ across ranks, a block returning a tuple, a batch shaped unlike
+    ``sample_input`` on one rank, a loss that is not a scalar; then a rank that never starts its
+    step under a short ``timeout_s`` (the default group waits 120 s). Returns what each case
+    raised on this rank, and how long the last one waited."""
+    import torch.distributed as dist
+
+    from pipesched.errors import ConfigError
+
+    md = get_model("mlp", blocks=3, dim=8, hidden=16)
+    x, y = md.batch(0, 8, 0)
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
+
+    def build(blocks=md.build_block, loss=md.loss_fn, **options):
+        return PipelineRuntime(blocks, md.num_blocks, schedule, loss, sgd, x[:2], **{"timeout_s": 60, **options})
+
+    said = []
+
+    def attempt(case) -> None:
+        try:
+            case()
+            said.append(None)
+        except ConfigError as err:
+            said.append(str(err))
+
+    attempt(lambda: build(block_counts=(2, 2) if rank == 0 else (3, 1)))
+    attempt(lambda: build(seed=rank))
+    attempt(lambda: build(blocks=lambda i: PairBlock() if i == 1 else nn.Linear(8, 8)))  # block 1 ends stage 0
+    runtime = build()
+    wide = torch.zeros(8, 16)
+    attempt(lambda: runtime.step(wide if rank == 0 else x, y))
+    attempt(lambda: build(loss=lambda out, target: (out - target) ** 2).step(x, y))
+    runtime.step(x, y)  # the runtime still works after refusing a bad step
+    short = build(timeout_s=3)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(8)  # never starts the step: its peer must give up after 3 s, not 120
+        return said
+    t0 = time.monotonic()
+    try:
+        short.step(x, y)
+    except RuntimeError as err:  # PeerFailure
+        said.append(str(err))
+    return [said, time.monotonic() - t0]

@@ -4,6 +4,7 @@ a non-finite loss stops the run before any weight changes (or skips the step whe
 from __future__ import annotations
 
 import multiprocessing
+import re
 import time
 
 import pytest
@@ -41,6 +42,16 @@ def test_a_killed_rank_makes_the_others_fail_fast():
     assert elapsed < STARTUP_ALLOWANCE_S + FAILURE_GRACE_S  # far below the timeout: noticed at once
 
 
+def test_a_rank_failing_of_its_own_cause_stops_the_others_within_a_second_with_its_reason(tmp_path, monkeypatch):
+    raised_at = tmp_path / "raised_at"
+    monkeypatch.setenv("PIPESCHED_TEST_RAISED_AT", str(raised_at))
+    message, _ = _failed_run("1f1b", "raise", RUN_TIMEOUT_S)
+    assert time.time() - float(raised_at.read_text()) < 1 + 1  # and the launcher's own exit
+    # rank 0's "Connection closed by peer" only echoes it
+    assert re.fullmatch(r"rank 1: RuntimeError: a bug in rank 1's block \(runtime_cases.py:\d+\); "
+                        "rank 0 was stopped after the failure", message), message
+
+
 def test_a_silent_rank_times_out_and_is_stopped():
     timeout_s = 5.0  # also bounds the ranks' rendezvous: more than a loaded machine's skew between them
     message, elapsed = _failed_run("zb-v", "hang", timeout_s)
@@ -63,3 +74,28 @@ def test_an_integer_tensor_on_a_stage_boundary_is_refused_before_any_step():
     schedule = pipesched.build_schedule("1f1b", 2, 2)
     with pytest.raises(DistributedRunError, match="stage 0 ends at block 0 with a torch.int64 tensor"):
         spawn(integer_boundary_run, 2, schedule, timeout_s=RUN_TIMEOUT_S)
+
+
+def test_ranks_that_disagree_or_misuse_the_runtime_are_refused_on_every_rank_alike():
+    """One spawn, every case in turn (each refused on both ranks with the same line, so the
+    next case starts in step): arguments that differ across ranks, a block returning a tuple,
+    a batch shaped unlike ``sample_input`` on rank 0 only, a loss that is not a scalar; then
+    ``timeout_s=3`` bounds the step's first collective although the default group waits 120 s."""
+    from runtime_cases import misuse_run
+
+    schedule = pipesched.build_schedule("1f1b", 2, 4)
+    said, waited = spawn(misuse_run, 2, schedule, timeout_s=120)[0]
+    same_arguments = "; every rank must build PipelineRuntime from the same arguments"
+    assert said[:5] == [
+        "the ranks disagree on block_counts: rank 0 has (2, 2), rank 1 has (3, 1)" + same_arguments,
+        "the ranks disagree on seed: rank 0 has 0, rank 1 has 1" + same_arguments,
+        "block 1, the last of stage 0, returns a tuple, not a tensor: a stage's output is sent to the next stage "
+        "(or given to the loss) as one tensor; return a tensor, or give the blocks that pass a tuple on the same "
+        "stage (block_counts)",
+        "step 1: rank 0: a microbatch of its inputs is [2, 16] torch.float32, but sample_input was [2, 8] "
+        "torch.float32 (receive buffers are sized from it)",
+        "step 1: rank 1: the loss function returned a tensor of shape [2, 8], but the backward needs one number "
+        "(reduce it, e.g. .mean())",
+    ]
+    assert said[5].startswith("rank 0 gave up waiting for every rank to start step 1: Timed out")
+    assert 3 <= waited < 3 + 2

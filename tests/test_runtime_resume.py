@@ -211,6 +211,34 @@ def test_a_silent_rank_ends_the_command_within_the_timeout_and_a_few_seconds(tmp
     assert time.monotonic() - silent_since < 3 + FAILURE_GRACE_S + 5
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_sigstopped_rank_ends_the_command_right_after_the_timeout(tmp_path):
+    """A stopped process cannot say why it stopped: the launcher does not wait out the grace
+    it gives live ranks to report (here 5 s), it names the rank as stopped at once."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    timeout = 5
+    run = [*RUN, "--timeout", str(timeout), "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "3"]
+    proc = subprocess.Popen(
+        [str(PIPESCHED), "train", *run], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(pids, ranks="1"), start_new_session=True,
+    )
+    while not (pids / "rank1.pid").exists():
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.05)
+    os.kill(int((pids / "rank1.pid").read_text()), signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    elapsed = time.monotonic() - stopped_at
+    assert proc.returncode == 1 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"pipesched: error: rank 0: rank 0 timed out after {timeout}s waiting for the activation of stage 1 "
+        "microbatch 0 from rank 1; rank 1 was stopped after the failure (it was not running: stopped by a signal)"
+    ) or "(it was not running: stopped by a signal)" in err, err
+    assert timeout <= elapsed < timeout + 4  # before: the timeout, a grace of the timeout again, 5 s to stop it
+
+
 def _train_refusing(args) -> subprocess.CompletedProcess:
     return subprocess.run([str(PIPESCHED), "train", *args], capture_output=True, text=True, env=_env(), timeout=120)
 

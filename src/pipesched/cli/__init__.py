@@ -42,6 +42,7 @@ def _register_commands() -> None:
     from . import train  # noqa: F401  (train; imports torch only when run)
     from . import advise  # noqa: F401  (advise)
     from . import demo  # noqa: F401  (demo: the tour)
+    from . import checkpoint  # noqa: F401  (checkpoint verify)
 
 
 def fail(message: str) -> "typer.Exit":

@@ -154,10 +154,19 @@ def train(
     result = _run_to_the_end(run, cfg)
     if result is None:  # a torchrun rank other than 0
         return
-    from .train_report import print_summary, write_outputs
+    from .train_report import OutputsLost, print_summary, write_outputs
 
     print_summary(plan, result)
-    write_outputs(plan, result, save_params, trace, json_path)
+    newest = None
+    if checkpoint_dir is not None:
+        from ..runtime.checkpoint import latest
+
+        newest = latest(checkpoint_dir)
+    try:
+        write_outputs(plan, result, save_params, trace, json_path, None if newest is None else str(newest))
+    except OutputsLost as err:
+        _say(f"pipesched: error: {err}")
+        raise typer.Exit(code=1) from None
 
 
 def _check_batch(model_def, batch_size: int, dp: int, microbatches: Optional[int], seed: int) -> None:
@@ -188,7 +197,8 @@ def _run_to_the_end(run, cfg):
         _say(f"pipesched: stopped by Ctrl-C: the run and every rank were stopped{resumable}")
         raise typer.Exit(code=130) from None
     except Exception as err:
-        if type(err).__name__ in ("DistributedRunError", "NonFiniteLoss", "NonFiniteWeights", "PeerFailure"):
+        if type(err).__name__ in ("DistributedRunError", "NonFiniteLoss", "NonFiniteWeights", "PeerFailure",
+                                  "CheckpointWriteError"):
             _say(f"pipesched: error: {err}")
             raise typer.Exit(code=1) from None
         raise

@@ -80,21 +80,27 @@ def check_checkpointing(directory: Optional[Path], resume: bool, steps: int, mod
                         lr: float) -> Optional[Path]:
     """Check (and create) the checkpoint folder; return the checkpoint to resume from.
 
-    A checkpoint of another model or optimizer is refused here (CheckpointMismatch)."""
+    A checkpoint of another model or optimizer is refused here (CheckpointMismatch), a damaged
+    one passed over for the newest intact one, saying so. Then this process locks the folder
+    for the run (under torchrun: rank 0's process)."""
     if directory is None:
         return None
+    import typer
+
     from ..runtime import checkpoint
+    from ..runtime.launch import under_torchrun
     from ..runtime.optimizers import make_optimizer
 
-    found = checkpoint.prepare_directory(directory, resume)
-    if found is None:
-        return None
-    done = checkpoint.checkpoint_step(found)
-    if done >= steps:
-        raise ConfigError(f"--resume: {found} is after step {done}, and --steps {steps} asks for no more: raise --steps")
-    import torch
+    def resumable(found: Path) -> None:
+        done = checkpoint.checkpoint_step(found)
+        if done >= steps:
+            raise ConfigError(f"--resume: {found} is after step {done}, and --steps {steps} asks for no more: raise --steps")
+        import torch
 
-    probe = make_optimizer(optimizer, lr)([torch.nn.Parameter(torch.zeros(1))])
-    checkpoint.check_matches(found, checkpoint.model_shapes(model_def.build_block, model_def.num_blocks),
-                             checkpoint.optimizer_settings(probe))
-    return found
+        probe = make_optimizer(optimizer, lr)([torch.nn.Parameter(torch.zeros(1))])
+        checkpoint.check_matches(found, checkpoint.model_shapes(model_def.build_block, model_def.num_blocks),
+                                 checkpoint.optimizer_settings(probe))
+
+    owner = not under_torchrun() or os.environ["RANK"] == "0"  # torchrun: rank 0 locks and tidies, once per run
+    return checkpoint.prepare_directory(directory, resume, lambda line: typer.echo(f"pipesched: {line}", err=True),
+                                        owner, check=resumable)

@@ -71,31 +71,81 @@ def summary(schedule: Optional[Schedule], result) -> dict:
     }
 
 
+class OutputsLost(RuntimeError):
+    """An output of a finished run could not be written where asked (the message says where
+    each one was kept instead): the CLI's exit 1."""
+
+
 def write_outputs(schedule: Optional[Schedule], result, save_params: Optional[Path], trace: Optional[Path],
-                  json_path: Optional[Path] = None) -> None:
+                  json_path: Optional[Path] = None, checkpoint: Optional[str] = None) -> None:
+    """Write the run's outputs. One that cannot be written (a full disk, its folder removed
+    during the run) is kept in a temporary file instead, and after trying every output
+    :class:`OutputsLost` says, in one line, what failed and where each one is (``checkpoint``,
+    the run's newest checkpoint, holds the trained weights too)."""
+    lost: list[str] = []
     if json_path is not None:
         from ..jsontext import json_text
-        from ..outfiles import write_atomic
 
-        write_atomic(json_path, json_text(summary(schedule, result), indent=1))
-        print(f"wrote {json_path} (run summary)")
+        text = json_text(summary(schedule, result), indent=1)
+        if _write(json_path, lambda path: _atomic(path, text), "", lost):
+            print(f"wrote {json_path} (run summary)")
     if save_params is not None:
         import io
 
         import torch
 
-        from ..outfiles import write_atomic
-
         buffer = io.BytesIO()
         torch.save(result.params, buffer)
-        write_atomic(save_params, buffer.getvalue())
-        print(f"wrote {save_params} ({len(result.params)} tensors)")
+        also = f" ({checkpoint} holds the same weights)" if checkpoint else ""
+        if _write(save_params, lambda path: _atomic(path, buffer.getvalue()), also, lost):
+            print(f"wrote {save_params} ({len(result.params)} tensors)")
     if trace is not None:
         if schedule is None:
             print("no timeline for the reference run (--trace needs a schedule)")
-            return
-        from ..runtime.timeline import write_trace
+        else:
+            from ..runtime.timeline import write_trace
 
-        drawn = write_trace(trace, schedule, result.timelines, result.memory_curves)
-        print(f"wrote {trace} (Perfetto trace of step {drawn}, the median, activation bytes per rank; "
-              "every step in otherData)")
+            drawn: list[int] = []
+            if _write(trace, lambda path: drawn.append(write_trace(path, schedule, result.timelines, result.memory_curves)),
+                      "", lost):
+                print(f"wrote {trace} (Perfetto trace of step {drawn[0]}, the median, activation bytes per rank; "
+                      "every step in otherData)")
+    if lost:
+        raise OutputsLost("the run finished, but " + "; ".join(lost))
+
+
+def _atomic(path: Path, data) -> None:
+    from ..outfiles import write_atomic
+
+    write_atomic(path, data)
+
+
+def _write(path: Path, write, note: str, lost: list[str]) -> bool:
+    """``write(path)``; if it fails, ``write`` to a temporary file instead and add to ``lost``
+    a line saying why and where the output is kept (and ``note``). Returns whether ``path``
+    was written."""
+    import os
+    import tempfile
+
+    from ..errors import ConfigError
+
+    try:
+        write(path)
+        return True
+    except (OSError, ConfigError) as err:
+        why = _why(err)
+    try:
+        fd, kept = tempfile.mkstemp(prefix=f"pipesched-{path.stem}-", suffix=path.suffix)
+        os.close(fd)
+        write(Path(kept))
+        where = f"kept in {kept} instead"
+    except (OSError, ConfigError) as err:
+        where = f"not kept in a temporary file either ({_why(err)})"
+    lost.append(f"could not write {path} ({why}): {where}{note}")
+    return False
+
+
+def _why(err: Exception) -> str:
+    if isinstance(err, OSError):
+        return err.strerror or type(err).__name__
+    return str(err).split(": ", 1)[-1]

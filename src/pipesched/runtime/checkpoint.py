@@ -15,15 +15,18 @@ function of the seed and the step). Because nothing is keyed by stage or rank, a
 under another schedule or rank count: each rank asks DCP for the entries of the blocks it owns
 (random generators are restored only on the same rank count, where they mean the same thing).
 
-A checkpoint is complete or absent: DCP writes into ``DIR/.step-000012.partial`` and the folder
-is renamed to its final name (atomic) after every rank's data and the metadata are on disk, so a
-crash while saving leaves the previous checkpoint the newest complete one.
+A checkpoint is complete or absent: DCP writes into ``DIR/.step-000012.partial``; once every
+rank's data and the metadata are on disk the coordinator checksums them into the folder's
+manifest (:mod:`.checkpoint_files`) and renames it to its final name (atomic), so a crash while
+saving leaves the previous checkpoint the newest complete one. ``--resume`` verifies the
+manifest and falls back past a damaged checkpoint; one run at a time holds the folder
+(:mod:`.folder_lock`). A failed save or load is one line naming the step and the file
+(:class:`CheckpointWriteError`, :class:`CheckpointUnreadable`), on every rank.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import warnings
 from contextlib import contextmanager
@@ -35,9 +38,13 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import ConfigError
+from . import checkpoint_files as files
+from .checkpoint_files import (  # noqa: F401  (where checkpoints live: part of this module's API)
+    CheckpointUnreadable, checkpoint_step, complete_checkpoints, latest, prepare_directory, step_dir,
+)
 
 PathLike = Union[str, Path]
-STEP_DIR = re.compile(r"^step-(\d+)$")
+STEP_DIR = files.STEP_DIR
 PARTIAL = ".partial"
 DEFAULT_KEEP = 2
 
@@ -69,61 +76,21 @@ class CheckpointMismatch(ConfigError):
     """A checkpoint of another model (names or shapes differ) or another optimizer."""
 
 
-# -- where checkpoints live ---------------------------------------------------------------------
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a folder removed): the run stops, and the
+    message names the step, the folder, why, and the newest checkpoint still on disk."""
 
 
-def step_dir(directory: PathLike, step: int) -> Path:
-    return Path(directory) / f"step-{step:06d}"
-
-
-def checkpoint_step(path: PathLike) -> int:
-    """The step a checkpoint folder was saved after (its name says it)."""
-    match = STEP_DIR.match(Path(path).name)
-    if not match:
-        raise ConfigError(f"{str(path)!r} is not a checkpoint folder (step-NNNNNN)")
-    return int(match.group(1))
-
-
-def complete_checkpoints(directory: PathLike) -> list[Path]:
-    """Every complete checkpoint in ``directory``, oldest first (partial writes are never listed)."""
-    folder = Path(directory)
-    if not folder.is_dir():
-        return []
-    found = [p for p in folder.iterdir() if STEP_DIR.match(p.name) and (p / ".metadata").is_file()]
-    return sorted(found, key=checkpoint_step)
-
-
-def latest(directory: PathLike) -> Optional[Path]:
-    """The newest complete checkpoint in ``directory``, or None."""
-    found = complete_checkpoints(directory)
-    return found[-1] if found else None
-
-
-def prepare_directory(directory: PathLike, resume: bool) -> Optional[Path]:
-    """Check ``directory`` before a run starts (ConfigError: one line) and create it; return the
-    checkpoint to resume from (with ``resume``), else None.
-
-    Starting afresh in a folder that already holds checkpoints is refused: the new run's would
-    mix with the old run's, and ``--resume`` would then pick from both."""
-    folder = Path(directory)
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"--checkpoint-dir {str(folder)!r} is a file, not a folder")
-    newest = latest(folder)
-    if resume and newest is None:
-        raise ConfigError(f"--resume: no complete checkpoint in {str(folder)!r} (step-NNNNNN folders)")
-    if not resume and newest is not None:
-        raise ConfigError(
-            f"--checkpoint-dir {str(folder)!r} already holds checkpoints (newest {newest.name}): "
-            "add --resume to continue that run, or choose an empty folder"
-        )
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".pipesched-write-test-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as err:
-        raise ConfigError(f"--checkpoint-dir {str(folder)!r}: cannot write there ({err.strerror})") from None
-    return newest
+def _reason(err: BaseException) -> str:
+    """Why a DCP call failed, in a few words: the first failure of any rank (DCP's
+    CheckpointException gathers every rank's), as its OS error or its first line."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        err = next(iter(failures.values()))[0]
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror + (f" ({err.filename})" if err.filename else "")
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
 # -- what a checkpoint holds --------------------------------------------------------------------
@@ -154,8 +121,21 @@ def model_shapes(build_block: Callable[[int], nn.Module], num_blocks: int) -> di
 
 
 def saved_entries(path: PathLike) -> Mapping:
-    """DCP's index of a checkpoint: entry name -> metadata (tensors have ``.size``)."""
-    return _dcp().FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    """DCP's index of a checkpoint: entry name -> metadata (tensors have ``.size``);
+    CheckpointUnreadable when its ``.metadata`` is missing or damaged."""
+    try:
+        return _dcp().FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except BaseException as err:  # a pickle error, UnicodeDecodeError, EOFError of an empty file...
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise CheckpointUnreadable(
+            f"{_step_name(path)}could not read {Path(path) / '.metadata'}: {_reason(err)}"
+        ) from None
+
+
+def _step_name(path: PathLike) -> str:
+    match = STEP_DIR.match(Path(path).name)
+    return f"step {int(match.group(1))}: " if match else ""
 
 
 def check_matches(path: PathLike, shapes: Mapping[str, Sequence[int]], optimizer_settings: Sequence[str],
@@ -203,25 +183,54 @@ def saved_world(path: PathLike) -> int:
 
 def save(directory: PathLike, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
          keep: int = DEFAULT_KEEP) -> Path:
-    """Save this process's share as ``directory/step-NNNNNN``, complete or not at all; keep the
-    newest ``keep`` checkpoints. Collective: every rank of the process group calls it."""
+    """Save this process's share as ``directory/step-NNNNNN``, complete (with its manifest) or
+    not at all; keep the newest ``keep`` checkpoints. Collective: every rank of the process group
+    calls it, and every rank raises the same CheckpointWriteError when any part fails."""
     final = step_dir(directory, step)
     partial = final.with_name(f".{final.name}{PARTIAL}")
     coordinator = not dist.is_initialized() or dist.get_rank() == 0
+    previous = next((p for p in reversed(complete_checkpoints(directory)) if p != final), None)
     if coordinator:
-        shutil.rmtree(partial, ignore_errors=True)  # left by a crash at this step
+        files.remove_partials(directory)  # this step's, left by a crash, and any older one
     _barrier()
-    with _quiet_without_group():
-        _dcp().save(training_state(model, optimizer), checkpoint_id=str(partial), no_dist=not dist.is_initialized())
-    if coordinator:  # DCP returns once every rank's data and the metadata are written and synced
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(partial, final)
-        _sync_folder(final.parent)
+    error = None
+    try:
+        with _quiet_without_group():
+            _dcp().save(training_state(model, optimizer), checkpoint_id=str(partial), no_dist=not dist.is_initialized())
+    except BaseException as err:  # DCP's CheckpointException is a BaseException
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        error = _reason(err)
+    if coordinator and error is None:  # DCP returns once every rank's data and the metadata are written and synced
+        try:
+            files.write_manifest(partial, step)
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(partial, final)
+            _sync_folder(final.parent)
+        except OSError as err:
+            error = _reason(err)
+    error = _first_error(error)
+    if error is not None:
+        if coordinator:
+            shutil.rmtree(partial, ignore_errors=True)  # frees what the failed save took
+        kept = f"{previous} is intact" if previous is not None else "no earlier checkpoint was saved"
+        raise CheckpointWriteError(f"step {step}: could not write {final}: {error}; {kept}")
+    if coordinator:  # the newest, just verified by its writing, is never among those removed
         for old in complete_checkpoints(directory)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
     _barrier()
     return final
+
+
+def _first_error(mine: Optional[str]) -> Optional[str]:
+    """The first rank's error of a collective save (None if every rank succeeded), on every rank."""
+    if not dist.is_initialized():
+        return mine
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return next((e for e in every if e is not None), None)
 
 
 def load(path: PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -234,8 +243,13 @@ def load(path: PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     world = dist.get_world_size() if dist.is_initialized() else 1
     if saved_world(path) != world:
         del state["rng"]
-    with _quiet_without_group():
-        _dcp().load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    try:
+        with _quiet_without_group():
+            _dcp().load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    except BaseException as err:  # DCP's CheckpointException is a BaseException
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise CheckpointUnreadable(f"{_step_name(path)}could not read {path}: {_reason(err)}") from None
     model.load_state_dict(state["model"])
     _dcp().state_dict.set_optimizer_state_dict(model, optimizer, state["optim"], options=_optim_options())
     for rng in state.get("rng", {}).values():

@@ -38,6 +38,7 @@ from ..execution import Span
 from ..memory import StageMemory, peak, recompute_stages
 from ..schedule import Schedule
 from ..validate import validate
+from .agreement import StepChecks, agree_at_construction
 from .clock import EventClock, HostClock
 from .copies import ModelCopies, copy_gradient_sync, make_copy_group
 from .guard import NonFiniteWeights, first_nonfinite
@@ -137,7 +138,7 @@ class PipelineRuntime:
             raise ConfigError(f"the gradient norm to clip to must be above 0, got {clip_grad_norm:g}")
         self.clip_grad_norm = clip_grad_norm
         self.schedule = schedule
-        self.mesh = mesh if mesh is not None else PipelineMesh.whole_world()
+        self.mesh = mesh if mesh is not None else PipelineMesh.whole_world(timeout_s)
         self.rank = self.mesh.pp_rank
         if self.mesh.pp != schedule.ranks:
             raise ConfigError(f"the schedule has {schedule.ranks} ranks but the pipeline {self.mesh.pp}")
@@ -146,6 +147,8 @@ class PipelineRuntime:
         self.loss_fn = loss_fn
         self.skip_nonfinite = skip_nonfinite
         self.copies = ModelCopies(schedule)
+        agree_at_construction(self.mesh.world_group, build_block, num_blocks, schedule, self.copies.length, block_counts,
+                              seed, dtype, clip_grad_norm, sample_input)
         ranges = stage_block_ranges(num_blocks, self.copies.length, block_counts)  # of one model copy
         self.stage_ranges = self.copies.stage_ranges(ranges)
         owned = [s for s, r in enumerate(schedule.placement) if r == self.rank]
@@ -163,6 +166,9 @@ class PipelineRuntime:
         self.input_bytes: dict[int, int] = {}  # per own stage: one microbatch's stage input
         self.optimizer = optimizer(self.parameters)
         outs = infer_boundary_shapes(build_block, ranges, sample_input)
+        self.checks = StepChecks(sample_input, loss_fn, schedule.microbatches, self.mesh.dp,
+                                 any(map(self.copies.takes_inputs, owned)), any(map(self.copies.computes_loss, owned)),
+                                 outs[-1], self.mesh.world_group)
         for s, (_, dtype) in enumerate(outs[:-1]):
             if not dtype.is_floating_point:
                 raise ConfigError(
@@ -202,6 +208,7 @@ class PipelineRuntime:
         rank, ``targets`` on the last stage's (other ranks may pass None); each data-parallel
         replica takes its own shard of them."""
         m = self.schedule.microbatches
+        self.checks.before_step(inputs, targets, self.steps_done + 1)  # every rank's batch is usable, or all raise
         inputs, targets = self.mesh.shard(inputs), self.mesh.shard(targets)
         in_mbs = self._split(inputs, "inputs") if any(map(self.copies.takes_inputs, self.stages)) else None
         tgt_mbs = self._split(targets, "targets") if any(map(self.copies.computes_loss, self.stages)) else None
@@ -213,7 +220,7 @@ class PipelineRuntime:
             baseline = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         self.meter.reset_peak()
-        dist.barrier()  # every rank of every replica: the step's times start together
+        dist.barrier(group=self.mesh.world_group)  # every rank of every replica: the step's times start together
         t0 = perf_counter()
         clock.start()
         marks = self._run_actions(in_mbs, tgt_mbs, losses, clock)
@@ -265,10 +272,10 @@ class PipelineRuntime:
         bad = first_nonfinite(self.named_parameters())
         flag = torch.tensor([bad is not None], dtype=torch.int32,
                             device="cpu" if dist.get_backend() == "gloo" else self.device)
-        dist.all_reduce(flag)
+        dist.all_reduce(flag, group=self.mesh.world_group)
         if flag.item():
             names = [None] * dist.get_world_size()
-            dist.all_gather_object(names, bad)
+            dist.all_gather_object(names, bad, group=self.mesh.world_group)
             raise NonFiniteWeights(self.steps_done + 1, min((n for n in names if n), key=_block_order))
 
     def _clock(self):

@@ -3,7 +3,9 @@
 Local runs pick a free port on 127.0.0.1, start one process per rank (one compute thread each,
 freed memory kept for the next step) and watch them: when one fails or dies, the others are
 expected to fail on their own within the timeout (their receives raise, naming the rank and
-action they waited on); whatever is still alive 10 seconds later is killed. No rank outlives
+action they waited on); whatever is still alive 10 seconds later is killed (one second when the
+failure was the rank's own, a misuse or a full disk, which the others only echo; at once when
+those left are stopped by a signal and cannot answer). No rank outlives
 the launcher: each dies with it (``lifeline``), and Ctrl-C, SIGTERM or SIGHUP on the launcher
 stop every rank and raise ``RunStopped`` (KeyboardInterrupt for Ctrl-C) instead of a traceback.
 A single rank has no peer whose silence would time it out: the launcher itself stops it when it
@@ -24,13 +26,14 @@ import time
 import traceback
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
 from ..environment import backend as launch_backend, torchrun_rank
-from ..errors import ConfigError
+from ..errors import ConfigError, PipeschedError
 from .lifeline import die_with_parent
 
 Worker = Callable[[int, int, Any], Any]
@@ -197,18 +200,32 @@ def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeo
         # plain pickle: tensors travel as bytes, not as shared-memory handles that die with us
         results.put(("ok", rank, pickle.dumps(worker(rank, world, payload))))
         dist.destroy_process_group()
-    except Exception as err:  # reported to the parent as one line
-        results.put(("error", rank, _one_line(err)))
+    except BaseException as err:  # reported to the parent as one line (DCP's errors are BaseExceptions)
+        if isinstance(err, SystemExit) and not err.code:
+            raise
+        results.put(("error" if _is_consequence(err) else "cause", rank, _one_line(err)))
         results.close()
         results.join_thread()
         os._exit(1)  # skip the group's teardown: its peers may be gone
 
 
+CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "timed out", "Timed out")
+
+
+def _is_consequence(err: BaseException) -> bool:
+    """Whether a rank's failure is another's consequence (a peer gone or silent) rather than
+    a cause of its own (bad input, a misuse found on this rank, a full disk)."""
+    if type(err).__name__ in ("PeerFailure", "DistributedRunError"):
+        return True
+    return isinstance(err, RuntimeError) and any(text in str(err) for text in CONSEQUENCES)
+
+
 def _one_line(err: BaseException) -> str:
+    """A rank's failure as one line: the message of pipesched's own errors (they are written to
+    be read), else the exception's type, first line and where it was raised."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    known = ("PeerFailure", "NonFiniteLoss", "NonFiniteWeights", "ConfigError", "CheckpointMismatch",
-             "DistributedRunError")
-    if type(err).__name__ in known:
+    known = ("PeerFailure", "NonFiniteLoss", "NonFiniteWeights", "DistributedRunError", "CheckpointWriteError")
+    if type(err).__name__ in known or isinstance(err, PipeschedError):
         return text
     where = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ else None
     at = f" ({os.path.basename(where.filename)}:{where.lineno})" if where else ""
@@ -253,36 +270,56 @@ def _start_without_sigint(procs: list) -> None:
 
 
 FAILURE_GRACE_S = 10.0  # after a rank fails, how long the others get to say why they stopped
+CAUSE_GRACE_S = 1.0  # ... when it failed of its own cause: the others only wait for it
 
 
 def _collect(procs: list, results, timeout_s: float) -> dict[int, Any]:
     """Gather every rank's result; after the first failure, give the others a short grace to
     report why they stopped (a dead peer makes their receives fail at once), then stop them.
-    A single rank silent for ``timeout_s`` since it last reported progress is stopped at once."""
+    A failure of a rank's own (a misuse, a full disk: not a peer's silence) gets them one
+    second; ranks that cannot answer (stopped by SIGSTOP) none. A single rank silent for
+    ``timeout_s`` since it last reported progress is stopped at once."""
     world = len(procs)
     done: dict[int, Any] = {}
     errors: dict[int, str] = {}
+    causes: set[int] = set()  # ranks whose failure is their own
+    echoes: set[int] = set()  # ranks that reported a peer's failure (gone, silent)
     heard: dict[int, float] = {}  # when each rank last reported progress
-    grace = min(timeout_s, FAILURE_GRACE_S)
     failed_at: Optional[float] = None
     while len(done) + len(errors) < world:
-        _drain(results, done, errors, heard, wait=0.1)
+        _drain(results, done, errors, causes, echoes, heard, wait=0.1)
         if world == 1 and 0 in heard and not done and not errors and time.monotonic() - heard[0] > timeout_s:
             errors[0] = f"rank 0 timed out after {timeout_s:g}s without progress (it has no peer to wait for) and was stopped"
         for rank, p in enumerate(procs):
             if rank not in done and rank not in errors and p.exitcode is not None:
-                _drain(results, done, errors, heard, wait=0.2)
+                _drain(results, done, errors, causes, echoes, heard, wait=0.2)
                 if rank not in done and rank not in errors:
                     errors[rank] = f"rank {rank} died ({_exit_text(p.exitcode)})"
         if errors and failed_at is None:
             failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > grace:
-            for rank in range(world):
-                if rank not in done and rank not in errors:
-                    errors[rank] = f"rank {rank} was stopped after the failure"
+        if failed_at is None:
+            continue
+        waiting = [r for r in range(world) if r not in done and r not in errors]
+        grace = min(timeout_s, CAUSE_GRACE_S if causes else FAILURE_GRACE_S)
+        if time.monotonic() - failed_at > grace or all(_not_running(procs[r].pid) for r in waiting):
+            for rank in waiting:
+                why = " (it was not running: stopped by a signal)" if _not_running(procs[rank].pid) else ""
+                errors[rank] = f"rank {rank} was stopped after the failure{why}"
+    if causes:  # the others' reports only echo it ("Connection closed by peer")
+        for rank in echoes:
+            errors[rank] = f"rank {rank} was stopped after the failure"
     if errors:
         raise DistributedRunError(_failure_text(errors))
     return {rank: pickle.loads(blob) for rank, blob in done.items()}
+
+
+def _not_running(pid: Optional[int]) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, SIGTSTP) and so cannot report (Linux)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] in ("T", "t")
 
 
 def _failure_text(errors: dict[int, str]) -> str:
@@ -299,7 +336,7 @@ def _failure_text(errors: dict[int, str]) -> str:
     return "; ".join(parts)
 
 
-def _drain(results, done: dict, errors: dict, heard: dict, wait: float) -> None:
+def _drain(results, done: dict, errors: dict, causes: set, echoes: set, heard: dict, wait: float) -> None:
     try:
         kind, rank, value = results.get(timeout=wait)
     except queue.Empty:
@@ -309,6 +346,8 @@ def _drain(results, done: dict, errors: dict, heard: dict, wait: float) -> None:
             heard[rank] = time.monotonic()
         else:
             (done if kind == "ok" else errors)[rank] = value
+            if kind != "ok":
+                (causes if kind == "cause" else echoes).add(rank)
         try:
             kind, rank, value = results.get_nowait()
         except queue.Empty:
@@ -323,6 +362,8 @@ def _stop(procs: list) -> None:
     for p in procs:
         if p.is_alive():
             p.terminate()
+            if _not_running(p.pid):  # a stopped process acts on SIGTERM only once continued
+                os.kill(p.pid, signal.SIGCONT)
     deadline = time.monotonic() + 5
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))

@@ -10,11 +10,17 @@ crosses nodes.
 
 A runtime without a mesh (``PipelineMesh.whole_world()``) is the whole world as one pipeline,
 as before data parallelism existed.
+
+Every group of a mesh is created with the run's ``timeout_s``, so that no collective of a step
+(its start, the loss's all-reduce, the replicas' gradient mean) waits longer for a silent rank,
+whatever timeout the default group was created with (gloo's default is 30 minutes).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch
@@ -22,16 +28,14 @@ import torch.distributed as dist
 
 from ..errors import ConfigError
 
-MESH_DIMS = ("dp", "pp")
-
-
 @dataclass(frozen=True)
 class PipelineMesh:
     """Where this process sits: its pipeline (``pp``) and data-parallel (``dp``) coordinates and groups.
 
     ``pp_group`` holds the ranks of this process's pipeline; ``dp_group`` the ranks that hold
-    the same stages in the other replicas (None when ``dp == 1``). ``grid[d][p]`` is the global
-    rank of pipeline rank ``p`` in replica ``d``, as the device mesh lays them out."""
+    the same stages in the other replicas (None when ``dp == 1``); ``world_group`` every rank
+    (the step's start and the agreements of :mod:`.agreement`). ``grid[d][p]`` is the global
+    rank of pipeline rank ``p`` in replica ``d``, as torch's device mesh lays them out."""
 
     pp: int
     dp: int
@@ -40,12 +44,12 @@ class PipelineMesh:
     pp_group: Any
     dp_group: Optional[Any]
     grid: tuple[tuple[int, ...], ...]
+    world_group: Any = None
 
     @staticmethod
-    def whole_world() -> "PipelineMesh":
-        """The default group as one pipeline, no replicas."""
-        world = dist.get_world_size()
-        return PipelineMesh(world, 1, dist.get_rank(), 0, dist.group.WORLD, None, (tuple(range(world)),))
+    def whole_world(timeout_s: Optional[float] = None) -> "PipelineMesh":
+        """Every rank as one pipeline, no replicas (collective: creates its group)."""
+        return init_pipeline_mesh(dist.get_world_size(), 1, timeout_s)
 
     def global_rank(self, pp_rank: int) -> int:
         """The global rank of pipeline rank ``pp_rank`` in this process's replica."""
@@ -60,23 +64,35 @@ class PipelineMesh:
         return batch.chunk(self.dp)[self.dp_rank]
 
 
-def init_pipeline_mesh(pp: int, dp: int) -> PipelineMesh:
-    """Arrange the initialised world as ``dp`` replicas of a ``pp``-rank pipeline (see module doc).
+def check_timeout(timeout_s: Optional[float]) -> Optional[timedelta]:
+    """``timeout_s`` as a timedelta (None: the default group's); ConfigError unless it is a
+    finite number of seconds above 0."""
+    if timeout_s is None:
+        return None
+    number = isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
+    if not (number and math.isfinite(timeout_s) and 0 < timeout_s <= 365 * 86400):
+        raise ConfigError(f"timeout_s must be a finite number of seconds above 0 (at most a year), got {timeout_s!r}")
+    return timedelta(seconds=timeout_s)
 
-    The mesh is a CPU one over gloo (also when ranks share a GPU over gloo: a CUDA mesh would
-    assign each rank a device of its own), a CUDA one over NCCL."""
+
+def init_pipeline_mesh(pp: int, dp: int, timeout_s: Optional[float] = None) -> PipelineMesh:
+    """Arrange the initialised world as ``dp`` replicas of a ``pp``-rank pipeline (see module doc),
+    each group bounded by ``timeout_s`` (None: the default group's timeout). Collective.
+
+    Global rank ``g`` is pipeline rank ``g % pp`` of replica ``g // pp``, the layout of
+    ``init_device_mesh(..., (dp, pp), mesh_dim_names=("dp", "pp"))``; the groups are made
+    directly, which lets them carry the timeout (on gloo and NCCL alike)."""
     world = dist.get_world_size()
+    timeout = check_timeout(timeout_s)
     if pp < 1 or dp < 1:
         raise ConfigError(f"pipeline ranks and data-parallel replicas must be at least 1, got pp={pp} dp={dp}")
     if world != pp * dp:
         raise ConfigError(f"{world} processes cannot form {dp} replicas of a {pp}-rank pipeline: need {pp * dp}")
+    rank = dist.get_rank()
+    grid = tuple(tuple(d * pp + p for p in range(pp)) for d in range(dp))
+    world_group = dist.new_group(list(range(world)), timeout=timeout)
     if dp == 1:
-        return PipelineMesh.whole_world()
-    from torch.distributed.device_mesh import init_device_mesh
-
-    device_type = "cpu" if dist.get_backend() == "gloo" else "cuda"
-    mesh = init_device_mesh(device_type, (dp, pp), mesh_dim_names=MESH_DIMS)
-    grid = tuple(tuple(row) for row in mesh.mesh.tolist())
-    return PipelineMesh(
-        pp, dp, mesh.get_local_rank("pp"), mesh.get_local_rank("dp"), mesh.get_group("pp"), mesh.get_group("dp"), grid
-    )
+        return PipelineMesh(pp, 1, rank, 0, world_group, None, grid, world_group)
+    pp_groups = [dist.new_group(list(row), timeout=timeout) for row in grid]
+    dp_groups = [dist.new_group([row[p] for row in grid], timeout=timeout) for p in range(pp)]
+    return PipelineMesh(pp, dp, rank % pp, rank // pp, pp_groups[rank // pp], dp_groups[rank % pp], grid, world_group)

@@ -193,7 +193,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     m = schedule.microbatches
     x0, _ = md.batch(0, cfg.batch_size, cfg.seed)
     counts = cfg.block_counts or balanced_block_counts(md.block_costs, schedule)
-    mesh = init_pipeline_mesh(schedule.ranks, cfg.dp)
+    mesh = init_pipeline_mesh(schedule.ranks, cfg.dp, cfg.timeout_s)
     runtime = PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr),
         x0[: cfg.batch_size // (cfg.dp * m)],

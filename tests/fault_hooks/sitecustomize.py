@@ -1,0 +1,64 @@
+"""Put on PYTHONPATH by the fault tests: in every process of ``pipesched train`` (the launcher
+and its ranks), the faults the environment asks for, at known points of the run:
+
+- ``PIPESCHED_TEST_FULL_DISK_STEP=N``: writing any file of the checkpoint of step N fails as a
+  full disk does (``OSError(ENOSPC)`` from the stream DCP opens);
+- ``PIPESCHED_TEST_FULL_DISK_UNDER=DIR``: every output written atomically under DIR fails so;
+- ``PIPESCHED_TEST_REMOVE_AFTER_RUN=DIR``: DIR is removed once training returns, before the
+  outputs are written (a folder removed during the run).
+"""
+
+import errno
+import os
+
+FULL_DISK_STEP = os.environ.get("PIPESCHED_TEST_FULL_DISK_STEP")
+FULL_DISK_UNDER = os.environ.get("PIPESCHED_TEST_FULL_DISK_UNDER")
+REMOVE_AFTER_RUN = os.environ.get("PIPESCHED_TEST_REMOVE_AFTER_RUN")
+
+
+def _full_disk(path) -> OSError:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+if FULL_DISK_STEP:
+    from contextlib import contextmanager
+
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    original_stream = FileSystem.create_stream
+    marker = f"step-{int(FULL_DISK_STEP):06d}"
+
+    @contextmanager
+    def failing_stream(self, path, mode):
+        if "w" in mode and marker in str(path):
+            raise _full_disk(path)
+        with original_stream(self, path, mode) as stream:
+            yield stream
+
+    FileSystem.create_stream = failing_stream
+
+if FULL_DISK_UNDER:
+    from pipesched import outfiles
+
+    original_write = outfiles.write_atomic
+
+    def failing_write(path, data):
+        if os.path.abspath(path).startswith(os.path.abspath(FULL_DISK_UNDER) + os.sep):
+            raise _full_disk(path)
+        return original_write(path, data)
+
+    outfiles.write_atomic = failing_write
+
+if REMOVE_AFTER_RUN:
+    import shutil
+
+    from pipesched.runtime import train
+
+    original_run = train.run
+
+    def run_then_remove(cfg):
+        result = original_run(cfg)
+        shutil.rmtree(REMOVE_AFTER_RUN)
+        return result
+
+    train.run = run_then_remove
