@@ -17,7 +17,7 @@ import torch
 
 import pipesched
 from pipesched.runtime import checkpoint, checkpoint_files
-from pipesched.runtime.executor import PipelineRuntime
+from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
 from pipesched.runtime.launch import spawn
 from pipesched.runtime.models import get_model
 from pipesched.runtime.train import make_optimizer
@@ -31,7 +31,8 @@ def _measure(rank: int, world: int, job: tuple) -> dict:
     schedule = pipesched.build_schedule(name, world, MICROBATCHES)
     x, y = md.batch(0, BATCH, 0)
     rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("adamw", 1e-3),
-                         x[: BATCH // MICROBATCHES], timeout_s=120)
+                         x[: BATCH // MICROBATCHES],
+                         options=RuntimeOptions(timeout_s=120))
     steps, saves, loads, guards, starts, verifies = [], [], [], [], [], []
     for i in range(REPEATS):
         batch = md.batch(i, BATCH, 0)
@@ -42,7 +43,7 @@ def _measure(rank: int, world: int, job: tuple) -> dict:
         guards.append(perf_counter() - t0)
         torch.distributed.barrier()
         t0 = perf_counter()
-        rt.checks.before_step(*batch, i)
+        rt.checks.before_step(*batch, None, i)
         starts.append(perf_counter() - t0)
         t0 = perf_counter()
         path = checkpoint.save_runtime(rt, directory)

@@ -37,13 +37,13 @@ def check_numbers(lr: float, timeout: float, seed: int, clip_grad_norm: Optional
 def check_batch_fits(model_def, batch_size: int, seed: int) -> None:
     """Refuse a batch whose inputs, targets and block outputs alone exceed the machine's memory
     (a floor of what a step holds: shapes come from one sample run on the meta device)."""
-    from ..runtime.partition import infer_boundary_shapes
+    from ..runtime.shapes import infer_boundary_shapes
 
     have = physical_memory()
     x, y = model_def.batch(0, 1, seed)
     blocks = [range(i, i + 1) for i in range(model_def.num_blocks)]
     outputs = infer_boundary_shapes(model_def.build_block, blocks, x)
-    per_sample = x.nbytes + y.nbytes + sum(math.prod(shape) * dtype.itemsize for shape, dtype in outputs)
+    per_sample = x.nbytes + y.nbytes + sum(boundary.nbytes for boundary in outputs)
     if have is not None and per_sample * batch_size > have:
         raise ConfigError(
             f"--batch-size {batch_size}: a step would hold at least {_gib(per_sample * batch_size)} (inputs, "

@@ -5,30 +5,32 @@ ones would train a different model than any of them describes (another rank's bl
 another seed's weights) without a word. At construction :func:`agree_at_construction` gathers a
 few short strings from every rank (one small all-gather) and refuses, on every rank, the first
 that differs, naming the field and the ranks: the schedule, the block counts, the seed, the
-dtype, gradient clipping, the model's signature (every block's parameter and buffer names,
-shapes and dtypes, built on the meta device) and the sample input. The same pass checks that
-every stage ends in a tensor (what the runtime sends on, or gives to the loss).
+dtype, gradient clipping, the tied parameters, the model's signature (every block's parameter
+and buffer names, shapes and dtypes, read on the meta device) and the sample input.
 
-A misuse that only one rank can see (its batch shaped unlike ``sample_input``, a loss that is
+A misuse that only one rank can see (a batch shaped unlike the other ranks', a loss that is
 not a scalar) would otherwise fail on that rank alone while the others wait for it: at the
 start of every step :meth:`StepChecks.before_step` looks at what this rank was given and all
-ranks agree, in one all-reduce of a flag, that every rank's is usable; if not, every rank
-raises the same one-line error naming the step, the rank and why, before any message is sent.
+ranks agree, in one all-reduce of a flag and a hash of the batch's shapes, that every rank's
+is usable and alike (the shapes may change between steps, on every rank at once); if not,
+every rank raises the same one-line error naming the step, the rank and why, before any
+message is sent.
 Both use the mesh's world group, whose waits ``timeout_s`` bounds.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
 from ..schedule import Schedule
+from .boundary import Value
 from .p2p import PeerFailure
-from .partition import meta_block, stage_block_ranges
+from .partition import stage_block_ranges
 
 
 class RanksDisagree(ConfigError):
@@ -45,64 +47,62 @@ def _schedule_term(schedule: Schedule) -> str:
             f"{schedule.stages} stages, actions #{digest[:10]})")
 
 
-def _model_term(build_block: Callable[[int], torch.nn.Module], ranges: Sequence[range], sample: torch.Tensor) -> str:
-    """Every block's state names, shapes and dtypes (hashed), each stage's output checked to be
-    a tensor, on the meta device (nothing allocated)."""
+def _model_term(build_block: Callable[[int], torch.nn.Module], num_blocks: int) -> str:
+    """Every block's state names, shapes and dtypes, hashed: read from the blocks as the builder
+    gives them on the meta device (a module built before the runtime is read where it is; no
+    block is run or copied)."""
     sha = hashlib.sha256()
-    x: Any = torch.zeros(sample.shape, dtype=sample.dtype, device="meta")
     tensors = 0
-    with torch.no_grad():
-        for s, blocks in enumerate(ranges):
-            for i in blocks:
-                block = meta_block(build_block, i)
-                for name, t in block.state_dict().items():
-                    sha.update(f"{i}.{name}:{tuple(t.shape)}:{t.dtype};".encode())
-                    tensors += 1
-                try:
-                    x = block(x)
-                except Exception as err:  # noqa: BLE001  (said in one line: which block, given what)
-                    if isinstance(x, torch.Tensor):
-                        raise
-                    raise ConfigError(f"block {i - 1} returns a {type(x).__name__}, which block {i} cannot take "
-                                      f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
-            if not isinstance(x, torch.Tensor):
-                raise ConfigError(
-                    f"block {blocks[-1]}, the last of stage {s}, returns a {type(x).__name__}, not a tensor: "
-                    "a stage's output is sent to the next stage (or given to the loss) as one tensor; return "
-                    "a tensor, or give the blocks that pass a tuple on the same stage (block_counts)"
-                )
-    blocks = sum(len(r) for r in ranges)
-    return f"{blocks} blocks, {tensors} state tensors, #{sha.hexdigest()[:10]}"
+    for i in range(num_blocks):
+        with torch.device("meta"):
+            block = build_block(i)
+        for name, t in block.state_dict().items():
+            sha.update(f"{i}.{name}:{tuple(t.shape)}:{t.dtype};".encode())
+            tensors += 1
+    return f"{num_blocks} blocks, {tensors} state tensors, #{sha.hexdigest()[:10]}"
 
 
 def agree_at_construction(group: Any, build_block: Callable[[int], torch.nn.Module], num_blocks: int,
-                          schedule: Schedule, stages: int, block_counts: Optional[Sequence[int]], seed: int,
-                          dtype: torch.dtype, clip_grad_norm: Optional[float], sample_input: torch.Tensor) -> None:
+                          schedule: Schedule, stages: int, options: Any, sample_input: Value) -> None:
     """Refuse (RanksDisagree, on every rank) arguments that differ across the ranks of ``group``;
-    ``stages`` is the number of stages of one model copy. Collective: one all-gather. What one
-    rank refuses by itself (invalid block counts, a stage ending in a tuple) is gathered too, and
-    raised on every rank once they agree on it."""
+    ``stages`` is the number of stages of one model copy, ``options`` the RuntimeOptions.
+    Collective: one all-gather. What one rank refuses by itself (invalid block counts) is
+    gathered too, and raised on every rank once they agree on it."""
     refused: Optional[ConfigError] = None
-    counts = model = None
+    counts = None
     try:
-        ranges = stage_block_ranges(num_blocks, stages, block_counts)
-        counts = str(tuple(len(r) for r in ranges))
-        model = _model_term(build_block, ranges, sample_input)
+        counts = str(tuple(len(r) for r in stage_block_ranges(num_blocks, stages, options.block_counts)))
     except ConfigError as err:
         refused = err
     every: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, {
         "the schedule": _schedule_term(schedule),
-        "block_counts": counts or f"{tuple(block_counts or ())} (refused: {refused})",
-        "seed": str(seed),
-        "dtype": str(dtype).replace("torch.", ""),
-        "clip_grad_norm": str(clip_grad_norm),
-        "sample_input": f"{list(sample_input.shape)} {str(sample_input.dtype).replace('torch.', '')}",
-        "the model": model or f"refused ({refused})",
+        "block_counts": counts or f"{tuple(options.block_counts or ())} (refused: {refused})",
+        "seed": str(options.seed),
+        "dtype": str(options.dtype).replace("torch.", ""),
+        "clip_grad_norm": str(options.clip_grad_norm),
+        "tied parameters": str(options.tied),
+        "sample_input": _described(sample_input),
+        "the model": _model_term(build_block, num_blocks),
     }, group=group)
     _refuse_differences(every)
     if refused is not None:
         raise refused
+
+
+def _described(value: Optional[Value], split: int = 1) -> str:
+    """Shapes and dtypes of a tensor, or of a tuple or dict of them, the batch dim divided by ``split``."""
+    if value is None:
+        return "nothing"
+    tensors = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (tuple, list)) else [(None, value)]
+    parts = []
+    for key, t in tensors:
+        if not isinstance(t, torch.Tensor):
+            parts.append(f"{key}: a {type(t).__name__}")
+            continue
+        shape = [t.shape[0] // split, *t.shape[1:]] if t.dim() else []
+        parts.append(("" if key is None else f"{key}: ") + f"{shape} {str(t.dtype).replace('torch.', '')}")
+    return ", ".join(parts)
 
 
 def _refuse_differences(every: list[dict]) -> None:
@@ -126,32 +126,27 @@ def _ranks(ranks: list[int]) -> str:
 class StepChecks:
     """What one rank checks of its step's batch before any message moves (see module doc)."""
 
-    def __init__(self, sample_input: torch.Tensor, loss_fn: Callable, microbatches: int, dp: int,
-                 needs_inputs: bool, needs_targets: bool, model_output: tuple[torch.Size, torch.dtype],
-                 group: Any) -> None:
-        self.sample = (tuple(sample_input.shape), sample_input.dtype)
-        self.loss_fn = loss_fn
-        self.m, self.dp = microbatches, dp
+    def __init__(self, loss_fn: Callable, shapes: Any, mesh: Any, needs_inputs: bool, needs_targets: bool) -> None:
+        self.loss_fn, self.shapes, self.mesh = loss_fn, shapes, mesh
+        self.m = shapes.schedule.microbatches
         self.needs_inputs, self.needs_targets = needs_inputs, needs_targets
-        self.model_output = model_output
-        self.group = group
         self._loss_checked: set = set()  # target (shape, dtype) whose loss was found a scalar
 
-    def problem(self, inputs: Optional[torch.Tensor], targets: Optional[torch.Tensor]) -> Optional[str]:
+    def problem(self, inputs: Optional[Value], targets: Optional[torch.Tensor]) -> Optional[str]:
         """Why this rank cannot run the step with these tensors, or None."""
+        parts = self.m * self.mesh.dp
         for what, batch, needed in (("inputs", inputs, self.needs_inputs), ("targets", targets, self.needs_targets)):
-            if not needed:
-                continue
             if batch is None:
-                return f"it holds a first or last stage and needs the {what}, but got None"
-            if batch.dim() == 0 or batch.shape[0] % (self.m * self.dp):
-                return (f"the {what}' batch of {batch.shape[0] if batch.dim() else 'a scalar'} does not split into "
-                        f"{self.dp} replica(s) x {self.m} equal microbatches")
-        if self.needs_inputs:
-            shape = (inputs.shape[0] // (self.m * self.dp), *inputs.shape[1:])
-            if (shape, inputs.dtype) != self.sample:
-                return (f"a microbatch of its inputs is {list(shape)} {inputs.dtype}, but sample_input was "
-                        f"{list(self.sample[0])} {self.sample[1]} (receive buffers are sized from it)")
+                if needed:
+                    return f"it holds a first or last stage and needs the {what}, but got None"
+                continue
+            tensors = list(batch.values()) if isinstance(batch, dict) else list(batch) if isinstance(batch, (tuple, list)) else [batch]
+            for t in tensors:
+                if not isinstance(t, torch.Tensor):
+                    return f"its {what} hold a {type(t).__name__}, not tensors"
+                if t.dim() == 0 or t.shape[0] % parts:
+                    return (f"the {what}' batch of {t.shape[0] if t.dim() else 'a scalar'} does not split into "
+                            f"{self.mesh.dp} replica(s) x {self.m} equal microbatches")
         if self.needs_targets:
             return self._loss_problem(targets)
         return None
@@ -160,37 +155,56 @@ class StepChecks:
         """A loss that is not one number cannot start the backward: tried once per target shape
         on the meta device (a loss function meta tensors cannot run is left to the step)."""
         key = (tuple(targets.shape), targets.dtype)
-        if key in self._loss_checked:
+        output = self.shapes.boundaries[-1]
+        if key in self._loss_checked or output.keys is not None:
             return None
-        shape, dtype = self.model_output
-        target = torch.empty((targets.shape[0] // (self.m * self.dp), *targets.shape[1:]), dtype=targets.dtype,
+        self._loss_checked.add(key)
+        entry = output.entries[0]
+        target = torch.empty((targets.shape[0] // (self.m * self.mesh.dp), *targets.shape[1:]), dtype=targets.dtype,
                              device="meta")
         try:
-            loss = self.loss_fn(torch.empty(shape, dtype=dtype, device="meta"), target)
+            loss = self.loss_fn(torch.empty(entry.shape, dtype=entry.dtype, device="meta"), target)
         except Exception:  # noqa: BLE001  (not runnable on meta: nothing can be said before the step)
-            self._loss_checked.add(key)
             return None
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             got = f"a tensor of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}"
             return f"the loss function returned {got}, but the backward needs one number (reduce it, e.g. .mean())"
-        self._loss_checked.add(key)
         return None
 
-    def before_step(self, inputs: Optional[torch.Tensor], targets: Optional[torch.Tensor], step: int) -> None:
-        """Agree with every rank that all were given a usable step (collective: one all-reduce);
-        StepMisuse on every rank, naming the first rank's problem, if not."""
+    def _shape_term(self, inputs: Optional[Value], context: Optional[dict]) -> str:
+        """What decides this step's boundary shapes on this rank: its inputs' microbatch shapes (a
+        rank given none: the last it knew) and the context's."""
+        mine = _described(inputs, self.m * self.mesh.dp) if inputs is not None else f"as before ({self.shapes.key[0]})"
+        return f"inputs {mine}; context {_described(context, self.m * self.mesh.dp) if context else 'none'}"
+
+    def before_step(self, inputs: Optional[Value], targets: Optional[torch.Tensor], context: Optional[dict],
+                    step: int) -> None:
+        """Agree with every rank that all were given a usable step, alike in shape (collective: one
+        all-reduce of a flag and a hash of the shapes); StepMisuse on every rank, naming the first
+        rank's problem or the ranks whose shapes differ, if not."""
         problem = self.problem(inputs, targets)
-        flag = torch.tensor([problem is not None], dtype=torch.int32)
-        if dist.get_backend(self.group) != "gloo":
-            flag = flag.to(torch.device("cuda", torch.cuda.current_device()))
+        term = self._shape_term(inputs, context)
+        digest = int.from_bytes(hashlib.sha256(term.encode()).digest()[:6], "big")  # exact in int64 and float64
+        flags = torch.tensor([problem is not None, digest, -digest], dtype=torch.int64)
+        group = self.mesh.world_group
+        if dist.get_backend(group) != "gloo":
+            flags = flags.to(torch.device("cuda", torch.cuda.current_device()))
         try:
-            dist.all_reduce(flag, group=self.group)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
         except RuntimeError as err:  # gloo's "Timed out waiting 3000ms for recv", a peer gone
             raise PeerFailure(f"rank {dist.get_rank()} gave up waiting for every rank to start step {step}: "
                               f"{str(err).splitlines()[0].split('] ')[-1] if str(err) else type(err).__name__}") from None
-        if not flag.item():
+        bad, high, low = flags.tolist()
+        if not bad and high == -low:
             return
-        every: list = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(every, (dist.get_rank(), problem), group=self.group)
-        rank, said = next((r, p) for r, p in every if p is not None)
-        raise StepMisuse(f"step {step}: rank {rank}: {said}")
+        every: list = [None] * dist.get_world_size(group)
+        dist.all_gather_object(every, (dist.get_rank(), problem, term), group=group)
+        said = next(((r, p) for r, p, _ in every if p is not None), None)
+        if said is not None:
+            raise StepMisuse(f"step {step}: rank {said[0]}: {said[1]}")
+        by_term: dict[str, list[int]] = {}
+        for rank, _, shape_term in every:
+            by_term.setdefault(shape_term, []).append(rank)
+        differ = "; ".join(f"{_ranks(ranks)}: {shape_term}" for shape_term, ranks in by_term.items())
+        raise StepMisuse(f"step {step}: the ranks were given batches of different shapes ({differ}): give every "
+                         "rank the same batch shapes (and the inputs on every rank when their shape changes)")

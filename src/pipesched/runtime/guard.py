@@ -9,9 +9,10 @@ write are always finite.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import torch
+import torch.distributed as dist
 
 
 class NonFiniteWeights(RuntimeError):
@@ -37,3 +38,24 @@ def first_nonfinite(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Option
     extremes = torch.stack([torch.stack(torch.aminmax(t)).float() for _, t in named]).cpu()
     bad = (~torch.isfinite(extremes).all(dim=1)).nonzero()
     return named[int(bad[0, 0])][0] if bad.numel() else None
+
+
+def check_weights(named_parameters: Iterable[tuple[str, torch.Tensor]], step: int, group: Any,
+                  device: torch.device) -> None:
+    """Stop every rank of ``group`` when the optimizer step left a parameter non-finite, naming
+    the step (counted from 1) and the model's first such parameter: one flag all-reduced per
+    step, the names gathered only on failure (collective)."""
+    bad = first_nonfinite(named_parameters)
+    flag = torch.tensor([bad is not None], dtype=torch.int32,
+                        device="cpu" if dist.get_backend(group) == "gloo" else device)
+    dist.all_reduce(flag, group=group)
+    if flag.item():
+        names = [None] * dist.get_world_size(group)
+        dist.all_gather_object(names, bad, group=group)
+        raise NonFiniteWeights(step, min((n for n in names if n), key=block_order))
+
+
+def block_order(name: str) -> tuple[int, str]:
+    """Sort key of an unpipelined name (``"3.fc1.weight"``): by block, then name."""
+    head, _, rest = name.partition(".")
+    return (int(head), rest) if head.isdigit() else (1 << 30, name)

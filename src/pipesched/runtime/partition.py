@@ -66,8 +66,9 @@ class Stage(nn.Module):
         return x
 
     def global_named_parameters(self):
-        """(name in the unpipelined model, parameter) pairs."""
-        for name, param in self.blocks.named_parameters():
+        """(name in the unpipelined model, parameter) pairs; a parameter tied within the stage
+        comes once under each of its names."""
+        for name, param in self.blocks.named_parameters(remove_duplicate=False):
             yield name, param
 
     def global_state_dict(self) -> dict[str, torch.Tensor]:
@@ -82,28 +83,13 @@ def build_stage(build_block: BlockBuilder, blocks: range, stage: int, seed: int,
 
 def meta_block(build_block: BlockBuilder, index: int) -> nn.Module:
     """Block ``index`` without storage, for shape inference (copied to meta if the builder
-    returns an already materialised module, as an ``nn.Sequential`` front-end does)."""
+    returns an already materialised module, as an ``nn.Sequential`` front-end does, on whatever
+    device it lives and however the runtime prepared it)."""
     with torch.device("meta"):
         block = build_block(index)
-    if any(not p.is_meta for p in block.parameters()):
+    if any(not t.is_meta for t in itertools.chain(block.parameters(), block.buffers())):
         block = copy.deepcopy(block).to("meta")
     return block
-
-
-def infer_boundary_shapes(
-    build_block: BlockBuilder, ranges: Sequence[range], sample: torch.Tensor
-) -> list[tuple[torch.Size, torch.dtype]]:
-    """Shape and dtype of every stage's output for one microbatch ``sample`` (run on meta)."""
-    x = torch.empty(sample.shape, dtype=sample.dtype, device="meta")
-    if not x.is_floating_point():
-        x = torch.zeros(sample.shape, dtype=sample.dtype, device="meta")
-    shapes = []
-    with torch.no_grad():
-        for blocks in ranges:
-            for i in blocks:
-                x = meta_block(build_block, i)(x)
-            shapes.append((x.shape, x.dtype))
-    return shapes
 
 
 def sequential_builder(model: nn.Sequential) -> tuple[BlockBuilder, int]:
