@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from ..errors import ConfigError
 from ..schedule import Schedule
-from .boundary import Value
+from .boundary import Boundary, Value
 from .p2p import PeerFailure
 from .partition import stage_block_ranges
 
@@ -100,9 +100,18 @@ def _described(value: Optional[Value], split: int = 1) -> str:
         if not isinstance(t, torch.Tensor):
             parts.append(f"{key}: a {type(t).__name__}")
             continue
-        shape = [t.shape[0] // split, *t.shape[1:]] if t.dim() else []
-        parts.append(("" if key is None else f"{key}: ") + f"{shape} {str(t.dtype).replace('torch.', '')}")
+        parts.append(_entry_text(key, [t.shape[0] // split, *t.shape[1:]] if t.dim() else [], t.dtype))
     return ", ".join(parts)
+
+
+def _boundary_text(boundary: Boundary) -> str:
+    """A boundary's entries as :func:`_described` writes the microbatch they were inferred from."""
+    keys = boundary.keys if boundary.keys is not None else (None,)
+    return ", ".join(_entry_text(key, list(e.shape), e.dtype) for key, e in zip(keys, boundary.entries))
+
+
+def _entry_text(key, shape: list, dtype: torch.dtype) -> str:
+    return ("" if key is None else f"{key}: ") + f"{shape} {str(dtype).replace('torch.', '')}"
 
 
 def _refuse_differences(every: list[dict]) -> None:
@@ -174,8 +183,9 @@ class StepChecks:
     def _shape_term(self, inputs: Optional[Value], context: Optional[dict]) -> str:
         """What decides this step's boundary shapes on this rank: its inputs' microbatch shapes (a
         rank given none: the last it knew) and the context's."""
-        mine = _described(inputs, self.m * self.mesh.dp) if inputs is not None else f"as before ({self.shapes.key[0]})"
-        return f"inputs {mine}; context {_described(context, self.m * self.mesh.dp) if context else 'none'}"
+        parts = self.m * self.mesh.dp
+        mine = _described(inputs, parts) if inputs is not None else _boundary_text(self.shapes.key[0])
+        return f"inputs {mine}; context {_described(context, parts) if context else 'none'}"
 
     def before_step(self, inputs: Optional[Value], targets: Optional[torch.Tensor], context: Optional[dict],
                     step: int) -> None:
