@@ -1,0 +1,191 @@
+"""``pipeline(model, schedule, ...)``: a Hugging Face causal LM trained by any schedule, under its own names.
+
+The runtime (:class:`~pipesched.runtime.PipelineRuntime`) runs the model's blocks
+(:mod:`.blocks`); :class:`HFPipeline` speaks to it as the model is spoken to: ``step(batch)``
+takes ``{"input_ids", "labels", "attention_mask"?}`` (the same on every rank), returns the
+step's result whose ``loss`` is the loss Hugging Face computes on the whole batch
+(:mod:`.loss`); parameters, gradients and state dicts carry the model's names
+(``model.layers.3.mlp.up_proj.weight``), so what is gathered loads ``strict=True`` into the
+model and what is checkpointed resumes under any schedule and rank count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from ..schedule import Schedule
+from .build import BlockSource
+from .loss import StepNormalisedLoss
+from .split import block_costs, stage_block_counts
+
+Batch = Mapping[str, torch.Tensor]
+_BATCH_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
+
+
+def model_name(runtime_name: str) -> str:
+    """``"4.model.layers.3.mlp.up_proj.weight"`` (block 4) -> the model's own name."""
+    return runtime_name.partition(".")[2]
+
+
+def max_positions(config) -> Optional[int]:
+    return getattr(config, "max_position_embeddings", None)
+
+
+def check_batch(batch: Batch, config) -> None:
+    """Refuse (one line) a batch the model cannot take: missing keys, shapes that differ, too long."""
+    unknown = sorted(set(batch) - set(_BATCH_KEYS))
+    if unknown or "input_ids" not in batch or "labels" not in batch:
+        raise ConfigError(f"a batch is a dict of input_ids, labels and optionally attention_mask, position_ids; "
+                          f"got {sorted(batch)}")
+    shape = tuple(batch["input_ids"].shape)
+    for key, value in batch.items():
+        if tuple(value.shape) != shape:
+            raise ConfigError(f"the batch's {key} is {list(value.shape)}, its input_ids {list(shape)}")
+    limit = max_positions(config)
+    if limit is not None and shape[1] > limit:
+        raise ConfigError(f"a sequence of {shape[1]} tokens is longer than the model's {limit} positions "
+                          "(max_position_embeddings)")
+
+
+def deferred_weight_grad_share(stages: Iterable[nn.Module], config) -> float:
+    """The share of this rank's weight-gradient work (matmul FLOPs per token, estimated) that the
+    split backward defers to ``W``: the Linears' and Conv1Ds'; the rest (norms, embeddings, MoE
+    experts stored as 3D tensors) is computed in ``I``."""
+    from .split import _routed_share
+
+    share = _routed_share(config)
+    deferred = other = 0.0
+    for stage in stages:
+        for module in stage.modules():
+            direct = list(module.parameters(recurse=False))
+            if hasattr(module, "_pipesched_stash"):
+                deferred += sum(2 * p.numel() for p in direct)
+            elif isinstance(module, nn.Embedding):
+                other += sum(p.shape[-1] for p in direct)  # a row gathered per token
+            else:
+                other += sum(2 * p.numel() * share if p.dim() > 2 else (2 * p.numel() if p.dim() == 2 else p.numel())
+                             for p in direct)
+    total = deferred + other
+    return deferred / total if total else 0.0
+
+
+class HFPipeline:
+    """A Hugging Face causal LM pipelined over this rank's stages (build it with :func:`pipeline`)."""
+
+    def __init__(self, runtime, source: BlockSource, loss: StepNormalisedLoss) -> None:
+        self.runtime = runtime
+        self.source = source
+        self.config = source.config
+        self.loss = loss
+
+    @property
+    def steps_done(self) -> int:
+        return self.runtime.steps_done
+
+    def step(self, batch: Batch):
+        """One training step on the global ``batch`` (given the same on every rank); returns the
+        runtime's :class:`~pipesched.runtime.StepResult`, whose ``loss`` is the model's loss on it."""
+        check_batch(batch, self.config)
+        self.loss.start_step(batch["labels"])
+        context = {k: batch[k] for k in ("attention_mask", "position_ids") if k in batch}
+        if context:
+            return self.runtime.step(batch["input_ids"], batch["labels"], context=context)
+        return self.runtime.step(batch["input_ids"], batch["labels"])
+
+    def named_parameters(self) -> Iterable[tuple[str, nn.Parameter]]:
+        """This rank's parameters under the model's names."""
+        for name, param in self.runtime.named_parameters():
+            yield model_name(name), param
+
+    def gather_state_dict(self, dst: int = 0) -> Optional[dict[str, torch.Tensor]]:
+        """The whole model's state dict on rank ``dst`` (None elsewhere), under the model's names:
+        it loads ``strict=True`` into the model."""
+        return _renamed(self.runtime.gather_state_dict(dst))
+
+    def gather_gradients(self, dst: int = 0) -> Optional[dict[str, torch.Tensor]]:
+        """The last step's gradients of the whole model on rank ``dst``, under the model's names."""
+        return _renamed(self.runtime.gather_gradients(dst))
+
+    def model_module(self) -> nn.Module:
+        """This rank's part of the model as one module under the model's names (what a
+        checkpoint saves and loads: ``checkpoint.save(dir, step, rt.model_module(), rt.runtime.optimizer)``)."""
+        part = nn.Module()
+        from .blocks import graft
+
+        seen = set()
+        for stage in self.runtime.stages.values():
+            for block in stage.blocks.values():
+                for name, module in block.named_modules():
+                    if name and not list(module.children()) and name not in seen:
+                        seen.add(name)
+                        graft(part, name, module)
+        return part
+
+    def deferred_weight_grad_share(self) -> float:
+        """What share of this rank's weight-gradient work the split backward defers (0 without it)."""
+        if not self.runtime.schedule.split_backward:
+            return 0.0
+        return deferred_weight_grad_share(self.runtime.stages.values(), self.config)
+
+
+def _renamed(state: Optional[dict]) -> Optional[dict]:
+    if state is None:
+        return None
+    return {model_name(k): v for k, v in state.items()}
+
+
+def pipeline(
+    model,
+    schedule: Schedule,
+    *,
+    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+    sample_batch: Batch,
+    seed: int = 0,
+    mesh=None,
+    weights: Union[str, Path, None] = None,
+    layers_per_stage: Optional[Sequence[int]] = None,
+    **runtime_options,
+) -> HFPipeline:
+    """Pipeline a ``*ForCausalLM`` (built the same way on every rank; each rank then keeps only
+    its stages' modules) or a transformers config (each rank materialises only its own modules,
+    initialised as the model initialises them, or read by name from the safetensors in
+    ``weights``) with ``schedule``. Call on every rank with the same arguments.
+
+    ``sample_batch``: a batch as :meth:`HFPipeline.step` takes it (only its shapes are used).
+    ``layers_per_stage`` (one count per stage of one model copy) overrides the balanced split.
+    ``runtime_options`` go to :class:`~pipesched.runtime.PipelineRuntime` (``device``,
+    ``timeout_s``, ``clip_grad_norm``, ``recompute``, ``dtype``, ...).
+    """
+    from ..runtime.executor import PipelineRuntime
+    from ..runtime.mesh import PipelineMesh
+    from .splitting import prepare_split_backward
+
+    source = BlockSource(model, weights)
+    config = source.config
+    if getattr(config, "output_router_logits", False):
+        raise ConfigError(
+            "pipesched.hf trains MoE models without the router's auxiliary loss: its load-balancing loss is "
+            "a product of sums over all layers and tokens, which no stage holds (set output_router_logits=False)"
+        )
+    check_batch(sample_batch, config)
+    replicas = (mesh or PipelineMesh.whole_world()).dp
+    shares = schedule.microbatches * replicas
+    ids = sample_batch["input_ids"]
+    if ids.shape[0] % shares:
+        raise ConfigError(f"a batch of {ids.shape[0]} does not split into {schedule.microbatches} microbatches "
+                          f"on each of {replicas} replicas")
+    blocks = [source.meta_block(i) for i in range(source.num_blocks)]
+    counts = stage_block_counts(schedule, block_costs(blocks, config, ids.shape[1]), layers_per_stage)
+    loss = StepNormalisedLoss(config.vocab_size, schedule.microbatches, replicas)
+    prepare_split_backward()
+    runtime = PipelineRuntime(
+        source, source.num_blocks, schedule, loss, optimizer, ids[: ids.shape[0] // shares],
+        seed=seed, block_counts=counts, mesh=mesh, **runtime_options,
+    )
+    source.release_others()
+    return HFPipeline(runtime, source, loss)

@@ -1,0 +1,99 @@
+"""Tiny Hugging Face models, batches and the rank workers of the pipesched.hf tests (spawned
+processes import this module by name)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+STEPS = 3
+VOCAB = 64
+
+
+def make_config(kind: str, **extra):
+    """A tiny random-init config of ``kind`` (dropout 0, no cache)."""
+    import transformers as tf
+
+    small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=32, use_cache=False)
+    if kind == "llama":
+        config = tf.LlamaConfig(**small)
+    elif kind == "gpt2":
+        config = tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=4, n_head=4, n_positions=32, resid_pdrop=0.0,
+                               embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+    elif kind == "qwen3":  # layers 0-1 full attention, 2-3 sliding windows of 4 tokens
+        config = tf.Qwen3Config(**small, head_dim=8, use_sliding_window=True, sliding_window=4, max_window_layers=2)
+    elif kind == "mixtral":
+        config = tf.MixtralConfig(**small, num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.0,
+                                   experts_implementation="eager")  # grouped_mm takes no float64
+    else:
+        raise ValueError(kind)
+    for key, value in extra.items():
+        setattr(config, key, value)
+    return config
+
+
+def make_model(kind: str, dtype: torch.dtype = torch.float64, seed: int = 0, **extra):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(make_config(kind, **extra)).to(dtype)
+
+
+def make_batch(step: int, batch: int, seq: int, padded: bool = False) -> dict:
+    """Token ids with labels; some labels -100 (a different number per row), and with ``padded``
+    right padding after a row-dependent length, masked out of attention and the loss."""
+    g = torch.Generator().manual_seed(100 + step)
+    ids = torch.randint(0, VOCAB, (batch, seq), generator=g)
+    labels = ids.clone()
+    ignored = torch.rand(batch, seq, generator=g) < torch.linspace(0.0, 0.6, batch)[:, None]
+    labels[ignored] = -100
+    out = {"input_ids": ids, "labels": labels}
+    if padded:
+        lengths = torch.randint(seq // 2, seq + 1, (batch,), generator=g)
+        mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+        labels[mask == 0] = -100
+        out["attention_mask"] = mask
+    return out
+
+
+def adamw(params):
+    return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+
+
+def reference(model, batches: list[dict]) -> dict:
+    """The single-process model on the whole batches: first loss and gradients, final weights."""
+    model = copy.deepcopy(model)
+    optimizer = adamw(list(model.parameters()))
+    losses, grads = [], None
+    for batch in batches:
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(**batch).loss
+        loss.backward()
+        if grads is None:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        optimizer.step()
+        losses.append(loss.item())
+    return {"losses": losses, "grads": grads, "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
+def run_pipelines(rank: int, world: int, job: dict) -> dict:
+    """For every (label, model kind, schedule) of ``job``: train STEPS steps of ``job["batches"]``
+    with pipesched.hf; rank 0 returns losses, first gradients and final weights by the model's names."""
+    from pipesched import hf
+
+    out = {}
+    for label, kind, schedule, options in job["runs"]:
+        model = make_model(kind, job.get("dtype", torch.float64))
+        batches = job["batches"]
+        rt = hf.pipeline(model, schedule, optimizer=adamw, sample_batch=batches[0], timeout_s=20, **options)
+        losses, grads = [], None
+        for step, batch in enumerate(batches):
+            losses.append(rt.step(batch).loss)
+            if step == 0:
+                grads = rt.gather_gradients()
+        params = rt.gather_state_dict()
+        out[label] = {"losses": losses, "grads": grads, "params": params,
+                      "deferred": rt.deferred_weight_grad_share()}
+    return out
