@@ -5,25 +5,10 @@
 
 from __future__ import annotations
 
-from importlib import import_module
+from .architectures import ARCHITECTURES
+from .build import init_model, read_config
+from .pipeline import HFPipeline, pipeline
+from .saving import load_checkpoint, save_checkpoint, save_pretrained
 
-_HOME = {  # exported name -> the module that defines it
-    "ARCHITECTURES": "architectures",
-    "HFPipeline": "pipeline",
-    "init_model": "build",
-    "pipeline": "pipeline",
-    "read_config": "build",
-    "load_checkpoint": "saving",
-    "save_checkpoint": "saving",
-    "save_pretrained": "saving",
-}
-
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f".{_HOME[name]}", __name__), name)
-    globals()[name] = value
-    return value
+__all__ = ["ARCHITECTURES", "HFPipeline", "init_model", "load_checkpoint", "pipeline", "read_config",
+           "save_checkpoint", "save_pretrained"]
