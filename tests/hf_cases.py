@@ -97,3 +97,46 @@ def run_pipelines(rank: int, world: int, job: dict) -> dict:
         out[label] = {"losses": losses, "grads": grads, "params": params,
                       "deferred": rt.deferred_weight_grad_share()}
     return out
+
+
+def held_numel(module) -> int:
+    """Elements of ``module``'s parameters that hold storage (not on meta)."""
+    return sum(p.numel() for p in module.parameters() if not p.is_meta)
+
+
+def save_and_resume(rank: int, world: int, job: dict) -> dict:
+    """A Llama built from its config: 2 steps under zb-v, a checkpoint and a save_pretrained
+    folder, then a fresh 1f1b pipeline from that folder's weights and a 1f1b pipeline resuming
+    the checkpoint for the last step. Rank 0 returns what each stage of that gathered."""
+    import pipesched
+    from pipesched import hf
+
+    config, batches, folder = make_config("llama"), job["batches"], job["folder"]
+    zbv = pipesched.build_schedule("zb-v", world, 4)
+    one = pipesched.build_schedule("1f1b", world, 4)
+    out = {}
+    rt = hf.pipeline(config, zbv, optimizer=adamw, sample_batch=batches[0], seed=5, timeout_s=60)
+    own = sum(p.numel() for p in rt.runtime.parameters)
+    for batch in batches[:2]:
+        rt.step(batch)
+    hf.save_checkpoint(rt, f"{folder}/ck")
+    hf.save_pretrained(rt, f"{folder}/saved")
+    out["after_two"] = rt.gather_state_dict()
+    loaded = hf.pipeline(config, one, optimizer=adamw, sample_batch=batches[0], weights=f"{folder}/saved", timeout_s=60)
+    out["loaded"] = loaded.gather_state_dict()
+    resumed = hf.pipeline(config, one, optimizer=adamw, sample_batch=batches[0], seed=99, timeout_s=60)
+    from pipesched.runtime import checkpoint
+
+    out["resumed_from"] = hf.load_checkpoint(resumed, checkpoint.latest(f"{folder}/ck"))
+    resumed.step(batches[2])
+    out["resumed"] = resumed.gather_state_dict()
+    model = make_model("llama", torch.float32)  # built whole on every rank, then pipelined
+    before = held_numel(model)
+    kept = hf.pipeline(model, one, optimizer=adamw, sample_batch=batches[0], timeout_s=60)
+    held = [before, held_numel(model), sum(p.numel() for p in kept.runtime.parameters), own]
+    import torch.distributed as dist
+
+    parts = [None] * world
+    dist.all_gather_object(parts, held)
+    out["held"] = parts
+    return out if rank == 0 else None

@@ -57,3 +57,43 @@ def test_every_schedule_family_and_model_on_two_ranks():
     assert_like_reference(results, batches)
     assert results["llama 1f1b"]["deferred"] == 0.0
     assert results["llama zb-v"]["deferred"] > 0.9  # every projection is a Linear; norms and embeddings are not
+
+
+@pytest.mark.timeout(180)
+def test_names_save_pretrained_weights_and_checkpoints_resume_under_another_schedule(tmp_path):
+    from hf_cases import adamw, make_config, save_and_resume
+    from transformers import AutoModelForCausalLM
+
+    from pipesched import hf
+    from pipesched.runtime import checkpoint
+
+    batches = [make_batch(step, 8, 16) for step in range(3)]
+    got = spawn(save_and_resume, 2, {"batches": batches, "folder": str(tmp_path)}, timeout_s=150)[0]
+    # the run built from the config equals the whole model initialised the same way
+    want = reference(hf.init_model(make_config("llama"), seed=5), batches[:2])
+    assert relative_error(got["after_two"], want["params"]) < 1e-5
+    # the saved folder is what from_pretrained loads, strict, with the trained run's logits
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    fresh = AutoModelForCausalLM.from_config(make_config("llama"))
+    fresh.load_state_dict(got["after_two"], strict=True)
+    ids = batches[0]["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(saved(input_ids=ids).logits, fresh(input_ids=ids).logits)
+    assert all(torch.equal(got["loaded"][k], v) for k, v in got["after_two"].items())
+    # the zb-v checkpoint resumes under 1f1b (and in one process) as if uninterrupted
+    assert got["resumed_from"] == 2
+    uninterrupted = reference(hf.init_model(make_config("llama"), seed=5), batches)
+    assert relative_error(got["resumed"], uninterrupted["params"]) < 1e-5
+    model = hf.init_model(make_config("llama"), seed=0)
+    optimizer = adamw(list(model.parameters()))
+    assert checkpoint.load(checkpoint.latest(tmp_path / "ck"), model, optimizer) == 2
+    optimizer.zero_grad()
+    model(**batches[2]).loss.backward()
+    optimizer.step()
+    assert relative_error(model.state_dict(), uninterrupted["params"]) < 1e-5
+    # a model built whole on every rank keeps only its stages' parameters; so does one built from
+    # its config (the ranks' shares add up to the model)
+    total = got["held"][0][0]
+    for before, held, runtime_holds, _ in got["held"]:
+        assert held == runtime_holds < before == total
+    assert sum(h[2] for h in got["held"]) == sum(h[3] for h in got["held"]) == total
