@@ -4,6 +4,7 @@ processes import this module by name)."""
 from __future__ import annotations
 
 import copy
+from typing import Optional
 
 import torch
 
@@ -17,8 +18,8 @@ def make_config(kind: str, **extra):
 
     small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=32, use_cache=False)
-    if kind == "llama":
-        config = tf.LlamaConfig(**small)
+    if kind in ("llama", "llama6"):  # llama6: 8 blocks, for 8 stages on 4 ranks
+        config = tf.LlamaConfig(**{**small, "num_hidden_layers": 6 if kind == "llama6" else 4})
     elif kind == "gpt2":
         config = tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=4, n_head=4, n_positions=32, resid_pdrop=0.0,
                                embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
@@ -62,14 +63,16 @@ def adamw(params):
     return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
 
 
-def reference(model, batches: list[dict]) -> dict:
-    """The single-process model on the whole batches: first loss and gradients, final weights."""
+def reference(model, batches: list[dict], autocast: Optional[torch.dtype] = None) -> dict:
+    """The single-process model on the whole batches (under ``autocast`` if given): every loss,
+    the first gradients, the final weights."""
     model = copy.deepcopy(model)
     optimizer = adamw(list(model.parameters()))
     losses, grads = [], None
     for batch in batches:
         optimizer.zero_grad(set_to_none=True)
-        loss = model(**batch).loss
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            loss = model(**batch).loss
         loss.backward()
         if grads is None:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
@@ -82,12 +85,18 @@ def run_pipelines(rank: int, world: int, job: dict) -> dict:
     """For every (label, model kind, schedule) of ``job``: train STEPS steps of ``job["batches"]``
     with pipesched.hf; rank 0 returns losses, first gradients and final weights by the model's names."""
     from pipesched import hf
+    from pipesched.runtime.mesh import init_pipeline_mesh
 
-    out = {}
+    out, meshes = {}, {}
     for label, kind, schedule, options in job["runs"]:
-        model = make_model(kind, job.get("dtype", torch.float64))
+        options = dict(options)
+        model = make_model(kind, options.pop("model_dtype", torch.float64))
+        dp = options.pop("dp", world // schedule.ranks)
+        if dp not in meshes:
+            meshes[dp] = init_pipeline_mesh(schedule.ranks, dp)
         batches = job["batches"]
-        rt = hf.pipeline(model, schedule, optimizer=adamw, sample_batch=batches[0], timeout_s=20, **options)
+        rt = hf.pipeline(model, schedule, optimizer=adamw, sample_batch=batches[0], mesh=meshes[dp], timeout_s=60,
+                         **options)
         losses, grads = [], None
         for step, batch in enumerate(batches):
             losses.append(rt.step(batch).loss)
@@ -140,3 +149,8 @@ def save_and_resume(rank: int, world: int, job: dict) -> dict:
     dist.all_gather_object(parts, held)
     out["held"] = parts
     return out if rank == 0 else None
+
+
+def several(rank: int, world: int, jobs: dict) -> dict:
+    """Run each (worker name, job) of ``jobs`` in one launch; rank 0 returns their results by key."""
+    return {key: globals()[worker](rank, world, job) for key, (worker, job) in jobs.items()}

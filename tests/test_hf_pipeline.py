@@ -44,31 +44,42 @@ def assert_like_reference(results: dict, batches: list, tol: float = TOL, dtype=
         assert relative_error(got["params"], want["params"]) < tol, label
 
 
-@pytest.mark.timeout(240)
-def test_every_schedule_family_and_model_on_two_ranks():
-    from hf_cases import run_pipelines
+BATCHES = [make_batch(step, 8, 16) for step in range(3)]
+TWO_RANK_RUNS = [(f"llama {f.name}", "llama", pipesched.build_schedule(f.name, 2, 4), {}) for f in pipesched.families()]
+TWO_RANK_RUNS += [(f"{kind} {name}", kind, pipesched.build_schedule(name, 2, 4), {})
+                  for kind in ("qwen3", "mixtral") for name in ("1f1b", "zb-v", "interleaved-zb")]
 
-    batches = [make_batch(step, 8, 16) for step in range(3)]
-    runs = [(f"llama {f.name}", "llama", pipesched.build_schedule(f.name, 2, 4), {}) for f in pipesched.families()]
-    runs += [(f"{kind} {name}", kind, pipesched.build_schedule(name, 2, 4), {})
-             for kind in ("qwen3", "mixtral") for name in ("1f1b", "zb-v", "interleaved-zb")]
-    results = spawn(run_pipelines, 2, {"runs": runs, "batches": batches}, timeout_s=120)[0]
-    assert set(results) == {label for label, *_ in runs}
-    assert_like_reference(results, batches)
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """One launch of 2 ranks for every 2-rank check of this file: (results, its folder)."""
+    from hf_cases import several
+
+    folder = tmp_path_factory.mktemp("hf")
+    jobs = {"runs": ("run_pipelines", {"runs": TWO_RANK_RUNS, "batches": BATCHES}),
+            "saving": ("save_and_resume", {"batches": BATCHES, "folder": str(folder)})}
+    return spawn(several, 2, jobs, timeout_s=240)[0], folder
+
+
+@pytest.mark.timeout(300)
+def test_every_schedule_family_and_model_on_two_ranks(two_ranks):
+    results = two_ranks[0]["runs"]
+    assert set(results) == {label for label, *_ in TWO_RANK_RUNS}
+    assert_like_reference(results, BATCHES)
     assert results["llama 1f1b"]["deferred"] == 0.0
     assert results["llama zb-v"]["deferred"] > 0.9  # every projection is a Linear; norms and embeddings are not
 
 
-@pytest.mark.timeout(180)
-def test_names_save_pretrained_weights_and_checkpoints_resume_under_another_schedule(tmp_path):
-    from hf_cases import adamw, make_config, save_and_resume
+@pytest.mark.timeout(300)
+def test_names_save_pretrained_weights_and_checkpoints_resume_under_another_schedule(two_ranks):
+    from hf_cases import adamw, make_config
     from transformers import AutoModelForCausalLM
 
     from pipesched import hf
     from pipesched.runtime import checkpoint
 
-    batches = [make_batch(step, 8, 16) for step in range(3)]
-    got = spawn(save_and_resume, 2, {"batches": batches, "folder": str(tmp_path)}, timeout_s=150)[0]
+    got, tmp_path = two_ranks[0]["saving"], two_ranks[1]
+    batches = BATCHES
     # the run built from the config equals the whole model initialised the same way
     want = reference(hf.init_model(make_config("llama"), seed=5), batches[:2])
     assert relative_error(got["after_two"], want["params"]) < 1e-5
@@ -97,3 +108,26 @@ def test_names_save_pretrained_weights_and_checkpoints_resume_under_another_sche
     for before, held, runtime_holds, _ in got["held"]:
         assert held == runtime_holds < before == total
     assert sum(h[2] for h in got["held"]) == sum(h[3] for h in got["held"]) == total
+
+
+@pytest.mark.timeout(240)
+def test_four_ranks_two_replicas_bf16_and_fp32():
+    from hf_cases import run_pipelines
+
+    batches = [make_batch(step, 16, 16) for step in range(3)]
+    runs = [(f"llama6 {name}", "llama6", pipesched.build_schedule(name, 4, 8), {})
+            for name in ("interleaved-zb", "zb-v", "dualpipev", "dualpipe")]
+    runs += [(f"llama {name} dp2", "llama", pipesched.build_schedule(name, 2, 4), {"dp": 2}) for name in ("1f1b", "zb-v")]
+    fp32 = {"dp": 1, "model_dtype": torch.float32}
+    runs += [(f"llama6 {name} fp32", "llama6", pipesched.build_schedule(name, 4, 4), fp32) for name in ("1f1b", "dualpipe")]
+    bf16 = {"dp": 1, "model_dtype": torch.float32, "dtype": torch.bfloat16}
+    runs += [(f"llama {name} bf16", "llama", pipesched.build_schedule(name, 4, 4), bf16) for name in ("zb-h1",)]
+    results = spawn(run_pipelines, 4, {"runs": runs, "batches": batches}, timeout_s=200)[0]
+    assert set(results) == {label for label, *_ in runs}
+    exact = {k: v for k, v in results.items() if not k.endswith(("fp32", "bf16"))}
+    assert_like_reference(exact, batches)
+    assert_like_reference({k: v for k, v in results.items() if k.endswith("fp32")}, batches, 1e-5, torch.float32)
+    want = reference(make_model("llama", torch.float32), batches, autocast=torch.bfloat16)
+    got = results["llama zb-h1 bf16"]
+    assert got["losses"] == pytest.approx(want["losses"], rel=1e-2)
+    assert relative_error(got["grads"], want["grads"]) < 5e-2
