@@ -22,7 +22,7 @@ def make_config(kind: str, **extra):
         config = tf.LlamaConfig(**{**small, "num_hidden_layers": 6 if kind == "llama6" else 4})
     elif kind == "gpt2":
         config = tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=4, n_head=4, n_positions=32, resid_pdrop=0.0,
-                               embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+                               embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=0, eos_token_id=0)
     elif kind == "qwen3":  # layers 0-1 full attention, 2-3 sliding windows of 4 tokens
         config = tf.Qwen3Config(**small, head_dim=8, use_sliding_window=True, sliding_window=4, max_window_layers=2)
     elif kind == "mixtral":

@@ -18,6 +18,7 @@ from ..runtime.optimizers import OPTIMIZERS
 from ..schedule import Schedule
 from . import app, fail
 from . import options as opt
+from . import train_hf
 from .train_layout import Dp, Dtype, check_batch_split, check_layout
 from .train_zb_auto import chunks_for_model, given_costs, wants_profile, zb_auto_inputs, zb_auto_profile
 
@@ -26,7 +27,8 @@ TORCH_MISSING = "pipesched train needs PyTorch: pip install 'pipesched[torch]' (
 
 @app.command("train")
 def train(
-    model: str = typer.Option("mlp", "--model", help="mlp (residual MLP stack) or gpt (char-level GPT)."),
+    model: str = typer.Option("mlp", "--model", help="mlp (residual MLP stack), gpt (char-level GPT) or "
+                              "hf:CONFIG.json (a Hugging Face causal LM, docs/huggingface.md)."),
     schedule: str = typer.Option(
         "1f1b", "--schedule", "-s",
         help="Schedule name, none for the single-process reference, or auto (measure, then pipesched advise picks); "
@@ -80,6 +82,9 @@ def train(
     ),
     dp: int = Dp,
     dtype: str = Dtype,
+    data: Optional[Path] = train_hf.Data,
+    hf_weights: Optional[Path] = train_hf.Weights,
+    save_hf: Optional[Path] = train_hf.SaveHf,
 ) -> None:
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
     from .train_checks import check_batch_fits, check_checkpoint_flags, check_checkpointing, check_numbers
@@ -111,14 +116,15 @@ def train(
         import torch  # noqa: F401
     except ImportError:
         raise fail(TORCH_MISSING) from None
-    from ..runtime.models import MODELS, get_model
+    from ..runtime.models import KNOWN, MODELS, get_model, is_known
     from ..runtime.partition import block_counts
     from ..runtime.precision import parse_dtype
     from ..runtime.train import TrainConfig, run
 
-    if model not in MODELS:
-        raise ConfigError(f"--model {model!r} is not known: use one of {', '.join(MODELS)}")
-    model_def = get_model(model)
+    if not is_known(model):
+        raise ConfigError(f"--model {model!r} is not known: use {KNOWN}")
+    model_options = train_hf.hf_model_options(model, data, hf_weights, save_hf)
+    model_def = get_model(model, **model_options)
     measured = profiled == "auto" or (profiled == "zb-auto" and wants_profile(planning_costs, limit, limit_bytes, recompute_input))
     if profiled is not None:  # the schedule needs the model (zb-auto), measured by processes first (auto, zb-auto's profile)
         if measured:
@@ -142,9 +148,10 @@ def train(
         check_batch_fits(model_def, batch_size, seed)
     resume_from = check_checkpointing(checkpoint_dir, resume, steps, model_def, optimizer, lr)  # last: creates the folder
     cfg = TrainConfig(
-        model, plan, steps, batch_size, seed=seed, lr=lr, optimizer=optimizer, block_counts=counts, timeout_s=timeout,
+        model, plan, steps, batch_size, seed=seed, lr=lr, optimizer=optimizer, model_size=model_options,
+        block_counts=counts, timeout_s=timeout,
         skip_nonfinite=skip_nonfinite, clip_grad_norm=clip_grad_norm, recompute=recompute,
-        want_params=save_params is not None,
+        want_params=save_params is not None or save_hf is not None,
         show_progress=True, dp=dp, dtype=dtype,
         checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
         checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep,
@@ -157,6 +164,8 @@ def train(
 
     print_summary(plan, result)
     write_outputs(plan, result, save_params, trace, json_path)
+    if model not in MODELS:  # hf:CONFIG.json
+        train_hf.report_and_save(plan, model_def, result.params, save_hf)
 
 
 def _check_batch(model_def, batch_size: int, dp: int, microbatches: Optional[int], seed: int) -> None:

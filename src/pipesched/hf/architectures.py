@@ -42,6 +42,12 @@ _GPT2 = Architecture(
     learned_positions="transformer.wpe", dropout="transformer.drop",
 )
 
+MODEL_TYPES = {  # a config's model_type -> the causal LM transformers builds for it
+    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+}
+
 ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": _LLAMA_LIKE,
     "MistralForCausalLM": _LLAMA_LIKE,
@@ -61,6 +67,13 @@ def architecture_of(class_name: str) -> Architecture:
         raise ConfigError(
             f"pipesched.hf cannot split {class_name}: it splits {', '.join(sorted(ARCHITECTURES))}"
         ) from None
+
+
+def check_model_type(model_type: str) -> None:
+    """Refuse (one line) a config's ``model_type`` none of the splittable architectures has."""
+    if model_type not in MODEL_TYPES:
+        raise ConfigError(f"pipesched.hf cannot split a {model_type!r} model: it splits "
+                          f"{', '.join(sorted(ARCHITECTURES))}")
 
 
 def causal_lm_class(config):

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .architectures import Architecture, architecture_of, causal_lm_class
+from .architectures import Architecture, architecture_of, causal_lm_class, check_model_type
 from .blocks import model_blocks
 
 
@@ -185,8 +185,9 @@ def read_config(path: Union[str, Path]):
         raise ConfigError(f"no model config at {str(file)!r}") from None
     except (OSError, ValueError) as err:
         raise ConfigError(f"cannot read the model config {str(file)!r}: {err}") from None
-    if "model_type" not in data:
+    if not isinstance(data, dict) or "model_type" not in data:
         raise ConfigError(f"{str(file)!r} is not a transformers config (no model_type)")
+    check_model_type(data["model_type"])
     try:
         return AutoConfig.for_model(**data)
     except (ValueError, KeyError, TypeError) as err:

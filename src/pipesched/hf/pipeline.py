@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..schedule import Schedule
 from .build import BlockSource
 from .loss import StepNormalisedLoss
-from .split import block_costs, stage_block_counts
+from .split import block_costs, deferred_weight_grad_share, stage_block_counts
 
 Batch = Mapping[str, torch.Tensor]
 _BATCH_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
@@ -50,28 +50,6 @@ def check_batch(batch: Batch, config) -> None:
     if limit is not None and shape[1] > limit:
         raise ConfigError(f"a sequence of {shape[1]} tokens is longer than the model's {limit} positions "
                           "(max_position_embeddings)")
-
-
-def deferred_weight_grad_share(stages: Iterable[nn.Module], config) -> float:
-    """The share of this rank's weight-gradient work (matmul FLOPs per token, estimated) that the
-    split backward defers to ``W``: the Linears' and Conv1Ds'; the rest (norms, embeddings, MoE
-    experts stored as 3D tensors) is computed in ``I``."""
-    from .split import _routed_share
-
-    share = _routed_share(config)
-    deferred = other = 0.0
-    for stage in stages:
-        for module in stage.modules():
-            direct = list(module.parameters(recurse=False))
-            if hasattr(module, "_pipesched_stash"):
-                deferred += sum(2 * p.numel() for p in direct)
-            elif isinstance(module, nn.Embedding):
-                other += sum(p.shape[-1] for p in direct)  # a row gathered per token
-            else:
-                other += sum(2 * p.numel() * share if p.dim() > 2 else (2 * p.numel() if p.dim() == 2 else p.numel())
-                             for p in direct)
-    total = deferred + other
-    return deferred / total if total else 0.0
 
 
 class HFPipeline:

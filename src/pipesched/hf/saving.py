@@ -25,13 +25,21 @@ def save_pretrained(runtime, directory: PathLike, dst: int = 0) -> None:
     rank calls it; global rank ``dst`` writes)."""
     state = runtime.gather_state_dict(dst)
     if state is not None:
-        model = meta_model(runtime.config)
-        model.load_state_dict(state, strict=True, assign=True)
-        if runtime.config.tie_word_embeddings:
-            model.tie_weights()
-        model.save_pretrained(str(directory))
+        write_pretrained(runtime.config, state, directory)
     if dist.is_initialized():
         dist.barrier()
+
+
+def write_pretrained(config, state: dict, directory: PathLike) -> None:
+    """Write the whole model's ``state`` (the model's names) with its config, as transformers does."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # a bar per shard on a run's output
+    model = meta_model(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    model.save_pretrained(str(directory))
 
 
 def save_checkpoint(runtime, directory: PathLike, keep: int = 2) -> Path:

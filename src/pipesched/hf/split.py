@@ -9,7 +9,7 @@ heaviest rank for the schedule's placement (a V placement holds both ends on its
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from torch import nn
 
@@ -40,6 +40,30 @@ def block_costs(blocks: Sequence[nn.Module], config, seq_len: int) -> list[float
     unit = sum(layers) / len(layers)
     embed = 2 * hidden * sum(isinstance(m, nn.Embedding) for m in blocks[0].modules())
     return [embed / unit, *(c / unit for c in layers), matmul_work(blocks[-1]) / unit]
+
+
+def deferred_weight_grad_share(blocks: Iterable[nn.Module], config) -> float:
+    """The share of the weight-gradient work (matmul FLOPs per token, estimated) of ``blocks``
+    that the split backward defers to ``W``: their Linears' and Conv1Ds'; the rest (norms,
+    embeddings, MoE experts stored as 3D tensors) is computed in ``I``."""
+    from ..runtime.split_backward import TRANSPOSED_LINEARS
+    from .splitting import prepare_split_backward
+
+    prepare_split_backward()
+    deferrable = (nn.Linear, *TRANSPOSED_LINEARS)
+    share = _routed_share(config)
+    deferred = other = 0.0
+    for block in blocks:
+        for module in block.modules():
+            direct = list(module.parameters(recurse=False))
+            if isinstance(module, deferrable):
+                deferred += sum(2 * p.numel() for p in direct)
+            elif isinstance(module, nn.Embedding):
+                other += sum(p.shape[-1] for p in direct)  # a row gathered per token
+            else:
+                other += sum(p.numel() * (2 * share if p.dim() > 2 else 2 if p.dim() == 2 else 1) for p in direct)
+    total = deferred + other
+    return deferred / total if total else 0.0
 
 
 def _owner(root: nn.Module, param_name: str) -> nn.Module:

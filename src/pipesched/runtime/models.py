@@ -135,8 +135,19 @@ def gpt_model(layers: int = 4, dim: int = 128, heads: int = 4, context: int = 64
 
 
 MODELS = {"mlp": mlp_model, "gpt": gpt_model}
+HF_PREFIX = "hf:"  # hf:CONFIG.json, a Hugging Face causal LM (pipesched.hf)
+KNOWN = "mlp, gpt or hf:CONFIG.json (a Hugging Face causal LM's config)"
 
 
-def get_model(name: str, **size: int) -> ModelDef:
-    """A model by name (``mlp`` or ``gpt``); ``size`` overrides its dimensions."""
+def is_known(name: str) -> bool:
+    return name in MODELS or name.startswith(HF_PREFIX)
+
+
+def get_model(name: str, **size) -> ModelDef:
+    """A model by name (``mlp``, ``gpt``, or ``hf:CONFIG.json``); ``size`` overrides its
+    dimensions (for ``hf:``, ``data``, ``weights`` and ``context``: :mod:`pipesched.hf.cli_model`)."""
+    if name.startswith(HF_PREFIX):
+        from ..hf.cli_model import hf_model_def
+
+        return hf_model_def(name[len(HF_PREFIX):], **size)
     return MODELS[name](**size)
