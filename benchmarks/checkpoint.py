@@ -16,7 +16,7 @@ import torch
 
 import pipesched
 from pipesched.runtime import checkpoint
-from pipesched.runtime.executor import PipelineRuntime
+from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
 from pipesched.runtime.launch import spawn
 from pipesched.runtime.models import get_model
 from pipesched.runtime.train import make_optimizer
@@ -30,7 +30,8 @@ def _measure(rank: int, world: int, job: tuple) -> dict:
     schedule = pipesched.build_schedule(name, world, MICROBATCHES)
     x, y = md.batch(0, BATCH, 0)
     rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("adamw", 1e-3),
-                         x[: BATCH // MICROBATCHES], timeout_s=120)
+                         x[: BATCH // MICROBATCHES],
+                         options=RuntimeOptions(timeout_s=120))
     steps, saves, loads, guards = [], [], [], []
     for i in range(REPEATS):
         steps.append(rt.step(*md.batch(i, BATCH, 0)).step_time)

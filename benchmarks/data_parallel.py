@@ -75,7 +75,7 @@ def overlap_worker(rank: int, world: int, job: tuple) -> dict:
     reduced, and the all-reduce time of each of its stages."""
     import torch.distributed as dist
 
-    from pipesched.runtime.executor import PipelineRuntime
+    from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
     from pipesched.runtime.mesh import init_pipeline_mesh
     from pipesched.runtime.models import get_model
     from pipesched.runtime.train import make_optimizer, measure_latency
@@ -88,11 +88,12 @@ def overlap_worker(rank: int, world: int, job: tuple) -> dict:
     sample = x0[: OVERLAP_BATCH // (2 * MICROBATCHES)]
     runtimes = {
         overlap: PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.01),
-                                 sample, mesh=mesh, overlap_grad_sync=overlap, timeout_s=300)
+                                 sample, mesh=mesh,
+                                 options=RuntimeOptions(overlap_grad_sync=overlap, timeout_s=300))
         for overlap in (True, False)
     }
-    reduced_at = {overlap: _time_reductions(rt.grad_sync) for overlap, rt in runtimes.items()}
-    latency = measure_latency(*next(iter(runtimes[True].transport.buffer_spec.values())), torch.device("cpu"))
+    reduced_at = {overlap: _time_reductions(rt.reductions) for overlap, rt in runtimes.items()}
+    latency = measure_latency(*runtimes[True].probe_tensor(), torch.device("cpu"))
     steps = {True: [], False: []}  # per step: (start, end, reduced, spans, CPU seconds), host clock
     for step in range(rounds):
         x, y = md.batch(step, OVERLAP_BATCH, 0)

@@ -31,7 +31,7 @@ import torch
 import pipesched
 from pipesched.errors import ConfigError
 from pipesched.runtime.copies import balanced_block_counts
-from pipesched.runtime.executor import PipelineRuntime
+from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
 from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_torchrun
 from pipesched.runtime.models import get_model
 from pipesched.runtime.train import make_optimizer
@@ -46,9 +46,8 @@ def _runtime(md, schedule, overlap_streams=False, overlap_grad_sync=True) -> Pip
     x0, _ = md.batch(0, BATCH, SEED)
     return PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", LR),
-        x0[: BATCH // schedule.microbatches], seed=SEED, device=rank_device(), timeout_s=300,
-        block_counts=balanced_block_counts(md.block_costs, schedule), overlap_streams=overlap_streams,
-        overlap_grad_sync=overlap_grad_sync,
+        x0[: BATCH // schedule.microbatches],
+        options=RuntimeOptions(seed=SEED, device=rank_device(), timeout_s=300, block_counts=balanced_block_counts(md.block_costs, schedule), overlap_streams=overlap_streams, overlap_grad_sync=overlap_grad_sync),
     )
 
 
@@ -78,7 +77,7 @@ def compare_worker(rank: int, world: int, job: tuple) -> dict:
     for _ in range(2 * rounds):
         torch.distributed.barrier()
         started = perf_counter()
-        runtimes[SUM_AT_END].grad_sync.finish()
+        runtimes[SUM_AT_END].reductions.finish()
         sums.append(perf_counter() - started)
     out["copy sum"] = [statistics.median(sums)]
     return out

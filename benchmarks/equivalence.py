@@ -19,7 +19,7 @@ import torch
 
 import pipesched
 from pipesched.errors import ConfigError
-from pipesched.runtime.executor import PipelineRuntime
+from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
 from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_torchrun
 from pipesched.runtime.models import get_model
 from pipesched.runtime.partition import build_block_seeded
@@ -66,7 +66,8 @@ def worker(rank: int, world: int, dp: int) -> list:
         x0, _ = md.batch(0, BATCH, SEED)
         rt = PipelineRuntime(
             md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
-            x0[: BATCH // (dp * MICROBATCHES)], seed=SEED, device=device, timeout_s=120, mesh=mesh,
+            x0[: BATCH // (dp * MICROBATCHES)], mesh=mesh,
+            options=RuntimeOptions(seed=SEED, device=device, timeout_s=120),
         )
         x, y = md.batch(0, BATCH, SEED)
         first_loss = rt.step(x, y).loss

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 import pipesched
 from pipesched.runtime.copies import balanced_block_counts
-from pipesched.runtime.executor import PipelineRuntime
+from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
 from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_torchrun
 from pipesched.runtime.models import get_model
 from pipesched.runtime.train import make_optimizer
@@ -60,8 +60,7 @@ def _runtime(md, schedule, recompute=None, microbatch=MICROBATCH) -> PipelineRun
     x0, _ = md.batch(0, microbatch * schedule.microbatches, 0)
     return PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05), x0[:microbatch],
-        block_counts=balanced_block_counts(md.block_costs, schedule), recompute=recompute, timeout_s=600,
-        device=rank_device(),
+        options=RuntimeOptions(block_counts=balanced_block_counts(md.block_costs, schedule), recompute=recompute, timeout_s=600, device=rank_device()),
     )
 
 

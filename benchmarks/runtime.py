@@ -27,7 +27,7 @@ from torch import nn
 
 import pipesched
 from pipesched.runtime.copies import balanced_block_counts
-from pipesched.runtime.executor import PipelineRuntime
+from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
 from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_torchrun
 from pipesched.runtime.models import get_model
 from pipesched.runtime.partition import build_block_seeded, stage_block_ranges
@@ -85,8 +85,8 @@ def _ours_runner(md, schedule: pipesched.Schedule, timelines: list):
     x0, _ = md.batch(0, BATCH, SEED)
     rt = PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
-        x0[: BATCH // MICROBATCHES], seed=SEED, device=rank_device(),
-        block_counts=balanced_block_counts(md.block_costs, schedule),
+        x0[: BATCH // MICROBATCHES],
+        options=RuntimeOptions(seed=SEED, device=rank_device(), block_counts=balanced_block_counts(md.block_costs, schedule)),
     )
 
     def step(x, y) -> float:

@@ -32,7 +32,7 @@ from pipesched.cli.train_zb_auto import chunks_for_model, zb_auto_inputs, zb_aut
 from pipesched.memory import schedule_recompute
 from pipesched.costs import UNIT
 from pipesched.runtime.copies import balanced_block_counts
-from pipesched.runtime.executor import PipelineRuntime
+from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
 from pipesched.runtime.launch import spawn
 from pipesched.runtime.models import get_model
 
@@ -47,8 +47,8 @@ def bench_worker(rank: int, world: int, job: tuple) -> dict:
     runtimes = {
         label: PipelineRuntime(
             md.build_block, md.num_blocks, plan, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
-            x0[: BATCH // MICROBATCHES], seed=SEED, block_counts=balanced_block_counts(md.block_costs, plan),
-            recompute=None if schedule_recompute(plan) is None else schedule_recompute(plan).spec(),
+            x0[: BATCH // MICROBATCHES],
+            options=RuntimeOptions(seed=SEED, block_counts=balanced_block_counts(md.block_costs, plan), recompute=None if schedule_recompute(plan) is None else schedule_recompute(plan).spec()),
         )
         for label, plan in plans.items()
     }

@@ -86,6 +86,7 @@ def run_pipelines(rank: int, world: int, job: dict) -> dict:
     with pipesched.hf; rank 0 returns losses, first gradients and final weights by the model's names."""
     from pipesched import hf
     from pipesched.runtime.mesh import init_pipeline_mesh
+    from pipesched.runtime.options import RuntimeOptions
 
     out, meshes = {}, {}
     for label, kind, schedule, options in job["runs"]:
@@ -95,8 +96,8 @@ def run_pipelines(rank: int, world: int, job: dict) -> dict:
         if dp not in meshes:
             meshes[dp] = init_pipeline_mesh(schedule.ranks, dp)
         batches = job["batches"]
-        rt = hf.pipeline(model, schedule, optimizer=adamw, sample_batch=batches[0], mesh=meshes[dp], timeout_s=60,
-                         **options)
+        rt = hf.pipeline(model, schedule, optimizer=adamw, sample_batch=batches[0], mesh=meshes[dp],
+                         options=RuntimeOptions(timeout_s=60, **options))
         losses, grads = [], None
         for step, batch in enumerate(batches):
             losses.append(rt.step(batch).loss)
@@ -124,16 +125,16 @@ def save_and_resume(rank: int, world: int, job: dict) -> dict:
     zbv = pipesched.build_schedule("zb-v", world, 4)
     one = pipesched.build_schedule("1f1b", world, 4)
     out = {}
-    rt = hf.pipeline(config, zbv, optimizer=adamw, sample_batch=batches[0], seed=5, timeout_s=60)
+    rt = hf.pipeline(config, zbv, optimizer=adamw, sample_batch=batches[0], seed=5)
     own = sum(p.numel() for p in rt.runtime.parameters)
     for batch in batches[:2]:
         rt.step(batch)
     hf.save_checkpoint(rt, f"{folder}/ck")
     hf.save_pretrained(rt, f"{folder}/saved")
     out["after_two"] = rt.gather_state_dict()
-    loaded = hf.pipeline(config, one, optimizer=adamw, sample_batch=batches[0], weights=f"{folder}/saved", timeout_s=60)
+    loaded = hf.pipeline(config, one, optimizer=adamw, sample_batch=batches[0], weights=f"{folder}/saved")
     out["loaded"] = loaded.gather_state_dict()
-    resumed = hf.pipeline(config, one, optimizer=adamw, sample_batch=batches[0], seed=99, timeout_s=60)
+    resumed = hf.pipeline(config, one, optimizer=adamw, sample_batch=batches[0], seed=99)
     from pipesched.runtime import checkpoint
 
     out["resumed_from"] = hf.load_checkpoint(resumed, checkpoint.latest(f"{folder}/ck"))
@@ -141,7 +142,7 @@ def save_and_resume(rank: int, world: int, job: dict) -> dict:
     out["resumed"] = resumed.gather_state_dict()
     model = make_model("llama", torch.float32)  # built whole on every rank, then pipelined
     before = held_numel(model)
-    kept = hf.pipeline(model, one, optimizer=adamw, sample_batch=batches[0], timeout_s=60)
+    kept = hf.pipeline(model, one, optimizer=adamw, sample_batch=batches[0])
     held = [before, held_numel(model), sum(p.numel() for p in kept.runtime.parameters), own]
     import torch.distributed as dist
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from pipesched.runtime.copies import input_ranks, loss_ranks
-from pipesched.runtime.executor import PipelineRuntime
+from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
 from pipesched.runtime.models import get_model
 from pipesched.runtime.train import TrainConfig, make_optimizer, train_reference
 
@@ -54,8 +54,8 @@ def run_schedules(rank: int, world: int, job: tuple) -> dict:
         x0, _ = md.batch(0, batch, 3)
         rt = PipelineRuntime(
             md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(optimizer, 0.05),
-            x0[: batch // schedule.microbatches], seed=3, timeout_s=60,
-            host_staging=label.endswith("host-staged"), clip_grad_norm=clip_grad_norm, recompute=recompute,
+            x0[: batch // schedule.microbatches],
+            options=RuntimeOptions(seed=3, timeout_s=60, host_staging=label.endswith("host-staged"), clip_grad_norm=clip_grad_norm, recompute=recompute),
         )
         losses, grads = [], None
         for step in range(STEPS):
@@ -79,7 +79,8 @@ def measure_memory(rank: int, world: int, job: tuple) -> dict:
     for label, schedule, recompute in runs:
         x0, _ = md.batch(0, batch, 3)
         rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05),
-                             x0[: batch // schedule.microbatches], seed=3, timeout_s=60, recompute=recompute)
+                             x0[: batch // schedule.microbatches],
+                             options=RuntimeOptions(seed=3, timeout_s=60, recompute=recompute))
         measured = max(rt.step(*md.batch(step, batch, 3)).peak_activation_bytes for step in range(STEPS))
         parts = [None] * world
         dist.all_gather_object(parts, (measured, rt.predicted_peak_activation_bytes(), rt.meter.current))
@@ -111,7 +112,8 @@ def faulty_run(rank: int, world: int, job: tuple) -> None:
     loss = nn.functional.mse_loss
     rt = PipelineRuntime(
         lambda i: Saboteur(mode), 4, schedule, loss, lambda ps: torch.optim.SGD(ps, lr=0.1),
-        torch.zeros(2, 8), timeout_s=timeout_s,
+        torch.zeros(2, 8),
+        options=RuntimeOptions(timeout_s=timeout_s),
     )
     for _ in range(4):
         rt.step(torch.randn(8, 8), torch.randn(8, 8))
@@ -124,7 +126,8 @@ def nonfinite_run(rank: int, world: int, job: tuple) -> list:
     x[5] = float("inf")  # microbatch 2 of 4 (two samples each)
     rt = PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.1),
-        x[:2], timeout_s=60, skip_nonfinite=skip,
+        x[:2],
+        options=RuntimeOptions(timeout_s=60, skip_nonfinite=skip),
     )
     before = [p.detach().clone() for p in rt.parameters]
     result = rt.step(x, y)
@@ -159,31 +162,72 @@ def strided_run(rank: int, world: int, job) -> list:
     schedule, batch = job
     x, y = torch.randn(batch, 8, generator=torch.Generator().manual_seed(0)), torch.zeros(batch, 8)
     rt = PipelineRuntime(strided_blocks, 4, schedule, nn.functional.mse_loss,
-                         lambda ps: torch.optim.SGD(ps, lr=0.1), x[: batch // schedule.microbatches], seed=5)
+                         lambda ps: torch.optim.SGD(ps, lr=0.1), x[: batch // schedule.microbatches],
+                         options=RuntimeOptions(seed=5))
     return [rt.step(x, y).loss for _ in range(2)]
 
 
-def id_passthrough_blocks(i: int) -> nn.Module:
-    """Block 0 passes token ids on unchanged; block 1 embeds them; then Linears."""
-    return nn.Identity() if i == 0 else nn.Embedding(10, 8) if i == 1 else nn.Linear(8, 8)
+class IdsAlongside(nn.Module):
+    """Block ``i`` of a model whose stages pass ``(hidden state, token ids)``: block 0 embeds the
+    ids; each later block adds an embedding of the ids (an integer entry crossing every stage
+    boundary, which never gets a gradient) to a Linear of the hidden state; the last is the head."""
+
+    def __init__(self, i: int, last: int) -> None:
+        super().__init__()
+        self.i, self.last = i, last
+        self.emb = nn.Embedding(10, 8)
+        if i > 0:
+            self.lin = nn.Linear(8, 10 if i == last else 8)
+
+    def forward(self, value):
+        if self.i == 0:
+            return torch.tanh(self.emb(value)), value
+        h, ids = value
+        assert not ids.is_floating_point() and not ids.requires_grad
+        h = self.lin(torch.tanh(h + self.emb(ids)))
+        return h if self.i == self.last else (h, ids)
 
 
-def integer_boundary_run(rank: int, world: int, schedule) -> None:
-    ids = torch.zeros(4, 3, dtype=torch.long)
-    PipelineRuntime(id_passthrough_blocks, 4, schedule, nn.functional.mse_loss,
-                    lambda ps: torch.optim.SGD(ps, lr=0.1), ids[:2], block_counts=[1, 3])
+def ids_alongside_block(i: int) -> nn.Module:
+    return IdsAlongside(i, 4)
+
+
+def ids_batch(step: int, batch: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(400 + step)
+    return torch.randint(0, 10, (batch, 3), generator=g), torch.randint(0, 10, (batch, 3), generator=g)
+
+
+def train_ids_reference(batch: int = 8) -> dict:
+    from pipesched.runtime.partition import build_block_seeded
+
+    model = nn.Sequential(*(build_block_seeded(ids_alongside_block, i, 3) for i in range(5)))
+    return _train_module(model, lambda step: ids_batch(step, batch), tied_loss)
+
+
+def ids_alongside_run(rank: int, world: int, job: tuple) -> dict:
+    """Each schedule over the model whose stages pass (float, int) tuples (bf16 too: the integer
+    entry crosses as it is)."""
+    runs, batch = job
+    out = {}
+    for label, schedule, dtype in runs:
+        rt = PipelineRuntime(ids_alongside_block, 5, schedule, tied_loss, lambda ps: torch.optim.SGD(ps, lr=0.05),
+                             ids_batch(0, batch)[0][: batch // schedule.microbatches],
+                             options=RuntimeOptions(seed=3, timeout_s=60, dtype=dtype, recompute="all" if "recomputed" in label else None))
+        out[label] = _losses_grads_params(rt, lambda step: ids_batch(step, batch))
+    return out
 
 
 def staging_decision(rank: int, world: int, _job) -> bool:
     """Whether a rank's transport would stage messages through host memory for a device other
     than the CPU, over gloo (on 3 ranks a rank is not a member of every link group)."""
     import pipesched
+    from pipesched.runtime.boundary import Boundary
     from pipesched.runtime.p2p import Transport, make_link_groups
     from pipesched.runtime.plan import ACT, GRAD, links, plan_rank
 
     schedule = pipesched.build_schedule("1f1b", world, 2)
     groups = make_link_groups(links(schedule), 30)
-    shapes = {(kind, s): (torch.Size([1]), torch.float32) for kind in (ACT, GRAD) for s in range(world)}
+    shapes = {(kind, s): Boundary.of(torch.zeros(1)) for kind in (ACT, GRAD) for s in range(world)}
     return Transport(plan_rank(schedule, rank), groups, shapes, torch.device("meta"), 30).host_staging
 
 
@@ -192,7 +236,8 @@ def nonfinite_weights_run(rank: int, world: int, schedule) -> None:
     md = get_model("mlp", blocks=3, dim=8, hidden=16)
     x, y = md.batch(0, 8, 0)
     rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn,
-                         lambda ps: torch.optim.SGD(ps, lr=float("nan")), x[:2], timeout_s=60)
+                         lambda ps: torch.optim.SGD(ps, lr=float("nan")), x[:2],
+                         options=RuntimeOptions(timeout_s=60))
     rt.step(x, y)
 
 
@@ -209,7 +254,8 @@ def checkpoint_crash_run(rank: int, world: int, job: tuple) -> None:
     directory, schedule = job
     md = get_model("mlp", **CHECKPOINT_MODEL)
     rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("adamw", 0.01),
-                         md.batch(0, 8, 0)[0][:2], timeout_s=60)
+                         md.batch(0, 8, 0)[0][:2],
+                         options=RuntimeOptions(timeout_s=60))
     rt.step(*md.batch(0, 8, 0))
     checkpoint.save_runtime(rt, directory)
     rt.step(*md.batch(1, 8, 0))
@@ -239,8 +285,8 @@ def run_data_parallel(rank: int, world: int, job: tuple) -> dict:
         x0, _ = md.batch(0, batch, 3)
         rt = PipelineRuntime(
             md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05),
-            x0[: batch // (dp * schedule.microbatches)], seed=3, timeout_s=60, mesh=mesh, dtype=dtype,
-            clip_grad_norm=clip, skip_nonfinite=True,
+            x0[: batch // (dp * schedule.microbatches)], mesh=mesh,
+            options=RuntimeOptions(seed=3, timeout_s=60, dtype=dtype, clip_grad_norm=clip, skip_nonfinite=True),
         )
         losses, grads = [], None
         for step in range(STEPS):
@@ -277,7 +323,8 @@ def copies_checkpoint_run(rank: int, world: int, job: tuple) -> tuple:
 
     def fresh() -> PipelineRuntime:
         return PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("adamw", 0.01),
-                               md.batch(0, 8, 0)[0][: 8 // schedule.microbatches], timeout_s=60)
+                               md.batch(0, 8, 0)[0][: 8 // schedule.microbatches],
+                               options=RuntimeOptions(timeout_s=60))
 
     whole = fresh()
     for step in range(4):
@@ -296,3 +343,199 @@ def copies_checkpoint_run(rank: int, world: int, job: tuple) -> tuple:
         dist.all_gather_object(parts, {n: p.detach().clone() for n, p in rt.named_parameters()})
         out.append(parts)
     return tuple(out)
+
+
+def prebuilt_model(seed: int = 7) -> nn.Sequential:
+    """Four ``Linear(16, 16), GELU`` blocks built before any runtime (the documented
+    ``sequential_builder`` path)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(*(nn.Sequential(nn.Linear(16, 16), nn.GELU()) for _ in range(4)))
+
+
+def prebuilt_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
+
+
+def train_prebuilt_reference() -> dict:
+    """The unpipelined run of :func:`prebuilt_model`: first loss and gradients, final parameters."""
+    model = prebuilt_model()
+    return _train_module(model, lambda step: prebuilt_batch(step), nn.functional.mse_loss)
+
+
+def _train_module(model: nn.Module, batch, loss_fn) -> dict:
+    """STEPS SGD steps of ``model`` on ``batch(step)``: first loss and gradients, final parameters
+    (every name, tied ones under each)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses, grads = [], None
+    for step in range(STEPS):
+        x, y = batch(step)
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        if step == 0:
+            grads = {n: p.grad.clone() for n, p in model.named_parameters(remove_duplicate=False) if p.grad is not None}
+        opt.step()
+        losses.append(loss.item())
+    return {"loss": losses[0], "grads": grads, "params": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+def prebuilt_run(rank: int, world: int, schedules: list) -> dict:
+    """Each schedule over blocks of a model built before its runtime (a fresh one per schedule:
+    the previous runtime trained the last), through ``sequential_builder``."""
+    from pipesched.runtime.partition import sequential_builder
+
+    out = {}
+    for label, schedule in schedules:
+        build_block, n = sequential_builder(prebuilt_model())
+        rt = PipelineRuntime(build_block, n, schedule, nn.functional.mse_loss, lambda ps: torch.optim.SGD(ps, lr=0.05),
+                             torch.zeros(8 // schedule.microbatches, 16), options=RuntimeOptions(timeout_s=60))
+        out[label] = _losses_grads_params(rt, prebuilt_batch)
+    return out
+
+
+def _losses_grads_params(rt: PipelineRuntime, batch) -> dict:
+    losses, grads = [], None
+    for step in range(STEPS):
+        losses.append(rt.step(*batch(step)).loss)
+        if step == 0:
+            grads = rt.gather_gradients()
+    return {"losses": losses, "grads": grads, "params": rt.gather_state_dict()}
+
+
+TIED_VOCAB, TIED_DIM, TIED_BLOCKS = 11, 8, 6
+TIED = (("0.weight", f"{TIED_BLOCKS - 1}.weight"),)
+
+
+def tied_block(i: int) -> nn.Module:
+    """An embedding, Linear-tanh blocks, and a head whose weight is the embedding's (when tied)."""
+    if i == 0:
+        return nn.Embedding(TIED_VOCAB, TIED_DIM)
+    if i == TIED_BLOCKS - 1:
+        return nn.Linear(TIED_DIM, TIED_VOCAB, bias=False)
+    return nn.Sequential(nn.Linear(TIED_DIM, TIED_DIM), nn.Tanh())
+
+
+def tied_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
+def tied_batch(step: int, batch: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(200 + step)
+    return torch.randint(0, TIED_VOCAB, (batch, 5), generator=g), torch.randint(0, TIED_VOCAB, (batch, 5), generator=g)
+
+
+def train_tied_reference(batch: int = 8) -> dict:
+    """The unpipelined tied model (block ``i`` seeded ``3 + i``; the head takes the embedding's weight)."""
+    from pipesched.runtime.partition import build_block_seeded
+
+    model = nn.Sequential(*(build_block_seeded(tied_block, i, 3) for i in range(TIED_BLOCKS)))
+    model[TIED_BLOCKS - 1].weight = model[0].weight
+    return _train_module(model, lambda step: tied_batch(step, batch), tied_loss)
+
+
+def tied_run(rank: int, world: int, job: tuple) -> dict:
+    """Each schedule of ``job`` over the tied model on ``dp`` replicas: losses, first gradients,
+    final parameters (rank 0), and whether every rank's copies of the tied weight are bitwise
+    equal (each rank's copy gathered everywhere)."""
+    import torch.distributed as dist
+
+    from pipesched.runtime.mesh import init_pipeline_mesh
+
+    schedules, dp, batch = job
+    out = {}
+    for label, schedule in schedules:
+        mesh = init_pipeline_mesh(schedule.ranks, dp)
+        rt = PipelineRuntime(tied_block, TIED_BLOCKS, schedule, tied_loss, lambda ps: torch.optim.SGD(ps, lr=0.05),
+                             tied_batch(0, batch)[0][: batch // (dp * schedule.microbatches)],
+                             options=RuntimeOptions(seed=3, timeout_s=60, tied=TIED), mesh=mesh)
+        out[label] = _losses_grads_params(rt, lambda step: tied_batch(step, batch))
+        copies = [p.detach().clone() for n, p in rt.named_parameters() if n in TIED[0]]
+        everyone = [None] * world
+        dist.all_gather_object(everyone, copies)
+        held = [t for part in everyone for t in part]
+        out[label]["copies_equal"] = len(held) >= 2 and all(torch.equal(held[0], t) for t in held)
+        out[label]["optimized_once"] = sum(p.numel() for p in rt.parameters) == sum(
+            p.numel() for _n, p in rt.named_parameters(unique=True))
+    return out
+
+
+class MaskedBlock(nn.Module):
+    """A block that reads its microbatch's batch context: a float mask and integer positions of
+    the hidden state's shape (as a decoder layer rebuilds its attention mask from the batch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from pipesched.runtime import batch_context
+
+        ctx = batch_context.current()
+        assert ctx["mask"].shape == x.shape[:2], (ctx["mask"].shape, x.shape)  # this microbatch's slice
+        return torch.tanh(self.lin(x)) * ctx["mask"][..., None] + x + 0.01 * ctx["pos"][..., None].to(x.dtype)
+
+
+def masked_block(i: int) -> nn.Module:
+    return MaskedBlock()
+
+
+CONTEXT_LENGTHS = (5, 7, 5)  # the sequence length of each step
+
+
+def context_batch(step: int, batch: int = 8) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    g = torch.Generator().manual_seed(300 + step)
+    length = CONTEXT_LENGTHS[step]
+    x, y = torch.randn(batch, length, 8, generator=g), torch.randn(batch, length, 8, generator=g)
+    mask = (torch.rand(batch, length, generator=g) > 0.3).float()
+    return x, y, {"mask": mask, "pos": torch.arange(length).expand(batch, length).contiguous()}
+
+
+def train_context_reference(batch: int = 8) -> dict:
+    """The unpipelined run of the masked model, the whole batch's context current."""
+    from pipesched.runtime import batch_context
+    from pipesched.runtime.partition import build_block_seeded
+
+    model = nn.Sequential(*(build_block_seeded(masked_block, i, 3) for i in range(4)))
+    contexts = [context_batch(step, batch)[2] for step in range(STEPS)]
+
+    def loss_fn(out, y):
+        return nn.functional.mse_loss(out, y)
+
+    class WithContext(nn.Module):  # the context of the step being run current around the model
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            self.step = 0
+
+        def forward(self, x):
+            with batch_context.using(contexts[self.step]):
+                self.step += 1
+                return self.model(x)
+
+    wrapped = WithContext()
+    ref = _train_module(wrapped, lambda step: context_batch(step, batch)[:2], loss_fn)
+    strip = len("model.")
+    return {"loss": ref["loss"], "grads": {k[strip:]: v for k, v in ref["grads"].items()},
+            "params": {k[strip:]: v for k, v in ref["params"].items()}}
+
+
+def context_run(rank: int, world: int, job: tuple) -> dict:
+    """Each (label, schedule, recompute) over the masked model, the batch context given on every
+    rank and the sequence length changing between steps (inputs passed on every rank)."""
+    runs, batch = job
+    out = {}
+    for label, schedule, recompute in runs:
+        x0, _, ctx0 = context_batch(0, batch)
+        mb = batch // schedule.microbatches
+        rt = PipelineRuntime(masked_block, 4, schedule, nn.functional.mse_loss, lambda ps: torch.optim.SGD(ps, lr=0.05),
+                             x0[:mb], options=RuntimeOptions(seed=3, timeout_s=60, recompute=recompute,
+                                                             sample_context={k: v[:mb] for k, v in ctx0.items()}))
+        losses, grads = [], None
+        for step in range(STEPS):
+            x, y, ctx = context_batch(step, batch)
+            losses.append(rt.step(x, y, ctx).loss)
+            if step == 0:
+                grads = rt.gather_gradients()
+        out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict()}
+    return out

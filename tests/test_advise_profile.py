@@ -46,13 +46,14 @@ def test_cli_profile_and_train_auto():
         ["advise", "--profile", "--ranks", "2", "--microbatches", "4", "--batch-size", "16",
          "--profile-steps", "2", "--memory-limit", "2", "--json"],
         ["train", "--model", "mlp", "--schedule", "auto", "--ranks", "2", "--microbatches", "4",
-         "--batch-size", "16", "--steps", "2", "--memory-limit", "2"],
+         "--batch-size", "16", "--steps", "2", "--memory-limit", "2", "--dtype", "bf16"],
     ], workers=2)
     assert advised.returncode == 0, advised.stderr
     rows = json.loads(advised.stdout)
     assert rows[0]["fits"] and rows[0]["peak_memory"] <= 2
     assert trained.returncode == 0, trained.stderr
     assert "auto:" in trained.stderr and "fastest schedule within the limit" in trained.stderr
+    assert "measured mlp in bf16 on 2 ranks" in trained.stderr  # profiled as the run computes
 
 
 def test_profile_refuses_bad_input_in_one_line(cli):

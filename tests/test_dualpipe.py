@@ -147,8 +147,14 @@ def late_finishing_copy(schedule: Schedule) -> Schedule:
 
 def test_a_rank_starts_summing_a_stage_with_its_copy_when_both_ranks_finish_stages_in_one_order():
     pytest.importorskip("torch")
-    from pipesched.runtime.copies import copies_finish_in_step
+    from pipesched.runtime.copies import ModelCopies
     from pipesched.runtime.grad_sync import last_gradient_actions
+    from pipesched.runtime.partition import stage_block_ranges
+    from pipesched.runtime.reduction import item_layouts, overlappable
+
+    def copies_finish_in_step(schedule) -> bool:
+        layouts = item_layouts(schedule, ModelCopies(schedule).stage_ranges(stage_block_ranges(8, schedule.ranks)), ())
+        return all(overlappable(layouts, lay.holders) for lay in layouts)
 
     for p, m in [(2, 2), (2, 4), (4, 8), (6, 12), (8, 20)]:
         assert copies_finish_in_step(build_schedule("dualpipe", p, m)), (p, m)

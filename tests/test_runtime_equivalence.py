@@ -91,3 +91,32 @@ def test_gradient_clipping_over_all_ranks_equals_clipping_the_whole_model(optimi
     assert_equal_to_reference(results, ref)
     unclipped = reference("mlp", size, 8, optimizer=optimizer)
     assert relative_error(ref["grads"], unclipped["grads"]) > 100 * TOL  # clipping did act
+
+
+@pytest.mark.timeout(150)
+def test_blocks_built_before_the_runtime_train_equal_to_unpipelined_under_every_split_backward_family():
+    # the documented sequential_builder(nn.Sequential(...)) path: modules built before the
+    # runtime, their Linears then patched for the split backward (shape inference used to
+    # crash on them: "unknown device type for autocast")
+    from runtime_cases import prebuilt_run, train_prebuilt_reference
+
+    split = [(f.name, s) for f in pipesched.families() if (s := pipesched.build_schedule(f.name, 2, 4)).split_backward]
+    assert {"zb-v", "zb-h1", "v-half", "dualpipe"} <= {name for name, _ in split}
+    results = spawn(prebuilt_run, 2, split, timeout_s=60)[0]
+    assert_equal_to_reference(results, train_prebuilt_reference())
+
+
+@pytest.mark.timeout(120)
+def test_stages_passing_float_and_integer_tuples_train_equal_to_unpipelined():
+    # every stage boundary carries (hidden state, token ids): the ids cross as integers and no
+    # gradient goes back for them; recomputation and bf16's wire precision leave them as they are
+    from runtime_cases import ids_alongside_run, train_ids_reference
+
+    runs = [(n, pipesched.build_schedule(n, 2, 4), torch.float32) for n in ("1f1b", "zb-v", "interleaved-zb", "dualpipe")]
+    runs.append(("zb-h1 recomputed", pipesched.build_schedule("zb-h1", 2, 4), torch.float32))
+    runs.append(("1f1b bf16", pipesched.build_schedule("1f1b", 2, 4), torch.bfloat16))
+    results = spawn(ids_alongside_run, 2, (runs, 8), timeout_s=60)[0]
+    bf16 = results.pop("1f1b bf16")
+    ref = train_ids_reference(8)
+    assert_equal_to_reference(results, ref)
+    assert bf16["losses"][0] == pytest.approx(ref["loss"], rel=0.02)

@@ -57,4 +57,4 @@ def test_boundary_shapes_are_inferred_without_weights():
     md = get_model("gpt", layers=2, dim=16, heads=2, context=8)
     x, _ = md.batch(0, 4, 0)
     shapes = infer_boundary_shapes(md.build_block, stage_block_ranges(md.num_blocks, 2, [2, 2]), x)
-    assert [tuple(s) for s, _ in shapes] == [(4, 8, 16), (4, 8, md.build_block(3).out.out_features)]
+    assert [tuple(b.entries[0].shape) for b in shapes] == [(4, 8, 16), (4, 8, md.build_block(3).out.out_features)]

@@ -1,4 +1,5 @@
-"""``pipesched train -s zb-auto`` plans with the model's measured costs, from one profile.
+"""``pipesched train -s zb-auto`` plans with the model's measured costs, from one profile
+(and ``-s auto`` profiles as the run computes).
 
 In process, without ranks: the profile is replaced by a fixed measurement and the run by one
 that keeps the plan it was given, so what the planner received, how often the profile ran and
@@ -14,7 +15,7 @@ pytest.importorskip("torch")
 
 from pipesched import build_schedule, simulate  # noqa: E402
 from pipesched.cli import main  # noqa: E402
-from pipesched.cli.train_zb_auto import ZbAutoInputs  # noqa: E402
+from pipesched.zb_auto_plan import ZbAutoInputs  # noqa: E402
 from pipesched.costs import UNIT, Costs  # noqa: E402
 from pipesched.memory import StageMemory  # noqa: E402
 from pipesched.runtime.profile import Profile  # noqa: E402
@@ -27,14 +28,14 @@ MEASURED = Profile(  # stage 0 forward-heavy, stage 1 (the head) input-gradient-
     stage_memory=((StageMemory(keep=176_000, stash=150_000), 16_000), (StageMemory(keep=120_000, stash=100_000), 16_000)),
     step_time=60 * MS, stage_blocks=(5, 4),
 )
-ARGS = ["train", "--model", "mlp", "-s", "zb-auto", "--ranks", "2", "--microbatches", "4", "--batch-size", "16"]
+ARGS = ["train", "--model", "mlp", "--ranks", "2", "--microbatches", "4", "--batch-size", "16"]
 
 
 @pytest.fixture
 def planned(monkeypatch):
-    """Run ``pipesched ARGS...`` in process; returns (profile calls, the costs of each zb-auto
+    """Run ``pipesched ARGS -s SCHEDULE ...`` in process; returns (profile calls, the costs of each zb-auto
     planned, the plan the run got, stderr)."""
-    import pipesched.cli.train_zb_auto as zb_auto_cli
+    import pipesched.zb_auto_plan as zb_auto_plan
     import pipesched.runtime.profile as profile_module
     import pipesched.runtime.train as runtime_train
 
@@ -48,16 +49,16 @@ def planned(monkeypatch):
         planner.append(costs)
         return real_build(name, ranks, microbatches, chunks, costs, **kwargs)
 
-    real_build = zb_auto_cli.build_schedule
+    real_build = zb_auto_plan.build_schedule
     monkeypatch.setattr(profile_module, "profile", profile)
-    monkeypatch.setattr(zb_auto_cli, "build_schedule", build_schedule)
+    monkeypatch.setattr(zb_auto_plan, "build_schedule", build_schedule)
     monkeypatch.setattr(runtime_train, "run", lambda cfg: runs.append(cfg))  # None: as a torchrun rank other than 0
 
-    def invoke(capsys, *extra: str):
+    def invoke(capsys, *extra: str, schedule: str = "zb-auto"):
         for seen in (profiles, planner, runs):
             seen.clear()
         with pytest.raises(SystemExit) as done:
-            main([*ARGS, *extra])
+            main([*ARGS, "-s", schedule, *extra])
         err = capsys.readouterr().err
         assert done.value.code == 0, err
         assert len(runs) == 1
@@ -71,11 +72,17 @@ def test_zb_auto_plans_with_the_profiles_measured_costs_and_says_so(planned, cap
     assert len(profiles) == 1
     args, kwargs = profiles[0]
     assert args == ("mlp", 2, 4, 16) and kwargs["dtype"] == "fp32"  # the run's model, ranks, microbatches, batch
+    assert kwargs["timeout_s"] == 300
     assert planner == [MEASURED.costs(), UNIT]  # the unit-cost plan too, kept if the measured costs rank it first
     assert MEASURED.costs().stage_multipliers == pytest.approx((10.6 / 9, 7.4 / 9))  # F+I+W over the mean
     assert plan.name == "zb-auto"
     assert ("zb-auto: planned with measured costs F 3.5 ms, I 3.4 ms, W 2.1 ms, comm 0.6 ms, "
             "stage factors 1.18, 0.82 (profile of 4 steps") in err
+
+
+def test_the_profile_runs_in_the_runs_dtype_with_its_timeout(planned, capsys):
+    profiles, _, _, _ = planned(capsys, "--dtype", "bf16", "--timeout", "42")
+    assert profiles[0][1]["dtype"] == "bf16" and profiles[0][1]["timeout_s"] == 42
 
 
 def test_one_profile_serves_both_a_byte_limit_and_the_costs(planned, capsys):
@@ -122,3 +129,12 @@ def test_the_measured_plan_is_never_slower_under_the_measured_costs_than_the_uni
     assert "zb-auto: the plan for unit costs is faster under the measured costs" in capsys.readouterr().err
     given = ZbAutoInputs(measured, measured=False, memory_limit=1.0, recompute_input=None)
     assert simulate(given.plan(4, 8, None), measured).makespan == times["searched"]  # given costs: as simulate plans
+
+
+def test_auto_profiles_and_advises_in_the_runs_dtype_with_its_timeout(planned, capsys):
+    """``-s auto`` measures what the run will compute: bf16 profiled in bf16 (half the activation
+    bytes the advisor and a byte limit see), with the run's --timeout."""
+    profiles, _, plan, err = planned(capsys, "--dtype", "bf16", "--timeout", "42", schedule="auto")
+    assert len(profiles) == 1 and profiles[0][0] == ("mlp", 2, 4, 16)
+    assert profiles[0][1]["dtype"] == "bf16" and profiles[0][1]["timeout_s"] == 42
+    assert "auto: " in err and plan is not None

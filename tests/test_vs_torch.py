@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import pipesched  # noqa: E402
 from pipesched import Costs, Schedule, build_schedule, get_family, simulate  # noqa: E402
 from pipesched.actions import Overlap  # noqa: E402
 from pipesched.interop.torch_schedules import torch_schedule  # noqa: E402
@@ -118,3 +119,48 @@ def _to_torch(entry):
     if isinstance(entry, Overlap):
         return _Action(-1, OVERLAP_F_B, None, tuple(_to_torch(a) for a in entry.parts))
     return _Action(entry.stage, _ComputationType.from_str(entry.kind), entry.microbatch)
+
+
+@pytest.mark.parametrize("name", [f.name for f in pipesched.families() if f.name != "dualpipe"])
+def test_our_lowering_is_torchs_lowering_of_the_same_compute_schedule(name):
+    """Placed as torch's _add_reduce_grad and _add_send_recv place them, cell for cell."""
+    from torch.distributed.pipelining.schedules import _add_reduce_grad, _add_send_recv
+
+    from pipesched.runtime.program import lower_all
+
+    compared = 0
+    for p, m in ((2, 4), (4, 8), (3, 5), (2, 7)):
+        try:
+            schedule = build_schedule(name, p, m)
+        except pipesched.ConfigError:
+            continue
+        compute = {r: _add_reduce_grad([_to_torch(a) for a in schedule.rank_entries(r)], m) for r in range(p)}
+        theirs = _add_send_recv(compute, lambda s: schedule.placement[s], schedule.stages)
+        assert [program.cells() for program in lower_all(schedule)] == [[str(a) for a in theirs[r]] for r in range(p)]
+        compared += 1
+    assert compared > 0
+
+
+@pytest.mark.parametrize("name", ["zb-v", "interleaved-1f1b", "interleaved-zb", "dualpipev"])
+def test_compute_comms_csvs_cross_both_ways_with_torch(tmp_path, name):
+    """torch takes our program as written, and reads back as ours the one it lowers itself
+    (its FSDP no-ops UNSHARD/RESHARD included)."""
+    from pipesched.runtime.program import lower_all
+    from pipesched.schedule_files import csv_text, parse_csv
+
+    schedule = build_schedule(name, 4, 8)
+    ours = tmp_path / "ours.csv"
+    ours.write_text(csv_text(schedule, "compute_comms"), newline="")
+    runtime = _mock_runtime(4, 2, 8)
+    runtime._load_csv(str(ours), format="compute_comms")
+    assert [[str(a) for a in runtime.pipeline_order_with_comms[r]] for r in range(4)] == [
+        p.cells() for p in lower_all(schedule)]
+    compute = tmp_path / "compute.csv"
+    compute.write_text(schedule.to_csv(), newline="")
+    runtime = _mock_runtime(4, 2, 8)
+    runtime._load_csv(str(compute), format="compute_only")  # torch lowers it itself
+    theirs = tmp_path / "theirs.csv"
+    runtime._dump_csv(str(theirs), format="compute_comms")
+    text = theirs.read_text()
+    assert "UNSHARD" in text and "RESHARD" in text
+    assert parse_csv(text).orders == schedule.orders

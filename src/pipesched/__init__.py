@@ -24,6 +24,7 @@ from .schedule import Schedule
 from .schedules import builtin as _builtin  # noqa: F401  (registers the built-in families)
 from .simulate import SimResult, simulate
 from .validate import validate
+from .resolve import RunSpec, ScheduleChoice, resolve_schedule  # noqa: E402  (after the families register)
 
 __version__ = "0.1.0"
 
@@ -34,13 +35,16 @@ __all__ = [
     "ConfigError",
     "DeadlockError",
     "PipeschedError",
+    "RunSpec",
     "Schedule",
+    "ScheduleChoice",
     "ScheduleError",
     "SimResult",
     "UnknownScheduleError",
     "build_schedule",
     "families",
     "get_family",
+    "resolve_schedule",
     "schedule_names",
     "simulate",
     "validate",

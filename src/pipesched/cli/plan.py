@@ -13,9 +13,10 @@ from ..compare import planned_work, simulate_all
 from ..errors import ConfigError
 from ..memory import MemorySizes, StageMemory, format_bytes
 from ..outfiles import check_output_path, write_atomic
-from ..planning import MAX_ACTIONS_BUILT, actions_built
+from ..planning import actions_built
 from ..registry import build_schedule, families, get_family
 from ..schedule import Schedule
+from ..schedule_files import check_format, csv_text, load_csv_file
 from ..simulate import SimResult, simulate
 from . import app
 from . import options as opt
@@ -69,14 +70,21 @@ def export(
     microbatch_size: int = typer.Option(
         1, "--microbatch-size", help="With --torchtitan: samples per microbatch (local_batch_size = m x this)."
     ),
+    csv_format: str = typer.Option(
+        "compute_only", "--format",
+        help="compute_only: the compute actions; compute_comms: each rank's program with its sends, receives and "
+        "gradient reductions (torch's _load_csv(..., format=\"compute_comms\") runs it as written).",
+    ),
 ) -> None:
-    """Write a schedule as torch.distributed.pipelining's compute-only CSV."""
+    """Write a schedule as a torch.distributed.pipelining CSV (compute-only, or with its communication)."""
     s = opt.setup(ranks, microbatches, chunks, costs, comm, memory_limit, stage_multipliers, objective,
                   recompute_input=recompute_input)
     if torchtitan and output is None:
         raise ConfigError("--torchtitan needs -o FILE: the settings point torchtitan at that CSV")
     if microbatch_size < 1:
         raise ConfigError(f"--microbatch-size must be at least 1, got {microbatch_size}")
+    if check_format(csv_format) != "compute_only" and torchtitan:
+        raise ConfigError("--torchtitan needs --format compute_only: torchtitan loads a CSV in torch's default format")
     if output is not None:
         check_output_path(output, [".csv"])
     schedule = build_from_flags(name, s)
@@ -85,7 +93,7 @@ def export(
         from ..interop.torchtitan import settings_toml
 
         settings = settings_toml(schedule, str(output), microbatch_size)  # refuses a layout torchtitan lacks
-    text = schedule.to_csv()
+    text = csv_text(schedule, csv_format)
     if output is None:
         typer.echo(text, nl=False)
         return
@@ -94,38 +102,6 @@ def export(
     say_recompute(schedule, "the CSV does not carry it: train it with --recompute {stages}")
     if settings is not None:
         typer.echo(settings, nl=False)
-
-
-def load_csv_file(path: Path, ranks: Optional[int] = None) -> Schedule:
-    """Read and parse a schedule CSV (UTF-8, a byte-order mark allowed); a file that is missing,
-    a folder, unreadable or not UTF-8, or a wrong rank count, is a ConfigError."""
-    if path.is_dir():
-        raise ConfigError(f"schedule CSV {str(path)!r} is a folder: give the CSV file inside it")
-    if not path.exists():
-        raise ConfigError(f"schedule CSV {str(path)!r} does not exist")
-    if not path.is_file():
-        raise ConfigError(f"schedule CSV {str(path)!r} is not a regular file")
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise ConfigError(f"schedule CSV {str(path)!r} cannot be read ({err.strerror})") from None
-    cells = data.count(b",") + data.count(b"\n")  # every action is a cell: an upper bound
-    if cells > MAX_ACTIONS_BUILT:
-        raise ConfigError(
-            f"schedule CSV {str(path)!r} holds up to {cells} actions, more than the "
-            f"{MAX_ACTIONS_BUILT} planned within about a minute: export it with fewer microbatches"
-        )
-    try:
-        text = data.decode("utf-8-sig")  # torch writes UTF-8; Excel and others prefix a BOM
-    except UnicodeDecodeError as err:
-        raise ConfigError(
-            f"schedule CSV {str(path)!r} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset "
-            f"{err.start}): save it as UTF-8"
-        ) from None
-    schedule = Schedule.from_csv(text, name=path.stem)
-    if ranks is not None and schedule.ranks != ranks:
-        raise ConfigError(f"{path} holds {schedule.ranks} ranks, but --ranks is {ranks}")
-    return schedule
 
 
 def schedule_from_flags(name: Optional[str], csv: Optional[Path], s: opt.Setup) -> Schedule:
@@ -160,7 +136,7 @@ def simulate_cmd(
     overlap: float = opt.Overlap,
     objective: Optional[str] = opt.Objective,
     recompute_input: Optional[float] = opt.RecomputeInput,
-    csv: Optional[Path] = typer.Option(None, "--csv", help="Simulate a schedule CSV (torch's compute-only format)."),
+    csv: Optional[Path] = typer.Option(None, "--csv", help="Simulate a schedule CSV (torch's compute_only or compute_comms format)."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as one JSON object."),
     draw: bool = typer.Option(False, "--draw", help="Also draw the timeline in the terminal."),
     activation_bytes: Optional[str] = typer.Option(

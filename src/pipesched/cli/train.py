@@ -13,14 +13,14 @@ import typer
 
 from ..errors import ConfigError
 from ..outfiles import check_output_path
-from ..registry import build_schedule
+from ..resolve import Resolved, RunSpec, ScheduleChoice, resolve_schedule
 from ..runtime.optimizers import OPTIMIZERS
 from ..schedule import Schedule
 from . import app, fail
 from . import options as opt
 from . import train_hf
 from .train_layout import Dp, Dtype, check_batch_split, check_layout
-from .train_zb_auto import chunks_for_model, given_costs, wants_profile, zb_auto_inputs, zb_auto_profile
+from ..zb_auto_plan import given_costs
 
 TORCH_MISSING = "pipesched train needs PyTorch: pip install 'pipesched[torch]' (CPU: pip install torch==2.13.0)"
 
@@ -56,7 +56,7 @@ def train(
     lr: float = typer.Option(0.05, "--lr", help="Learning rate."),
     optimizer: str = typer.Option("sgd", "--optimizer", help="sgd or adamw (torch's defaults but the learning rate)."),
     stage_blocks: Optional[str] = typer.Option(None, "--stage-blocks", help="Blocks per stage, e.g. 2,3,3,2 (dualpipe: per stage of one model copy; default: balanced for the placement)."),
-    csv: Optional[Path] = typer.Option(None, "--csv", help="Run a schedule from torch's compute-only CSV."),
+    csv: Optional[Path] = typer.Option(None, "--csv", help="Run a schedule from a torch CSV (compute_only or compute_comms format)."),
     save_params: Optional[Path] = typer.Option(None, "--save-params", help="Write the trained state_dict (.pt), unpipelined names."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write the measured timeline of every step (.json)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds a rank waits for a peer before failing (a single rank: without finishing a step)."),
@@ -105,13 +105,14 @@ def train(
     if json_path is not None:
         check_output_path(json_path, [".json"])
     limit, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=True)  # auto's profile measures sizes
-    profiled = _profiled_by(schedule, csv, memory_limit, limit, limit_bytes, recompute_input)
+    if recompute_input is not None:
+        opt.check_recompute_input(recompute_input, limit if limit_bytes is None else limit_bytes)
+    choice = ScheduleChoice(schedule, ranks, microbatches, chunks, csv, limit, limit_bytes, recompute_input,
+                            planning_costs, recompute)
     counts = _parse_counts(stage_blocks)
     plan = None
-    if profiled is None:  # the schedule is known without measuring anything
-        plan = _schedule(schedule, csv, ranks, microbatches, chunks, limit, recompute_input)
-        recompute = _recompute_of(plan, recompute)
-        _check_plan(plan, recompute, dp, batch_size)
+    if choice.measures is None:  # the schedule is known without measuring anything
+        plan, recompute = _resolved(resolve_schedule(choice, say=_say), dp, batch_size)
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -125,25 +126,18 @@ def train(
         raise ConfigError(f"--model {model!r} is not known: use {KNOWN}")
     model_options = train_hf.hf_model_options(model, data, hf_weights, save_hf)
     model_def = get_model(model, **model_options)
-    measured = profiled == "auto" or (profiled == "zb-auto" and wants_profile(planning_costs, limit, limit_bytes, recompute_input))
-    if profiled is not None:  # the schedule needs the model (zb-auto), measured by processes first (auto, zb-auto's profile)
+    parse_dtype(dtype)
+    measured = choice.profiles()
+    if choice.measures is not None:  # the schedule needs the model (zb-auto), measured by processes first
         if measured:
             _check_batch(model_def, batch_size, dp, microbatches, seed)
-        if profiled == "auto":
-            plan, chosen = _auto(model, ranks, microbatches, batch_size // dp, limit, seed, limit_bytes)  # one replica's batch
-            recompute = recompute if recompute is not None else chosen
-        else:
-            prof = zb_auto_profile(model, ranks, microbatches or 8, batch_size // dp, seed, dtype) if measured else None
-            inputs = zb_auto_inputs(prof, planning_costs, limit, limit_bytes, recompute_input)
-            plan = inputs.plan(ranks, microbatches or 8, chunks_for_model(chunks, ranks, model_def.num_blocks))
-            recompute = _recompute_of(plan, recompute)
-        _check_plan(plan, recompute, dp, batch_size)
+        run_spec = RunSpec(model, batch_size // dp, seed, dtype, timeout)  # one replica's batch
+        plan, recompute = _resolved(resolve_schedule(choice, run_spec, _say), dp, batch_size)
     if plan is not None:
         try:  # a schedule of several model copies (dualpipe) takes the counts of one copy
             block_counts(model_def.num_blocks, plan.pipeline_length, counts)
         except ConfigError as err:
             raise ConfigError(f"{plan.name} (ranks={plan.ranks}, chunks={plan.chunks}) on --model {model}: {err}") from None
-    parse_dtype(dtype)
     if not measured:  # last but the folder: its meta inference imports torch's compiler (seconds of CPU)
         check_batch_fits(model_def, batch_size, seed)
     resume_from = check_checkpointing(checkpoint_dir, resume, steps, model_def, optimizer, lr)  # last: creates the folder
@@ -176,31 +170,16 @@ def _check_batch(model_def, batch_size: int, dp: int, microbatches: Optional[int
     check_batch_fits(model_def, batch_size, seed)
 
 
-def _profiled_by(schedule: str, csv: Optional[Path], memory_limit: Optional[str], limit: Optional[float],
-                 limit_bytes: Optional[float], recompute_input: Optional[float]) -> Optional[str]:
-    """What the schedule waits for: "auto" (the advisor chooses from measured costs), "zb-auto"
-    (planned for the model's blocks, from measured costs and sizes where it wants them), or None
-    (made from the options alone, before torch is imported)."""
-    if csv is None and schedule.strip().lower() == "auto":
-        return "auto"
-    measures = csv is None and schedule.strip().lower() == "zb-auto"
-    if limit_bytes is not None and not measures:
-        raise ConfigError(
-            f"--memory-limit {memory_limit}: a size in bytes needs --schedule auto or zb-auto (they "
-            "measure the activations); with another schedule give M_B units, e.g. --memory-limit 2"
-        )
-    if recompute_input is not None:
-        opt.check_recompute_input(recompute_input, limit if limit_bytes is None else limit_bytes)
-    return "zb-auto" if measures else None
-
-
-def _check_plan(plan: Optional[Schedule], recompute: Optional[str], dp: int, batch_size: int) -> None:
-    """The schedule's own checks: the stages ``--recompute`` names exist, the batch splits."""
+def _resolved(resolved: Resolved, dp: int, batch_size: int) -> tuple[Optional[Schedule], Optional[str]]:
+    """The schedule and the stages to recompute, checked: the stages ``--recompute`` names
+    exist, the batch splits."""
     from ..memory import recompute_stages
 
+    plan = resolved.schedule
     if plan is not None:
-        recompute_stages(recompute, plan)  # a bad list fails here, before any process starts
+        recompute_stages(resolved.recompute, plan)  # a bad list fails here, before any process starts
     check_layout(plan, dp, batch_size)
+    return plan, resolved.recompute
 
 
 def _run_to_the_end(run, cfg):
@@ -229,52 +208,6 @@ def _say(line: str) -> None:
         typer.echo(line, err=True)
     except OSError:
         pass
-
-
-def _recompute_of(plan: Optional[Schedule], given: Optional[str]) -> Optional[str]:
-    """``--recompute`` if given, else the stages the schedule chose to recompute (zb-auto under
-    ``--memory-limit --recompute-input``), said on stderr."""
-    from ..memory import schedule_recompute
-
-    own = schedule_recompute(plan) if plan is not None else None
-    if given is not None or own is None:
-        return given
-    typer.echo(f"{plan.name}: recomputing stages {own.spec()} to fit the memory limit "
-               f"({plan.meta.get('origin', '')}); --recompute overrides it", err=True)
-    return own.spec()
-
-
-def _schedule(name: str, csv: Optional[Path], ranks: int, microbatches: Optional[int], chunks: Optional[int],
-              memory_limit: Optional[float] = None, recompute_input: Optional[float] = None) -> Optional[Schedule]:
-    if csv is not None:
-        from ..validate import validate
-        from .plan import load_csv_file
-
-        loaded = validate(load_csv_file(csv, ranks))
-        if microbatches is not None and microbatches != loaded.microbatches:
-            raise ConfigError(f"{csv} has {loaded.microbatches} microbatches but --microbatches is {microbatches}")
-        return loaded
-    if name.strip().lower() == "none":
-        return None
-    return build_schedule(name, ranks, microbatches if microbatches is not None else 8, chunks,
-                          memory_limit=memory_limit, recompute_input=recompute_input)
-
-
-def _auto(model: str, ranks: int, microbatches: Optional[int], batch_size: int,
-          memory_limit: Optional[float], seed: int, limit_bytes: Optional[float] = None) -> tuple[Schedule, str]:
-    """Profile a few steps, let the advisor choose, and say what it chose and why; returns the
-    schedule and whether to recompute ("all" or "none")."""
-    from ..runtime.profile import auto_schedule
-
-    plan, advice, prof = auto_schedule(
-        model, ranks, microbatches if microbatches is not None else 8, batch_size, memory_limit, seed,
-        limit_bytes=limit_bytes,
-    )
-    typer.echo(prof.summary(), err=True)
-    typer.echo(f"auto: {advice.reason}", err=True)
-    if advice.recommended.recompute != "none":
-        typer.echo("auto: recomputing every stage's activations (--recompute all) to fit", err=True)
-    return plan, advice.recommended.recompute
 
 
 def _parse_counts(text: Optional[str]) -> Optional[tuple[int, ...]]:

@@ -43,7 +43,7 @@ def check_batch_fits(model_def, batch_size: int, seed: int) -> None:
     x, y = model_def.batch(0, 1, seed)
     blocks = [range(i, i + 1) for i in range(model_def.num_blocks)]
     outputs = infer_boundary_shapes(model_def.build_block, blocks, x)
-    per_sample = x.nbytes + y.nbytes + sum(math.prod(shape) * dtype.itemsize for shape, dtype in outputs)
+    per_sample = x.nbytes + y.nbytes + sum(boundary.nbytes for boundary in outputs)
     if have is not None and per_sample * batch_size > have:
         raise ConfigError(
             f"--batch-size {batch_size}: a step would hold at least {_gib(per_sample * batch_size)} (inputs, "

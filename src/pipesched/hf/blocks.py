@@ -26,10 +26,8 @@ from .architectures import Architecture
 
 def side_inputs() -> dict:
     """The current microbatch's side inputs (``attention_mask``, ``position_ids``), if any."""
-    try:
-        from ..runtime import batch_context
-    except ImportError:  # a runtime without per-microbatch context: causal masks only
-        return {}
+    from ..runtime import batch_context
+
     return batch_context.current() or {}
 
 

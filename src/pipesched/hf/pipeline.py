@@ -70,10 +70,7 @@ class HFPipeline:
         runtime's :class:`~pipesched.runtime.StepResult`, whose ``loss`` is the model's loss on it."""
         check_batch(batch, self.config)
         self.loss.start_step(batch["labels"])
-        context = {k: batch[k] for k in ("attention_mask", "position_ids") if k in batch}
-        if context:
-            return self.runtime.step(batch["input_ids"], batch["labels"], context=context)
-        return self.runtime.step(batch["input_ids"], batch["labels"])
+        return self.runtime.step(batch["input_ids"], batch["labels"], context=_context(batch))
 
     def named_parameters(self) -> Iterable[tuple[str, nn.Parameter]]:
         """This rank's parameters under the model's names."""
@@ -117,6 +114,23 @@ def _renamed(state: Optional[dict]) -> Optional[dict]:
     return {model_name(k): v for k, v in state.items()}
 
 
+def tied_groups(source: BlockSource) -> tuple[tuple[str, ...], ...]:
+    """The model's tied weights (GPT-2's ``transformer.wte.weight`` and ``lm_head.weight``) as the
+    runtime names them, behind the index of the block holding each (none unless the config ties)."""
+    model = source.skeleton
+    tied = model.get_expanded_tied_weights_keys() if source.config.tie_word_embeddings else {}
+    block_of = {name: i for i in range(source.num_blocks) for name in source.meta_block(i).state_dict()}
+    groups: dict[str, list[str]] = {}
+    for copy, original in tied.items():  # the original's value is the group's (first name)
+        groups.setdefault(original, [original]).append(copy)
+    return tuple(tuple(f"{block_of[n]}.{n}" for n in names) for names in groups.values())
+
+
+def _context(batch: Batch) -> Optional[dict]:
+    """What every layer block builds its masks and positions from (None: causal over 0..S-1)."""
+    return {k: batch[k] for k in ("attention_mask", "position_ids") if k in batch} or None
+
+
 def pipeline(
     model,
     schedule: Schedule,
@@ -127,7 +141,7 @@ def pipeline(
     mesh=None,
     weights: Union[str, Path, None] = None,
     layers_per_stage: Optional[Sequence[int]] = None,
-    **runtime_options,
+    options=None,
 ) -> HFPipeline:
     """Pipeline a ``*ForCausalLM`` (built the same way on every rank; each rank then keeps only
     its stages' modules) or a transformers config (each rank materialises only its own modules,
@@ -136,11 +150,15 @@ def pipeline(
 
     ``sample_batch``: a batch as :meth:`HFPipeline.step` takes it (only its shapes are used).
     ``layers_per_stage`` (one count per stage of one model copy) overrides the balanced split.
-    ``runtime_options`` go to :class:`~pipesched.runtime.PipelineRuntime` (``device``,
-    ``timeout_s``, ``clip_grad_norm``, ``recompute``, ``dtype``, ...).
+    ``options``: the runtime's :class:`~pipesched.runtime.options.RuntimeOptions` (``device``,
+    ``timeout_s``, ``clip_grad_norm``, ``recompute``, ``dtype``, ...); its seed, block counts,
+    tied groups and sample context are set here.
     """
+    from dataclasses import replace
+
     from ..runtime.executor import PipelineRuntime
     from ..runtime.mesh import PipelineMesh
+    from ..runtime.options import RuntimeOptions
     from .splitting import prepare_split_backward
 
     source = BlockSource(model, weights)
@@ -160,10 +178,11 @@ def pipeline(
     blocks = [source.meta_block(i) for i in range(source.num_blocks)]
     counts = stage_block_counts(schedule, block_costs(blocks, config, ids.shape[1]), layers_per_stage)
     loss = StepNormalisedLoss(config.vocab_size, schedule.microbatches, replicas)
+    context = _context(sample_batch)
+    one = ids.shape[0] // shares
+    options = replace(options or RuntimeOptions(), seed=seed, block_counts=counts, tied=tied_groups(source),
+                      sample_context={k: v[:one] for k, v in context.items()} if context else None)
     prepare_split_backward()
-    runtime = PipelineRuntime(
-        source, source.num_blocks, schedule, loss, optimizer, ids[: ids.shape[0] // shares],
-        seed=seed, block_counts=counts, mesh=mesh, **runtime_options,
-    )
+    runtime = PipelineRuntime(source, source.num_blocks, schedule, loss, optimizer, ids[:one], options=options, mesh=mesh)
     source.release_others()
     return HFPipeline(runtime, source, loss)

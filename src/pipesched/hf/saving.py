@@ -54,5 +54,6 @@ def load_checkpoint(runtime, path: PathLike) -> int:
     from ..runtime import checkpoint
 
     runtime.runtime.steps_done = checkpoint.load(path, runtime.model_module(), runtime.runtime.optimizer)
+    runtime.runtime.broadcast_tied()  # the copies of a tied weight equal again, wherever it was saved
     return runtime.runtime.steps_done
 

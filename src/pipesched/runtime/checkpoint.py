@@ -247,7 +247,7 @@ def load(path: PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 def runtime_module(runtime) -> nn.ModuleDict:
     """A PipelineRuntime's blocks as one module whose names are the unpipelined model's."""
-    return nn.ModuleDict({index: block for stage in runtime.stages.values() for index, block in stage.blocks.items()})
+    return runtime.module()
 
 
 def save_runtime(runtime, directory: PathLike, keep: int = DEFAULT_KEEP) -> Path:
@@ -259,6 +259,7 @@ def load_runtime(runtime, path: PathLike) -> int:
     """Load a checkpoint into a PipelineRuntime of any schedule or rank count and set its step
     counter (collective); returns the step to continue after."""
     runtime.steps_done = load(path, runtime_module(runtime), runtime.optimizer)
+    runtime.broadcast_tied()  # the group's first name's value, wherever the checkpoint came from
     return runtime.steps_done
 
 

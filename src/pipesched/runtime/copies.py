@@ -7,9 +7,9 @@ Each copy's gradients come from its own share of the microbatches; their sum is 
 the whole batch, so every rank all-reduces its gradients with the ranks holding the other
 copies of its model stages (DualPipe: rank ``r`` with rank ``p-1-r``, which hold the copies of
 model stages ``r`` and ``p-1-r``, DeepSeek's gradient all-reduce): each stage's as soon as this
-rank's copy of it has done its last gradient action, while the pipeline's tail goes on
-(:class:`~pipesched.runtime.grad_sync.GradientSync`, as data parallelism does), and all of
-them done before the optimizer step.
+rank's copy of it has done its last gradient action, while the pipeline's tail goes on (one
+reduce item per model stage of :mod:`~pipesched.runtime.reduction`, as data parallelism and
+tied parameters are), and all of them done before the optimizer step.
 Both copies then take the same optimizer step on the same gradients and stay equal, and every
 rank's parameters keep the unpipelined model's names, so a checkpoint holds one copy however
 many ranks write it (DCP keeps one of equal entries) and every copy loads from it.
@@ -19,16 +19,10 @@ For a one-pipeline schedule every stage is its own model stage and nothing is re
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any, Optional, Sequence
+from typing import Sequence
 
-import torch.distributed as dist
-from torch import nn
-
-from ..actions import Action
 from ..errors import ConfigError
 from ..schedule import Schedule
-from .grad_sync import GradientSync, last_gradient_actions
 from .partition import balanced_counts
 
 
@@ -113,49 +107,3 @@ def _balancing_placement(schedule: Schedule) -> tuple[int, ...]:
     groups = copies.copy_groups()
     index = {rank: i for i, group in enumerate(groups) for rank in group}
     return tuple(index[schedule.placement[j]] for j in range(copies.length))
-
-
-def make_copy_group(schedule: Schedule, grid: tuple[tuple[int, ...], ...], pp_rank: int, timeout_s: float) -> Optional[Any]:
-    """This rank's process group for reducing the copies' gradients (None for one pipeline): the
-    ranks holding the copies of its model stages, in every replica of ``grid`` (one all-reduce
-    then sums the copies and the replicas at once). Creating a group takes the whole world:
-    every rank calls this with the same schedule."""
-    mine = None
-    for group in ModelCopies(schedule).copy_groups():
-        made = dist.new_group([ranks[r] for ranks in grid for r in group], timeout=timedelta(seconds=timeout_s))
-        if pp_rank in group:
-            mine = made
-    return mine
-
-
-def copies_finish_in_step(schedule: Schedule) -> bool:
-    """Whether the ranks of every copy group finish their model stages' gradients (the last
-    ``W``, or ``B``) in the same order, each stage having some: then each rank may start a
-    stage's reduction as soon as its own copy is done, and the group's all-reduces still pair
-    up one for one. DualPipe's mirrored programs do; a CSV need not, and then the reductions
-    wait for the step's end, in model-stage order."""
-    copies = ModelCopies(schedule)
-    for group in copies.copy_groups():
-        orders = set()
-        for rank in group:
-            last = last_gradient_actions(schedule.rank_actions(rank))
-            if len(last) != schedule.placement.count(rank):
-                return False
-            orders.add(tuple(copies.model_stage(s) for s in sorted(last, key=last.get)))
-        if len(orders) > 1:
-            return False
-    return True
-
-
-def copy_gradient_sync(stages: dict[int, nn.Module], schedule: Schedule, actions: Sequence[Action], group: Any,
-                       replicas: int, overlap: bool = True) -> GradientSync:
-    """The reduction of this rank's copies' gradients (:class:`~.grad_sync.GradientSync` keyed by
-    model stage, so that the ranks of a group pair the same blocks): their sum over the copies,
-    and the mean over ``replicas``, started right after this rank's last gradient action of each
-    stage when ``overlap`` is on and :func:`copies_finish_in_step`, else after the step's last."""
-    copies = ModelCopies(schedule)
-    return GradientSync(
-        {copies.model_stage(s): stage for s, stage in stages.items()},
-        [a._replace(stage=copies.model_stage(a.stage)) for a in actions],
-        group, replicas, overlap=overlap and copies_finish_in_step(schedule), zero_missing=True,
-    )

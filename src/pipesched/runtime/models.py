@@ -91,12 +91,19 @@ class ModelDef:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     batch: Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, batch_size, seed)
     block_costs: tuple[float, ...]  # estimated compute of each block (relative), to balance stages
+    tied: tuple[tuple[str, ...], ...] = ()  # parameters that are one weight (RuntimeOptions.tied)
 
     def sequential(self, seed: int) -> nn.Sequential:
-        """The whole model in one process (the reference), block i seeded as a stage builds it."""
+        """The whole model in one process (the reference), block i seeded as a stage builds it,
+        each tied group one parameter (the first name's)."""
         from .partition import build_block_seeded
 
-        return nn.Sequential(*(build_block_seeded(self.build_block, i, seed) for i in range(self.num_blocks)))
+        model = nn.Sequential(*(build_block_seeded(self.build_block, i, seed) for i in range(self.num_blocks)))
+        for first, *others in self.tied:
+            for name in others:
+                owner, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(owner), attr, model.get_parameter(first))
+        return model
 
 
 def mlp_model(blocks: int = 8, dim: int = 256, hidden: int = 1024) -> ModelDef:

@@ -3,7 +3,10 @@
 Each directed link (src -> dst) gets its own two-rank process group, so on NCCL a pending receive
 on one link never blocks a send on another (one stream per link), and on gloo every link has its
 own connection. Receive buffers are allocated when the receive is posted and become the
-consuming stage's input as they are (no copy). Sent tensors are held only until their send
+consuming stage's input as they are (no copy). A message is what crosses a stage edge for one
+microbatch, a :class:`~.boundary.Boundary`: one receive and one send per entry (tag
+``message tag x widest boundary + entry``; one tensor keeps the message's own tag), none for a
+boundary of no entries (the gradients of an edge carrying no differentiable entry). Sent tensors are held only until their send
 completes. Gloo moves host memory only: ranks computing on GPUs over gloo (sharing a GPU, say)
 send a host copy and receive into a host buffer that is copied to the device on arrival.
 Plans and links name pipeline ranks; with data-parallel replicas (a
@@ -21,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..actions import Action
+from .boundary import Boundary
 from .plan import ACT, Message, RankPlan
 
 if TYPE_CHECKING:
@@ -57,7 +61,7 @@ class Transport:
         self,
         plan: RankPlan,
         groups: dict[tuple[int, int], Any],
-        shapes: dict[tuple[str, int], tuple[torch.Size, torch.dtype]],
+        shapes: dict[tuple[str, int], Boundary],
         device: torch.device,
         timeout_s: float,
         lookahead: int = 4,
@@ -76,12 +80,16 @@ class Transport:
         self.lookahead = lookahead
         self.incoming = plan.incoming
         self.position = plan.link_position()
-        self.buffer_spec = {
-            msg: shapes[(msg.kind, msg.stage)] for link in plan.incoming.values() for msg in link
-        }
+        self.set_shapes(shapes)
         self.posted: dict[int, int] = {}
-        self.works: dict[Message, tuple[Any, torch.Tensor]] = {}
+        self.works: dict[Message, list[tuple[Any, torch.Tensor]]] = {}
         self.pending_sends: list[tuple[Any, torch.Tensor]] = []
+
+    def set_shapes(self, shapes: dict[tuple[str, int], Boundary]) -> None:
+        """The boundary of every (message kind, stage), as it travels (between steps: the
+        microbatch shapes changed). Every rank sets the same shapes, so tags agree."""
+        self.buffer_spec = {msg: shapes[(msg.kind, msg.stage)] for link in self.incoming.values() for msg in link}
+        self.width = max((len(b.entries) for b in shapes.values()), default=1) or 1
 
     def connect(self) -> None:
         """Open every link this rank is on, in one global order, before the first step.
@@ -114,26 +122,33 @@ class Transport:
         link = self.incoming[src]
         end = min(last + 1, len(link))
         group = self.groups[(src, self.rank)]
+        peer, width, device = self.global_rank(src), self.width, self.buffer_device
         for i in range(self.posted[src], end):
             msg = link[i]
-            shape, dtype = self.buffer_spec[msg]
-            buf = torch.empty(shape, dtype=dtype, device=self.buffer_device)
-            self.works[msg] = (dist.irecv(buf, src=self.global_rank(src), group=group, tag=msg.tag), buf)
+            posted = []
+            for j, entry in enumerate(self.buffer_spec[msg].entries):
+                buf = torch.empty(entry.shape, dtype=entry.dtype, device=device)
+                posted.append((dist.irecv(buf, src=peer, group=group, tag=msg.tag * width + j), buf))
+            self.works[msg] = posted
         self.posted[src] = max(self.posted[src], end)
 
-    def receive(self, msg: Message, action: Action) -> torch.Tensor:
-        """The tensor ``action`` needs; posts further receives on the link first."""
+    def receive(self, msg: Message, action: Action) -> list[torch.Tensor]:
+        """The entries ``action`` needs; posts further receives on the link first."""
         self._post_until(msg.src, self.position[msg] + self.lookahead)
-        work, buf = self.works.pop(msg)
-        self._wait(work, f"at {action} for {describe(msg)}")
-        return buf.to(self.device) if self.host_staging else buf
+        bufs = []
+        for work, buf in self.works.pop(msg):
+            self._wait(work, f"at {action} for {describe(msg)}")
+            bufs.append(buf.to(self.device) if self.host_staging else buf)
+        return bufs
 
-    def send(self, msg: Message, tensor: torch.Tensor) -> None:
-        if self.host_staging:
-            tensor = tensor.to("cpu", copy=True)  # waits for the tensor's kernels; gloo reads it later
-        tensor = tensor.contiguous()  # a block may end in a view (a transpose); the receiver's buffer is dense
-        work = dist.isend(tensor, dst=self.global_rank(msg.dst), group=self.groups[(self.rank, msg.dst)], tag=msg.tag)
-        self.pending_sends.append((work, tensor))
+    def send(self, msg: Message, tensors: list[torch.Tensor]) -> None:
+        dst, group, width = self.global_rank(msg.dst), self.groups[(self.rank, msg.dst)], self.width
+        for j, tensor in enumerate(tensors):
+            if self.host_staging:
+                tensor = tensor.to("cpu", copy=True)  # waits for the tensor's kernels; gloo reads it later
+            tensor = tensor.contiguous()  # a block may end in a view (a transpose); the receiver's buffer is dense
+            work = dist.isend(tensor, dst=dst, group=group, tag=msg.tag * width + j)
+            self.pending_sends.append((work, tensor))
 
     def release_sent(self) -> None:
         """Drop the buffers of completed sends."""

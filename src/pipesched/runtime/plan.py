@@ -1,13 +1,9 @@
-"""Which tensors cross which link, and in what order, derived once from the global schedule.
+"""Each rank's actions with the message each sends and the one each needs, read off its program.
 
-Every rank derives the same plan from the same Schedule, so sender and receiver agree on every
-message without talking. A message is one stage's activation (after ``F``) or input gradient
-(after ``I``/``B``) for one microbatch. On each directed link the messages are ordered as the
-sender produces them; the receiver posts its receives in that same order, ahead of need.
-Because the sender produced every earlier message on a link before a later one, waiting for the
-message an action needs never waits on a message that cannot come: a schedule that the
-execution model runs without deadlock cannot hang at run time. Same-rank neighbours (the turn of
-a V) hand tensors over in memory; no message.
+The engine's per-action view of :mod:`.program` (which places every send and receive and says
+why a run cannot hang): for each compute action, the message it sends and the one it waits for,
+and per incoming link the messages in the order the program's receives post them (the order the
+sender sends them).
 
 This module is pure Python (no torch): the plan can be inspected and tested anywhere.
 """
@@ -15,24 +11,13 @@ This module is pure Python (no torch): the plan can be inspected and tested anyw
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional
+from typing import Optional
 
 from ..actions import Action
-from ..execution import consumer_stage, crosses_ranks, dependency
 from ..schedule import Schedule
+from .program import ACT, GRAD, Message, links, lower
 
-ACT, GRAD = "act", "grad"
-
-
-class Message(NamedTuple):
-    """``kind`` ACT: output of ``stage``'s F; GRAD: input gradient of ``stage``'s I/B."""
-
-    kind: str
-    stage: int
-    microbatch: int
-    src: int
-    dst: int
-    tag: int
+__all__ = ["ACT", "GRAD", "Message", "RankPlan", "links", "plan_rank"]
 
 
 @dataclass
@@ -51,61 +36,15 @@ class RankPlan:
         return {msg: i for msgs in self.incoming.values() for i, msg in enumerate(msgs)}
 
 
-def message_tag(kind: str, stage: int, microbatch: int, microbatches: int) -> int:
-    """A tag unique per (stage, kind, microbatch) within a step, so matching cannot cross."""
-    return (2 * stage + (kind == GRAD)) * microbatches + microbatch
-
-
-def _message(producer: int, forward: bool, microbatch: int, consumer: int,
-             placement: tuple[int, ...], m: int) -> Message:
-    kind = ACT if forward else GRAD
-    return Message(kind, producer, microbatch, placement[producer], placement[consumer],
-                   message_tag(kind, producer, microbatch, m))
-
-
-def _sent(action: Action, placement: tuple[int, ...], m: int, pipelines: int) -> Optional[Message]:
-    """The message carrying ``action``'s output, when the stage that waits for it is elsewhere."""
-    s, kind, k = action
-    to = consumer_stage(action, len(placement), pipelines)
-    if to is None or not crosses_ranks(placement, s, to):
-        return None
-    return _message(s, kind == "F", k, to, placement, m)
-
-
-def _needed(action: Action, placement: tuple[int, ...], m: int, pipelines: int) -> Optional[Message]:
-    """The message ``action`` waits for, when its dependency ran on another rank."""
-    dep = dependency(action, len(placement), pipelines)
-    if dep is None or not crosses_ranks(placement, dep[0], action.stage):
-        return None
-    producer, kind, k = dep
-    return _message(producer, kind == "F", k, action.stage, placement, m)
-
-
 def plan_rank(schedule: Schedule, rank: int) -> RankPlan:
     """The communication plan of ``rank`` for one step of ``schedule``."""
-    placement, m, copies = schedule.placement, schedule.microbatches, schedule.pipelines
-    actions = schedule.rank_actions(rank)
-    plan = RankPlan(
+    program = lower(schedule, rank)
+    compute = [i for i in program.instructions if i.action is not None]
+    return RankPlan(
         rank,
-        actions,
-        sends=[_sent(a, placement, m, copies) for a in actions],
-        needs=[_needed(a, placement, m, copies) for a in actions],
+        [i.action for i in compute],
+        sends=[i.sends for i in compute],
+        needs=[i.receives for i in compute],
+        incoming=program.incoming(),
+        outgoing_peers=program.peers(),
     )
-    for src in range(schedule.ranks):
-        if src == rank:
-            continue
-        link = [msg for a in schedule.rank_actions(src) if (msg := _sent(a, placement, m, copies)) and msg.dst == rank]
-        if link:
-            plan.incoming[src] = link
-    plan.outgoing_peers = sorted({msg.dst for msg in plan.sends if msg is not None})
-    return plan
-
-
-def links(schedule: Schedule) -> list[tuple[int, int]]:
-    """Every directed (src, dst) pair that carries at least one message, sorted."""
-    pairs = set()
-    for _rank, action in schedule.actions():
-        msg = _sent(action, schedule.placement, schedule.microbatches, schedule.pipelines)
-        if msg is not None:
-            pairs.add((msg.src, msg.dst))
-    return sorted(pairs)

@@ -52,6 +52,7 @@ class Profile:
     model_size: dict = field(default_factory=dict)
     latency: float = 0.0  # one-way p2p latency of a ping-pong outside the steps
     stage_blocks: Optional[tuple[int, ...]] = None  # the model's blocks on each stage (None: one each)
+    dtype: str = "fp32"  # what the profiled steps computed in (the run's)
 
     @property
     def activation_bytes(self) -> tuple[float, ...]:
@@ -93,7 +94,7 @@ class Profile:
             for s, ((f, i, w), a) in enumerate(zip(self.stage_costs, self.activation_bytes))
         )
         return (
-            f"measured {self.model} on {self.ranks} ranks, m={self.microbatches}, batch {self.batch_size} "
+            f"measured {self.model} in {self.dtype} on {self.ranks} ranks, m={self.microbatches}, batch {self.batch_size} "
             f"({PROFILE_SCHEDULE} step {MS * self.step_time:.1f} ms, delay per message {MS * self.comm:.3f} ms "
             f"against a p2p latency of {MS * self.latency:.3f} ms): {per_stage}"
         )
@@ -139,7 +140,7 @@ def profile(
         num_blocks=md.num_blocks, stage_costs=stage_costs,
         comm=calibrated_comm(schedule, steps_measured, result.comm_latency), latency=result.comm_latency,
         stage_memory=tuple(result.stage_memory[s] for s in range(schedule.stages)),
-        step_time=result.median_step_time(), model_size=size, stage_blocks=blocks,
+        step_time=result.median_step_time(), model_size=size, stage_blocks=blocks, dtype=dtype,
     )
 
 
@@ -158,12 +159,14 @@ def advise_from_profile(prof: Profile, memory_limit: Optional[float] = None, lim
 def auto_schedule(
     model: str, ranks: int, microbatches: int, batch_size: int,
     memory_limit: Optional[float] = None, seed: int = 0, steps: int = 4, limit_bytes: Optional[float] = None,
+    dtype: str = "fp32", timeout_s: float = 300.0,
 ) -> tuple["Schedule", "Advice", Profile]:
-    """Profile, advise, and build the recommended schedule (``pipesched train --schedule auto``)."""
+    """Profile in the run's ``dtype`` and ``timeout_s``, advise, and build the recommended
+    schedule (``pipesched train --schedule auto``)."""
     from ..advise.search import objective_option
     from ..registry import get_family
 
-    prof = profile(model, ranks, microbatches, batch_size, steps=steps, seed=seed)
+    prof = profile(model, ranks, microbatches, batch_size, steps=steps, seed=seed, dtype=dtype, timeout_s=timeout_s)
     advice = advise_from_profile(prof, memory_limit, limit_bytes)
     best = advice.recommended
     schedule = build_schedule(

@@ -15,20 +15,22 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
-import torch
 from torch.utils.checkpoint import checkpoint
 
+from .boundary import Value, flat
 from .memory_meter import ActivationMeter
 from .partition import Stage
 
 
-def recomputed_forward(stage: Stage, x: torch.Tensor, meter: ActivationMeter) -> torch.Tensor:
+def recomputed_forward(stage: Stage, x: Value, meter: ActivationMeter) -> Value:
     """``stage(x)`` with each block checkpointed on its own; the meter counts every block input
     past the first (the stage input its caller counts) for as long as checkpoint keeps it, and
-    the tensors a rebuild creates until they are freed."""
+    the tensors a rebuild creates until they are freed. ``x`` and the blocks' values may be
+    tuples or dicts of tensors (a :class:`~.boundary.Boundary`'s), each entry counted."""
     blocks = list(stage.blocks.values())
     for i, block in enumerate(blocks):
         x = checkpoint(block, x, use_reentrant=False, context_fn=lambda: (nullcontext(), meter.recomputation()))
         if i < len(blocks) - 1:
-            meter.count_until_freed(x)
+            for t in flat(x):
+                meter.count_until_freed(t)
     return x

@@ -22,6 +22,7 @@ autocast Linear).
 from __future__ import annotations
 
 import types
+from contextlib import nullcontext
 from typing import Callable, Optional
 
 import torch
@@ -50,6 +51,11 @@ class WeightGradStash:
         self.hold = hold
         self.holders: list = []
 
+    def __deepcopy__(self, memo: dict) -> "WeightGradStash":
+        """A copy of a prepared module (shape inference copies blocks to ``meta``) routes its
+        Linears to the same stash: the stash is the runtime's, not the module's state."""
+        return self
+
 
 class _DeferrableLinear(torch.autograd.Function):
     @staticmethod
@@ -57,7 +63,8 @@ class _DeferrableLinear(torch.autograd.Function):
         if module._pipesched_transposed:
             weight = weight.t()
         device_type = x.device.type
-        if torch.is_autocast_enabled(device_type):
+        autocasting = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+        if autocasting:  # meta (shape inference) has no autocast
             dtype = torch.get_autocast_dtype(device_type)
             x, weight = x.to(dtype), weight.to(dtype)
             bias = bias.to(dtype) if bias is not None else None
@@ -65,7 +72,7 @@ class _DeferrableLinear(torch.autograd.Function):
         ctx.module = module
         ctx.stash = stash
         ctx.has_bias = bias is not None
-        with torch.autocast(device_type, enabled=False):
+        with torch.autocast(device_type, enabled=False) if autocasting else nullcontext():
             return F.linear(x, weight, bias)
 
     @staticmethod

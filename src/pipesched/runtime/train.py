@@ -20,6 +20,7 @@ from ..schedule import Schedule
 from . import checkpoint
 from .copies import balanced_block_counts
 from .executor import PipelineRuntime
+from .options import RuntimeOptions
 from .guard import NonFiniteWeights, first_nonfinite
 from .launch import rank_device, report_progress, stop_on_termination
 from .mesh import init_pipeline_mesh
@@ -196,14 +197,19 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     runtime = PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr),
         x0[: cfg.batch_size // (cfg.dp * m)],
-        seed=cfg.seed, block_counts=counts, device=device,
-        timeout_s=cfg.timeout_s, skip_nonfinite=cfg.skip_nonfinite, clip_grad_norm=cfg.clip_grad_norm,
-        recompute=cfg.recompute,
-        mesh=mesh, dtype=parse_dtype(cfg.dtype), overlap_grad_sync=cfg.overlap_grad_sync,
+        options=RuntimeOptions(
+            seed=cfg.seed, block_counts=counts, device=device,
+            timeout_s=cfg.timeout_s, skip_nonfinite=cfg.skip_nonfinite, clip_grad_norm=cfg.clip_grad_norm,
+            recompute=cfg.recompute, dtype=parse_dtype(cfg.dtype), overlap_grad_sync=cfg.overlap_grad_sync,
+            tied=md.tied,
+        ),
+        mesh=mesh,
     )
-    first = _resume(cfg, checkpoint.runtime_module(runtime), runtime.optimizer)
+    first = _resume(cfg, runtime.module(), runtime.optimizer)
+    if cfg.resume_from is not None:
+        runtime.broadcast_tied()
     runtime.steps_done = first
-    latency = measure_latency(*_first_link_tensor(runtime), device)
+    latency = measure_latency(*runtime.probe_tensor(), device)
     progress = _Progress(cfg.steps, schedule.name, first) if cfg.show_progress and rank == 0 else None
     losses, times, spans, grads, results = [], [], [], None, []
     report_progress()  # from here a single rank silent for the timeout is stopped by the launcher
@@ -253,14 +259,6 @@ def _gather_memory(runtime: PipelineRuntime, results: list, pipeline: tuple[int,
     parts = [parts[r] for r in pipeline]
     curves = [[parts[r][1][step] for r in range(len(parts))] for step in range(len(results))]
     return [p[0] for p in parts], curves, {s: v for p in parts for s, v in p[2].items()}
-
-
-def _first_link_tensor(runtime: PipelineRuntime) -> tuple[torch.Size, torch.dtype]:
-    """Shape and dtype of an activation crossing ranks (the latency probe's payload)."""
-    shapes = runtime.transport.buffer_spec
-    if shapes:
-        return next(iter(shapes.values()))
-    return torch.Size([1]), torch.float32
 
 
 def _gather_timelines(per_step: list, pipeline: tuple[int, ...]) -> list[Timeline]:

@@ -1,4 +1,4 @@
-"""What ``pipesched train -s zb-auto`` plans with: costs and a memory limit, from one profile.
+"""What a run's ``zb-auto`` plans with: costs and a memory limit, from one profile (torch-free).
 
 zb-auto exists to place F, I and W from their real durations, so ``train`` profiles the model
 first (a few ZB-H1 steps on the same ranks: :func:`pipesched.runtime.profile.profile`) and
@@ -15,21 +15,27 @@ zb-auto is also planned for unit costs, and the measured costs pick between the 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-import typer
-
-from ..costs import UNIT, Costs
-from ..errors import ConfigError
-from ..registry import build_schedule, get_family
-from ..schedule import Schedule
-from ..schedules.choose import best_schedule
-from ..simulate import simulate
+from .costs import UNIT, Costs
+from .errors import ConfigError
+from .registry import build_schedule, get_family
+from .schedule import Schedule
+from .schedules.choose import best_schedule
+from .simulate import simulate
 
 if TYPE_CHECKING:
-    from ..runtime.profile import Profile
+    from .runtime.profile import Profile
+
+Say = Callable[[str], None]  # where a line for the user goes
+
+
+def on_stderr(line: str) -> None:
+    """The default :data:`Say`: one line on stderr, as the CLI says it."""
+    print(line, file=sys.stderr)
 
 PROFILE_STEPS = 4  # the first a warm-up: medians over the others' microbatches, per stage and pass
 COSTS_STEER = "--costs steers --schedule zb-auto's plan"
@@ -69,7 +75,7 @@ def wants_profile(given: Optional[Costs], limit: Optional[float], limit_bytes: O
                   recompute_input: Optional[float]) -> bool:
     """Whether zb-auto's plan needs a profile: for the costs (not given, not under torchrun), or
     for the sizes (a byte limit; a limit whose recompute share is not given)."""
-    from ..runtime.launch import under_torchrun
+    from .runtime.launch import under_torchrun
 
     return _wants_sizes(limit, limit_bytes, recompute_input) or (given is None and not under_torchrun())
 
@@ -79,12 +85,14 @@ def _wants_sizes(limit: Optional[float], limit_bytes: Optional[float], recompute
     return limit_bytes is not None or (limit is not None and recompute_input is None)
 
 
-def zb_auto_profile(model: str, ranks: int, microbatches: int, batch_size: int, seed: int, dtype: str) -> "Profile":
-    """The profile zb-auto plans from: the run's model, ranks, microbatches, one replica's batch
-    and dtype."""
-    from ..runtime.profile import profile
+def zb_auto_profile(model: str, ranks: int, microbatches: int, batch_size: int, seed: int, dtype: str,
+                    timeout_s: float = 300.0) -> "Profile":
+    """The profile zb-auto plans from: the run's model, ranks, microbatches, one replica's batch,
+    dtype and timeout."""
+    from .runtime.profile import profile
 
-    return profile(model, ranks, microbatches, batch_size, steps=PROFILE_STEPS, seed=seed, dtype=dtype)
+    return profile(model, ranks, microbatches, batch_size, steps=PROFILE_STEPS, seed=seed, dtype=dtype,
+                   timeout_s=timeout_s)
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,7 @@ class ZbAutoInputs:
     memory_limit: Optional[float]
     recompute_input: Optional[float]
 
-    def plan(self, ranks: int, microbatches: int, chunks: Optional[int]) -> Schedule:
+    def plan(self, ranks: int, microbatches: int, chunks: Optional[int], say: Say = on_stderr) -> Schedule:
         """zb-auto for these costs. With measured costs, also zb-auto for unit costs (what train
         planned before it measured), keeping whichever the measured costs rank first, the
         measured plan on a tie: zb-auto's search is a heuristic whose candidates depend on the
@@ -114,23 +122,23 @@ class ZbAutoInputs:
         kept, _ = best_schedule([plan, unit], self.costs, plan.meta["memory_limit"], plan.meta["objective"])
         if kept is unit:
             times = [simulate(s, self.costs).makespan for s in (unit, plan)]
-            typer.echo(f"zb-auto: the plan for unit costs is faster under the measured costs ({times[0]:.4g} ms "
-                       f"simulated, against {times[1]:.4g} ms for the plan searched with them): kept it", err=True)
+            say(f"zb-auto: the plan for unit costs is faster under the measured costs ({times[0]:.4g} ms "
+                f"simulated, against {times[1]:.4g} ms for the plan searched with them): kept it")
         return kept
 
 
 def zb_auto_inputs(prof: Optional["Profile"], given: Optional[Costs], limit: Optional[float],
-                   limit_bytes: Optional[float], recompute_input: Optional[float]) -> ZbAutoInputs:
+                   limit_bytes: Optional[float], recompute_input: Optional[float], say: Say = on_stderr) -> ZbAutoInputs:
     """What zb-auto plans with, each said on stderr.
 
     Costs: ``given``, else the profile's (:meth:`Profile.costs`: per pass the mean over stages,
     and each stage's F+I+W over that mean as its stage factor, which the planner's cost model
     takes; a stage's own mix of F, I and W it cannot take), else unit costs (under torchrun)."""
     if _wants_sizes(limit, limit_bytes, recompute_input):
-        limit, recompute_input = _measured_limit(prof, limit, limit_bytes, recompute_input)
+        limit, recompute_input = _measured_limit(prof, limit, limit_bytes, recompute_input, say)
     measured = given is None and prof is not None
     costs = given if given is not None else prof.costs() if measured else UNIT
-    typer.echo(_costs_line(costs, given is not None, measured), err=True)
+    say(_costs_line(costs, given is not None, measured))
     return ZbAutoInputs(costs, measured, limit, recompute_input)
 
 
@@ -147,19 +155,19 @@ def _costs_line(costs: Costs, given: bool, measured: bool) -> str:
 
 
 def _measured_limit(prof: "Profile", limit: Optional[float], limit_bytes: Optional[float],
-                    recompute_input: Optional[float]) -> tuple[float, Optional[float]]:
+                    recompute_input: Optional[float], say: Say) -> tuple[float, Optional[float]]:
     """zb-auto's limit in M_B and what a recomputed stage keeps, from the profile's sizes
     (``--recompute-input``, if given, overrides the measured share); said on stderr."""
-    from ..memory import format_bytes
+    from .memory import format_bytes
 
     unit = prof.bytes_per_unit()
     if limit_bytes is not None:
         limit = limit_bytes / unit
     measured = prof.memory_sizes().recompute_share()
     share = recompute_input if recompute_input is not None else (measured if measured < 1 else None)
-    typer.echo(
+    say(
         f"zb-auto: one microbatch's activations on the fullest stage measured {format_bytes(unit)}: "
         f"memory limit {limit:.4g} M_B; a recomputed stage keeps {measured:.3g} of its activations"
         + (f" (--recompute-input {share:g} used instead)" if recompute_input is not None else "")
-        + ("" if share is not None else ": recomputing would save nothing, not searched"), err=True)
+        + ("" if share is not None else ": recomputing would save nothing, not searched"))
     return limit, share

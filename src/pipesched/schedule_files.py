@@ -1,0 +1,141 @@
+"""Schedule CSV files in torch's two formats, written and read: ``compute_only`` and ``compute_comms``.
+
+``compute_only`` (the default; :meth:`Schedule.to_csv`) holds each rank's compute actions, one
+row per rank. ``compute_comms`` holds each rank's lowered program (:mod:`pipesched.runtime.program`):
+the same actions with ``SEND_F``/``RECV_F``/``SEND_B``/``RECV_B`` and ``REDUCE_GRAD`` cells,
+no empty cell, as ``torch.distributed.pipelining``'s ``_PipelineScheduleRuntime._dump_csv``
+writes it and its ``_load_csv(..., format="compute_comms")`` runs it as written.
+
+Reading tells the formats apart by their cells. A ``compute_comms`` file's compute cells are
+its schedule; its communication must be that schedule's (every message sent after the action
+computing it, received once, in its link's order, before the action using it; each stage
+reduced once after its last gradient) and must not be able to hang
+(:func:`~pipesched.runtime.program_check.check_programs`), or the file is refused naming what
+is wrong. FSDP's ``UNSHARD``/``RESHARD`` cells, which torch adds and which do nothing without
+FSDP, are skipped. pipesched runs its own lowering of the schedule, which for a file it wrote,
+or torch wrote without ``defer_pp_recv``, is the file's program.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+from typing import Optional
+
+from .actions import Action, Overlap, parse_slot
+from .errors import ConfigError, CSVFormatError, ScheduleError
+from .planning import MAX_ACTIONS_BUILT
+from .runtime.program import assemble, lower_all
+from .runtime.program_check import check_programs
+from .schedule import BYTE_ORDER_MARK, Schedule
+from .validate import validate
+
+FORMATS = ("compute_only", "compute_comms")  # torch's names
+_COMM_RE = re.compile(r"^\s*(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|REDUCE_GRAD|UNSHARD|RESHARD)(\d*)\s*$")
+_FSDP_NO_OPS = ("UNSHARD", "RESHARD")
+_TRANSFERS = frozenset(("SEND_F", "RECV_F", "SEND_B", "RECV_B"))
+
+
+def check_format(format: str) -> str:
+    """``format`` if it is one of :data:`FORMATS`, else a ConfigError naming them."""
+    if format not in FORMATS:
+        raise ConfigError(f"--format {format!r} is not known: use one of {', '.join(FORMATS)}")
+    return format
+
+
+def csv_text(schedule: Schedule, format: str = "compute_only") -> str:
+    """The schedule as a CSV in ``format`` (one of :data:`FORMATS`), as torch's csv.writer writes."""
+    if check_format(format) == "compute_only":
+        return schedule.to_csv()
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    for program in lower_all(validate(schedule)):
+        writer.writerow(program.cells())
+    return buffer.getvalue()
+
+
+def parse_csv(text: str, name: str = "csv") -> Schedule:
+    """A schedule from CSV text of either format: a file with a SEND or RECV cell is a program
+    (checked); elsewhere REDUCE_GRAD, UNSHARD and RESHARD cells compute nothing and are dropped
+    (torch's order of a single-stage schedule holds REDUCE_GRAD)."""
+    rows = list(csv.reader(io.StringIO(text.removeprefix(BYTE_ORDER_MARK))))
+    ops = {match.group(2) for row in rows for cell in row if (match := _COMM_RE.match(cell))}
+    if ops & _TRANSFERS:
+        return _from_program_rows(rows, name)
+    if ops:
+        buffer = io.StringIO()
+        csv.writer(buffer).writerows([[cell for cell in row if not _COMM_RE.match(cell)] for row in rows])
+        text = buffer.getvalue()
+    return Schedule.from_csv(text, name=name)
+
+
+def _from_program_rows(rows: list[list[str]], name: str) -> Schedule:
+    while rows and not any(cell.strip() for cell in rows[-1]):
+        rows.pop()
+    steps = [[step for col, cell in enumerate(row) if (step := _step(cell, f"row {r + 1} (rank {r}), cell {col + 1}"))]
+             for r, row in enumerate(rows)]
+    schedule = Schedule.from_orders([[s for s in row if isinstance(s, (Action, Overlap))] for row in steps], name=name)
+    return _checked_program(schedule, steps)
+
+
+def _step(cell: str, where: str):
+    """A cell of a program: a compute entry, ``(op, stage, microbatch)``, or None (empty, FSDP)."""
+    match = _COMM_RE.match(cell)
+    if match is None:
+        if not cell.strip():
+            return None
+        try:
+            return parse_slot(cell)
+        except CSVFormatError as err:
+            raise CSVFormatError(f"{where}: {err}") from None
+    stage, op, mb = match.groups()
+    if op in _FSDP_NO_OPS:
+        return None
+    if (op == "REDUCE_GRAD") != (mb == ""):
+        needs = "names a stage and no microbatch, e.g. 0REDUCE_GRAD" if mb else f"needs a microbatch, e.g. 0{op}1"
+        raise CSVFormatError(f"{where}: {cell.strip()!r}: {op} {needs}")
+    return (op, int(stage), int(mb) if mb else None)
+
+
+def _checked_program(schedule: Schedule, steps: list[list]) -> Schedule:
+    """``schedule`` once the communication ``steps`` spell is checked to be its own."""
+    validate(schedule)
+    try:
+        check_programs([assemble(schedule, r, row) for r, row in enumerate(steps)])
+    except ScheduleError as err:
+        raise CSVFormatError(f"the compute_comms CSV's communication is not its schedule's: {err}") from None
+    return schedule
+
+
+def load_csv_file(path: Path, ranks: Optional[int] = None) -> Schedule:
+    """Read and parse a schedule CSV of either format (UTF-8, a byte-order mark allowed); a file
+    that is missing, a folder, unreadable or not UTF-8, or a wrong rank count, is a ConfigError."""
+    if path.is_dir():
+        raise ConfigError(f"schedule CSV {str(path)!r} is a folder: give the CSV file inside it")
+    if not path.exists():
+        raise ConfigError(f"schedule CSV {str(path)!r} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"schedule CSV {str(path)!r} is not a regular file")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"schedule CSV {str(path)!r} cannot be read ({err.strerror})") from None
+    cells = data.count(b",") + data.count(b"\n")  # every action is a cell: an upper bound
+    if cells > MAX_ACTIONS_BUILT:
+        raise ConfigError(
+            f"schedule CSV {str(path)!r} holds up to {cells} actions, more than the "
+            f"{MAX_ACTIONS_BUILT} planned within about a minute: export it with fewer microbatches"
+        )
+    try:
+        text = data.decode("utf-8-sig")  # torch writes UTF-8; Excel and others prefix a BOM
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"schedule CSV {str(path)!r} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset "
+            f"{err.start}): save it as UTF-8"
+        ) from None
+    schedule = parse_csv(text, name=path.stem)
+    if ranks is not None and schedule.ranks != ranks:
+        raise ConfigError(f"{path} holds {schedule.ranks} ranks, but --ranks is {ranks}")
+    return schedule

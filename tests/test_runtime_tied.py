@@ -1,0 +1,40 @@
+"""Parameters tied across stages (an embedding and a head that are one weight) train exactly.
+
+The model's first block is an embedding, its last a head whose weight is the embedding's
+(``RuntimeOptions(tied=(("0.weight", "5.weight"),))``). Under every placement the tie can take
+(first and last stage on two ranks: 1f1b, interleaved; on one rank: the V of zb-v; in both model
+copies: dualpipe) and with data-parallel replicas, the loss, every gradient and the parameters
+after three SGD steps equal the unpipelined tied model's, and every rank's copy of the weight
+stays bitwise equal.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pipesched  # noqa: E402
+from pipesched.runtime.launch import spawn  # noqa: E402
+from runtime_cases import assert_equal_to_reference, tied_run, train_tied_reference  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+
+def _check(results: dict, batch: int) -> None:
+    for label, got in results.items():
+        assert got["copies_equal"], label
+        assert got["optimized_once"], label
+    assert_equal_to_reference(results, train_tied_reference(batch))
+
+
+@pytest.mark.timeout(150)
+def test_a_weight_tied_across_the_first_and_last_stage_trains_equal_to_unpipelined():
+    schedules = [(n, pipesched.build_schedule(n, 2, 4)) for n in ("1f1b", "zb-v", "interleaved-zb", "dualpipe")]
+    _check(spawn(tied_run, 2, (schedules, 1, 8), timeout_s=60)[0], 8)
+
+
+@pytest.mark.timeout(150)
+def test_tied_weights_with_data_parallel_replicas():
+    schedules = [(n, pipesched.build_schedule(n, 2, 2)) for n in ("1f1b", "zb-v", "dualpipe")]
+    _check(spawn(tied_run, 4, (schedules, 2, 8), timeout_s=90)[0], 8)
