@@ -19,7 +19,10 @@ def make_config(kind: str, **extra):
     small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=32, use_cache=False)
     if kind in ("llama", "llama6"):  # llama6: 8 blocks, for 8 stages on 4 ranks
-        config = tf.LlamaConfig(**{**small, "num_hidden_layers": 6 if kind == "llama6" else 4})
+        config = tf.LlamaConfig(**{**small, "num_hidden_layers": 6 if kind == "llama6" else 4},
+                                attn_implementation="eager")
+    elif kind == "llama-sdpa":
+        config = tf.LlamaConfig(**small, attn_implementation="sdpa")
     elif kind == "gpt2":
         config = tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=4, n_head=4, n_positions=32, resid_pdrop=0.0,
                                embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=0, eos_token_id=0)
@@ -40,6 +43,11 @@ def make_model(kind: str, dtype: torch.dtype = torch.float64, seed: int = 0, **e
 
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(make_config(kind, **extra)).to(dtype)
+
+
+def padded_batches(steps: int = STEPS, batch: int = 8) -> list[dict]:
+    """Right-padded batches whose length changes from step to step (each padded to its longest)."""
+    return [make_batch(step, batch, (16, 12, 14)[step % 3], padded=True) for step in range(steps)]
 
 
 def make_batch(step: int, batch: int, seq: int, padded: bool = False) -> dict:
@@ -75,7 +83,7 @@ def reference(model, batches: list[dict], autocast: Optional[torch.dtype] = None
             loss = model(**batch).loss
         loss.backward()
         if grads is None:
-            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
         optimizer.step()
         losses.append(loss.item())
     return {"losses": losses, "grads": grads, "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
@@ -95,7 +103,7 @@ def run_pipelines(rank: int, world: int, job: dict) -> dict:
         dp = options.pop("dp", world // schedule.ranks)
         if dp not in meshes:
             meshes[dp] = init_pipeline_mesh(schedule.ranks, dp)
-        batches = job["batches"]
+        batches = job[options.pop("batches", "batches")]
         rt = hf.pipeline(model, schedule, optimizer=adamw, sample_batch=batches[0], mesh=meshes[dp],
                          options=RuntimeOptions(timeout_s=60, **options))
         losses, grads = [], None

@@ -64,7 +64,7 @@ def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loa
         optimizer.step()
         want.append(loss.item())
     assert losses == pytest.approx(want, rel=1e-5)
-    saved = AutoModelForCausalLM.from_pretrained(out)
+    saved = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
     x, _ = md.batch(7, 4, 0)
     with torch.no_grad():
         assert torch.allclose(saved(input_ids=x).logits, model(x), rtol=1e-4, atol=1e-5)

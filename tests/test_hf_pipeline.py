@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 import pipesched  # noqa: E402
-from hf_cases import make_batch, make_model, reference  # noqa: E402
+from hf_cases import make_batch, make_model, padded_batches, reference  # noqa: E402
 from runtime_cases import relative_error  # noqa: E402
 
 from pipesched.runtime.launch import spawn  # noqa: E402
@@ -31,12 +31,14 @@ LOSS_TOL = 1e-6  # the loss is computed in fp32 whatever the model's dtype
 
 
 def assert_like_reference(results: dict, batches: list, tol: float = TOL, dtype=torch.float64) -> None:
+    """Each run labelled ``KIND SCHEDULE [padded]`` against KIND's model on the same batches
+    (``padded``: PADDED's)."""
     refs = {}
     for label, got in results.items():
-        kind = label.split()[0]
-        if kind not in refs:
-            refs[kind] = reference(make_model(kind, dtype), batches)
-        want = refs[kind]
+        kind, padded = label.split()[0], label.endswith("padded")
+        if (kind, padded) not in refs:
+            refs[kind, padded] = reference(make_model(kind, dtype), PADDED if padded else batches)
+        want = refs[kind, padded]
         assert got["losses"] == pytest.approx(want["losses"], rel=max(tol, LOSS_TOL)), label
         assert got["grads"].keys() == want["grads"].keys(), label
         assert relative_error(got["grads"], want["grads"]) < tol, label
@@ -45,9 +47,16 @@ def assert_like_reference(results: dict, batches: list, tol: float = TOL, dtype=
 
 
 BATCHES = [make_batch(step, 8, 16) for step in range(3)]
+PADDED = padded_batches()
 TWO_RANK_RUNS = [(f"llama {f.name}", "llama", pipesched.build_schedule(f.name, 2, 4), {}) for f in pipesched.families()]
 TWO_RANK_RUNS += [(f"{kind} {name}", kind, pipesched.build_schedule(name, 2, 4), {})
-                  for kind in ("qwen3", "mixtral") for name in ("1f1b", "zb-v", "interleaved-zb")]
+                  for kind in ("qwen3", "mixtral", "llama-sdpa") for name in ("1f1b", "zb-v", "interleaved-zb")]
+# GPT-2's head is its token embedding: tied across ranks (1f1b, interleaved), on one rank (V), in two copies (dualpipe)
+TWO_RANK_RUNS += [(f"gpt2 {name}", "gpt2", pipesched.build_schedule(name, 2, 4), {})
+                  for name in ("1f1b", "zb-v", "interleaved-zb", "dualpipe")]
+# padded batches whose length changes every step: masks built on every stage from the batch
+TWO_RANK_RUNS += [(f"{kind} {name} padded", kind, pipesched.build_schedule(name, 2, 4), {"batches": "padded"})
+                  for kind in ("llama", "llama-sdpa", "qwen3", "gpt2") for name in ("1f1b", "zb-v")]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +65,7 @@ def two_ranks(tmp_path_factory):
     from hf_cases import several
 
     folder = tmp_path_factory.mktemp("hf")
-    jobs = {"runs": ("run_pipelines", {"runs": TWO_RANK_RUNS, "batches": BATCHES}),
+    jobs = {"runs": ("run_pipelines", {"runs": TWO_RANK_RUNS, "batches": BATCHES, "padded": PADDED}),
             "saving": ("save_and_resume", {"batches": BATCHES, "folder": str(folder)})}
     return spawn(several, 2, jobs, timeout_s=240)[0], folder
 
@@ -84,7 +93,7 @@ def test_names_save_pretrained_weights_and_checkpoints_resume_under_another_sche
     want = reference(hf.init_model(make_config("llama"), seed=5), batches[:2])
     assert relative_error(got["after_two"], want["params"]) < 1e-5
     # the saved folder is what from_pretrained loads, strict, with the trained run's logits
-    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "saved", attn_implementation="eager")
     fresh = AutoModelForCausalLM.from_config(make_config("llama"))
     fresh.load_state_dict(got["after_two"], strict=True)
     ids = batches[0]["input_ids"]
