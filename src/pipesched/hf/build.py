@@ -58,6 +58,7 @@ class BlockSource:
         else:
             self.model = model_or_config
             self.config = model_or_config.config
+            architecture_of(type(model_or_config).__name__)
             if weights is not None:
                 raise ConfigError("weights= reads a folder into a model built from a config; this model is built already")
         self.skeleton = meta_model(self.config)
