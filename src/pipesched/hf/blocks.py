@@ -132,7 +132,3 @@ def model_blocks(model: nn.Module, arch: Architecture) -> list[nn.Module]:
             *(LayerBlock(arch, config, i, layer, rotary) for i, layer in enumerate(layers)),
             HeadBlock(arch, parts)]
 
-
-def block_names(block: nn.Module) -> list[str]:
-    """The model's names of a block's parameters and persistent buffers."""
-    return list(block.state_dict())

@@ -105,10 +105,8 @@ class BlockSource:
 def init_model(config, seed: int = 0) -> nn.Module:
     """The whole model of ``config`` initialised as the pipeline's ranks initialise their blocks
     from it (block ``i`` after ``torch.manual_seed(seed + i)``): the run to compare against."""
-    from .blocks import model_blocks as blocks_of
-
     model = copy.deepcopy(meta_model(config)).to_empty(device="cpu")
-    for i, block in enumerate(blocks_of(model, architecture_of(type(model).__name__))):
+    for i, block in enumerate(model_blocks(model, architecture_of(type(model).__name__))):
         torch.manual_seed(seed + i)
         initialise(model, block)
     if config.tie_word_embeddings:

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..schedule import Schedule
+from .blocks import graft
 from .build import BlockSource
 from .loss import StepNormalisedLoss
 from .split import block_costs, deferred_weight_grad_share, stage_block_counts
@@ -90,8 +91,6 @@ class HFPipeline:
         """This rank's part of the model as one module under the model's names (what a
         checkpoint saves and loads: ``checkpoint.save(dir, step, rt.model_module(), rt.runtime.optimizer)``)."""
         part = nn.Module()
-        from .blocks import graft
-
         seen = set()
         for stage in self.runtime.stages.values():
             for block in stage.blocks.values():
