@@ -47,7 +47,9 @@ def _runtime(md, schedule, overlap_streams=False, overlap_grad_sync=True) -> Pip
     return PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", LR),
         x0[: BATCH // schedule.microbatches],
-        options=RuntimeOptions(seed=SEED, device=rank_device(), timeout_s=300, block_counts=balanced_block_counts(md.block_costs, schedule), overlap_streams=overlap_streams, overlap_grad_sync=overlap_grad_sync),
+        options=RuntimeOptions(seed=SEED, device=rank_device(), timeout_s=300,
+                               block_counts=balanced_block_counts(md.block_costs, schedule),
+                               overlap_streams=overlap_streams, overlap_grad_sync=overlap_grad_sync),
     )
 
 

@@ -86,7 +86,8 @@ def _ours_runner(md, schedule: pipesched.Schedule, timelines: list):
     rt = PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
         x0[: BATCH // MICROBATCHES],
-        options=RuntimeOptions(seed=SEED, device=rank_device(), block_counts=balanced_block_counts(md.block_costs, schedule)),
+        options=RuntimeOptions(seed=SEED, device=rank_device(),
+                               block_counts=balanced_block_counts(md.block_costs, schedule)),
     )
 
     def step(x, y) -> float:

@@ -48,7 +48,8 @@ def bench_worker(rank: int, world: int, job: tuple) -> dict:
         label: PipelineRuntime(
             md.build_block, md.num_blocks, plan, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
             x0[: BATCH // MICROBATCHES],
-            options=RuntimeOptions(seed=SEED, block_counts=balanced_block_counts(md.block_costs, plan), recompute=None if schedule_recompute(plan) is None else schedule_recompute(plan).spec()),
+            options=RuntimeOptions(seed=SEED, block_counts=balanced_block_counts(md.block_costs, plan),
+                                   recompute=None if schedule_recompute(plan) is None else schedule_recompute(plan).spec()),
         )
         for label, plan in plans.items()
     }

@@ -55,7 +55,8 @@ def run_schedules(rank: int, world: int, job: tuple) -> dict:
         rt = PipelineRuntime(
             md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(optimizer, 0.05),
             x0[: batch // schedule.microbatches],
-            options=RuntimeOptions(seed=3, timeout_s=60, host_staging=label.endswith("host-staged"), clip_grad_norm=clip_grad_norm, recompute=recompute),
+            options=RuntimeOptions(seed=3, timeout_s=60, host_staging=label.endswith("host-staged"),
+                                   clip_grad_norm=clip_grad_norm, recompute=recompute),
         )
         losses, grads = [], None
         for step in range(STEPS):
@@ -212,7 +213,8 @@ def ids_alongside_run(rank: int, world: int, job: tuple) -> dict:
     for label, schedule, dtype in runs:
         rt = PipelineRuntime(ids_alongside_block, 5, schedule, tied_loss, lambda ps: torch.optim.SGD(ps, lr=0.05),
                              ids_batch(0, batch)[0][: batch // schedule.microbatches],
-                             options=RuntimeOptions(seed=3, timeout_s=60, dtype=dtype, recompute="all" if "recomputed" in label else None))
+                             options=RuntimeOptions(seed=3, timeout_s=60, dtype=dtype,
+                                                    recompute="all" if "recomputed" in label else None))
         out[label] = _losses_grads_params(rt, lambda step: ids_batch(step, batch))
     return out
 
@@ -223,12 +225,12 @@ def staging_decision(rank: int, world: int, _job) -> bool:
     import pipesched
     from pipesched.runtime.boundary import Boundary
     from pipesched.runtime.p2p import Transport, make_link_groups
-    from pipesched.runtime.plan import ACT, GRAD, links, plan_rank
+    from pipesched.runtime.program import ACT, GRAD, links, lower
 
     schedule = pipesched.build_schedule("1f1b", world, 2)
     groups = make_link_groups(links(schedule), 30)
     shapes = {(kind, s): Boundary.of(torch.zeros(1)) for kind in (ACT, GRAD) for s in range(world)}
-    return Transport(plan_rank(schedule, rank), groups, shapes, torch.device("meta"), 30).host_staging
+    return Transport(lower(schedule, rank), groups, shapes, torch.device("meta"), 30).host_staging
 
 
 def nonfinite_weights_run(rank: int, world: int, schedule) -> None:

@@ -148,8 +148,8 @@ def late_finishing_copy(schedule: Schedule) -> Schedule:
 def test_a_rank_starts_summing_a_stage_with_its_copy_when_both_ranks_finish_stages_in_one_order():
     pytest.importorskip("torch")
     from pipesched.runtime.copies import ModelCopies
-    from pipesched.runtime.grad_sync import last_gradient_actions
     from pipesched.runtime.partition import stage_block_ranges
+    from pipesched.runtime.program import REDUCE_GRAD, lower
     from pipesched.runtime.reduction import item_layouts, overlappable
 
     def copies_finish_in_step(schedule) -> bool:
@@ -159,8 +159,10 @@ def test_a_rank_starts_summing_a_stage_with_its_copy_when_both_ranks_finish_stag
     for p, m in [(2, 2), (2, 4), (4, 8), (6, 12), (8, 20)]:
         assert copies_finish_in_step(build_schedule("dualpipe", p, m)), (p, m)
     dual = build_schedule("dualpipe", 2, 4)
-    # rank 0 is done with model stage 1 (its reverse copy's stage 3) three actions before the end
-    assert last_gradient_actions(dual.rank_actions(0)) == {3: 6, 0: 8}
+    # rank 0 is done with model stage 1 (its reverse copy's stage 3) before model stage 0
+    code = lower(dual, 0).instructions
+    assert [i.stage for i in code if i.op == REDUCE_GRAD] == [3, 0]
+    assert [i.op for i in code[-3:]] == ["I", "W", REDUCE_GRAD]
     # a CSV whose two ranks finish model stages 0 and 1 in opposite orders would pair rank 0's
     # sum of stage 1 with rank 1's of stage 0: its sums wait for the step's end
     assert not copies_finish_in_step(late_finishing_copy(dual))
@@ -170,10 +172,10 @@ def test_a_rank_starts_summing_a_stage_with_its_copy_when_both_ranks_finish_stag
 def test_each_copys_messages_flow_its_own_way_and_the_trace_draws_every_one(p):
     from pipesched.render.timeline import Timeline
     from pipesched.render.trace import cross_rank_edges
-    from pipesched.runtime.plan import ACT, plan_rank
+    from pipesched.runtime.program import ACT, SENDS, lower
 
     schedule = build_schedule("dualpipe", p, 2 * p)
-    messages = [msg for r in range(p) for msg in plan_rank(schedule, r).sends if msg is not None]
+    messages = [i.message for r in range(p) for i in lower(schedule, r).instructions if i.op in SENDS]
     for msg in messages:
         forward_copy = msg.stage < p
         downstream = (msg.dst == msg.src + 1) == (msg.kind == ACT)

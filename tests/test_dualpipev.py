@@ -109,12 +109,15 @@ def test_drawings_split_an_overlapped_slot_in_two_half_boxes():
 
 def test_overlapped_halves_run_one_after_the_other_on_a_cpu_and_are_marked_for_cuda_streams():
     torch = pytest.importorskip("torch")
-    from pipesched.runtime.overlap_streams import OverlapStreams, forward_halves
+    from pipesched.runtime.overlap_streams import OverlapStreams
+    from pipesched.runtime.program import lower
 
     schedule = build_schedule("dualpipev", 1, 8)
-    actions, pairs = schedule.rank_actions(0), [e for e in schedule.rank_entries(0) if isinstance(e, Overlap)]
-    halves = sorted(forward_halves(schedule, 0))
-    # each index is a pair's forward half in the plain action list, its backward half the next one
-    assert [Overlap(actions[i], actions[i + 1]) for i in halves] == pairs
+    code = [i for i in lower(schedule, 0).instructions if i.action is not None]
+    pairs = [e for e in schedule.rank_entries(0) if isinstance(e, Overlap)]
+    # each pair is a forward half (half 1) right before its backward half (half 2) in the program
+    assert [Overlap(a.action, b.action) for a, b in zip(code, code[1:]) if a.half == 1] == pairs
+    assert all(b.half == 2 for a, b in zip(code, code[1:]) if a.half == 1)
     # on a CPU nothing moves to another stream, even when asked
-    assert OverlapStreams(schedule, 0, torch.device("cpu"), enabled=True).side is None
+    streams = OverlapStreams(torch.device("cpu"), enabled=True)
+    assert not streams.active and streams.side is None

@@ -15,7 +15,7 @@ from pipesched.execution import (
     dependency,
     latency,
 )
-from pipesched.runtime.plan import plan_rank
+from pipesched.runtime.program import lower
 from conftest import SRC
 
 
@@ -51,8 +51,8 @@ def test_every_cross_rank_dependency_is_one_planned_message(name):
     schedule = pipesched.build_schedule(name, 3, 5)
     needs = {}
     for rank in range(schedule.ranks):
-        plan = plan_rank(schedule, rank)
-        needs.update({a: msg for a, msg in zip(plan.actions, plan.needs) if msg is not None})
+        program = lower(schedule, rank)
+        needs.update({i.action: i.receives for i in program.instructions if i.receives is not None})
     for rank, action in schedule.actions():
         dep = dependency(action, schedule.stages)
         crossing = dep is not None and crosses_ranks(schedule.placement, dep[0], action.stage)

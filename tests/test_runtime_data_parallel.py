@@ -12,9 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import pipesched  # noqa: E402
-from pipesched.runtime.grad_sync import _buckets, last_gradient_actions  # noqa: E402
+from pipesched.runtime.grad_sync import _buckets  # noqa: E402
 from pipesched.runtime.launch import spawn  # noqa: E402
-from pipesched.runtime.plan import plan_rank  # noqa: E402
 from pipesched.runtime.split_backward import WeightGradStash, apply_weight_grads, make_weight_grads_deferrable  # noqa: E402
 from runtime_cases import assert_equal_to_reference, reference, run_data_parallel  # noqa: E402
 
@@ -54,18 +53,6 @@ def test_gpt_in_bf16_on_two_replicas_stays_within_one_percent_of_fp32():
     bf16 = results["zb-h1 bf16"]["losses"]
     assert all(torch.isfinite(torch.tensor(bf16)))
     assert bf16[-1] == pytest.approx(results["zb-h1"]["losses"][-1], rel=0.01)
-
-
-def test_a_stage_gradients_are_final_after_its_last_weight_gradient_or_full_backward():
-    zbv = pipesched.build_schedule("zb-v", 2, 4)
-    plan = plan_rank(zbv, 0)
-    last = last_gradient_actions(plan.actions)
-    assert set(last) == {0, 3}  # rank 0 holds stages 0 and 3 of the V
-    for stage, index in last.items():
-        assert plan.actions[index][:2] == (stage, "W")
-        assert all(a[0] != stage or a[1] == "F" for a in plan.actions[index + 1:])
-    one_f = plan_rank(pipesched.build_schedule("1f1b", 2, 4), 1)
-    assert last_gradient_actions(one_f.actions) == {1: len(one_f.actions) - 1}
 
 
 def test_gradients_are_bucketed_in_order_up_to_the_byte_limit():

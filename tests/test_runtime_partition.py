@@ -10,8 +10,9 @@ from pipesched.errors import ConfigError  # noqa: E402
 from pipesched.placement import loop_placement, v_placement  # noqa: E402
 from pipesched.runtime.models import get_model  # noqa: E402
 from pipesched.runtime.partition import (  # noqa: E402
-    balanced_counts, block_counts, build_stage, infer_boundary_shapes, stage_block_ranges,
+    balanced_counts, block_counts, build_stage, stage_block_ranges,
 )
+from pipesched.runtime.shapes import infer_boundary_shapes  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -58,3 +59,32 @@ def test_boundary_shapes_are_inferred_without_weights():
     x, _ = md.batch(0, 4, 0)
     shapes = infer_boundary_shapes(md.build_block, stage_block_ranges(md.num_blocks, 2, [2, 2]), x)
     assert [tuple(b.entries[0].shape) for b in shapes] == [(4, 8, 16), (4, 8, md.build_block(3).out.out_features)]
+
+
+class _PositionsWithoutDevice(torch.nn.Module):
+    """Builds its positions with no device, as many model wrappers do: meta cannot run it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 6)
+
+    def forward(self, x):
+        return self.lin(x) + torch.arange(x.shape[1]).float()[:, None]
+
+
+def test_shapes_come_from_one_real_forward_where_meta_cannot_run_a_block():
+    rng = torch.get_rng_state()
+    shapes = infer_boundary_shapes(lambda i: _PositionsWithoutDevice(), [range(0, 1)], torch.zeros(2, 3, 4))
+    assert [tuple(b.entries[0].shape) for b in shapes] == [(2, 3, 6)]
+    assert torch.equal(torch.get_rng_state(), rng)  # the seeded copies left the generators as they were
+
+
+def test_shapes_of_modules_already_prepared_for_the_split_backward_and_of_tuples():
+    from pipesched.runtime.split_backward import WeightGradStash, make_weight_grads_deferrable
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+    make_weight_grads_deferrable(model, WeightGradStash())
+    (boundary,) = infer_boundary_shapes(lambda i: model, [range(0, 1)], torch.zeros(2, 4))
+    assert tuple(boundary.entries[0].shape) == (2, 4) and boundary.keys is None
+    pair = infer_boundary_shapes(lambda i: torch.nn.Identity(), [range(0, 1)], (torch.zeros(2, 4), torch.zeros(2, dtype=torch.long)))
+    assert [e.grad for e in pair[0].entries] == [True, False] and pair[0].gradients().entries == pair[0].entries[:1]

@@ -37,7 +37,7 @@ def check_numbers(lr: float, timeout: float, seed: int, clip_grad_norm: Optional
 def check_batch_fits(model_def, batch_size: int, seed: int) -> None:
     """Refuse a batch whose inputs, targets and block outputs alone exceed the machine's memory
     (a floor of what a step holds: shapes come from one sample run on the meta device)."""
-    from ..runtime.partition import infer_boundary_shapes
+    from ..runtime.shapes import infer_boundary_shapes
 
     have = physical_memory()
     x, y = model_def.batch(0, 1, seed)

@@ -2,7 +2,7 @@
 
 The only layer of pipesched (with ``interop``) that imports torch, and only where it runs
 something: the names below load their module (and torch) on first use, so the pure-Python
-parts (:mod:`.plan`, the message order; :mod:`.timeline`, replaying measured times) import
+parts (:mod:`.program`, each rank's program; :mod:`.timeline`, replaying measured times) import
 anywhere, torch or not.
 """
 

@@ -1,10 +1,14 @@
-"""The engine: runs one rank's actions of one step, whatever the schedule.
+"""The engine: runs one rank's program of one step, whatever the schedule.
 
-Each action is a compute action of one stage and microbatch (``F``, ``I``, ``W``, ``B``); the
-communication plan (:mod:`.plan`) says which message it waits for and which it sends. The loop
-does only what an action needs: receive its input, make its microbatch's batch context current,
-compute, hand its output on (a message, or in memory to a stage on the same rank), start the
-gradient reductions it completes, and mark its start and end for the clock. What crosses a
+The program (:mod:`.program`, lowered once from the schedule) is the rank's compute actions
+(``F``, ``I``, ``W``, ``B`` of one stage and microbatch, an overlapped pair's two halves) with its
+communication and reductions explicit: ``RECV_F``/``RECV_B`` post a receive, ``SEND_F``/``SEND_B``
+send what the compute before them produced, ``REDUCE_GRAD`` says a stage's gradients are final.
+The engine executes that and nothing else. A compute instruction does only what it needs: wait
+for its input (if it names a message), make its microbatch's batch context current, compute,
+hand its output on (to the SENDs after it, or in memory to a stage on the same rank), and mark its
+start and end for the clock: its span starts once its input has arrived and ends after the SENDs
+and REDUCE_GRADs that follow it, as an action's did before communication was explicit. What crosses a
 stage edge is a :class:`~.boundary.Boundary`'s flat list of entries: the differentiable ones
 require grad and send their gradients back, the others cross as they are.
 """
@@ -17,6 +21,7 @@ import torch
 
 from . import batch_context
 from .boundary import flat
+from .program import RECEIVES, REDUCE_GRAD, SENDS
 from .split_backward import apply_weight_grads
 
 ActionObserver = Callable[[tuple, int, int, int], None]  # (action, bytes before, after, highest)
@@ -37,36 +42,62 @@ class StepState:
 
 
 class Engine:
-    """One rank's action loop, built once by the runtime from its parts."""
+    """One rank's program loop, built once by the runtime from its parts."""
 
     def __init__(self, runtime) -> None:
         self.rt = runtime
 
     def run(self, in_mbs, tgt_mbs, ctx_mbs, clock, observer: Optional[ActionObserver]) -> tuple[list, list]:
-        """Run this rank's actions; returns the microbatches' losses (on a last stage) and, per
-        action, (action, start mark, end mark, highest bytes held during it, bytes after it)."""
+        """Run this rank's program; returns the microbatches' losses (on a last stage) and, per
+        compute action, (action, start mark, end mark, highest bytes held during it, bytes after)."""
         rt = self.rt
-        plan, transport, stash, meter, streams, reductions = rt.plan, rt.transport, rt.stash, rt.meter, rt.streams, rt.reductions
+        transport, stash, meter, streams, reductions = rt.transport, rt.stash, rt.meter, rt.streams, rt.reductions
         takes_inputs, computes_loss, to_wire = rt.copies.takes_inputs, rt.copies.computes_loss, rt.precision.to_wire
         inv_m = 1.0 / rt.schedule.microbatches
-        input_bytes, model_stage = rt.input_bytes, rt.copies.model_stage
-        arriving = {s: rt.boundaries[model_stage(s) - 1] for s in rt.stages if not takes_inputs(s)}
-        leaving = {s: rt.boundaries[model_stage(s)] for s in rt.stages}
+        input_bytes, model_stage, boundaries = rt.input_bytes, rt.copies.model_stage, rt.shapes.boundaries
+        arriving = {s: boundaries[model_stage(s) - 1] for s in rt.stages if not takes_inputs(s)}
+        leaving = {s: boundaries[model_stage(s)] for s in rt.stages}
         losses: list[Optional[torch.Tensor]] = [None] * rt.schedule.microbatches
         state = StepState()
         marks: list[tuple] = []
-        after_action = reductions.after_action if reductions.reduces else None
+        outgoing: dict = {}  # message -> what a compute produced for a SEND after it (a pair's halves: two)
         set_context = batch_context.set_current if ctx_mbs is not None else None
-        transport.start_step()
-        for index, (action, send, need) in enumerate(zip(plan.actions, plan.sends, plan.needs)):
+        overlap = streams.active
+
+        def close(action, start, before) -> None:
+            """End the span of the compute before: its sends and reductions are part of it."""
+            transport.release_sent()
+            end = clock.mark_end()
+            if observer is not None:
+                observer(action, before, meter.current, meter.high)
+            marks.append((action, start, end, meter.high, meter.current))
+
+        opened = None  # (action, start, bytes before) of the compute whose span is still open
+        for index, ins in enumerate(rt.program.instructions):
+            op = ins.op
+            if op in SENDS:
+                transport.send(ins.message, outgoing.pop(ins.message))
+                continue
+            if op == REDUCE_GRAD:
+                reductions.reduce_grad(index)
+                continue
+            if opened is not None:
+                close(*opened)
+                opened = None
+            if op in RECEIVES:
+                transport.post(ins.message)
+                continue
+            action = ins.action
             s, kind, k = action
             key = (s, k)
+            need = ins.receives
             received = transport.receive(need, action) if need is not None else None
             if set_context is not None:
                 set_context(ctx_mbs[k])
             before = meter.current
             meter.high = before
-            streams.enter(index)  # CUDA: an overlapped pair's forward half on its own stream
+            if overlap:
+                streams.enter(ins.half)  # CUDA: an overlapped pair's forward half on its own stream
             start = clock.mark()  # after the wait: waiting is idle time, not the action's
             if kind == "F":
                 if takes_inputs(s):
@@ -92,8 +123,8 @@ class Engine:
                     state.outputs[key] = [y * inv_m]
                 else:
                     ys = flat(y)
-                    if send is not None:
-                        transport.send(send, [to_wire(t.detach()) for t in ys])
+                    if ins.sends is not None:
+                        outgoing[ins.sends] = [to_wire(t.detach()) for t in ys]
                     else:
                         state.local_act[key] = leaving[s].unflatten([t.detach() for t in ys])
                     # the backward needs only the outputs' graphs: their data lives on only where
@@ -139,20 +170,17 @@ class Engine:
                 xs = state.inputs.pop(key)
                 if not takes_inputs(s):
                     grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in xs if t.is_floating_point()]
-                    if send is not None:
-                        transport.send(send, [to_wire(g) for g in grads])
+                    if ins.sends is not None:
+                        outgoing[ins.sends] = [to_wire(g) for g in grads]
                     else:
                         state.local_grad[key] = grads
                     del grads
                 del xs
-            if after_action is not None:
-                after_action(index)
-            transport.release_sent()
-            streams.leave(index)
-            end = clock.mark_end()
-            if observer is not None:
-                observer(action, before, meter.current, meter.high)
-            marks.append((action, start, end, meter.high, meter.current))
+            if overlap:
+                streams.leave(ins.half)  # before the pair's sends: they see both halves done
+            opened = (action, start, before)
+        if opened is not None:
+            close(*opened)
         if set_context is not None:
             set_context(None)
         transport.finish_step()

@@ -31,7 +31,7 @@ from ..schedule import Schedule
 from ..validate import validate
 from . import batch_context, tied
 from .agree import agree
-from .boundary import Boundary, Value
+from .boundary import Value
 from .copies import ModelCopies
 from .engine import Engine
 from .guard import NonFiniteWeights, first_nonfinite
@@ -41,18 +41,16 @@ from .observers import SizeLearner, StepResult, make_clock, step_result
 from .options import RuntimeOptions
 from .overlap_streams import OverlapStreams
 from .p2p import Transport, make_link_groups
-from .partition import BlockBuilder, Stage, build_stage, infer_boundary_shapes, stage_block_ranges
-from .plan import ACT, GRAD, links, plan_rank
+from .partition import BlockBuilder, Stage, build_stage, stage_block_ranges
+from .program import RECEIVES, links, lower
 from .precision import Precision
 from .recompute import recomputed_forward
 from .reduction import ReductionPlan
+from .shapes import ShapeBook, infer_boundary_shapes
 from .split_backward import WeightGradStash, make_weight_grads_deferrable
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
-
-__all__ = ["NonFiniteLoss", "PipelineRuntime", "RuntimeOptions", "StepResult"]
-
 
 class NonFiniteLoss(RuntimeError):
     """The loss of some microbatch is NaN or infinite (weights were not updated)."""
@@ -86,11 +84,10 @@ class PipelineRuntime:
         model_ranges = stage_block_ranges(num_blocks, self.copies.length, options.block_counts)
         self.stage_ranges = self.copies.stage_ranges(model_ranges)
         # shapes first, from blocks no runtime has prepared yet (where the builder builds them)
-        self._infer = lambda sample, context: infer_boundary_shapes(
-            build_block, model_ranges, sample, context, seed=options.seed, device=self.device)
-        self._shapes: dict = {}
-        self._shape_key = self._key_of(sample_input, options.sample_context)
-        self.boundaries = self._boundaries(sample_input, options.sample_context)
+        self.shapes = ShapeBook(
+            lambda sample, context: infer_boundary_shapes(build_block, model_ranges, sample, context,
+                                                          seed=options.seed, device=self.device),
+            schedule, self.copies, self.precision.wire_dtype, sample_input, options.sample_context)
         owned = [s for s, r in enumerate(schedule.placement) if r == self.rank]
         self.stages: dict[int, Stage] = {
             s: build_stage(build_block, self.stage_ranges[s], s, options.seed, self.device) for s in owned
@@ -105,48 +102,17 @@ class PipelineRuntime:
         self.sizes = SizeLearner()
         self.input_bytes: dict[int, int] = {}  # per own stage: one microbatch's stage input
         self.optimizer = optimizer(self.parameters)
-        self.plan = plan_rank(schedule, self.rank)
+        self.program = lower(schedule, self.rank)
         groups = make_link_groups(links(schedule), options.timeout_s, self.mesh)
-        self.transport = Transport(self.plan, groups, self._wire_shapes(self.boundaries), self.device, options.timeout_s,
+        self.transport = Transport(self.program, groups, self.shapes.wire, self.device, options.timeout_s,
                                    host_staging=options.host_staging, global_rank=self.mesh.global_rank)
         self.reductions = ReductionPlan(schedule, self.stage_ranges, options.tied, self.stages, self.mesh,
                                         options.overlap_grad_sync, options.timeout_s)
         self.broadcast_tied()
-        self.streams = OverlapStreams(schedule, self.rank, self.device, options.overlap_streams)
+        self.streams = OverlapStreams(self.device, options.overlap_streams)
         self.engine = Engine(self)
         self.transport.connect()
         self.steps_done = 0
-
-    # -- shapes ----------------------------------------------------------------------------
-
-    @staticmethod
-    def _key_of(sample: Value, context: Optional[dict]) -> tuple:
-        return (Boundary.of(sample), batch_context.shapes(context))
-
-    def _boundaries(self, sample: Value, context: Optional[dict]) -> list[Boundary]:
-        """Every model stage's output boundary for microbatches like ``sample`` (cached per shape)."""
-        key = self._key_of(sample, context)
-        if key not in self._shapes:
-            self._shapes[key] = self._infer(sample, context)
-        return self._shapes[key]
-
-    def _wire_shapes(self, boundaries: list[Boundary]) -> dict:
-        """Every (message kind, stage)'s boundary as it travels (the wire dtype)."""
-        model_stage, wire = self.copies.model_stage, self.precision.wire_dtype
-        shapes = {(ACT, s): boundaries[model_stage(s)].on_wire(wire) for s in range(self.schedule.stages)}
-        shapes.update({(GRAD, s): boundaries[model_stage(s) - 1].gradients().on_wire(wire)
-                       for s in range(self.schedule.stages) if not self.copies.takes_inputs(s)})
-        return shapes
-
-    def _reshape_if_changed(self, sample: Value, context: Optional[dict]) -> None:
-        """Re-infer the boundaries (cached per shape) and resize the receive buffers when this
-        step's microbatches differ in shape from the last step's. Every rank decides from what
-        it was given: the inputs (else the last shape seen) and the context."""
-        key = self._key_of(sample, context)
-        if key != self._shape_key:
-            self._shape_key = key
-            self.boundaries = self._boundaries(sample, context)
-            self.transport.set_shapes(self._wire_shapes(self.boundaries))
 
     # -- one step --------------------------------------------------------------------------
 
@@ -209,8 +175,9 @@ class PipelineRuntime:
         ctx_mbs = batch_context.split(context, m, self.device)
         in_mbs = self._split(inputs, "inputs") if inputs is not None or any(map(self.copies.takes_inputs, self.stages)) else None
         tgt_mbs = self._split(targets, "targets") if any(map(self.copies.computes_loss, self.stages)) else None
-        sample = in_mbs[0] if in_mbs is not None else self._shape_key[0]
-        self._reshape_if_changed(sample if in_mbs is not None else _sample_of(sample), ctx_mbs[0] if ctx_mbs else None)
+        # shapes differ from the last step's: every rank re-infers, each from what it was given
+        if self.shapes.update(in_mbs[0] if in_mbs is not None else None, ctx_mbs[0] if ctx_mbs else None):
+            self.transport.set_shapes(self.shapes.wire)
         return in_mbs, tgt_mbs, ctx_mbs
 
     def _split(self, batch: Optional[torch.Tensor], what: str) -> tuple[torch.Tensor, ...]:
@@ -259,11 +226,16 @@ class PipelineRuntime:
         """Per own stage, the activation sizes measured on the first step (None before it)."""
         return self.sizes.sizes if self.sizes.done else None
 
+    def measured_stage_memory(self) -> dict[int, tuple]:
+        """Per own stage: (its activation sizes measured on the first step, one microbatch's
+        stage input bytes); empty before the first step."""
+        return {s: (size, self.input_bytes.get(s, 0)) for s, size in (self.memory_sizes or {}).items()}
+
     def predicted_peak_activation_bytes(self) -> Optional[float]:
         """What :mod:`pipesched.memory` says this rank holds at most, fed with the per-stage sizes
         measured on the first step (None before it)."""
         sizes = self.memory_sizes
-        return None if sizes is None else peak(self.plan.actions, sizes)
+        return None if sizes is None else peak(self.program.actions, sizes)
 
     def broadcast_tied(self) -> None:
         """Give every copy of each tied parameter its group's value (collective: every rank
@@ -276,10 +248,10 @@ class PipelineRuntime:
 
     def probe_tensor(self) -> tuple[torch.Size, torch.dtype]:
         """Shape and dtype of an entry crossing ranks (the latency probe's payload)."""
-        for boundary in self.transport.buffer_spec.values():
-            if boundary.entries:
-                entry = boundary.entries[0]
-                return entry.shape, entry.dtype
+        for msg in (i.message for i in self.program.instructions if i.op in RECEIVES):
+            entries = self.shapes.wire[(msg.kind, msg.stage)].entries
+            if entries:
+                return entries[0].shape, entries[0].dtype
         return torch.Size([1]), torch.float32
 
     def named_parameters(self, unique: bool = False) -> Iterable[tuple[str, nn.Parameter]]:
@@ -318,11 +290,6 @@ class PipelineRuntime:
         for part in parts:
             merged.update(part)
         return dict(sorted(merged.items(), key=lambda kv: _block_order(kv[0])))
-
-
-def _sample_of(boundary: Boundary) -> Value:
-    """A meta value of ``boundary``'s structure and shapes (a rank given no inputs)."""
-    return boundary.unflatten([torch.empty(e.shape, dtype=e.dtype, device="meta") for e in boundary.entries])
 
 
 def _block_order(name: str) -> tuple[int, str]:

@@ -19,19 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from ..actions import Action
-
 BUCKET_BYTES = 25 << 20  # DDP's default bucket size
-
-
-def last_gradient_actions(actions: Sequence[Action]) -> dict[int, int]:
-    """For each stage of this rank: the index of its last action that adds to its gradients
-    (its last ``W``, or ``I``/``B``)."""
-    last: dict[int, int] = {}
-    for i, (stage, kind, _mb) in enumerate(actions):
-        if kind in "IWB":
-            last[stage] = i
-    return last
 
 
 class Reducer:

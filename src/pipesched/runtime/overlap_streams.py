@@ -23,47 +23,30 @@ from typing import Optional
 
 import torch
 
-from ..actions import Overlap
-from ..schedule import Schedule
-
-
-def forward_halves(schedule: Schedule, rank: int) -> frozenset[int]:
-    """Indices, into the rank's plain actions, of the forward half of each overlapped pair (its
-    backward half is the next index)."""
-    indices, position = set(), 0
-    for entry in schedule.rank_entries(rank):
-        if isinstance(entry, Overlap):
-            indices.add(position)
-            position += 2
-        else:
-            position += 1
-    return frozenset(indices)
-
 
 class OverlapStreams:
-    """Where each action's kernels go: a pair's forward half on the side stream when asked for
-    on CUDA (never elsewhere; off by default until a GPU run has checked it), everything else on
-    the current stream."""
+    """Where each action's kernels go: a pair's forward half (its program instruction's ``half``
+    1) on the side stream when asked for on CUDA (never elsewhere; off by default until a GPU run
+    has checked it), everything else on the current stream."""
 
-    def __init__(self, schedule: Schedule, rank: int, device: torch.device, enabled: bool = False) -> None:
-        on_cuda = device.type == "cuda"
-        self.forward_halves = forward_halves(schedule, rank) if on_cuda and enabled else frozenset()
+    def __init__(self, device: torch.device, enabled: bool = False) -> None:
+        self.active = device.type == "cuda" and enabled
         self.device = device
-        self.side = torch.cuda.Stream(device) if self.forward_halves else None
+        self.side = torch.cuda.Stream(device) if self.active else None
         self.main: Optional[torch.cuda.Stream] = None
 
-    def enter(self, index: int) -> None:
-        """Before action ``index`` (its input received): a forward half switches to the side
-        stream once it has waited for what the current stream queued."""
-        if index in self.forward_halves:
+    def enter(self, half: int) -> None:
+        """Before a half (its input received): a forward half switches to the side stream once
+        it has waited for what the current stream queued."""
+        if half == 1:
             self.main = torch.cuda.current_stream(self.device)
             self.side.wait_stream(self.main)
             torch.cuda.set_stream(self.side)
 
-    def leave(self, index: int) -> None:
-        """After action ``index``: a forward half switches back; after its backward half the
-        current stream waits for the side stream (the pair is done)."""
-        if index in self.forward_halves:
+    def leave(self, half: int) -> None:
+        """After a half: a forward half switches back; after the backward half the current
+        stream waits for the side stream (the pair is done)."""
+        if half == 1:
             torch.cuda.set_stream(self.main)
-        elif index - 1 in self.forward_halves:
+        elif half == 2:
             self.main.wait_stream(self.side)

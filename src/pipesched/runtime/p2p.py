@@ -1,17 +1,19 @@
-"""Point-to-point transfers of one rank: receives posted ahead in link order, asynchronous sends.
+"""Point-to-point transfers of one rank: receives posted where its program posts them, asynchronous sends.
 
 Each directed link (src -> dst) gets its own two-rank process group, so on NCCL a pending receive
 on one link never blocks a send on another (one stream per link), and on gloo every link has its
-own connection. Receive buffers are allocated when the receive is posted and become the
-consuming stage's input as they are (no copy). A message is what crosses a stage edge for one
-microbatch, a :class:`~.boundary.Boundary`: one receive and one send per entry (tag
-``message tag x widest boundary + entry``; one tensor keeps the message's own tag), none for a
-boundary of no entries (the gradients of an edge carrying no differentiable entry). Sent tensors are held only until their send
-completes. Gloo moves host memory only: ranks computing on GPUs over gloo (sharing a GPU, say)
-send a host copy and receive into a host buffer that is copied to the device on arrival.
-Plans and links name pipeline ranks; with data-parallel replicas (a
-:class:`~pipesched.runtime.mesh.PipelineMesh`) each replica has its own links, and messages go
-to the global rank of the pipeline rank in this process's replica.
+own connection. A receive is posted at its program's RECV (:mod:`.program` places them in each
+link's order, ahead of the action that needs them, and says why a run cannot hang), into
+buffers allocated then, which become the consuming stage's input as they are (no copy). A
+message is what crosses a stage edge for one microbatch, a :class:`~.boundary.Boundary`: one
+receive and one send per entry (tag ``message tag x widest boundary + entry``; one tensor keeps
+the message's own tag), none for a boundary of no entries (the gradients of an edge carrying no
+differentiable entry). Sent tensors are held only until their send completes. Gloo moves host
+memory only: ranks computing on GPUs over gloo (sharing a GPU, say) send a host copy and receive
+into a host buffer that is copied to the device on arrival. Programs and links name pipeline
+ranks; with data-parallel replicas (a :class:`~pipesched.runtime.mesh.PipelineMesh`) each
+replica has its own links, and messages go to the global rank of the pipeline rank in this
+process's replica.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch.distributed as dist
 
 from ..actions import Action
 from .boundary import Boundary
-from .plan import ACT, Message, RankPlan
+from .program import ACT, Message, RankProgram
 
 if TYPE_CHECKING:
     from .mesh import PipelineMesh
@@ -55,20 +57,20 @@ def describe(msg: Message) -> str:
 
 
 class Transport:
-    """Sends and receives of one rank for one step at a time."""
+    """Sends and receives of one rank for one step at a time, as its program (:mod:`.program`)
+    posts, waits for and sends them."""
 
     def __init__(
         self,
-        plan: RankPlan,
+        program: RankProgram,
         groups: dict[tuple[int, int], Any],
         shapes: dict[tuple[str, int], Boundary],
         device: torch.device,
         timeout_s: float,
-        lookahead: int = 4,
         host_staging: Optional[bool] = None,
         global_rank: Callable[[int], int] = lambda pp_rank: pp_rank,
     ) -> None:
-        self.rank = plan.rank
+        self.rank = program.rank
         self.global_rank = global_rank
         self.groups = groups
         self.device = device
@@ -77,18 +79,14 @@ class Transport:
         self.host_staging = host_staging
         self.buffer_device = torch.device("cpu") if host_staging else device
         self.timeout = timedelta(seconds=timeout_s)
-        self.lookahead = lookahead
-        self.incoming = plan.incoming
-        self.position = plan.link_position()
         self.set_shapes(shapes)
-        self.posted: dict[int, int] = {}
         self.works: dict[Message, list[tuple[Any, torch.Tensor]]] = {}
         self.pending_sends: list[tuple[Any, torch.Tensor]] = []
 
     def set_shapes(self, shapes: dict[tuple[str, int], Boundary]) -> None:
         """The boundary of every (message kind, stage), as it travels (between steps: the
         microbatch shapes changed). Every rank sets the same shapes, so tags agree."""
-        self.buffer_spec = {msg: shapes[(msg.kind, msg.stage)] for link in self.incoming.values() for msg in link}
+        self.shapes = shapes
         self.width = max((len(b.entries) for b in shapes.values()), default=1) or 1
 
     def connect(self) -> None:
@@ -112,29 +110,18 @@ class Transport:
                 peer = dst if self.rank == src else src
                 raise PeerFailure(f"rank {self.rank} could not open its link with rank {peer}: {err}") from None
 
-    def start_step(self) -> None:
-        """Post the first receives of every incoming link."""
-        self.posted = {src: 0 for src in self.incoming}
-        for src in self.incoming:
-            self._post_until(src, self.lookahead)
-
-    def _post_until(self, src: int, last: int) -> None:
-        link = self.incoming[src]
-        end = min(last + 1, len(link))
-        group = self.groups[(src, self.rank)]
-        peer, width, device = self.global_rank(src), self.width, self.buffer_device
-        for i in range(self.posted[src], end):
-            msg = link[i]
-            posted = []
-            for j, entry in enumerate(self.buffer_spec[msg].entries):
-                buf = torch.empty(entry.shape, dtype=entry.dtype, device=device)
-                posted.append((dist.irecv(buf, src=peer, group=group, tag=msg.tag * width + j), buf))
-            self.works[msg] = posted
-        self.posted[src] = max(self.posted[src], end)
+    def post(self, msg: Message) -> None:
+        """Post the receive of ``msg`` (its program's RECV), into fresh buffers that become the
+        consuming stage's input as they are."""
+        group, peer, width, device = self.groups[(msg.src, self.rank)], self.global_rank(msg.src), self.width, self.buffer_device
+        posted = []
+        for j, entry in enumerate(self.shapes[(msg.kind, msg.stage)].entries):
+            buf = torch.empty(entry.shape, dtype=entry.dtype, device=device)
+            posted.append((dist.irecv(buf, src=peer, group=group, tag=msg.tag * width + j), buf))
+        self.works[msg] = posted
 
     def receive(self, msg: Message, action: Action) -> list[torch.Tensor]:
-        """The entries ``action`` needs; posts further receives on the link first."""
-        self._post_until(msg.src, self.position[msg] + self.lookahead)
+        """The entries ``action`` needs (posted earlier), once they have arrived."""
         bufs = []
         for work, buf in self.works.pop(msg):
             self._wait(work, f"at {action} for {describe(msg)}")

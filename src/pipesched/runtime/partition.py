@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .boundary import Boundary, Value, flat
 
 BlockBuilder = Callable[[int], nn.Module]
 
@@ -126,45 +125,6 @@ def meta_block(build_block: BlockBuilder, index: int) -> nn.Module:
     if any(not t.is_meta for t in itertools.chain(block.parameters(), block.buffers())):
         block = copy.deepcopy(block).to("meta")
     return block
-
-
-def infer_boundary_shapes(
-    build_block: BlockBuilder, ranges: Sequence[range], sample: Value,
-    context: Optional[dict] = None, *, seed: int = 0, device: Optional[torch.device] = None,
-) -> list[Boundary]:
-    """The :class:`~.boundary.Boundary` of every stage's output for one microbatch ``sample``
-    (with ``context``, that microbatch's batch context, current): run on the meta device, or,
-    for blocks that meta cannot run (a block building a tensor without a device, reading a
-    value), one real forward of the microbatch on ``device``, each block a seeded copy built for
-    it, with the random generators as they were before."""
-    from . import batch_context
-
-    def run(blocks_of, place) -> list[Boundary]:
-        x, ctx = _placed(sample, place), None if context is None else {k: _placed(v, place) for k, v in context.items()}
-        shapes = []
-        with torch.no_grad(), batch_context.using(ctx):
-            for blocks in ranges:
-                for i in blocks:
-                    x = blocks_of(i)(x)
-                shapes.append(Boundary.of(x))
-        return shapes
-
-    try:
-        return run(lambda i: meta_block(build_block, i), torch.device("meta"))
-    except Exception:  # noqa: BLE001 -- whatever meta cannot run, a real forward can
-        place = device if device is not None else torch.device("cpu")
-        with torch.random.fork_rng(devices=[place] if place.type == "cuda" else []):
-            return run(lambda i: copy.deepcopy(build_block_seeded(build_block, i, seed)).to(place), place)
-
-
-def _placed(value: Value, device: torch.device) -> Value:
-    """``value``'s tensors on ``device`` (on meta: storage-less, integer ones zero-filled alike)."""
-    if not isinstance(value, torch.Tensor):
-        tensors = flat(value)
-        return Boundary.of(value).unflatten([_placed(t, device) for t in tensors])
-    if device.type == "meta":
-        return torch.empty(value.shape, dtype=value.dtype, device="meta")
-    return value.to(device)
 
 
 def sequential_builder(model: nn.Sequential) -> tuple[BlockBuilder, int]:

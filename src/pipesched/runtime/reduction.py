@@ -15,10 +15,11 @@ holders are this rank alone and with one replica need nothing. Two holders on on
 placement puts the first and last stage on rank 0) share one ``Parameter``, whose gradient
 already sums both.
 
-An item's all-reduce starts right after this rank's last action that adds to its gradients (the
-last ``W``, or ``I``/``B``, of a stage holding it), while the rest of the pipeline goes on. The
-items of one process group must be started in the same order on each of its ranks (collectives
-pair one for one): the plan derives every rank's order from the schedule, and where a group's
+An item's all-reduce starts at the last ``REDUCE_GRAD`` of this rank's program (:mod:`.program`)
+among the stages holding it: right after the last action that adds to its gradients (a stage's
+last ``W``, or ``B``), while the rest of the pipeline goes on. The items of one process group must
+be started in the same order on each of its ranks (collectives pair one for one): the plan reads
+every rank's order off the programs, and where a group's
 ranks disagree (a CSV whose copies finish in other orders), or ``overlap`` is off, that group's
 items start after the step's last action, in item order. Missing gradients of an item held by
 several pipeline ranks are zeros (a copy no microbatch reached must still match its peer's
@@ -41,7 +42,8 @@ from torch import nn
 from ..errors import ConfigError
 from ..schedule import Schedule
 from .copies import ModelCopies
-from .grad_sync import Reducer, last_gradient_actions
+from .grad_sync import Reducer
+from .program import REDUCE_GRAD, lower
 
 ItemKey = tuple  # ("stage", model stage) or ("tied", group index)
 
@@ -60,7 +62,7 @@ class ItemLayout:
 
     key: ItemKey
     holders: tuple[int, ...]
-    ready: dict  # pipeline rank -> index of its last gradient action for the item (None: none)
+    ready: dict  # pipeline rank -> index, in its program, of the item's last REDUCE_GRAD (None: none)
     source: int = 0  # a tied group's: the lowest holder of its first name, whose value is the group's
 
 
@@ -84,8 +86,8 @@ def item_layouts(schedule: Schedule, stage_ranges: Sequence[range], tied: Sequen
         holders = tuple(sorted({placement[s] for s in stages}))
         ready = {}
         for rank in holders:
-            last = last_gradient_actions(schedule.rank_actions(rank))
-            done = [last.get(s) for s in stages if placement[s] == rank]
+            reduced = {ins.stage: i for i, ins in enumerate(lower(schedule, rank).instructions) if ins.op == REDUCE_GRAD}
+            done = [reduced.get(s) for s in stages if placement[s] == rank]
             ready[rank] = None if None in done else max(done)
         layouts.append(ItemLayout(key, holders, ready, sources.get(key, holders[0])))
     return layouts
@@ -122,7 +124,7 @@ class ReductionPlan:
                 if p.requires_grad and all(p is not q for q in bucket):
                     bucket.append(p)
         self.counted: list[nn.Parameter] = []  # the parameters whose gradients this rank counts in the norm
-        self.ready_at: dict[int, list] = {}  # action index -> items to start after it
+        self.ready_at: dict[int, list] = {}  # program instruction (a REDUCE_GRAD) -> items to start there
         self.at_end: list = []
         overlap_of = {lay.holders: overlap and overlappable(layouts, lay.holders) for lay in layouts}
         for lay in layouts:
@@ -147,8 +149,8 @@ class ReductionPlan:
     def reduces(self) -> bool:
         return bool(self.ready_at or self.at_end)
 
-    def after_action(self, index: int) -> None:
-        """Start the items whose last gradient action on this rank was action ``index``."""
+    def reduce_grad(self, index: int) -> None:
+        """The program's REDUCE_GRAD at instruction ``index``: start the items it completes."""
         items = self.ready_at.get(index)
         if items:
             for _key, params, group, zero_missing in items:

@@ -252,8 +252,7 @@ def _gather_memory(runtime: PipelineRuntime, results: list, pipeline: tuple[int,
         max(device) if device else None, max(baseline) if baseline else None,
     )
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    sizes = {s: (size, runtime.input_bytes.get(s, 0)) for s, size in (runtime.memory_sizes or {}).items()}
-    dist.gather_object((mine, [r.activation_curve for r in results], sizes), parts, dst=0)
+    dist.gather_object((mine, [r.activation_curve for r in results], runtime.measured_stage_memory()), parts, dst=0)
     if parts is None:
         return [], [], {}
     parts = [parts[r] for r in pipeline]
