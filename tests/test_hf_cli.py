@@ -74,9 +74,7 @@ def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loa
 def test_bad_input_is_one_line_and_exit_2_before_any_rank_starts(configs):
     rows = [
         (["--model", f"hf:{configs['gemma2']}"], ["cannot split a 'gemma2' model", "GPT2LMHeadModel, LlamaForCausalLM"]),
-        (["--model", "hf:/no/such/config.json"], ["no model config at '/no/such/config.json'"]),
         (["--model", f"hf:{configs['llama']}", "-s", "zb-v", "--ranks", "4"], ["8 stages", "6 blocks"]),
-        (["--model", "gpt", "--save-hf", "x"], ["--save-hf only apply to --model hf:CONFIG.json"]),
     ]
     results = concurrently(lambda row: run_cli("train", *row[0], "--steps", "1"), rows)
     for (args, fragments), result in zip(rows, results):
@@ -91,6 +89,7 @@ def test_what_the_command_refuses_is_refused_by_the_model_it_builds(configs, tmp
     """The rest of the refusals, raised where the command raises them (building the model)."""
     from pipesched import hf
     from pipesched.errors import ConfigError
+    from pipesched.cli.train_hf import hf_model_options
     from pipesched.runtime.models import get_model
 
     gpt2 = hf.init_model(make_config("gpt2"))
@@ -103,10 +102,13 @@ def test_what_the_command_refuses_is_refused_by_the_model_it_builds(configs, tmp
         ((llama,), {"weights": str(tmp_path / "gpt2")}, "does not match the config: it has no 'model.embed_tokens.weight'"),
         ((llama,), {"data": str(configs["ids"])}, "token ids must be in 0..63 .*found 0..69"),
         ((llama,), {"data": str(tmp_path / "missing.bin")}, "No such file"),
+        (("hf:/no/such/config.json",), {}, "no model config at '/no/such/config.json'"),
     ]
     for args, options, message in cases:
         with pytest.raises(ConfigError, match=message):
             get_model(*args, **options)
+    with pytest.raises(ConfigError, match="--save-hf only apply to --model hf:CONFIG.json"):
+        hf_model_options("gpt", None, None, tmp_path)
 
 
 @pytest.mark.timeout(240)
