@@ -151,3 +151,19 @@ def test_the_docs_example_runs_as_pasted_under_torchrun(tmp_path):
     # fp32 AdamW: a weight whose gradient is near zero moves by up to lr whatever its last bits
     # (docs/huggingface.md, "How it is tested"); measured 1.4e-5 here
     assert relative_error(saved.state_dict(), model.state_dict()) < 1e-4
+
+
+def test_weights_are_read_by_name_and_a_tied_head_from_its_embedding(configs, tmp_path):
+    """A folder save_pretrained wrote (GPT-2's holds its tied head once, as the embedding) loads
+    into the blocks built from the config, every entry equal."""
+    from pipesched import hf
+    from pipesched.runtime.models import get_model
+
+    torch.manual_seed(3)
+    gpt2 = hf.init_model(make_config("gpt2"), seed=3)
+    gpt2.save_pretrained(tmp_path / "gpt2")
+    md = get_model(f"hf:{configs['gpt2']}", weights=str(tmp_path / "gpt2"))
+    assert md.tied == (("0.transformer.wte.weight", f"{md.num_blocks - 1}.lm_head.weight"),)
+    loaded = {k.partition(".")[2]: v for k, v in md.sequential(0).state_dict().items()}
+    assert loaded.keys() == gpt2.state_dict().keys()
+    assert all(torch.equal(loaded[k], v) for k, v in gpt2.state_dict().items())
