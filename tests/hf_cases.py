@@ -148,6 +148,17 @@ def save_and_resume(rank: int, world: int, job: dict) -> dict:
     out["resumed_from"] = hf.load_checkpoint(resumed, checkpoint.latest(f"{folder}/ck"))
     resumed.step(batches[2])
     out["resumed"] = resumed.gather_state_dict()
+    # GPT-2's tied weight: one Parameter on zb-v's rank 0, a copy on each rank under 1f1b
+    gpt2 = make_config("gpt2")
+    torch.set_default_dtype(torch.float64)  # built from the config in float64
+    tied = hf.pipeline(gpt2, zbv, optimizer=adamw, sample_batch=batches[0], seed=5)
+    tied.step(batches[0])
+    hf.save_checkpoint(tied, f"{folder}/ck-gpt2")
+    apart = hf.pipeline(gpt2, one, optimizer=adamw, sample_batch=batches[0], seed=99)
+    hf.load_checkpoint(apart, checkpoint.latest(f"{folder}/ck-gpt2"))
+    apart.step(batches[1])
+    torch.set_default_dtype(torch.float32)
+    out["gpt2_resumed"] = apart.gather_state_dict()
     model = make_model("llama", torch.float32)  # built whole on every rank, then pipelined
     before = held_numel(model)
     kept = hf.pipeline(model, one, optimizer=adamw, sample_batch=batches[0])
