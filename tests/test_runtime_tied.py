@@ -36,5 +36,6 @@ def test_a_weight_tied_across_the_first_and_last_stage_trains_equal_to_unpipelin
 
 @pytest.mark.timeout(150)
 def test_tied_weights_with_data_parallel_replicas():
-    schedules = [(n, pipesched.build_schedule(n, 2, 2)) for n in ("1f1b", "zb-v", "dualpipe")]
+    # zb-v shares the weight on rank 0; dualpipe's copies sum it across ranks with the replicas' mean
+    schedules = [(n, pipesched.build_schedule(n, 2, 2)) for n in ("zb-v", "dualpipe")]
     _check(spawn(tied_run, 4, (schedules, 2, 8), timeout_s=90)[0], 8)

@@ -21,6 +21,7 @@ from ..schedule import Schedule
 from . import app, fail
 from . import options as opt
 from .renamed import deprecated_option as renamed_option, renamed
+from . import train_hf
 from .train_layout import Dp, Dtype, check_batch_split, check_layout
 from ..zb_auto_plan import given_costs
 
@@ -29,7 +30,8 @@ TORCH_MISSING = "pipesched train needs PyTorch: pip install 'pipesched[torch]' (
 
 @app.command("train")
 def train(
-    model: str = typer.Option("mlp", "--model", help="mlp (residual MLP stack) or gpt (char-level GPT)."),
+    model: str = typer.Option("mlp", "--model", help="mlp (residual MLP stack), gpt (char-level GPT) or "
+                              "hf:CONFIG.json (a Hugging Face causal LM, docs/huggingface.md)."),
     schedule: str = typer.Option(
         "1f1b", "--schedule", "-s",
         help="Schedule name, none for the single-process reference, or auto (measure, then pipesched advise picks); "
@@ -84,6 +86,9 @@ def train(
     old_json_path: Optional[Path] = renamed_option("--json", "--summary"),
     dp: int = Dp,
     dtype: str = Dtype,
+    data: Optional[Path] = train_hf.Data,
+    hf_weights: Optional[Path] = train_hf.Weights,
+    save_hf: Optional[Path] = train_hf.SaveHf,
 ) -> None:
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
     from .train_checks import check_batch_fits, check_checkpoint_flags, check_checkpointing, check_numbers
@@ -119,14 +124,15 @@ def train(
     except ImportError:
         raise fail(TORCH_MISSING) from None
     launch_backend(cuda=torch.cuda.is_available())  # PIPESCHED_BACKEND checked before any rank starts
-    from ..runtime.models import MODELS, get_model
+    from ..runtime.models import KNOWN, MODELS, get_model, is_known
     from ..runtime.partition import block_counts
     from ..runtime.precision import parse_dtype
     from ..runtime.train import TrainConfig, run
 
-    if model not in MODELS:
-        raise ConfigError(f"--model {model!r} is not known: use one of {', '.join(MODELS)}")
-    model_def = get_model(model)
+    if not is_known(model):
+        raise ConfigError(f"--model {model!r} is not known: use {KNOWN}")
+    model_options = train_hf.hf_model_options(model, data, hf_weights, save_hf)
+    model_def = get_model(model, **model_options)
     parse_dtype(dtype)
     measured = choice.profiles()
     if choice.measures is not None:  # the schedule needs the model (zb-auto), measured by processes first
@@ -143,9 +149,10 @@ def train(
         check_batch_fits(model_def, batch_size, seed)
     resume_from = check_checkpointing(checkpoint_dir, resume, steps, model_def, optimizer, lr)  # last: creates the folder
     cfg = TrainConfig(
-        model, plan, steps, batch_size, seed=seed, lr=lr, optimizer=optimizer, block_counts=counts, timeout_s=timeout,
+        model, plan, steps, batch_size, seed=seed, lr=lr, optimizer=optimizer, model_size=model_options,
+        block_counts=counts, timeout_s=timeout,
         skip_nonfinite=skip_nonfinite, clip_grad_norm=clip_grad_norm, recompute=recompute,
-        want_params=save_params is not None,
+        want_params=save_params is not None or save_hf is not None,
         show_progress=True, dp=dp, dtype=dtype,
         checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
         checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep,
@@ -167,6 +174,8 @@ def train(
     except OutputsLost as err:
         _say(f"pipesched: error: {err}")
         raise typer.Exit(code=1) from None
+    if model not in MODELS:  # hf:CONFIG.json
+        train_hf.report_and_save(plan, model_def, result.params, save_hf)
 
 
 def _check_batch(model_def, batch_size: int, dp: int, microbatches: Optional[int], seed: int) -> None:

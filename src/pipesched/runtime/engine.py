@@ -73,6 +73,7 @@ class Engine:
             marks.append((action, start, end, meter.high, meter.current))
 
         opened = None  # (action, start, bytes before) of the compute whose span is still open
+        transport.start_step()
         for index, ins in enumerate(rt.program.instructions):
             op = ins.op
             if op in SENDS:

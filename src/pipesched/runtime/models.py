@@ -91,12 +91,19 @@ class ModelDef:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     batch: Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, batch_size, seed)
     block_costs: tuple[float, ...]  # estimated compute of each block (relative), to balance stages
+    tied: tuple[tuple[str, ...], ...] = ()  # parameters that are one weight (RuntimeOptions.tied)
 
     def sequential(self, seed: int) -> nn.Sequential:
-        """The whole model in one process (the reference), block i seeded as a stage builds it."""
+        """The whole model in one process (the reference), block i seeded as a stage builds it,
+        each tied group one parameter (the first name's)."""
         from .partition import build_block_seeded
 
-        return nn.Sequential(*(build_block_seeded(self.build_block, i, seed) for i in range(self.num_blocks)))
+        model = nn.Sequential(*(build_block_seeded(self.build_block, i, seed) for i in range(self.num_blocks)))
+        for first, *others in self.tied:
+            for name in others:
+                owner, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(owner), attr, model.get_parameter(first))
+        return model
 
 
 def mlp_model(blocks: int = 8, dim: int = 256, hidden: int = 1024) -> ModelDef:
@@ -135,8 +142,19 @@ def gpt_model(layers: int = 4, dim: int = 128, heads: int = 4, context: int = 64
 
 
 MODELS = {"mlp": mlp_model, "gpt": gpt_model}
+HF_PREFIX = "hf:"  # hf:CONFIG.json, a Hugging Face causal LM (pipesched.hf)
+KNOWN = "mlp, gpt or hf:CONFIG.json (a Hugging Face causal LM's config)"
 
 
-def get_model(name: str, **size: int) -> ModelDef:
-    """A model by name (``mlp`` or ``gpt``); ``size`` overrides its dimensions."""
+def is_known(name: str) -> bool:
+    return name in MODELS or name.startswith(HF_PREFIX)
+
+
+def get_model(name: str, **size) -> ModelDef:
+    """A model by name (``mlp``, ``gpt``, or ``hf:CONFIG.json``); ``size`` overrides its
+    dimensions (for ``hf:``, ``data``, ``weights`` and ``context``: :mod:`pipesched.hf.cli_model`)."""
+    if name.startswith(HF_PREFIX):
+        from ..hf.cli_model import hf_model_def
+
+        return hf_model_def(name[len(HF_PREFIX):], **size)
     return MODELS[name](**size)

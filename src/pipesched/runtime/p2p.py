@@ -3,8 +3,8 @@
 Each directed link (src -> dst) gets its own two-rank process group, so on NCCL a pending receive
 on one link never blocks a send on another (one stream per link), and on gloo every link has its
 own connection. A receive is posted at its program's RECV (:mod:`.program` places them in each
-link's order, ahead of the action that needs them, and says why a run cannot hang), into
-buffers allocated then, which become the consuming stage's input as they are (no copy). A
+link's order, ahead of the action that needs them, and says why a run cannot hang), with the
+link's next few in that order (posting early never blocks), into buffers allocated then, which become the consuming stage's input as they are (no copy). A
 message is what crosses a stage edge for one microbatch, a :class:`~.boundary.Boundary`: one
 receive and one send per entry (tag ``message tag x widest boundary + entry``; one tensor keeps
 the message's own tag), none for a boundary of no entries (the gradients of an edge carrying no
@@ -69,8 +69,13 @@ class Transport:
         timeout_s: float,
         host_staging: Optional[bool] = None,
         global_rank: Callable[[int], int] = lambda pp_rank: pp_rank,
+        lookahead: int = 4,
     ) -> None:
         self.rank = program.rank
+        self.incoming = program.incoming()  # per source rank: the program's RECVs, in link order
+        self.position = {msg: i for link in self.incoming.values() for i, msg in enumerate(link)}
+        self.lookahead = lookahead
+        self.posted: dict[int, int] = {}
         self.global_rank = global_rank
         self.groups = groups
         self.device = device
@@ -110,15 +115,31 @@ class Transport:
                 peer = dst if self.rank == src else src
                 raise PeerFailure(f"rank {self.rank} could not open its link with rank {peer}: {err}") from None
 
+    def start_step(self) -> None:
+        """Post the first receives of every incoming link (up to ``lookahead`` each)."""
+        self.posted = {src: 0 for src in self.incoming}
+        for src, link in self.incoming.items():
+            if link:
+                self._post_through(src, min(self.lookahead, len(link)) - 1)
+
     def post(self, msg: Message) -> None:
-        """Post the receive of ``msg`` (its program's RECV), into fresh buffers that become the
+        """The program's RECV of ``msg``: post it, and the link's next ``lookahead`` receives in
+        the program's order (posting a receive early never blocks anything; a receive posted only
+        at its RECV would leave gloo's sender waiting for it), into fresh buffers that become the
         consuming stage's input as they are."""
-        group, peer, width, device = self.groups[(msg.src, self.rank)], self.global_rank(msg.src), self.width, self.buffer_device
-        posted = []
-        for j, entry in enumerate(self.shapes[(msg.kind, msg.stage)].entries):
-            buf = torch.empty(entry.shape, dtype=entry.dtype, device=device)
-            posted.append((dist.irecv(buf, src=peer, group=group, tag=msg.tag * width + j), buf))
-        self.works[msg] = posted
+        self._post_through(msg.src, min(self.position[msg] + self.lookahead, len(self.incoming[msg.src]) - 1))
+
+    def _post_through(self, src: int, last: int) -> None:
+        link, group, peer, width, device = (self.incoming[src], self.groups[(src, self.rank)], self.global_rank(src),
+                                            self.width, self.buffer_device)
+        for i in range(self.posted[src], last + 1):
+            msg = link[i]
+            posted = []
+            for j, entry in enumerate(self.shapes[(msg.kind, msg.stage)].entries):
+                buf = torch.empty(entry.shape, dtype=entry.dtype, device=device)
+                posted.append((dist.irecv(buf, src=peer, group=group, tag=msg.tag * width + j), buf))
+            self.works[msg] = posted
+        self.posted[src] = max(self.posted[src], last + 1)
 
     def receive(self, msg: Message, action: Action) -> list[torch.Tensor]:
         """The entries ``action`` needs (posted earlier), once they have arrived."""

@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..memory import MemorySizes
 from ..registry import build_schedule
 from .copies import balanced_block_counts
-from .models import MODELS, get_model
+from .models import KNOWN, get_model, is_known
 from .timeline import calibrated_comm, median_costs
 from .train import TrainConfig, run
 
@@ -113,8 +113,8 @@ def profile(
 ) -> Profile:
     """Run ``steps`` steps of ZB-H1 on ``ranks`` local ranks and measure every stage (in
     ``dtype``, the run's: bf16 halves the bytes and changes the times)."""
-    if model not in MODELS:
-        raise ConfigError(f"--model {model!r} is not known: use one of {', '.join(MODELS)}")
+    if not is_known(model):
+        raise ConfigError(f"--model {model!r} is not known: use {KNOWN}")
     if steps < 2:
         raise ConfigError(f"profiling needs at least 2 steps (the first is warm-up), got {steps}")
     if batch_size % microbatches:

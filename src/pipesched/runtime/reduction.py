@@ -58,7 +58,7 @@ def block_of(name: str) -> int:
 
 @dataclass(frozen=True)
 class ItemLayout:
-    """Where a reduce item lives: its holders and each holder's gradient-finishing action."""
+    """Where a reduce item lives: its holders and, in each holder's program, the item's last REDUCE_GRAD."""
 
     key: ItemKey
     holders: tuple[int, ...]

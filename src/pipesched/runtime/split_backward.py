@@ -6,6 +6,10 @@ stashes ``(input, output gradient)`` instead of computing the weight gradient, a
 computes ``dW = g^T x`` and ``db = sum(g)`` with one matmul per Linear. Outside collection (a full
 ``B`` action) it returns the weight gradients at once, as ordinary autograd would.
 
+A module that is a Linear with its weight stored transposed (``y = x W + b``, ``W`` of shape
+``(in, out)``: transformers' ``Conv1D``, GPT-2's projections) is deferred the same way once its
+class is registered with :func:`register_transposed_linear` (this module imports no model library).
+
 Other parameters (LayerNorm, embeddings) get their gradients during ``I``: they are cheap.
 The autograd graph is freed at the end of ``I``; only the stashed tensors live on until ``W``.
 
@@ -26,6 +30,14 @@ import torch.nn.functional as F
 from torch import nn
 
 Entry = tuple[nn.Linear, torch.Tensor, torch.Tensor]
+
+TRANSPOSED_LINEARS: set[type] = set()  # classes computing x @ weight + bias, weight (in, out)
+
+
+def register_transposed_linear(cls: type) -> None:
+    """Defer the weight gradients of ``cls`` too: a module with ``weight`` (in, out) and ``bias``
+    computing ``x @ weight + bias``."""
+    TRANSPOSED_LINEARS.add(cls)
 
 
 class WeightGradStash:
@@ -48,6 +60,8 @@ class WeightGradStash:
 class _DeferrableLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, module, stash):
+        if module._pipesched_transposed:
+            weight = weight.t()
         device_type = x.device.type
         autocasting = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
         if autocasting:  # meta (shape inference) has no autocast
@@ -75,6 +89,8 @@ class _DeferrableLinear(torch.autograd.Function):
             return grad_x, None, None, None, None
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
         grad_w = g2.t().matmul(x.reshape(-1, x.shape[-1]))
+        if ctx.module._pipesched_transposed:
+            grad_w = grad_w.t()
         grad_b = g2.sum(0) if ctx.has_bias else None
         return grad_x, grad_w, grad_b, None, None
 
@@ -84,13 +100,16 @@ def _deferrable_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def make_weight_grads_deferrable(module: nn.Module, stash: WeightGradStash) -> int:
-    """Route every ``nn.Linear`` in ``module`` through the deferrable function; returns how many.
+    """Route every ``nn.Linear`` (and registered transposed Linear) in ``module`` through the
+    deferrable function; returns how many.
 
     Parameter names and state dicts are unchanged (only the instances' ``forward`` is rebound).
     """
     count = 0
     for sub in module.modules():
-        if isinstance(sub, nn.Linear):
+        transposed = isinstance(sub, tuple(TRANSPOSED_LINEARS))
+        if isinstance(sub, nn.Linear) or transposed:
+            sub._pipesched_transposed = transposed
             sub._pipesched_stash = stash
             sub.forward = types.MethodType(_deferrable_forward, sub)
             count += 1
@@ -110,12 +129,13 @@ def apply_weight_grads(entries: list[Entry]) -> None:
         weight = module.weight
         if weight.requires_grad:  # a frozen Linear gets no gradient, as with ordinary autograd
             x2 = x.reshape(-1, x.shape[-1])
+            left, right = (x2, g2) if module._pipesched_transposed else (g2, x2)  # (in, out): x^T g
             if weight.grad is None:
-                weight.grad = g2.t().matmul(x2).to(weight.dtype)
+                weight.grad = left.t().matmul(right).to(weight.dtype)
             elif g2.dtype == weight.dtype:
-                weight.grad.addmm_(g2.t(), x2)
+                weight.grad.addmm_(left.t(), right)
             else:  # computed in the autocast dtype, accumulated in the parameter's
-                weight.grad.add_(g2.t().matmul(x2))
+                weight.grad.add_(left.t().matmul(right))
         bias = module.bias
         if bias is not None and bias.requires_grad:
             if bias.grad is None:

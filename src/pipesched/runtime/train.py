@@ -202,6 +202,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
             seed=cfg.seed, block_counts=counts, device=device,
             timeout_s=cfg.timeout_s, skip_nonfinite=cfg.skip_nonfinite, clip_grad_norm=cfg.clip_grad_norm,
             recompute=cfg.recompute, dtype=parse_dtype(cfg.dtype), overlap_grad_sync=cfg.overlap_grad_sync,
+            tied=md.tied,
         ),
         mesh=mesh,
     )

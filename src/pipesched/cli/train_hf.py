@@ -1,0 +1,52 @@
+"""``pipesched train``'s Hugging Face options: ``--data``, ``--hf-weights``, ``--save-hf`` (with ``--model hf:...``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import ConfigError
+
+Data = typer.Option(None, "--data", help="With --model hf:CONFIG.json: the training text, its bytes as token ids "
+                    "(modulo the vocabulary), or a .npy of token ids (default: the shipped text).")
+Weights = typer.Option(None, "--hf-weights", help="With --model hf:CONFIG.json: read the weights from this folder "
+                       "of safetensors (default: random init).")
+SaveHf = typer.Option(None, "--save-hf", help="With --model hf:CONFIG.json: write the trained model to this folder, "
+                      "as from_pretrained loads it.")
+
+
+def hf_model_options(model: str, data: Optional[Path], weights: Optional[Path], save_hf: Optional[Path]) -> dict:
+    """What ``get_model`` takes besides the name: the data and weights of an ``hf:`` model
+    (its flags refused with any other model)."""
+    from ..runtime.models import HF_PREFIX
+
+    given = {flag: value for flag, value in (("--data", data), ("--hf-weights", weights), ("--save-hf", save_hf))
+             if value is not None}
+    if not model.startswith(HF_PREFIX):
+        if given:
+            raise ConfigError(f"{' and '.join(given)} only apply to --model hf:CONFIG.json (a Hugging Face causal LM)")
+        return {}
+    if save_hf is not None and save_hf.exists() and not save_hf.is_dir():
+        raise ConfigError(f"--save-hf {str(save_hf)!r} is a file, not a folder")
+    return {k: str(v) for k, v in (("data", data), ("weights", weights)) if v is not None}
+
+
+def report_and_save(plan, model_def, params: Optional[dict], save_hf: Optional[Path]) -> None:
+    """Say what share of the weight-gradient work ``W`` deferred (split-backward schedules), and
+    write ``--save-hf``."""
+    from ..hf.split import deferred_weight_grad_share
+
+    config = model_def.build_block.config
+    if plan is not None and plan.split_backward:
+        blocks = [model_def.build_block.meta_block(i) for i in range(model_def.num_blocks)]
+        share = deferred_weight_grad_share(blocks, config)
+        typer.echo(f"split backward: W deferred {100 * share:.1f}% of the weight-gradient work (every Linear and "
+                   "Conv1D; norms, embeddings and 3D expert weights get theirs in I)")
+    if save_hf is not None and params is not None:
+        from ..hf.pipeline import model_name
+        from ..hf.saving import write_pretrained
+
+        write_pretrained(config, {model_name(k): v for k, v in params.items()}, save_hf)
+        typer.echo(f"wrote {save_hf} (from_pretrained loads it)")

@@ -1,0 +1,14 @@
+"""Hugging Face causal LMs trained by any pipesched schedule, equal to unpipelined training.
+
+``pip install 'pipesched[hf]'`` (transformers and safetensors). See docs/huggingface.md.
+"""
+
+from __future__ import annotations
+
+from .architectures import ARCHITECTURES
+from .build import init_model, read_config
+from .pipeline import HFPipeline, pipeline
+from .saving import load_checkpoint, save_checkpoint, save_pretrained
+
+__all__ = ["ARCHITECTURES", "HFPipeline", "init_model", "load_checkpoint", "pipeline", "read_config",
+           "save_checkpoint", "save_pretrained"]

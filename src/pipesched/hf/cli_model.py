@@ -1,0 +1,84 @@
+"""``pipesched train --model hf:CONFIG.json``: a Hugging Face causal LM as one of train's models.
+
+The model is its blocks (:mod:`.blocks`, each built from the config on the rank that owns it,
+randomly initialised, block ``i`` after ``torch.manual_seed(seed + i)``, or read from
+``--hf-weights DIR``), trained on windows of a token stream: ``--data FILE`` read as bytes (each
+byte a token id, modulo the vocabulary) or a ``.npy`` array of token ids, by default the text
+shipped with pipesched. The labels are the windows themselves (the model shifts them), so every
+token counts and the mean loss of equal microbatches is the model's loss on the whole batch.
+Every mistake (a config it cannot read or split, weights that do not match it, token ids beyond
+the vocabulary) is a one-line ConfigError raised here, before any rank starts.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..errors import ConfigError
+from ..runtime.models import ModelDef
+from .build import BlockSource, read_config
+from .pipeline import tied_groups
+from .split import block_costs
+
+PREFIX = "hf:"
+DEFAULT_CONTEXT = 64  # tokens per sample, or the model's positions if fewer
+
+
+@lru_cache(maxsize=4)
+def token_stream(data: Optional[str], vocab_size: int) -> torch.Tensor:
+    """The training tokens: a file's bytes modulo the vocabulary, a .npy of ids, or the shipped text's bytes."""
+    if data is None:
+        from ..runtime.datasets import shipped_text
+
+        raw = shipped_text().encode("utf-8")
+    elif data.endswith(".npy"):
+        import numpy as np
+
+        try:
+            ids = np.load(data, allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"--data {data!r}: cannot read it as a .npy array ({err})") from None
+        if ids.dtype.kind not in "iu" or ids.ndim != 1:
+            raise ConfigError(f"--data {data!r}: expected a 1-D array of integer token ids, got {ids.ndim}-D {ids.dtype}")
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+            raise ConfigError(f"--data {data!r}: token ids must be in 0..{vocab_size - 1} (the vocabulary), "
+                              f"found {int(ids.min())}..{int(ids.max())}")
+        return torch.from_numpy(ids.astype("int64"))
+    else:
+        try:
+            raw = Path(data).read_bytes()
+        except OSError as err:
+            raise ConfigError(f"--data {data!r}: {err.strerror}") from None
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).long() % vocab_size
+
+
+def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional[str] = None,
+                 context: Optional[int] = None) -> ModelDef:
+    """The ModelDef of ``--model hf:CONFIG.json`` (see the module's docstring)."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    config = read_config(config_path)
+    source = BlockSource(config, weights)
+    vocab = config.vocab_size
+    limit = getattr(config, "max_position_embeddings", None) or DEFAULT_CONTEXT
+    context = context or min(DEFAULT_CONTEXT, limit)
+    stream = token_stream(data, vocab)
+    if len(stream) <= context:
+        raise ConfigError(f"--data: {len(stream)} tokens, too few for samples of {context}")
+
+    def batch(step: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(1_000_003 * seed + step)
+        starts = torch.randint(0, len(stream) - context, (size,), generator=g)
+        ids = stream[starts[:, None] + torch.arange(context)]
+        return ids, ids
+
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return ForCausalLMLoss(logits, labels, vocab)
+
+    blocks = [source.meta_block(i) for i in range(source.num_blocks)]
+    costs = tuple(block_costs(blocks, config, context))
+    return ModelDef(f"{PREFIX}{config_path}", source.num_blocks, source, loss, batch, costs, tied_groups(source))

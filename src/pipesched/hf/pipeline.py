@@ -1,0 +1,219 @@
+"""``pipeline(model, schedule, ...)``: a Hugging Face causal LM trained by any schedule, under its own names.
+
+The runtime (:class:`~pipesched.runtime.PipelineRuntime`) runs the model's blocks
+(:mod:`.blocks`); :class:`HFPipeline` speaks to it as the model is spoken to: ``step(batch)``
+takes ``{"input_ids", "labels", "attention_mask"?}`` (the same on every rank), returns the
+step's result whose ``loss`` is the loss Hugging Face computes on the whole batch
+(:mod:`.loss`); parameters, gradients and state dicts carry the model's names
+(``model.layers.3.mlp.up_proj.weight``), so what is gathered loads ``strict=True`` into the
+model and what is checkpointed resumes under any schedule and rank count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from ..schedule import Schedule
+from .blocks import graft
+from .build import BlockSource
+from .loss import StepNormalisedLoss
+from .split import block_costs, deferred_weight_grad_share, stage_block_counts
+
+Batch = Mapping[str, torch.Tensor]
+_BATCH_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
+
+
+def model_name(runtime_name: str) -> str:
+    """``"4.model.layers.3.mlp.up_proj.weight"`` (block 4) -> the model's own name."""
+    return runtime_name.partition(".")[2]
+
+
+def max_positions(config) -> Optional[int]:
+    return getattr(config, "max_position_embeddings", None)
+
+
+def check_batch(batch: Batch, config) -> None:
+    """Refuse (one line) a batch the model cannot take: missing keys, shapes that differ, too long."""
+    unknown = sorted(set(batch) - set(_BATCH_KEYS))
+    if unknown or "input_ids" not in batch or "labels" not in batch:
+        raise ConfigError(f"a batch is a dict of input_ids, labels and optionally attention_mask, position_ids; "
+                          f"got {sorted(batch)}")
+    shape = tuple(batch["input_ids"].shape)
+    for key, value in batch.items():
+        if tuple(value.shape) != shape:
+            raise ConfigError(f"the batch's {key} is {list(value.shape)}, its input_ids {list(shape)}")
+    limit = max_positions(config)
+    if limit is not None and shape[1] > limit:
+        raise ConfigError(f"a sequence of {shape[1]} tokens is longer than the model's {limit} positions "
+                          "(max_position_embeddings)")
+
+
+class HFPipeline:
+    """A Hugging Face causal LM pipelined over this rank's stages (build it with :func:`pipeline`)."""
+
+    def __init__(self, runtime, source: BlockSource, loss: StepNormalisedLoss) -> None:
+        self.runtime = runtime
+        self.source = source
+        self.config = source.config
+        self.loss = loss
+
+    @property
+    def steps_done(self) -> int:
+        return self.runtime.steps_done
+
+    def step(self, batch: Batch):
+        """One training step on the global ``batch`` (given the same on every rank); returns the
+        runtime's :class:`~pipesched.runtime.StepResult`, whose ``loss`` is the model's loss on it."""
+        check_batch(batch, self.config)
+        self.loss.start_step(batch["labels"])
+        return self.runtime.step(batch["input_ids"], batch["labels"], context=_context(batch))
+
+    def named_parameters(self) -> Iterable[tuple[str, nn.Parameter]]:
+        """This rank's parameters under the model's names."""
+        for name, param in self.runtime.named_parameters():
+            yield model_name(name), param
+
+    def gather_state_dict(self, dst: int = 0) -> Optional[dict[str, torch.Tensor]]:
+        """The whole model's state dict on rank ``dst`` (None elsewhere), under the model's names:
+        it loads ``strict=True`` into the model."""
+        return _renamed(self.runtime.gather_state_dict(dst))
+
+    def gather_gradients(self, dst: int = 0) -> Optional[dict[str, torch.Tensor]]:
+        """The last step's gradients of the whole model on rank ``dst``, under the model's names."""
+        return _renamed(self.runtime.gather_gradients(dst))
+
+    def model_module(self, loading: bool = False) -> nn.Module:
+        """This rank's part of the model as one module under the model's names (what a
+        checkpoint saves: ``checkpoint.save(dir, step, rt.model_module(), rt.runtime.optimizer)``).
+
+        With ``loading``, a tied weight appears once, under its group's first name
+        (``transformer.wte.weight``), on every rank that holds a copy: a checkpoint written where
+        one rank held the whole group as one ``Parameter`` has its optimizer state under that
+        name only."""
+        if not loading:
+            part = nn.Module()
+            seen = set()
+            for stage in self.runtime.stages.values():
+                for block in stage.blocks.values():
+                    for name, module in block.named_modules():
+                        if name and not list(module.children()) and name not in seen:
+                            seen.add(name)
+                            graft(part, name, module)
+            return part
+        first = {model_name(n): model_name(group[0]) for group in self.runtime.options.tied for n in group}
+        view = nn.Module()
+        for stage in self.runtime.stages.values():
+            for block in stage.blocks.values():
+                for name, param in block.named_parameters():
+                    _hold(view, first.get(name, name), param)
+                for name, buffer in block.named_buffers():
+                    if name in block.state_dict():  # persistent only, as the checkpoint holds them
+                        _hold(view, name, buffer)
+        return view
+
+    def deferred_weight_grad_share(self) -> float:
+        """What share of this rank's weight-gradient work the split backward defers (0 without it)."""
+        if not self.runtime.schedule.split_backward:
+            return 0.0
+        return deferred_weight_grad_share(self.runtime.stages.values(), self.config)
+
+
+def _hold(view: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """Register ``tensor`` (a parameter or buffer) under the dotted ``name`` of ``view`` (once)."""
+    path, _, attr = name.rpartition(".")
+    holder = view
+    for part in path.split(".") if path else []:
+        if not hasattr(holder, part):
+            holder.add_module(part, nn.Module())
+        holder = getattr(holder, part)
+    if attr in holder._parameters or attr in holder._buffers:
+        return
+    if isinstance(tensor, nn.Parameter):
+        holder.register_parameter(attr, tensor)
+    else:
+        holder.register_buffer(attr, tensor)
+
+
+def _renamed(state: Optional[dict]) -> Optional[dict]:
+    if state is None:
+        return None
+    return {model_name(k): v for k, v in state.items()}
+
+
+def tied_groups(source: BlockSource) -> tuple[tuple[str, ...], ...]:
+    """The model's tied weights (GPT-2's ``transformer.wte.weight`` and ``lm_head.weight``) as the
+    runtime names them, behind the index of the block holding each (none unless the config ties)."""
+    model = source.skeleton
+    tied = model.get_expanded_tied_weights_keys() if source.config.tie_word_embeddings else {}
+    block_of = {name: i for i in range(source.num_blocks) for name in source.meta_block(i).state_dict()}
+    groups: dict[str, list[str]] = {}
+    for copy, original in tied.items():  # the original's value is the group's (first name)
+        groups.setdefault(original, [original]).append(copy)
+    return tuple(tuple(f"{block_of[n]}.{n}" for n in names) for names in groups.values())
+
+
+def _context(batch: Batch) -> Optional[dict]:
+    """What every layer block builds its masks and positions from (None: causal over 0..S-1)."""
+    return {k: batch[k] for k in ("attention_mask", "position_ids") if k in batch} or None
+
+
+def pipeline(
+    model,
+    schedule: Schedule,
+    *,
+    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+    sample_batch: Batch,
+    seed: int = 0,
+    mesh=None,
+    weights: Union[str, Path, None] = None,
+    layers_per_stage: Optional[Sequence[int]] = None,
+    options=None,
+) -> HFPipeline:
+    """Pipeline a ``*ForCausalLM`` (built the same way on every rank; each rank then keeps only
+    its stages' modules) or a transformers config (each rank materialises only its own modules,
+    initialised as the model initialises them, or read by name from the safetensors in
+    ``weights``) with ``schedule``. Call on every rank with the same arguments.
+
+    ``sample_batch``: a batch as :meth:`HFPipeline.step` takes it (only its shapes are used).
+    ``layers_per_stage`` (one count per stage of one model copy) overrides the balanced split.
+    ``options``: the runtime's :class:`~pipesched.runtime.options.RuntimeOptions` (``device``,
+    ``timeout_s``, ``clip_grad_norm``, ``recompute``, ``dtype``, ...); its seed, block counts,
+    tied groups and sample context are set here.
+    """
+    from dataclasses import replace
+
+    from ..runtime.executor import PipelineRuntime
+    from ..runtime.mesh import PipelineMesh
+    from ..runtime.options import RuntimeOptions
+    from .splitting import prepare_split_backward
+
+    source = BlockSource(model, weights)
+    config = source.config
+    if getattr(config, "output_router_logits", False):
+        raise ConfigError(
+            "pipesched.hf trains MoE models without the router's auxiliary loss: its load-balancing loss is "
+            "a product of sums over all layers and tokens, which no stage holds (set output_router_logits=False)"
+        )
+    check_batch(sample_batch, config)
+    replicas = (mesh or PipelineMesh.whole_world()).dp
+    shares = schedule.microbatches * replicas
+    ids = sample_batch["input_ids"]
+    if ids.shape[0] % shares:
+        raise ConfigError(f"a batch of {ids.shape[0]} does not split into {schedule.microbatches} microbatches "
+                          f"on each of {replicas} replicas")
+    blocks = [source.meta_block(i) for i in range(source.num_blocks)]
+    counts = stage_block_counts(schedule, block_costs(blocks, config, ids.shape[1]), layers_per_stage)
+    loss = StepNormalisedLoss(config.vocab_size, schedule.microbatches, replicas)
+    context = _context(sample_batch)
+    one = ids.shape[0] // shares
+    options = replace(options or RuntimeOptions(), seed=seed, block_counts=counts, tied=tied_groups(source),
+                      sample_context={k: v[:one] for k, v in context.items()} if context else None)
+    prepare_split_backward()
+    runtime = PipelineRuntime(source, source.num_blocks, schedule, loss, optimizer, ids[:one], options=options, mesh=mesh)
+    source.release_others()
+    return HFPipeline(runtime, source, loss)

@@ -1,0 +1,59 @@
+"""Writing a pipelined model back as Hugging Face reads it, and checkpoints under the model's names.
+
+:func:`save_pretrained` gathers the whole state dict on rank 0 and writes it with the model's
+own ``save_pretrained`` (config and safetensors; a tied head is written once, as transformers
+writes it), so ``AutoModelForCausalLM.from_pretrained(DIR)`` loads it. :func:`save_checkpoint`
+and :func:`load_checkpoint` use :mod:`pipesched.runtime.checkpoint` (DCP) on the rank's part of
+the model under the model's names (``model.model.layers.3.mlp.up_proj.weight``), so a
+checkpoint resumes under any schedule and rank count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Union
+
+import torch.distributed as dist
+
+from .build import meta_model
+
+PathLike = Union[str, Path]
+
+
+def save_pretrained(runtime, directory: PathLike, dst: int = 0) -> None:
+    """Write the pipelined model as ``from_pretrained(directory)`` loads it (collective: every
+    rank calls it; global rank ``dst`` writes)."""
+    state = runtime.gather_state_dict(dst)
+    if state is not None:
+        write_pretrained(runtime.config, state, directory)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def write_pretrained(config, state: dict, directory: PathLike) -> None:
+    """Write the whole model's ``state`` (the model's names) with its config, as transformers does."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # a bar per shard on a run's output
+    model = meta_model(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    model.save_pretrained(str(directory))
+
+
+def save_checkpoint(runtime, directory: PathLike, keep: int = 2) -> Path:
+    """Checkpoint the run after its ``steps_done`` steps under the model's names (collective)."""
+    from ..runtime import checkpoint
+
+    return checkpoint.save(directory, runtime.steps_done, runtime.model_module(), runtime.runtime.optimizer, keep)
+
+
+def load_checkpoint(runtime, path: PathLike) -> int:
+    """Load a checkpoint saved under any schedule or rank count; returns the step it was saved after."""
+    from ..runtime import checkpoint
+
+    runtime.runtime.steps_done = checkpoint.load(path, runtime.model_module(loading=True), runtime.runtime.optimizer)
+    runtime.runtime.broadcast_tied()  # the copies of a tied weight equal again, wherever it was saved
+    return runtime.runtime.steps_done
+

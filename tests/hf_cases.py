@@ -1,0 +1,176 @@
+"""Tiny Hugging Face models, batches and the rank workers of the pipesched.hf tests (spawned
+processes import this module by name)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+import torch
+
+STEPS = 3
+VOCAB = 64
+
+
+def make_config(kind: str, **extra):
+    """A tiny random-init config of ``kind`` (dropout 0, no cache)."""
+    import transformers as tf
+
+    small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=32, use_cache=False)
+    if kind in ("llama", "llama6"):  # llama6: 8 blocks, for 8 stages on 4 ranks
+        config = tf.LlamaConfig(**{**small, "num_hidden_layers": 6 if kind == "llama6" else 4},
+                                attn_implementation="eager")
+    elif kind == "llama-sdpa":
+        config = tf.LlamaConfig(**small, attn_implementation="sdpa")
+    elif kind == "gpt2":
+        config = tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=4, n_head=4, n_positions=32, resid_pdrop=0.0,
+                               embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=0, eos_token_id=0)
+    elif kind == "qwen3":  # layers 0-1 full attention, 2-3 sliding windows of 4 tokens
+        config = tf.Qwen3Config(**small, head_dim=8, use_sliding_window=True, sliding_window=4, max_window_layers=2)
+    elif kind == "mixtral":
+        config = tf.MixtralConfig(**small, num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.0,
+                                   experts_implementation="eager")  # grouped_mm takes no float64
+    else:
+        raise ValueError(kind)
+    for key, value in extra.items():
+        setattr(config, key, value)
+    return config
+
+
+def make_model(kind: str, dtype: torch.dtype = torch.float64, seed: int = 0, **extra):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(make_config(kind, **extra)).to(dtype)
+
+
+def padded_batches(steps: int = STEPS, batch: int = 8) -> list[dict]:
+    """Right-padded batches whose length changes from step to step (each padded to its longest)."""
+    return [make_batch(step, batch, (16, 12, 14)[step % 3], padded=True) for step in range(steps)]
+
+
+def make_batch(step: int, batch: int, seq: int, padded: bool = False) -> dict:
+    """Token ids with labels; some labels -100 (a different number per row), and with ``padded``
+    right padding after a row-dependent length, masked out of attention and the loss."""
+    g = torch.Generator().manual_seed(100 + step)
+    ids = torch.randint(0, VOCAB, (batch, seq), generator=g)
+    labels = ids.clone()
+    ignored = torch.rand(batch, seq, generator=g) < torch.linspace(0.0, 0.6, batch)[:, None]
+    labels[ignored] = -100
+    out = {"input_ids": ids, "labels": labels}
+    if padded:
+        lengths = torch.randint(seq // 2, seq + 1, (batch,), generator=g)
+        mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+        labels[mask == 0] = -100
+        out["attention_mask"] = mask
+    return out
+
+
+def adamw(params):
+    return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+
+
+def reference(model, batches: list[dict], autocast: Optional[torch.dtype] = None) -> dict:
+    """The single-process model on the whole batches (under ``autocast`` if given): every loss,
+    the first gradients, the final weights."""
+    model = copy.deepcopy(model)
+    optimizer = adamw(list(model.parameters()))
+    losses, grads = [], None
+    for batch in batches:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            loss = model(**batch).loss
+        loss.backward()
+        if grads is None:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
+        optimizer.step()
+        losses.append(loss.item())
+    return {"losses": losses, "grads": grads, "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
+def run_pipelines(rank: int, world: int, job: dict) -> dict:
+    """For every (label, model kind, schedule) of ``job``: train STEPS steps of ``job["batches"]``
+    with pipesched.hf; rank 0 returns losses, first gradients and final weights by the model's names."""
+    from pipesched import hf
+    from pipesched.runtime.mesh import init_pipeline_mesh
+    from pipesched.runtime.options import RuntimeOptions
+
+    out, meshes = {}, {}
+    for label, kind, schedule, options in job["runs"]:
+        options = dict(options)
+        model = make_model(kind, options.pop("model_dtype", torch.float64))
+        dp = options.pop("dp", world // schedule.ranks)
+        if dp not in meshes:
+            meshes[dp] = init_pipeline_mesh(schedule.ranks, dp)
+        batches = job[options.pop("batches", "batches")]
+        rt = hf.pipeline(model, schedule, optimizer=adamw, sample_batch=batches[0], mesh=meshes[dp],
+                         options=RuntimeOptions(timeout_s=60, **options))
+        losses, grads = [], None
+        for step, batch in enumerate(batches):
+            losses.append(rt.step(batch).loss)
+            if step == 0:
+                grads = rt.gather_gradients()
+        params = rt.gather_state_dict()
+        out[label] = {"losses": losses, "grads": grads, "params": params,
+                      "deferred": rt.deferred_weight_grad_share()}
+    return out
+
+
+def held_numel(module) -> int:
+    """Elements of ``module``'s parameters that hold storage (not on meta)."""
+    return sum(p.numel() for p in module.parameters() if not p.is_meta)
+
+
+def save_and_resume(rank: int, world: int, job: dict) -> dict:
+    """A Llama built from its config: 2 steps under zb-v, a checkpoint and a save_pretrained
+    folder, then a fresh 1f1b pipeline from that folder's weights and a 1f1b pipeline resuming
+    the checkpoint for the last step. Rank 0 returns what each stage of that gathered."""
+    import pipesched
+    from pipesched import hf
+
+    config, batches, folder = make_config("llama"), job["batches"], job["folder"]
+    zbv = pipesched.build_schedule("zb-v", world, 4)
+    one = pipesched.build_schedule("1f1b", world, 4)
+    out = {}
+    rt = hf.pipeline(config, zbv, optimizer=adamw, sample_batch=batches[0], seed=5)
+    own = sum(p.numel() for p in rt.runtime.parameters)
+    for batch in batches[:2]:
+        rt.step(batch)
+    hf.save_checkpoint(rt, f"{folder}/ck")
+    hf.save_pretrained(rt, f"{folder}/saved")
+    out["after_two"] = rt.gather_state_dict()
+    loaded = hf.pipeline(config, one, optimizer=adamw, sample_batch=batches[0], weights=f"{folder}/saved")
+    out["loaded"] = loaded.gather_state_dict()
+    resumed = hf.pipeline(config, one, optimizer=adamw, sample_batch=batches[0], seed=99)
+    from pipesched.runtime import checkpoint
+
+    out["resumed_from"] = hf.load_checkpoint(resumed, checkpoint.latest(f"{folder}/ck"))
+    resumed.step(batches[2])
+    out["resumed"] = resumed.gather_state_dict()
+    # GPT-2's tied weight: one Parameter on zb-v's rank 0, a copy on each rank under 1f1b
+    gpt2 = make_config("gpt2")
+    torch.set_default_dtype(torch.float64)  # built from the config in float64
+    tied = hf.pipeline(gpt2, zbv, optimizer=adamw, sample_batch=batches[0], seed=5)
+    tied.step(batches[0])
+    hf.save_checkpoint(tied, f"{folder}/ck-gpt2")
+    apart = hf.pipeline(gpt2, one, optimizer=adamw, sample_batch=batches[0], seed=99)
+    hf.load_checkpoint(apart, checkpoint.latest(f"{folder}/ck-gpt2"))
+    apart.step(batches[1])
+    torch.set_default_dtype(torch.float32)
+    out["gpt2_resumed"] = apart.gather_state_dict()
+    model = make_model("llama", torch.float32)  # built whole on every rank, then pipelined
+    before = held_numel(model)
+    kept = hf.pipeline(model, one, optimizer=adamw, sample_batch=batches[0])
+    held = [before, held_numel(model), sum(p.numel() for p in kept.runtime.parameters), own]
+    import torch.distributed as dist
+
+    parts = [None] * world
+    dist.all_gather_object(parts, held)
+    out["held"] = parts
+    return out if rank == 0 else None
+
+
+def several(rank: int, world: int, jobs: dict) -> dict:
+    """Run each (worker name, job) of ``jobs`` in one launch; rank 0 returns their results by key."""
+    return {key: globals()[worker](rank, world, job) for key, (worker, job) in jobs.items()}

@@ -1,0 +1,152 @@
+"""pipesched.hf: Hugging Face causal LMs pipelined by every schedule train equal to the model in one process.
+
+Every run compares every step's loss, the first step's gradients (by the model's own names)
+and the weights after three AdamW steps with the single-process Hugging Face model on the same
+batches (``model(**batch).loss``: the shifted cross-entropy over the batch's counted tokens).
+The batches have ``-100`` labels in different numbers per row, so the microbatches count
+different numbers of tokens. The schedules run in float64 (gradients and weights within 1e-9
+relative; the loss within 1e-6, as Hugging Face computes it in fp32, ``logits.float()``): AdamW's
+first steps move an element by about ``lr`` whatever its gradient, so in fp32 a gradient near
+zero whose last bits depend on the summation order moves differently (seen: one element of
+Qwen3's, 8e-5 relative after 3 steps with 5e-7 relative gradients); fp32 itself is checked on
+Llama within 1e-5.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+import torch  # noqa: E402
+
+import pipesched  # noqa: E402
+from hf_cases import make_batch, make_model, padded_batches, reference  # noqa: E402
+from runtime_cases import relative_error  # noqa: E402
+
+from pipesched.runtime.launch import spawn  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+TOL = 1e-9
+LOSS_TOL = 1e-6  # the loss is computed in fp32 whatever the model's dtype
+
+
+def assert_like_reference(results: dict, batches: list, tol: float = TOL, dtype=torch.float64) -> None:
+    """Each run labelled ``KIND SCHEDULE [padded]`` against KIND's model on the same batches
+    (``padded``: PADDED's)."""
+    refs = {}
+    for label, got in results.items():
+        kind, padded = label.split()[0], label.endswith("padded")
+        if (kind, padded) not in refs:
+            refs[kind, padded] = reference(make_model(kind, dtype), PADDED if padded else batches)
+        want = refs[kind, padded]
+        assert got["losses"] == pytest.approx(want["losses"], rel=max(tol, LOSS_TOL)), label
+        assert got["grads"].keys() == want["grads"].keys(), label
+        assert relative_error(got["grads"], want["grads"]) < tol, label
+        assert got["params"].keys() == want["params"].keys(), label
+        assert relative_error(got["params"], want["params"]) < tol, label
+
+
+BATCHES = [make_batch(step, 8, 16) for step in range(3)]
+PADDED = padded_batches()
+TWO_RANK_RUNS = [(f"llama {f.name}", "llama", pipesched.build_schedule(f.name, 2, 4), {}) for f in pipesched.families()]
+TWO_RANK_RUNS += [(f"{kind} {name}", kind, pipesched.build_schedule(name, 2, 4), {})
+                  for kind in ("qwen3", "mixtral", "llama-sdpa") for name in ("1f1b", "zb-v", "interleaved-zb")]
+# GPT-2's head is its token embedding: tied across ranks (1f1b, interleaved), on one rank (V), in two copies (dualpipe)
+TWO_RANK_RUNS += [(f"gpt2 {name}", "gpt2", pipesched.build_schedule(name, 2, 4), {})
+                  for name in ("1f1b", "zb-v", "interleaved-zb", "dualpipe")]
+# padded batches whose length changes every step: masks built on every stage from the batch
+TWO_RANK_RUNS += [(f"{kind} {name} padded", kind, pipesched.build_schedule(name, 2, 4), {"batches": "padded"})
+                  for kind in ("llama", "llama-sdpa", "qwen3", "gpt2") for name in ("1f1b", "zb-v")]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """One launch of 2 ranks for every 2-rank check of this file: (results, its folder)."""
+    from hf_cases import several
+
+    folder = tmp_path_factory.mktemp("hf")
+    jobs = {"runs": ("run_pipelines", {"runs": TWO_RANK_RUNS, "batches": BATCHES, "padded": PADDED}),
+            "saving": ("save_and_resume", {"batches": BATCHES, "folder": str(folder)})}
+    return spawn(several, 2, jobs, timeout_s=240)[0], folder
+
+
+@pytest.mark.timeout(300)
+def test_every_schedule_family_and_model_on_two_ranks(two_ranks):
+    results = two_ranks[0]["runs"]
+    assert set(results) == {label for label, *_ in TWO_RANK_RUNS}
+    assert_like_reference(results, BATCHES)
+    assert results["llama 1f1b"]["deferred"] == 0.0
+    assert results["llama zb-v"]["deferred"] > 0.9  # every projection is a Linear; norms and embeddings are not
+    assert results["gpt2 zb-v"]["deferred"] > 0.9  # GPT-2's projections are Conv1Ds (its head alone would be 4%)
+
+
+@pytest.mark.timeout(300)
+def test_names_save_pretrained_weights_and_checkpoints_resume_under_another_schedule(two_ranks):
+    from hf_cases import adamw, make_config
+    from transformers import AutoModelForCausalLM
+
+    from pipesched import hf
+    from pipesched.runtime import checkpoint
+
+    got, tmp_path = two_ranks[0]["saving"], two_ranks[1]
+    batches = BATCHES
+    # the run built from the config equals the whole model initialised the same way
+    want = reference(hf.init_model(make_config("llama"), seed=5), batches[:2])
+    assert relative_error(got["after_two"], want["params"]) < 1e-5
+    # the saved folder is what from_pretrained loads, strict, with the trained run's logits
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "saved", attn_implementation="eager")
+    fresh = AutoModelForCausalLM.from_config(make_config("llama"))
+    fresh.load_state_dict(got["after_two"], strict=True)
+    ids = batches[0]["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(saved(input_ids=ids).logits, fresh(input_ids=ids).logits)
+    assert all(torch.equal(got["loaded"][k], v) for k, v in got["after_two"].items())
+    # the zb-v checkpoint resumes under 1f1b (and in one process) as if uninterrupted
+    assert got["resumed_from"] == 2
+    uninterrupted = reference(hf.init_model(make_config("llama"), seed=5), batches)
+    assert relative_error(got["resumed"], uninterrupted["params"]) < 1e-5
+    model = hf.init_model(make_config("llama"), seed=0)
+    optimizer = adamw(list(model.parameters()))
+    assert checkpoint.load(checkpoint.latest(tmp_path / "ck"), model, optimizer) == 2
+    optimizer.zero_grad()
+    model(**batches[2]).loss.backward()
+    optimizer.step()
+    assert relative_error(model.state_dict(), uninterrupted["params"]) < 1e-5
+    # a tied model's checkpoint from a V placement (one Parameter on rank 0) resumes under 1f1b
+    # (in float64: GPT-2's key biases get gradients of pure rounding noise, which fp32 AdamW
+    # turns into steps of about lr)
+    torch.set_default_dtype(torch.float64)
+    try:
+        gpt2 = reference(hf.init_model(make_config("gpt2"), seed=5), batches[:2])
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert relative_error(got["gpt2_resumed"], gpt2["params"]) < TOL
+    # a model built whole on every rank keeps only its stages' parameters; so does one built from
+    # its config (the ranks' shares add up to the model)
+    total = got["held"][0][0]
+    for before, held, runtime_holds, _ in got["held"]:
+        assert held == runtime_holds < before == total
+    assert sum(h[2] for h in got["held"]) == sum(h[3] for h in got["held"]) == total
+
+
+@pytest.mark.timeout(240)
+def test_four_ranks_two_replicas_bf16_and_fp32():
+    from hf_cases import run_pipelines
+
+    batches = [make_batch(step, 16, 16) for step in range(3)]
+    runs = [(f"llama6 {name}", "llama6", pipesched.build_schedule(name, 4, 8), {})
+            for name in ("interleaved-zb", "zb-v", "dualpipev", "dualpipe")]
+    runs += [(f"llama {name} dp2", "llama", pipesched.build_schedule(name, 2, 4), {"dp": 2}) for name in ("1f1b", "zb-v")]
+    fp32 = {"dp": 1, "model_dtype": torch.float32}
+    runs += [(f"llama6 {name} fp32", "llama6", pipesched.build_schedule(name, 4, 4), fp32) for name in ("1f1b", "dualpipe")]
+    bf16 = {"dp": 1, "model_dtype": torch.float32, "dtype": torch.bfloat16}
+    runs += [(f"llama {name} bf16", "llama", pipesched.build_schedule(name, 4, 4), bf16) for name in ("zb-h1",)]
+    results = spawn(run_pipelines, 4, {"runs": runs, "batches": batches}, timeout_s=200)[0]
+    assert set(results) == {label for label, *_ in runs}
+    exact = {k: v for k, v in results.items() if not k.endswith(("fp32", "bf16"))}
+    assert_like_reference(exact, batches)
+    assert_like_reference({k: v for k, v in results.items() if k.endswith("fp32")}, batches, 1e-5, torch.float32)
+    want = reference(make_model("llama", torch.float32), batches, autocast=torch.bfloat16)
+    got = results["llama zb-h1 bf16"]
+    assert got["losses"] == pytest.approx(want["losses"], rel=1e-2)
+    assert relative_error(got["grads"], want["grads"]) < 5e-2

@@ -1,0 +1,93 @@
+"""pipesched.hf in one process: GPT-2's Conv1D in the split backward, the split, and what is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+import torch  # noqa: E402
+from hf_cases import make_batch, make_config, make_model  # noqa: E402
+
+import pipesched  # noqa: E402
+from pipesched.errors import ConfigError  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def test_conv1d_weight_gradients_are_deferred_to_w_and_equal_autograds():
+    from transformers.pytorch_utils import Conv1D
+
+    from pipesched.hf.splitting import prepare_split_backward
+    from pipesched.runtime.split_backward import WeightGradStash, apply_weight_grads, make_weight_grads_deferrable
+
+    torch.manual_seed(0)
+    plain = Conv1D(6, 4)  # 4 in, 6 out, weight (4, 6)
+    plain.bias.data.normal_()
+    split = Conv1D(6, 4)
+    split.load_state_dict(plain.state_dict())
+    prepare_split_backward()
+    stash = WeightGradStash()
+    assert make_weight_grads_deferrable(split, stash) == 1
+    x = torch.randn(3, 5, 4)
+    g = torch.randn(3, 5, 6)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch.autograd.backward(plain(xa), g)
+    stash.collecting = entries = []
+    torch.autograd.backward(split(xb), g)  # I: the input gradient only
+    stash.collecting = None
+    assert split.weight.grad is None and len(entries) == 1
+    assert torch.allclose(xb.grad, xa.grad, atol=1e-6)
+    apply_weight_grads(entries)  # W
+    assert torch.allclose(split.weight.grad, plain.weight.grad, atol=1e-6)
+    assert torch.allclose(split.bias.grad, plain.bias.grad, atol=1e-6)
+
+
+def test_blocks_carry_the_models_names_and_compute_its_logits():
+    from pipesched.hf.architectures import architecture_of
+    from pipesched.hf.blocks import model_blocks
+
+    for kind in ("llama", "gpt2", "qwen3"):
+        model = make_model(kind, torch.float32)
+        blocks = model_blocks(model, architecture_of(type(model).__name__))
+        names = [n for b in blocks for n in b.state_dict()]
+        assert sorted(names) == sorted(model.state_dict()), kind
+        h = make_batch(0, 2, 16)["input_ids"]
+        want = model(input_ids=h).logits
+        for block in blocks:
+            h = block(h)
+        assert torch.allclose(h, want, atol=1e-6), kind
+
+
+def test_split_puts_the_embeddings_first_and_the_head_last():
+    from pipesched.hf.split import stage_block_counts
+
+    schedule = pipesched.build_schedule("1f1b", 2, 4)
+    costs = [0.01, 1, 1, 1, 1, 0.5]
+    assert stage_block_counts(schedule, costs, (1, 3)) == [2, 4]
+    assert stage_block_counts(schedule, costs, None) == [3, 3]
+    with pytest.raises(ConfigError, match="sum to 4"):
+        stage_block_counts(schedule, costs, (1, 2))
+    with pytest.raises(ConfigError, match="8 stages but a model of 4 decoder layers splits into at most 6"):
+        stage_block_counts(pipesched.build_schedule("zb-v", 4, 8), costs, None)
+
+
+def test_refusals_in_one_line():
+    from pipesched import hf
+    from pipesched.hf.pipeline import check_batch
+
+    schedule = pipesched.build_schedule("1f1b", 2, 4)
+    batch = make_batch(0, 8, 16)
+    moe = make_model("mixtral", torch.float32, output_router_logits=True)
+    with pytest.raises(ConfigError, match="without the router's auxiliary loss: its load-balancing loss is a product"):
+        hf.pipeline(moe, schedule, optimizer=torch.optim.SGD, sample_batch=batch)
+    config = make_config("llama")
+    with pytest.raises(ConfigError, match="a sequence of 33 tokens is longer than the model's 32 positions"):
+        check_batch(make_batch(0, 2, 33), config)
+    with pytest.raises(ConfigError, match="a batch is a dict of input_ids, labels"):
+        check_batch({"input_ids": batch["input_ids"]}, config)
+    from transformers import BertConfig, BertForMaskedLM
+
+    with pytest.raises(ConfigError, match="cannot split BertForMaskedLM: it splits GPT2LMHeadModel, LlamaForCausalLM"):
+        hf.pipeline(BertForMaskedLM(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                               num_attention_heads=2, intermediate_size=64)),
+                    schedule, optimizer=torch.optim.SGD, sample_batch=batch)
