@@ -46,7 +46,7 @@ def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loa
     data.write_bytes(bytes(range(256)) * 8)
     out = tmp_path / "saved"
     args = ["--model", f"hf:{configs['llama']}", "--data", str(data), "--steps", "3", "--batch-size", "8",
-            "-m", "4", "--optimizer", "adamw", "--lr", "1e-3", "--json", str(tmp_path / "run.json")]
+            "-m", "4", "--optimizer", "adamw", "--lr", "1e-3", "--summary", str(tmp_path / "run.json")]
     run = run_cli("train", *args, "-s", "zb-v", "--ranks", "2", "--save-hf", str(out), timeout=200)
     assert run.returncode == 0, run.stderr
     assert "W deferred 99." in run.stdout  # the share of the weight-gradient work the split backward deferred
