@@ -8,6 +8,7 @@ of the unpipelined ``nn.Sequential`` (``"3.fc1.weight"``), so state dicts line u
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Callable, Optional, Sequence
 
 import torch
