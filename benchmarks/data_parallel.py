@@ -78,7 +78,8 @@ def overlap_worker(rank: int, world: int, job: tuple) -> dict:
     from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
     from pipesched.runtime.mesh import init_pipeline_mesh
     from pipesched.runtime.models import get_model
-    from pipesched.runtime.train import make_optimizer, measure_latency
+    from pipesched.runtime.latency import measure_latency
+    from pipesched.runtime.train import make_optimizer
 
     name, rounds = job
     md = get_model("mlp", **OVERLAP_MODEL)

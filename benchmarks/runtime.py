@@ -32,7 +32,7 @@ from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_tor
 from pipesched.runtime.models import get_model
 from pipesched.runtime.partition import build_block_seeded, stage_block_ranges
 from pipesched.runtime.timeline import compare_to_simulation, median_costs, replayed_makespan
-from pipesched.runtime.train import measure_latency
+from pipesched.runtime.latency import measure_latency
 
 import split_block  # benchmarks/split_block.py, next to this script
 
