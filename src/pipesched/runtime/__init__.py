@@ -18,7 +18,7 @@ _HOME = {  # exported name -> the module that defines it
     "StepResult": "observers",
     "DistributedRunError": "launch",
     "spawn": "launch",
-    "ModelDef": "models",
+    "ModelDef": "model_def",
     "get_model": "models",
     "PeerFailure": "p2p",
     "block_counts": "partition",

@@ -11,14 +11,13 @@ Every block maps one tensor to one tensor, so any contiguous run of blocks is a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .datasets import random_regression_batch, text_batch, text_vocabulary
+from .model_def import ModelDef
 
 
 class ResidualMLP(nn.Module):
@@ -79,31 +78,6 @@ class Head(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(self.norm(x))
-
-
-@dataclass(frozen=True)
-class ModelDef:
-    """A model as blocks plus what training it needs: the loss and a deterministic batch source."""
-
-    name: str
-    num_blocks: int
-    build_block: Callable[[int], nn.Module]
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    batch: Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, batch_size, seed)
-    block_costs: tuple[float, ...]  # estimated compute of each block (relative), to balance stages
-    tied: tuple[tuple[str, ...], ...] = ()  # parameters that are one weight (RuntimeOptions.tied)
-
-    def sequential(self, seed: int) -> nn.Sequential:
-        """The whole model in one process (the reference), block i seeded as a stage builds it,
-        each tied group one parameter (the first name's)."""
-        from .partition import build_block_seeded
-
-        model = nn.Sequential(*(build_block_seeded(self.build_block, i, seed) for i in range(self.num_blocks)))
-        for first, *others in self.tied:
-            for name in others:
-                owner, _, attr = name.rpartition(".")
-                setattr(model.get_submodule(owner), attr, model.get_parameter(first))
-        return model
 
 
 def mlp_model(blocks: int = 8, dim: int = 256, hidden: int = 1024) -> ModelDef:

@@ -1,0 +1,35 @@
+"""What a model is to ``pipesched train``: its blocks, loss, batches, block costs and tied weights
+(the built-in models of :mod:`.models` and the Hugging Face ones of :mod:`pipesched.hf` alike)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelDef:
+    """A model as blocks plus what training it needs: the loss and a deterministic batch source."""
+
+    name: str
+    num_blocks: int
+    build_block: Callable[[int], nn.Module]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    batch: Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, batch_size, seed)
+    block_costs: tuple[float, ...]  # estimated compute of each block (relative), to balance stages
+    tied: tuple[tuple[str, ...], ...] = ()  # parameters that are one weight (RuntimeOptions.tied)
+
+    def sequential(self, seed: int) -> nn.Sequential:
+        """The whole model in one process (the reference), block i seeded as a stage builds it,
+        each tied group one parameter (the first name's)."""
+        from .partition import build_block_seeded
+
+        model = nn.Sequential(*(build_block_seeded(self.build_block, i, seed) for i in range(self.num_blocks)))
+        for first, *others in self.tied:
+            for name in others:
+                owner, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(owner), attr, model.get_parameter(first))
+        return model
