@@ -114,9 +114,10 @@ class Engine:
                     for t in xs:
                         if t.is_floating_point():
                             t.requires_grad_(True)
-                holds = [meter.hold(t) for t in xs]  # no local alias: released with the backward
-                state.input_holds[key] = holds
-                input_bytes[s] = sum(h.nbytes for h in holds)
+                # no local alias: the holds are released with the backward (a name left here would
+                # keep the last forward's stage input counted through the backward that follows it)
+                state.input_holds[key] = [meter.hold(t) for t in xs]
+                input_bytes[s] = sum(h.nbytes for h in state.input_holds[key])
                 last = computes_loss(s)
                 y = rt.forward(s, x, tgt_mbs[k] if last else None)
                 if last:
