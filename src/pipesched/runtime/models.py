@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checkpoint import same_name
 from .datasets import random_regression_batch, text_batch, text_vocabulary
 
 
@@ -92,6 +93,9 @@ class ModelDef:
     batch: Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, batch_size, seed)
     block_costs: tuple[float, ...]  # estimated compute of each block (relative), to balance stages
     tied: tuple[tuple[str, ...], ...] = ()  # parameters that are one weight (RuntimeOptions.tied)
+    # a checkpoint's name of each unpipelined name ("0.model.embed_tokens.weight"): hf: models drop
+    # the block index, so the CLI's checkpoints are keyed as the model names its weights
+    checkpoint_name: Callable[[str], str] = same_name
 
     def sequential(self, seed: int) -> nn.Sequential:
         """The whole model in one process (the reference), block i seeded as a stage builds it,
