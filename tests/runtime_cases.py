@@ -9,6 +9,7 @@ import time
 import torch
 from torch import nn
 
+from pipesched.runtime import checkpoint
 from pipesched.runtime.copies import input_ranks, loss_ranks
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
 from pipesched.runtime.models import get_model
@@ -449,13 +450,26 @@ def tied_run(rank: int, world: int, job: tuple) -> dict:
 
     from pipesched.runtime.mesh import init_pipeline_mesh
 
-    schedules, dp, batch = job
+    schedules, dp, batch, *resumes = job
     out = {}
+
+    def runtime(schedule):
+        return PipelineRuntime(tied_block, TIED_BLOCKS, schedule, tied_loss, lambda ps: torch.optim.SGD(ps, lr=0.05),
+                               tied_batch(0, batch)[0][: batch // (dp * schedule.microbatches)],
+                               options=RuntimeOptions(seed=3, timeout_s=60, tied=TIED),
+                               mesh=init_pipeline_mesh(schedule.ranks, dp))
+
+    for (saved, resumed), folder in resumes[0] if resumes else ():
+        # one step under ``saved``, checkpointed; the remaining steps resumed under ``resumed``
+        rt = runtime(dict(schedules)[saved])
+        rt.step(*tied_batch(0, batch))
+        path = checkpoint.save_runtime(rt, folder)
+        rt = runtime(dict(schedules)[resumed])
+        for step in range(checkpoint.load_runtime(rt, path), STEPS):
+            rt.step(*tied_batch(step, batch))
+        out[f"{saved} resumed under {resumed}"] = {"params": rt.gather_state_dict()}
     for label, schedule in schedules:
-        mesh = init_pipeline_mesh(schedule.ranks, dp)
-        rt = PipelineRuntime(tied_block, TIED_BLOCKS, schedule, tied_loss, lambda ps: torch.optim.SGD(ps, lr=0.05),
-                             tied_batch(0, batch)[0][: batch // (dp * schedule.microbatches)],
-                             options=RuntimeOptions(seed=3, timeout_s=60, tied=TIED), mesh=mesh)
+        rt = runtime(schedule)
         out[label] = _losses_grads_params(rt, lambda step: tied_batch(step, batch))
         copies = [p.detach().clone() for n, p in rt.named_parameters() if n in TIED[0]]
         everyone = [None] * world

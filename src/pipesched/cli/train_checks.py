@@ -98,7 +98,8 @@ def check_checkpointing(directory: Optional[Path], resume: bool, steps: int, mod
         import torch
 
         probe = make_optimizer(optimizer, lr)([torch.nn.Parameter(torch.zeros(1))])
-        checkpoint.check_matches(found, checkpoint.model_shapes(model_def.build_block, model_def.num_blocks),
+        checkpoint.check_matches(found, checkpoint.model_shapes(model_def.build_block, model_def.num_blocks, model_def.tied,
+                                                         model_def.checkpoint_name),
                                  checkpoint.optimizer_settings(probe))
 
     owner = not under_torchrun() or os.environ["RANK"] == "0"  # torchrun: rank 0 locks and tidies, once per run

@@ -21,7 +21,7 @@ import torch
 from ..errors import ConfigError
 from ..runtime.model_def import ModelDef
 from .build import BlockSource, read_config
-from .pipeline import tied_groups
+from .pipeline import model_name, tied_groups
 from .split import block_costs
 
 PREFIX = "hf:"
@@ -81,4 +81,5 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
 
     blocks = [source.meta_block(i) for i in range(source.num_blocks)]
     costs = tuple(block_costs(blocks, config, context))
-    return ModelDef(f"{PREFIX}{config_path}", source.num_blocks, source, loss, batch, costs, tied_groups(source))
+    return ModelDef(f"{PREFIX}{config_path}", source.num_blocks, source, loss, batch, costs, tied_groups(source),
+                    checkpoint_name=model_name)

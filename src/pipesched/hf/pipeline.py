@@ -19,7 +19,6 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..schedule import Schedule
-from .blocks import graft
 from .build import BlockSource
 from .loss import StepNormalisedLoss
 from .split import block_costs, deferred_weight_grad_share, stage_block_counts
@@ -87,56 +86,20 @@ class HFPipeline:
         """The last step's gradients of the whole model on rank ``dst``, under the model's names."""
         return _renamed(self.runtime.gather_gradients(dst))
 
-    def model_module(self, loading: bool = False) -> nn.Module:
-        """This rank's part of the model as one module under the model's names (what a
-        checkpoint saves: ``checkpoint.save(dir, step, rt.model_module(), rt.runtime.optimizer)``).
+    def model_module(self) -> nn.Module:
+        """What a checkpoint holds of this rank: its parameters and buffers under the model's
+        names, a tied weight once, under its group's first name (``transformer.wte.weight``) on
+        every rank that holds a copy, so a checkpoint of any placement loads into any other
+        (:func:`pipesched.runtime.checkpoint.tied_view`)."""
+        from ..runtime import checkpoint
 
-        With ``loading``, a tied weight appears once, under its group's first name
-        (``transformer.wte.weight``), on every rank that holds a copy: a checkpoint written where
-        one rank held the whole group as one ``Parameter`` has its optimizer state under that
-        name only."""
-        if not loading:
-            part = nn.Module()
-            seen = set()
-            for stage in self.runtime.stages.values():
-                for block in stage.blocks.values():
-                    for name, module in block.named_modules():
-                        if name and not list(module.children()) and name not in seen:
-                            seen.add(name)
-                            graft(part, name, module)
-            return part
-        first = {model_name(n): model_name(group[0]) for group in self.runtime.options.tied for n in group}
-        view = nn.Module()
-        for stage in self.runtime.stages.values():
-            for block in stage.blocks.values():
-                for name, param in block.named_parameters():
-                    _hold(view, first.get(name, name), param)
-                for name, buffer in block.named_buffers():
-                    if name in block.state_dict():  # persistent only, as the checkpoint holds them
-                        _hold(view, name, buffer)
-        return view
+        return checkpoint.runtime_module(self.runtime, model_name)
 
     def deferred_weight_grad_share(self) -> float:
         """What share of this rank's weight-gradient work the split backward defers (0 without it)."""
         if not self.runtime.schedule.split_backward:
             return 0.0
         return deferred_weight_grad_share(self.runtime.stages.values(), self.config)
-
-
-def _hold(view: nn.Module, name: str, tensor: torch.Tensor) -> None:
-    """Register ``tensor`` (a parameter or buffer) under the dotted ``name`` of ``view`` (once)."""
-    path, _, attr = name.rpartition(".")
-    holder = view
-    for part in path.split(".") if path else []:
-        if not hasattr(holder, part):
-            holder.add_module(part, nn.Module())
-        holder = getattr(holder, part)
-    if attr in holder._parameters or attr in holder._buffers:
-        return
-    if isinstance(tensor, nn.Parameter):
-        holder.register_parameter(attr, tensor)
-    else:
-        holder.register_buffer(attr, tensor)
 
 
 def _renamed(state: Optional[dict]) -> Optional[dict]:

@@ -53,7 +53,7 @@ def load_checkpoint(runtime, path: PathLike) -> int:
     """Load a checkpoint saved under any schedule or rank count; returns the step it was saved after."""
     from ..runtime import checkpoint
 
-    runtime.runtime.steps_done = checkpoint.load(path, runtime.model_module(loading=True), runtime.runtime.optimizer)
+    runtime.runtime.steps_done = checkpoint.load(path, runtime.model_module(), runtime.runtime.optimizer)
     runtime.runtime.broadcast_tied()  # the copies of a tied weight equal again, wherever it was saved
     return runtime.runtime.steps_done
 

@@ -4,7 +4,9 @@ A checkpoint is a folder ``DIR/step-000012`` in DCP's format (one file per rank 
 ``.metadata``). Every rank writes what it owns, keyed by the unpipelined model's names
 (``"3.fc1.weight"``):
 
-- ``model.<name>``: the parameters and buffers of its blocks;
+- ``model.<name>``: the parameters and buffers of its blocks, a tied weight (one weight under
+  several names: an embedding and its head) under its group's first name only, on every rank
+  that holds a copy (:func:`tied_view`);
 - ``optim.state.<name>.<key>`` and ``optim.param_groups.<name>.<key>``: its optimizer's state and
   settings per parameter (``torch.distributed.checkpoint.state_dict`` with
   ``flatten_optimizer_state_dict``, made for pipelines: no per-rank parameter indices);
@@ -14,6 +16,10 @@ The step counter is the folder's name; the data position is the step (pipesched'
 function of the seed and the step). Because nothing is keyed by stage or rank, a checkpoint loads
 under another schedule or rank count: each rank asks DCP for the entries of the blocks it owns
 (random generators are restored only on the same rank count, where they mean the same thing).
+A tied weight and its optimizer state are saved and asked for under the group's first name
+whether one rank holds the group as one ``Parameter`` (a V placement) or ranks hold copies (a
+loop placement), so either resumes the other's checkpoint; loading then broadcasts the group's
+value to every copy.
 
 A checkpoint is complete or absent: DCP writes into ``DIR/.step-000012.partial``; once every
 rank's data and the metadata are on disk the coordinator checksums them into the folder's
@@ -111,12 +117,51 @@ def training_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     }
 
 
-def model_shapes(build_block: Callable[[int], nn.Module], num_blocks: int) -> dict[str, torch.Size]:
-    """Every state entry of the unpipelined model and its shape, without allocating it."""
+def same_name(name: str) -> str:
+    """The unpipelined model's name as the checkpoint's (no renaming)."""
+    return name
+
+
+def tied_view(module: nn.Module, tied: Sequence[Sequence[str]] = (),
+              rename: Callable[[str], str] = same_name) -> nn.Module:
+    """``module``'s parameters and persistent buffers (the live tensors, its names the unpipelined
+    model's) as what a checkpoint holds: each under ``rename(name)``, a tied one once, under its
+    group's first name. Saving and loading through it keys a tied weight and its optimizer state
+    alike on every placement: one rank holding the group as one ``Parameter`` and ranks holding
+    one copy each."""
+    first = {name: group[0] for group in tied for name in group}
+    view = nn.Module()
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        _hold(view, rename(first.get(name, name)), tensor)
+    return view
+
+
+def _hold(view: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """Register ``tensor`` (a parameter or buffer) under the dotted ``name`` of ``view`` (once)."""
+    path, _, attr = name.rpartition(".")
+    holder = view
+    for part in path.split(".") if path else []:
+        if not hasattr(holder, part):
+            holder.add_module(part, nn.Module())
+        holder = getattr(holder, part)
+    if attr in holder._parameters or attr in holder._buffers:
+        return
+    if isinstance(tensor, nn.Parameter):
+        holder.register_parameter(attr, tensor)
+    else:
+        holder.register_buffer(attr, tensor)
+
+
+def model_shapes(build_block: Callable[[int], nn.Module], num_blocks: int, tied: Sequence[Sequence[str]] = (),
+                 rename: Callable[[str], str] = same_name) -> dict[str, torch.Size]:
+    """Every entry a checkpoint of the unpipelined model holds (:func:`tied_view`'s names) and its
+    shape, without allocating it."""
     from .partition import meta_block
 
+    others = {name for group in tied for name in group[1:]}
     return {
-        f"{i}.{name}": t.shape for i in range(num_blocks) for name, t in meta_block(build_block, i).state_dict().items()
+        rename(f"{i}.{name}"): t.shape for i in range(num_blocks)
+        for name, t in meta_block(build_block, i).state_dict().items() if f"{i}.{name}" not in others
     }
 
 
@@ -259,20 +304,22 @@ def load(path: PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     return checkpoint_step(path)
 
 
-def runtime_module(runtime) -> nn.ModuleDict:
-    """A PipelineRuntime's blocks as one module whose names are the unpipelined model's."""
-    return runtime.module()
+def runtime_module(runtime, rename: Callable[[str], str] = same_name) -> nn.Module:
+    """What a checkpoint holds of a PipelineRuntime's rank: its blocks under the unpipelined
+    model's names (or ``rename``'s of them), a tied weight under its group's first name."""
+    return tied_view(runtime.module(), runtime.options.tied, rename)
 
 
-def save_runtime(runtime, directory: PathLike, keep: int = DEFAULT_KEEP) -> Path:
+def save_runtime(runtime, directory: PathLike, keep: int = DEFAULT_KEEP,
+                 rename: Callable[[str], str] = same_name) -> Path:
     """Checkpoint a PipelineRuntime after its ``steps_done`` steps (collective)."""
-    return save(directory, runtime.steps_done, runtime_module(runtime), runtime.optimizer, keep)
+    return save(directory, runtime.steps_done, runtime_module(runtime, rename), runtime.optimizer, keep)
 
 
-def load_runtime(runtime, path: PathLike) -> int:
+def load_runtime(runtime, path: PathLike, rename: Callable[[str], str] = same_name) -> int:
     """Load a checkpoint into a PipelineRuntime of any schedule or rank count and set its step
     counter (collective); returns the step to continue after."""
-    runtime.steps_done = load(path, runtime_module(runtime), runtime.optimizer)
+    runtime.steps_done = load(path, runtime_module(runtime, rename), runtime.optimizer)
     runtime.broadcast_tied()  # the group's first name's value, wherever the checkpoint came from
     return runtime.steps_done
 

@@ -9,6 +9,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .checkpoint import same_name
+
 
 @dataclass(frozen=True)
 class ModelDef:
@@ -21,6 +23,9 @@ class ModelDef:
     batch: Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, batch_size, seed)
     block_costs: tuple[float, ...]  # estimated compute of each block (relative), to balance stages
     tied: tuple[tuple[str, ...], ...] = ()  # parameters that are one weight (RuntimeOptions.tied)
+    # a checkpoint's name of each unpipelined name ("0.model.embed_tokens.weight"): hf: models drop
+    # the block index, so the CLI's checkpoints are keyed as the model names its weights
+    checkpoint_name: Callable[[str], str] = same_name
 
     def sequential(self, seed: int) -> nn.Sequential:
         """The whole model in one process (the reference), block i seeded as a stage builds it,

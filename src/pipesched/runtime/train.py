@@ -123,7 +123,8 @@ def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, fl
     md = cfg.model_def()
     model = md.sequential(cfg.seed)
     optimizer = make_optimizer(cfg.optimizer, cfg.lr)(list(model.parameters()))
-    first = _resume(cfg, model, optimizer)
+    saved = checkpoint.tied_view(model, md.tied, md.checkpoint_name)  # what its checkpoints hold
+    first = _resume(cfg, saved, optimizer)
     losses, times, grads = [], [], None
     precision = Precision(parse_dtype(cfg.dtype))
     for step in range(first, cfg.steps):
@@ -146,7 +147,7 @@ def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, fl
         if on_step:
             on_step(step, losses[-1], times[-1])
         if cfg.checkpoint_due(step + 1):
-            checkpoint.save(cfg.checkpoint_dir, step + 1, model, optimizer, cfg.checkpoint_keep)
+            checkpoint.save(cfg.checkpoint_dir, step + 1, saved, optimizer, cfg.checkpoint_keep)
     params = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.want_params else None
     return TrainResult(losses, times, [], 0.0, params, grads, dtype=cfg.dtype, first_step=first)
 
@@ -182,7 +183,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
         ),
         mesh=mesh,
     )
-    first = _resume(cfg, runtime.module(), runtime.optimizer)
+    first = _resume(cfg, checkpoint.runtime_module(runtime, md.checkpoint_name), runtime.optimizer)
     if cfg.resume_from is not None:
         runtime.broadcast_tied()
     runtime.steps_done = first
@@ -203,7 +204,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
             if progress:
                 progress.update(step, result.loss, result.step_time, result.skipped)
             if cfg.checkpoint_due(runtime.steps_done):
-                checkpoint.save_runtime(runtime, cfg.checkpoint_dir, cfg.checkpoint_keep)
+                checkpoint.save_runtime(runtime, cfg.checkpoint_dir, cfg.checkpoint_keep, md.checkpoint_name)
             report_progress()
     finally:
         if progress:
