@@ -90,7 +90,7 @@ class HFPipeline:
         """What a checkpoint holds of this rank: its parameters and buffers under the model's
         names, a tied weight once, under its group's first name (``transformer.wte.weight``) on
         every rank that holds a copy, so a checkpoint of any placement loads into any other
-        (:func:`pipesched.runtime.checkpoint.tied_view`)."""
+        (:func:`pipesched.runtime.checkpoint_names.tied_view`)."""
         from ..runtime import checkpoint
 
         return checkpoint.runtime_module(self.runtime, model_name)

@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .checkpoint import same_name
+from .checkpoint_names import same_name
 
 
 @dataclass(frozen=True)
