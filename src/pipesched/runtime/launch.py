@@ -234,9 +234,23 @@ def spawn(worker: Worker, world: int, payload: Any, timeout_s: float = 300.0) ->
     and KeyboardInterrupt on Ctrl-C (every rank stopped first). The calling thread must live
     until this returns (it does: it waits here), since on Linux the ranks die with it.
     """
+    for _ in range(PORT_TRIES - 1):
+        try:
+            return _spawn_on(_free_port(), worker, world, payload, timeout_s)
+        except DistributedRunError as err:
+            # the free port was taken between our look and rank 0's bind (another process on this
+            # host): the group never formed and no worker ran, so another port is tried
+            if "EADDRINUSE" not in str(err):
+                raise
+    return _spawn_on(_free_port(), worker, world, payload, timeout_s)
+
+
+PORT_TRIES = 3  # free ports tried before a taken one is reported
+
+
+def _spawn_on(port: int, worker: Worker, world: int, payload: Any, timeout_s: float) -> dict[int, Any]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
     procs = [
         ctx.Process(target=_child, args=(r, world, port, worker, payload, timeout_s, results, os.getpid()), daemon=True)
         for r in range(world)
