@@ -47,9 +47,12 @@ class Engine:
     def __init__(self, runtime) -> None:
         self.rt = runtime
 
-    def run(self, in_mbs, tgt_mbs, ctx_mbs, clock, observer: Optional[ActionObserver]) -> tuple[list, list]:
+    def run(self, in_mbs, tgt_mbs, ctx_mbs, clock, observer: Optional[ActionObserver],
+            losses_known: Optional[Callable[[list], None]] = None) -> tuple[list, list]:
         """Run this rank's program; returns the microbatches' losses (on a last stage) and, per
-        compute action, (action, start mark, end mark, highest bytes held during it, bytes after)."""
+        compute action, (action, start mark, end mark, highest bytes held during it, bytes after).
+        ``losses_known`` (if given) is called with the losses as soon as this rank's last one is
+        computed (the loss agreement starts then, while the backwards go on)."""
         rt = self.rt
         transport, stash, meter, streams, reductions = rt.transport, rt.stash, rt.meter, rt.streams, rt.reductions
         takes_inputs, computes_loss, to_wire = rt.copies.takes_inputs, rt.copies.computes_loss, rt.precision.to_wire
@@ -58,6 +61,7 @@ class Engine:
         arriving = {s: boundaries[model_stage(s) - 1] for s in rt.stages if not takes_inputs(s)}
         leaving = {s: boundaries[model_stage(s)] for s in rt.stages}
         losses: list[Optional[torch.Tensor]] = [None] * rt.schedule.microbatches
+        losses_due = rt.losses_per_step
         state = StepState()
         marks: list[tuple] = []
         outgoing: dict = {}  # message -> what a compute produced for a SEND after it (a pair's halves: two)
@@ -123,6 +127,9 @@ class Engine:
                 if last:
                     losses[k] = y.detach()
                     state.outputs[key] = [y * inv_m]
+                    losses_due -= 1
+                    if losses_due == 0 and losses_known is not None:
+                        losses_known(losses)
                 else:
                     ys = flat(y)
                     if ins.sends is not None:

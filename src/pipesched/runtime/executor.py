@@ -30,7 +30,7 @@ from ..memory import peak, recompute_stages
 from ..schedule import Schedule
 from ..validate import validate
 from . import batch_context, tied
-from .agree import agree
+from .agree import LossAgreement
 from .agreement import StepChecks, agree_at_construction
 from .boundary import Value
 from .copies import ModelCopies
@@ -108,6 +108,9 @@ class PipelineRuntime:
         self.input_bytes: dict[int, int] = {}  # per own stage: one microbatch's stage input
         self.optimizer = optimizer(self.parameters)
         self.program = lower(schedule, self.rank)
+        self.losses_per_step = sum(1 for ins in self.program.instructions
+                                   if ins.op == "F" and self.copies.computes_loss(ins.action[0]))
+        self.agreement = LossAgreement(schedule.microbatches, options.clip_grad_norm is not None, self.mesh, self.device)
         groups = make_link_groups(links(schedule), options.timeout_s, self.mesh)
         self.transport = Transport(self.program, groups, self.shapes.wire, self.device, options.timeout_s,
                                    host_staging=options.host_staging, global_rank=self.mesh.global_rank)
@@ -138,15 +141,21 @@ class PipelineRuntime:
         dist.barrier(group=self.mesh.world_group)  # every rank of every replica: the step's times start together
         t0 = perf_counter()
         clock.start()
-        # run the program
+        # run the program (the loss agreement starts as soon as this rank's losses are known)
+        agreement = self.agreement
+        if agreement.early and not self.losses_per_step:
+            agreement.issue([None] * self.schedule.microbatches)
         observer = self.sizes.observe if not self.sizes.done else None
-        losses, marks = self.engine.run(in_mbs, tgt_mbs, ctx_mbs, clock, observer)
+        losses, marks = self.engine.run(in_mbs, tgt_mbs, ctx_mbs, clock, observer,
+                                        agreement.issue if agreement.early else None)
         self.sizes.done = True
         # finish reductions
         self.reductions.finish()
         # agree on the loss
-        clipping = self.options.clip_grad_norm is not None
-        loss, bad_mb, bad_value, grad_norm = agree(losses, self.reductions.counted, clipping, self.mesh, self.device)
+        if not agreement.early:
+            agreement.issue(losses, self.reductions.counted)
+        loss, bad_mb, bad_value, grad_norm = agreement.finish()
+        clipping = agreement.clipping
         skipped = bad_mb >= 0
         if skipped:
             if not self.options.skip_nonfinite:

@@ -2,8 +2,8 @@
 
 A finite loss does not make a finite update (a NaN learning rate, an overflowing Adam moment):
 without this check a run could end "successfully" and save weights that are all NaN. The check
-reads every parameter once per step (one min-max reduction each, a single host sync; about 1 ms
-per 4M parameters on one CPU thread), so the weights that checkpoints and ``--save-params``
+reads every parameter once per step (one sum each, a single host sync; about 0.3 ms per 2M
+parameters on one CPU thread), so the weights that checkpoints and ``--save-params``
 write are always finite.
 """
 
@@ -29,11 +29,14 @@ class NonFiniteWeights(RuntimeError):
 
 def first_nonfinite(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Optional[str]:
     """The name of the first tensor holding a NaN or an infinity, in the order given; None if all
-    are finite. A tensor's minimum and maximum are NaN if it holds a NaN and infinite if it holds
-    an infinity: one fused reduction, no temporary of the tensor's size (``isfinite(t).all()``
-    makes one, and ``vector_norm(t, inf)`` is 15x slower on CPU)."""
+    are finite. The sum of finite numbers is finite (unless it overflows), so one fused sum per
+    tensor and a single host sync clear the usual step; only a non-finite sum looks closer: a
+    tensor's minimum and maximum are NaN if it holds a NaN and infinite if it holds an infinity
+    (no temporary of the tensor's size, as ``isfinite(t).all()`` would make)."""
     named = [(name, t.detach()) for name, t in named_tensors if t.numel()]
     if not named:
+        return None
+    if bool(torch.stack([t.sum(dtype=torch.float32) for _, t in named]).isfinite().all()):
         return None
     extremes = torch.stack([torch.stack(torch.aminmax(t)).float() for _, t in named]).cpu()
     bad = (~torch.isfinite(extremes).all(dim=1)).nonzero()

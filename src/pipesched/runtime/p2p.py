@@ -3,8 +3,10 @@
 Each directed link (src -> dst) gets its own two-rank process group, so on NCCL a pending receive
 on one link never blocks a send on another (one stream per link), and on gloo every link has its
 own connection. A receive is posted at its program's RECV (:mod:`.program` places them in each
-link's order, ahead of the action that needs them, and says why a run cannot hang), with the
-link's next few in that order (posting early never blocks), into buffers allocated then, which become the consuming stage's input as they are (no copy). A
+link's order, ahead of the action that needs them, and says why a run cannot hang), and while
+the rank waits for a message it posts every link's next few (posting early never blocks; done
+in a wait, it costs no time), into buffers allocated then, which become the consuming stage's
+input as they are (no copy). Sends and receives call each link's group directly. A
 message is what crosses a stage edge for one microbatch, a :class:`~.boundary.Boundary`: one
 receive and one send per entry (tag ``message tag x widest boundary + entry``; one tensor keeps
 the message's own tag), none for a boundary of no entries (the gradients of an edge carrying no
@@ -31,6 +33,11 @@ from .program import ACT, Message, RankProgram
 
 if TYPE_CHECKING:
     from .mesh import PipelineMesh
+
+
+def _real_view(tensor: torch.Tensor) -> torch.Tensor:
+    """A complex tensor travels as its real view (as dist.isend and dist.irecv send it)."""
+    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
 
 
 class PeerFailure(RuntimeError):
@@ -78,6 +85,10 @@ class Transport:
         self.posted: dict[int, int] = {}
         self.global_rank = global_rank
         self.groups = groups
+        # each link's peer as its two-rank group numbers it: sends and receives call the group
+        # directly, what dist.isend/irecv do after checks that hold for every message of a link
+        self.peer = {link: dist.get_group_rank(group, global_rank(link[0] if link[1] == self.rank else link[1]))
+                     for link, group in groups.items() if self.rank in link}
         self.device = device
         if host_staging is None:  # gloo cannot read or write device memory (link groups share its backend)
             host_staging = device.type != "cpu" and dist.get_backend() == "gloo"
@@ -116,28 +127,38 @@ class Transport:
                 raise PeerFailure(f"rank {self.rank} could not open its link with rank {peer}: {err}") from None
 
     def start_step(self) -> None:
-        """Post the first receives of every incoming link (up to ``lookahead`` each)."""
+        """A new step: nothing posted yet (each receive is posted at its RECV, or earlier, while
+        this rank waits for another)."""
         self.posted = {src: 0 for src in self.incoming}
-        for src, link in self.incoming.items():
-            if link:
-                self._post_through(src, min(self.lookahead, len(link)) - 1)
+        self.reached = {src: 0 for src in self.incoming}
 
     def post(self, msg: Message) -> None:
-        """The program's RECV of ``msg``: post it, and the link's next ``lookahead`` receives in
-        the program's order (posting a receive early never blocks anything; a receive posted only
-        at its RECV would leave gloo's sender waiting for it), into fresh buffers that become the
-        consuming stage's input as they are."""
-        self._post_through(msg.src, min(self.position[msg] + self.lookahead, len(self.incoming[msg.src]) - 1))
+        """The program's RECV of ``msg``: post it (and the link's receives before it, in the
+        program's order) into fresh buffers that become the consuming stage's input as they
+        are. The link's next ``lookahead`` receives are posted later, while this rank waits
+        (:meth:`receive`): posting costs the host tens of microseconds a message on gloo, which
+        a wait hides and a busy rank would pay between its actions."""
+        position = self.position[msg]
+        self.reached[msg.src] = max(self.reached[msg.src], position + 1)
+        self._post_through(msg.src, position)
+
+    def _post_ahead(self) -> None:
+        """While waiting: post every link's receives up to ``lookahead`` past its latest RECV
+        (a sender whose receive is posted early can hand over its message before it is needed)."""
+        for src, link in self.incoming.items():
+            last = min(self.reached[src] + self.lookahead, len(link)) - 1
+            if last >= self.posted[src]:
+                self._post_through(src, last)
 
     def _post_through(self, src: int, last: int) -> None:
-        link, group, peer, width, device = (self.incoming[src], self.groups[(src, self.rank)], self.global_rank(src),
+        link, group, peer, width, device = (self.incoming[src], self.groups[(src, self.rank)], self.peer[(src, self.rank)],
                                             self.width, self.buffer_device)
         for i in range(self.posted[src], last + 1):
             msg = link[i]
             posted = []
             for j, entry in enumerate(self.shapes[(msg.kind, msg.stage)].entries):
                 buf = torch.empty(entry.shape, dtype=entry.dtype, device=device)
-                posted.append((dist.irecv(buf, src=peer, group=group, tag=msg.tag * width + j), buf))
+                posted.append((group.recv([_real_view(buf)], peer, msg.tag * width + j), buf))
             self.works[msg] = posted
         self.posted[src] = max(self.posted[src], last + 1)
 
@@ -145,17 +166,20 @@ class Transport:
         """The entries ``action`` needs (posted earlier), once they have arrived."""
         bufs = []
         for work, buf in self.works.pop(msg):
+            if not work.is_completed():
+                self._post_ahead()
             self._wait(work, f"at {action} for {describe(msg)}")
             bufs.append(buf.to(self.device) if self.host_staging else buf)
         return bufs
 
     def send(self, msg: Message, tensors: list[torch.Tensor]) -> None:
-        dst, group, width = self.global_rank(msg.dst), self.groups[(self.rank, msg.dst)], self.width
+        link = (self.rank, msg.dst)
+        dst, group, width = self.peer[link], self.groups[link], self.width
         for j, tensor in enumerate(tensors):
             if self.host_staging:
                 tensor = tensor.to("cpu", copy=True)  # waits for the tensor's kernels; gloo reads it later
             tensor = tensor.contiguous()  # a block may end in a view (a transpose); the receiver's buffer is dense
-            work = dist.isend(tensor, dst=dst, group=group, tag=msg.tag * width + j)
+            work = group.send([_real_view(tensor)], dst, msg.tag * width + j)
             self.pending_sends.append((work, tensor))
 
     def release_sent(self) -> None:
