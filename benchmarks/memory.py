@@ -61,7 +61,8 @@ def _runtime(md, schedule, recompute=None, microbatch=MICROBATCH) -> PipelineRun
     return PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05), x0[:microbatch],
         options=RuntimeOptions(block_counts=balanced_block_counts(md.block_costs, schedule),
-                               recompute=recompute, timeout_s=600, device=rank_device()),
+                               recompute=recompute, timeout_s=600, device=rank_device(),
+                               meter_every_step=True),  # the meter counts every step measured here
     )
 
 

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 import pipesched  # noqa: E402
 from conftest import run_cli  # noqa: E402
 from pipesched.runtime.launch import spawn  # noqa: E402
-from runtime_cases import measure_memory, reference, relative_error, run_schedules  # noqa: E402
+from runtime_cases import measure_memory, metered_steps, reference, relative_error, run_schedules  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 SIZE = dict(blocks=7, dim=16, hidden=64)
@@ -49,6 +49,13 @@ def test_measured_activation_bytes_match_the_prediction_and_recompute_holds_less
     assert all(one[0] < plain[0] for one, plain in zip(results["dualpipe recompute 0"], results["dualpipe"]))
     # the W stash is not recomputed: zb-h1's last rank, which holds stashes for long, keeps them
     assert results["zb-h1 recompute"][1][0] > 0.9 * results["zb-h1"][1][0]
+
+
+def test_by_default_the_meter_counts_the_first_step_and_each_step_whose_shapes_change():
+    # its saved-tensor hooks cost a few percent of a step: the steps in between are not counted
+    for peaks in spawn(metered_steps, 2, (pipesched.build_schedule("zb-v", 2, 4), SIZE), timeout_s=90).values():
+        assert [p is not None for p in peaks] == [True, False, True, False]
+        assert peaks[2] > peaks[0] > 0  # twice the microbatch, more bytes
 
 
 @pytest.mark.timeout(150)

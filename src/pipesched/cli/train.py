@@ -157,6 +157,7 @@ def train(
         checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
         checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep,
         resume_from=None if resume_from is None else str(resume_from),
+        meter_every_step=trace is not None,  # the trace draws the median step's activation bytes
     )
     result = _run_to_the_end(run, cfg)
     if result is None:  # a torchrun rank other than 0

@@ -18,6 +18,7 @@ sizes and time the actions without living in the loop.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from time import perf_counter
 from typing import Callable, Iterable, Optional
 
@@ -121,6 +122,7 @@ class PipelineRuntime:
         self.engine = Engine(self)
         self.transport.connect()
         self.steps_done = 0
+        self.metering = True  # whether this step's saved tensors are counted (see step)
 
     # -- one step --------------------------------------------------------------------------
 
@@ -133,7 +135,10 @@ class PipelineRuntime:
         replica takes its own shard of them."""
         # prepare: every rank's batch usable and alike in shape, or every rank raises (agreement.py)
         self.checks.before_step(inputs, targets, context, self.steps_done + 1)
-        in_mbs, tgt_mbs, ctx_mbs = self._split_batch(inputs, targets, context)
+        in_mbs, tgt_mbs, ctx_mbs, reshaped = self._split_batch(inputs, targets, context)
+        # the meter's hooks cost a few percent of a step: it counts the first step and each step
+        # whose shapes changed (what the memory model's promise is checked on), or every step
+        self.metering = self.options.meter_every_step or not self.sizes.done or reshaped
         self.optimizer.zero_grad(set_to_none=True)
         clock = make_clock(self.device, self.options.sync_actions)
         device_baseline = self._start_device_memory()
@@ -176,13 +181,13 @@ class PipelineRuntime:
             torch.cuda.synchronize(self.device)
         step_time = perf_counter() - t0
         self.steps_done += 1
-        return step_result(loss, step_time, marks, clock, skipped, t0, grad_norm, self.meter.peak,
-                           self.device, device_baseline)
+        return step_result(loss, step_time, marks, clock, skipped, t0, grad_norm,
+                           self.meter.peak if self.metering else None, self.device, device_baseline)
 
     def _split_batch(self, inputs, targets, context) -> tuple:
         """This replica's microbatches of the inputs (where a first stage is), the targets (where
-        a last stage is) and the context (everywhere); the boundaries re-inferred if the
-        microbatches' shapes changed."""
+        a last stage is) and the context (everywhere), and whether the microbatches' shapes
+        changed (the boundaries are re-inferred then)."""
         m = self.schedule.microbatches
         inputs, targets = self.mesh.shard(inputs), self.mesh.shard(targets)
         if context is not None:
@@ -191,9 +196,10 @@ class PipelineRuntime:
         in_mbs = self._split(inputs, "inputs") if inputs is not None or any(map(self.copies.takes_inputs, self.stages)) else None
         tgt_mbs = self._split(targets, "targets") if any(map(self.copies.computes_loss, self.stages)) else None
         # shapes differ from the last step's: every rank re-infers, each from what it was given
-        if self.shapes.update(in_mbs[0] if in_mbs is not None else None, ctx_mbs[0] if ctx_mbs else None):
+        reshaped = self.shapes.update(in_mbs[0] if in_mbs is not None else None, ctx_mbs[0] if ctx_mbs else None)
+        if reshaped:
             self.transport.set_shapes(self.shapes.wire)
-        return in_mbs, tgt_mbs, ctx_mbs
+        return in_mbs, tgt_mbs, ctx_mbs, reshaped
 
     def _split(self, batch: Optional[torch.Tensor], what: str) -> tuple[torch.Tensor, ...]:
         m = self.schedule.microbatches
@@ -212,11 +218,12 @@ class PipelineRuntime:
 
     def forward(self, s: int, x: Value, target: Optional[torch.Tensor]) -> Value:
         """Stage ``s`` on ``x`` (and the loss against ``target`` on the last stage), its saved
-        tensors counted; a recomputed stage keeps only its blocks' inputs and is rebuilt one
-        block at a time, counted, when its backward needs it."""
-        with self.meter.saved_tensors(), self.precision.autocast():
+        tensors counted on a metered step; a recomputed stage keeps only its blocks' inputs and is
+        rebuilt one block at a time (counted) when its backward needs it."""
+        meter = self.meter if self.metering else None
+        with meter.saved_tensors() if meter is not None else nullcontext(), self.precision.autocast():
             if s in self.recompute:
-                y = recomputed_forward(self.stages[s], x, self.meter)
+                y = recomputed_forward(self.stages[s], x, meter)
             else:
                 y = self.stages[s](x)
             return self.loss_fn(y, target) if target is not None else y

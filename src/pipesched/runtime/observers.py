@@ -28,8 +28,11 @@ class StepResult:
     skipped: bool = False
     origin: float = 0.0  # this rank's perf_counter() at the step's start (same clock on one host)
     grad_norm: float = float("nan")  # the whole model's gradient norm before clipping (with clipping)
-    peak_activation_bytes: int = 0  # measured: saved tensors, W stashes and stage inputs held at once
-    activation_curve: list = field(default_factory=list)  # (seconds from the start, bytes held) per action edge
+    # measured on a metered step (RuntimeOptions.meter_every_step; None on the others): saved
+    # tensors, W stashes and stage inputs held at once, and (seconds from the start, bytes held)
+    # per action edge
+    peak_activation_bytes: Optional[int] = None
+    activation_curve: list = field(default_factory=list)
     device_peak_bytes: Optional[int] = None  # CUDA: max_memory_allocated during the step
     device_baseline_bytes: Optional[int] = None  # CUDA: allocated at the step's start (weights, grads, optimizer)
 
@@ -44,12 +47,15 @@ def make_clock(device: torch.device, sync_actions: Optional[bool]):
 
 
 def step_result(loss: float, step_time: float, marks: list, clock, skipped: bool, origin: float,
-                grad_norm: float, peak_bytes: int, device: torch.device, device_baseline: Optional[int]) -> StepResult:
-    """The step's result from the engine's marks: (action, start, end, highest bytes, bytes after)."""
+                grad_norm: float, peak_bytes: Optional[int], device: torch.device,
+                device_baseline: Optional[int]) -> StepResult:
+    """The step's result from the engine's marks: (action, start, end, highest bytes, bytes after);
+    ``peak_bytes`` None on a step the meter did not count (no activation curve then)."""
     times = clock.seconds([t for mark in marks for t in mark[1:3]])
     spans = [Span(mark[0], times[2 * i], times[2 * i + 1]) for i, mark in enumerate(marks)]
     # a forward's bytes show from its start, a backward's highest (a recomputation) too
-    curve = [point for i, mark in enumerate(marks) for point in ((times[2 * i], mark[3]), (times[2 * i + 1], mark[4]))]
+    curve = [point for i, mark in enumerate(marks) for point in ((times[2 * i], mark[3]), (times[2 * i + 1], mark[4]))
+             ] if peak_bytes is not None else []
     on_cuda = device.type == "cuda"
     return StepResult(loss, step_time, spans, skipped, origin, grad_norm, peak_bytes, curve,
                       torch.cuda.max_memory_allocated(device) if on_cuda else None, device_baseline)

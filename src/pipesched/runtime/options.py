@@ -34,6 +34,9 @@ class RuntimeOptions:
       name's initial value is the group's.
     - ``sample_context``: one microbatch's batch context (:mod:`~pipesched.runtime.batch_context`)
       for shape inference, when the blocks read one.
+    - ``meter_every_step``: count activation bytes on every step. By default the meter counts the
+      first step and each step whose batch shapes change (what the memory model's prediction is
+      checked against); its saved-tensor hooks cost a few percent of a small model's step.
     """
 
     seed: int = 0
@@ -50,6 +53,7 @@ class RuntimeOptions:
     overlap_streams: bool = False
     tied: Sequence[Sequence[str]] = field(default_factory=tuple)
     sample_context: Optional[dict] = None
+    meter_every_step: bool = False
 
     def __post_init__(self) -> None:
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:

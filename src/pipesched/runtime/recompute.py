@@ -14,6 +14,7 @@ stash is the same with or without recomputation (see :mod:`.split_backward`).
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Optional
 
 from torch.utils.checkpoint import checkpoint
 
@@ -22,15 +23,16 @@ from .memory_meter import ActivationMeter
 from .partition import Stage
 
 
-def recomputed_forward(stage: Stage, x: Value, meter: ActivationMeter) -> Value:
-    """``stage(x)`` with each block checkpointed on its own; the meter counts every block input
-    past the first (the stage input its caller counts) for as long as checkpoint keeps it, and
-    the tensors a rebuild creates until they are freed. ``x`` and the blocks' values may be
+def recomputed_forward(stage: Stage, x: Value, meter: Optional[ActivationMeter]) -> Value:
+    """``stage(x)`` with each block checkpointed on its own; the meter (on a metered step) counts
+    every block input past the first (the stage input its caller counts) for as long as
+    checkpoint keeps it, and the tensors a rebuild creates until they are freed. ``x`` and the blocks' values may be
     tuples or dicts of tensors (a :class:`~.boundary.Boundary`'s), each entry counted."""
     blocks = list(stage.blocks.values())
+    counted = {} if meter is None else {"context_fn": lambda: (nullcontext(), meter.recomputation())}
     for i, block in enumerate(blocks):
-        x = checkpoint(block, x, use_reentrant=False, context_fn=lambda: (nullcontext(), meter.recomputation()))
-        if i < len(blocks) - 1:
+        x = checkpoint(block, x, use_reentrant=False, **counted)
+        if meter is not None and i < len(blocks) - 1:
             for t in flat(x):
                 meter.count_until_freed(t)
     return x

@@ -59,6 +59,7 @@ class TrainConfig:
     dp: int = 1  # data-parallel replicas of the pipeline (world = ranks x dp)
     dtype: str = "fp32"  # one of precision.DTYPES
     overlap_grad_sync: bool = True
+    meter_every_step: bool = False  # count activation bytes on every step (a trace draws them)
 
     @property
     def world(self) -> int:
@@ -77,7 +78,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class RankMemory:
-    """One rank's activation bytes: the most measured in any step against the prediction from
+    """One rank's activation bytes: the most measured in any metered step against the prediction from
     the sizes measured on the first step; on CUDA the device's peak and the step-start baseline."""
 
     rank: int
@@ -179,7 +180,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
             seed=cfg.seed, block_counts=counts, device=device,
             timeout_s=cfg.timeout_s, skip_nonfinite=cfg.skip_nonfinite, clip_grad_norm=cfg.clip_grad_norm,
             recompute=cfg.recompute, dtype=parse_dtype(cfg.dtype), overlap_grad_sync=cfg.overlap_grad_sync,
-            tied=md.tied,
+            tied=md.tied, meter_every_step=cfg.meter_every_step,
         ),
         mesh=mesh,
     )
@@ -226,7 +227,8 @@ def _gather_memory(runtime: PipelineRuntime, results: list, pipeline: tuple[int,
     device = [r.device_peak_bytes for r in results if r.device_peak_bytes is not None]
     baseline = [r.device_baseline_bytes for r in results if r.device_baseline_bytes is not None]
     mine = RankMemory(
-        runtime.rank, max(r.peak_activation_bytes for r in results), runtime.predicted_peak_activation_bytes(),
+        runtime.rank, max((r.peak_activation_bytes for r in results if r.peak_activation_bytes is not None), default=0),
+        runtime.predicted_peak_activation_bytes(),
         max(device) if device else None, max(baseline) if baseline else None,
     )
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
