@@ -202,8 +202,8 @@ def test_the_docs_example_runs_as_pasted_under_torchrun(tmp_path):
     saved = LlamaForCausalLM.from_pretrained(tmp_path / "trained")
     from runtime_cases import relative_error
 
-    # fp32 AdamW: a weight whose gradient is near zero moves by up to lr whatever its last bits
-    # (docs/huggingface.md, "How it is tested"); measured 1.4e-5 here
+    # fp32 AdamW: an element whose gradient is near its rounding steps by that rounding, not by
+    # the model (docs/huggingface.md, "fp32 and AdamW"); measured 1.4e-5 here
     assert relative_error(saved.state_dict(), model.state_dict()) < 1e-4
 
 
