@@ -1,6 +1,8 @@
 """How good is the advisor's pick on real ranks? Profile, advise, then measure every candidate.
 
-For each model: ``advise --profile`` (the library calls behind it: profile the model with ZB-H1 on
+For each model (train's mlp and gpt; llama: a tiny Hugging Face Llama, width 128 and 4 layers,
+its config written to a temporary folder by this script, trained as ``--model hf:CONFIG.json``):
+``advise --profile`` (the library calls behind it: profile the model with ZB-H1 on
 2 local CPU ranks, then rank every schedule under the measured costs and a memory limit in M_B),
 then run every distinct candidate the advice ranked as fitting, on the same 2 ranks, and take
 its median step. Reports, per model, whether the pick's measured step is within 5% of the fastest
@@ -9,13 +11,15 @@ steps. A shared machine's noise is real here: the candidates are measured in ``-
 each running every candidate once (so drift hits them alike), and each candidate's figure is its
 median over the rounds; the spread (largest over smallest round) is printed with it.
 
-    PYTHONPATH=src python benchmarks/advise_accuracy.py [--models mlp,gpt] [--steps 6] [--rounds 3]
+    PYTHONPATH=src python benchmarks/advise_accuracy.py [--models mlp,gpt,llama] [--steps 6] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
+from pathlib import Path
 
 from pipesched.advise.search import objective_option
 from pipesched.registry import build_schedule, get_family
@@ -42,6 +46,18 @@ def measured_step(model: str, c, steps: int) -> float:
         return run(config).median_step_time()
 
 
+def llama_config(folder: Path) -> str:
+    """A tiny random-init Llama's config, written to ``folder`` (nothing is downloaded): the model
+    name ``hf:CONFIG.json`` that train, profile and advise take."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, use_cache=False)
+    path = folder / "llama.json"
+    config.to_json_file(str(path))
+    return f"hf:{path}"
+
+
 def spearman(xs: list[float], ys: list[float]) -> float:
     def ranks(v: list[float]) -> list[float]:
         order = sorted(range(len(v)), key=lambda i: v[i])
@@ -58,34 +74,42 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="mlp,gpt")
+    parser.add_argument("--models", default="mlp,gpt,llama",
+                        help="mlp, gpt (train's models), llama (a tiny Hugging Face Llama)")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    for model in args.models.split(","):
-        prof = profile(model, RANKS, MICROBATCHES, BATCH)
-        advice = advise_from_profile(prof, LIMIT)
-        seen, ranked = set(), []
-        for c in advice.fitting:
-            key = (c.schedule, c.chunks, c.microbatches, c.recompute)
-            if key not in seen:
-                seen.add(key)
-                ranked.append(c)
-        rounds = [[measured_step(model, c, args.steps) for c in ranked] for _ in range(args.rounds)]
-        per = list(zip(*rounds))
-        steps = [statistics.median(times) for times in per]
-        print(f"\n{model}: {len(ranked)} candidates that fit (p={RANKS}, m={MICROBATCHES}, limit {LIMIT:g} M_B), "
-              f"{args.rounds} rounds of {args.steps} steps")
-        print("| # | candidate | predicted ms | measured ms (median) | spread |")
-        print("|---|---|---|---|---|")
-        for i, (c, t, times) in enumerate(zip(ranked, steps, per)):
-            print(f"| {i + 1} | {c.label()} | {c.makespan:.2f} | {1e3 * t:.2f} | {max(times) / min(times):.2f}x |")
-        fastest = min(steps)
-        pick = steps[0]
-        print(f"pick {ranked[0].label()}: {1e3 * pick:.2f} ms; fastest measured "
-              f"{ranked[steps.index(fastest)].label()}: {1e3 * fastest:.2f} ms; pick / fastest = {pick / fastest:.3f} "
-              f"({'within' if pick <= (1 + NEAR) * fastest else 'NOT within'} 5%); "
-              f"Spearman(predicted, measured) = {spearman([c.makespan for c in ranked], steps):.2f}")
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.models.split(","):
+            model = llama_config(Path(folder)) if name == "llama" else name
+            measure(model, name, args.steps, args.rounds)
+
+
+def measure(model: str, name: str, steps: int, rounds: int) -> None:
+    """Profile and advise ``model``, measure every distinct candidate that fits in ``rounds``
+    rounds of ``steps`` steps, and print its table under ``name``."""
+    prof = profile(model, RANKS, MICROBATCHES, BATCH)
+    advice = advise_from_profile(prof, LIMIT)
+    seen, ranked = set(), []
+    for c in advice.fitting:
+        key = (c.schedule, c.chunks, c.microbatches, c.recompute)
+        if key not in seen:
+            seen.add(key)
+            ranked.append(c)
+    per = list(zip(*[[measured_step(model, c, steps) for c in ranked] for _ in range(rounds)]))
+    medians = [statistics.median(times) for times in per]
+    print(f"\n{name}: {len(ranked)} candidates that fit (p={RANKS}, m={MICROBATCHES}, limit {LIMIT:g} M_B), "
+          f"{rounds} rounds of {steps} steps")
+    print("| # | candidate | predicted ms | measured ms (median) | spread |")
+    print("|---|---|---|---|---|")
+    for i, (c, t, times) in enumerate(zip(ranked, medians, per)):
+        print(f"| {i + 1} | {c.label()} | {c.makespan:.2f} | {1e3 * t:.2f} | {max(times) / min(times):.2f}x |")
+    fastest = min(medians)
+    pick = medians[0]
+    print(f"pick {ranked[0].label()}: {1e3 * pick:.2f} ms; fastest measured "
+          f"{ranked[medians.index(fastest)].label()}: {1e3 * fastest:.2f} ms; pick / fastest = {pick / fastest:.3f} "
+          f"({'within' if pick <= (1 + NEAR) * fastest else 'NOT within'} 5%); "
+          f"Spearman(predicted, measured) = {spearman([c.makespan for c in ranked], medians):.2f}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import torch
 
 STEPS = 3
 VOCAB = 64
+LR = 1e-3  # AdamW's, in every test
 
 
 def make_config(kind: str, **extra):
@@ -68,25 +69,25 @@ def make_batch(step: int, batch: int, seq: int, padded: bool = False) -> dict:
 
 
 def adamw(params):
-    return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    return torch.optim.AdamW(params, lr=LR, weight_decay=0.01)
 
 
 def reference(model, batches: list[dict], autocast: Optional[torch.dtype] = None) -> dict:
     """The single-process model on the whole batches (under ``autocast`` if given): every loss,
-    the first gradients, the final weights."""
+    the first gradients, every step's gradients (``step_grads``), the final weights."""
     model = copy.deepcopy(model)
     optimizer = adamw(list(model.parameters()))
-    losses, grads = [], None
+    losses, step_grads = [], []
     for batch in batches:
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
             loss = model(**batch).loss
         loss.backward()
-        if grads is None:
-            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
+        step_grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)})
         optimizer.step()
         losses.append(loss.item())
-    return {"losses": losses, "grads": grads, "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    return {"losses": losses, "grads": step_grads[0], "step_grads": step_grads,
+            "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
 
 def run_pipelines(rank: int, world: int, job: dict) -> dict:

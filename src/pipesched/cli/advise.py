@@ -70,7 +70,7 @@ def advise_cmd(
     bandwidth: Optional[float] = typer.Option(None, "--bandwidth", help="GB/s between neighbouring ranks: sets comm."),
     flops: Optional[float] = typer.Option(None, "--flops", help=f"Effective TFLOP/s per device (default {DEFAULT_TFLOPS:g})."),
     profile: bool = typer.Option(False, "--profile", help="Measure the costs: run a few steps of --model on --ranks local ranks."),
-    model_name: Optional[str] = typer.Option(None, "--model", help="With --profile: mlp (default) or gpt (train's models)."),
+    model_name: Optional[str] = typer.Option(None, "--model", help="With --profile: mlp (default), gpt or hf:CONFIG.json (train's models)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="With --profile: samples per step (default 64)."),
     profile_steps: Optional[int] = typer.Option(None, "--profile-steps", help="With --profile: steps to measure (default 4)."),
     old_dtype: Optional[str] = deprecated_option("--dtype", "--activation-dtype"),
