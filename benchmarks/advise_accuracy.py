@@ -7,11 +7,14 @@ its config written to a temporary folder by this script, trained as ``--model hf
 then run every distinct candidate the advice ranked as fitting, on the same 2 ranks, and take
 its median step. Reports, per model, whether the pick's measured step is within 5% of the fastest
 measured, and the Spearman rank correlation between the predicted makespans and the measured
-steps. A shared machine's noise is real here: the candidates are measured in ``--rounds`` rounds,
-each running every candidate once (so drift hits them alike), and each candidate's figure is its
-median over the rounds; the spread (largest over smallest round) is printed with it.
+steps. The candidates are measured side by side: one pair of ranks builds a runtime for every
+candidate, and the candidates take turns of ``--steps`` steps (after one warm-up step each turn)
+for ``--rounds`` rounds, so that the machine's drift hits them alike; a candidate's figure is the
+median of all its steps (the slowest rank's), and the spread of its per-round medians (largest
+over smallest) is printed with them. Paired by round, the pick against every candidate: the
+median over rounds of the ratio of their round medians (the worst is printed).
 
-    PYTHONPATH=src python benchmarks/advise_accuracy.py [--models mlp,gpt,llama] [--steps 6] [--rounds 3]
+    PYTHONPATH=src python benchmarks/advise_accuracy.py [--models mlp,gpt,llama] [--steps 4] [--rounds 6]
 """
 
 from __future__ import annotations
@@ -24,26 +27,52 @@ from pathlib import Path
 from pipesched.advise.search import objective_option
 from pipesched.registry import build_schedule, get_family
 from pipesched.runtime.copies import balanced_block_counts
-from pipesched.runtime.launch import DistributedRunError
+from pipesched.runtime.launch import spawn
 from pipesched.runtime.models import get_model
 from pipesched.runtime.profile import advise_from_profile, profile
-from pipesched.runtime.train import TrainConfig, run
 
 RANKS, MICROBATCHES, BATCH, LIMIT = 2, 8, 64, 2.0  # the docs' example: advise --profile -p 2 -m 8 --memory-limit 2
 NEAR = 0.05
 
 
-def measured_step(model: str, c, steps: int) -> float:
-    """The candidate's median step (seconds) on RANKS local ranks, the first step left out."""
-    schedule = build_schedule(c.schedule, RANKS, c.microbatches, c.chunks, c.costs, c.memory_limit,
-                              **objective_option(get_family(c.schedule), c.objective or "makespan"))
-    blocks = tuple(balanced_block_counts(get_model(model).block_costs, schedule))
-    config = TrainConfig(model, schedule, steps, BATCH, block_counts=blocks,
-                         recompute="all" if c.recompute != "none" else None)
-    try:
-        return run(config).median_step_time()
-    except DistributedRunError:  # on a shared machine another job may take the rendezvous port: once more
-        return run(config).median_step_time()
+def candidate_schedule(c) -> object:
+    """The schedule a candidate names, built as the advisor built it."""
+    return build_schedule(c.schedule, RANKS, c.microbatches, c.chunks, c.costs, c.memory_limit,
+                          **objective_option(get_family(c.schedule), c.objective or "makespan"))
+
+
+def turns_worker(rank: int, world: int, job: tuple) -> list[list[list[float]]]:
+    """Every candidate's runtime on these ranks, taking turns; per candidate and round, the
+    steps' times (the slowest rank's)."""
+    import torch
+    import torch.distributed as dist
+
+    from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
+    from pipesched.runtime.launch import rank_device
+    from pipesched.runtime.optimizers import make_optimizer
+
+    model, settings, steps, rounds = job
+    md = get_model(model)
+    x0, _ = md.batch(0, BATCH, 0)
+    runtimes = []
+    for schedule, recompute in settings:
+        blocks = tuple(balanced_block_counts(md.block_costs, schedule))
+        runtimes.append(PipelineRuntime(
+            md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05),
+            x0[: BATCH // schedule.microbatches],
+            options=RuntimeOptions(seed=0, block_counts=blocks, device=rank_device(), tied=md.tied,
+                                   recompute="all" if recompute != "none" else None)))
+    batches = [md.batch(i, BATCH, 0) for i in range(4)]
+    times = [[[] for _ in range(rounds)] for _ in runtimes]
+    for turn in range(rounds):
+        for i, rt in enumerate(runtimes):
+            for j in range(steps + 1):  # the first step of a turn warms the caches up (not kept)
+                t = rt.step(*batches[j % len(batches)]).step_time
+                if j:
+                    times[i][turn].append(t)
+    slowest = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.tolist()
 
 
 def llama_config(folder: Path) -> str:
@@ -76,8 +105,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="mlp,gpt,llama",
                         help="mlp, gpt (train's models), llama (a tiny Hugging Face Llama)")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4, help="steps of a candidate per turn (after a warm-up step)")
+    parser.add_argument("--rounds", type=int, default=6, help="turns of every candidate")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         for name in args.models.split(","):
@@ -96,20 +125,28 @@ def measure(model: str, name: str, steps: int, rounds: int) -> None:
         if key not in seen:
             seen.add(key)
             ranked.append(c)
-    per = list(zip(*[[measured_step(model, c, steps) for c in ranked] for _ in range(rounds)]))
-    medians = [statistics.median(times) for times in per]
+    settings = [(candidate_schedule(c), c.recompute) for c in ranked]
+    per_round = spawn(turns_worker, RANKS, (model, settings, steps, rounds), timeout_s=1800)[0]
+    medians = [statistics.median(t for r in rounds_ for t in r) for rounds_ in per_round]
+    per = [[statistics.median(r) for r in rounds_] for rounds_ in per_round]
     print(f"\n{name}: {len(ranked)} candidates that fit (p={RANKS}, m={MICROBATCHES}, limit {LIMIT:g} M_B), "
           f"{rounds} rounds of {steps} steps")
     print("| # | candidate | predicted ms | measured ms (median) | spread |")
     print("|---|---|---|---|---|")
     for i, (c, t, times) in enumerate(zip(ranked, medians, per)):
-        print(f"| {i + 1} | {c.label()} | {c.makespan:.2f} | {1e3 * t:.2f} | {max(times) / min(times):.2f}x |")
+        print(f"| {i + 1} | {c.label()} | {c.makespan:.2f} | {1e3 * t:.2f} | {max(times) / min(times):.2f}x |", [round(1e3 * x, 1) for x in times])
     fastest = min(medians)
     pick = medians[0]
     print(f"pick {ranked[0].label()}: {1e3 * pick:.2f} ms; fastest measured "
           f"{ranked[medians.index(fastest)].label()}: {1e3 * fastest:.2f} ms; pick / fastest = {pick / fastest:.3f} "
           f"({'within' if pick <= (1 + NEAR) * fastest else 'NOT within'} 5%); "
           f"Spearman(predicted, measured) = {spearman([c.makespan for c in ranked], medians):.2f}")
+    # the rounds paired: the pick against each candidate round by round (the drift between rounds
+    # cancels); the worst of these is the pick against the candidate that beats it most often
+    paired = [statistics.median(p / q for p, q in zip(per[0], other)) for other in per]
+    worst = max(range(len(per)), key=lambda i: paired[i])
+    print(f"paired by round: pick / {ranked[worst].label()} = {paired[worst]:.3f} (median over rounds), "
+          f"{'within' if paired[worst] <= 1 + NEAR else 'NOT within'} 5%")
 
 
 if __name__ == "__main__":
