@@ -13,7 +13,7 @@ from ..advise.search import check_search_size
 from ..advise.estimate import (
     ATTENTION_KERNELS, DEFAULT_TFLOPS, DTYPE_BYTES, Hardware, TransformerCosts, TransformerSpec,
 )
-from ..advise.explain import WHOLE_DEVICE, memory_text
+from ..advise.explain import WHOLE_DEVICE
 from ..advise.layout import DEFAULT_DP_LATENCY_MS
 from ..advise.howto import csv_name, guidance
 from ..advise.result import Candidate
