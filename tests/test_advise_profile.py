@@ -42,18 +42,14 @@ def test_profile_measures_every_stage_and_advice_respects_the_model_and_byte_lim
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_cli_profile_and_train_auto():
-    from test_cli_tables import check_uncut, run_at_80
-
+    # (its table at 80 columns, piped, is checked on a Hugging Face model: tests/test_hf_cli.py)
     profiled = ["advise", "--profile", "--ranks", "2", "--microbatches", "4", "--batch-size", "16",
                 "--profile-steps", "2", "--memory-limit", "2"]
-    advised, trained, table = concurrently(lambda run: run(), [  # independent: side by side
+    advised, trained = concurrently(lambda run: run(), [  # independent: side by side
         lambda: run_cli(*profiled, "--json", timeout=480),
         lambda: run_cli("train", "--model", "mlp", "--schedule", "auto", "--ranks", "2", "--microbatches", "4",
                         "--batch-size", "16", "--steps", "2", "--memory-limit", "2", timeout=480),
-        lambda: run_at_80(*profiled),  # the table at 80 columns, piped: nothing cut, times in ms
-    ], workers=3)
-    check_uncut(table)
-    assert " ms │" in table.stdout
+    ])
     assert advised.returncode == 0, advised.stderr
     rows = json.loads(advised.stdout)
     assert rows[0]["fits"] and rows[0]["peak_memory"] <= 2

@@ -84,12 +84,19 @@ def test_advise_profiles_the_model_and_train_auto_trains_the_schedule_it_chooses
 
     from pipesched.registry import schedule_names
 
+    from test_cli_tables import check_uncut, run_at_80
+
     small = ["--batch-size", "8", "--profile-steps", "2"]
     advise = ["advise", "--profile", "--model", f"hf:{configs['llama']}", "-p", "2", *small]
     train = ["train", "-s", "auto", "--model", f"hf:{configs['gpt2']}", "--ranks", "2", "--steps", "2",
              "--batch-size", "8", "--checkpoint-dir", str(tmp_path / "ck"), "--summary", str(tmp_path / "run.json")]
-    advice, trained = concurrently(lambda args: run_cli(*args, timeout=200), [advise, train])
+    advice, trained = concurrently(lambda run: run(), [  # independent: side by side
+        lambda: run_at_80(*advise),  # the table at 80 columns, piped: nothing cut, times in ms
+        lambda: run_cli(*train, timeout=200),
+    ])
     assert advice.returncode == 0, advice.stderr
+    check_uncut(advice)
+    assert " ms │" in advice.stdout
     said = " ".join(advice.stdout.split())  # rich wraps long lines
     recommended = re.search(r"Recommendation: (\S+) ", said).group(1)
     assert recommended in schedule_names()
