@@ -131,10 +131,11 @@ def measure(model: str, name: str, steps: int, rounds: int) -> None:
     per = [[statistics.median(r) for r in rounds_] for rounds_ in per_round]
     print(f"\n{name}: {len(ranked)} candidates that fit (p={RANKS}, m={MICROBATCHES}, limit {LIMIT:g} M_B), "
           f"{rounds} rounds of {steps} steps")
-    print("| # | candidate | predicted ms | measured ms (median) | spread |")
-    print("|---|---|---|---|---|")
+    print("| # | candidate | predicted ms | measured ms (median) | spread | per-round medians ms |")
+    print("|---|---|---|---|---|---|")
     for i, (c, t, times) in enumerate(zip(ranked, medians, per)):
-        print(f"| {i + 1} | {c.label()} | {c.makespan:.2f} | {1e3 * t:.2f} | {max(times) / min(times):.2f}x |", [round(1e3 * x, 1) for x in times])
+        print(f"| {i + 1} | {c.label()} | {c.makespan:.2f} | {1e3 * t:.2f} | {max(times) / min(times):.2f}x | "
+              f"{', '.join(f'{1e3 * x:.1f}' for x in times)} |")
     fastest = min(medians)
     pick = medians[0]
     print(f"pick {ranked[0].label()}: {1e3 * pick:.2f} ms; fastest measured "
