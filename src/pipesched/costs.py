@@ -4,6 +4,14 @@
 Bubble paper's convention), so a rank holding ``k`` stages pays ``F/k`` per stage forward. ``B``
 is the input-gradient backward (action ``I``); a full backward (action ``B``) costs ``B + W``.
 ``comm`` is a latency on every dependency that crosses ranks; it does not occupy either rank.
+``stage_overhead`` is the part of every ``F``, ``I`` and ``B`` that does not shrink with a stage's
+share of the layers (receiving and sending its boundary, building its autograd graph, the
+engine's bookkeeping): a stage holding ``1/k`` of a rank's share runs ``F`` in
+``stage_overhead + (F - stage_overhead) / k``, so a rank with ``k`` stages pays it ``k`` times per
+microbatch. ``F``, ``B`` and ``W`` are what the share costs as one stage, ``stage_overhead``
+included, so a schedule with one stage per rank is the same with it or without; 0 (the default)
+divides them evenly. (With stage multipliers ``m``: ``F m / k + stage_overhead (1 - 1/k)``.) ``W`` moves no boundary and has none. A profile
+(:mod:`pipesched.runtime.profile`) measures it by running a two-chunk layout beside its one.
 ``overlap`` prices an overlapped forward and backward (DualPipe's F&B): the pair takes
 ``max(F, B) + overlap * min(F, B)`` of its two halves' costs. 1 (the default) is what the
 runtime does, one half after the other; 0 is a perfect overlap (the shorter hidden entirely);
@@ -48,11 +56,18 @@ class Costs:
     comm: float = 0.0
     stage_multipliers: Optional[tuple[float, ...]] = None
     overlap: float = 1.0
+    stage_overhead: float = 0.0
 
     def __post_init__(self) -> None:
         for label in ("F", "B", "W"):
             check_number(f"cost {label}", getattr(self, label), *COST_RANGE)
         check_number("comm", self.comm, 0.0, COST_RANGE[1])
+        check_number("stage overhead", self.stage_overhead, 0.0, COST_RANGE[1])
+        if self.stage_overhead >= min(self.F, self.B):
+            raise ConfigError(
+                f"stage overhead {self.stage_overhead:g} must be below F ({self.F:g}) and B ({self.B:g}): it is the part "
+                "of them that does not shrink with a stage's share of the layers"
+            )
         if not _is_number(self.overlap) or not 0 <= self.overlap <= 1:
             raise ConfigError(
                 f"overlap={self.overlap!r} must be a number from 0 (an overlapped forward and "
@@ -75,6 +90,7 @@ class Costs:
         comm: float = 0.0,
         multipliers: Optional[Sequence[float]] = None,
         overlap: float = 1.0,
+        stage_overhead: float = 0.0,
     ) -> "Costs":
         """Build from CLI text ``"F,B,W"`` (None: 1,1,1; empty text is refused)."""
         if text is None:
@@ -90,7 +106,7 @@ class Costs:
             except ValueError:
                 raise ConfigError(f"--costs {text!r}: expected three numbers F,B,W such as 1,1.4,0.6") from None
         return cls(F=f, B=b, W=w, comm=comm, stage_multipliers=tuple(multipliers) if multipliers else None,
-                   overlap=overlap)
+                   overlap=overlap, stage_overhead=stage_overhead)
 
     def multipliers(self, stages: int) -> list[float]:
         """One factor per stage for a schedule of ``stages`` stages (see the module docstring)."""
@@ -142,14 +158,17 @@ def durations_for(
     placement: tuple[int, ...], ranks: int, costs: Costs, pipelines: int = 1
 ) -> dict[tuple[int, str], float]:
     """Duration of each (stage, kind) under ``costs`` for a stage-to-rank placement; with
-    several pipelines every model copy's stage ``j`` takes the model's stage-``j`` multiplier."""
+    several pipelines every model copy's stage ``j`` takes the model's stage-``j`` multiplier;
+    ``costs.stage_overhead`` is not divided among a rank's stages (see the module docstring)."""
     per_rank = [max(1, len(s)) for s in stages_by_rank(placement, ranks)]
     length = len(placement) // pipelines
     mults = costs.multipliers(length)
+    fixed = {"F": costs.stage_overhead, "I": costs.stage_overhead, "B": costs.stage_overhead, "W": 0.0}
     table = {}
     for s, rank in enumerate(placement):
         for kind in "FIWB":
-            table[(s, kind)] = costs.kind_cost(kind) * mults[s % length] * pipelines / per_rank[rank]
+            share = pipelines / per_rank[rank]  # of the rank's work this stage does (1: one stage a copy)
+            table[(s, kind)] = costs.kind_cost(kind) * mults[s % length] * pipelines / per_rank[rank] + fixed[kind] * (1 - share)
     return table
 
 

@@ -16,7 +16,7 @@ then processes the same ``G`` samples per iteration, so their makespans are dire
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Protocol
 
 from ..costs import Costs
@@ -68,7 +68,8 @@ class ScaledCosts:
     """Costs given directly (``--costs F,B,W``) at the reference microbatch size.
 
     ``overhead`` is the part of each F, B and W that does not shrink with the microbatch (kernel
-    launches, fixed latencies); ``comm`` is taken as bandwidth-bound, so it scales fully.
+    launches, fixed latencies); of F and B at least the base's ``stage_overhead`` (a stage's host work)
+    stays too. ``comm`` is taken as bandwidth-bound, so it scales fully.
     ``activation`` (measured by a profile): one reference microbatch's bytes for the whole model,
     kept by F and stashed for W, and one stage boundary's, shared evenly by the stages; with it
     a limit may be in bytes (``limit_bytes``) and recomputation becomes a choice.
@@ -97,13 +98,14 @@ class ScaledCosts:
     def costs(self, stages: int, placement: str, scale: float) -> Costs:
         if scale == 1.0:
             return self.base
-        o = self.overhead
-
-        def scaled(x: float) -> float:
-            return o + (x - o) * scale
-
         b = self.base
-        return Costs(scaled(b.F), scaled(b.B), scaled(b.W), b.comm * scale, b.stage_multipliers)
+        o = self.overhead
+        fixed = max(o, b.stage_overhead)  # a stage's own host work does not shrink with the microbatch either
+
+        def scaled(x: float, part: float) -> float:
+            return part + (x - part) * scale
+
+        return replace(b, F=scaled(b.F, fixed), B=scaled(b.B, fixed), W=scaled(b.W, o), comm=b.comm * scale)
 
     def memory_limit(self, stages: int, placement: str, scale: float) -> Optional[float]:
         if self.limit_bytes is not None and self.activation is not None:  # M_B: a rank's share

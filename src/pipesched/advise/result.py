@@ -60,7 +60,7 @@ class Candidate:
             "microbatch_size": self.microbatch_size,
             "memory_limit": self.memory_limit,
             "costs": {
-                "F": c.F, "B": c.B, "W": c.W, "comm": c.comm,
+                "F": c.F, "B": c.B, "W": c.W, "comm": c.comm, "stage_overhead": c.stage_overhead,
                 "stage_multipliers": list(c.stage_multipliers) if c.stage_multipliers else None,
             },
             "makespan": self.makespan,

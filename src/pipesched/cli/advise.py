@@ -51,6 +51,7 @@ def advise_cmd(
     microbatch_size: Optional[int] = typer.Option(None, "--microbatch-size", help="Samples per microbatch b that the costs describe."),
     costs: Optional[str] = opt.CostsOpt,
     comm: Optional[float] = typer.Option(None, "--comm", help="Latency of every cross-rank transfer, in cost units."),
+    stage_overhead: Optional[float] = typer.Option(None, "--stage-overhead", help=opt.StageOverhead.help),
     stage_multipliers: Optional[str] = opt.Multipliers,
     objective: str = typer.Option("makespan", "--objective", help="makespan (optimizer step syncs ranks) or span."),
     max_chunks: int = typer.Option(4, "--max-chunks", help="Most chunks per rank to try."),
@@ -113,7 +114,7 @@ def advise_cmd(
     memory_limit, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=profile or described)
     if profile:
         result = _profiled(
-            ranks, memory_limit, microbatches, given, costs, comm, stage_multipliers, global_batch,
+            ranks, memory_limit, microbatches, given, costs, comm, stage_multipliers, global_batch, stage_overhead,
             model_name, batch_size, profile_steps, limit_bytes=limit_bytes, objective=objective, max_chunks=max_chunks,
             families=_families(schedules), workers=workers, quiet=as_json,
         )
@@ -125,17 +126,20 @@ def advise_cmd(
     if gpus is not None or report is not None:
         layout_options.run(
             gpus, global_batch,
-            _model(gpus or ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers),
+            _model(gpus or ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers,
+                   stage_overhead),
             dp_bandwidth, dp_latency, report, as_json, top,
             objective=objective, max_chunks=max_chunks, min_microbatch_size=min_microbatch_size,
             max_microbatches=max_microbatches, families=_families(schedules), workers=workers,
         )
         return
     if described:
-        model = _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers)
+        model = _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers,
+                       stage_overhead)
         c = None
     else:
-        c = Costs.parse(costs, comm=comm or 0.0, multipliers=opt.parse_multipliers(stage_multipliers))
+        c = Costs.parse(costs, comm=comm or 0.0, multipliers=opt.parse_multipliers(stage_multipliers),
+                        stage_overhead=stage_overhead or 0.0)
     result = advise(
         ranks, memory_limit, microbatches=microbatches, global_batch=global_batch,
         microbatch_size=microbatch_size, costs=c, cost_model=model, objective=objective,
@@ -178,11 +182,11 @@ def refuse_ignored(mode: str, values: dict) -> None:
                           f"{'it' if len(ignored) == 1 else 'them'}")
 
 
-def _profiled(ranks, memory_limit, microbatches, given, costs, comm, multipliers, global_batch,
+def _profiled(ranks, memory_limit, microbatches, given, costs, comm, multipliers, global_batch, stage_overhead,
               model_name, batch_size, steps, quiet: bool, limit_bytes: Optional[float] = None, **options) -> Advice:
     """Advice from costs measured by running the model (needs torch)."""
     clashes = [f for f, v in (("--costs", costs), ("--comm", comm), ("--stage-multipliers", multipliers),
-                              ("--global-batch", global_batch)) if v is not None]
+                              ("--stage-overhead", stage_overhead), ("--global-batch", global_batch)) if v is not None]
     clashes += [f for f, v in given.items() if v is not None]
     if clashes:
         raise ConfigError(f"--profile measures the costs itself: drop {', '.join(clashes)}")
@@ -210,7 +214,8 @@ def _families(names: Optional[str]) -> Optional[list]:
     return chosen
 
 
-def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, multipliers) -> TransformerCosts:
+def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, multipliers,
+           stage_overhead) -> TransformerCosts:
     missing = [f for f in _MODEL_FLAGS if given[f] is None]
     if microbatch_size is None:
         missing.append("--microbatch-size")
@@ -219,7 +224,8 @@ def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm
             "a model description needs --layers, --hidden, --seq-len and --microbatch-size; "
             f"missing {', '.join(missing)}"
         )
-    for flag, value in (("--costs", costs), ("--comm", comm), ("--stage-multipliers", multipliers)):
+    for flag, value in (("--costs", costs), ("--comm", comm), ("--stage-multipliers", multipliers),
+                        ("--stage-overhead", stage_overhead)):
         if value is not None:
             raise ConfigError(f"{flag} cannot be combined with a model description (the model gives the costs)")
     if (memory_limit is not None or limit_bytes is not None) and given["--gpu-memory"] is not None:
@@ -327,6 +333,7 @@ def _setup_line(result: Advice) -> str:
     )
     c = best.costs if best.scale == 1.0 else None
     cost = f"  F,B,W={c.F:.4g},{c.B:.4g},{c.W:.4g} comm={c.comm:.4g}" if c else ""
+    cost += f" stage overhead={c.stage_overhead:.4g}" if c and c.stage_overhead else ""
     limit = f"  memory limit {result.memory_limit:g} M_B" if result.memory_limit is not None else ""
     return f"p={result.ranks}  {batch}{cost}{limit}  objective {result.objective}"
 

@@ -78,6 +78,7 @@ def config_line(s: opt.Setup) -> str:
     """The configuration in one line, as the report's subtitle."""
     c = s.costs
     text = f"p={s.ranks}, m={s.microbatches}, costs F,B,W={c.F:g},{c.B:g},{c.W:g}, comm={c.comm:g}"
+    text += f", stage overhead={c.stage_overhead:g}" if c.stage_overhead else ""
     if s.chunks is not None:
         text += f", chunks={s.chunks} where a schedule accepts it"
     if c.stage_multipliers:

@@ -1,7 +1,7 @@
 """Options shared by every command that builds a schedule (the flags of DESIGN.md).
 
-The planning options (ranks, microbatches, chunks, costs, comm, memory limit, stage multipliers,
-overlap, objective, recompute input) are declared once, in :data:`PLANNING_OPTIONS`, and checked
+The planning options (ranks, microbatches, chunks, costs, comm, stage overhead, memory limit, stage
+multipliers, overlap, objective, recompute input) are declared once, in :data:`PLANNING_OPTIONS`, and checked
 once, in :func:`setup`: a command decorated with :func:`planning_options` takes one
 ``plan: PlanningFlags`` parameter in their place and calls ``plan.setup()``.
 """
@@ -29,6 +29,12 @@ Microbatches = typer.Option(8, "--microbatches", "-m", help="Microbatches per it
 Chunks = typer.Option(None, "--chunks", "-v", help="Chunks (stages) per rank, v; default per schedule.")
 CostsOpt = typer.Option(None, "--costs", help="Per-microbatch costs F,B,W of one rank's share, e.g. 1,1.4,0.6.")
 Comm = typer.Option(0.0, "--comm", help="Latency of every cross-rank transfer, in cost units.")
+StageOverhead = typer.Option(
+    0.0, "--stage-overhead",
+    help="The part of every F, I and B that does not shrink with a stage's share of the layers "
+    "(host work per stage: boundary, autograd, bookkeeping), in cost units; a rank with v chunks "
+    "pays it v times. advise --profile measures it.",
+)
 MemoryLimit = typer.Option(
     None, "--memory-limit",
     help="Peak activations per rank, in one microbatch's activations (M_B); sizes such as 40GiB where the activation size is known.",
@@ -124,6 +130,7 @@ def setup(
     overlap: float = 1.0,
     recompute_input: Optional[float] = None,
     bytes_per_mb: Optional[float] = None,
+    stage_overhead: float = 0.0,
 ) -> Setup:
     """Check and bundle the shared flags (bad values raise ConfigError: one line, exit 2).
 
@@ -144,7 +151,8 @@ def setup(
         check_objective(objective)
     if recompute_input is not None:
         check_recompute_input(recompute_input, limit)
-    parsed = Costs.parse(costs, comm=comm, multipliers=parse_multipliers(multipliers), overlap=overlap)
+    parsed = Costs.parse(costs, comm=comm, multipliers=parse_multipliers(multipliers), overlap=overlap,
+                         stage_overhead=stage_overhead)
     return Setup(ranks, microbatches, chunks, parsed, limit, objective, recompute_input)
 
 
@@ -157,6 +165,7 @@ class PlanningFlags:
     chunks: Optional[int] = None
     costs: Optional[str] = None
     comm: float = 0.0
+    stage_overhead: float = 0.0
     memory_limit: Optional[str] = None
     stage_multipliers: Optional[str] = None
     overlap: float = 1.0
@@ -168,13 +177,15 @@ class PlanningFlags:
     def setup(self, bytes_per_mb: Optional[float] = None) -> Setup:
         """The checked :class:`Setup` (ConfigError on a bad value)."""
         return setup(self.ranks, self.microbatches, self.chunks, self.costs, self.comm, self.memory_limit,
-                     self.stage_multipliers, self.objective, self.overlap, self.recompute_input, bytes_per_mb)
+                     self.stage_multipliers, self.objective, self.overlap, self.recompute_input, bytes_per_mb,
+                     self.stage_overhead)
 
 
 # each planning option: (parameter, type, typer's declaration), in the order --help lists them
 PLANNING_OPTIONS: tuple[tuple[str, object, object], ...] = (
     ("ranks", int, Ranks), ("microbatches", int, Microbatches), ("chunks", Optional[int], Chunks),
-    ("costs", Optional[str], CostsOpt), ("comm", float, Comm), ("memory_limit", Optional[str], MemoryLimit),
+    ("costs", Optional[str], CostsOpt), ("comm", float, Comm), ("stage_overhead", float, StageOverhead),
+    ("memory_limit", Optional[str], MemoryLimit),
     ("stage_multipliers", Optional[str], Multipliers), ("overlap", float, Overlap),
     ("objective", Optional[str], Objective), ("recompute_input", Optional[float], RecomputeInput),
 )

@@ -276,6 +276,7 @@ def print_compare(s: opt.Setup, rows: list[dict]) -> None:
 
     c = s.costs
     title = (f"p={s.ranks} m={s.microbatches}  F,B,W={c.F:g},{c.B:g},{c.W:g} comm={c.comm:g}"
+             + (f" stage overhead={c.stage_overhead:g}" if c.stage_overhead else "")
              + (f"  memory limit {s.memory_limit:g}" if s.memory_limit else ""))
     columns = [Column("schedule", justify="left", wrap=True), Column("chunks", short="v"), Column("makespan"),
                Column("span", drop=3), Column("bubble", drop=2), Column("peak memory (max)"),

@@ -60,6 +60,7 @@ class TrainConfig:
     dtype: str = "fp32"  # one of precision.DTYPES
     overlap_grad_sync: bool = True
     meter_every_step: bool = False  # count activation bytes on every step (a trace draws them)
+    alongside: Optional[Schedule] = None  # a second layout stepped after each step, in the same processes (a profile's)
 
     @property
     def world(self) -> int:
@@ -113,6 +114,7 @@ class TrainResult:
     dp: int = 1  # data-parallel replicas it ran (the figures above are the first replica's)
     dtype: str = "fp32"
     first_step: int = 0  # steps done before this run (resumed from a checkpoint), 0 otherwise
+    alongside_timelines: list[Timeline] = field(default_factory=list)  # per step: TrainConfig.alongside's
 
     def median_step_time(self, skip: int = 1) -> float:
         times = self.step_times[skip:] or self.step_times
@@ -168,29 +170,16 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     """One rank's whole run; rank 0 returns the gathered result, the others None."""
     md = cfg.model_def()
     schedule = cfg.schedule
-    device = rank_device()
-    m = schedule.microbatches
-    x0, _ = md.batch(0, cfg.batch_size, cfg.seed)
-    counts = cfg.block_counts or balanced_block_counts(md.block_costs, schedule)
     mesh = init_pipeline_mesh(schedule.ranks, cfg.dp, cfg.timeout_s)
-    runtime = PipelineRuntime(
-        md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr),
-        x0[: cfg.batch_size // (cfg.dp * m)],
-        options=RuntimeOptions(
-            seed=cfg.seed, block_counts=counts, device=device,
-            timeout_s=cfg.timeout_s, skip_nonfinite=cfg.skip_nonfinite, clip_grad_norm=cfg.clip_grad_norm,
-            recompute=cfg.recompute, dtype=parse_dtype(cfg.dtype), overlap_grad_sync=cfg.overlap_grad_sync,
-            tied=md.tied, meter_every_step=cfg.meter_every_step,
-        ),
-        mesh=mesh,
-    )
+    runtime = _runtime(cfg, md, schedule, cfg.block_counts, mesh)
+    beside = _runtime(cfg, md, cfg.alongside, None, mesh) if cfg.alongside is not None else None
     first = _resume(cfg, checkpoint.runtime_module(runtime, md.checkpoint_name), runtime.optimizer)
     if cfg.resume_from is not None:
         runtime.broadcast_tied()
     runtime.steps_done = first
-    latency = measure_latency(*runtime.probe_tensor(), device)
+    latency = measure_latency(*runtime.probe_tensor(), rank_device())
     progress = _Progress(cfg.steps, schedule.name, first) if cfg.show_progress and rank == 0 else None
-    losses, times, spans, grads, results = [], [], [], None, []
+    losses, times, spans, grads, results, beside_spans = [], [], [], None, [], []
     report_progress()  # from here a single rank silent for the timeout is stopped by the launcher
     try:
         for step in range(first, cfg.steps):
@@ -206,18 +195,38 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
                 progress.update(step, result.loss, result.step_time, result.skipped)
             if cfg.checkpoint_due(runtime.steps_done):
                 checkpoint.save_runtime(runtime, cfg.checkpoint_dir, cfg.checkpoint_keep, md.checkpoint_name)
+            if beside is not None:
+                beside_spans.append(beside.step(x, y).spans)
             report_progress()
     finally:
         if progress:
             progress.close()
     timelines = _gather_timelines(spans, runtime.mesh.grid[0])
+    beside_timelines = _gather_timelines(beside_spans, runtime.mesh.grid[0]) if beside is not None else []
     memory, curves, stage_memory = _gather_memory(runtime, results, runtime.mesh.grid[0])
     params = runtime.gather_state_dict() if cfg.want_params else None
     if rank != 0:
         return None
     return TrainResult(
         losses, times, timelines, latency, params, grads, memory, curves, stage_memory,
-        dp=cfg.dp, dtype=cfg.dtype, first_step=first,
+        dp=cfg.dp, dtype=cfg.dtype, first_step=first, alongside_timelines=beside_timelines,
+    )
+
+
+def _runtime(cfg: TrainConfig, md: ModelDef, schedule: Schedule, counts: Optional[tuple[int, ...]], mesh) -> PipelineRuntime:
+    """One rank's runtime of ``schedule`` under ``cfg``'s options (``counts``: blocks per stage,
+    None: balanced by the model's block costs)."""
+    x0, _ = md.batch(0, cfg.batch_size, cfg.seed)
+    return PipelineRuntime(
+        md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr),
+        x0[: cfg.batch_size // (cfg.dp * schedule.microbatches)],
+        options=RuntimeOptions(
+            seed=cfg.seed, block_counts=counts or balanced_block_counts(md.block_costs, schedule), device=rank_device(),
+            timeout_s=cfg.timeout_s, skip_nonfinite=cfg.skip_nonfinite, clip_grad_norm=cfg.clip_grad_norm,
+            recompute=cfg.recompute, dtype=parse_dtype(cfg.dtype), overlap_grad_sync=cfg.overlap_grad_sync,
+            tied=md.tied, meter_every_step=cfg.meter_every_step,
+        ),
+        mesh=mesh,
     )
 
 
