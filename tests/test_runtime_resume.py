@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -61,17 +62,20 @@ def _params(path: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """The final weights of the 6-step run of each schedule, computed once."""
-    cache: dict[str, dict] = {}
+    """The final weights of the 6-step run of each schedule the kill tests resume. Both runs start
+    at once, in the background, when the first test asks: they take the cores the paused runs
+    leave idle (a launcher waiting out its grace, ranks asleep) instead of a launch each of their
+    own; each is awaited where it is compared."""
+    folder = tmp_path_factory.mktemp("whole")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {schedule: pool.submit(_train, *RUN, "--schedule", schedule, "--save-params", str(folder / f"{schedule}.pt"))
+                for schedule in ("1f1b", "zb-v")}
 
-    def final(schedule: str) -> dict:
-        if schedule not in cache:
-            out = tmp_path_factory.mktemp("whole") / f"{schedule}.pt"
-            _train(*RUN, "--schedule", schedule, "--save-params", str(out))
-            cache[schedule] = _params(out)
-        return cache[schedule]
+        def final(schedule: str) -> dict:
+            runs[schedule].result()
+            return _params(folder / f"{schedule}.pt")
 
-    return final
+        yield final
 
 
 class PausedRun:
@@ -158,12 +162,26 @@ def test_a_launcher_killed_by_sigkill_leaves_no_rank_and_resumes_exactly(tmp_pat
     _no_process_left(run, within_s=TIMEOUT_S + 5)
     step3 = tmp_path / "step3"
     shutil.copytree(run.checkpoints, step3)
-    assert _bitwise_equal(_resume(run, "zb-v", tmp_path / "resumed.pt"), uninterrupted("zb-v"))
-    # the same checkpoint under another schedule (2 stages instead of zb-v's 4): the layout is
-    # re-derived from the unpipelined names
-    other = _resume(run, "1f1b", tmp_path / "as-1f1b.pt", checkpoints=step3)
+    # resumed under zb-v, and the same checkpoint (its copy) under another schedule at once: 2
+    # stages instead of zb-v's 4, the layout re-derived from the unpipelined names
+    resumed, other = concurrently(lambda args: _resume(run, *args), [
+        ("zb-v", tmp_path / "resumed.pt"), ("1f1b", tmp_path / "as-1f1b.pt", step3)], workers=2)
+    assert _bitwise_equal(resumed, uninterrupted("zb-v"))
     want = uninterrupted("zb-v")
     assert max(float((other[k] - want[k]).abs().max()) for k in want) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def runs_to_stop(tmp_path_factory):
+    """Two 1f1b runs paused after step 3, started side by side: one to hang up on, one to interrupt
+    (by what the launcher will say). A run no test stopped is killed, its whole session, at the end."""
+    said = ["SIGHUP", "Ctrl-C"]
+    runs = dict(zip(said, concurrently(lambda name: PausedRun(tmp_path_factory.mktemp(name), "1f1b"), said, workers=2)))
+    yield runs
+    for run in runs.values():
+        if run.proc.poll() is None:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+            run.finish()
 
 
 @pytest.mark.slow
@@ -172,8 +190,8 @@ def test_a_launcher_killed_by_sigkill_leaves_no_rank_and_resumes_exactly(tmp_pat
     (signal.SIGHUP, False, "SIGHUP"),  # a closed terminal, a dropped ssh session
     (signal.SIGINT, True, "Ctrl-C"),  # Ctrl-C: the terminal signals its whole foreground group
 ])
-def test_a_launcher_hung_up_on_or_interrupted_says_so_in_one_line_and_stops_every_rank(tmp_path, signum, to_group, said):
-    run = PausedRun(tmp_path, "1f1b")
+def test_a_launcher_hung_up_on_or_interrupted_says_so_in_one_line_and_stops_every_rank(runs_to_stop, signum, to_group, said):
+    run = runs_to_stop[said]
     if to_group:
         os.killpg(run.proc.pid, signum)
     else:
@@ -288,18 +306,24 @@ def test_checkpoint_options_are_checked_before_spawning(tmp_path):
     empty, a_file, done = tmp_path / "empty", tmp_path / "file", tmp_path / "done"
     a_file.write_text("")
     # a finished reference run's checkpoint: another model, another optimizer, nothing left to do
-    _train("--schedule", "none", "--model", "mlp", "--steps", "1", "--batch-size", "4", "--checkpoint-dir", str(done))
+    finish_done = ("--schedule", "none", "--model", "mlp", "--steps", "1", "--batch-size", "4", "--checkpoint-dir", str(done))
     expected = {  # each row its own process (each pays Python's and torch's start): four at a time
         ("--checkpoint-dir", str(empty), "--checkpoint-every", "0"): "--checkpoint-every must be at least 1",
         ("--checkpoint-dir", str(empty), "--checkpoint-keep", "0"): "--checkpoint-keep must be at least 1",
         ("--checkpoint-dir", str(empty), "--resume"): "no complete checkpoint in",
         ("--checkpoint-dir", str(a_file)): "is a file, not a folder",
+    }
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the rows above need no reference run: refused while it runs
+        reference = pool.submit(_train, *finish_done)
+        said = dict(zip(expected, concurrently(lambda args: _refused(*args), expected, workers=3)))
+        reference.result()
+    on_done = {
         ("--checkpoint-dir", str(done)): "already holds checkpoints (newest step-000001): add --resume",
         ("--model", "gpt", "--checkpoint-dir", str(done), "--resume"):
             "is a checkpoint of another model: it has no '0.tokens.weight'",
         ("--optimizer", "adamw", "--checkpoint-dir", str(done), "--resume"): "was saved with another optimizer",
         ("--steps", "1", "--checkpoint-dir", str(done), "--resume"): "--steps 1 asks for no more",
     }
-    said = dict(zip(expected, concurrently(lambda args: _refused(*args), expected)))
-    for args, fragment in expected.items():
+    said.update(zip(on_done, concurrently(lambda args: _refused(*args), on_done)))
+    for args, fragment in {**expected, **on_done}.items():
         assert fragment in said[args], args
