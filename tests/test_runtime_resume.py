@@ -205,51 +205,66 @@ def test_a_launcher_hung_up_on_or_interrupted_says_so_in_one_line_and_stops_ever
     _no_process_left(run, within_s=TIMEOUT_S + 5)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("ranks,silent,said", [
-    (2, 1, "rank 1 was stopped"),  # its peer times out waiting for it
-    (1, 0, "rank 0 timed out after 3s without progress"),  # no peer: the launcher watches it
-])
-def test_a_silent_rank_ends_the_command_within_the_timeout_and_a_few_seconds(tmp_path, ranks, silent, said):
+# the runs whose rank falls silent after step 3's checkpoint: (options, that rank, what is done to it)
+SILENT = {
+    "with a peer": ([*RUN, "--ranks", "2", "--timeout", "3"], 1, None),  # its peer times out waiting for it
+    "alone": ([*RUN, "--ranks", "1", "--timeout", "3"], 0, None),  # no peer: the launcher watches it
+    "sigstopped": ([*RUN, "--timeout", "5"], 1, signal.SIGSTOP),  # it cannot even say why it stopped
+}
+
+
+def _fall_silent(tmp_path: Path, args: list[str], silent: int, signum: int | None) -> tuple[subprocess.CompletedProcess, float]:
+    """``pipesched train ARGS`` whose rank ``silent`` falls silent after step 3's checkpoint (sent
+    ``signum`` then, if given): the finished command and the seconds it ran on from that moment."""
     pids = tmp_path / "pids"
     pids.mkdir()
-    run = [*RUN, "--ranks", str(ranks), "--timeout", "3", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "3"]
+    run = [*args, "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "3"]
     proc = subprocess.Popen(
         [str(PIPESCHED), "train", *run], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=_env(pids, ranks=str(silent)), start_new_session=True,
     )
-    while not (pids / f"rank{silent}.pid").exists():
+    pid_file = pids / f"rank{silent}.pid"
+    while not pid_file.exists():
         assert proc.poll() is None, proc.communicate()[1]
         time.sleep(0.05)
+    if signum is not None:
+        os.kill(int(pid_file.read_text()), signum)
     silent_since = time.monotonic()
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and said in err
-    assert err.strip().splitlines()[-1].startswith("pipesched: error: ") and "Traceback" not in err
-    assert time.monotonic() - silent_since < 3 + FAILURE_GRACE_S + 5
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - silent_since
+
+
+@pytest.fixture(scope="module")
+def silent_runs(tmp_path_factory) -> dict:
+    """Every run of SILENT, side by side: each is timed from its own rank's silence, and one's
+    waiting out a timeout overlaps the others' start-up."""
+    return dict(zip(SILENT, concurrently(
+        lambda label: _fall_silent(tmp_path_factory.mktemp("silent"), *SILENT[label]), SILENT, workers=len(SILENT))))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_sigstopped_rank_ends_the_command_right_after_the_timeout(tmp_path):
+@pytest.mark.parametrize("label,said", [
+    ("with a peer", "rank 1 was stopped"),
+    ("alone", "rank 0 timed out after 3s without progress"),
+])
+def test_a_silent_rank_ends_the_command_within_the_timeout_and_a_few_seconds(silent_runs, label, said):
+    finished, silent_for = silent_runs[label]
+    err = finished.stderr
+    assert finished.returncode == 1 and said in err
+    assert err.strip().splitlines()[-1].startswith("pipesched: error: ") and "Traceback" not in err
+    assert silent_for < 3 + FAILURE_GRACE_S + 5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_sigstopped_rank_ends_the_command_right_after_the_timeout(silent_runs):
     """A stopped process cannot say why it stopped: the launcher does not wait out the grace
     it gives live ranks to report (here 5 s), it names the rank as stopped at once."""
-    pids = tmp_path / "pids"
-    pids.mkdir()
     timeout = 5
-    run = [*RUN, "--timeout", str(timeout), "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "3"]
-    proc = subprocess.Popen(
-        [str(PIPESCHED), "train", *run], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=_env(pids, ranks="1"), start_new_session=True,
-    )
-    while not (pids / "rank1.pid").exists():
-        assert proc.poll() is None, proc.communicate()[1]
-        time.sleep(0.05)
-    os.kill(int((pids / "rank1.pid").read_text()), signal.SIGSTOP)
-    stopped_at = time.monotonic()
-    _, err = proc.communicate(timeout=120)
-    elapsed = time.monotonic() - stopped_at
-    assert proc.returncode == 1 and "Traceback" not in err
+    finished, elapsed = silent_runs["sigstopped"]
+    err = finished.stderr
+    assert finished.returncode == 1 and "Traceback" not in err
     assert err.strip().splitlines()[-1] == (
         f"pipesched: error: rank 0: rank 0 timed out after {timeout}s waiting for the activation of stage 1 "
         "microbatch 0 from rank 1; rank 1 was stopped after the failure (it was not running: stopped by a signal)"
