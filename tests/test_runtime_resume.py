@@ -284,11 +284,6 @@ def _said(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def _refused(*args: str) -> str:
-    """Run ``pipesched train ARGS``: exit 2 and one line, before any rank starts."""
-    return _said(_train_refusing(args))
-
-
 BAD_OPTIONS = [
     (["--lr", "-1"], "--lr must be a finite number above 0"),
     (["--lr", "nan"], "--lr must be a finite number above 0"),
@@ -305,40 +300,45 @@ BAD_OPTIONS = [
 ]
 
 
+# the checkpoint options, checked before any rank starts: {empty} is a folder not made yet, {file} a
+# plain file, {done} the checkpoint of FINISHED (another model, another optimizer, nothing left to do)
+CHECKPOINT_OPTIONS = {
+    ("--checkpoint-dir", "{empty}", "--checkpoint-every", "0"): "--checkpoint-every must be at least 1",
+    ("--checkpoint-dir", "{empty}", "--checkpoint-keep", "0"): "--checkpoint-keep must be at least 1",
+    ("--checkpoint-dir", "{empty}", "--resume"): "no complete checkpoint in",
+    ("--checkpoint-dir", "{file}"): "is a file, not a folder",
+    ("--checkpoint-dir", "{done}"): "already holds checkpoints (newest step-000001): add --resume",
+    ("--model", "gpt", "--checkpoint-dir", "{done}", "--resume"): "is a checkpoint of another model: it has no '0.tokens.weight'",
+    ("--optimizer", "adamw", "--checkpoint-dir", "{done}", "--resume"): "was saved with another optimizer",
+    ("--steps", "1", "--checkpoint-dir", "{done}", "--resume"): "--steps 1 asks for no more",
+}
+FINISHED = ("--schedule", "none", "--model", "mlp", "--steps", "1", "--batch-size", "4", "--checkpoint-dir", "{done}")
+
+
 @pytest.fixture(scope="module")
-def bad_option_runs() -> dict:
-    """``pipesched train`` with each bad option of the table, four processes at a time."""
-    rows = [args for args, _ in BAD_OPTIONS]
-    return dict(zip(map(tuple, rows), concurrently(_train_refusing, rows)))
+def refusals(tmp_path_factory) -> dict:
+    """``pipesched train`` with each row of BAD_OPTIONS and CHECKPOINT_OPTIONS, each its own process
+    (each pays Python's start, many torch's too), four at a time: the rows that need no {done}
+    while FINISHED makes it, then the rest."""
+    root = tmp_path_factory.mktemp("options")
+    (root / "file").write_text("")
+    places = {name: str(root / name) for name in ("empty", "file", "done")}
+
+    def run(row: tuple) -> subprocess.CompletedProcess:
+        args = [arg.format(**places) for arg in row]
+        return _train(*args) if row == FINISHED else _train_refusing(args)
+
+    rows = [tuple(args) for args, _ in BAD_OPTIONS] + list(CHECKPOINT_OPTIONS)
+    on_done = [row for row in rows if "{done}" in row]
+    first = [FINISHED, *(row for row in rows if row not in on_done)]
+    return dict(zip(first + on_done, concurrently(run, first) + concurrently(run, on_done)))
 
 
 @pytest.mark.parametrize("args,fragment", BAD_OPTIONS)
-def test_a_bad_option_exits_2_in_one_line_before_spawning(args, fragment, bad_option_runs):
-    assert fragment in _said(bad_option_runs[tuple(args)])
+def test_a_bad_option_exits_2_in_one_line_before_spawning(args, fragment, refusals):
+    assert fragment in _said(refusals[tuple(args)])
 
 
-def test_checkpoint_options_are_checked_before_spawning(tmp_path):
-    empty, a_file, done = tmp_path / "empty", tmp_path / "file", tmp_path / "done"
-    a_file.write_text("")
-    # a finished reference run's checkpoint: another model, another optimizer, nothing left to do
-    finish_done = ("--schedule", "none", "--model", "mlp", "--steps", "1", "--batch-size", "4", "--checkpoint-dir", str(done))
-    expected = {  # each row its own process (each pays Python's and torch's start): four at a time
-        ("--checkpoint-dir", str(empty), "--checkpoint-every", "0"): "--checkpoint-every must be at least 1",
-        ("--checkpoint-dir", str(empty), "--checkpoint-keep", "0"): "--checkpoint-keep must be at least 1",
-        ("--checkpoint-dir", str(empty), "--resume"): "no complete checkpoint in",
-        ("--checkpoint-dir", str(a_file)): "is a file, not a folder",
-    }
-    with ThreadPoolExecutor(max_workers=1) as pool:  # the rows above need no reference run: refused while it runs
-        reference = pool.submit(_train, *finish_done)
-        said = dict(zip(expected, concurrently(lambda args: _refused(*args), expected, workers=3)))
-        reference.result()
-    on_done = {
-        ("--checkpoint-dir", str(done)): "already holds checkpoints (newest step-000001): add --resume",
-        ("--model", "gpt", "--checkpoint-dir", str(done), "--resume"):
-            "is a checkpoint of another model: it has no '0.tokens.weight'",
-        ("--optimizer", "adamw", "--checkpoint-dir", str(done), "--resume"): "was saved with another optimizer",
-        ("--steps", "1", "--checkpoint-dir", str(done), "--resume"): "--steps 1 asks for no more",
-    }
-    said.update(zip(on_done, concurrently(lambda args: _refused(*args), on_done)))
-    for args, fragment in {**expected, **on_done}.items():
-        assert fragment in said[args], args
+def test_checkpoint_options_are_checked_before_spawning(refusals):
+    for args, fragment in CHECKPOINT_OPTIONS.items():
+        assert fragment in _said(refusals[args]), args
