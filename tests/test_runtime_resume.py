@@ -175,13 +175,16 @@ def test_a_launcher_killed_by_sigkill_leaves_no_rank_and_resumes_exactly(tmp_pat
 def runs_to_stop(tmp_path_factory):
     """Two 1f1b runs paused after step 3, started side by side: one to hang up on, one to interrupt
     (by what the launcher will say). A run no test stopped is killed, its whole session, at the end."""
-    said = ["SIGHUP", "Ctrl-C"]
-    runs = dict(zip(said, concurrently(lambda name: PausedRun(tmp_path_factory.mktemp(name), "1f1b"), said, workers=2)))
-    yield runs
-    for run in runs.values():
-        if run.proc.poll() is None:
-            os.killpg(run.proc.pid, signal.SIGKILL)
-            run.finish()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        starting = {said: pool.submit(PausedRun, tmp_path_factory.mktemp(said), "1f1b") for said in ("SIGHUP", "Ctrl-C")}
+    paused = [run.result() for run in starting.values() if run.exception() is None]
+    try:
+        yield {said: run.result() for said, run in starting.items()}  # fails here if one never paused
+    finally:
+        for run in paused:
+            if run.proc.poll() is None:
+                os.killpg(run.proc.pid, signal.SIGKILL)
+                run.finish()
 
 
 @pytest.mark.slow
