@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -61,17 +62,20 @@ def _params(path: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """The final weights of the 6-step run of each schedule, computed once."""
-    cache: dict[str, dict] = {}
+    """The final weights of the 6-step run of each schedule the kill tests resume. Both runs start
+    at once, in the background, when the first test asks: they take the cores the paused runs
+    leave idle (a launcher waiting out its grace, ranks asleep) instead of a launch each of their
+    own; each is awaited where it is compared."""
+    folder = tmp_path_factory.mktemp("whole")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {schedule: pool.submit(_train, *RUN, "--schedule", schedule, "--save-params", str(folder / f"{schedule}.pt"))
+                for schedule in ("1f1b", "zb-v")}
 
-    def final(schedule: str) -> dict:
-        if schedule not in cache:
-            out = tmp_path_factory.mktemp("whole") / f"{schedule}.pt"
-            _train(*RUN, "--schedule", schedule, "--save-params", str(out))
-            cache[schedule] = _params(out)
-        return cache[schedule]
+        def final(schedule: str) -> dict:
+            runs[schedule].result()
+            return _params(folder / f"{schedule}.pt")
 
-    return final
+        yield final
 
 
 class PausedRun:
@@ -158,12 +162,29 @@ def test_a_launcher_killed_by_sigkill_leaves_no_rank_and_resumes_exactly(tmp_pat
     _no_process_left(run, within_s=TIMEOUT_S + 5)
     step3 = tmp_path / "step3"
     shutil.copytree(run.checkpoints, step3)
-    assert _bitwise_equal(_resume(run, "zb-v", tmp_path / "resumed.pt"), uninterrupted("zb-v"))
-    # the same checkpoint under another schedule (2 stages instead of zb-v's 4): the layout is
-    # re-derived from the unpipelined names
-    other = _resume(run, "1f1b", tmp_path / "as-1f1b.pt", checkpoints=step3)
+    # resumed under zb-v, and the same checkpoint (its copy) under another schedule at once: 2
+    # stages instead of zb-v's 4, the layout re-derived from the unpipelined names
+    resumed, other = concurrently(lambda args: _resume(run, *args), [
+        ("zb-v", tmp_path / "resumed.pt"), ("1f1b", tmp_path / "as-1f1b.pt", step3)], workers=2)
+    assert _bitwise_equal(resumed, uninterrupted("zb-v"))
     want = uninterrupted("zb-v")
     assert max(float((other[k] - want[k]).abs().max()) for k in want) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def runs_to_stop(tmp_path_factory):
+    """Two 1f1b runs paused after step 3, started side by side: one to hang up on, one to interrupt
+    (by what the launcher will say). A run no test stopped is killed, its whole session, at the end."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        starting = {said: pool.submit(PausedRun, tmp_path_factory.mktemp(said), "1f1b") for said in ("SIGHUP", "Ctrl-C")}
+    paused = [run.result() for run in starting.values() if run.exception() is None]
+    try:
+        yield {said: run.result() for said, run in starting.items()}  # fails here if one never paused
+    finally:
+        for run in paused:
+            if run.proc.poll() is None:
+                os.killpg(run.proc.pid, signal.SIGKILL)
+                run.finish()
 
 
 @pytest.mark.slow
@@ -172,8 +193,8 @@ def test_a_launcher_killed_by_sigkill_leaves_no_rank_and_resumes_exactly(tmp_pat
     (signal.SIGHUP, False, "SIGHUP"),  # a closed terminal, a dropped ssh session
     (signal.SIGINT, True, "Ctrl-C"),  # Ctrl-C: the terminal signals its whole foreground group
 ])
-def test_a_launcher_hung_up_on_or_interrupted_says_so_in_one_line_and_stops_every_rank(tmp_path, signum, to_group, said):
-    run = PausedRun(tmp_path, "1f1b")
+def test_a_launcher_hung_up_on_or_interrupted_says_so_in_one_line_and_stops_every_rank(runs_to_stop, signum, to_group, said):
+    run = runs_to_stop[said]
     if to_group:
         os.killpg(run.proc.pid, signum)
     else:
@@ -187,51 +208,66 @@ def test_a_launcher_hung_up_on_or_interrupted_says_so_in_one_line_and_stops_ever
     _no_process_left(run, within_s=TIMEOUT_S + 5)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("ranks,silent,said", [
-    (2, 1, "rank 1 was stopped"),  # its peer times out waiting for it
-    (1, 0, "rank 0 timed out after 3s without progress"),  # no peer: the launcher watches it
-])
-def test_a_silent_rank_ends_the_command_within_the_timeout_and_a_few_seconds(tmp_path, ranks, silent, said):
+# the runs whose rank falls silent after step 3's checkpoint: (options, that rank, what is done to it)
+SILENT = {
+    "with a peer": ([*RUN, "--ranks", "2", "--timeout", "3"], 1, None),  # its peer times out waiting for it
+    "alone": ([*RUN, "--ranks", "1", "--timeout", "3"], 0, None),  # no peer: the launcher watches it
+    "sigstopped": ([*RUN, "--timeout", "5"], 1, signal.SIGSTOP),  # it cannot even say why it stopped
+}
+
+
+def _fall_silent(tmp_path: Path, args: list[str], silent: int, signum: int | None) -> tuple[subprocess.CompletedProcess, float]:
+    """``pipesched train ARGS`` whose rank ``silent`` falls silent after step 3's checkpoint (sent
+    ``signum`` then, if given): the finished command and the seconds it ran on from that moment."""
     pids = tmp_path / "pids"
     pids.mkdir()
-    run = [*RUN, "--ranks", str(ranks), "--timeout", "3", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "3"]
+    run = [*args, "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "3"]
     proc = subprocess.Popen(
         [str(PIPESCHED), "train", *run], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=_env(pids, ranks=str(silent)), start_new_session=True,
     )
-    while not (pids / f"rank{silent}.pid").exists():
+    pid_file = pids / f"rank{silent}.pid"
+    while not pid_file.exists():
         assert proc.poll() is None, proc.communicate()[1]
         time.sleep(0.05)
+    if signum is not None:
+        os.kill(int(pid_file.read_text()), signum)
     silent_since = time.monotonic()
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and said in err
-    assert err.strip().splitlines()[-1].startswith("pipesched: error: ") and "Traceback" not in err
-    assert time.monotonic() - silent_since < 3 + FAILURE_GRACE_S + 5
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - silent_since
+
+
+@pytest.fixture(scope="module")
+def silent_runs(tmp_path_factory) -> dict:
+    """Every run of SILENT, side by side: each is timed from its own rank's silence, and one's
+    waiting out a timeout overlaps the others' start-up."""
+    return dict(zip(SILENT, concurrently(
+        lambda label: _fall_silent(tmp_path_factory.mktemp("silent"), *SILENT[label]), SILENT, workers=len(SILENT))))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_sigstopped_rank_ends_the_command_right_after_the_timeout(tmp_path):
+@pytest.mark.parametrize("label,said", [
+    ("with a peer", "rank 1 was stopped"),
+    ("alone", "rank 0 timed out after 3s without progress"),
+])
+def test_a_silent_rank_ends_the_command_within_the_timeout_and_a_few_seconds(silent_runs, label, said):
+    finished, silent_for = silent_runs[label]
+    err = finished.stderr
+    assert finished.returncode == 1 and said in err
+    assert err.strip().splitlines()[-1].startswith("pipesched: error: ") and "Traceback" not in err
+    assert silent_for < 3 + FAILURE_GRACE_S + 5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_sigstopped_rank_ends_the_command_right_after_the_timeout(silent_runs):
     """A stopped process cannot say why it stopped: the launcher does not wait out the grace
     it gives live ranks to report (here 5 s), it names the rank as stopped at once."""
-    pids = tmp_path / "pids"
-    pids.mkdir()
     timeout = 5
-    run = [*RUN, "--timeout", str(timeout), "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "3"]
-    proc = subprocess.Popen(
-        [str(PIPESCHED), "train", *run], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=_env(pids, ranks="1"), start_new_session=True,
-    )
-    while not (pids / "rank1.pid").exists():
-        assert proc.poll() is None, proc.communicate()[1]
-        time.sleep(0.05)
-    os.kill(int((pids / "rank1.pid").read_text()), signal.SIGSTOP)
-    stopped_at = time.monotonic()
-    _, err = proc.communicate(timeout=120)
-    elapsed = time.monotonic() - stopped_at
-    assert proc.returncode == 1 and "Traceback" not in err
+    finished, elapsed = silent_runs["sigstopped"]
+    err = finished.stderr
+    assert finished.returncode == 1 and "Traceback" not in err
     assert err.strip().splitlines()[-1] == (
         f"pipesched: error: rank 0: rank 0 timed out after {timeout}s waiting for the activation of stage 1 "
         "microbatch 0 from rank 1; rank 1 was stopped after the failure (it was not running: stopped by a signal)"
@@ -251,11 +287,6 @@ def _said(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def _refused(*args: str) -> str:
-    """Run ``pipesched train ARGS``: exit 2 and one line, before any rank starts."""
-    return _said(_train_refusing(args))
-
-
 BAD_OPTIONS = [
     (["--lr", "-1"], "--lr must be a finite number above 0"),
     (["--lr", "nan"], "--lr must be a finite number above 0"),
@@ -272,34 +303,45 @@ BAD_OPTIONS = [
 ]
 
 
+# the checkpoint options, checked before any rank starts: {empty} is a folder not made yet, {file} a
+# plain file, {done} the checkpoint of FINISHED (another model, another optimizer, nothing left to do)
+CHECKPOINT_OPTIONS = {
+    ("--checkpoint-dir", "{empty}", "--checkpoint-every", "0"): "--checkpoint-every must be at least 1",
+    ("--checkpoint-dir", "{empty}", "--checkpoint-keep", "0"): "--checkpoint-keep must be at least 1",
+    ("--checkpoint-dir", "{empty}", "--resume"): "no complete checkpoint in",
+    ("--checkpoint-dir", "{file}"): "is a file, not a folder",
+    ("--checkpoint-dir", "{done}"): "already holds checkpoints (newest step-000001): add --resume",
+    ("--model", "gpt", "--checkpoint-dir", "{done}", "--resume"): "is a checkpoint of another model: it has no '0.tokens.weight'",
+    ("--optimizer", "adamw", "--checkpoint-dir", "{done}", "--resume"): "was saved with another optimizer",
+    ("--steps", "1", "--checkpoint-dir", "{done}", "--resume"): "--steps 1 asks for no more",
+}
+FINISHED = ("--schedule", "none", "--model", "mlp", "--steps", "1", "--batch-size", "4", "--checkpoint-dir", "{done}")
+
+
 @pytest.fixture(scope="module")
-def bad_option_runs() -> dict:
-    """``pipesched train`` with each bad option of the table, four processes at a time."""
-    rows = [args for args, _ in BAD_OPTIONS]
-    return dict(zip(map(tuple, rows), concurrently(_train_refusing, rows)))
+def refusals(tmp_path_factory) -> dict:
+    """``pipesched train`` with each row of BAD_OPTIONS and CHECKPOINT_OPTIONS, each its own process
+    (each pays Python's start, many torch's too), four at a time: the rows that need no {done}
+    while FINISHED makes it, then the rest."""
+    root = tmp_path_factory.mktemp("options")
+    (root / "file").write_text("")
+    places = {name: str(root / name) for name in ("empty", "file", "done")}
+
+    def run(row: tuple) -> subprocess.CompletedProcess:
+        args = [arg.format(**places) for arg in row]
+        return _train(*args) if row == FINISHED else _train_refusing(args)
+
+    rows = [tuple(args) for args, _ in BAD_OPTIONS] + list(CHECKPOINT_OPTIONS)
+    on_done = [row for row in rows if "{done}" in row]
+    first = [FINISHED, *(row for row in rows if row not in on_done)]
+    return dict(zip(first + on_done, concurrently(run, first) + concurrently(run, on_done)))
 
 
 @pytest.mark.parametrize("args,fragment", BAD_OPTIONS)
-def test_a_bad_option_exits_2_in_one_line_before_spawning(args, fragment, bad_option_runs):
-    assert fragment in _said(bad_option_runs[tuple(args)])
+def test_a_bad_option_exits_2_in_one_line_before_spawning(args, fragment, refusals):
+    assert fragment in _said(refusals[tuple(args)])
 
 
-def test_checkpoint_options_are_checked_before_spawning(tmp_path):
-    empty, a_file, done = tmp_path / "empty", tmp_path / "file", tmp_path / "done"
-    a_file.write_text("")
-    # a finished reference run's checkpoint: another model, another optimizer, nothing left to do
-    _train("--schedule", "none", "--model", "mlp", "--steps", "1", "--batch-size", "4", "--checkpoint-dir", str(done))
-    expected = {  # each row its own process (each pays Python's and torch's start): four at a time
-        ("--checkpoint-dir", str(empty), "--checkpoint-every", "0"): "--checkpoint-every must be at least 1",
-        ("--checkpoint-dir", str(empty), "--checkpoint-keep", "0"): "--checkpoint-keep must be at least 1",
-        ("--checkpoint-dir", str(empty), "--resume"): "no complete checkpoint in",
-        ("--checkpoint-dir", str(a_file)): "is a file, not a folder",
-        ("--checkpoint-dir", str(done)): "already holds checkpoints (newest step-000001): add --resume",
-        ("--model", "gpt", "--checkpoint-dir", str(done), "--resume"):
-            "is a checkpoint of another model: it has no '0.tokens.weight'",
-        ("--optimizer", "adamw", "--checkpoint-dir", str(done), "--resume"): "was saved with another optimizer",
-        ("--steps", "1", "--checkpoint-dir", str(done), "--resume"): "--steps 1 asks for no more",
-    }
-    said = dict(zip(expected, concurrently(lambda args: _refused(*args), expected)))
-    for args, fragment in expected.items():
-        assert fragment in said[args], args
+def test_checkpoint_options_are_checked_before_spawning(refusals):
+    for args, fragment in CHECKPOINT_OPTIONS.items():
+        assert fragment in _said(refusals[args]), args
