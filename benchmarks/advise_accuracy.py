@@ -3,9 +3,10 @@
 For each model (train's mlp and gpt; llama: a tiny Hugging Face Llama, width 128 and 4 layers,
 its config written to a temporary folder by this script, trained as ``--model hf:CONFIG.json``):
 ``advise --profile`` (the library calls behind it: profile the model with ZB-H1 on
-2 local CPU ranks, then rank every schedule under the measured costs and a memory limit in M_B),
-then run every distinct candidate the advice ranked as fitting, on the same 2 ranks, and take
-its median step. Reports, per model, whether the pick's measured step is within 5% of the fastest
+2 local CPU ranks, then ZB-V with 2 chunks and 1F1B for the stage overhead and a fused backward's cost, then rank every schedule under the measured costs and a memory limit in M_B),
+then run every distinct program among the candidates the advice ranked as fitting (candidates
+that build the same program, as ZB-V and V-Half often do, are one row), on the same 2 ranks,
+and take its median step. Reports, per model, whether the pick's measured step is within 5% of the fastest
 measured, and the Spearman rank correlation between the predicted makespans and the measured
 steps. The candidates are measured side by side: one pair of ranks builds a runtime for every
 candidate, and the candidates take turns of ``--steps`` steps (after one warm-up step each turn)
@@ -119,34 +120,44 @@ def measure(model: str, name: str, steps: int, rounds: int) -> None:
     rounds of ``steps`` steps, and print its table under ``name``."""
     prof = profile(model, RANKS, MICROBATCHES, BATCH)
     advice = advise_from_profile(prof, LIMIT)
-    seen, ranked = set(), []
+    # candidates that build the same program are one schedule to measure (zb-v, v-half, v-min and
+    # zb-auto at 2 chunks often are): measured twice, the faster of two noisy figures of one
+    # program would count as beating the pick
+    distinct: dict[tuple, tuple] = {}
     for c in advice.fitting:
-        key = (c.schedule, c.chunks, c.microbatches, c.recompute)
-        if key not in seen:
-            seen.add(key)
-            ranked.append(c)
-    settings = [(candidate_schedule(c), c.recompute) for c in ranked]
+        schedule = candidate_schedule(c)
+        key = (schedule.to_csv(), c.recompute)
+        if key in distinct:
+            distinct[key][2].append(c.label())
+        else:
+            distinct[key] = (c, schedule, [c.label()])
+    ranked = [c for c, _, _ in distinct.values()]
+    names = [" = ".join(labels) for _, _, labels in distinct.values()]
+    settings = [(schedule, c.recompute) for c, schedule, _ in distinct.values()]
     per_round = spawn(turns_worker, RANKS, (model, settings, steps, rounds), timeout_s=1800)[0]
     medians = [statistics.median(t for r in rounds_ for t in r) for rounds_ in per_round]
     per = [[statistics.median(r) for r in rounds_] for rounds_ in per_round]
-    print(f"\n{name}: {len(ranked)} candidates that fit (p={RANKS}, m={MICROBATCHES}, limit {LIMIT:g} M_B), "
-          f"{rounds} rounds of {steps} steps")
+    print(f"\n{name}: {len(advice.fitting)} candidates that fit, {len(ranked)} distinct programs (p={RANKS}, m={MICROBATCHES}, limit {LIMIT:g} M_B), "
+          f"{rounds} rounds of {steps} steps; profile: F,I,W "
+          + ",".join(f"{x:.2f}" for x in (prof.costs().F, prof.costs().B, prof.costs().W))
+          + f" ms, stage overhead {1e3 * prof.stage_overhead:.3f} ms, full backward {1e3 * prof.full_backward:.2f} ms "
+          + "(steps measured over zb-h1's: " + ", ".join(f"{k} {v:.3f}" for k, v in prof.ratios.items()) + ")")
     print("| # | candidate | predicted ms | measured ms (median) | spread | per-round medians ms |")
     print("|---|---|---|---|---|---|")
-    for i, (c, t, times) in enumerate(zip(ranked, medians, per)):
-        print(f"| {i + 1} | {c.label()} | {c.makespan:.2f} | {1e3 * t:.2f} | {max(times) / min(times):.2f}x | "
+    for i, (c, label, t, times) in enumerate(zip(ranked, names, medians, per)):
+        print(f"| {i + 1} | {label} | {c.makespan:.2f} | {1e3 * t:.2f} | {max(times) / min(times):.2f}x | "
               f"{', '.join(f'{1e3 * x:.1f}' for x in times)} |")
     fastest = min(medians)
     pick = medians[0]
-    print(f"pick {ranked[0].label()}: {1e3 * pick:.2f} ms; fastest measured "
-          f"{ranked[medians.index(fastest)].label()}: {1e3 * fastest:.2f} ms; pick / fastest = {pick / fastest:.3f} "
+    print(f"pick {names[0]}: {1e3 * pick:.2f} ms; fastest measured "
+          f"{names[medians.index(fastest)]}: {1e3 * fastest:.2f} ms; pick / fastest = {pick / fastest:.3f} "
           f"({'within' if pick <= (1 + NEAR) * fastest else 'NOT within'} 5%); "
           f"Spearman(predicted, measured) = {spearman([c.makespan for c in ranked], medians):.2f}")
     # the rounds paired: the pick against each candidate round by round (the drift between rounds
     # cancels); the worst of these is the pick against the candidate that beats it most often
     paired = [statistics.median(p / q for p, q in zip(per[0], other)) for other in per]
     worst = max(range(len(per)), key=lambda i: paired[i])
-    print(f"paired by round: pick / {ranked[worst].label()} = {paired[worst]:.3f} (median over rounds), "
+    print(f"paired by round: pick / {names[worst]} = {paired[worst]:.3f} (median over rounds), "
           f"{'within' if paired[worst] <= 1 + NEAR else 'NOT within'} 5%")
 
 

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from pipesched import build_schedule, simulate  # noqa: E402
 from pipesched.advise.search import NoCandidateFitsError  # noqa: E402
-from pipesched.runtime.profile import advise_from_profile, profile  # noqa: E402
+from pipesched.runtime.profile import FITTED, advise_from_profile, fitted_cost, profile  # noqa: E402
 
 SMALL = dict(blocks=4, dim=32, hidden=64)
 
@@ -26,19 +26,24 @@ def test_profile_measures_every_stage_and_advice_respects_the_model_and_byte_lim
     assert costs.stage_multipliers == pytest.approx(
         [sum(c) / (sum(map(sum, prof.stage_costs)) / 2) for c in prof.stage_costs]
     )
-    # the stage overhead: fitted so that the simulator's zb-v (2 chunks) over zb-h1 is the ratio measured
-    assert prof.chunked_ratio > 0 and costs.stage_overhead == pytest.approx(1e3 * prof.stage_overhead)
-    one, chunked = build_schedule("zb-h1", 2, 4), build_schedule("zb-v", 2, 4, 2)
-    simulated = simulate(chunked, costs).makespan / simulate(one, costs).makespan
-    bound = 0.9 * min(costs.F, costs.B)
-    if 0 < costs.stage_overhead < bound * (1 - 1e-9):
-        assert simulated == pytest.approx(prof.chunked_ratio, rel=1e-6)
-    else:  # at a bound of the fit: the ratio lies beyond what an overhead from 0 to that bound gives
-        assert (simulated >= prof.chunked_ratio) if costs.stage_overhead == 0 else (simulated <= prof.chunked_ratio)
+    # the stage overhead (from zb-v, 2 chunks) and a fused backward's cost (from 1f1b): each fitted
+    # so that the simulator's step of that layout over zb-h1's is the ratio measured, or at a bound
+    # of its range where the measured ratio lies beyond it
+    one = build_schedule("zb-h1", 2, 4)
+    assert costs.stage_overhead == pytest.approx(1e3 * prof.stage_overhead)
+    assert costs.full_backward == pytest.approx(1e3 * prof.full_backward)
+    for name, chunks, field_name in FITTED:
+        other, ratio = build_schedule(name, 2, 4, chunks), prof.ratios[name]
+        simulated = simulate(other, costs).makespan / simulate(one, costs).makespan
+        if simulated != pytest.approx(ratio, rel=1e-6):  # clamped: a ratio further out changes nothing
+            beyond = ratio * (0.9 if simulated > ratio else 1.1)
+            assert fitted_cost(one, other, costs, field_name, beyond) == pytest.approx(getattr(costs, field_name))
     assert f"stage overhead {costs.stage_overhead:.3f} ms" in prof.summary()
+    assert f"full backward {costs.full_backward:.2f} ms" in prof.summary()
     advice = advise_from_profile(prof, memory_limit=2)
     assert all(c.chunks <= prof.max_chunks for c in advice.candidates)
     assert all(c.costs.stage_overhead == costs.stage_overhead for c in advice.candidates)
+    assert all(c.costs.full_backward == costs.full_backward for c in advice.candidates)
     assert advice.recommended.fits
     keep, stash, boundary = prof.activation()
     assert 0 < boundary < keep and 0 < stash <= keep  # measured by the runtime on the first step

@@ -76,7 +76,7 @@ def test_zb_auto_plans_with_the_profiles_measured_costs_and_says_so(planned, cap
     assert planner == [MEASURED.costs(), UNIT]  # the unit-cost plan too, kept if the measured costs rank it first
     assert MEASURED.costs().stage_multipliers == pytest.approx((10.6 / 9, 7.4 / 9))  # F+I+W over the mean
     assert plan.name == "zb-auto"
-    assert ("zb-auto: planned with measured costs F 3.5 ms, I 3.4 ms, W 2.1 ms, comm 0.6 ms, "
+    assert ("zb-auto: planned with measured costs F 3.5 ms, I 3.4 ms, W 2.1 ms, comm 0.6 ms, stage overhead 0 ms, "
             "stage factors 1.18, 0.82 (profile of 4 steps") in err
 
 

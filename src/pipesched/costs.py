@@ -2,7 +2,10 @@
 
 ``F``, ``B`` and ``W`` are per microbatch for one rank's whole share of the model (the Zero
 Bubble paper's convention), so a rank holding ``k`` stages pays ``F/k`` per stage forward. ``B``
-is the input-gradient backward (action ``I``); a full backward (action ``B``) costs ``B + W``.
+is the input-gradient backward (action ``I``); a full backward (action ``B``) costs ``B + W``,
+or ``full_backward`` where given: one fused pass need not cost what its two halves cost apart
+(on CPU ranks 1F1B measured 0.97-1.02x ZB-H1's step where B + W priced it 1.06-1.13x; a
+profile measures it: :mod:`pipesched.runtime.profile`).
 ``comm`` is a latency on every dependency that crosses ranks; it does not occupy either rank.
 ``stage_overhead`` is the part of every ``F``, ``I`` and ``B`` that does not shrink with a stage's
 share of the layers (receiving and sending its boundary, building its autograd graph, the
@@ -57,6 +60,7 @@ class Costs:
     stage_multipliers: Optional[tuple[float, ...]] = None
     overlap: float = 1.0
     stage_overhead: float = 0.0
+    full_backward: Optional[float] = None  # a fused backward's cost for a rank's share (None: B + W)
 
     def __post_init__(self) -> None:
         for label in ("F", "B", "W"):
@@ -68,6 +72,11 @@ class Costs:
                 f"stage overhead {self.stage_overhead:g} must be below F ({self.F:g}) and B ({self.B:g}): it is the part "
                 "of them that does not shrink with a stage's share of the layers"
             )
+        if self.full_backward is not None:
+            check_number("full backward", self.full_backward, *COST_RANGE)
+            if self.full_backward <= self.stage_overhead:
+                raise ConfigError(f"full backward {self.full_backward:g} must be above the stage overhead "
+                                  f"{self.stage_overhead:g}, a part of it")
         if not _is_number(self.overlap) or not 0 <= self.overlap <= 1:
             raise ConfigError(
                 f"overlap={self.overlap!r} must be a number from 0 (an overlapped forward and "
@@ -91,6 +100,7 @@ class Costs:
         multipliers: Optional[Sequence[float]] = None,
         overlap: float = 1.0,
         stage_overhead: float = 0.0,
+        full_backward: Optional[float] = None,
     ) -> "Costs":
         """Build from CLI text ``"F,B,W"`` (None: 1,1,1; empty text is refused)."""
         if text is None:
@@ -106,7 +116,7 @@ class Costs:
             except ValueError:
                 raise ConfigError(f"--costs {text!r}: expected three numbers F,B,W such as 1,1.4,0.6") from None
         return cls(F=f, B=b, W=w, comm=comm, stage_multipliers=tuple(multipliers) if multipliers else None,
-                   overlap=overlap, stage_overhead=stage_overhead)
+                   overlap=overlap, stage_overhead=stage_overhead, full_backward=full_backward)
 
     def multipliers(self, stages: int) -> list[float]:
         """One factor per stage for a schedule of ``stages`` stages (see the module docstring)."""
@@ -128,14 +138,15 @@ class Costs:
         )
 
     def kind_cost(self, kind: str) -> float:
-        """Cost of one action kind for a rank's whole share (B is the fused B+W)."""
+        """Cost of one action kind for a rank's whole share (B is the fused backward: B + W, or
+        ``full_backward`` where given)."""
         if kind == "F":
             return self.F
         if kind == "I":
             return self.B
         if kind == "W":
             return self.W
-        return self.B + self.W
+        return self.B + self.W if self.full_backward is None else self.full_backward
 
 
 UNIT = Costs()

@@ -150,7 +150,7 @@ def _costs_line(costs: Costs, given: bool, measured: bool) -> str:
                 "--costs F,B,W --comm C plans with yours")
     factors = ", ".join(f"{x:.2f}" for x in costs.stage_multipliers or ())
     return (f"zb-auto: planned with measured costs F {costs.F:.3g} ms, I {costs.B:.3g} ms, W {costs.W:.3g} ms, "
-            f"comm {costs.comm:.3g} ms, stage factors {factors} (profile of {PROFILE_STEPS} steps, the first a "
+            f"comm {costs.comm:.3g} ms, stage overhead {costs.stage_overhead:.3g} ms, stage factors {factors} (profile of {PROFILE_STEPS} steps, the first a "
             "warm-up; --costs 1,1,1 plans with unit costs and no profile)")
 
 

@@ -105,7 +105,9 @@ class ScaledCosts:
         def scaled(x: float, part: float) -> float:
             return part + (x - part) * scale
 
-        return replace(b, F=scaled(b.F, fixed), B=scaled(b.B, fixed), W=scaled(b.W, o), comm=b.comm * scale)
+        full = None if b.full_backward is None else scaled(b.full_backward, fixed)
+        return replace(b, F=scaled(b.F, fixed), B=scaled(b.B, fixed), W=scaled(b.W, o), comm=b.comm * scale,
+                       full_backward=full)
 
     def memory_limit(self, stages: int, placement: str, scale: float) -> Optional[float]:
         if self.limit_bytes is not None and self.activation is not None:  # M_B: a rank's share

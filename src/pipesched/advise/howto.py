@@ -60,6 +60,7 @@ def export_command(c: Candidate, ranks: int) -> str:
         flags += f" --costs {costs.F:.10g},{costs.B:.10g},{costs.W:.10g}"
         flags += f" --comm {costs.comm:.10g}" if costs.comm else ""
         flags += f" --stage-overhead {costs.stage_overhead:.10g}" if costs.stage_overhead else ""
+        flags += f" --full-backward {costs.full_backward:.10g}" if costs.full_backward is not None else ""
         if costs.stage_multipliers:
             flags += " --stage-multipliers " + ",".join(f"{x:.10g}" for x in costs.stage_multipliers)
     return f"pipesched export {c.schedule} --ranks {ranks} --microbatches {c.microbatches} --chunks {c.chunks}{flags}"
@@ -73,6 +74,7 @@ def build_call(c: Candidate, ranks: int) -> str:
         fields = [f"F={costs.F:.10g}", f"B={costs.B:.10g}", f"W={costs.W:.10g}"]
         fields += [f"comm={costs.comm:.10g}"] if costs.comm else []
         fields += [f"stage_overhead={costs.stage_overhead:.10g}"] if costs.stage_overhead else []
+        fields += [f"full_backward={costs.full_backward:.10g}"] if costs.full_backward is not None else []
         if costs.stage_multipliers:
             fields.append("stage_multipliers=(" + ", ".join(f"{x:.10g}" for x in costs.stage_multipliers) + ")")
         args.append(f"costs=pipesched.Costs({', '.join(fields)})")
@@ -84,8 +86,8 @@ def build_call(c: Candidate, ranks: int) -> str:
 
 
 def _costs_matter(costs: Costs) -> bool:
-    return (costs.F, costs.B, costs.W, costs.comm, costs.stage_multipliers, costs.stage_overhead) != (
-        UNIT.F, UNIT.B, UNIT.W, UNIT.comm, UNIT.stage_multipliers, UNIT.stage_overhead)
+    return (costs.F, costs.B, costs.W, costs.comm, costs.stage_multipliers, costs.stage_overhead, costs.full_backward) != (
+        UNIT.F, UNIT.B, UNIT.W, UNIT.comm, UNIT.stage_multipliers, UNIT.stage_overhead, UNIT.full_backward)
 
 
 def _steered_by_objective(c: Candidate) -> bool:

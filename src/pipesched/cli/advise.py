@@ -52,6 +52,7 @@ def advise_cmd(
     costs: Optional[str] = opt.CostsOpt,
     comm: Optional[float] = typer.Option(None, "--comm", help="Latency of every cross-rank transfer, in cost units."),
     stage_overhead: Optional[float] = typer.Option(None, "--stage-overhead", help=opt.StageOverhead.help),
+    full_backward: Optional[float] = opt.FullBackward,
     stage_multipliers: Optional[str] = opt.Multipliers,
     objective: str = typer.Option("makespan", "--objective", help="makespan (optimizer step syncs ranks) or span."),
     max_chunks: int = typer.Option(4, "--max-chunks", help="Most chunks per rank to try."),
@@ -114,7 +115,8 @@ def advise_cmd(
     memory_limit, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=profile or described)
     if profile:
         result = _profiled(
-            ranks, memory_limit, microbatches, given, costs, comm, stage_multipliers, global_batch, stage_overhead,
+            ranks, memory_limit, microbatches, given, costs, comm, stage_multipliers, global_batch,
+            (stage_overhead, full_backward),
             model_name, batch_size, profile_steps, limit_bytes=limit_bytes, objective=objective, max_chunks=max_chunks,
             families=_families(schedules), workers=workers, quiet=as_json,
         )
@@ -127,7 +129,7 @@ def advise_cmd(
         layout_options.run(
             gpus, global_batch,
             _model(gpus or ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers,
-                   stage_overhead),
+                   (stage_overhead, full_backward)),
             dp_bandwidth, dp_latency, report, as_json, top,
             objective=objective, max_chunks=max_chunks, min_microbatch_size=min_microbatch_size,
             max_microbatches=max_microbatches, families=_families(schedules), workers=workers,
@@ -135,11 +137,11 @@ def advise_cmd(
         return
     if described:
         model = _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers,
-                       stage_overhead)
+                       (stage_overhead, full_backward))
         c = None
     else:
         c = Costs.parse(costs, comm=comm or 0.0, multipliers=opt.parse_multipliers(stage_multipliers),
-                        stage_overhead=stage_overhead or 0.0)
+                        stage_overhead=stage_overhead or 0.0, full_backward=full_backward)
     result = advise(
         ranks, memory_limit, microbatches=microbatches, global_batch=global_batch,
         microbatch_size=microbatch_size, costs=c, cost_model=model, objective=objective,
@@ -182,11 +184,12 @@ def refuse_ignored(mode: str, values: dict) -> None:
                           f"{'it' if len(ignored) == 1 else 'them'}")
 
 
-def _profiled(ranks, memory_limit, microbatches, given, costs, comm, multipliers, global_batch, stage_overhead,
+def _profiled(ranks, memory_limit, microbatches, given, costs, comm, multipliers, global_batch, measured,
               model_name, batch_size, steps, quiet: bool, limit_bytes: Optional[float] = None, **options) -> Advice:
     """Advice from costs measured by running the model (needs torch)."""
     clashes = [f for f, v in (("--costs", costs), ("--comm", comm), ("--stage-multipliers", multipliers),
-                              ("--stage-overhead", stage_overhead), ("--global-batch", global_batch)) if v is not None]
+                              ("--stage-overhead", measured[0]), ("--full-backward", measured[1]),
+                              ("--global-batch", global_batch)) if v is not None]
     clashes += [f for f, v in given.items() if v is not None]
     if clashes:
         raise ConfigError(f"--profile measures the costs itself: drop {', '.join(clashes)}")
@@ -215,7 +218,7 @@ def _families(names: Optional[str]) -> Optional[list]:
 
 
 def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, multipliers,
-           stage_overhead) -> TransformerCosts:
+           measured: tuple) -> TransformerCosts:
     missing = [f for f in _MODEL_FLAGS if given[f] is None]
     if microbatch_size is None:
         missing.append("--microbatch-size")
@@ -225,7 +228,7 @@ def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm
             f"missing {', '.join(missing)}"
         )
     for flag, value in (("--costs", costs), ("--comm", comm), ("--stage-multipliers", multipliers),
-                        ("--stage-overhead", stage_overhead)):
+                        ("--stage-overhead", measured[0]), ("--full-backward", measured[1])):
         if value is not None:
             raise ConfigError(f"{flag} cannot be combined with a model description (the model gives the costs)")
     if (memory_limit is not None or limit_bytes is not None) and given["--gpu-memory"] is not None:
@@ -334,6 +337,7 @@ def _setup_line(result: Advice) -> str:
     c = best.costs if best.scale == 1.0 else None
     cost = f"  F,B,W={c.F:.4g},{c.B:.4g},{c.W:.4g} comm={c.comm:.4g}" if c else ""
     cost += f" stage overhead={c.stage_overhead:.4g}" if c and c.stage_overhead else ""
+    cost += f" full backward={c.full_backward:.4g}" if c and c.full_backward is not None else ""
     limit = f"  memory limit {result.memory_limit:g} M_B" if result.memory_limit is not None else ""
     return f"p={result.ranks}  {batch}{cost}{limit}  objective {result.objective}"
 

@@ -1,7 +1,7 @@
 """Options shared by every command that builds a schedule (the flags of DESIGN.md).
 
-The planning options (ranks, microbatches, chunks, costs, comm, stage overhead, memory limit, stage
-multipliers, overlap, objective, recompute input) are declared once, in :data:`PLANNING_OPTIONS`, and checked
+The planning options (ranks, microbatches, chunks, costs, comm, stage overhead, full backward,
+memory limit, stage multipliers, overlap, objective, recompute input) are declared once, in :data:`PLANNING_OPTIONS`, and checked
 once, in :func:`setup`: a command decorated with :func:`planning_options` takes one
 ``plan: PlanningFlags`` parameter in their place and calls ``plan.setup()``.
 """
@@ -34,6 +34,11 @@ StageOverhead = typer.Option(
     help="The part of every F, I and B that does not shrink with a stage's share of the layers "
     "(host work per stage: boundary, autograd, bookkeeping), in cost units; a rank with v chunks "
     "pays it v times. advise --profile measures it.",
+)
+FullBackward = typer.Option(
+    None, "--full-backward",
+    help="What a fused backward (action B, as in 1f1b) of a rank's share costs, in cost units "
+    "(default B+W of --costs). advise --profile measures it.",
 )
 MemoryLimit = typer.Option(
     None, "--memory-limit",
@@ -131,6 +136,7 @@ def setup(
     recompute_input: Optional[float] = None,
     bytes_per_mb: Optional[float] = None,
     stage_overhead: float = 0.0,
+    full_backward: Optional[float] = None,
 ) -> Setup:
     """Check and bundle the shared flags (bad values raise ConfigError: one line, exit 2).
 
@@ -152,7 +158,7 @@ def setup(
     if recompute_input is not None:
         check_recompute_input(recompute_input, limit)
     parsed = Costs.parse(costs, comm=comm, multipliers=parse_multipliers(multipliers), overlap=overlap,
-                         stage_overhead=stage_overhead)
+                         stage_overhead=stage_overhead, full_backward=full_backward)
     return Setup(ranks, microbatches, chunks, parsed, limit, objective, recompute_input)
 
 
@@ -166,6 +172,7 @@ class PlanningFlags:
     costs: Optional[str] = None
     comm: float = 0.0
     stage_overhead: float = 0.0
+    full_backward: Optional[float] = None
     memory_limit: Optional[str] = None
     stage_multipliers: Optional[str] = None
     overlap: float = 1.0
@@ -178,14 +185,14 @@ class PlanningFlags:
         """The checked :class:`Setup` (ConfigError on a bad value)."""
         return setup(self.ranks, self.microbatches, self.chunks, self.costs, self.comm, self.memory_limit,
                      self.stage_multipliers, self.objective, self.overlap, self.recompute_input, bytes_per_mb,
-                     self.stage_overhead)
+                     self.stage_overhead, self.full_backward)
 
 
 # each planning option: (parameter, type, typer's declaration), in the order --help lists them
 PLANNING_OPTIONS: tuple[tuple[str, object, object], ...] = (
     ("ranks", int, Ranks), ("microbatches", int, Microbatches), ("chunks", Optional[int], Chunks),
     ("costs", Optional[str], CostsOpt), ("comm", float, Comm), ("stage_overhead", float, StageOverhead),
-    ("memory_limit", Optional[str], MemoryLimit),
+    ("full_backward", Optional[float], FullBackward),    ("memory_limit", Optional[str], MemoryLimit),
     ("stage_multipliers", Optional[str], Multipliers), ("overlap", float, Overlap),
     ("objective", Optional[str], Objective), ("recompute_input", Optional[float], RecomputeInput),
 )

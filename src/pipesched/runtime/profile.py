@@ -6,14 +6,18 @@ separately on real ranks. The delay per cross-rank message is calibrated on the 
 one with which the simulator, fed each step's measured action durations, ends the steps when
 they ended (at least the one-way latency a ping-pong measures). On CPUs over gloo it is several
 times that latency, and without it the advisor would favour schedules that exchange many more
-messages (interleaved ones with many chunks) than they can afford. The stage overhead (the part of
-every F, I and B that does not shrink with a stage's share of the layers: see
-:mod:`pipesched.costs`) is measured beside it: the same processes step a two-chunk layout
-(:data:`CHUNKED_SCHEDULE`) after each profiled step, and the stage overhead is the one with which
-the simulator's ratio of the two layouts' steps is the measured one (medians over steps paired
-step by step, so that the machine's drift hits both alike). Without it the advisor prices a rank's
-``v`` stages at ``1/v`` of its one, and on CPU ranks over gloo two chunks measure as slow as one
-where the model says 5-12% faster (benchmarks/RESULTS.md). Activation memory per
+messages (interleaved ones with many chunks) than they can afford.
+
+Two costs are measured from other layouts, by the same processes (:data:`FITTED`): the stage overhead (the part of every F, I and B that does not shrink with a
+stage's share of the layers: see :mod:`pipesched.costs`) from ZB-V with 2 chunks, then a fused
+backward's cost from 1F1B. Each is the value with which the simulator's ratio of that layout's
+step to ZB-H1's is the measured ratio: after the profiled steps, the layouts and a ZB-H1 of
+their own take turns for as many rounds (two steps a turn, the second kept: a step right after
+another layout's runs up to twice as slow on CPU ranks), and the ratio is the median over the
+rounds of the two layouts' steps in that round, so that the machine's drift hits both alike. Without them the
+advisor prices a rank's ``v`` stages at ``1/v`` of its one and a fused backward at ``B + W``: on
+CPU ranks over gloo two chunks measured 0.99-1.11x one and 1F1B 0.97-1.02x ZB-H1, where the
+model said 0.97x and 1.06-1.13x (benchmarks/RESULTS.md). Activation memory per
 stage is what the runtime measured on the first step (see :mod:`pipesched.runtime.memory_meter`):
 the bytes one microbatch's F keeps, what its I leaves for W, and the stage's input (all a
 recomputed stage keeps).
@@ -41,7 +45,8 @@ if TYPE_CHECKING:
     from ..schedule import Schedule
 
 PROFILE_SCHEDULE = "zb-h1"
-CHUNKED_SCHEDULE = "zb-v"  # two chunks per rank, split backward: the profile's second layout
+# the layouts run after the profiled steps, and the Costs field each one's step ratio fits
+FITTED = (("zb-v", 2, "stage_overhead"), ("1f1b", 1, "full_backward"))
 MS = 1e3
 
 
@@ -63,7 +68,8 @@ class Profile:
     stage_blocks: Optional[tuple[int, ...]] = None  # the model's blocks on each stage (None: one each)
     dtype: str = "fp32"  # what the profiled steps computed in (the run's)
     stage_overhead: float = 0.0  # part of each F, I, B not shrinking with a stage's layers (see the module docstring)
-    chunked_ratio: Optional[float] = None  # CHUNKED_SCHEDULE's step over PROFILE_SCHEDULE's (None: not run)
+    full_backward: Optional[float] = None  # a fused backward's cost for a rank's share (None: I + W)
+    ratios: dict = field(default_factory=dict)  # FITTED's schedule name -> its median step over ZB-H1's
 
     @property
     def activation_bytes(self) -> tuple[float, ...]:
@@ -92,7 +98,8 @@ class Profile:
         totals = [sum(c) for c in self.stage_costs]
         mean = statistics.fmean(totals)
         return Costs(F=f * MS, B=i * MS, W=w * MS, comm=self.comm * MS,
-                     stage_multipliers=tuple(t / mean for t in totals), stage_overhead=self.stage_overhead * MS)
+                     stage_multipliers=tuple(t / mean for t in totals), stage_overhead=self.stage_overhead * MS,
+                     full_backward=None if self.full_backward is None else self.full_backward * MS)
 
     @property
     def max_chunks(self) -> int:
@@ -104,12 +111,15 @@ class Profile:
             f"stage {s}: F {MS * f:.2f} I {MS * i:.2f} W {MS * w:.2f} ms, {a / 1e6:.2f} MB"
             for s, ((f, i, w), a) in enumerate(zip(self.stage_costs, self.activation_bytes))
         )
-        chunked = (f", stage overhead {MS * self.stage_overhead:.3f} ms ({CHUNKED_SCHEDULE} with 2 chunks measured "
-                   f"{self.chunked_ratio:.3f}x its step)" if self.chunked_ratio is not None else "")
+        fitted = ""
+        if "zb-v" in self.ratios:
+            fitted += f", stage overhead {MS * self.stage_overhead:.3f} ms (zb-v with 2 chunks: {self.ratios['zb-v']:.3f}x its step)"
+        if "1f1b" in self.ratios:
+            fitted += f", full backward {MS * self.full_backward:.2f} ms (1f1b: {self.ratios['1f1b']:.3f}x)"
         return (
             f"measured {self.model} in {self.dtype} on {self.ranks} ranks, m={self.microbatches}, batch {self.batch_size} "
             f"({PROFILE_SCHEDULE} step {MS * self.step_time:.1f} ms, delay per message {MS * self.comm:.3f} ms "
-            f"against a p2p latency of {MS * self.latency:.3f} ms{chunked}): {per_stage}"
+            f"against a p2p latency of {MS * self.latency:.3f} ms{fitted}): {per_stage}"
         )
 
 
@@ -125,7 +135,9 @@ def profile(
     dtype: str = "fp32",
 ) -> Profile:
     """Run ``steps`` steps of ZB-H1 on ``ranks`` local ranks and measure every stage (in
-    ``dtype``, the run's: bf16 halves the bytes and changes the times)."""
+    ``dtype``, the run's: bf16 halves the bytes and changes the times), then as many of each layout of :data:`FITTED`
+    for the costs they fit (where there are two ranks or more and the model has the blocks for
+    its chunks; otherwise that cost keeps its default)."""
     if not is_known(model):
         raise ConfigError(f"--model {model!r} is not known: use {KNOWN}")
     if steps < 2:
@@ -140,10 +152,12 @@ def profile(
     if md.num_blocks < ranks:
         raise ConfigError(f"--model {model} has {md.num_blocks} blocks, fewer than {ranks} ranks")
     schedule = build_schedule(PROFILE_SCHEDULE, ranks, microbatches)
-    chunked = build_schedule(CHUNKED_SCHEDULE, ranks, microbatches, 2) if md.num_blocks >= 2 * ranks > 2 else None
+    others = [(build_schedule(name, ranks, microbatches, chunks), field_name) for name, chunks, field_name in FITTED
+              if ranks > 1 and md.num_blocks >= chunks * ranks]  # each stage needs a block
     blocks = tuple(balanced_block_counts(md.block_costs, schedule))  # as the run splits them
     result = run(TrainConfig(model, schedule, steps, batch_size, seed=seed, model_size=size, timeout_s=timeout_s,
-                             block_counts=blocks, dtype=dtype, alongside=chunked))
+                             block_counts=blocks, dtype=dtype,
+                             alongside=tuple(s for s, _ in others) + ((schedule,) if others else ())))
     steps_measured = result.timelines[1:]
     measured = median_costs(steps_measured)
     stage_costs = tuple(
@@ -156,31 +170,38 @@ def profile(
         stage_memory=tuple(result.stage_memory[s] for s in range(schedule.stages)),
         step_time=result.median_step_time(), model_size=size, stage_blocks=blocks, dtype=dtype,
     )
-    if chunked is None:
-        return prof
-    ratio = statistics.median(makespan(c) / makespan(p) for p, c in zip(steps_measured, result.alongside_timelines[1:]))
-    return replace(prof, chunked_ratio=ratio,
-                   stage_overhead=fitted_stage_overhead(schedule, chunked, prof.costs(), ratio) / MS)
+    # the layouts took turns with a ZB-H1 of their own (the last): ratios of one round, then the median
+    bases = result.alongside_timelines[-1] if others else []
+    for (other, field_name), timelines in zip(others, result.alongside_timelines):
+        ratio = statistics.median(makespan(t) / makespan(b) for t, b in zip(timelines, bases))
+        value = fitted_cost(schedule, other, prof.costs(), field_name, ratio)
+        prof = replace(prof, ratios={**prof.ratios, other.name: ratio}, **{field_name: value / MS})
+    return prof
 
 
-def fitted_stage_overhead(one: "Schedule", chunked: "Schedule", costs: Costs, ratio: float) -> float:
-    """The stage overhead (in ``costs``' unit) with which ``chunked``'s simulated makespan is
-    ``ratio`` times ``one``'s, ``one`` having a stage per rank (so that the stage overhead is inside
-    its F, I and B and does not change it); 0 where even none makes ``chunked`` slower than
-    ``ratio``, and at most 0.9 of the smaller of F and B (the part of them a stage overhead can be)."""
+def fitted_cost(one: "Schedule", other: "Schedule", costs: Costs, field_name: str, ratio: float) -> float:
+    """The value of ``costs``' field ``field_name`` (``stage_overhead`` or ``full_backward``, in
+    ``costs``' unit) with which ``other``'s simulated makespan is ``ratio`` times ``one``'s (one
+    ZB-H1 step, whose one stage per rank and split backward neither field changes), within the
+    field's range: a stage overhead from 0 to 0.9 of the smaller of F and B (the part of them it
+    can be), a full backward from half to twice ``B + W`` (beyond, the profile measured something
+    else); at a bound where the ratio lies beyond it."""
     base = simulate(one, costs).makespan
 
-    def chunked_ratio(stage_overhead: float) -> float:
-        return simulate(chunked, replace(costs, stage_overhead=stage_overhead)).makespan / base
+    def simulated_ratio(value: float) -> float:
+        return simulate(other, replace(costs, **{field_name: value})).makespan / base
 
-    lo, hi = 0.0, 0.9 * min(costs.F, costs.B)
-    if chunked_ratio(lo) >= ratio:
-        return 0.0
-    if chunked_ratio(hi) <= ratio:
+    if field_name == "stage_overhead":
+        lo, hi = 0.0, 0.9 * min(costs.F, costs.B)
+    else:
+        lo, hi = max(0.5 * (costs.B + costs.W), 1.01 * costs.stage_overhead), 2.0 * (costs.B + costs.W)
+    if simulated_ratio(lo) >= ratio:
+        return lo
+    if simulated_ratio(hi) <= ratio:
         return hi
     for _ in range(40):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if chunked_ratio(mid) < ratio else (lo, mid)
+        lo, hi = (mid, hi) if simulated_ratio(mid) < ratio else (lo, mid)
     return (lo + hi) / 2
 
 

@@ -60,7 +60,9 @@ class TrainConfig:
     dtype: str = "fp32"  # one of precision.DTYPES
     overlap_grad_sync: bool = True
     meter_every_step: bool = False  # count activation bytes on every step (a trace draws them)
-    alongside: Optional[Schedule] = None  # a second layout stepped after each step, in the same processes (a profile's)
+    # other layouts run after the steps, in the same processes, in turns for as many rounds (a
+    # profile's): see _turns
+    alongside: tuple[Schedule, ...] = ()
 
     @property
     def world(self) -> int:
@@ -114,7 +116,7 @@ class TrainResult:
     dp: int = 1  # data-parallel replicas it ran (the figures above are the first replica's)
     dtype: str = "fp32"
     first_step: int = 0  # steps done before this run (resumed from a checkpoint), 0 otherwise
-    alongside_timelines: list[Timeline] = field(default_factory=list)  # per step: TrainConfig.alongside's
+    alongside_timelines: list[list[Timeline]] = field(default_factory=list)  # per TrainConfig.alongside, per round
 
     def median_step_time(self, skip: int = 1) -> float:
         times = self.step_times[skip:] or self.step_times
@@ -172,14 +174,13 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     schedule = cfg.schedule
     mesh = init_pipeline_mesh(schedule.ranks, cfg.dp, cfg.timeout_s)
     runtime = _runtime(cfg, md, schedule, cfg.block_counts, mesh)
-    beside = _runtime(cfg, md, cfg.alongside, None, mesh) if cfg.alongside is not None else None
     first = _resume(cfg, checkpoint.runtime_module(runtime, md.checkpoint_name), runtime.optimizer)
     if cfg.resume_from is not None:
         runtime.broadcast_tied()
     runtime.steps_done = first
     latency = measure_latency(*runtime.probe_tensor(), rank_device())
     progress = _Progress(cfg.steps, schedule.name, first) if cfg.show_progress and rank == 0 else None
-    losses, times, spans, grads, results, beside_spans = [], [], [], None, [], []
+    losses, times, spans, grads, results = [], [], [], None, []
     report_progress()  # from here a single rank silent for the timeout is stopped by the launcher
     try:
         for step in range(first, cfg.steps):
@@ -195,14 +196,13 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
                 progress.update(step, result.loss, result.step_time, result.skipped)
             if cfg.checkpoint_due(runtime.steps_done):
                 checkpoint.save_runtime(runtime, cfg.checkpoint_dir, cfg.checkpoint_keep, md.checkpoint_name)
-            if beside is not None:
-                beside_spans.append(beside.step(x, y).spans)
             report_progress()
     finally:
         if progress:
             progress.close()
     timelines = _gather_timelines(spans, runtime.mesh.grid[0])
-    beside_timelines = _gather_timelines(beside_spans, runtime.mesh.grid[0]) if beside is not None else []
+    beside = _turns([_runtime(cfg, md, other, None, mesh) for other in cfg.alongside], cfg)
+    beside_timelines = [_gather_timelines(spans, runtime.mesh.grid[0]) for spans in beside]
     memory, curves, stage_memory = _gather_memory(runtime, results, runtime.mesh.grid[0])
     params = runtime.gather_state_dict() if cfg.want_params else None
     if rank != 0:
@@ -211,6 +211,22 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
         losses, times, timelines, latency, params, grads, memory, curves, stage_memory,
         dp=cfg.dp, dtype=cfg.dtype, first_step=first, alongside_timelines=beside_timelines,
     )
+
+
+def _turns(runtimes: list[PipelineRuntime], cfg: TrainConfig) -> list[list]:
+    """Per runtime, the spans of one step a round, for ``cfg.steps`` rounds: in each round every
+    runtime takes two steps in turn and keeps the second. Taking turns, the runtimes meet the
+    machine's drift alike (figures of one round compare); the step kept follows one of its
+    own, since a step right after another runtime's ran up to twice as slow on CPU ranks."""
+    md = cfg.model_def()
+    kept: list[list] = [[] for _ in runtimes]
+    for step in range(cfg.steps if runtimes else 0):
+        for spans, runtime in zip(kept, runtimes):
+            for warm in (True, False):
+                result = runtime.step(*md.batch(step, cfg.batch_size, cfg.seed))
+            spans.append(result.spans)
+        report_progress()
+    return kept
 
 
 def _runtime(cfg: TrainConfig, md: ModelDef, schedule: Schedule, counts: Optional[tuple[int, ...]], mesh) -> PipelineRuntime:

@@ -116,6 +116,7 @@ def zb_v_searches(ranks: int, costs: Costs, memory_limit: Optional[float]) -> bo
     """Whether :func:`build_zb_v` may search: not at equal costs (F = B = W, no comm, no stage
     multipliers, no stage overhead) within ``p`` M_B, where its program meets the work bound (no order is faster)."""
     equal = (costs.F == costs.B == costs.W and costs.comm == 0 and costs.stage_overhead == 0
+             and costs.full_backward is None
              and len(set(costs.stage_multipliers or (1.0,))) == 1)
     return not (equal and (memory_limit is None or memory_limit >= ranks))
 

@@ -1,8 +1,11 @@
-"""A stage overhead: the part of F, I and B that each stage pays whole, whatever its layers.
+"""Two costs beyond F, B, W that a profile measures: a stage overhead and a fused backward's cost.
 
-A rank's ``v`` stages each pay it; one stage per rank runs in exactly the rank's F, B and W (so
-every one-chunk schedule is unchanged by it). The profile fits it from a two-chunk layout, the
-advisor and its printed commands carry it, and the command line takes and checks it.
+The stage overhead is the part of F, I and B that each stage pays whole, whatever its layers: a
+rank's ``v`` stages each pay it; one stage per rank runs in exactly the rank's F, B and W (so
+every one-chunk schedule is unchanged by it). ``full_backward`` prices a fused backward (action
+``B``) apart from ``B + W``; schedules that split the backward never see it. The profile fits
+both from other layouts, the advisor and its printed commands carry them, and the command line
+takes and checks them.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pipesched.advise import advise
 from pipesched.advise.costmodel import ScaledCosts
 from pipesched.advise.howto import build_call, export_command
 from pipesched.registry import get_family
-from pipesched.runtime.profile import fitted_stage_overhead
+from pipesched.runtime.profile import fitted_cost
 
 
 def _durations(schedule, costs) -> dict[str, float]:
@@ -69,31 +72,55 @@ def test_the_fit_gives_back_the_overhead_a_simulated_ratio_came_from():
     costs = Costs(F=3.0, B=2.9, W=2.2, comm=0.3)
     truth = 0.4
     ratio = simulate(chunked, Costs(F=3.0, B=2.9, W=2.2, comm=0.3, stage_overhead=truth)).makespan / simulate(one, costs).makespan
-    assert fitted_stage_overhead(one, chunked, costs, ratio) == pytest.approx(truth, rel=1e-6)
-    assert fitted_stage_overhead(one, chunked, costs, 0.5) == 0.0  # two chunks faster than the model allows
-    assert fitted_stage_overhead(one, chunked, costs, 10.0) == pytest.approx(0.9 * 2.9)  # at most 0.9 of F, B
+    assert fitted_cost(one, chunked, costs, "stage_overhead", ratio) == pytest.approx(truth, rel=1e-6)
+    assert fitted_cost(one, chunked, costs, "stage_overhead", 0.5) == 0.0  # two chunks faster than the model allows
+    assert fitted_cost(one, chunked, costs, "stage_overhead", 10.0) == pytest.approx(0.9 * 2.9)  # at most 0.9 of F, B
 
 
-def test_the_printed_call_and_export_command_carry_it(cli, tmp_path):
-    costs = Costs(1, 1.4, 0.6, comm=0.1, stage_overhead=0.2)
+def test_a_fused_backward_costs_full_backward_and_a_split_one_is_unchanged():
+    costs = Costs(F=2, B=3, W=1, stage_overhead=0.5, full_backward=3.5)
+    assert _durations(build_schedule("1f1b", ranks=2, microbatches=2), costs)["B"] == 3.5
+    two_chunks = build_schedule("interleaved-1f1b", ranks=2, microbatches=2, chunks=2)
+    assert _durations(two_chunks, costs)["B"] == 3.5 / 2 + 0.5 * (1 - 1 / 2)
+    split = build_schedule("zb-h1", ranks=4, microbatches=8)
+    assert simulate(split, costs).makespan == simulate(split, Costs(F=2, B=3, W=1, stage_overhead=0.5)).makespan
+    half = ScaledCosts(Costs(F=4, B=4, W=2, stage_overhead=1.0, full_backward=5.0)).costs(4, "loop", 0.5)
+    assert half.full_backward == 1.0 + (5.0 - 1.0) * 0.5  # scaled with the microbatch, its overhead kept
+
+
+@pytest.mark.parametrize("value, match", [(0.2, "above the stage overhead"), (float("nan"), "full backward"), (0, "full backward")])
+def test_a_full_backward_not_above_the_overhead_or_not_a_number_is_refused(value, match):
+    with pytest.raises(ConfigError, match=match):
+        Costs(stage_overhead=0.5, full_backward=value)
+
+
+def test_the_printed_call_and_export_command_carry_them(cli, tmp_path):
+    costs = Costs(1, 1.4, 0.6, comm=0.1, stage_overhead=0.2, full_backward=1.8)
     families = [get_family(n) for n in ("1f1b", "interleaved-zb", "zb-v")]
     best = advise(4, 4, microbatches=8, costs=costs, families=families, workers=1).recommended
     call = build_call(best, 4)
-    assert "stage_overhead=0.2" in call
+    assert "stage_overhead=0.2" in call and "full_backward=1.8" in call
     assert simulate(eval(call, {"pipesched": pipesched}), best.costs).makespan == pytest.approx(best.makespan)
     command = shlex.split(export_command(best, 4))
     assert command[command.index("--stage-overhead") + 1] == "0.2"
+    assert command[command.index("--full-backward") + 1] == "1.8"
     target = tmp_path / "best.csv"
     assert cli(*command[1:], "-o", str(target)).returncode == 0
 
 
-def test_the_command_line_takes_it_and_refuses_a_bad_one_in_one_line(cli):
-    shown = cli("simulate", "interleaved-zb", "-p", "2", "-m", "4", "-v", "2", "--stage-overhead", "0.5", "--json")
-    assert shown.returncode == 0, shown.stderr
-    expected = simulate(build_schedule("interleaved-zb", ranks=2, microbatches=4, chunks=2), Costs(stage_overhead=0.5))
-    assert json.loads(shown.stdout)["makespan"] == pytest.approx(expected.makespan)
-    for bad in (["simulate", "1f1b", "--stage-overhead", "1"], ["advise", "--profile", "--stage-overhead", "0.1"]):
+def test_the_command_line_takes_them_and_refuses_bad_ones_in_one_line(cli):
+    flags = ["-p", "2", "-m", "4", "-v", "2", "--stage-overhead", "0.5", "--full-backward", "1.5", "--json"]
+    expected = Costs(stage_overhead=0.5, full_backward=1.5)
+    for name in ("interleaved-zb", "interleaved-1f1b"):  # a split backward and a fused one
+        shown = cli("simulate", name, *flags)
+        assert shown.returncode == 0, shown.stderr
+        built = build_schedule(name, ranks=2, microbatches=4, chunks=2)
+        assert json.loads(shown.stdout)["makespan"] == pytest.approx(simulate(built, expected).makespan)
+    for bad, named in ((["simulate", "1f1b", "--stage-overhead", "1"], "stage overhead"),
+                       (["advise", "--profile", "--stage-overhead", "0.1"], "--stage-overhead"),
+                       (["simulate", "1f1b", "--full-backward", "0"], "full backward"),
+                       (["advise", "--profile", "--full-backward", "2"], "--full-backward")):
         refused = cli(*bad)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
         assert [line for line in refused.stderr.splitlines() if line.strip()][-1].startswith("pipesched: error:")
-        assert "stage overhead" in refused.stderr or "--stage-overhead" in refused.stderr
+        assert named in refused.stderr
