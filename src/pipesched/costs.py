@@ -13,8 +13,9 @@ engine's bookkeeping): a stage holding ``1/k`` of a rank's share runs ``F`` in
 ``stage_overhead + (F - stage_overhead) / k``, so a rank with ``k`` stages pays it ``k`` times per
 microbatch. ``F``, ``B`` and ``W`` are what the share costs as one stage, ``stage_overhead``
 included, so a schedule with one stage per rank is the same with it or without; 0 (the default)
-divides them evenly. (With stage multipliers ``m``: ``F m / k + stage_overhead (1 - 1/k)``.) ``W`` moves no boundary and has none. A profile
-(:mod:`pipesched.runtime.profile`) measures it by running a two-chunk layout beside its one.
+divides them evenly. (With stage multipliers ``m``: ``F m / k + stage_overhead (1 - 1/k)``.)
+``W`` moves no boundary and has none. A profile (:mod:`pipesched.runtime.profile`) measures it
+from a two-chunk layout that takes turns with its one.
 ``overlap`` prices an overlapped forward and backward (DualPipe's F&B): the pair takes
 ``max(F, B) + overlap * min(F, B)`` of its two halves' costs. 1 (the default) is what the
 runtime does, one half after the other; 0 is a perfect overlap (the shorter hidden entirely);
@@ -177,9 +178,9 @@ def durations_for(
     fixed = {"F": costs.stage_overhead, "I": costs.stage_overhead, "B": costs.stage_overhead, "W": 0.0}
     table = {}
     for s, rank in enumerate(placement):
+        extra = 1 - pipelines / per_rank[rank]  # the overhead's part beyond the stage's share (0: one stage a copy)
         for kind in "FIWB":
-            share = pipelines / per_rank[rank]  # of the rank's work this stage does (1: one stage a copy)
-            table[(s, kind)] = costs.kind_cost(kind) * mults[s % length] * pipelines / per_rank[rank] + fixed[kind] * (1 - share)
+            table[(s, kind)] = costs.kind_cost(kind) * mults[s % length] * pipelines / per_rank[rank] + fixed[kind] * extra
     return table
 
 

@@ -100,6 +100,7 @@ def advise_cmd(
         "--gpu-memory": gpu_memory, "--bandwidth": bandwidth, "--flops": flops,
         "--attention": attention, "--activation-dtype": dtype,
     }
+    profiled = {"--stage-overhead": stage_overhead, "--full-backward": full_backward}  # what a profile measures
     model = None
     described = any(given[f] is not None for f in _MODEL_FLAGS + _HARDWARE_FLAGS)
     mode = "--profile" if profile else "--gpus" if gpus is not None else "a model description" if described else "given costs"
@@ -115,8 +116,7 @@ def advise_cmd(
     memory_limit, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=profile or described)
     if profile:
         result = _profiled(
-            ranks, memory_limit, microbatches, given, costs, comm, stage_multipliers, global_batch,
-            (stage_overhead, full_backward),
+            ranks, memory_limit, microbatches, given, costs, comm, stage_multipliers, global_batch, profiled,
             model_name, batch_size, profile_steps, limit_bytes=limit_bytes, objective=objective, max_chunks=max_chunks,
             families=_families(schedules), workers=workers, quiet=as_json,
         )
@@ -129,7 +129,7 @@ def advise_cmd(
         layout_options.run(
             gpus, global_batch,
             _model(gpus or ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers,
-                   (stage_overhead, full_backward)),
+                   profiled),
             dp_bandwidth, dp_latency, report, as_json, top,
             objective=objective, max_chunks=max_chunks, min_microbatch_size=min_microbatch_size,
             max_microbatches=max_microbatches, families=_families(schedules), workers=workers,
@@ -137,7 +137,7 @@ def advise_cmd(
         return
     if described:
         model = _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers,
-                       (stage_overhead, full_backward))
+                       profiled)
         c = None
     else:
         c = Costs.parse(costs, comm=comm or 0.0, multipliers=opt.parse_multipliers(stage_multipliers),
@@ -184,12 +184,11 @@ def refuse_ignored(mode: str, values: dict) -> None:
                           f"{'it' if len(ignored) == 1 else 'them'}")
 
 
-def _profiled(ranks, memory_limit, microbatches, given, costs, comm, multipliers, global_batch, measured,
+def _profiled(ranks, memory_limit, microbatches, given, costs, comm, multipliers, global_batch, profiled,
               model_name, batch_size, steps, quiet: bool, limit_bytes: Optional[float] = None, **options) -> Advice:
     """Advice from costs measured by running the model (needs torch)."""
     clashes = [f for f, v in (("--costs", costs), ("--comm", comm), ("--stage-multipliers", multipliers),
-                              ("--stage-overhead", measured[0]), ("--full-backward", measured[1]),
-                              ("--global-batch", global_batch)) if v is not None]
+                              *profiled.items(), ("--global-batch", global_batch)) if v is not None]
     clashes += [f for f, v in given.items() if v is not None]
     if clashes:
         raise ConfigError(f"--profile measures the costs itself: drop {', '.join(clashes)}")
@@ -218,7 +217,7 @@ def _families(names: Optional[str]) -> Optional[list]:
 
 
 def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, multipliers,
-           measured: tuple) -> TransformerCosts:
+           profiled: dict) -> TransformerCosts:
     missing = [f for f in _MODEL_FLAGS if given[f] is None]
     if microbatch_size is None:
         missing.append("--microbatch-size")
@@ -227,8 +226,7 @@ def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm
             "a model description needs --layers, --hidden, --seq-len and --microbatch-size; "
             f"missing {', '.join(missing)}"
         )
-    for flag, value in (("--costs", costs), ("--comm", comm), ("--stage-multipliers", multipliers),
-                        ("--stage-overhead", measured[0]), ("--full-backward", measured[1])):
+    for flag, value in (("--costs", costs), ("--comm", comm), ("--stage-multipliers", multipliers), *profiled.items()):
         if value is not None:
             raise ConfigError(f"{flag} cannot be combined with a model description (the model gives the costs)")
     if (memory_limit is not None or limit_bytes is not None) and given["--gpu-memory"] is not None:

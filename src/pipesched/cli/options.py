@@ -1,8 +1,8 @@
 """Options shared by every command that builds a schedule (the flags of DESIGN.md).
 
 The planning options (ranks, microbatches, chunks, costs, comm, stage overhead, full backward,
-memory limit, stage multipliers, overlap, objective, recompute input) are declared once, in :data:`PLANNING_OPTIONS`, and checked
-once, in :func:`setup`: a command decorated with :func:`planning_options` takes one
+memory limit, stage multipliers, overlap, objective, recompute input) are declared once, in
+:data:`PLANNING_OPTIONS`, and checked once, in :func:`setup`: a command decorated with :func:`planning_options` takes one
 ``plan: PlanningFlags`` parameter in their place and calls ``plan.setup()``.
 """
 
@@ -192,7 +192,7 @@ class PlanningFlags:
 PLANNING_OPTIONS: tuple[tuple[str, object, object], ...] = (
     ("ranks", int, Ranks), ("microbatches", int, Microbatches), ("chunks", Optional[int], Chunks),
     ("costs", Optional[str], CostsOpt), ("comm", float, Comm), ("stage_overhead", float, StageOverhead),
-    ("full_backward", Optional[float], FullBackward),    ("memory_limit", Optional[str], MemoryLimit),
+    ("full_backward", Optional[float], FullBackward), ("memory_limit", Optional[str], MemoryLimit),
     ("stage_multipliers", Optional[str], Multipliers), ("overlap", float, Overlap),
     ("objective", Optional[str], Objective), ("recompute_input", Optional[float], RecomputeInput),
 )

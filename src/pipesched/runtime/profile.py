@@ -8,16 +8,17 @@ they ended (at least the one-way latency a ping-pong measures). On CPUs over glo
 times that latency, and without it the advisor would favour schedules that exchange many more
 messages (interleaved ones with many chunks) than they can afford.
 
-Two costs are measured from other layouts, by the same processes (:data:`FITTED`): the stage overhead (the part of every F, I and B that does not shrink with a
-stage's share of the layers: see :mod:`pipesched.costs`) from ZB-V with 2 chunks, then a fused
-backward's cost from 1F1B. Each is the value with which the simulator's ratio of that layout's
-step to ZB-H1's is the measured ratio: after the profiled steps, the layouts and a ZB-H1 of
-their own take turns for as many rounds (two steps a turn, the second kept: a step right after
-another layout's runs up to twice as slow on CPU ranks), and the ratio is the median over the
-rounds of the two layouts' steps in that round, so that the machine's drift hits both alike. Without them the
-advisor prices a rank's ``v`` stages at ``1/v`` of its one and a fused backward at ``B + W``: on
-CPU ranks over gloo two chunks measured 0.99-1.11x one and 1F1B 0.97-1.02x ZB-H1, where the
-model said 0.97x and 1.06-1.13x (benchmarks/RESULTS.md). Activation memory per
+Two costs are measured from other layouts, by the same processes (:data:`FITTED`): the stage
+overhead (the part of every F, I and B that does not shrink with a stage's share of the layers:
+see :mod:`pipesched.costs`) from ZB-V with 2 chunks, then a fused backward's cost from 1F1B.
+Each is the value with which the simulator's ratio of that layout's step to ZB-H1's is the
+measured ratio: after the profiled steps, the layouts and the profiled ZB-H1 take turns for as
+many rounds (two steps a turn, the second kept: a step right after another layout's runs up to
+twice as slow on CPU ranks), and the ratio is the median over the rounds of the two layouts'
+steps in that round, so that the machine's drift hits both alike. Without them the advisor
+prices a rank's ``v`` stages at ``1/v`` of its one and a fused backward at ``B + W``: on CPU
+ranks over gloo two chunks measured 0.99-1.11x one and 1F1B 0.97-1.02x ZB-H1, where the model
+said 0.97x and 1.06-1.13x (benchmarks/RESULTS.md). Activation memory per
 stage is what the runtime measured on the first step (see :mod:`pipesched.runtime.memory_meter`):
 the bytes one microbatch's F keeps, what its I leaves for W, and the stage's input (all a
 recomputed stage keeps).
@@ -135,8 +136,8 @@ def profile(
     dtype: str = "fp32",
 ) -> Profile:
     """Run ``steps`` steps of ZB-H1 on ``ranks`` local ranks and measure every stage (in
-    ``dtype``, the run's: bf16 halves the bytes and changes the times), then as many of each layout of :data:`FITTED`
-    for the costs they fit (where there are two ranks or more and the model has the blocks for
+    ``dtype``, the run's: bf16 halves the bytes and changes the times), then as many rounds of
+    the layouts of :data:`FITTED` for the costs they fit (where there are two ranks or more and the model has the blocks for
     its chunks; otherwise that cost keeps its default)."""
     if not is_known(model):
         raise ConfigError(f"--model {model!r} is not known: use {KNOWN}")
@@ -156,8 +157,7 @@ def profile(
               if ranks > 1 and md.num_blocks >= chunks * ranks]  # each stage needs a block
     blocks = tuple(balanced_block_counts(md.block_costs, schedule))  # as the run splits them
     result = run(TrainConfig(model, schedule, steps, batch_size, seed=seed, model_size=size, timeout_s=timeout_s,
-                             block_counts=blocks, dtype=dtype,
-                             alongside=tuple(s for s, _ in others) + ((schedule,) if others else ())))
+                             block_counts=blocks, dtype=dtype, alongside=tuple(s for s, _ in others)))
     steps_measured = result.timelines[1:]
     measured = median_costs(steps_measured)
     stage_costs = tuple(
@@ -170,9 +170,9 @@ def profile(
         stage_memory=tuple(result.stage_memory[s] for s in range(schedule.stages)),
         step_time=result.median_step_time(), model_size=size, stage_blocks=blocks, dtype=dtype,
     )
-    # the layouts took turns with a ZB-H1 of their own (the last): ratios of one round, then the median
-    bases = result.alongside_timelines[-1] if others else []
-    for (other, field_name), timelines in zip(others, result.alongside_timelines):
+    # the layouts took turns with the profiled ZB-H1 (the first): ratios of one round, then the median
+    bases, *turns = result.alongside_timelines or [[]]
+    for (other, field_name), timelines in zip(others, turns):
         ratio = statistics.median(makespan(t) / makespan(b) for t, b in zip(timelines, bases))
         value = fitted_cost(schedule, other, prof.costs(), field_name, ratio)
         prof = replace(prof, ratios={**prof.ratios, other.name: ratio}, **{field_name: value / MS})

@@ -60,8 +60,8 @@ class TrainConfig:
     dtype: str = "fp32"  # one of precision.DTYPES
     overlap_grad_sync: bool = True
     meter_every_step: bool = False  # count activation bytes on every step (a trace draws them)
-    # other layouts run after the steps, in the same processes, in turns for as many rounds (a
-    # profile's): see _turns
+    # other layouts that take turns with this run's own after its steps, in the same processes,
+    # for as many rounds (a profile's): see _turns
     alongside: tuple[Schedule, ...] = ()
 
     @property
@@ -116,7 +116,8 @@ class TrainResult:
     dp: int = 1  # data-parallel replicas it ran (the figures above are the first replica's)
     dtype: str = "fp32"
     first_step: int = 0  # steps done before this run (resumed from a checkpoint), 0 otherwise
-    alongside_timelines: list[list[Timeline]] = field(default_factory=list)  # per TrainConfig.alongside, per round
+    # with TrainConfig.alongside, per round: this run's schedule first, then each of alongside's
+    alongside_timelines: list[list[Timeline]] = field(default_factory=list)
 
     def median_step_time(self, skip: int = 1) -> float:
         times = self.step_times[skip:] or self.step_times
@@ -201,10 +202,10 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
         if progress:
             progress.close()
     timelines = _gather_timelines(spans, runtime.mesh.grid[0])
-    beside = _turns([_runtime(cfg, md, other, None, mesh) for other in cfg.alongside], cfg)
-    beside_timelines = [_gather_timelines(spans, runtime.mesh.grid[0]) for spans in beside]
     memory, curves, stage_memory = _gather_memory(runtime, results, runtime.mesh.grid[0])
     params = runtime.gather_state_dict() if cfg.want_params else None
+    turns = [runtime, *(_runtime(cfg, md, other, None, mesh) for other in cfg.alongside)] if cfg.alongside else []
+    beside_timelines = [_gather_timelines(spans, runtime.mesh.grid[0]) for spans in _turns(turns, cfg, md)]
     if rank != 0:
         return None
     return TrainResult(
@@ -213,18 +214,17 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     )
 
 
-def _turns(runtimes: list[PipelineRuntime], cfg: TrainConfig) -> list[list]:
+def _turns(runtimes: list[PipelineRuntime], cfg: TrainConfig, md: ModelDef) -> list[list]:
     """Per runtime, the spans of one step a round, for ``cfg.steps`` rounds: in each round every
     runtime takes two steps in turn and keeps the second. Taking turns, the runtimes meet the
     machine's drift alike (figures of one round compare); the step kept follows one of its
     own, since a step right after another runtime's ran up to twice as slow on CPU ranks."""
-    md = cfg.model_def()
     kept: list[list] = [[] for _ in runtimes]
     for step in range(cfg.steps if runtimes else 0):
+        batch = md.batch(step, cfg.batch_size, cfg.seed)
         for spans, runtime in zip(kept, runtimes):
-            for warm in (True, False):
-                result = runtime.step(*md.batch(step, cfg.batch_size, cfg.seed))
-            spans.append(result.spans)
+            runtime.step(*batch)  # follows another runtime's step: not kept
+            spans.append(runtime.step(*batch).spans)
         report_progress()
     return kept
 
