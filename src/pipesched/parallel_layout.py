@@ -1,0 +1,103 @@
+"""How a world of processes is cut: pipeline stages x data-parallel replicas x shards x tensor parallelism.
+
+A :class:`ParallelLayout` names the four dimensions torchtitan puts on one device mesh:
+
+- ``pp``: pipeline ranks (each holds some stages);
+- ``dp_replicate``: whole replicas of the pipeline (gradients all-reduced between them);
+- ``dp_shard``: FSDP shards inside a stage (parameters, gradients and optimizer state split
+  ``dp_shard`` ways, gathered for compute, gradients reduce-scattered);
+- ``tp``: tensor parallelism inside each layer (attention heads and MLP columns split ``tp`` ways).
+
+The world is their product. ``order`` lists the dimensions outermost first; the last one varies
+fastest with the global rank, so it lands on ranks a launcher puts on one node (torchrun numbers
+ranks node by node). torchtitan's order, the default, puts ``tp`` innermost (every layer's
+all-reduces on the fast links of a node) and ``pp`` outermost (only one activation per microbatch
+crosses nodes).
+
+This module is pure (no torch): the planner, the advisor and the command line check a layout
+before any rank starts; the runtime builds its process groups from the same coordinates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Optional
+
+from .errors import ConfigError
+
+DIMENSIONS = ("pp", "dp_replicate", "dp_shard", "tp")
+TORCHTITAN_ORDER = DIMENSIONS  # outermost first: pp, then replicas, then shards, tp innermost
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """``pp x dp_replicate x dp_shard x tp`` processes, laid out in ``order`` (outermost first)."""
+
+    pp: int
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    order: tuple[str, ...] = TORCHTITAN_ORDER
+
+    def __post_init__(self) -> None:
+        for name in DIMENSIONS:
+            size = getattr(self, name)
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise ConfigError(f"the layout's {name} must be a whole number of at least 1, got {size!r}")
+        if sorted(self.order) != sorted(DIMENSIONS):
+            raise ConfigError(f"the layout's order must name each of {', '.join(DIMENSIONS)} once, got {list(self.order)}")
+
+    @property
+    def world(self) -> int:
+        """How many processes the layout needs."""
+        return prod(self.sizes().values())
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: how many ways each global batch is split (replicas x shards)."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def sharded(self) -> bool:
+        """Whether stages are split inside (FSDP shards or tensor parallelism)."""
+        return self.dp_shard > 1 or self.tp > 1
+
+    def sizes(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in DIMENSIONS}
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Global ``rank``'s coordinate along each dimension (the last of ``order`` varies fastest)."""
+        if not 0 <= rank < self.world:
+            raise ConfigError(f"rank {rank} is outside a layout of {self.world} processes")
+        coords = {}
+        for name in reversed(self.order):
+            size = getattr(self, name)
+            coords[name] = rank % size
+            rank //= size
+        return coords
+
+    def rank(self, **coords: int) -> int:
+        """The global rank at ``coords`` (every dimension named)."""
+        rank = 0
+        for name in self.order:
+            rank = rank * getattr(self, name) + coords[name]
+        return rank
+
+    def group_of(self, rank: int, dimension: str) -> tuple[int, ...]:
+        """The global ranks that differ from ``rank`` only along ``dimension`` (its process group)."""
+        coords = self.coordinates(rank)
+        return tuple(self.rank(**{**coords, dimension: i}) for i in range(getattr(self, dimension)))
+
+    def check(self, world: Optional[int] = None, *, heads: Optional[int] = None, kv_heads: Optional[int] = None,
+              hidden: Optional[int] = None) -> None:
+        """Refuse (one line, :class:`ConfigError`) a layout that cannot run: a product other than
+        the ``world`` size, ``tp`` not dividing the attention heads, key-value heads or hidden size."""
+        if world is not None and self.world != world:
+            raise ConfigError(f"the layout {self} needs {self.world} processes, not {world}")
+        for what, count in (("attention heads", heads), ("key-value heads", kv_heads), ("hidden size", hidden)):
+            if count is not None and count % self.tp:
+                raise ConfigError(f"tensor parallelism tp={self.tp} does not divide the model's {count} {what}")
+
+    def __str__(self) -> str:
+        return " x ".join(f"{name} {getattr(self, name)}" for name in self.order)
