@@ -6,44 +6,20 @@ crosses. ``PipelineRuntime.step(inputs, targets, context)`` takes such a ``conte
 tensors whose dim 0 is the batch, **the same on every rank**. The runtime splits it into
 microbatches (and shards it over data-parallel replicas) as it splits the inputs, and every
 compute action of microbatch ``k`` (its F, I, B and W, each half of an overlapped pair, and a
-recomputation inside a backward) runs with microbatch ``k``'s slice current, which a block reads
-with :func:`current` (None outside a step's actions, or when the step has no context).
+recomputation inside a backward) passes microbatch ``k``'s slice to every block whose ``forward``
+takes a ``context`` argument (:func:`~.partition.run_block`): an argument, never a global, so
+ranks that share a process (:mod:`.local_transport`) and threads never see each other's.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 
 from ..errors import ConfigError
 
 Context = dict[str, torch.Tensor]
-
-_current: Optional[Context] = None
-
-
-def current() -> Optional[Context]:
-    """The microbatch's batch context while one of its actions runs (a dict of tensors), else None."""
-    return _current
-
-
-def set_current(context: Optional[Context]) -> None:
-    """Make ``context`` current (the engine's call before each action)."""
-    global _current
-    _current = context
-
-
-@contextmanager
-def using(context: Optional[Context]) -> Iterator[None]:
-    """``context`` current within the block, the previous one restored after it."""
-    previous = _current
-    set_current(context)
-    try:
-        yield
-    finally:
-        set_current(previous)
 
 
 def split(context: Optional[Context], microbatches: int, device: torch.device) -> Optional[list[Context]]:
