@@ -53,7 +53,7 @@ from .precision import Precision
 from .reduction import ReductionPlan
 from .shapes import ShapeBook, infer_boundary_shapes
 from .split_backward import WeightGradStash, make_weight_grads_deferrable
-from .stage_runner import StageRunner
+from .stage_runner import build_runners
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -112,12 +112,9 @@ class PipelineRuntime:
         self.sizes = SizeLearner()
         self.optimizer = optimizer(self.parameters)
         self.program = lower(schedule, self.rank)
-        self.runners = {s: StageRunner(s, self.stages[s], model_stage=self.copies.model_stage(s),
-                                       takes_inputs=self.copies.takes_inputs(s),
-                                       computes_loss=self.copies.computes_loss(s), loss_fn=loss_fn,
-                                       microbatches=schedule.microbatches, shapes=self.shapes, precision=self.precision,
-                                       meter=self.meter, stash=self.stash, recompute=s in self.recompute)
-                        for s in owned}
+        self.runners = build_runners(self.stages, self.copies, loss_fn, schedule.microbatches, shapes=self.shapes,
+                                     precision=self.precision, meter=self.meter, stash=self.stash,
+                                     recompute=frozenset(self.recompute))
         self.agreement = LossAgreement(schedule.microbatches, options.clip_grad_norm is not None, self.mesh, self.device)
         groups = make_link_groups(links(schedule), options.timeout_s, self.mesh)
         self.transport = Transport(self.program, groups, self.shapes.wire, self.device, options.timeout_s,

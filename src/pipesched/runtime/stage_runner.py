@@ -134,6 +134,17 @@ class StageRunner:
         return entries, holds
 
 
+def build_runners(stages: dict[int, Stage], copies, loss_fn: LossFn, microbatches: int, *, shapes: ShapeBook,
+                  precision: Precision, meter: ActivationMeter, stash: WeightGradStash,
+                  recompute: frozenset = frozenset()) -> dict[int, StageRunner]:
+    """A runner for each of ``stages`` (schedule stage -> module); ``copies``
+    (:class:`~.copies.ModelCopies`) says which stage takes the inputs and which computes the loss."""
+    return {s: StageRunner(s, stage, model_stage=copies.model_stage(s), takes_inputs=copies.takes_inputs(s),
+                           computes_loss=copies.computes_loss(s), loss_fn=loss_fn, microbatches=microbatches,
+                           shapes=shapes, precision=precision, meter=meter, stash=stash, recompute=s in recompute)
+            for s, stage in stages.items()}
+
+
 def _deallocated(outputs: list[torch.Tensor]) -> list[Optional[torch.Tensor]]:
     """Per floating output, the tensor to backward from with its data freed (None where it needs no
     gradient): the backward needs only its graph."""
