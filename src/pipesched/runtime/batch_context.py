@@ -1,4 +1,4 @@
-"""The batch context: per-microbatch tensors every stage may read, which never cross a stage edge.
+"""A step's batch cut into microbatches, and its context: per-microbatch tensors no stage edge carries.
 
 A stage of a Hugging Face decoder rebuilds its attention mask, position ids and rotary tables
 from the batch rather than receiving them from the previous stage: only the hidden state
@@ -38,6 +38,17 @@ def split(context: Optional[Context], microbatches: int, device: torch.device) -
         for part, piece in zip(parts, tensor.to(device, non_blocking=True).chunk(microbatches)):
             part[name] = piece
     return parts
+
+
+def microbatches(batch: Optional[torch.Tensor], m: int, device: torch.device, what: str,
+                 rank: int) -> tuple[torch.Tensor, ...]:
+    """``batch`` (the step's ``what``: inputs or targets) cut along dim 0 into ``m`` microbatches
+    on ``device``; ConfigError when rank ``rank`` needs it and was given none, or it does not split."""
+    if batch is None:
+        raise ConfigError(f"rank {rank} holds a first or last stage and needs the {what}")
+    if batch.shape[0] % m:
+        raise ConfigError(f"the batch of {batch.shape[0]} does not split into {m} equal microbatches")
+    return batch.to(device, non_blocking=True).chunk(m)
 
 
 def shapes(context: Optional[Context]) -> Optional[tuple]:

@@ -216,21 +216,15 @@ class PipelineRuntime:
         if context is not None:
             context = {name: self.mesh.shard(t) for name, t in context.items()}
         ctx_mbs = batch_context.split(context, m, self.device)
-        in_mbs = self._split(inputs, "inputs") if inputs is not None or any(map(self.copies.takes_inputs, self.stages)) else None
-        tgt_mbs = self._split(targets, "targets") if any(map(self.copies.computes_loss, self.stages)) else None
+        needs_inputs = inputs is not None or any(map(self.copies.takes_inputs, self.stages))
+        in_mbs = batch_context.microbatches(inputs, m, self.device, "inputs", self.rank) if needs_inputs else None
+        tgt_mbs = (batch_context.microbatches(targets, m, self.device, "targets", self.rank)
+                   if any(map(self.copies.computes_loss, self.stages)) else None)
         # shapes differ from the last step's: every rank re-infers, each from what it was given
         reshaped = self.shapes.update(in_mbs[0] if in_mbs is not None else None, ctx_mbs[0] if ctx_mbs else None)
         if reshaped:
             self.transport.set_shapes(self.shapes.wire)
         return in_mbs, tgt_mbs, ctx_mbs, reshaped
-
-    def _split(self, batch: Optional[torch.Tensor], what: str) -> tuple[torch.Tensor, ...]:
-        m = self.schedule.microbatches
-        if batch is None:
-            raise ConfigError(f"rank {self.rank} holds a first or last stage and needs the {what}")
-        if batch.shape[0] % m:
-            raise ConfigError(f"the batch of {batch.shape[0]} does not split into {m} equal microbatches")
-        return batch.to(self.device, non_blocking=True).chunk(m)
 
     def _start_device_memory(self) -> Optional[int]:
         """On CUDA: the bytes allocated at the step's start, the peak counter reset."""
@@ -317,16 +311,6 @@ class PipelineRuntime:
         return self._gather_dicts(local, dst)
 
     def _gather_dicts(self, local: dict, dst: int) -> Optional[dict]:
-        """Merge the pipeline's parts on global rank ``dst``; replicas hold the same values, so
-        only the pipeline that ``dst`` belongs to takes part."""
-        if dst not in self.mesh.grid[self.mesh.dp_rank]:
-            return None
-        parts = [None] * self.mesh.pp if dist.get_rank() == dst else None
-        dist.gather_object(local, parts, dst=dst, group=self.mesh.pp_group)
-        if parts is None:
-            return None
-        merged = {}
-        for part in parts:
-            merged.update(part)
-        return dict(sorted(merged.items(), key=lambda kv: block_order(kv[0])))
+        merged = self.mesh.merge_on(dst, local)
+        return None if merged is None else dict(sorted(merged.items(), key=lambda kv: block_order(kv[0])))
 
