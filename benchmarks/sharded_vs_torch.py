@@ -143,7 +143,7 @@ def check_worker(rank: int, world: int, _payload=None) -> dict:
 
 def check_table(ranks: dict) -> list[str]:
     from pipesched.sharded_bytes import rank_state_bytes
-    from test_sharded_stages import CASES, GRAD_TOLERANCE
+    from test_sharded_stages import CASES, GRAD_TOLERANCE, layout_of
 
     lines = ["| layout | model | rank | grad error | weight error | split - fused | bytes measured / predicted |",
              "|---|---|---|---|---|---|---|"]
@@ -153,7 +153,7 @@ def check_table(ranks: dict) -> list[str]:
             tp_rank, shard_rank = case["coordinates"]
             for kind in CASES[label][1]:
                 c = case[kind]
-                p = rank_state_bytes(c["specs"], runtime_layout(**CASES[label][0]), tp_rank, shard_rank)
+                p = rank_state_bytes(c["specs"], layout_of(label), tp_rank, shard_rank)
                 ratio = sum(c["bytes"].values()) / (p.params + p.grads + p.optimizer)
                 failed |= c["grad_error"] >= GRAD_TOLERANCE or abs(ratio - 1) > 0.02
                 lines.append(f"| {label} | {kind} | {r} | {c['grad_error']:.1e} | {c['weight_error']:.1e} | "

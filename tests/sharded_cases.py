@@ -83,18 +83,20 @@ def gathered(tensors: dict) -> dict:
     return {n: t.full_tensor().clone() for n, t in tensors.items()}
 
 
-def sharded_run(stage, plan, kind, batches, mesh, optimizer_cls, split: bool) -> dict:
+def sharded_run(stage, plan, kind, batches, mesh, optimizer_cls, split: bool, reshard_after_forward: bool) -> dict:
     """``stage`` sharded on ``mesh``, trained on this rank's share of ``batches``: the gathered
     gradients and weights after each step, and the bytes held after the last."""
     from pipesched.runtime.sharded_measure import gathered_bytes, held_bytes
     from pipesched.runtime.sharding import (gradient_divisor, no_sync_backward, reduce_grad, reshard, shard_stage,
                                             unshard, wait)
+
+    regather = split and reshard_after_forward  # then also a RESHARD and an UNSHARD between each I and its W
     from pipesched.runtime.split_backward import WeightGradStash, apply_weight_grads, make_weight_grads_deferrable
 
     stash = WeightGradStash()
     if split:
         make_weight_grads_deferrable(stage, stash)
-    shard_stage(stage, mesh, plan)
+    shard_stage(stage, mesh, plan, reshard_after_forward)
     optimizer = optimizer_cls(stage.parameters(), lr=LR if optimizer_cls is torch.optim.SGD else 1e-3)
     layout, data = mesh.layout, mesh.pipeline
     out = {"grads": [], "weights": []}
@@ -112,6 +114,9 @@ def sharded_run(stage, plan, kind, batches, mesh, optimizer_cls, split: bool) ->
             entries, stash.collecting = stash.collecting, None
             if split:
                 out["deferred"] = len(entries)
+                if regather:  # the accumulated unsharded gradients survive it
+                    reshard(stage)
+                    wait(unshard(stage))
                 no_sync_backward(stage)
                 apply_weight_grads(entries)  # the W
         reduce_grad(stage, divisor)
@@ -128,10 +133,13 @@ def largest_difference(got: list[dict], want: list[dict]) -> float:
 
 
 def run_case(layout_sizes: dict, kinds: list, device: str = "cpu", timeout_s: float = 120) -> dict:
-    """Every model of ``kinds`` on one layout: errors against the reference, split against fused, bytes."""
+    """Every model of ``kinds`` on one layout: errors against the reference, split against fused,
+    bytes (``layout_sizes`` may say ``reshard_after_forward``)."""
     from pipesched.runtime.sharded_mesh import init_sharded_mesh, runtime_layout
     from pipesched.runtime.tp_plans import param_specs
 
+    layout_sizes = dict(layout_sizes)
+    resharded = layout_sizes.pop("reshard_after_forward", False)
     layout = runtime_layout(**layout_sizes)
     mesh = init_sharded_mesh(layout, timeout_s, device_type=torch.device(device).type)
     out = {"coordinates": (mesh.tp_rank, mesh.shard_rank)}
@@ -141,8 +149,8 @@ def run_case(layout_sizes: dict, kinds: list, device: str = "cpu", timeout_s: fl
         stage.to(device)
         batches = [tuple(t.to(device) for t in step_batch(kind, step, size)) for step in range(STEPS)]
         want = reference(stage, kind, batches)
-        fused = sharded_run(copy.deepcopy(stage), plan, kind, batches, mesh, torch.optim.SGD, split=False)
-        split = sharded_run(copy.deepcopy(stage), plan, kind, batches[:1], mesh, torch.optim.AdamW, split=True)
+        fused = sharded_run(copy.deepcopy(stage), plan, kind, batches, mesh, torch.optim.SGD, False, resharded)
+        split = sharded_run(copy.deepcopy(stage), plan, kind, batches[:1], mesh, torch.optim.AdamW, True, resharded)
         out[kind] = {
             "grad_error": largest_difference(fused["grads"], want["grads"]),
             "weight_error": largest_difference(fused["weights"], want["weights"]),

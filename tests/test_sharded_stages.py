@@ -42,6 +42,7 @@ CASES = {
     "pp 2 x tp 2": (dict(pp=2, tp=2), MODELS),
     "dp_shard 2 x tp 2": (dict(pp=1, dp_shard=2, tp=2), MODELS),
     "dp_replicate 2 x dp_shard 2": (dict(pp=1, dp_replicate=2, dp_shard=2), ["gpt2"]),
+    "dp_shard 2 x tp 2, resharded after forward": (dict(pp=1, dp_shard=2, tp=2, reshard_after_forward=True), ["gpt"]),
 }
 RUNS = [(label, kind) for label, (_, kinds) in CASES.items() for kind in kinds]
 
@@ -53,6 +54,13 @@ def ranks():
     from sharded_cases import suite
 
     return spawn(suite, 4, CASES, timeout_s=280)
+
+
+def layout_of(label: str):
+    """The ParallelLayout of case ``label``."""
+    from pipesched.runtime.sharded_mesh import runtime_layout
+
+    return runtime_layout(**{k: v for k, v in CASES[label][0].items() if k != "reshard_after_forward"})
 
 
 def each_rank(ranks, label, kind):
@@ -90,9 +98,7 @@ def test_the_split_backward_equals_the_fused_one(ranks, label, kind):
 
 @pytest.mark.parametrize("label, kind", RUNS)
 def test_held_bytes_are_the_predicted_ones(ranks, label, kind):
-    from pipesched.runtime.sharded_mesh import runtime_layout
-
-    layout = runtime_layout(**CASES[label][0])
+    layout = layout_of(label)
     for (tp_rank, shard_rank), case in each_rank(ranks, label, kind):
         predicted = rank_state_bytes(case["specs"], layout, tp_rank, shard_rank, slots=2)  # AdamW
         measured = case["bytes"]

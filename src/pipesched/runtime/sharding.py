@@ -130,11 +130,8 @@ def reduce_grad(stage: FSDPModule, divisor: float) -> None:
 
 
 def scale_grads(params: Iterable[nn.Parameter], divisor: float) -> None:
-    """Divide every gradient of ``params`` by ``divisor`` (each parameter once)."""
-    if divisor == 1:
-        return
-    seen = set()
-    for p in params:
-        if p.grad is not None and id(p) not in seen:
-            seen.add(id(p))
-            p.grad.div_(divisor)
+    """Divide every gradient of ``params`` by ``divisor``."""
+    if divisor != 1:
+        for p in params:
+            if p.grad is not None:
+                p.grad.div_(divisor)
