@@ -106,3 +106,18 @@ def test_held_bytes_are_the_predicted_ones(ranks, label, kind):
                              ("optimizer", predicted.optimizer)):
             assert measured[what] == pytest.approx(figure, rel=0.02), what
         assert case["gathered_bytes"] == pytest.approx(predicted.gathered_params, rel=0.02)
+
+
+def test_a_head_count_tp_does_not_divide_is_refused_before_anything_is_split():
+    from pipesched.errors import ConfigError
+    from pipesched.runtime.models import TransformerBlock
+    from pipesched.runtime.tp_plans import GPT_PLAN, apply_tp
+
+    class TwoWays:  # a tp mesh of 2, as far as the refusal reads it
+        def size(self) -> int:
+            return 2
+
+    block = TransformerBlock(12, 3)
+    with pytest.raises(ConfigError, match="tp=2 does not divide the 3 heads of attn"):
+        apply_tp(block, GPT_PLAN, TwoWays())
+    assert block.attn.heads == 3 and not hasattr(block.attn.qkv.weight, "placements")

@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from ..errors import ConfigError
 from ..sharded_bytes import ParamSpec, tp_dims
 from .split_backward import TRANSPOSED_LINEARS
 
@@ -117,15 +118,19 @@ STYLES = {("colwise", False): ColwiseParallel, ("rowwise", False): RowwiseParall
 
 def apply_tp(module: nn.Module, plan: Plan, tp_mesh: DeviceMesh) -> int:
     """Split ``module``'s planned sub-modules over ``tp_mesh`` and divide its head counts by the
-    mesh's size; returns how many sub-modules were split. A no-op at ``tp = 1``."""
+    mesh's size; returns how many sub-modules were split. A no-op at ``tp = 1``. (The layout is
+    checked before any rank starts, :mod:`pipesched.layout_refusals`; a head count ``tp`` does
+    not divide is refused here too, rather than computed wrong.)"""
     tp = tp_mesh.size()
     if tp == 1:
         return 0
+    counts = [(name, sub, attr) for name, sub in module.named_modules() for owner, _, attr in
+              (suffix.rpartition(".") for suffix in HEAD_COUNTS) if _matches(name, owner) and hasattr(sub, attr)]
+    for name, sub, attr in counts:
+        if getattr(sub, attr) % tp:
+            raise ConfigError(f"tensor parallelism tp={tp} does not divide the {getattr(sub, attr)} heads of {name}")
     styles = {name: STYLES[style, _is_transposed(sub)]() for name, sub, style in planned_modules(module, plan)}
     parallelize_module(module, tp_mesh, styles)
-    for name, sub in module.named_modules():
-        for suffix in HEAD_COUNTS:
-            owner, _, attr = suffix.rpartition(".")
-            if _matches(name, owner) and hasattr(sub, attr):
-                setattr(sub, attr, getattr(sub, attr) // tp)
+    for name, sub, attr in counts:
+        setattr(sub, attr, getattr(sub, attr) // tp)
     return len(styles)
