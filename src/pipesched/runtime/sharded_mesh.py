@@ -12,8 +12,8 @@ the runtime uses by default, :data:`RUNTIME_ORDER`, is ``dp_replicate, dp_shard,
 
 torchtitan's own order (``pp`` outermost, :data:`~pipesched.parallel_layout.TORCHTITAN_ORDER`)
 is a parameter away. Every group is made directly with ``dist.new_group`` and the run's timeout
-(as :mod:`.mesh` does), each by every rank in one order, then handed to
-``DeviceMesh.from_group``: torch's ``init_device_mesh`` cannot give gloo groups a timeout.
+(as :mod:`.mesh` does, on gloo and NCCL alike), each by every rank in one order, then handed to
+``DeviceMesh.from_group``.
 """
 
 from __future__ import annotations
