@@ -119,6 +119,7 @@ def sharded_run(stage, plan, kind, batches, mesh, optimizer_cls, split: bool, re
                     wait(unshard(stage))
                 no_sync_backward(stage)
                 apply_weight_grads(entries)  # the W
+        out["unsharded_grad_bytes"] = gathered_bytes(stage, grads=True)
         reduce_grad(stage, divisor)
         reshard(stage)
         out["grads"].append(gathered({n: p.grad for n, p in stage.named_parameters()}))
@@ -160,6 +161,7 @@ def run_case(layout_sizes: dict, kinds: list, device: str = "cpu", timeout_s: fl
             "specs": param_specs(stage, plan),
             "bytes": split["bytes"],
             "gathered_bytes": split["gathered_bytes"],
+            "unsharded_grad_bytes": split["unsharded_grad_bytes"],
         }
     return out
 

@@ -106,6 +106,7 @@ def test_held_bytes_are_the_predicted_ones(ranks, label, kind):
                              ("optimizer", predicted.optimizer)):
             assert measured[what] == pytest.approx(figure, rel=0.02), what
         assert case["gathered_bytes"] == pytest.approx(predicted.gathered_params, rel=0.02)
+        assert case["unsharded_grad_bytes"] == pytest.approx(predicted.unsharded_grads, rel=0.02)
 
 
 def test_a_head_count_tp_does_not_divide_is_refused_before_anything_is_split():

@@ -37,7 +37,9 @@ def held_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str,
             "optimizer": storage_bytes(state)}
 
 
-def gathered_bytes(module: nn.Module) -> int:
-    """Bytes of ``module``'s parameters as registered now: between ``unshard`` and ``reshard``
-    the gathered ones (each rank's tensor-parallel piece), each parameter once."""
-    return sum(_local(p).numel() * p.element_size() for p in module.parameters())
+def gathered_bytes(module: nn.Module, grads: bool = False) -> int:
+    """Bytes of ``module``'s parameters as registered now (between ``unshard`` and ``reshard``
+    the gathered ones, each rank's tensor-parallel piece), each parameter once; with ``grads``,
+    of their gradients instead (before ``reduce_grad``: the unsharded ones accumulated so far)."""
+    tensors = (p.grad if grads else p for p in module.parameters())
+    return sum(_local(t).numel() * t.element_size() for t in tensors if t is not None)
