@@ -109,7 +109,9 @@ def no_sync_backward(stage: FSDPModule) -> None:
 
 def gradient_divisor(layout: ParallelLayout, microbatches: int) -> int:
     """What a step's summed gradients are divided by when each microbatch's loss is a mean over
-    its own samples: every microbatch of every data-parallel rank (``tp`` ranks share data)."""
+    its own samples: every microbatch of every data-parallel rank (``tp`` ranks share data).
+    A caller that already scales each microbatch's loss by ``1/microbatches`` (the StageRunner
+    does) passes ``microbatches=1``: the count is divided once, wherever it is divided."""
     return microbatches * layout.dp_replicate * layout.dp_shard
 
 
