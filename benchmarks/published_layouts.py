@@ -27,7 +27,8 @@ def main(names: list[str]) -> None:
         advice = advise_whole_layouts(run.gpus, model, run.global_batch, fabric, sequence_parallel=run.sequence_parallel)
         seconds = time.process_time() - started
         best = advice.recommended
-        print(f"{run.name}: search {seconds:.1f} CPU s, {len(advice.searched)} layouts searched, "
+        print(f"{run.name} (published: {run.published})")
+        print(f"  search {seconds:.1f} CPU s, {len(advice.searched)} layouts searched, "
               f"{len(advice.skipped)} left out (named)")
         print(f"  pick: {best.label()} step {best.step_time / 1e3:.2f} s, {best.candidate.memory_gb:.1f} GB")
         for schedule, chunks, microbatches in run.settings:

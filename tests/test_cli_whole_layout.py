@@ -11,13 +11,16 @@ NODES = ["--gpus", "16", "--gpus-per-node", "4", "--node-bandwidth", "10"]
 
 
 @pytest.fixture(scope="module")
-def searched():
+def searched(tmp_path_factory):
     from conftest import run_cli
 
+    report = tmp_path_factory.mktemp("layout") / "layout.html"
     return {
         "all": run_cli("advise", *NODES, *MODEL, "--json"),
-        "fixed": run_cli("advise", *NODES, *MODEL, "--tp", "2", "--dp-shard", "2", "-p", "2", "--json"),
+        "fixed": run_cli("advise", *NODES, *MODEL, "--tp", "2", "--dp-shard", "2", "-p", "2", "--json",
+                         "--report", str(report)),
         "table": run_cli("advise", *NODES, *MODEL, "--tp", "4"),
+        "report": report,
     }
 
 
@@ -36,6 +39,13 @@ def test_each_dimension_can_be_fixed(searched):
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)
     assert rows and all((r["pp"], r["dp"], r["dp_shard"], r["tp"]) == (2, 2, 2, 2) for r in rows)
+
+
+def test_the_report_draws_each_rank_s_gathers_and_reductions_on_a_lane_of_its_own(searched):
+    html = searched["report"].read_text()
+    assert "2 FSDP shards \u00d7 tp 2" in html
+    for rank in (0, 1):
+        assert f"all-gather of stage {rank}  rank {rank}" in html and f"gradient reduction of stage {rank}  rank {rank}" in html
 
 
 def test_the_table_explains_the_pick_and_says_how_to_run_it(searched):

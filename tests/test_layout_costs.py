@@ -129,3 +129,16 @@ def test_a_gather_plan_over_the_memory_limit_is_refused():
     actions = [(0, "F", 0), (4, "F", 0), (4, "B", 0), (0, "B", 0)]
     with pytest.raises(ConfigError, match="stages 0, 4 are gathered at once"):
         gather_plan(actions, [1, 1, 1, 1], {0: 0.5, 4: 0.5}, {0: 10.0, 4: 10.0}, limit=15.0)
+
+
+def test_on_a_simulated_pipeline_later_ranks_gather_later_and_hide_it_in_their_warm_up():
+    result = simulate(build_schedule("1f1b", 4, 8, 1))  # unit costs: rank r's first forward at r
+    plans = []
+    for spans in result.timeline:
+        actions = [tuple(s.action) for s in spans]
+        plans.append(gather_plan(actions, [s.end - s.start for s in spans], {r: 0.5 for r in range(4)},
+                                 starts=[s.start for s in spans]))
+    assert plans[0][0].wait == 0.5  # nothing runs before rank 0's first forward
+    for rank in (1, 2, 3):
+        gather = plans[rank][rank]
+        assert gather.wait == 0 and gather.start == pytest.approx(rank - 0.5)  # torch's window issues it at 0

@@ -24,7 +24,6 @@ With ``tp == dp_shard == 1`` every figure equals :class:`TransformerCosts`'s.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Optional
 
 from ..memory import MemorySizes, StageMemory
 from ..parallel_layout import ParallelLayout
@@ -119,10 +118,3 @@ class LayoutCosts(TransformerCosts):
     def _per_stage(self, stages: int, placement: str, width: int) -> list[float]:
         shapes = transformer_stage_shapes(self.spec.hidden, self.spec.vocab, self.layers_per_stage(stages, placement))
         return [width * local_numel(s, self.tp) for s in shapes]
-
-    def describe(self) -> Optional[str]:
-        """What TP costs per layer, for the explanation."""
-        if self.tp == 1:
-            return None
-        return (f"tp {self.tp}: {2 * TP_COLLECTIVES_PER_PASS} all-reduces per layer and microbatch of "
-                f"{self.tp_collective_ms():.3g} ms each on the compute lane")

@@ -42,7 +42,6 @@ from .sharded_step import layout_step
 
 SEARCH_SECONDS = 12.0  # planning CPU seconds shared by the groups searched
 KEEP = 3  # fastest fitting candidates of each group re-simulated per member (and its 1F1B)
-FIXABLE = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ def layouts_of(problem: LayoutProblem, model: TransformerCosts) -> tuple[list[Pa
     fixed = dict(problem.fixed)
     for name, size in fixed.items():
         if problem.gpus % size:
-            raise ConfigError(f"--{_flag(name)} {size} does not divide --gpus {problem.gpus}")
+            raise ConfigError(f"{flag_of(name)} {size} does not divide --gpus {problem.gpus}")
     out, refused, wide = [], [], 0
     for tp in divisors(problem.gpus):
         for pp in divisors(problem.gpus // tp):
@@ -106,8 +105,9 @@ def _name(layout: ParallelLayout) -> str:
     return f"pp {layout.pp} x dp {layout.dp_replicate} x dp_shard {layout.dp_shard} x tp {layout.tp}"
 
 
-def _flag(dimension: str) -> str:
-    return {"pp": "ranks", "dp_replicate": "dp", "dp_shard": "dp-shard", "tp": "tp"}[dimension]
+def flag_of(dimension: str) -> str:
+    """The command-line flag that fixes ``dimension`` (train's and advise's names)."""
+    return {"pp": "--ranks", "dp_replicate": "--dp", "dp_shard": "--dp-shard", "tp": "--tp"}[dimension]
 
 
 def costs_for(problem: LayoutProblem, model: TransformerCosts, layout: ParallelLayout) -> LayoutCosts:

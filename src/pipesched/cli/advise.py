@@ -132,11 +132,11 @@ def advise_cmd(
         source = ctx.get_parameter_source("ranks")
         if source is not None and source.name == "COMMANDLINE":  # -p given: it fixes pp
             fixed["pp"] = ranks
-        refuse_ignored("--gpus --gpus-per-node", {"--dp-bandwidth": dp_bandwidth, "--report": report})
+        refuse_ignored("--gpus --gpus-per-node", {"--dp-bandwidth": dp_bandwidth})
         layout_options.run_whole(
             gpus, global_batch,
             _model(gpus, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers, profiled),
-            gpus_per_node, node_bandwidth, fixed, dp_latency, as_json, top,
+            gpus_per_node, node_bandwidth, fixed, dp_latency, report, as_json, top,
             objective=objective, max_chunks=max_chunks, min_microbatch_size=min_microbatch_size,
             max_microbatches=max_microbatches, families=_families(schedules), workers=workers,
         )
@@ -178,7 +178,7 @@ IGNORED_BY = {  # what each way of giving the costs does without: refused rather
     "--profile": ("--overhead", "--microbatch-size", "--max-microbatches", "--min-microbatch-size",
                   "--dp-bandwidth", "--dp-latency", "--report", "--gpus") + _WHOLE_LAYOUT,
     "--gpus": ("--microbatches", "--overhead", "--model", "--batch-size", "--profile-steps"),
-    "--gpus --gpus-per-node": ("--dp-bandwidth", "--report"),
+    "--gpus --gpus-per-node": ("--dp-bandwidth",),
     "a model description": ("--overhead", "--model", "--batch-size", "--profile-steps", "--dp-bandwidth",
                             "--dp-latency") + _WHOLE_LAYOUT,
     "given costs": ("--model", "--batch-size", "--profile-steps", "--dp-bandwidth", "--dp-latency") + _WHOLE_LAYOUT,
@@ -188,7 +188,7 @@ WHY_IGNORED = {
     "--gpus": "it chooses the microbatches and costs them from the model",
     "a model description": "the model gives each microbatch size's costs; the layout's flags belong to --gpus",
     "given costs": "--model, --batch-size and --profile-steps belong to --profile, --dp-* and the layout's flags to --gpus",
-    "--gpus --gpus-per-node": "the nodes and their two bandwidths price every link; the report draws pp x dp layouts only",
+    "--gpus --gpus-per-node": "the nodes and their two bandwidths price every link",
 }
 
 

@@ -13,9 +13,10 @@ from ..advise.estimate import TransformerCosts
 from ..advise.howto import guidance
 from ..advise.fabric import Fabric, Link
 from ..advise.layout import DEFAULT_DP_LATENCY_MS, LayoutAdvice, advise_layouts
+from ..advise.layout_chart import whole_layout_timeline
 from ..advise.layout_costs import LayoutCosts
 from ..advise.layout_explain import dimension_lines, layout_name, run_lines, runner_lines
-from ..advise.layout_search import advise_whole_layouts
+from ..advise.layout_search import advise_whole_layouts, flag_of
 from ..parallel_layout import ParallelLayout
 from ..advise.result import Candidate
 from ..errors import ConfigError
@@ -26,6 +27,8 @@ from .tables import Column, fitted_table
 
 if TYPE_CHECKING:  # rich loads when the layouts are printed
     from rich.table import Table
+
+    from ..render.timeline import Timeline
 
 Gpus = typer.Option(
     None, "--gpus", help="GPUs in all: search pipeline ranks x data-parallel replicas (needs a model description and --global-batch)."
@@ -77,11 +80,11 @@ def run(gpus: Optional[int], global_batch: Optional[int], model: TransformerCost
 
 
 def run_whole(gpus: int, global_batch: Optional[int], model: TransformerCosts, gpus_per_node: Optional[int],
-              node_bandwidth: Optional[float], fixed: dict, dp_latency: float, as_json: bool, top: int,
-              **options) -> None:
+              node_bandwidth: Optional[float], fixed: dict, dp_latency: float, report: Optional[Path], as_json: bool,
+              top: int, **options) -> None:
     """``advise --gpus G --gpus-per-node N``: search whole layouts, print the table (or JSON) and why."""
     if gpus_per_node is None:
-        raise ConfigError(f"{', '.join('--' + _FLAGS[k] for k in fixed)} with --gpus needs --gpus-per-node "
+        raise ConfigError(f"{', '.join(flag_of(k) for k in fixed)} with --gpus needs --gpus-per-node "
                           "(which ranks share a node decides each dimension's links)")
     if global_batch is None:
         raise ConfigError("--gpus needs --global-batch G (samples per step over every replica)")
@@ -89,7 +92,13 @@ def run_whole(gpus: int, global_batch: Optional[int], model: TransformerCosts, g
         raise ConfigError("--gpus-per-node needs --bandwidth (GB/s within a node) and --node-bandwidth (GB/s per GPU between nodes)")
     fabric = Fabric(gpus_per_node, Link.from_gbps(model.hardware.bandwidth, WITHIN_LATENCY_MS),
                     Link.from_gbps(node_bandwidth, ACROSS_LATENCY_MS))
+    if report is not None:
+        check_output_path(report, [".html", ".htm"])
     advice = advise_whole_layouts(gpus, model, global_batch, fabric, fixed=fixed, replica_latency=dp_latency, **options)
+    if report is not None:
+        chart = whole_layout_timeline(advice.recommended, model, fabric, dp_latency)
+        write_atomic(report, layout_report(advice, top, chart))
+        typer.echo(f"wrote {report}", err=True)
     if as_json:
         typer.echo(json_text(advice.to_json()))
         return
@@ -108,9 +117,6 @@ def run_whole(gpus: int, global_batch: Optional[int], model: TransformerCosts, g
         console.print(line, highlight=False, markup=False, soft_wrap=True)  # commands: copied whole, never folded
     console.print(f"Layouts searched ({len(advice.searched)}): " + "; ".join(advice.searched), highlight=False)
     console.print(f"Layouts left out ({len(advice.skipped)}): " + "; ".join(advice.skipped), highlight=False)
-
-
-_FLAGS = {"pp": "ranks", "dp_replicate": "dp", "dp_shard": "dp-shard", "tp": "tp"}
 
 
 def whole_table(advice: LayoutAdvice, top: int, width: int) -> Table:
@@ -178,8 +184,9 @@ def layout_table(advice: LayoutAdvice, top: int, width: int) -> Table:
                         ["bold green"] + [None] * (len(rows) - 1))
 
 
-def layout_report(advice: LayoutAdvice, top: int = 12) -> str:
-    """The chosen layout, why, and the ranked layouts, with the chosen schedule's chart."""
+def layout_report(advice: LayoutAdvice, top: int = 12, timeline: Optional["Timeline"] = None) -> str:
+    """The chosen layout, why, and the ranked layouts, with the chosen schedule's chart
+    (``timeline``: a whole layout's, with its comm lane)."""
     from ..registry import build_schedule, get_family
     from ..advise.search import objective_option
     from ..render.svg import gantt_svg
@@ -202,12 +209,13 @@ def layout_report(advice: LayoutAdvice, top: int = 12) -> str:
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>pipesched layout: {advice.gpus} GPUs</title><style>{CSS}</style></head><body>",
-        f"<h1>Layout for {advice.gpus} GPUs: {best.pp} pipeline ranks \u00d7 {best.dp} data-parallel replicas</h1>",
+        f"<h1>Layout for {advice.gpus} GPUs: {best.pp} pipeline ranks \u00d7 {best.dp} data-parallel replicas"
+        + (f" \u00d7 {best.dp_shard} FSDP shards \u00d7 tp {best.tp}" if timeline is not None else "") + "</h1>",
         f'<p class="config">Global batch {advice.global_batch}; each replica runs its pipeline on '
         f"{advice.global_batch // best.dp} samples; times in ms.</p>",
         f"<p><strong>Recommendation:</strong> {escape(recommendation(advice))}</p>",
         "\n".join(rows),
         f"<h2>{escape(schedule.describe())}, one replica</h2>",
-        f'<div class="chart">{gantt_svg(simulate(schedule, c.costs))}</div>',
+        f'<div class="chart">{gantt_svg(timeline or simulate(schedule, c.costs))}</div>',
         "</body></html>",
     ])
