@@ -193,3 +193,41 @@ def placements(rank: int, world: int, _payload=None) -> dict:
 def suite(rank: int, world: int, cases: dict) -> dict:
     """The whole launch of tests/test_sharded_stages.py: every case, then the placements."""
     return {"cases": several_layouts(rank, world, cases), "placements": placements(rank, world)}
+
+
+def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
+    """Each (label, schedule, (dp_replicate, dp_shard, tp)) of ``job``: the gpt pipelined by
+    PipelineRuntime over that sharded layout for runtime_cases.STEPS SGD steps on the global
+    batch; rank 0 returns its losses, first-step gradients and final weights, gathered whole."""
+    from runtime_cases import STEPS
+
+    from pipesched.runtime.copies import input_ranks, loss_ranks
+    from pipesched.runtime.executor import PipelineRuntime
+    from pipesched.runtime.models import get_model
+    from pipesched.runtime.optimizers import make_optimizer
+    from pipesched.runtime.options import RuntimeOptions
+    from pipesched.runtime.sharded_mesh import init_sharded_mesh, runtime_layout
+    from pipesched.runtime.tp_plans import plan_for
+
+    size, batch, runs = job
+    md = get_model("gpt", **size)
+    meshes, out = {}, {}
+    for label, schedule, (replicas, shards, tp) in runs:
+        layout = runtime_layout(schedule.ranks, replicas, shards, tp)
+        if layout not in meshes:
+            meshes[layout] = init_sharded_mesh(layout, timeout_s=60)
+        mesh = meshes[layout]
+        x0, _ = md.batch(0, batch, 3)
+        rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05),
+                             x0[: batch // (layout.dp * schedule.microbatches)], mesh=mesh,
+                             options=RuntimeOptions(seed=3, timeout_s=60, tp_plan=plan_for("gpt")))
+        losses, grads = [], None
+        pp_rank = mesh.pipeline.pp_rank
+        for step in range(STEPS):
+            x, y = md.batch(step, batch, 3)
+            losses.append(rt.step(x if pp_rank in input_ranks(schedule) else None,
+                                  y if pp_rank in loss_ranks(schedule) else None).loss)
+            if step == 0:
+                grads = rt.gather_gradients()
+        out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict()}
+    return out if rank == 0 else None

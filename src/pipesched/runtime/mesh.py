@@ -45,6 +45,13 @@ class PipelineMesh:
     dp_group: Optional[Any]
     grid: tuple[tuple[int, ...], ...]
     world_group: Any = None
+    all_grids: tuple = ()  # with tensor parallelism: the pipelines of every tp coordinate (grid among them)
+
+    @property
+    def grids(self) -> tuple:
+        """Every grid whose pipelines groups are made over: a group takes the whole world to make,
+        so every rank makes the groups of every tensor-parallel coordinate's pipelines."""
+        return self.all_grids or (self.grid,)
 
     @staticmethod
     def whole_world(timeout_s: Optional[float] = None) -> "PipelineMesh":

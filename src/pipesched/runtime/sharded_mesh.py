@@ -105,9 +105,9 @@ def init_sharded_mesh(layout: ParallelLayout, timeout_s: Optional[float] = None,
     pipeline = PipelineMesh(
         pp=layout.pp, dp=layout.dp, pp_rank=coords["pp"], dp_rank=data_rank, pp_group=groups["pp"],
         dp_group=groups["dp_replicate"] if replicas_only else None, grid=_grid(layout, coords["tp"]),
-        world_group=world_group,
+        world_group=world_group, all_grids=tuple(_grid(layout, t) for t in range(layout.tp)),
     )
-    grids = tuple(_grid(layout, t) for t in range(layout.tp))
+    grids = pipeline.all_grids
     return ShardedMesh(layout, device_mesh, pipeline, grids, coords["tp"], coords["dp_shard"], coords["dp_replicate"])
 
 

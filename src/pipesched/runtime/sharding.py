@@ -27,12 +27,14 @@ stage's root group: a block's group would gather it for that block only.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 
+from ..errors import ConfigError
 from ..parallel_layout import ParallelLayout
 from .sharded_mesh import ShardedMesh
 from .tp_plans import Plan, apply_tp
@@ -129,6 +131,65 @@ def reduce_grad(stage: FSDPModule, divisor: float) -> None:
             group.post_backward()
     state._root_post_backward_final_callback()
     scale_grads(stage.parameters(), divisor)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor gathered whole (collective over its mesh: every rank holding a piece calls
+    it), a plain tensor as it is."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def local_tensors(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's local piece (a DTensor's, else the tensor itself): what this rank's memory holds."""
+    return [getattr(t, "_local_tensor", t) for t in tensors]
+
+
+def shard_stages(stages: dict, mesh: ShardedMesh, options, exclude: Callable[[Iterable[torch.Tensor]], None]) -> dict:
+    """Shard every stage of this rank (:func:`shard_stage`, with ``options``' ``tp_plan`` and
+    ``reshard_after_forward``); returns each stage's :class:`StageSharding`, which divides its
+    reduced gradients by the data-parallel degree (the runner already scales each microbatch's
+    loss by ``1/m``: :func:`gradient_divisor` with one microbatch)."""
+    if options.clip_grad_norm is not None:
+        raise ConfigError("gradient clipping with sharded stages is not supported yet: leave out clip_grad_norm")
+    if mesh.layout.tp > 1 and not options.tp_plan:
+        raise ConfigError(f"tensor parallelism (tp={mesh.layout.tp}) needs a plan: RuntimeOptions(tp_plan=plan_for(...))")
+    divisor = gradient_divisor(mesh.layout, 1)
+    return {s: StageSharding(shard_stage(stage, mesh, options.tp_plan or {}, options.reshard_after_forward),
+                             divisor, exclude)
+            for s, stage in stages.items()}
+
+
+class StageSharding:
+    """A sharded stage's part in its rank's program: the all-gathers ``UNSHARD`` starts and the
+    stage's next compute waits for, ``RESHARD``, gradient sync off before every backward, and the
+    ``REDUCE_GRAD`` that reduce-scatters and divides once by ``divisor``. The gathered
+    parameters are excluded from the activation meter (``exclude``): they are weights, not
+    activations, however long autograd keeps them."""
+
+    def __init__(self, stage: FSDPModule, divisor: float, exclude: Callable[[Iterable[torch.Tensor]], None]) -> None:
+        self.stage, self.divisor, self.exclude = stage, divisor, exclude
+        self._gather: Optional[Gather] = None
+
+    def unshard(self) -> None:
+        self._gather = unshard(self.stage)
+
+    def ready(self) -> None:
+        """Before a compute: the stage's parameters gathered (waits for the UNSHARD ahead)."""
+        if self._gather is not None:
+            wait(self._gather)
+            self._gather = None
+            self.exclude(local_tensors(self.stage.parameters()))
+
+    def before_backward(self) -> None:
+        self.ready()
+        no_sync_backward(self.stage)
+
+    def reshard(self) -> None:
+        self.ready()  # a gather still in flight completes before its memory is freed
+        reshard(self.stage)
+
+    def reduce_grad(self) -> None:
+        reduce_grad(self.stage, self.divisor)
 
 
 def scale_grads(params: Iterable[nn.Parameter], divisor: float) -> None:
