@@ -26,8 +26,10 @@ from typing import Optional
 
 from ..actions import Action
 from ..costs import Costs
-from ..execution import TOLERANCE, dependency, latency
-from ..memory import UNIT_STAGE, level_after, whole_stage_microbatches
+from ..dependencies import dependency
+from ..execution import TOLERANCE, latency
+from ..memory import UNIT_CHANGE, whole_stage_microbatches
+from ..ops import Op
 from ..placement import stages_by_rank
 from ..ranking import objective_value
 from ..schedule import Schedule
@@ -117,7 +119,7 @@ def refine(
 
     if greedy <= bound * (1 + TOLERANCE):
         return done("greedy-optimal")
-    if any(a.kind == "B" for _, a in schedule.actions()):
+    if any(a.kind is Op.B for _, a in schedule.actions()):
         return done("skipped: the best candidate uses fused backwards")
     graph = _graph(schedule, costs)
     pairs = _open_pairs(graph)
@@ -155,8 +157,8 @@ def _graph(schedule: Schedule, costs: Costs) -> _Graph:
     for i, (r, a) in enumerate(nodes):
         dep = dependency(a, schedule.stages)
         if dep is not None:
-            s, g, k = dep
-            j = index[Action(s, "I" if g == "G" else g, k)]
+            s, output, k = dep
+            j = index[Action(s, output.makers[0], k)]  # an input gradient is an I's: no fused B here
             edges.append((j, i, latency(schedule.placement, s, a.stage, costs.comm)))
             preds[i].append(j)
         if a.microbatch > 0:
@@ -202,14 +204,14 @@ def _constraints(
     _memory_rows(rows, schedule, graph, pairs, memory_limit)
     if objective == "makespan":
         for i, (_, a) in enumerate(nodes):
-            if a.kind == "W":
+            if a.kind is Op.W:
                 rows.add([(obj_var, 1.0), (i, -1.0)], d[i], math.inf)
     else:
         first = {r: obj_var + 1 + r for r in range(ranks)}
         for i, (r, a) in enumerate(nodes):
-            if a.kind == "F" and a.microbatch == 0:
+            if a.kind is Op.F and a.microbatch == 0:
                 rows.add([(first[r], 1.0), (i, -1.0)], -math.inf, 0.0)
-            if a.kind == "W":
+            if a.kind is Op.W:
                 rows.add([(obj_var, 1.0), (i, -1.0), (first[r], 1.0)], d[i], math.inf)
     return rows, variables, obj_var
 
@@ -222,14 +224,14 @@ def _memory_rows(rows: _Rows, schedule: Schedule, graph: _Graph, pairs: dict, me
     for r, members in graph.by_rank.items():
         cap = whole_stage_microbatches(memory_limit, held[r])
         for f in members:
-            if nodes[f][1].kind != "F":
+            if nodes[f][1].kind is not Op.F:
                 continue
             terms: dict[int, float] = {}
             const = 1.0
             for g in members:
                 if g == f:
                     continue
-                sign = level_after(nodes[g][1].kind, UNIT_STAGE)  # F takes one M_B, W frees it
+                sign = UNIT_CHANGE[nodes[g][1].kind]  # F takes one M_B, W frees it
                 if not sign:
                     continue  # I holds on (nodes hold no fused B: refine skips those schedules)
                 if graph.ordered(g, f):
