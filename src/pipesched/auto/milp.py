@@ -35,6 +35,7 @@ from ..ranking import objective_value
 from ..schedule import Schedule
 from ..schedules.choose import work_bound
 from ..simulate import action_durations, simulate
+from .ancestors import ancestor_bits
 
 MARGIN = 1e-4  # relative improvement the solver must find to replace the greedy result
 # Branch-and-bound nodes explored at most, besides the time limit. The time limit usually binds
@@ -168,7 +169,7 @@ def _graph(schedule: Schedule, costs: Costs) -> _Graph:
     by_rank: dict[int, list[int]] = {}
     for i, (r, _) in enumerate(nodes):
         by_rank.setdefault(r, []).append(i)
-    ancestors = _closure(len(nodes), preds, _topological(len(nodes), preds))
+    ancestors = ancestor_bits(preds)
     return _Graph(nodes, durations, edges, ancestors, by_rank)
 
 
@@ -277,32 +278,3 @@ def _decode(schedule: Schedule, graph: _Graph, solution) -> Schedule:
         schedule.ranks, schedule.microbatches, schedule.placement,
         tuple(tuple(graph.nodes[i][1] for i in o) for o in orders), name=schedule.name,
     )
-
-
-def _closure(n: int, preds: list[list[int]], topo: list[int]) -> list[int]:
-    """Ancestor bitsets (Python ints) in topological order."""
-    anc = [0] * n
-    for v in topo:
-        bits = 0
-        for u in preds[v]:
-            bits |= anc[u] | (1 << u)
-        anc[v] = bits
-    return anc
-
-
-def _topological(n: int, preds: list[list[int]]) -> list[int]:
-    succs: list[list[int]] = [[] for _ in range(n)]
-    indeg = [len(p) for p in preds]
-    for v, ps in enumerate(preds):
-        for u in ps:
-            succs[u].append(v)
-    ready = [v for v in range(n) if indeg[v] == 0]
-    order = []
-    while ready:
-        v = ready.pop()
-        order.append(v)
-        for w in succs[v]:
-            indeg[w] -= 1
-            if indeg[w] == 0:
-                ready.append(w)
-    return order
