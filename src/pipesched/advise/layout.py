@@ -79,7 +79,7 @@ def gradient_sync(
         ready: dict[int, float] = {}
         for span in rank_spans:
             stage, kind, _mb = span.action
-            if kind in "IWB":
+            if kind.adds_weight_grads:  # a stage's gradients are final after its last W or B
                 ready[stage] = span.end
         free = 0.0
         mine = []
