@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 from .actions import Action, Slot, sub_actions
-# consumer_stage is not used here: re-exported while the runtime's lowering imports it from here
-from .dependencies import consumer_stage, dependencies, dependency  # noqa: F401
+from .dependencies import dependencies, dependency
 from .errors import DeadlockError
 
 NO_DEPENDENCY = -1

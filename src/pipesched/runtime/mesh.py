@@ -46,6 +46,13 @@ class PipelineMesh:
     grid: tuple[tuple[int, ...], ...]
     world_group: Any = None
     all_grids: tuple = ()  # with tensor parallelism: the pipelines of every tp coordinate (grid among them)
+    data_group: Any = None  # sharded stages: the data-parallel ranks here (dp_group is None: FSDP reduces)
+
+    @property
+    def replicas_group(self) -> Any:
+        """The ranks that hold this pipeline position for the other shares of the batch (what the
+        step's loss is averaged over), whether they reduce gradients with this rank or FSDP does."""
+        return self.data_group if self.data_group is not None else self.dp_group
 
     @property
     def grids(self) -> tuple:

@@ -84,6 +84,22 @@ def _groups_along(layout: ParallelLayout, dimension: str, timeout) -> Any:
     return mine
 
 
+def _data_group(layout: ParallelLayout, timeout) -> Any:
+    """Make every group of ranks that differ only in their data index (replica and shard); return
+    this rank's (collective, one order on every rank)."""
+    me, mine = dist.get_rank(), None
+    members_of = set()
+    for g in range(layout.world):
+        c = layout.coordinates(g)
+        members_of.add(tuple(sorted(layout.rank(**{**c, "dp_replicate": r, "dp_shard": s})
+                                    for r in range(layout.dp_replicate) for s in range(layout.dp_shard))))
+    for members in sorted(members_of):
+        group = dist.new_group(list(members), timeout=timeout)
+        if me in members:
+            mine = group
+    return mine
+
+
 def init_sharded_mesh(layout: ParallelLayout, timeout_s: Optional[float] = None,
                       device_type: str = "cpu") -> ShardedMesh:
     """Arrange the initialised world as ``layout`` (see module doc), every group bounded by
@@ -95,6 +111,8 @@ def init_sharded_mesh(layout: ParallelLayout, timeout_s: Optional[float] = None,
     coords = layout.coordinates(rank)
     world_group = dist.new_group(list(range(world)), timeout=timeout)
     groups = {name: _groups_along(layout, name, timeout) for name in ("pp", *MESH_DIMS)}
+    data_group = _data_group(layout, timeout) if layout.dp_replicate > 1 and layout.dp_shard > 1 else (
+        groups["dp_shard"] if layout.dp_shard > 1 else groups["dp_replicate"])
     at_position = torch.tensor([[[layout.rank(pp=coords["pp"], dp_replicate=r, dp_shard=s, tp=t)
                                   for t in range(layout.tp)] for s in range(layout.dp_shard)]
                                 for r in range(layout.dp_replicate)])
@@ -105,7 +123,7 @@ def init_sharded_mesh(layout: ParallelLayout, timeout_s: Optional[float] = None,
     pipeline = PipelineMesh(
         pp=layout.pp, dp=layout.dp, pp_rank=coords["pp"], dp_rank=data_rank, pp_group=groups["pp"],
         dp_group=groups["dp_replicate"] if replicas_only else None, grid=_grid(layout, coords["tp"]),
-        world_group=world_group, all_grids=tuple(_grid(layout, t) for t in range(layout.tp)),
+        world_group=world_group, all_grids=tuple(_grid(layout, t) for t in range(layout.tp)), data_group=data_group,
     )
     grids = pipeline.all_grids
     return ShardedMesh(layout, device_mesh, pipeline, grids, coords["tp"], coords["dp_shard"], coords["dp_replicate"])
