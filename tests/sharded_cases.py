@@ -230,4 +230,7 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
             if step == 0:
                 grads = rt.gather_gradients()
         out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict()}
+        states = [None] * world
+        torch.distributed.all_gather_object(states, rt.state_bytes())
+        out[label]["state_bytes"] = states
     return out if rank == 0 else None

@@ -35,4 +35,8 @@ def test_every_single_pipeline_family_trains_sharded_stages_as_the_unpipelined_m
             for name in SINGLE_PIPELINE for where, dims in LAYOUTS.items()]
     results = spawn(pipelined_layouts, 4, (SIZE, BATCH, runs), timeout_s=240)[0]
     assert set(results) == {label for label, _, _ in runs}
+    # every rank holds the parameter, gradient and optimizer bytes the layout predicts (SGD: none)
+    for label, got in results.items():
+        for rank in got.pop("state_bytes"):
+            assert rank["measured"] == rank["predicted"], (label, rank)
     assert_equal_to_reference(results, reference("gpt", SIZE, BATCH))

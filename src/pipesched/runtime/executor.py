@@ -30,7 +30,9 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..memory import peak, recompute_stages
+from ..parallel_layout import ParallelLayout
 from ..schedule import Schedule
+from ..sharded_bytes import rank_state_bytes
 from ..validate import validate
 from . import batch_context, checkpoint, tied
 from .agree import LossAgreement
@@ -53,7 +55,9 @@ from .precision import Precision
 from .reduction import ReductionPlan
 from .shapes import ShapeBook, infer_boundary_shapes
 from .sharded_mesh import ShardedMesh
+from .sharded_measure import held_bytes, optimizer_slots
 from .sharding import full_tensor, local_tensors, shard_stages
+from .tp_plans import param_specs
 from .split_backward import WeightGradStash, make_weight_grads_deferrable
 from .stage_runner import build_runners
 
@@ -113,6 +117,7 @@ class PipelineRuntime:
         if schedule.split_backward:
             for stage in self.stages.values():
                 make_weight_grads_deferrable(stage, self.stash)
+        self.state_specs = {s: param_specs(stage, options.tp_plan or {}) for s, stage in self.stages.items()}
         sharding = shard_stages(self.stages, self.sharded, options, self.meter.exclude) if self.sharded else {}
         self.tied = tied.held(self.stages, options.tied)  # sharding replaced the parameters
         self.parameters = list({id(p): p for s in owned for p in self.stages[s].parameters()}.values())
@@ -278,6 +283,23 @@ class PipelineRuntime:
         measured on the first step (None before it)."""
         sizes = self.memory_sizes
         return None if sizes is None else peak(self.program.actions, sizes)
+
+    def state_bytes(self) -> dict[str, dict[str, int]]:
+        """This rank's parameters, gradients and optimizer state in bytes: ``measured`` (the
+        storages it holds) and ``predicted`` (:func:`pipesched.sharded_bytes.rank_state_bytes`
+        from the stages' parameter shapes and the layout; between steps, gradients kept)."""
+        layout = self.sharded.layout if self.sharded else ParallelLayout(self.mesh.pp, self.mesh.dp)
+        tp_rank, shard_rank = (self.sharded.tp_rank, self.sharded.shard_rank) if self.sharded else (0, 0)
+        slots = optimizer_slots(self.optimizer)
+        measured = {"params": 0, "grads": 0, "optimizer": 0}
+        predicted = dict(measured)
+        for s, stage in self.stages.items():
+            for key, value in held_bytes(stage, self.optimizer).items():
+                measured[key] += value
+            expected = rank_state_bytes(self.state_specs[s], layout, tp_rank, shard_rank, slots)
+            for key in predicted:
+                predicted[key] += getattr(expected, key)
+        return {"measured": measured, "predicted": predicted}
 
     def broadcast_tied(self) -> None:
         """Give every copy of each tied parameter its group's value (collective: every rank

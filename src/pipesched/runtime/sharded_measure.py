@@ -43,3 +43,14 @@ def gathered_bytes(module: nn.Module, grads: bool = False) -> int:
     of their gradients instead (before ``reduce_grad``: the unsharded ones accumulated so far)."""
     tensors = (p.grad if grads else p for p in module.parameters())
     return sum(_local(t).numel() * t.element_size() for t in tensors if t is not None)
+
+
+def optimizer_slots(optimizer: torch.optim.Optimizer) -> int:
+    """State tensors the optimizer keeps per parameter: Adam's and AdamW's two moments, SGD's
+    momentum buffer where it has momentum (what :func:`~pipesched.sharded_bytes.rank_state_bytes`
+    calls ``slots``)."""
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return 2
+    if isinstance(optimizer, torch.optim.SGD):
+        return int(any(group.get("momentum", 0) for group in optimizer.param_groups))
+    raise ValueError(f"no state size known for {type(optimizer).__name__}")
