@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from .actions import Action, Overlap, parse_slot
+from .actions import MAX_INDEX_DIGITS, Action, Overlap, parse_slot, shown, sub_actions
 from .errors import ConfigError, CSVFormatError, ScheduleError
 from .planning import MAX_ACTIONS_BUILT
 from .runtime.program import assemble, lower_all
@@ -33,7 +33,7 @@ from .schedule import Schedule, csv_rows
 from .validate import validate
 
 FORMATS = ("compute_only", "compute_comms")  # torch's names
-_COMM_RE = re.compile(r"^\s*(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|REDUCE_GRAD|UNSHARD|RESHARD)(\d*)\s*$")
+_COMM_RE = re.compile(r"^\s*([0-9]+)(SEND_F|RECV_F|SEND_B|RECV_B|REDUCE_GRAD|UNSHARD|RESHARD)([0-9]*)\s*$")
 _FSDP_NO_OPS = ("UNSHARD", "RESHARD")
 _TRANSFERS = frozenset(("SEND_F", "RECV_F", "SEND_B", "RECV_B"))
 
@@ -68,16 +68,42 @@ def parse_csv(text: str, name: str = "csv") -> Schedule:
         buffer = io.StringIO()
         csv.writer(buffer).writerows([[cell for cell in row if not _COMM_RE.match(cell)] for row in rows])
         text = buffer.getvalue()
-    return Schedule.from_csv(text, name=name)
+    schedule = Schedule.from_csv(text, name=name)
+    if ops:  # the cells dropped follow the rules of those a program keeps
+        _steps(rows, schedule)
+    return schedule
 
 
 def _from_program_rows(rows: list[list[str]], name: str) -> Schedule:
     while rows and not any(cell.strip() for cell in rows[-1]):
         rows.pop()
-    steps = [[step for col, cell in enumerate(row) if (step := _step(cell, f"row {r + 1} (rank {r}), cell {col + 1}"))]
-             for r, row in enumerate(rows)]
-    schedule = Schedule.from_orders([[s for s in row if isinstance(s, (Action, Overlap))] for row in steps], name=name)
-    return _checked_program(schedule, steps)
+    computed = [[s for col, cell in enumerate(row) if not _COMM_RE.match(cell)
+                 and (s := _step(cell, _where(r, col)))] for r, row in enumerate(rows)]
+    schedule = Schedule.from_orders(computed, name=name)
+    return _checked_program(schedule, _steps(rows, schedule))
+
+
+def _where(row: int, col: int) -> str:
+    return f"row {row + 1} (rank {row}), cell {col + 1}"
+
+
+def _steps(rows: list[list[str]], schedule: Schedule) -> list[list]:
+    """Every rank's program steps; a communication or bookkeeping cell must name a stage its
+    rank computes (as a compute cell's stage is its rank's)."""
+    steps = []
+    for r, row in enumerate(rows):
+        own = {a.stage for slot in (schedule.orders[r] if r < len(schedule.orders) else ()) if slot is not None
+               for a in sub_actions(slot)}
+        steps.append([])
+        for col, cell in enumerate(row):
+            step = _step(cell, _where(r, col))
+            match = _COMM_RE.match(cell)
+            if match and int(match.group(1)) not in own:
+                raise CSVFormatError(f"{_where(r, col)}: {shown(cell)} names stage {int(match.group(1))}, which rank "
+                                     f"{r} does not compute")
+            if step:
+                steps[-1].append(step)
+    return steps
 
 
 def _step(cell: str, where: str):
@@ -91,11 +117,15 @@ def _step(cell: str, where: str):
         except CSVFormatError as err:
             raise CSVFormatError(f"{where}: {err}") from None
     stage, op, mb = match.groups()
+    for what, digits in (("stage", stage), ("microbatch", mb)):
+        if len(digits.lstrip("0")) > MAX_INDEX_DIGITS:
+            raise CSVFormatError(f"{where}: {shown(cell)}: the {what} number has {len(digits.lstrip('0'))} digits; "
+                                 f"stages and microbatches are numbered below 10**{MAX_INDEX_DIGITS}")
+    if (op in _TRANSFERS) != (mb != ""):
+        needs = f"needs a microbatch, e.g. 0{op}1" if op in _TRANSFERS else f"names a stage and no microbatch, e.g. 0{op}"
+        raise CSVFormatError(f"{where}: {shown(cell)}: {op} {needs}")
     if op in _FSDP_NO_OPS:
         return None
-    if (op == "REDUCE_GRAD") != (mb == ""):
-        needs = "names a stage and no microbatch, e.g. 0REDUCE_GRAD" if mb else f"needs a microbatch, e.g. 0{op}1"
-        raise CSVFormatError(f"{where}: {cell.strip()!r}: {op} {needs}")
     return (op, int(stage), int(mb) if mb else None)
 
 
