@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from .actions import MAX_INDEX_DIGITS, Action, Overlap, parse_slot, shown, sub_actions
+from .actions import MAX_INDEX_DIGITS, parse_slot, shown, sub_actions
 from .errors import ConfigError, CSVFormatError, ScheduleError
 from .planning import MAX_ACTIONS_BUILT
 from .runtime.program import assemble, lower_all

@@ -91,15 +91,33 @@ def _count(model) -> int:
 
 
 def check_fits(parameters: int, where: str) -> None:
-    """Refuse weights that alone exceed this machine's memory (locally spawned ranks share it;
-    under torchrun each rank holds about its share of the pipeline's)."""
-    from ..cli.train_checks import physical_memory
+    """Refuse weights that, with their gradients, exceed the memory there is (locally spawned
+    ranks share this machine's; under torchrun each rank holds about its share of the pipeline's)."""
     from ..environment import torchrun_rank
 
-    have = physical_memory()
+    have = memory_available()
     world = (torchrun_rank() or (0, 1, 0))[1]
-    need = parameters * BYTES_PER_WEIGHT // world
+    need = parameters * BYTES_PER_WEIGHT * 2 // world  # the weights and their gradients: a floor of a step's
     if have is not None and need > have:
         share = "" if world == 1 else f" (a share of {world} ranks)"
-        raise ConfigError(f"{where}: its {parameters:,} parameters need {need / 2**30:.3g} GiB as float32{share}, more "
-                          f"than this machine's {have / 2**30:.3g} GiB of memory")
+        raise ConfigError(f"{where}: its {parameters:,} parameters need {need / 2**30:.3g} GiB as float32 weights and "
+                          f"gradients{share}, more than the {have / 2**30:.3g} GiB of memory there is")
+
+
+def memory_available() -> Optional[int]:
+    """The bytes this process may hold: the machine's memory, or less where an address-space
+    limit (``ulimit -v``) or the container's cgroup says so; None where nothing says."""
+    import resource
+
+    from ..cli.train_checks import physical_memory
+
+    limits = [physical_memory()]
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    limits.append(None if soft == resource.RLIM_INFINITY else soft)
+    try:
+        text = open("/sys/fs/cgroup/memory.max").read().strip()
+        limits.append(int(text) if text.isdigit() else None)
+    except OSError:
+        pass
+    known = [n for n in limits if n]
+    return min(known) if known else None

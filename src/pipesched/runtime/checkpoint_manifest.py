@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 MANIFEST = "manifest.json"
+FORMAT = 1
 STEP_DIR = re.compile(r"^step-(\d+)$")
 MAX_MANIFEST_BYTES = 4 << 20  # a few files per rank, ~150 bytes each: room for over 20,000 ranks
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -45,7 +46,7 @@ def write_manifest(folder: Union[str, Path], step: int) -> Path:
             files[path.name] = {"bytes": size, "sha256": digest}
     tmp = folder / f".{MANIFEST}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"format": 1, "step": step, "files": files}, fh, indent=1)
+        json.dump({"format": FORMAT, "step": step, "files": files}, fh, indent=1)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, folder / MANIFEST)
@@ -68,6 +69,8 @@ def read_manifest(folder: Path) -> tuple[int, dict[str, tuple[int, str]]]:
         raise Unreadable(f"its {MANIFEST} is not JSON") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) or not manifest["files"]:
         raise Unreadable(f"its {MANIFEST} lists no files")
+    if manifest.get("format") != FORMAT:
+        raise Unreadable(f"its {MANIFEST} is not of format {FORMAT}, the one this pipesched writes")
     step = manifest.get("step")
     if type(step) is not int or step < 0:
         raise Unreadable(f"its {MANIFEST} names no step")
