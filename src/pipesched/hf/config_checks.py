@@ -74,7 +74,9 @@ def _shown(value: Any) -> str:
 def parameter_count(data: dict, layers: int, build) -> int:
     """The parameters of the model ``data`` asks for (``layers`` decoder layers), from builds of
     it on ``meta`` with one and two layers (``build(data)`` -> the model): every decoder layer
-    of these families has the same parameters."""
+    of these families has the same parameters (exactly: checked against whole builds in
+    tests/test_hf_hostile.py), except Qwen3-MoE's dense layers (``mlp_only_layers``,
+    ``decoder_sparse_step``), counted here as expert layers, which hold more."""
     layers_key = next((k for k in LAYERS if k in data), "num_hidden_layers")
     small = {k: v for k, v in data.items() if k not in ("layer_types", "mlp_only_layers")}
     one, two = (_count(build({**small, layers_key: n})) for n in (1, 2))
