@@ -21,13 +21,13 @@ def _with(rows: list[str], rank: int, cell: str) -> str:
 
 def test_hostile_cells_are_refused_in_one_line(tmp_path):
     cases = {
-        "reduce a stage of another rank": (_with(PROGRAM, 0, "1REDUCE_GRAD"), "names stage 1, which rank 0 does not compute"),
-        "unshard a stage of another rank": (_with(PROGRAM, 1, "0UNSHARD"), "names stage 0, which rank 1 does not compute"),
+        "reduce a stage of another rank": (_with(PROGRAM, 0, "1REDUCE_GRAD"), "rank 0: 1REDUCE_GRAD names stage 1, which runs on rank 1"),
+        "unshard a stage of another rank": (_with(PROGRAM, 1, "0UNSHARD"), "rank 1: 0UNSHARD names stage 0, which runs on rank 0"),
         "unshard with a microbatch": (_with(PROGRAM, 0, "0UNSHARD5"), "UNSHARD names a stage and no microbatch"),
         "11-digit stage": (_with(PROGRAM, 0, "1" * 11 + "REDUCE_GRAD"), "the stage number has 11 digits"),
         "fullwidth digits": (_with(PROGRAM, 0, "\uff10REDUCE_GRAD"), "cannot parse action"),
         "fullwidth compute": (_with(PROGRAM, 0, "\uff10F\uff10"), "cannot parse action"),
-        "compute-only: another rank's": (_with(COMPUTE_ONLY, 0, "1REDUCE_GRAD"), "which rank 0 does not compute"),
+        "compute-only: another rank's": (_with(COMPUTE_ONLY, 0, "1REDUCE_GRAD"), "rank 0: 1REDUCE_GRAD names stage 1, which runs on rank 1"),
         "compute-only: a microbatch": (_with(COMPUTE_ONLY, 1, "1RESHARD2"), "RESHARD names a stage and no microbatch"),
     }
     argvs = []

@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from .actions import MAX_INDEX_DIGITS, parse_slot, shown, sub_actions
+from .actions import MAX_INDEX_DIGITS, Action, Overlap, parse_slot, shown
 from .errors import ConfigError, CSVFormatError, ScheduleError
 from .ops import Op
 from .planning import MAX_ACTIONS_BUILT
@@ -71,41 +71,32 @@ def parse_csv(text: str, name: str = "csv") -> Schedule:
         csv.writer(buffer).writerows([[cell for cell in row if not _COMM_RE.match(cell)] for row in rows])
         text = buffer.getvalue()
     schedule = Schedule.from_csv(text, name=name)
-    if ops:  # the cells dropped follow the rules of those a program keeps
-        _steps(rows, schedule)
+    if ops:
+        _check_dropped(rows, schedule)
     return schedule
 
 
 def _from_program_rows(rows: list[list[str]], name: str) -> Schedule:
     while rows and not any(cell.strip() for cell in rows[-1]):
         rows.pop()
-    computed = [[s for col, cell in enumerate(row) if not _COMM_RE.match(cell)
-                 and (s := _step(cell, _where(r, col)))] for r, row in enumerate(rows)]
-    schedule = Schedule.from_orders(computed, name=name)
-    return _checked_program(schedule, _steps(rows, schedule))
+    steps = [[step for col, cell in enumerate(row) if (step := _step(cell, _where(r, col)))] for r, row in enumerate(rows)]
+    schedule = Schedule.from_orders([[s for s in row if isinstance(s, (Action, Overlap))] for row in steps], name=name)
+    return _checked_program(schedule, steps)
 
 
 def _where(row: int, col: int) -> str:
     return f"row {row + 1} (rank {row}), cell {col + 1}"
 
 
-def _steps(rows: list[list[str]], schedule: Schedule) -> list[list]:
-    """Every rank's program steps; a communication or bookkeeping cell must name a stage its
-    rank computes (as a compute cell's stage is its rank's)."""
-    steps = []
+def _check_dropped(rows: list[list[str]], schedule: Schedule) -> None:
+    """The REDUCE_GRAD, UNSHARD and RESHARD cells of a compute-only file, dropped, still follow a
+    program's rules (:func:`_step`'s, and :func:`assemble`'s: a stage of their rank)."""
     for r, row in enumerate(rows):
-        own = {a.stage for slot in (schedule.orders[r] if r < len(schedule.orders) else ()) if slot is not None
-               for a in sub_actions(slot)}
-        steps.append([])
-        for col, cell in enumerate(row):
-            step = _step(cell, _where(r, col))
-            match = _COMM_RE.match(cell)
-            if match and int(match.group(1)) not in own:
-                raise CSVFormatError(f"{_where(r, col)}: {shown(cell)} names stage {int(match.group(1))}, which rank "
-                                     f"{r} does not compute")
-            if step:
-                steps[-1].append(step)
-    return steps
+        cells = [step for col, cell in enumerate(row) if _COMM_RE.match(cell) and (step := _step(cell, _where(r, col)))]
+        try:
+            assemble(schedule, r, cells)
+        except ScheduleError as err:
+            raise CSVFormatError(f"{err}") from None
 
 
 def _step(cell: str, where: str):
