@@ -8,8 +8,9 @@ of 10**9 builds for ever, and a 70-byte config may ask for tens of GB of weights
 size field present is a whole number inside a range that holds every released model; the
 model is built on ``meta`` with one and with two layers (whatever the config's own count), which
 raises transformers' errors of building at once and, as every layer of a decoder has the same
-parameters, gives the whole model's parameter count; the weights (float32, as pipesched builds
-them) must fit the memory there is. Each refusal is one ConfigError line.
+parameters, gives the whole model's parameter count; the weights and their gradients (float32,
+as pipesched builds them) must fit the memory there is (the machine's, or less under ``ulimit
+-v`` or a cgroup limit). Each refusal is one ConfigError line.
 """
 
 from __future__ import annotations
