@@ -111,7 +111,8 @@ def csv_case(draw) -> bytes:
 
 
 _RUNNER = r"""
-import contextlib, io, json, resource, signal, sys, time, traceback
+import contextlib, faulthandler, io, json, resource, signal, sys, time, traceback
+faulthandler.enable()  # a crash of the runner itself (a signal) shows where it happened
 cases, bound, cap = json.loads(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 from pipesched.cli import main

@@ -21,7 +21,7 @@ from .errors import CSVFormatError
 from .ops import Op
 
 OVERLAP_F_B = "OVERLAP_F_B"  # torch's computation type of an overlapped forward and backward
-_ACTION_RE = re.compile(r"^\s*(\d+)([FIWB])(\d+)\s*$")
+_ACTION_RE = re.compile(r"^\s*([0-9]+)([FIWB])([0-9]+)\s*$")  # ASCII digits: int() also reads fullwidth ones
 MAX_INDEX_DIGITS = 9  # stage and microbatch numbers below a billion: more is never a real schedule
 SHOWN_CHARS = 40  # a cell quoted in a message is cut to about this many characters
 _OVERLAP_RE = re.compile(r"^\s*\(([^;()]*);([^;()]*)\)" + OVERLAP_F_B + r"\s*$")

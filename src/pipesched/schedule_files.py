@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from .actions import Action, Overlap, parse_slot
+from .actions import MAX_INDEX_DIGITS, Action, Overlap, parse_slot, shown
 from .errors import ConfigError, CSVFormatError, ScheduleError
 from .ops import Op
 from .planning import MAX_ACTIONS_BUILT
@@ -35,7 +35,7 @@ from .schedule import Schedule, csv_rows
 from .validate import validate
 
 FORMATS = ("compute_only", "compute_comms")  # torch's names
-_COMM_RE = re.compile(r"^\s*(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|REDUCE_GRAD|UNSHARD|RESHARD)(\d*)\s*$")
+_COMM_RE = re.compile(r"^\s*([0-9]+)(SEND_F|RECV_F|SEND_B|RECV_B|REDUCE_GRAD|UNSHARD|RESHARD)([0-9]*)\s*$")
 _STAGE_OPS = frozenset(("REDUCE_GRAD", "UNSHARD", "RESHARD"))  # name a stage, no microbatch
 _TRANSFERS = frozenset(("SEND_F", "RECV_F", "SEND_B", "RECV_B"))
 
@@ -70,16 +70,33 @@ def parse_csv(text: str, name: str = "csv") -> Schedule:
         buffer = io.StringIO()
         csv.writer(buffer).writerows([[cell for cell in row if not _COMM_RE.match(cell)] for row in rows])
         text = buffer.getvalue()
-    return Schedule.from_csv(text, name=name)
+    schedule = Schedule.from_csv(text, name=name)
+    if ops:
+        _check_dropped(rows, schedule)
+    return schedule
 
 
 def _from_program_rows(rows: list[list[str]], name: str) -> Schedule:
     while rows and not any(cell.strip() for cell in rows[-1]):
         rows.pop()
-    steps = [[step for col, cell in enumerate(row) if (step := _step(cell, f"row {r + 1} (rank {r}), cell {col + 1}"))]
-             for r, row in enumerate(rows)]
+    steps = [[step for col, cell in enumerate(row) if (step := _step(cell, _where(r, col)))] for r, row in enumerate(rows)]
     schedule = Schedule.from_orders([[s for s in row if isinstance(s, (Action, Overlap))] for row in steps], name=name)
     return _checked_program(schedule, steps)
+
+
+def _where(row: int, col: int) -> str:
+    return f"row {row + 1} (rank {row}), cell {col + 1}"
+
+
+def _check_dropped(rows: list[list[str]], schedule: Schedule) -> None:
+    """The REDUCE_GRAD, UNSHARD and RESHARD cells of a compute-only file, dropped, still follow a
+    program's rules (:func:`_step`'s, and :func:`assemble`'s: a stage of their rank)."""
+    for r, row in enumerate(rows):
+        cells = [step for col, cell in enumerate(row) if _COMM_RE.match(cell) and (step := _step(cell, _where(r, col)))]
+        try:
+            assemble(schedule, r, cells)
+        except ScheduleError as err:
+            raise CSVFormatError(f"{err}") from None
 
 
 def _step(cell: str, where: str):
@@ -93,9 +110,13 @@ def _step(cell: str, where: str):
         except CSVFormatError as err:
             raise CSVFormatError(f"{where}: {err}") from None
     stage, op, mb = match.groups()
+    for what, digits in (("stage", stage), ("microbatch", mb)):
+        if len(digits.lstrip("0")) > MAX_INDEX_DIGITS:
+            raise CSVFormatError(f"{where}: {shown(cell)}: the {what} number has {len(digits.lstrip('0'))} digits; "
+                                 f"stages and microbatches are numbered below 10**{MAX_INDEX_DIGITS}")
     if (op in _STAGE_OPS) != (mb == ""):
         needs = f"names a stage and no microbatch, e.g. 0{op}" if mb else f"needs a microbatch, e.g. 0{op}1"
-        raise CSVFormatError(f"{where}: {cell.strip()!r}: {op} {needs}")
+        raise CSVFormatError(f"{where}: {shown(cell)}: {op} {needs}")
     return (Op(op), int(stage), int(mb) if mb else None)
 
 

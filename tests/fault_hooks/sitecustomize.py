@@ -3,6 +3,9 @@ and its ranks), the faults the environment asks for, at known points of the run:
 
 - ``PIPESCHED_TEST_FULL_DISK_STEP=N``: writing any file of the checkpoint of step N fails as a
   full disk does (``OSError(ENOSPC)`` from the stream DCP opens);
+- ``PIPESCHED_TEST_DISK_FILLS_AT_STEP=N``: the disk fills while the checkpoint of step N is
+  written: the streams DCP opens take small writes (a buffer holds them) and fail larger ones with
+  ENOSPC, as a full disk does (torch's writer then says "unexpected pos");
 - ``PIPESCHED_TEST_FULL_DISK_UNDER=DIR``: every output written atomically under DIR fails so;
 - ``PIPESCHED_TEST_REMOVE_AFTER_RUN=DIR``: DIR is removed once training returns, before the
   outputs are written (a folder removed during the run).
@@ -12,6 +15,7 @@ import errno
 import os
 
 FULL_DISK_STEP = os.environ.get("PIPESCHED_TEST_FULL_DISK_STEP")
+DISK_FILLS_AT_STEP = os.environ.get("PIPESCHED_TEST_DISK_FILLS_AT_STEP")
 FULL_DISK_UNDER = os.environ.get("PIPESCHED_TEST_FULL_DISK_UNDER")
 REMOVE_AFTER_RUN = os.environ.get("PIPESCHED_TEST_REMOVE_AFTER_RUN")
 
@@ -36,6 +40,35 @@ if FULL_DISK_STEP:
             yield stream
 
     FileSystem.create_stream = failing_stream
+
+if DISK_FILLS_AT_STEP:
+    from contextlib import contextmanager
+
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    original_open = FileSystem.create_stream
+    filling = f"step-{int(DISK_FILLS_AT_STEP):06d}"
+
+    class FillingStream:
+        """Small writes stay in the buffer (they succeed); one that reaches the disk fails."""
+
+        def __init__(self, stream, path):
+            self.stream, self.path = stream, path
+
+        def write(self, data):
+            if len(data) > 1024:
+                raise _full_disk(self.path)
+            return self.stream.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.stream, name)
+
+    @contextmanager
+    def filling_stream(self, path, mode):
+        with original_open(self, path, mode) as stream:
+            yield FillingStream(stream, path) if "w" in mode and filling in str(path) else stream
+
+    FileSystem.create_stream = filling_stream
 
 if FULL_DISK_UNDER:
     from pipesched import outfiles

@@ -65,6 +65,10 @@ def _gib(n: int) -> str:
 
 def check_checkpoint_flags(directory: Optional[Path], every: Optional[int], keep: int, resume: bool) -> None:
     """The checkpoint options on their own (the folder is checked by :func:`check_checkpointing`)."""
+    if directory is not None:
+        from ..runtime.folder_lock import check_lock_file  # pure Python: answers before torch is imported
+
+        check_lock_file(directory)
     if directory is None:
         if every is not None:
             raise ConfigError("--checkpoint-every needs --checkpoint-dir (where to write the checkpoints)")

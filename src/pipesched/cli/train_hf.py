@@ -28,8 +28,16 @@ def hf_model_options(model: str, data: Optional[Path], weights: Optional[Path], 
         if given:
             raise ConfigError(f"{' and '.join(given)} only apply to --model hf:CONFIG.json (a Hugging Face causal LM)")
         return {}
-    if save_hf is not None and save_hf.exists() and not save_hf.is_dir():
-        raise ConfigError(f"--save-hf {str(save_hf)!r} is a file, not a folder")
+    if save_hf is not None:
+        from ..hf.save_folder import check_save_folder
+
+        check_save_folder(save_hf)
+    if weights is not None:
+        from ..hf.weights_index import narrowed
+
+        note = narrowed(weights)
+        if note:
+            typer.echo(f"pipesched: {note}", err=True)
     return {k: str(v) for k, v in (("data", data), ("weights", weights)) if v is not None}
 
 
@@ -46,7 +54,13 @@ def report_and_save(plan, model_def, params: Optional[dict], save_hf: Optional[P
                    "Conv1D; norms, embeddings and 3D expert weights get theirs in I)")
     if save_hf is not None and params is not None:
         from ..hf.pipeline import model_name
+        from ..hf.save_folder import SaveLost, save_into
         from ..hf.saving import write_pretrained
 
-        write_pretrained(config, {model_name(k): v for k, v in params.items()}, save_hf)
+        state = {model_name(k): v for k, v in params.items()}
+        try:
+            save_into(lambda folder: write_pretrained(config, state, folder), save_hf)
+        except SaveLost as err:
+            typer.echo(f"pipesched: error: {err}", err=True)
+            raise typer.Exit(code=1) from None
         typer.echo(f"wrote {save_hf} (from_pretrained loads it)")

@@ -17,7 +17,6 @@ for the split backward are never the ones it runs on ``meta``).
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Optional, Union
 
@@ -25,8 +24,10 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .architectures import Architecture, architecture_of, causal_lm_class, check_model_type
+from .architectures import Architecture, architecture_of, causal_lm_class
 from .blocks import model_blocks
+from .weights_index import index_weights, weight_files
+from .config_file import read_config  # noqa: F401  (where configs are read: part of this module's API)
 
 
 def _on_meta() -> bool:
@@ -119,18 +120,10 @@ class WeightsFolder:
 
     def __init__(self, folder: Union[str, Path], skeleton: nn.Module) -> None:
         self.folder = Path(folder)
-        files = sorted(self.folder.glob("*.safetensors")) if self.folder.is_dir() else []
+        files = weight_files(self.folder)
         if not files:
             raise ConfigError(f"--hf-weights {str(folder)!r}: no *.safetensors files there")
-        from safetensors import safe_open
-
-        self.where: dict[str, Path] = {}
-        for file in files:
-            try:
-                with safe_open(str(file), framework="pt") as f:
-                    self.where.update(dict.fromkeys(f.keys(), file))
-            except Exception as err:  # a truncated or foreign file: say which
-                raise ConfigError(f"--hf-weights: cannot read {file}: {err}") from None
+        self.where, _ = index_weights(files)  # a key in two files or of no float dtype: refused
         self.aliases = _tied_aliases(skeleton)
         expected = skeleton.state_dict()
         for name, tensor in expected.items():
@@ -170,24 +163,3 @@ def _tied_aliases(model: nn.Module) -> dict[str, str]:
     stores one of them."""
     tied = model.get_expanded_tied_weights_keys() if model.config.tie_word_embeddings else {}
     return {**tied, **{v: k for k, v in tied.items()}}
-
-
-def read_config(path: Union[str, Path]):
-    """A transformers config from a ``config.json`` file (or a folder holding one); ConfigError if unreadable."""
-    from transformers import AutoConfig
-
-    path = Path(path)
-    file = path / "config.json" if path.is_dir() else path
-    try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"no model config at {str(file)!r}") from None
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"cannot read the model config {str(file)!r}: {err}") from None
-    if not isinstance(data, dict) or "model_type" not in data:
-        raise ConfigError(f"{str(file)!r} is not a transformers config (no model_type)")
-    check_model_type(data["model_type"])
-    try:
-        return AutoConfig.for_model(**data)
-    except (ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"cannot read the model config {str(file)!r}: {err}") from None

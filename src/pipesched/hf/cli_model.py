@@ -13,7 +13,6 @@ the vocabulary) is a one-line ConfigError raised here, before any rank starts.
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -23,37 +22,16 @@ from ..runtime.model_def import ModelDef
 from .build import BlockSource, read_config
 from .pipeline import model_name, tied_groups
 from .split import block_costs
+from .token_data import TokenStream, token_stream as read_tokens
 
 PREFIX = "hf:"
 DEFAULT_CONTEXT = 64  # tokens per sample, or the model's positions if fewer
 
 
 @lru_cache(maxsize=4)
-def token_stream(data: Optional[str], vocab_size: int) -> torch.Tensor:
-    """The training tokens: a file's bytes modulo the vocabulary, a .npy of ids, or the shipped text's bytes."""
-    if data is None:
-        from ..runtime.datasets import shipped_text
-
-        raw = shipped_text().encode("utf-8")
-    elif data.endswith(".npy"):
-        import numpy as np
-
-        try:
-            ids = np.load(data, allow_pickle=False)
-        except (OSError, ValueError) as err:
-            raise ConfigError(f"--data {data!r}: cannot read it as a .npy array ({err})") from None
-        if ids.dtype.kind not in "iu" or ids.ndim != 1:
-            raise ConfigError(f"--data {data!r}: expected a 1-D array of integer token ids, got {ids.ndim}-D {ids.dtype}")
-        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-            raise ConfigError(f"--data {data!r}: token ids must be in 0..{vocab_size - 1} (the vocabulary), "
-                              f"found {int(ids.min())}..{int(ids.max())}")
-        return torch.from_numpy(ids.astype("int64"))
-    else:
-        try:
-            raw = Path(data).read_bytes()
-        except OSError as err:
-            raise ConfigError(f"--data {data!r}: {err.strerror}") from None
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).long() % vocab_size
+def token_stream(data: Optional[str], vocab_size: int) -> TokenStream:
+    """The training tokens (:mod:`.token_data`: mapped from a regular file, in bounded memory)."""
+    return read_tokens(data, vocab_size)
 
 
 def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional[str] = None,
@@ -73,7 +51,7 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
     def batch(step: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(1_000_003 * seed + step)
         starts = torch.randint(0, len(stream) - context, (size,), generator=g)
-        ids = stream[starts[:, None] + torch.arange(context)]
+        ids = stream.windows(starts, context)
         return ids, ids
 
     def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

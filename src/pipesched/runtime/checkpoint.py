@@ -45,6 +45,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from . import checkpoint_files as files
+from .checkpoint_writes import reason, writer
 from .checkpoint_names import model_shapes, same_name, tied_view  # noqa: F401  (part of this module's API)
 from .checkpoint_files import (  # noqa: F401  (where checkpoints live: part of this module's API)
     CheckpointUnreadable, checkpoint_step, complete_checkpoints, latest, prepare_directory, step_dir,
@@ -88,18 +89,6 @@ class CheckpointWriteError(RuntimeError):
     message names the step, the folder, why, and the newest checkpoint still on disk."""
 
 
-def _reason(err: BaseException) -> str:
-    """Why a DCP call failed, in a few words: the first failure of any rank (DCP's
-    CheckpointException gathers every rank's), as its OS error or its first line."""
-    failures = getattr(err, "failures", None)
-    if isinstance(failures, dict) and failures:
-        err = next(iter(failures.values()))[0]
-    if isinstance(err, OSError) and err.strerror:
-        return err.strerror + (f" ({err.filename})" if err.filename else "")
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-
-
 # -- what a checkpoint holds --------------------------------------------------------------------
 
 
@@ -127,7 +116,7 @@ def saved_entries(path: PathLike) -> Mapping:
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise
         raise CheckpointUnreadable(
-            f"{_step_name(path)}could not read {Path(path) / '.metadata'}: {_reason(err)}"
+            f"{_step_name(path)}could not read {Path(path) / '.metadata'}: {reason(err)}"
         ) from None
 
 
@@ -194,11 +183,11 @@ def save(directory: PathLike, step: int, model: nn.Module, optimizer: torch.opti
     error = None
     try:
         with _quiet_without_group():
-            _dcp().save(training_state(model, optimizer), checkpoint_id=str(partial), no_dist=not dist.is_initialized())
+            _dcp().save(training_state(model, optimizer), checkpoint_id=str(partial), storage_writer=writer(partial), no_dist=not dist.is_initialized())
     except BaseException as err:  # DCP's CheckpointException is a BaseException
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise
-        error = _reason(err)
+        error = reason(err)
     if coordinator and error is None:  # DCP returns once every rank's data and the metadata are written and synced
         try:
             files.write_manifest(partial, step)
@@ -207,7 +196,7 @@ def save(directory: PathLike, step: int, model: nn.Module, optimizer: torch.opti
             os.rename(partial, final)
             _sync_folder(final.parent)
         except OSError as err:
-            error = _reason(err)
+            error = reason(err)
     error = _first_error(error)
     if error is not None:
         if coordinator:
@@ -215,9 +204,7 @@ def save(directory: PathLike, step: int, model: nn.Module, optimizer: torch.opti
         kept = f"{previous} is intact" if previous is not None else "no earlier checkpoint was saved"
         raise CheckpointWriteError(f"step {step}: could not write {final}: {error}; {kept}")
     if coordinator:  # the newest, just verified by its writing, is never among those removed
-        for old in complete_checkpoints(directory)[:-keep]:
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
+        files.rotate(directory, keep, final)
     _barrier()
     return final
 
@@ -247,7 +234,7 @@ def load(path: PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     except BaseException as err:  # DCP's CheckpointException is a BaseException
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise
-        raise CheckpointUnreadable(f"{_step_name(path)}could not read {path}: {_reason(err)}") from None
+        raise CheckpointUnreadable(f"{_step_name(path)}could not read {path}: {reason(err)}") from None
     model.load_state_dict(state["model"])
     _dcp().state_dict.set_optimizer_state_dict(model, optimizer, state["optim"], options=_optim_options())
     for rng in state.get("rng", {}).values():

@@ -14,8 +14,6 @@ falls back past it.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import shutil
@@ -23,14 +21,12 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 from ..errors import ConfigError
+from .checkpoint_manifest import MANIFEST, STEP_DIR, check_step, write_manifest  # noqa: F401  (this module's API)
 from .folder_lock import FolderLock
 
 PathLike = Union[str, Path]
-STEP_DIR = re.compile(r"^step-(\d+)$")
 PARTIAL_DIR = re.compile(r"^\.step-(\d+)\.partial$")
-MANIFEST = "manifest.json"
 DAMAGED_SUFFIX = ".damaged"
-_CHUNK = 1 << 20
 
 
 class CheckpointUnreadable(ConfigError):
@@ -39,65 +35,14 @@ class CheckpointUnreadable(ConfigError):
 
 def complete_checkpoints(directory: PathLike) -> list[Path]:
     """Every ``step-NNNNNN`` folder that DCP finished (it has ``.metadata``), oldest first
-    (partial writes are never listed; damaged ones are, until verified)."""
+    (partial writes are never listed; damaged ones are, until verified; a link named like a
+    step is not a step of this folder: it is never listed, loaded or rotated away)."""
     folder = Path(directory)
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir() if STEP_DIR.match(p.name) and (p / ".metadata").is_file()]
+    found = [p for p in folder.iterdir()
+             if STEP_DIR.match(p.name) and not p.is_symlink() and (p / ".metadata").is_file()]
     return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
-
-
-def _digest(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(_CHUNK), b""):
-            sha.update(block)
-    return sha.hexdigest()
-
-
-def write_manifest(folder: PathLike, step: int) -> Path:
-    """Checksum every file of ``folder`` (a checkpoint DCP has finished) into its manifest,
-    durably (written through a temporary file, then renamed and synced)."""
-    folder = Path(folder)
-    files = {p.name: {"bytes": p.stat().st_size, "sha256": _digest(p)}
-             for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
-    tmp = folder / f".{MANIFEST}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"format": 1, "step": step, "files": files}, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, folder / MANIFEST)
-    return folder / MANIFEST
-
-
-def check_step(folder: PathLike) -> Optional[str]:
-    """Why checkpoint ``folder`` is not intact (naming the file), or None when every file
-    matches its manifest."""
-    folder = Path(folder)
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-        files = manifest["files"]
-        assert isinstance(files, dict) and files
-    except FileNotFoundError:
-        return f"it has no {MANIFEST} (its save did not finish)"
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):
-        return f"its {MANIFEST} is unreadable"
-    for name, want in sorted(files.items()):
-        path = folder / name
-        try:
-            size = path.stat().st_size
-            if size != want.get("bytes"):
-                return f"{path} is {size} bytes, its manifest says {want.get('bytes')}"
-            if _digest(path) != want.get("sha256"):
-                return f"{path} does not match its checksum (damaged, or copied from another checkpoint)"
-        except FileNotFoundError:
-            return f"{path} is missing"
-        except OSError as err:
-            return f"{path} cannot be read ({err.strerror or type(err).__name__})"
-    extra = sorted(p.name for p in folder.iterdir() if p.name.endswith(".distcp") and p.name not in files)
-    if extra:
-        return f"{folder / extra[0]} is not in its manifest (copied in from another checkpoint?)"
-    return None
 
 
 def newest_intact(directory: PathLike) -> tuple[Optional[Path], list[tuple[Path, str]]]:
@@ -110,6 +55,16 @@ def newest_intact(directory: PathLike) -> tuple[Optional[Path], list[tuple[Path,
             return folder, damaged
         damaged.append((folder, problem))
     return None, damaged
+
+
+def rotate(directory: PathLike, keep: int, newest: Path) -> None:
+    """Remove all but the ``keep`` newest checkpoints of ``directory``: never ``newest`` (just
+    saved), nor a folder that one of those kept resolves to."""
+    listed = complete_checkpoints(directory)
+    kept = {os.path.realpath(p) for p in [*listed[-keep:], newest]}
+    for old in listed[:-keep]:
+        if os.path.realpath(old) not in kept:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def set_aside(folder: Path) -> Path:

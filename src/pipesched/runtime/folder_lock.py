@@ -5,7 +5,9 @@
 dies). A second run is refused in one line naming the first's pid and host. A lock left by a
 process that is gone (its flock released, or a pid no longer running on this host) is taken
 over, and :class:`FolderLock` says so in ``took_over``. A lock naming another host cannot be
-checked from here and is refused: remove the file once that run is known to be over.
+checked from here and is refused: remove the file once that run is known to be over. The file
+is opened without following links and only as a regular file: a link, a folder or a FIFO at its
+name is refused in one line, and nothing outside the folder is ever written.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import atexit
 import json
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import Optional, Union
@@ -21,6 +24,7 @@ from typing import Optional, Union
 from ..errors import ConfigError
 
 LOCK_FILE = ".pipesched-lock"
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 
 try:
     import fcntl
@@ -61,7 +65,7 @@ class FolderLock:
             return _held[key]
         host = socket.gethostname()
         for _ in range(5):  # the holder may remove the file between our open and our flock
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open()
             if fcntl is not None:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -70,7 +74,7 @@ class FolderLock:
                     os.close(fd)
                     raise FolderInUse(self._in_use(holder)) from None
                 try:
-                    same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+                    same = os.fstat(fd).st_ino == os.lstat(self.path).st_ino
                 except FileNotFoundError:
                     same = False
                 if not same:
@@ -91,6 +95,19 @@ class FolderLock:
             return self
         raise FolderInUse(f"{self.path.parent}: its lock file {self.path} keeps changing: another run is starting there")
 
+    def _open(self) -> int:
+        """The lock file, opened (created) without following a link and only as a regular file:
+        a link or a FIFO put there would make our writes land outside the folder, or wait."""
+        try:
+            fd = os.open(self.path, _LOCK_FLAGS, 0o644)
+        except OSError as err:
+            check_lock_file(self.path.parent)  # a link, a folder: said as such
+            raise _unusable(self.path, f"cannot be opened ({err.strerror or type(err).__name__})") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise _unusable(self.path, "is not a regular file")
+        return fd
+
     def _in_use(self, holder: Optional[dict], checkable: bool = True) -> str:
         who = f"pid {holder.get('pid')} on {holder.get('host')}" if holder else "another process"
         since = ""
@@ -110,6 +127,25 @@ class FolderLock:
             pass
         os.close(self.fd)
         self.fd = None
+
+
+def check_lock_file(folder: Union[str, Path]) -> None:
+    """Refuse a ``folder`` whose lock file's name holds a link, a folder, a FIFO or a device
+    (checked again when the lock is taken; this answers before a run imports torch)."""
+    path = Path(folder) / LOCK_FILE
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return
+    if stat.S_ISLNK(mode):
+        raise _unusable(path, "is a link")
+    if not stat.S_ISREG(mode):
+        raise _unusable(path, "is not a regular file")
+
+
+def _unusable(path: Path, why: str) -> ConfigError:
+    return ConfigError(f"--checkpoint-dir {str(path.parent)!r}: its lock file {path} {why}: "
+                       "remove it if no run uses the folder")
 
 
 def _read(fd: int) -> Optional[dict]:

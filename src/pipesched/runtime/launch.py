@@ -32,6 +32,7 @@ import torch.distributed as dist
 from ..environment import backend as launch_backend, torchrun_rank
 from ..errors import ConfigError, PipeschedError
 from .lifeline import die_with_parent
+from .rendezvous import joining
 from .rank_watch import FAILURE_GRACE_S, DistributedRunError, collect, stop  # noqa: F401  (re-exported)
 
 Worker = Callable[[int, int, Any], Any]
@@ -118,7 +119,8 @@ def run_torchrun(worker: Worker, payload: Any, timeout_s: float) -> Any:
                 "(PIPESCHED_BACKEND=gloo lets ranks share a GPU, slowly)"
             )
         torch.cuda.set_device(local % count)
-    init_group(rank, world, backend, timeout_s)
+    with joining(rank, world, timeout_s):  # bounded, and one line naming the address
+        init_group(rank, world, backend, timeout_s)
     try:
         # every rank must run the same plan: take rank 0's (a time-bounded search such as
         # zb-auto's MILP refinement may end differently on different processes)
