@@ -228,3 +228,41 @@ def test_weights_are_read_by_name_and_a_tied_head_from_its_embedding(configs, tm
     loaded = {k.partition(".")[2]: v for k, v in md.sequential(0).state_dict().items()}
     assert loaded.keys() == gpt2.state_dict().keys()
     assert all(torch.equal(loaded[k], v) for k, v in gpt2.state_dict().items())
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3-moe"])
+def test_moe_folders_transformers_wrote_load_by_its_own_conversion_and_save_back(kind, tmp_path):
+    """transformers stores an MoE layer's experts one by one (Mixtral's ``experts.3.w1.weight``,
+    Qwen's ``experts.3.gate_proj.weight``), sharded here with an index; the blocks built from the
+    config read that folder through transformers' own conversion (the fused ``gate_up_proj`` it
+    stacks and concatenates), give the logits ``from_pretrained`` gives, and what
+    ``save_pretrained`` writes of them loads in transformers with the same logits."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_cases import make_batch
+    from pipesched import hf
+    from pipesched.hf.saving import write_pretrained
+    from pipesched.runtime.models import get_model
+
+    config = make_config(kind)
+    config.to_json_file(str(tmp_path / "config.json"))
+    hf.init_model(config, seed=3).save_pretrained(tmp_path / "stored", max_shard_size="40KB")
+    stored = {k for f in (tmp_path / "stored").glob("*.safetensors") for k in _safetensors_keys(f)}
+    assert (tmp_path / "stored" / "model.safetensors.index.json").exists()
+    assert not any("gate_up_proj" in k for k in stored) and any(".experts.3." in k for k in stored)
+    md = get_model(f"hf:{tmp_path / 'config.json'}", weights=str(tmp_path / "stored"))
+    blocks = md.sequential(0)
+    ids = make_batch(0, 2, 16)["input_ids"]
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "stored")
+    with torch.no_grad():
+        assert torch.equal(blocks(ids), loaded(input_ids=ids).logits)
+        write_pretrained(config, {k.partition(".")[2]: v for k, v in blocks.state_dict().items()}, tmp_path / "again")
+        again = AutoModelForCausalLM.from_pretrained(tmp_path / "again")
+        assert torch.equal(again(input_ids=ids).logits, loaded(input_ids=ids).logits)
+
+
+def _safetensors_keys(file) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as f:
+        return list(f.keys())

@@ -71,12 +71,14 @@ def test_split_puts_the_embeddings_first_and_the_head_last():
         stage_block_counts(pipesched.build_schedule("zb-v", 4, 8), costs, None)
 
 
-def test_refusals_in_one_line():
+def test_refusals_in_one_line(tmp_path):
     from pipesched import hf
     from pipesched.hf.pipeline import check_batch
 
     schedule = pipesched.build_schedule("1f1b", 2, 4)
     batch = make_batch(0, 8, 16)
+    with pytest.raises(ConfigError, match=f"^weights='{tmp_path}': no [*].safetensors files there$"):
+        hf.pipeline(make_config("llama"), schedule, optimizer=torch.optim.SGD, sample_batch=batch, weights=tmp_path)
     moe = make_model("mixtral", torch.float32, output_router_logits=True)
     with pytest.raises(ConfigError, match="without the router's auxiliary loss: its load-balancing loss is a product"):
         hf.pipeline(moe, schedule, optimizer=torch.optim.SGD, sample_batch=batch)
@@ -91,3 +93,28 @@ def test_refusals_in_one_line():
         hf.pipeline(BertForMaskedLM(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
                                                num_attention_heads=2, intermediate_size=64)),
                     schedule, optimizer=torch.optim.SGD, sample_batch=batch)
+
+
+def test_the_step_normalised_loss_gives_every_token_the_models_float32_weight_for_any_microbatch_count():
+    """Three microbatches (``m = 3``, not a power of two), scaled as the runtime scales them
+    (``loss * (1/m)``): the logits' gradients equal, bitwise, the model's on the whole batch for
+    every number of counted tokens, though the cross-entropy is computed in float32 (loss.py)."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    from pipesched.hf.loss import StepNormalisedLoss
+
+    g = torch.Generator().manual_seed(0)
+    for counted in range(5, 60):
+        logits = torch.randn(6, 12, 64, generator=g, dtype=torch.float64)
+        labels = torch.randint(0, 64, (6, 12), generator=g)
+        shifted = labels[:, 1:].reshape(-1)
+        shifted[counted:] = -100
+        labels[:, 1:] = shifted.view(6, 11)
+        whole = logits.clone().requires_grad_()
+        ForCausalLMLoss(whole, labels, 64).backward()
+        split = logits.clone().requires_grad_()
+        loss = StepNormalisedLoss(64, microbatches=3, replicas=1)
+        loss.start_step(labels)
+        for part, part_labels in zip(split.chunk(3), labels.chunk(3)):
+            (loss(part, part_labels) * (1.0 / 3)).backward()
+        assert torch.equal(split.grad, whole.grad), counted

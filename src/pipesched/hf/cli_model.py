@@ -62,7 +62,7 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
     from transformers.loss.loss_utils import ForCausalLMLoss
 
     config = read_config(config_path)
-    source = BlockSource(config, weights)
+    source = BlockSource(config, weights, weights_argument="--hf-weights {!r}")
     vocab = config.vocab_size
     limit = getattr(config, "max_position_embeddings", None) or DEFAULT_CONTEXT
     context = context or min(DEFAULT_CONTEXT, limit)
