@@ -45,6 +45,31 @@ class Float64Throughout(TorchFunctionMode):
         return func(*(torch.float64 if a is torch.float32 else a for a in args), **kwargs)
 
 
+FAMILIES = {  # kind -> the config class whose defaults are the family's real model (GemmaConfig(): Gemma 7B)
+    "gemma": "GemmaConfig", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig", "phi3": "Phi3Config",
+    "olmo2": "Olmo2Config", "qwen2-moe": "Qwen2MoeConfig", "gpt-neox": "GPTNeoXConfig", "starcoder2": "Starcoder2Config",
+    "falcon": "FalconConfig", "cohere": "CohereConfig", "granite": "GraniteConfig", "deepseek-v3": "DeepseekV3Config",
+}
+FAMILY_LAYERS = {"gemma3": 6}  # five sliding-window layers, then a global one
+
+
+def family_config(kind: str):
+    """The family's real config (its class's defaults: sliding windows, soft-caps, tied
+    embeddings, MoE routing, latent attention as the family sets them) shrunk as the twin check
+    shrinks it (pipesched.hf.twin), 4 layers (6 for Gemma 3), initialised at its usual scale."""
+    import transformers as tf
+
+    from pipesched.hf.twin import shrunken
+
+    layers = FAMILY_LAYERS.get(kind, 4)
+    default = getattr(tf, FAMILIES[kind])(num_hidden_layers=layers)
+    config = shrunken(default, layers)
+    config.initializer_range = default.initializer_range
+    config.max_position_embeddings = min(config.max_position_embeddings, 32)
+    config.use_cache = False
+    return config
+
+
 def make_config(kind: str, **extra):
     """A tiny random-init config of ``kind`` (dropout 0, no cache)."""
     import transformers as tf
@@ -67,6 +92,8 @@ def make_config(kind: str, **extra):
     elif kind == "qwen3-moe":  # layer 1 dense (mlp_only_layers), the others 4 experts, 2 per token
         config = tf.Qwen3MoeConfig(**small, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
                                    mlp_only_layers=[1], experts_implementation="eager")
+    elif kind in FAMILIES:
+        config = family_config(kind)
     else:
         raise ValueError(kind)
     for key, value in extra.items():
@@ -132,6 +159,25 @@ def reference(model, batches: list[dict], autocast: Optional[torch.dtype] = None
             "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
 
+def keyed_reference(model, batches: list[dict], microbatches: int, seed: int = 0) -> dict:
+    """What a pipeline of ``model`` computes when it draws (dropout, router noise): the model's
+    blocks microbatch by microbatch, keyed as the pipeline keys them (``hf.one_process_step``),
+    float64 throughout for a float64 model; the same keys as :func:`reference`'s."""
+    from pipesched import hf
+
+    model = copy.deepcopy(model)
+    optimizer = adamw(list(model.parameters()))
+    losses, step_grads = [], []
+    for step, batch in enumerate(batches):
+        optimizer.zero_grad(set_to_none=True)
+        with in_dtype(next(model.parameters()).dtype):
+            losses.append(hf.one_process_step(model, batch, microbatches=microbatches, seed=seed, step=step))
+        step_grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)})
+        optimizer.step()
+    return {"losses": losses, "grads": step_grads[0], "step_grads": step_grads,
+            "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
 def run_pipelines(rank: int, world: int, job: dict) -> dict:
     """For every (label, model kind, schedule) of ``job``: train STEPS steps of ``job["batches"]``
     with pipesched.hf; rank 0 returns losses, first gradients and final weights by the model's names."""
@@ -143,7 +189,7 @@ def run_pipelines(rank: int, world: int, job: dict) -> dict:
     for label, kind, schedule, options in job["runs"]:
         options = dict(options)
         dtype = options.pop("model_dtype", torch.float64)
-        model = make_model(kind, dtype)
+        model = make_model(kind, dtype, **options.pop("config", {}))
         dp = options.pop("dp", world // schedule.ranks)
         if dp not in meshes:
             meshes[dp] = init_pipeline_mesh(schedule.ranks, dp)

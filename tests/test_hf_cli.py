@@ -30,8 +30,10 @@ def configs(tmp_path_factory) -> dict:
         make_config(kind).to_json_file(str(paths[kind]))
     paths["bert"] = folder / "bert.json"
     paths["bert"].write_text(json.dumps({"model_type": "bert", "vocab_size": 64}))
-    paths["gemma2"] = folder / "gemma2.json"
-    paths["gemma2"].write_text(json.dumps({"model_type": "gemma2", "vocab_size": 64, "num_hidden_layers": 2}))
+    paths["t5"] = folder / "t5.json"
+    paths["t5"].write_text(json.dumps({"model_type": "t5", "vocab_size": 64, "num_layers": 2}))
+    paths["gpt2-dropout"] = folder / "gpt2-dropout.json"
+    make_config("gpt2", resid_pdrop=0.1, attn_pdrop=0.1).to_json_file(str(paths["gpt2-dropout"]))
     paths["broken"] = folder / "broken.json"
     paths["broken"].write_text("{not json")
     paths["ids"] = folder / "ids.npy"
@@ -135,8 +137,10 @@ def model_names(model) -> set[str]:
 @pytest.mark.timeout(180)
 def test_bad_input_is_one_line_and_exit_2_before_any_rank_starts(configs):
     rows = [
-        (["--model", f"hf:{configs['gemma2']}"], ["cannot split a 'gemma2' model", "GPT2LMHeadModel, LlamaForCausalLM"]),
+        (["--model", f"hf:{configs['t5']}"], ["cannot split a 't5' model (transformers has no causal LM for it)",
+                                             "whose twin check passes"]),
         (["--model", f"hf:{configs['llama']}", "-s", "zb-v", "--ranks", "4"], ["8 stages", "6 blocks"]),
+        (["--model", f"hf:{configs['gpt2-dropout']}"], ["draws (attn_pdrop=0.1, resid_pdrop=0.1)", "hf.pipeline"]),
     ]
     results = concurrently(lambda row: run_cli("train", *row[0], "--steps", "1"), rows)
     for (args, fragments), result in zip(rows, results):
@@ -158,7 +162,7 @@ def test_what_the_command_refuses_is_refused_by_the_model_it_builds(configs, tmp
     gpt2.save_pretrained(tmp_path / "gpt2")  # weights of another config than Llama's
     llama = f"hf:{configs['llama']}"
     cases = [
-        ((f"hf:{configs['bert']}",), {}, "cannot split a 'bert' model"),
+        ((f"hf:{configs['bert']}",), {}, "cannot split BertLMHeadModel: it splits "),
         ((f"hf:{configs['broken']}",), {}, "cannot read the model config"),
         ((llama,), {"weights": str(configs["ids"].parent)}, "no [*].safetensors files"),
         ((llama,), {"weights": str(tmp_path / "gpt2")}, "does not match the config: it has no 'model.embed_tokens.weight'"),

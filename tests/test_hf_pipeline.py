@@ -28,7 +28,8 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 import pipesched  # noqa: E402
-from hf_cases import LR, STEPS, Float64Throughout, make_batch, make_config, make_model, padded_batches, reference  # noqa: E402
+from hf_cases import (FAMILIES, LR, STEPS, Float64Throughout, keyed_reference, make_batch, make_config,  # noqa: E402
+                      make_model, padded_batches, reference)
 from runtime_cases import relative_error  # noqa: E402
 
 from pipesched.runtime.launch import spawn  # noqa: E402
@@ -68,6 +69,18 @@ TWO_RANK_RUNS += [(f"{kind} {name} padded", kind, pipesched.build_schedule(name,
 FP32_RUNS = [(f"{kind} {name} fp32", kind, pipesched.build_schedule(name, 2, 4), {"model_dtype": torch.float32})
              for kind, name in (("gpt2", "zb-v"), ("qwen3", "1f1b"))]
 TWO_RANK_RUNS += FP32_RUNS
+# every other family (hf_cases.FAMILIES: its real config, shrunk), one schedule each, in turn;
+# benchmarks/hf_families.py runs each under all four, on 4 ranks, and in fp32 with SGD
+FAMILY_SCHEDULES = ("1f1b", "zb-v", "interleaved-zb", "dualpipev")
+FAMILY_RUNS = [(f"{kind} {FAMILY_SCHEDULES[i % 4]}", kind, pipesched.build_schedule(FAMILY_SCHEDULES[i % 4], 2, 4), {})
+               for i, kind in enumerate(FAMILIES)]
+TWO_RANK_RUNS += FAMILY_RUNS
+# models that draw: GPT-2 with its default dropout, Mixtral with router noise (keyed draws)
+DRAWS = {"gpt2": {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}, "mixtral": {"router_jitter_noise": 0.1}}
+KEYED_RUNS = [(f"{kind} {name} keyed", kind, pipesched.build_schedule(name, 2, 4), {"config": DRAWS[kind]})
+              for kind, names in (("gpt2", ("1f1b", "zb-v", "interleaved-zb")), ("mixtral", ("1f1b", "zb-v")))
+              for name in names]
+TWO_RANK_RUNS += KEYED_RUNS
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +98,7 @@ def two_ranks(tmp_path_factory):
 def test_every_schedule_family_and_model_on_two_ranks(two_ranks):
     results = two_ranks[0]["runs"]
     assert set(results) == {label for label, *_ in TWO_RANK_RUNS}
-    assert_like_reference({k: v for k, v in results.items() if not k.endswith("fp32")}, BATCHES)
+    assert_like_reference({k: v for k, v in results.items() if not k.endswith(("fp32", "keyed"))}, BATCHES)
     assert results["llama 1f1b"]["deferred"] == 0.0
     assert results["llama zb-v"]["deferred"] > 0.9  # every projection is a Linear; norms and embeddings are not
     assert results["gpt2 zb-v"]["deferred"] > 0.9  # GPT-2's projections are Conv1Ds (its head alone would be 4%)
@@ -124,6 +137,32 @@ def test_fp32_with_adamw_is_as_close_to_exact_training_as_the_model_in_one_proce
             keys = torch.arange(3 * width) // width == 1
             assert {n for n, z in noise.items() if z.any()} == {f"transformer.h.{i}.attn.c_attn.bias" for i in range(4)}
             assert all(torch.equal(noise[f"transformer.h.{i}.attn.c_attn.bias"], keys) for i in range(4))
+
+
+def assert_like_keyed_reference(results: dict, batches: list, microbatches: int) -> None:
+    """Each run labelled ``KIND ...`` (a model that draws, ``DRAWS[KIND]``) within ``TOL`` of
+    ``hf.one_process_step`` on the same batches: float64 throughout, so a single dropout element
+    or router jitter drawn otherwise (a change of 1e-3 or more) could not hide under it."""
+    refs = {}
+    for label, got in results.items():
+        kind = label.split()[0]
+        if kind not in refs:
+            refs[kind] = keyed_reference(make_model(kind, **DRAWS[kind]), batches, microbatches)
+        want = refs[kind]
+        assert got["losses"] == pytest.approx(want["losses"], rel=TOL), label
+        assert relative_error(got["grads"], want["grads"]) < TOL, label
+        assert relative_error(got["params"], want["params"]) < TOL, label
+    # the draws are made: without them the model computes other gradients
+    assert relative_error(reference(make_model("gpt2"), batches)["grads"], refs["gpt2"]["grads"]) > 1e-2
+
+
+@pytest.mark.timeout(300)
+def test_dropout_and_router_noise_draw_alike_under_every_schedule(two_ranks):
+    """Every block draws keyed by (seed, step, microbatch, block), so GPT-2 with dropout 0.1 and
+    Mixtral with router noise 0.1 train under 1f1b, zb-v and interleaved-zb as the keyed
+    single-process reference does; the 4-rank test adds 4 ranks and 2 replicas."""
+    results = two_ranks[0]["runs"]
+    assert_like_keyed_reference({label: results[label] for label, *_ in KEYED_RUNS}, BATCHES, 4)
 
 
 @pytest.mark.timeout(300)
@@ -184,9 +223,14 @@ def test_four_ranks_two_replicas_bf16_and_fp32():
     runs += [(f"llama6 {name} fp32", "llama6", pipesched.build_schedule(name, 4, 4), fp32) for name in ("1f1b", "dualpipe")]
     bf16 = {"dp": 1, "model_dtype": torch.float32, "dtype": torch.bfloat16}
     runs += [(f"llama {name} bf16", "llama", pipesched.build_schedule(name, 4, 4), bf16) for name in ("zb-h1",)]
+    # GPT-2 with dropout on 4 ranks, and on 2 ranks x 2 replicas: the same 4 microbatches of 4
+    keyed = [("gpt2 1f1b keyed", "gpt2", pipesched.build_schedule("1f1b", 4, 4), {"dp": 1, "config": DRAWS["gpt2"]}),
+             ("gpt2 zb-v dp2 keyed", "gpt2", pipesched.build_schedule("zb-v", 2, 2), {"dp": 2, "config": DRAWS["gpt2"]})]
+    runs += keyed
     results = spawn(run_pipelines, 4, {"runs": runs, "batches": batches}, timeout_s=200)[0]
     assert set(results) == {label for label, *_ in runs}
-    exact = {k: v for k, v in results.items() if not k.endswith(("fp32", "bf16"))}
+    assert_like_keyed_reference({label: results[label] for label, *_ in keyed}, batches, 4)
+    exact = {k: v for k, v in results.items() if not k.endswith(("fp32", "bf16", "keyed"))}
     assert_like_reference(exact, batches)
     assert_like_reference({k: v for k, v in results.items() if k.endswith("fp32")}, batches, 1e-5, torch.float32)
     want = reference(make_model("llama", torch.float32), batches, autocast=torch.bfloat16)

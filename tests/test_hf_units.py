@@ -48,7 +48,7 @@ def test_blocks_carry_the_models_names_and_compute_its_logits():
 
     for kind in ("llama", "gpt2", "qwen3"):
         model = make_model(kind, torch.float32)
-        blocks = model_blocks(model, architecture_of(type(model).__name__))
+        blocks = model_blocks(model, architecture_of(model))
         names = [n for b in blocks for n in b.state_dict()]
         assert sorted(names) == sorted(model.state_dict()), kind
         h = make_batch(0, 2, 16)["input_ids"]
@@ -89,7 +89,8 @@ def test_refusals_in_one_line(tmp_path):
         check_batch({"input_ids": batch["input_ids"]}, config)
     from transformers import BertConfig, BertForMaskedLM
 
-    with pytest.raises(ConfigError, match="cannot split BertForMaskedLM: it splits GPT2LMHeadModel, LlamaForCausalLM"):
+    with pytest.raises(ConfigError, match="cannot split BertForMaskedLM: it splits .*LlamaForCausalLM.*, and a causal "
+                                          "LM laid out as Llama whose twin check passes$"):
         hf.pipeline(BertForMaskedLM(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
                                                num_attention_heads=2, intermediate_size=64)),
                     schedule, optimizer=torch.optim.SGD, sample_batch=batch)
@@ -118,3 +119,56 @@ def test_the_step_normalised_loss_gives_every_token_the_models_float32_weight_fo
         for part, part_labels in zip(split.chunk(3), labels.chunk(3)):
             (loss(part, part_labels) * (1.0 / 3)).backward()
         assert torch.equal(split.grad, whole.grad), counted
+
+
+FAMILY_CONFIGS = ["LlamaConfig", "MistralConfig", "MixtralConfig", "Qwen2Config", "Qwen3Config", "Qwen3MoeConfig",
+                  "GPT2Config", "GemmaConfig", "Gemma2Config", "Gemma3TextConfig", "Phi3Config", "Olmo2Config",
+                  "Qwen2MoeConfig", "GPTNeoXConfig", "Starcoder2Config", "FalconConfig", "CohereConfig",
+                  "GraniteConfig", "DeepseekV3Config"]
+
+
+def test_every_family_splits_as_its_model_computes_on_a_twin_of_its_real_config():
+    """Each registered family's declaration, on a twin of its config class's defaults (the real
+    model's settings: Gemma 2's soft-cap, Gemma 3's local and global layers, DeepSeek-V3's dense
+    then MoE layers and latent attention): the blocks in order are the model (no refusal)."""
+    import transformers as tf
+
+    from pipesched.hf import twin
+    from pipesched.hf.architectures import ARCHITECTURES, architecture_of
+    from pipesched.hf.build import meta_model
+
+    checked = set()
+    for name in FAMILY_CONFIGS:
+        config = getattr(tf, name)()
+        skeleton = meta_model(config)
+        twin.check(config, type(skeleton).__name__, architecture_of(skeleton))
+        checked.add(type(skeleton).__name__)
+    assert checked == set(ARCHITECTURES)
+
+
+def test_a_registration_that_leaves_a_step_out_is_refused_in_one_line(monkeypatch):
+    """Granite registered without its embedding multiplier (or Cohere as a plain Llama, without
+    its logit scale; GPT-2 with Llama's module names) is refused before it trains, naming the part
+    where the twin's blocks and the model part ways."""
+    from dataclasses import replace
+
+    import transformers as tf
+
+    from pipesched import hf
+    from pipesched.hf import architectures
+
+    broken = dict(architectures.ARCHITECTURES)
+    broken["GraniteForCausalLM"] = replace(broken["GraniteForCausalLM"], embedding_steps=())
+    broken["CohereForCausalLM"] = architectures.LLAMA_LIKE
+    broken["GPT2LMHeadModel"] = architectures.LLAMA_LIKE
+    monkeypatch.setattr(architectures, "ARCHITECTURES", broken)
+    schedule = pipesched.build_schedule("1f1b", 2, 4)
+    differ = "its blocks in order differ from the model at"
+    rows = [(tf.GraniteConfig(embedding_multiplier=12.0), rf"{differ} the embeddings \(.* relative\)$"),
+            (tf.CohereConfig(), rf"{differ} the head \(norm, head, logit steps\) \(.* relative\)$"),
+            (make_config("gpt2"), "its parts are not where declared: the model has no module 'model.layers'$")]
+    for config, where in rows:
+        name = hf.build.causal_lm_class(config).__name__
+        with pytest.raises(ConfigError, match=f"^pipesched.hf cannot split {name} as declared: on a twin of its "
+                                              f"config \\(a few layers, small widths\\) {where}"):
+            hf.pipeline(config, schedule, optimizer=torch.optim.SGD, sample_batch=make_batch(0, 8, 16))

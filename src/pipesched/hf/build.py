@@ -27,6 +27,7 @@ from torch import nn
 from ..errors import ConfigError
 from .architectures import Architecture, architecture_of, causal_lm_class, check_model_type
 from .blocks import model_blocks
+from . import twin
 from .disk_layout import DiskLayout
 
 
@@ -60,13 +61,19 @@ class BlockSource:
         else:
             self.model = model_or_config
             self.config = model_or_config.config
-            architecture_of(type(model_or_config).__name__)
+            architecture_of(model_or_config)  # the class given, not only the one its config builds
             if weights is not None:
                 raise ConfigError("weights= reads a folder into a model built from a config; this model is built already")
+        if getattr(self.config, "output_router_logits", False):
+            raise ConfigError(
+                "pipesched.hf trains MoE models without the router's auxiliary loss: its load-balancing loss is "
+                "a product of sums over all layers and tokens, which no stage holds (set output_router_logits=False)"
+            )
         self.skeleton = meta_model(self.config)
         if self.model is not None:  # the blocks' dtype is the model's (a double model: double boundaries)
             self.skeleton.to(next(self.model.parameters()).dtype)
-        self.arch: Architecture = architecture_of(type(self.skeleton).__name__)
+        self.arch: Architecture = architecture_of(self.skeleton)
+        twin.check(self.config, type(self.skeleton).__name__, self.arch)
         self._meta_blocks = model_blocks(self.skeleton, self.arch)
         self._real_blocks = model_blocks(self.model, self.arch) if self.model is not None else None
         self.weights = WeightsFolder(weights, self.skeleton, weights_argument) if weights is not None else None
@@ -108,7 +115,7 @@ def init_model(config, seed: int = 0) -> nn.Module:
     """The whole model of ``config`` initialised as the pipeline's ranks initialise their blocks
     from it (block ``i`` after ``torch.manual_seed(seed + i)``): the run to compare against."""
     model = copy.deepcopy(meta_model(config)).to_empty(device="cpu")
-    for i, block in enumerate(model_blocks(model, architecture_of(type(model).__name__))):
+    for i, block in enumerate(model_blocks(model, architecture_of(model))):
         torch.manual_seed(seed + i)
         initialise(model, block)
     if config.tie_word_embeddings:
