@@ -53,15 +53,15 @@ FAMILIES = {  # kind -> the config class whose defaults are the family's real mo
 FAMILY_LAYERS = {"gemma3": 6}  # five sliding-window layers, then a global one
 
 
-def family_config(kind: str):
+def family_config(kind: str, layers: Optional[int] = None):
     """The family's real config (its class's defaults: sliding windows, soft-caps, tied
     embeddings, MoE routing, latent attention as the family sets them) shrunk as the twin check
-    shrinks it (pipesched.hf.twin), 4 layers (6 for Gemma 3), initialised at its usual scale."""
+    shrinks it (pipesched.hf.twin), ``layers`` layers (4, 6 for Gemma 3), initialised at its usual scale."""
     import transformers as tf
 
     from pipesched.hf.twin import shrunken
 
-    layers = FAMILY_LAYERS.get(kind, 4)
+    layers = layers or FAMILY_LAYERS.get(kind, 4)
     default = getattr(tf, FAMILIES[kind])(num_hidden_layers=layers)
     config = shrunken(default, layers)
     config.initializer_range = default.initializer_range
@@ -92,8 +92,9 @@ def make_config(kind: str, **extra):
     elif kind == "qwen3-moe":  # layer 1 dense (mlp_only_layers), the others 4 experts, 2 per token
         config = tf.Qwen3MoeConfig(**small, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
                                    mlp_only_layers=[1], experts_implementation="eager")
-    elif kind in FAMILIES:
-        config = family_config(kind)
+    elif kind.partition("/")[0] in FAMILIES:  # "gemma2/6": Gemma 2 of 6 layers
+        name, _, layers = kind.partition("/")
+        config = family_config(name, int(layers) if layers else None)
     else:
         raise ValueError(kind)
     for key, value in extra.items():
@@ -134,17 +135,24 @@ def adamw(params):
     return torch.optim.AdamW(params, lr=LR, weight_decay=0.01)
 
 
+def sgd(params):
+    return torch.optim.SGD(params, lr=LR)
+
+
+OPTIMIZERS = {"adamw": adamw, "sgd": sgd}
+
+
 def in_dtype(dtype: torch.dtype):
     """Where a model of ``dtype`` runs: a float64 model float64 throughout, others as they are."""
     return Float64Throughout() if dtype == torch.float64 else contextlib.nullcontext()
 
 
-def reference(model, batches: list[dict], autocast: Optional[torch.dtype] = None) -> dict:
+def reference(model, batches: list[dict], autocast: Optional[torch.dtype] = None, optimizer: str = "adamw") -> dict:
     """The single-process model on the whole batches (under ``autocast`` if given; a float64
     model float64 throughout): every loss, the first gradients, every step's gradients
-    (``step_grads``), the final weights."""
+    (``step_grads``), the final weights; ``optimizer`` names one of ``OPTIMIZERS``."""
     model = copy.deepcopy(model)
-    optimizer = adamw(list(model.parameters()))
+    optimizer = OPTIMIZERS[optimizer](list(model.parameters()))
     losses, step_grads = [], []
     for batch in batches:
         optimizer.zero_grad(set_to_none=True)
@@ -194,8 +202,9 @@ def run_pipelines(rank: int, world: int, job: dict) -> dict:
         if dp not in meshes:
             meshes[dp] = init_pipeline_mesh(schedule.ranks, dp)
         batches = job[options.pop("batches", "batches")]
+        optimizer = OPTIMIZERS[options.pop("optimizer", "adamw")]
         with in_dtype(dtype):
-            rt = hf.pipeline(model, schedule, optimizer=adamw, sample_batch=batches[0], mesh=meshes[dp],
+            rt = hf.pipeline(model, schedule, optimizer=optimizer, sample_batch=batches[0], mesh=meshes[dp],
                              options=RuntimeOptions(timeout_s=60, **options))
             losses, grads = [], None
             for step, batch in enumerate(batches):
