@@ -30,11 +30,10 @@ def one_process_step(model: nn.Module, batch: Batch, *, microbatches: int, seed:
     contexts = batch_context.split(step_context(batch, seed, step), microbatches, batch["input_ids"].device)
     total = 0.0
     for context, ids, labels in zip(contexts, batch["input_ids"].chunk(microbatches), batch["labels"].chunk(microbatches)):
-        with batch_context.using(context):
-            hidden = ids
-            for block in blocks:
-                hidden = block(hidden)
-            loss = loss_fn(hidden, labels) * (1.0 / microbatches)
-            loss.backward()
+        hidden = ids
+        for block in blocks:
+            hidden = block(hidden, context)
+        loss = loss_fn(hidden, labels) * (1.0 / microbatches)
+        loss.backward()
         total += loss.item()
     return total

@@ -7,8 +7,8 @@ user's, with a few layers, small widths and a small vocabulary, every attention 
 kind of layer it has kept: :func:`shrunken`) is built in float64 with random weights, and its
 blocks run in order must give the model's own hidden states, logits and loss within
 ``TOLERANCE`` on a batch with a padded row (they are the model's modules on the same input:
-only a missing or extra step, or a mask built otherwise, can move them, by far more). Else the model is refused in one line naming the first part that
-differs. The check runs once per config and declaration in a process.
+only a missing or extra step, or a mask built otherwise, can move them, by far more). Else the
+model is refused in one line naming the first part that differs. The check runs once per config and declaration in a process.
 """
 
 from __future__ import annotations
@@ -132,7 +132,6 @@ _PASSED: set = set()  # (class, config, declaration) checked in this process
 
 
 def _first_difference(twin, arch):
-    from ..runtime import batch_context
     from .architectures import causal_lm_class
     from .blocks import model_blocks
     from .loss import StepNormalisedLoss
@@ -144,7 +143,7 @@ def _first_difference(twin, arch):
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0  # a padded row: the masks the layers build must be the model's
     labels = ids.masked_fill(mask == 0, -100)
-    with torch.no_grad(), batch_context.using({"attention_mask": mask}):
+    with torch.no_grad():
         want = model(input_ids=ids, attention_mask=mask, labels=labels, output_hidden_states=True)
         try:
             blocks = model_blocks(model, arch)
@@ -153,7 +152,7 @@ def _first_difference(twin, arch):
         hidden, parts = ids, _part_names(len(blocks))
         try:
             for index, block in enumerate(blocks):
-                hidden = block(hidden)
+                hidden = block(hidden, {"attention_mask": mask})
                 reference = want.hidden_states[index] if index < len(blocks) - 2 else None
                 if index == len(blocks) - 1:
                     reference = want.logits

@@ -24,6 +24,7 @@ span, is a dictionary lookup). Python bookkeeping only; no device sync.
 from __future__ import annotations
 
 import weakref
+from typing import Iterable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -92,6 +93,10 @@ class ActivationMeter:
             return claim(tensor if tensor.is_leaf else tensor.detach(), storage)
 
         self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, _unpack)
+
+    def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Never count ``tensors``' storages from now on (weights a sharded stage gathered)."""
+        self._excluded.update(t.untyped_storage().data_ptr() for t in tensors)
 
     def hold(self, tensor: torch.Tensor) -> Claim:
         """Count ``tensor`` until the returned claim is dropped."""

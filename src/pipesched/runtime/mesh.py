@@ -45,6 +45,13 @@ class PipelineMesh:
     dp_group: Optional[Any]
     grid: tuple[tuple[int, ...], ...]
     world_group: Any = None
+    all_grids: tuple = ()  # with tensor parallelism: the pipelines of every tp coordinate (grid among them)
+
+    @property
+    def grids(self) -> tuple:
+        """Every grid whose pipelines groups are made over: a group takes the whole world to make,
+        so every rank makes the groups of every tensor-parallel coordinate's pipelines."""
+        return self.all_grids or (self.grid,)
 
     @staticmethod
     def whole_world(timeout_s: Optional[float] = None) -> "PipelineMesh":
@@ -54,6 +61,20 @@ class PipelineMesh:
     def global_rank(self, pp_rank: int) -> int:
         """The global rank of pipeline rank ``pp_rank`` in this process's replica."""
         return self.grid[self.dp_rank][pp_rank]
+
+    def merge_on(self, dst: int, local: dict) -> Optional[dict]:
+        """Every pipeline rank's ``local`` dict merged on global rank ``dst`` (None elsewhere);
+        replicas hold the same values, so only the pipeline ``dst`` belongs to takes part."""
+        if dst not in self.grid[self.dp_rank]:
+            return None
+        parts = [None] * self.pp if dist.get_rank() == dst else None
+        dist.gather_object(local, parts, dst=dst, group=self.pp_group)
+        if parts is None:
+            return None
+        merged: dict = {}
+        for part in parts:
+            merged.update(part)
+        return merged
 
     def shard(self, batch: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """This replica's contiguous share of the global ``batch`` (dim 0)."""

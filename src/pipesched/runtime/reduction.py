@@ -16,7 +16,8 @@ placement puts the first and last stage on rank 0) share one ``Parameter``, whos
 already sums both.
 
 An item's all-reduce starts at the last ``REDUCE_GRAD`` of this rank's program (:mod:`.program`)
-among the stages holding it: right after the last action that adds to its gradients (a stage's
+among the stages holding it (a ``REDUCE_GRAD`` names its stage; the plan knows which items that
+stage completes): right after the last action that adds to its gradients (a stage's
 last ``W``, or ``B``), while the rest of the pipeline goes on. The items of one process group must
 be started in the same order on each of its ranks (collectives pair one for one): the plan reads
 every rank's order off the programs, and where a group's
@@ -43,7 +44,8 @@ from ..errors import ConfigError
 from ..schedule import Schedule
 from .copies import ModelCopies
 from .grad_sync import Reducer
-from .program import REDUCE_GRAD, lower
+from ..ops import Op
+from .program import lower
 
 ItemKey = tuple  # ("stage", model stage) or ("tied", group index)
 
@@ -58,11 +60,12 @@ def block_of(name: str) -> int:
 
 @dataclass(frozen=True)
 class ItemLayout:
-    """Where a reduce item lives: its holders and, in each holder's program, the item's last REDUCE_GRAD."""
+    """Where a reduce item lives: its holders and, in each holder's program, the item's last
+    REDUCE_GRAD (its position, for the order items start in, and the stage it names)."""
 
     key: ItemKey
     holders: tuple[int, ...]
-    ready: dict  # pipeline rank -> index, in its program, of the item's last REDUCE_GRAD (None: none)
+    ready: dict  # pipeline rank -> (position, stage) of the item's last REDUCE_GRAD there (None: none)
     source: int = 0  # a tied group's: the lowest holder of its first name, whose value is the group's
 
 
@@ -86,7 +89,8 @@ def item_layouts(schedule: Schedule, stage_ranges: Sequence[range], tied: Sequen
         holders = tuple(sorted({placement[s] for s in stages}))
         ready = {}
         for rank in holders:
-            reduced = {ins.stage: i for i, ins in enumerate(lower(schedule, rank).instructions) if ins.op == REDUCE_GRAD}
+            reduced = {ins.stage: (i, ins.stage) for i, ins in enumerate(lower(schedule, rank).instructions)
+                       if ins.op is Op.REDUCE_GRAD}
             done = [reduced.get(s) for s in stages if placement[s] == rank]
             ready[rank] = None if None in done else max(done)
         layouts.append(ItemLayout(key, holders, ready, sources.get(key, holders[0])))
@@ -108,13 +112,14 @@ class ReductionPlan:
     """This rank's reduce items, their process groups, when each starts, and what it counts."""
 
     def __init__(self, schedule: Schedule, stage_ranges: Sequence[range], tied: Sequence[Sequence[str]],
-                 stages: dict[int, nn.Module], mesh, overlap: bool, timeout_s: float) -> None:
+                 stages: dict[int, nn.Module], mesh, overlap: bool, timeout_s: float, sharded: bool = False) -> None:
         self.rank = rank = mesh.pp_rank
         self.mesh = mesh
         if schedule.pipelines > 1:
             ModelCopies(schedule).copy_groups()  # refuses a rank holding two copies of a model stage
         layouts = item_layouts(schedule, stage_ranges, tied)
-        self.groups = _make_groups(layouts, mesh, timeout_s)
+        self.sharded = sharded
+        self.groups = _make_groups(layouts, mesh, timeout_s, sharded)
         tied_names = {n: g for g, names in enumerate(tied) for n in names}
         params: dict[ItemKey, list[nn.Parameter]] = {}
         for s, stage in stages.items():
@@ -124,7 +129,7 @@ class ReductionPlan:
                 if p.requires_grad and all(p is not q for q in bucket):
                     bucket.append(p)
         self.counted: list[nn.Parameter] = []  # the parameters whose gradients this rank counts in the norm
-        self.ready_at: dict[int, list] = {}  # program instruction (a REDUCE_GRAD) -> items to start there
+        self.ready_at: dict[int, list] = {}  # stage -> items its REDUCE_GRAD completes (started there)
         self.at_end: list = []
         overlap_of = {lay.holders: overlap and overlappable(layouts, lay.holders) for lay in layouts}
         for lay in layouts:
@@ -137,21 +142,21 @@ class ReductionPlan:
                 continue
             item = (lay.key, params[lay.key], group, len(lay.holders) > 1)
             if overlap_of[lay.holders]:
-                self.ready_at.setdefault(lay.ready[rank], []).append(item)
+                self.ready_at.setdefault(lay.ready[rank][1], []).append(item)
             else:
                 self.at_end.append(item)
         for items in self.ready_at.values():
             items.sort(key=lambda item: item[0])
-        self.reducer = Reducer(mesh.dp)
+        self.reducer = Reducer(1 if sharded else mesh.dp)  # sharded: FSDP divided by the data ranks
         self.tied_layouts = {lay.key[1]: lay for lay in layouts if lay.key[0] == "tied"}
 
     @property
     def reduces(self) -> bool:
         return bool(self.ready_at or self.at_end)
 
-    def reduce_grad(self, index: int) -> None:
-        """The program's REDUCE_GRAD at instruction ``index``: start the items it completes."""
-        items = self.ready_at.get(index)
+    def reduce_grad(self, stage: int) -> None:
+        """Stage ``stage``'s REDUCE_GRAD: start the items it completes."""
+        items = self.ready_at.get(stage)
         if items:
             for _key, params, group, zero_missing in items:
                 self.reducer.start(params, group, zero_missing)
@@ -172,22 +177,27 @@ class ReductionPlan:
         group = self.groups.get(lay.holders)
         if group is None or lay.holders == (self.rank,) and self.mesh.dp == 1:
             return None
-        return group, self.mesh.grid[0][lay.source]
+        row = self.mesh.grid[self.mesh.dp_rank] if self.sharded else self.mesh.grid[0]
+        return group, row[lay.source]
 
 
-def _make_groups(layouts: Sequence[ItemLayout], mesh, timeout_s: float) -> dict[tuple[int, ...], Any]:
-    """One process group per distinct set of holders that needs a reduction (over every
-    replica). Creating a group takes the whole world: every rank creates every group, in one
-    order; a single holder's group is the data-parallel one."""
+def _make_groups(layouts: Sequence[ItemLayout], mesh, timeout_s: float, sharded: bool) -> dict[tuple[int, ...], Any]:
+    """One process group per distinct set of holders that needs a reduction: over every replica,
+    or, for ``sharded`` stages (FSDP reduced over the data-parallel ranks already, and each holds
+    its own shard), over the holders of one data rank. Creating a group takes the whole world:
+    every rank creates every group, in one order; a single holder's group is the data-parallel one
+    (None for sharded stages: nothing left to reduce)."""
     groups: dict[tuple[int, ...], Any] = {}
+    mine = mesh.grid[mesh.dp_rank]
     for holders in sorted({lay.holders for lay in layouts}):
         if len(holders) == 1:
             if mesh.dp > 1 and holders[0] == mesh.pp_rank:
                 groups[holders] = mesh.dp_group
             continue
-        ranks = [row[r] for row in mesh.grid for r in holders]
-        made = dist.new_group(ranks, timeout=timedelta(seconds=timeout_s))
-        if mesh.pp_rank in holders:
-            groups[holders] = made
+        for grid in mesh.grids:
+            for rows in ([row] for row in grid) if sharded else (grid,):
+                made = dist.new_group([row[r] for row in rows for r in holders], timeout=timedelta(seconds=timeout_s))
+                if mesh.pp_rank in holders and (mine in rows):
+                    groups[holders] = made
     return groups
 

@@ -164,9 +164,14 @@ def _resume(cfg: TrainConfig, model, optimizer) -> int:
     if cfg.resume_from is None:
         return 0
     done = checkpoint.load(cfg.resume_from, model, optimizer)
-    for group in optimizer.param_groups:
-        group["lr"] = cfg.lr
+    _set_lr(optimizer, cfg.lr)
     return done
+
+
+def _set_lr(optimizer, lr: float) -> None:
+    """The learning rate is this run's: ``--lr`` applies from the resumed step on."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResult]:
@@ -175,10 +180,10 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     schedule = cfg.schedule
     mesh = init_pipeline_mesh(schedule.ranks, cfg.dp, cfg.timeout_s)
     runtime = _runtime(cfg, md, schedule, cfg.block_counts, mesh)
-    first = _resume(cfg, checkpoint.runtime_module(runtime, md.checkpoint_name), runtime.optimizer)
+    first = 0
     if cfg.resume_from is not None:
-        runtime.broadcast_tied()
-    runtime.steps_done = first
+        first = runtime.load_checkpoint(cfg.resume_from, md.checkpoint_name)
+        _set_lr(runtime.optimizer, cfg.lr)
     latency = measure_latency(*runtime.probe_tensor(), rank_device())
     progress = _Progress(cfg.steps, schedule.name, first) if cfg.show_progress and rank == 0 else None
     losses, times, spans, grads, results = [], [], [], None, []
@@ -196,7 +201,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
             if progress:
                 progress.update(step, result.loss, result.step_time, result.skipped)
             if cfg.checkpoint_due(runtime.steps_done):
-                checkpoint.save_runtime(runtime, cfg.checkpoint_dir, cfg.checkpoint_keep, md.checkpoint_name)
+                runtime.save_checkpoint(cfg.checkpoint_dir, cfg.checkpoint_keep, md.checkpoint_name)
             report_progress()
     finally:
         if progress:
