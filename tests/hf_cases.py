@@ -142,6 +142,18 @@ def sgd(params):
 OPTIMIZERS = {"adamw": adamw, "sgd": sgd}
 
 
+@contextlib.contextmanager
+def one_thread():
+    """Tiny models on one thread, as the ranks run them: more threads only wait for each other
+    (seconds a step on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def in_dtype(dtype: torch.dtype):
     """Where a model of ``dtype`` runs: a float64 model float64 throughout, others as they are."""
     return Float64Throughout() if dtype == torch.float64 else contextlib.nullcontext()
@@ -151,35 +163,38 @@ def reference(model, batches: list[dict], autocast: Optional[torch.dtype] = None
     """The single-process model on the whole batches (under ``autocast`` if given; a float64
     model float64 throughout): every loss, the first gradients, every step's gradients
     (``step_grads``), the final weights; ``optimizer`` names one of ``OPTIMIZERS``."""
-    model = copy.deepcopy(model)
-    optimizer = OPTIMIZERS[optimizer](list(model.parameters()))
-    losses, step_grads = [], []
-    for batch in batches:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None), \
-                in_dtype(next(model.parameters()).dtype):
+
+    def step(model, index: int, batch: dict) -> float:
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
             loss = model(**batch).loss
-            loss.backward()
-        step_grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)})
-        optimizer.step()
-        losses.append(loss.item())
-    return {"losses": losses, "grads": step_grads[0], "step_grads": step_grads,
-            "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+        loss.backward()
+        return loss.item()
+
+    return _train(model, batches, OPTIMIZERS[optimizer], step)
 
 
 def keyed_reference(model, batches: list[dict], microbatches: int, seed: int = 0) -> dict:
     """What a pipeline of ``model`` computes when it draws (dropout, router noise): the model's
     blocks microbatch by microbatch, keyed as the pipeline keys them (``hf.one_process_step``),
-    float64 throughout for a float64 model; the same keys as :func:`reference`'s."""
+    float64 throughout for a float64 model; what :func:`reference` returns."""
     from pipesched import hf
 
+    def step(model, index: int, batch: dict) -> float:
+        return hf.one_process_step(model, batch, microbatches=microbatches, seed=seed, step=index)
+
+    return _train(model, batches, adamw, step)
+
+
+def _train(model, batches: list[dict], optimizer, step) -> dict:
+    """A copy of ``model`` trained on ``batches``, ``step(model, index, batch)`` computing each
+    step's loss and gradients, on one thread (as the ranks run), a float64 model float64 throughout."""
     model = copy.deepcopy(model)
-    optimizer = adamw(list(model.parameters()))
+    optimizer = optimizer(list(model.parameters()))
     losses, step_grads = [], []
-    for step, batch in enumerate(batches):
+    for index, batch in enumerate(batches):
         optimizer.zero_grad(set_to_none=True)
-        with in_dtype(next(model.parameters()).dtype):
-            losses.append(hf.one_process_step(model, batch, microbatches=microbatches, seed=seed, step=step))
+        with in_dtype(next(model.parameters()).dtype), one_thread():
+            losses.append(step(model, index, batch))
         step_grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)})
         optimizer.step()
     return {"losses": losses, "grads": step_grads[0], "step_grads": step_grads,
