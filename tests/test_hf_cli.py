@@ -30,8 +30,10 @@ def configs(tmp_path_factory) -> dict:
         make_config(kind).to_json_file(str(paths[kind]))
     paths["bert"] = folder / "bert.json"
     paths["bert"].write_text(json.dumps({"model_type": "bert", "vocab_size": 64}))
-    paths["gemma2"] = folder / "gemma2.json"
-    paths["gemma2"].write_text(json.dumps({"model_type": "gemma2", "vocab_size": 64, "num_hidden_layers": 2}))
+    paths["t5"] = folder / "t5.json"
+    paths["t5"].write_text(json.dumps({"model_type": "t5", "vocab_size": 64, "num_layers": 2}))
+    paths["gpt2-dropout"] = folder / "gpt2-dropout.json"
+    make_config("gpt2", resid_pdrop=0.1, attn_pdrop=0.1).to_json_file(str(paths["gpt2-dropout"]))
     paths["broken"] = folder / "broken.json"
     paths["broken"].write_text("{not json")
     paths["ids"] = folder / "ids.npy"
@@ -135,8 +137,10 @@ def model_names(model) -> set[str]:
 @pytest.mark.timeout(180)
 def test_bad_input_is_one_line_and_exit_2_before_any_rank_starts(configs):
     rows = [
-        (["--model", f"hf:{configs['gemma2']}"], ["cannot split a 'gemma2' model", "GPT2LMHeadModel, LlamaForCausalLM"]),
+        (["--model", f"hf:{configs['t5']}"], ["cannot split a 't5' model (transformers has no causal LM for it)",
+                                             "whose twin check passes"]),
         (["--model", f"hf:{configs['llama']}", "-s", "zb-v", "--ranks", "4"], ["8 stages", "6 blocks"]),
+        (["--model", f"hf:{configs['gpt2-dropout']}"], ["draws (attn_pdrop=0.1, resid_pdrop=0.1)", "hf.pipeline"]),
     ]
     results = concurrently(lambda row: run_cli("train", *row[0], "--steps", "1"), rows)
     for (args, fragments), result in zip(rows, results):
@@ -158,7 +162,7 @@ def test_what_the_command_refuses_is_refused_by_the_model_it_builds(configs, tmp
     gpt2.save_pretrained(tmp_path / "gpt2")  # weights of another config than Llama's
     llama = f"hf:{configs['llama']}"
     cases = [
-        ((f"hf:{configs['bert']}",), {}, "cannot split a 'bert' model"),
+        ((f"hf:{configs['bert']}",), {}, "cannot split BertLMHeadModel: it splits "),
         ((f"hf:{configs['broken']}",), {}, "cannot read the model config"),
         ((llama,), {"weights": str(configs["ids"].parent)}, "no [*].safetensors files"),
         ((llama,), {"weights": str(tmp_path / "gpt2")}, "does not match the config: it has no 'model.embed_tokens.weight'"),
@@ -228,3 +232,41 @@ def test_weights_are_read_by_name_and_a_tied_head_from_its_embedding(configs, tm
     loaded = {k.partition(".")[2]: v for k, v in md.sequential(0).state_dict().items()}
     assert loaded.keys() == gpt2.state_dict().keys()
     assert all(torch.equal(loaded[k], v) for k, v in gpt2.state_dict().items())
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3-moe"])
+def test_moe_folders_transformers_wrote_load_by_its_own_conversion_and_save_back(kind, tmp_path):
+    """transformers stores an MoE layer's experts one by one (Mixtral's ``experts.3.w1.weight``,
+    Qwen's ``experts.3.gate_proj.weight``), sharded here with an index; the blocks built from the
+    config read that folder through transformers' own conversion (the fused ``gate_up_proj`` it
+    stacks and concatenates), give the logits ``from_pretrained`` gives, and what
+    ``save_pretrained`` writes of them loads in transformers with the same logits."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_cases import make_batch
+    from pipesched import hf
+    from pipesched.hf.saving import write_pretrained
+    from pipesched.runtime.models import get_model
+
+    config = make_config(kind)
+    config.to_json_file(str(tmp_path / "config.json"))
+    hf.init_model(config, seed=3).save_pretrained(tmp_path / "stored", max_shard_size="40KB")
+    stored = {k for f in (tmp_path / "stored").glob("*.safetensors") for k in _safetensors_keys(f)}
+    assert (tmp_path / "stored" / "model.safetensors.index.json").exists()
+    assert not any("gate_up_proj" in k for k in stored) and any(".experts.3." in k for k in stored)
+    md = get_model(f"hf:{tmp_path / 'config.json'}", weights=str(tmp_path / "stored"))
+    blocks = md.sequential(0)
+    ids = make_batch(0, 2, 16)["input_ids"]
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "stored")
+    with torch.no_grad():
+        assert torch.equal(blocks(ids), loaded(input_ids=ids).logits)
+        write_pretrained(config, {k.partition(".")[2]: v for k, v in blocks.state_dict().items()}, tmp_path / "again")
+        again = AutoModelForCausalLM.from_pretrained(tmp_path / "again")
+        assert torch.equal(again(input_ids=ids).logits, loaded(input_ids=ids).logits)
+
+
+def _safetensors_keys(file) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as f:
+        return list(f.keys())

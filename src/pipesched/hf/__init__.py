@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from .architectures import ARCHITECTURES
 from .build import init_model, read_config
+from .one_process import one_process_step
 from .pipeline import HFPipeline, pipeline
 from .saving import load_checkpoint, save_checkpoint, save_pretrained
 
-__all__ = ["ARCHITECTURES", "HFPipeline", "init_model", "load_checkpoint", "pipeline", "read_config",
+__all__ = ["ARCHITECTURES", "HFPipeline", "init_model", "load_checkpoint", "one_process_step", "pipeline", "read_config",
            "save_checkpoint", "save_pretrained"]

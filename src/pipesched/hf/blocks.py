@@ -9,6 +9,8 @@ passes: :mod:`pipesched.runtime.batch_context`): no mask or table is ever sent, 
 gradient message. The mask is chosen by the layer's own type (full or
 sliding-window attention, ``config.layer_types[index]``), never by its position in a stage, and
 built with transformers' own ``create_causal_mask`` / ``create_sliding_window_causal_mask``.
+Whatever a block draws (dropout, router noise) it draws keyed by its index and the microbatch
+(:mod:`.randomness`), so the schedule never changes it.
 
 A block registers the model's modules under the model's own names (``model.layers.3.mlp...``),
 so a stage's parameter ``"4.model.layers.3.mlp.up_proj.weight"`` is the model's
@@ -23,6 +25,7 @@ import torch
 from torch import nn
 
 from .architectures import Architecture
+from .randomness import keyed_draws
 
 
 def graft(root: nn.Module, path: str, module: nn.Module) -> None:
@@ -55,22 +58,29 @@ def layer_type(config, index: int) -> str:
 
 
 class EmbeddingBlock(nn.Module):
-    """Token ids to the first hidden state (with learned positions and dropout where the model has them)."""
+    """Token ids to the first hidden state: the token embedding, then the learned positions, the
+    family's own steps (a multiplier, a dropout) and the dropout module, where it has them."""
 
-    def __init__(self, arch: Architecture, parts: dict[str, nn.Module]) -> None:
+    def __init__(self, arch: Architecture, config, parts: dict[str, nn.Module]) -> None:
         super().__init__()
         for path in arch.embeddings:
             graft(self, path, parts[path])
+        self.config = config
+        self.steps = arch.embedding_steps
         self._parts = (parts[arch.token_embedding],
                        parts.get(arch.learned_positions) if arch.learned_positions else None,
                        parts.get(arch.dropout) if arch.dropout else None)
 
     def forward(self, input_ids: torch.Tensor, context: Optional[dict] = None) -> torch.Tensor:
         tokens, positions, dropout = self._parts
+        side = context or {}
         hidden = tokens(input_ids)
         if positions is not None:
-            hidden = hidden + positions(position_ids(context or {}, input_ids))
-        return dropout(hidden) if dropout is not None else hidden
+            hidden = hidden + positions(position_ids(side, input_ids))
+        with keyed_draws(side, 0, hidden):
+            for step in self.steps:
+                hidden = step.apply(hidden, self.config, self.training)
+            return dropout(hidden) if dropout is not None else hidden
 
 
 class LayerBlock(nn.Module):
@@ -82,7 +92,10 @@ class LayerBlock(nn.Module):
         if rotary is not None:  # buffers only, none persistent: in no state dict
             graft(self, arch.rotary, rotary)
         self.config = config
+        self.index = index
         self.layer_type = layer_type(config, index)
+        self.rotary_by_layer_type = arch.rotary_by_layer_type
+        self.arguments = dict(arch.layer_arguments)
         self._parts = (layer, rotary)
 
     def forward(self, hidden: torch.Tensor, context: Optional[dict] = None) -> torch.Tensor:
@@ -96,23 +109,34 @@ class LayerBlock(nn.Module):
         make_mask = create_sliding_window_causal_mask if self.layer_type == "sliding_attention" else create_causal_mask
         mask = make_mask(config=self.config, inputs_embeds=hidden, attention_mask=side.get("attention_mask"),
                          cache=None, position_ids=positions)
-        extra = {"position_embeddings": rotary(hidden, positions)} if rotary is not None else {}
-        out = layer(hidden, attention_mask=mask, position_ids=positions, use_cache=False, **extra)
+        extra = {}
+        if rotary is not None:
+            by_type = (self.layer_type,) if self.rotary_by_layer_type else ()
+            extra["position_embeddings"] = rotary(hidden, positions, *by_type)
+        with keyed_draws(side, self.index + 1, hidden):
+            out = layer(hidden, attention_mask=mask, position_ids=positions, use_cache=False, **self.arguments, **extra)
         return out[0] if isinstance(out, tuple) else out
 
 
 class HeadBlock(nn.Module):
-    """The final norm and the language-model head: hidden state to logits."""
+    """The final norm and the language-model head, then the family's own steps on the logits (a
+    scale, a soft-cap): hidden state to logits."""
 
-    def __init__(self, arch: Architecture, parts: dict[str, nn.Module]) -> None:
+    def __init__(self, arch: Architecture, config, parts: dict[str, nn.Module], index: int) -> None:
         super().__init__()
         for path in arch.final:
             graft(self, path, parts[path])
+        self.config = config
+        self.steps = arch.logit_steps
         self._parts = tuple(parts[path] for path in arch.final)
+        self.index = index
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        for module in self._parts:
-            hidden = module(hidden)
+    def forward(self, hidden: torch.Tensor, context: Optional[dict] = None) -> torch.Tensor:
+        with keyed_draws(context or {}, self.index, hidden):
+            for module in self._parts:
+                hidden = module(hidden)
+            for step in self.steps:
+                hidden = step.apply(hidden, self.config, self.training)
         return hidden
 
 
@@ -122,7 +146,7 @@ def model_blocks(model: nn.Module, arch: Architecture) -> list[nn.Module]:
     parts = dict(model.named_modules())
     layers = parts[arch.layers]
     rotary = parts[arch.rotary] if arch.rotary else None
-    return [EmbeddingBlock(arch, parts),
+    return [EmbeddingBlock(arch, config, parts),
             *(LayerBlock(arch, config, i, layer, rotary) for i, layer in enumerate(layers)),
-            HeadBlock(arch, parts)]
+            HeadBlock(arch, config, parts, len(layers) + 1)]
 

@@ -26,8 +26,10 @@ from torch import nn
 from ..errors import ConfigError
 from .architectures import Architecture, architecture_of, causal_lm_class
 from .blocks import model_blocks
-from .weights_index import index_weights, weight_files
+from . import twin
 from .config_file import read_config  # noqa: F401  (where configs are read: part of this module's API)
+from .disk_layout import DiskLayout
+from .weights_index import index_weights, weight_files
 
 
 def _on_meta() -> bool:
@@ -50,7 +52,8 @@ def initialise(model: nn.Module, module: nn.Module) -> None:
 class BlockSource:
     """Block ``i`` of a Hugging Face causal LM, real or on ``meta``, as the runtime asks for it."""
 
-    def __init__(self, model_or_config, weights: Optional[Union[str, Path]] = None) -> None:
+    def __init__(self, model_or_config, weights: Optional[Union[str, Path]] = None,
+                 weights_argument: str = "weights={!r}") -> None:
         from transformers import PretrainedConfig
 
         if isinstance(model_or_config, PretrainedConfig):
@@ -59,16 +62,22 @@ class BlockSource:
         else:
             self.model = model_or_config
             self.config = model_or_config.config
-            architecture_of(type(model_or_config).__name__)
+            architecture_of(model_or_config)  # the class given, not only the one its config builds
             if weights is not None:
                 raise ConfigError("weights= reads a folder into a model built from a config; this model is built already")
+        if getattr(self.config, "output_router_logits", False):
+            raise ConfigError(
+                "pipesched.hf trains MoE models without the router's auxiliary loss: its load-balancing loss is "
+                "a product of sums over all layers and tokens, which no stage holds (set output_router_logits=False)"
+            )
         self.skeleton = meta_model(self.config)
         if self.model is not None:  # the blocks' dtype is the model's (a double model: double boundaries)
             self.skeleton.to(next(self.model.parameters()).dtype)
-        self.arch: Architecture = architecture_of(type(self.skeleton).__name__)
+        self.arch: Architecture = architecture_of(self.skeleton)
+        twin.check(self.config, type(self.skeleton).__name__, self.arch)
         self._meta_blocks = model_blocks(self.skeleton, self.arch)
         self._real_blocks = model_blocks(self.model, self.arch) if self.model is not None else None
-        self.weights = WeightsFolder(weights, self.skeleton) if weights is not None else None
+        self.weights = WeightsFolder(weights, self.skeleton, weights_argument) if weights is not None else None
         self.built: set[int] = set()
 
     @property
@@ -107,7 +116,7 @@ def init_model(config, seed: int = 0) -> nn.Module:
     """The whole model of ``config`` initialised as the pipeline's ranks initialise their blocks
     from it (block ``i`` after ``torch.manual_seed(seed + i)``): the run to compare against."""
     model = copy.deepcopy(meta_model(config)).to_empty(device="cpu")
-    for i, block in enumerate(model_blocks(model, architecture_of(type(model).__name__))):
+    for i, block in enumerate(model_blocks(model, architecture_of(model))):
         torch.manual_seed(seed + i)
         initialise(model, block)
     if config.tie_word_embeddings:
@@ -116,46 +125,55 @@ def init_model(config, seed: int = 0) -> nn.Module:
 
 
 class WeightsFolder:
-    """Tensors by the model's names from a folder of ``*.safetensors`` (with or without an index)."""
+    """Tensors by the model's names from a folder of ``*.safetensors`` (with or without an index),
+    in the layout transformers stores them (MoE experts one by one: :mod:`.disk_layout`)."""
 
-    def __init__(self, folder: Union[str, Path], skeleton: nn.Module) -> None:
+    def __init__(self, folder: Union[str, Path], skeleton: nn.Module, argument: str = "weights={!r}") -> None:
+        """``argument``: how the caller named the folder in errors (``--hf-weights {!r}`` for the CLI)."""
         self.folder = Path(folder)
+        named = argument.format(str(folder))
         files = weight_files(self.folder)
         if not files:
-            raise ConfigError(f"--hf-weights {str(folder)!r}: no *.safetensors files there")
-        self.where, _ = index_weights(files)  # a key in two files or of no float dtype: refused
+            raise ConfigError(f"{named}: no *.safetensors files there")
+        self.where, _ = index_weights(files, named)  # a key in two files or of no float dtype: refused
+        self.layout = DiskLayout(skeleton, self.where)
         self.aliases = _tied_aliases(skeleton)
-        expected = skeleton.state_dict()
-        for name, tensor in expected.items():
+        for name, tensor in skeleton.state_dict().items():
             found = self._locate(name)
             if found is None:
-                raise ConfigError(f"--hf-weights {str(folder)!r} does not match the config: it has no {name!r}")
-            shape = _saved_shape(*found)
+                raise ConfigError(f"{named} does not match the config: it has no {name!r}")
+            shape = tuple(self.layout.build(found, self._stored_meta).shape)
             if shape != tuple(tensor.shape):
-                raise ConfigError(f"--hf-weights {str(folder)!r} does not match the config: {name!r} is "
+                raise ConfigError(f"{named} does not match the config: {name!r} is "
                                   f"{list(shape)} there, {list(tensor.shape)} in the config's model")
 
-    def _locate(self, name: str) -> Optional[tuple[Path, str]]:
-        for key in (name, self.aliases.get(name)):
-            if key is not None and key in self.where:
-                return self.where[key], key
-        return None
+    def _locate(self, name: str) -> Optional[str]:
+        """The name (``name`` or its tied alias) the folder's layout builds a tensor for."""
+        return next((key for key in (name, self.aliases.get(name)) if key is not None and key in self.layout), None)
 
-    def load_into(self, block: nn.Module) -> None:
+    def _stored_meta(self, key: str) -> torch.Tensor:
+        """A stored tensor's shape, on meta (nothing read; the shape is all a check needs)."""
         from safetensors import safe_open
 
-        with torch.no_grad():
+        with safe_open(str(self.where[key]), framework="pt") as f:
+            return torch.empty(f.get_slice(key).get_shape(), device="meta")
+
+    def load_into(self, block: nn.Module) -> None:
+        from contextlib import ExitStack
+
+        from safetensors import safe_open
+
+        with ExitStack() as files, torch.no_grad():
+            opened: dict[Path, object] = {}
+
+            def read(key: str) -> torch.Tensor:
+                file = self.where[key]
+                if file not in opened:
+                    opened[file] = files.enter_context(safe_open(str(file), framework="pt"))
+                return opened[file].get_tensor(key)
+
             for name, tensor in block.state_dict(keep_vars=True).items():
-                file, key = self._locate(name)
-                with safe_open(str(file), framework="pt") as f:
-                    tensor.copy_(f.get_tensor(key))
-
-
-def _saved_shape(file: Path, key: str) -> tuple[int, ...]:
-    from safetensors import safe_open
-
-    with safe_open(str(file), framework="pt") as f:
-        return tuple(f.get_slice(key).get_shape())
+                tensor.copy_(self.layout.build(self._locate(name), read))
 
 
 def _tied_aliases(model: nn.Module) -> dict[str, str]:

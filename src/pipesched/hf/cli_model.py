@@ -6,8 +6,10 @@ randomly initialised, block ``i`` after ``torch.manual_seed(seed + i)``, or read
 byte a token id, modulo the vocabulary) or a ``.npy`` array of token ids, by default the text
 shipped with pipesched. The labels are the windows themselves (the model shifts them), so every
 token counts and the mean loss of equal microbatches is the model's loss on the whole batch.
-Every mistake (a config it cannot read or split, weights that do not match it, token ids beyond
-the vocabulary) is a one-line ConfigError raised here, before any rank starts.
+Every mistake (a config it cannot read or split, or that draws: dropout, router noise, which
+only :func:`pipesched.hf.pipeline` keys so that the schedule does not change them; weights that
+do not match it, token ids beyond the vocabulary) is a one-line ConfigError raised here, before
+any rank starts.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..errors import ConfigError
 from ..runtime.model_def import ModelDef
 from .build import BlockSource, read_config
 from .pipeline import model_name, tied_groups
+from .randomness import random_settings
 from .split import block_costs
 from .token_data import TokenStream, token_stream as read_tokens
 
@@ -40,7 +43,12 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
     from transformers.loss.loss_utils import ForCausalLMLoss
 
     config = read_config(config_path)
-    source = BlockSource(config, weights)
+    drawing = random_settings(config)
+    if drawing:
+        raise ConfigError(f"--model {PREFIX}{config_path} draws ({', '.join(drawing)}), which train cannot key: "
+                          "set them to 0 in the config, or train with pipesched.hf.pipeline, whose dropout and "
+                          "router noise do not depend on the schedule")
+    source = BlockSource(config, weights, weights_argument="--hf-weights {!r}")
     vocab = config.vocab_size
     limit = getattr(config, "max_position_embeddings", None) or DEFAULT_CONTEXT
     context = context or min(DEFAULT_CONTEXT, limit)

@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..schedule import Schedule
 from .build import BlockSource
 from .loss import StepNormalisedLoss
+from .randomness import KEY, step_key
 from .split import block_costs, deferred_weight_grad_share, stage_block_counts
 
 Batch = Mapping[str, torch.Tensor]
@@ -55,11 +56,12 @@ def check_batch(batch: Batch, config) -> None:
 class HFPipeline:
     """A Hugging Face causal LM pipelined over this rank's stages (build it with :func:`pipeline`)."""
 
-    def __init__(self, runtime, source: BlockSource, loss: StepNormalisedLoss) -> None:
+    def __init__(self, runtime, source: BlockSource, loss: StepNormalisedLoss, seed: int) -> None:
         self.runtime = runtime
         self.source = source
         self.config = source.config
         self.loss = loss
+        self.seed = seed
 
     @property
     def steps_done(self) -> int:
@@ -67,10 +69,12 @@ class HFPipeline:
 
     def step(self, batch: Batch):
         """One training step on the global ``batch`` (given the same on every rank); returns the
-        runtime's :class:`~pipesched.runtime.StepResult`, whose ``loss`` is the model's loss on it."""
+        runtime's :class:`~pipesched.runtime.StepResult`, whose ``loss`` is the model's loss on it.
+        Dropout and router noise draw keyed by (seed, step, microbatch, block): :mod:`.randomness`."""
         check_batch(batch, self.config)
         self.loss.start_step(batch["labels"])
-        return self.runtime.step(batch["input_ids"], batch["labels"], context=_context(batch))
+        context = step_context(batch, self.seed, self.steps_done)
+        return self.runtime.step(batch["input_ids"], batch["labels"], context=context)
 
     def named_parameters(self) -> Iterable[tuple[str, nn.Parameter]]:
         """This rank's parameters under the model's names."""
@@ -118,9 +122,12 @@ def tied_groups(source: BlockSource) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(f"{block_of[n]}.{n}" for n in names) for names in groups.values())
 
 
-def _context(batch: Batch) -> Optional[dict]:
-    """What every layer block builds its masks and positions from (None: causal over 0..S-1)."""
-    return {k: batch[k] for k in ("attention_mask", "position_ids") if k in batch} or None
+def step_context(batch: Batch, seed: int, step: int) -> dict:
+    """What every block reads of the batch: the masks' and positions' inputs (causal over
+    0..S-1 without them) and the key of its draws (:mod:`.randomness`)."""
+    context = {k: batch[k] for k in ("attention_mask", "position_ids") if k in batch}
+    context[KEY] = step_key(batch["input_ids"].shape[0], seed, step)
+    return context
 
 
 def pipeline(
@@ -155,11 +162,6 @@ def pipeline(
 
     source = BlockSource(model, weights)
     config = source.config
-    if getattr(config, "output_router_logits", False):
-        raise ConfigError(
-            "pipesched.hf trains MoE models without the router's auxiliary loss: its load-balancing loss is "
-            "a product of sums over all layers and tokens, which no stage holds (set output_router_logits=False)"
-        )
     check_batch(sample_batch, config)
     replicas = (mesh or PipelineMesh.whole_world()).dp
     shares = schedule.microbatches * replicas
@@ -170,11 +172,11 @@ def pipeline(
     blocks = [source.meta_block(i) for i in range(source.num_blocks)]
     counts = stage_block_counts(schedule, block_costs(blocks, config, ids.shape[1]), layers_per_stage)
     loss = StepNormalisedLoss(config.vocab_size, schedule.microbatches, replicas)
-    context = _context(sample_batch)
+    context = step_context(sample_batch, seed, 0)
     one = ids.shape[0] // shares
     options = replace(options or RuntimeOptions(), seed=seed, block_counts=counts, tied=tied_groups(source),
-                      sample_context={k: v[:one] for k, v in context.items()} if context else None)
+                      sample_context={k: v[:one] for k, v in context.items()})
     prepare_split_backward()
     runtime = PipelineRuntime(source, source.num_blocks, schedule, loss, optimizer, ids[:one], options=options, mesh=mesh)
     source.release_others()
-    return HFPipeline(runtime, source, loss)
+    return HFPipeline(runtime, source, loss, seed)

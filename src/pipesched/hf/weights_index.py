@@ -19,8 +19,9 @@ FLOATS = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}  # safetensors' nam
 NARROWED = {"F64"}  # more precise than the float32 the blocks hold
 
 
-def index_weights(files: Iterable[Path]) -> tuple[dict[str, Path], dict[str, str]]:
-    """For every tensor of ``files``: the file that holds it, and its dtype (safetensors' name)."""
+def index_weights(files: Iterable[Path], named: str = "--hf-weights") -> tuple[dict[str, Path], dict[str, str]]:
+    """For every tensor of ``files``: the file that holds it, and its dtype (safetensors' name);
+    errors name the folder as the caller gave it (``named``)."""
     from safetensors import safe_open
 
     where: dict[str, Path] = {}
@@ -30,13 +31,13 @@ def index_weights(files: Iterable[Path]) -> tuple[dict[str, Path], dict[str, str
             with safe_open(str(file), framework="pt") as f:
                 keys = {key: f.get_slice(key).get_dtype() for key in f.keys()}
         except Exception as err:  # a truncated or foreign file: say which
-            raise ConfigError(f"--hf-weights: cannot read {file}: {' '.join(str(err).split())[:300]}") from None
+            raise ConfigError(f"{named}: cannot read {file}: {' '.join(str(err).split())[:300]}") from None
         for key, dtype in keys.items():
             if key in where:
-                raise ConfigError(f"--hf-weights: {key!r} is stored twice, in {where[key]} and in {file}: "
+                raise ConfigError(f"{named}: {key!r} is stored twice, in {where[key]} and in {file}: "
                                   "keep one of them")
             if dtype not in FLOATS:
-                raise ConfigError(f"--hf-weights: {key!r} in {file} is {dtype}, not a floating-point tensor: "
+                raise ConfigError(f"{named}: {key!r} in {file} is {dtype}, not a floating-point tensor: "
                                   "a weight cannot be read from it")
             where[key], dtypes[key] = file, dtype
     return where, dtypes
