@@ -28,6 +28,14 @@ class TorchrunRank(NamedTuple):
     local_rank: int
 
 
+def physical_memory() -> Optional[int]:
+    """Bytes of RAM on this machine, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def torchrun_rank(environ: Mapping[str, str] = os.environ) -> Optional[TorchrunRank]:
     """This process's place under torchrun; None when neither ``RANK`` nor ``WORLD_SIZE`` is set.
 

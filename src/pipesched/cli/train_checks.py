@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..bounds import MAX_TIMEOUT_S
+from ..environment import physical_memory
 from ..errors import ConfigError
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -49,14 +50,6 @@ def check_batch_fits(model_def, batch_size: int, seed: int) -> None:
             f"--batch-size {batch_size}: a step would hold at least {_gib(per_sample * batch_size)} (inputs, "
             f"targets, each block's output), more than this machine's {_gib(have)}: use at most {have // per_sample}"
         )
-
-
-def physical_memory() -> Optional[int]:
-    """Bytes of RAM on this machine, or None where the OS does not say."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def _gib(n: int) -> str:

@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 from .architectures import ARCHITECTURES
-from .build import init_model, read_config
+from .build import init_model
+from .config_file import read_config
 from .one_process import one_process_step
 from .pipeline import HFPipeline, pipeline
 from .saving import load_checkpoint, save_checkpoint, save_pretrained

@@ -27,7 +27,6 @@ from ..errors import ConfigError
 from .architectures import Architecture, architecture_of, causal_lm_class
 from .blocks import model_blocks
 from . import twin
-from .config_file import read_config  # noqa: F401  (where configs are read: part of this module's API)
 from .disk_layout import DiskLayout
 from .weights_index import index_weights, weight_files
 

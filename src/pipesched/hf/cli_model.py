@@ -21,7 +21,8 @@ import torch
 
 from ..errors import ConfigError
 from ..runtime.model_def import ModelDef
-from .build import BlockSource, read_config
+from .build import BlockSource
+from .config_file import read_config
 from .pipeline import model_name, tied_groups
 from .randomness import random_settings
 from .split import block_costs

@@ -112,7 +112,7 @@ def memory_available() -> Optional[int]:
     limit (``ulimit -v``) or the container's cgroup says so; None where nothing says."""
     import resource
 
-    from ..cli.train_checks import physical_memory
+    from ..environment import physical_memory
 
     limits = [physical_memory()]
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
