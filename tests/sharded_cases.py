@@ -234,3 +234,30 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
         torch.distributed.all_gather_object(states, rt.state_bytes())
         out[label]["state_bytes"] = states
     return out if rank == 0 else None
+
+
+def hf_pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
+    """Each (label, model kind, schedule, (dp_replicate, dp_shard, tp)) of ``job``: a Hugging Face
+    model pipelined by ``pipesched.hf.pipeline`` over the sharded layout, fp32, SGD, on
+    ``job``'s batches; rank 0 returns the losses, first gradients and final weights."""
+    import pipesched.hf as hf
+    from hf_cases import make_model
+
+    from pipesched.runtime.options import RuntimeOptions
+    from pipesched.runtime.sharded_mesh import init_sharded_mesh, runtime_layout
+
+    runs, batches = job
+    meshes, out = {}, {}
+    for label, kind, schedule, (replicas, shards, tp) in runs:
+        layout = runtime_layout(schedule.ranks, replicas, shards, tp)
+        if layout not in meshes:
+            meshes[layout] = init_sharded_mesh(layout, timeout_s=60)
+        rt = hf.pipeline(make_model(kind, torch.float32), schedule, optimizer=lambda ps: torch.optim.SGD(ps, lr=LR),
+                         sample_batch=batches[0], mesh=meshes[layout], options=RuntimeOptions(timeout_s=60))
+        losses, grads = [], None
+        for step, batch in enumerate(batches):
+            losses.append(rt.step(batch).loss)
+            if step == 0:
+                grads = rt.gather_gradients()
+        out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict()}
+    return out if rank == 0 else None

@@ -151,19 +151,25 @@ def pipeline(
     ``layers_per_stage`` (one count per stage of one model copy) overrides the balanced split.
     ``options``: the runtime's :class:`~pipesched.runtime.options.RuntimeOptions` (``device``,
     ``timeout_s``, ``clip_grad_norm``, ``recompute``, ``dtype``, ...); its seed, block counts,
-    tied groups and sample context are set here.
+    tied groups and sample context are set here. ``mesh``: a
+    :class:`~pipesched.runtime.mesh.PipelineMesh` (replicas), or a
+    :class:`~pipesched.runtime.sharded_mesh.ShardedMesh` (FSDP and tensor parallelism inside the
+    stages; the family's tensor-parallel plan is taken unless ``options`` gives one).
     """
     from dataclasses import replace
 
     from ..runtime.executor import PipelineRuntime
     from ..runtime.mesh import PipelineMesh
     from ..runtime.options import RuntimeOptions
+    from ..runtime.sharded_mesh import ShardedMesh
+    from ..runtime.tp_plans import plan_for
     from .splitting import prepare_split_backward
 
     source = BlockSource(model, weights)
     config = source.config
     check_batch(sample_batch, config)
-    replicas = (mesh or PipelineMesh.whole_world()).dp
+    sharded = isinstance(mesh, ShardedMesh)
+    replicas = (mesh.pipeline if sharded else mesh or PipelineMesh.whole_world()).dp
     shares = schedule.microbatches * replicas
     ids = sample_batch["input_ids"]
     if ids.shape[0] % shares:
@@ -176,6 +182,8 @@ def pipeline(
     one = ids.shape[0] // shares
     options = replace(options or RuntimeOptions(), seed=seed, block_counts=counts, tied=tied_groups(source),
                       sample_context={k: v[:one] for k, v in context.items()})
+    if sharded and options.tp_plan is None:
+        options = replace(options, tp_plan=plan_for(type(source.skeleton).__name__))
     prepare_split_backward()
     runtime = PipelineRuntime(source, source.num_blocks, schedule, loss, optimizer, ids[:one], options=options, mesh=mesh)
     source.release_others()
