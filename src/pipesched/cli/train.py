@@ -22,6 +22,7 @@ from . import app, fail
 from . import options as opt
 from .renamed import deprecated_option as renamed_option, renamed
 from . import train_hf
+from .train_loop import LoopFlags, loop_options
 from .train_layout import Dp, Dtype, check_batch_split, check_layout
 from ..zb_auto_plan import given_costs
 
@@ -29,6 +30,7 @@ TORCH_MISSING = "pipesched train needs PyTorch: pip install 'pipesched[torch]' (
 
 
 @app.command("train")
+@loop_options
 def train(
     model: str = typer.Option("mlp", "--model", help="mlp (residual MLP stack), gpt (char-level GPT) or "
                               "hf:CONFIG.json (a Hugging Face causal LM, docs/huggingface.md)."),
@@ -89,6 +91,7 @@ def train(
     data: Optional[Path] = train_hf.Data,
     hf_weights: Optional[Path] = train_hf.Weights,
     save_hf: Optional[Path] = train_hf.SaveHf,
+    loop: LoopFlags = LoopFlags(),
 ) -> None:
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
     from .train_checks import check_batch_fits, check_checkpoint_flags, check_checkpointing, check_numbers
@@ -98,6 +101,7 @@ def train(
     json_path = renamed("train", "--json", "--summary", old_json_path, json_path)
     check_numbers(lr, timeout, seed, clip_grad_norm)
     check_checkpoint_flags(checkpoint_dir, checkpoint_every, checkpoint_keep, resume)
+    loop_run = loop.options(lr, steps)
     planning_costs = given_costs(schedule, csv, costs, comm)
     for label, value in (("--ranks", ranks), ("--steps", steps), ("--batch-size", batch_size), ("--dp", dp)):
         if value < 1:
@@ -158,6 +162,7 @@ def train(
         checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep,
         resume_from=None if resume_from is None else str(resume_from),
         meter_every_step=trace is not None,  # the trace draws the median step's activation bytes
+        loop=loop_run,
     )
     result = _run_to_the_end(run, cfg)
     if result is None:  # a torchrun rank other than 0

@@ -25,9 +25,11 @@ from .options import RuntimeOptions
 from .guard import NonFiniteWeights, first_nonfinite
 from .latency import measure_latency
 from .launch import rank_device, report_progress, stop_on_termination
+from .loop_options import LoopOptions
 from .mesh import init_pipeline_mesh
 from .models import ModelDef, get_model
 from .optimizers import make_optimizer
+from .run_loop import LoopHooks, LoopRecord
 from .precision import Precision, parse_dtype
 from .timeline import Timeline
 
@@ -63,6 +65,7 @@ class TrainConfig:
     # other layouts that take turns with this run's own after its steps, in the same processes,
     # for as many rounds (a profile's): see _turns
     alongside: tuple[Schedule, ...] = ()
+    loop: LoopOptions = LoopOptions()  # learning-rate schedule, evaluation, metrics (run_loop.py)
 
     @property
     def world(self) -> int:
@@ -118,6 +121,7 @@ class TrainResult:
     first_step: int = 0  # steps done before this run (resumed from a checkpoint), 0 otherwise
     # with TrainConfig.alongside, per round: this run's schedule first, then each of alongside's
     alongside_timelines: list[list[Timeline]] = field(default_factory=list)
+    loop: Optional[LoopRecord] = None  # learning rates, evaluations, metrics (rank 0's)
 
     def median_step_time(self, skip: int = 1) -> float:
         times = self.step_times[skip:] or self.step_times
@@ -128,9 +132,10 @@ def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, fl
     """The unpipelined run: whole batch, one forward and one backward per step."""
     md = cfg.model_def()
     model = md.sequential(cfg.seed)
-    optimizer = make_optimizer(cfg.optimizer, cfg.lr)(list(model.parameters()))
+    optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.loop.weight_decay)(list(model.parameters()))
     saved = checkpoint.tied_view(model, md.tied, md.checkpoint_name)  # what its checkpoints hold
     first = _resume(cfg, saved, optimizer)
+    hooks = LoopHooks(cfg, optimizer, first)
     losses, times, grads = [], [], None
     precision = Precision(parse_dtype(cfg.dtype))
     for step in range(first, cfg.steps):
@@ -145,6 +150,7 @@ def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, fl
         if step == 0 and cfg.want_grads:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         optimizer.step()
+        hooks.after_step()
         bad = first_nonfinite(model.named_parameters())
         if bad is not None:
             raise NonFiniteWeights(step + 1, bad)
@@ -155,7 +161,7 @@ def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, fl
         if cfg.checkpoint_due(step + 1):
             checkpoint.save(cfg.checkpoint_dir, step + 1, saved, optimizer, cfg.checkpoint_keep)
     params = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.want_params else None
-    return TrainResult(losses, times, [], 0.0, params, grads, dtype=cfg.dtype, first_step=first)
+    return TrainResult(losses, times, [], 0.0, params, grads, dtype=cfg.dtype, first_step=first, loop=hooks.record)
 
 
 def _resume(cfg: TrainConfig, model, optimizer) -> int:
@@ -179,6 +185,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     if cfg.resume_from is not None:
         runtime.broadcast_tied()
     runtime.steps_done = first
+    hooks = LoopHooks(cfg, runtime.optimizer, first)
     latency = measure_latency(*runtime.probe_tensor(), rank_device())
     progress = _Progress(cfg.steps, schedule.name, first) if cfg.show_progress and rank == 0 else None
     losses, times, spans, grads, results = [], [], [], None, []
@@ -191,6 +198,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
             times.append(result.step_time)
             spans.append(result.spans)
             results.append(result)
+            hooks.after_step()
             if step == 0 and cfg.want_grads:
                 grads = runtime.gather_gradients()
             if progress:
@@ -210,7 +218,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
         return None
     return TrainResult(
         losses, times, timelines, latency, params, grads, memory, curves, stage_memory,
-        dp=cfg.dp, dtype=cfg.dtype, first_step=first, alongside_timelines=beside_timelines,
+        dp=cfg.dp, dtype=cfg.dtype, first_step=first, alongside_timelines=beside_timelines, loop=hooks.record,
     )
 
 
@@ -234,7 +242,7 @@ def _runtime(cfg: TrainConfig, md: ModelDef, schedule: Schedule, counts: Optiona
     None: balanced by the model's block costs)."""
     x0, _ = md.batch(0, cfg.batch_size, cfg.seed)
     return PipelineRuntime(
-        md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr),
+        md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr, cfg.loop.weight_decay),
         x0[: cfg.batch_size // (cfg.dp * schedule.microbatches)],
         options=RuntimeOptions(
             seed=cfg.seed, block_counts=counts or balanced_block_counts(md.block_costs, schedule), device=rank_device(),
