@@ -22,6 +22,7 @@ from . import app, fail
 from . import options as opt
 from .renamed import deprecated_option as renamed_option, renamed
 from . import train_hf
+from .train_data import DataFlags, data_options, say_how_text_is_read
 from .train_loop import LoopFlags, loop_options
 from .train_layout import Dp, Dtype, check_batch_split, check_layout
 from ..zb_auto_plan import given_costs
@@ -31,6 +32,7 @@ TORCH_MISSING = "pipesched train needs PyTorch: pip install 'pipesched[torch]' (
 
 @app.command("train")
 @loop_options
+@data_options
 def train(
     model: str = typer.Option("mlp", "--model", help="mlp (residual MLP stack), gpt (char-level GPT) or "
                               "hf:CONFIG.json (a Hugging Face causal LM, docs/huggingface.md)."),
@@ -92,6 +94,7 @@ def train(
     hf_weights: Optional[Path] = train_hf.Weights,
     save_hf: Optional[Path] = train_hf.SaveHf,
     loop: LoopFlags = LoopFlags(),
+    data_flags: DataFlags = DataFlags(),
 ) -> None:
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
     from .train_checks import check_batch_fits, check_checkpoint_flags, check_checkpointing, check_numbers
@@ -101,7 +104,7 @@ def train(
     json_path = renamed("train", "--json", "--summary", old_json_path, json_path)
     check_numbers(lr, timeout, seed, clip_grad_norm)
     check_checkpoint_flags(checkpoint_dir, checkpoint_every, checkpoint_keep, resume)
-    loop_run = loop.options(lr, steps)
+    loop_run = loop.options(lr, steps, data_flags.held_out)
     planning_costs = given_costs(schedule, csv, costs, comm)
     for label, value in (("--ranks", ranks), ("--steps", steps), ("--batch-size", batch_size), ("--dp", dp)):
         if value < 1:
@@ -135,8 +138,10 @@ def train(
 
     if not is_known(model):
         raise ConfigError(f"--model {model!r} is not known: use {KNOWN}")
-    model_options = train_hf.hf_model_options(model, data, hf_weights, save_hf)
+    model_options = {**train_hf.hf_model_options(model, data, hf_weights, save_hf), **data_flags.model_options(model)}
     model_def = get_model(model, **model_options)
+    if model.startswith("hf:"):
+        say_how_text_is_read(model, data, data_flags.tokenizer)
     parse_dtype(dtype)
     measured = choice.profiles()
     if choice.measures is not None:  # the schedule needs the model (zb-auto), measured by processes first

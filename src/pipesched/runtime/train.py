@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from functools import partial
 from time import perf_counter
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -29,7 +30,9 @@ from .loop_options import LoopOptions
 from .mesh import init_pipeline_mesh
 from .models import ModelDef, get_model
 from .optimizers import make_optimizer
-from .run_loop import LoopHooks, LoopRecord
+from .evaluation import evaluate_model, evaluate_pipeline
+from .metrics import gather_peaks, own_peak_memory
+from .run_loop import LoopRecord, make_hooks, whole_grad_norm
 from .precision import Precision, parse_dtype
 from .timeline import Timeline
 
@@ -128,16 +131,17 @@ class TrainResult:
         return statistics.median(times)
 
 
-def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, float], None]] = None) -> TrainResult:
+def train_reference(cfg: TrainConfig) -> TrainResult:
     """The unpipelined run: whole batch, one forward and one backward per step."""
     md = cfg.model_def()
     model = md.sequential(cfg.seed)
     optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.loop.weight_decay)(list(model.parameters()))
     saved = checkpoint.tied_view(model, md.tied, md.checkpoint_name)  # what its checkpoints hold
     first = _resume(cfg, saved, optimizer)
-    hooks = LoopHooks(cfg, optimizer, first)
-    losses, times, grads = [], [], None
     precision = Precision(parse_dtype(cfg.dtype))
+    hooks = make_hooks(cfg, md, optimizer, first, lambda batches: evaluate_model(model, md.loss_fn, batches, precision.autocast),
+                       writer=True, gather_memory=lambda: [own_peak_memory(None)], device=torch.device("cpu"), name="reference")
+    losses, times, grads = [], [], None
     for step in range(first, cfg.steps):
         x, y = md.batch(step, cfg.batch_size, cfg.seed)
         t0 = perf_counter()
@@ -145,21 +149,21 @@ def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, fl
         with precision.autocast():
             loss = md.loss_fn(model(x), y)
         loss.backward()
+        grad_norm = whole_grad_norm(model.parameters())
         if cfg.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
         if step == 0 and cfg.want_grads:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         optimizer.step()
-        hooks.after_step()
         bad = first_nonfinite(model.named_parameters())
         if bad is not None:
             raise NonFiniteWeights(step + 1, bad)
         times.append(perf_counter() - t0)
         losses.append(loss.item())
-        if on_step:
-            on_step(step, losses[-1], times[-1])
+        hooks.after_step(step + 1, losses[-1], times[-1], grad_norm)
         if cfg.checkpoint_due(step + 1):
             checkpoint.save(cfg.checkpoint_dir, step + 1, saved, optimizer, cfg.checkpoint_keep)
+    hooks.close()
     params = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.want_params else None
     return TrainResult(losses, times, [], 0.0, params, grads, dtype=cfg.dtype, first_step=first, loop=hooks.record)
 
@@ -185,9 +189,9 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     if cfg.resume_from is not None:
         runtime.broadcast_tied()
     runtime.steps_done = first
-    hooks = LoopHooks(cfg, runtime.optimizer, first)
+    hooks = make_hooks(cfg, md, runtime.optimizer, first, partial(evaluate_pipeline, runtime), writer=rank == 0,
+                       gather_memory=partial(gather_peaks, runtime.device), device=runtime.device, name=schedule.name)
     latency = measure_latency(*runtime.probe_tensor(), rank_device())
-    progress = _Progress(cfg.steps, schedule.name, first) if cfg.show_progress and rank == 0 else None
     losses, times, spans, grads, results = [], [], [], None, []
     report_progress()  # from here a single rank silent for the timeout is stopped by the launcher
     try:
@@ -198,17 +202,14 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
             times.append(result.step_time)
             spans.append(result.spans)
             results.append(result)
-            hooks.after_step()
+            hooks.after_pipeline_step(runtime, result)
             if step == 0 and cfg.want_grads:
                 grads = runtime.gather_gradients()
-            if progress:
-                progress.update(step, result.loss, result.step_time, result.skipped)
             if cfg.checkpoint_due(runtime.steps_done):
                 checkpoint.save_runtime(runtime, cfg.checkpoint_dir, cfg.checkpoint_keep, md.checkpoint_name)
             report_progress()
     finally:
-        if progress:
-            progress.close()
+        hooks.close()
     timelines = _gather_timelines(spans, runtime.mesh.grid[0])
     memory, curves, stage_memory = _gather_memory(runtime, results, runtime.mesh.grid[0])
     params = runtime.gather_state_dict() if cfg.want_params else None
@@ -282,43 +283,14 @@ def _gather_timelines(per_step: list, pipeline: tuple[int, ...]) -> list[Timelin
     return [[parts[r][step] for r in pipeline] for step in range(len(per_step))]
 
 
-class _Progress:
-    """A rich progress bar on rank 0: loss and step time of each step."""
-
-    def __init__(self, steps: int, name: str, done: int = 0) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.bar = Progress(
-            TextColumn(f"[bold]{name}[/bold]"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"), TextColumn("step {task.fields[ms]} ms"),
-            TimeElapsedColumn(), transient=False,
-        )
-        self.task = self.bar.add_task("train", total=steps, completed=done, loss="-", ms="-")
-        self.bar.start()
-
-    def update(self, step: int, loss: float, seconds: float, skipped: bool) -> None:
-        text = f"{loss:.5f}" + (" (skipped)" if skipped else "")
-        self.bar.update(self.task, advance=1, loss=text, ms=f"{1000 * seconds:.1f}")
-
-    def close(self) -> None:
-        self.bar.stop()
-
-
 def run(cfg: TrainConfig) -> Optional[TrainResult]:
     """Run ``cfg``: the reference in this process, the pipeline on spawned local ranks, or this
     process's rank under torchrun (the result then comes back on rank 0 only).
     SIGTERM and SIGHUP raise ``launch.RunStopped`` (local ranks stopped first)."""
     if cfg.schedule is None:
         torch.set_num_threads(1)
-        done = checkpoint.checkpoint_step(cfg.resume_from) if cfg.resume_from else 0
-        progress = _Progress(cfg.steps, "reference", done) if cfg.show_progress else None
-        on_step = (lambda step, loss, secs: progress.update(step, loss, secs, False)) if progress else None
-        try:
-            with stop_on_termination():
-                return train_reference(cfg, on_step)
-        finally:
-            if progress:
-                progress.close()
+        with stop_on_termination():
+            return train_reference(cfg)
     from .launch import run_torchrun, spawn, under_torchrun
 
     if under_torchrun():
