@@ -105,6 +105,7 @@ def train(
     check_numbers(lr, timeout, seed, clip_grad_norm)
     check_checkpoint_flags(checkpoint_dir, checkpoint_every, checkpoint_keep, resume)
     loop_run = loop.options(lr, steps, data_flags.held_out)
+    data_options_given = data_flags.model_options(model)
     planning_costs = given_costs(schedule, csv, costs, comm)
     for label, value in (("--ranks", ranks), ("--steps", steps), ("--batch-size", batch_size), ("--dp", dp)):
         if value < 1:
@@ -138,7 +139,7 @@ def train(
 
     if not is_known(model):
         raise ConfigError(f"--model {model!r} is not known: use {KNOWN}")
-    model_options = {**train_hf.hf_model_options(model, data, hf_weights, save_hf), **data_flags.model_options(model)}
+    model_options = {**train_hf.hf_model_options(model, data, hf_weights, save_hf), **data_options_given}
     model_def = get_model(model, **model_options)
     if model.startswith("hf:"):
         say_how_text_is_read(model, data, data_flags.tokenizer)
@@ -185,6 +186,15 @@ def train(
     except OutputsLost as err:
         _say(f"pipesched: error: {err}")
         raise typer.Exit(code=1) from None
+    if loop_run.report_path is not None:
+        from .train_run_report import write_run_report
+
+        try:
+            write_run_report(Path(loop_run.report_path), plan, result)
+        except OSError as err:
+            _say(f"pipesched: error: the run finished, but could not write {loop_run.report_path} ({err.strerror})")
+            raise typer.Exit(code=1) from None
+        typer.echo(f"wrote {loop_run.report_path} (run report)")
     if model not in MODELS:  # hf:CONFIG.json
         train_hf.report_and_save(plan, model_def, result.params, save_hf)
 

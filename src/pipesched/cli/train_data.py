@@ -41,6 +41,10 @@ class DataFlags:
             raise ConfigError("--eval-data and --eval-share both name the held-out data: give one")
         if self.eval_share is not None and not (math.isfinite(self.eval_share) and 0 < self.eval_share < 1):
             raise ConfigError(f"--eval-share must be above 0 and below 1 (the share of --data held out), got {self.eval_share:g}")
+        if self.tokenizer is not None:  # a folder without tokenizer.json: refused before torch is imported
+            from ..data.tokenize_text import find_tokenizer
+
+            find_tokenizer(str(self.tokenizer), Path("."))
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in given.items()}
 
     @property
