@@ -5,6 +5,7 @@ command a ``loop: LoopFlags``), checked here before any process starts (one line
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,8 +59,11 @@ class LoopFlags:
             check_output_path(self.metrics, [".jsonl"])
         if self.report is not None:
             check_output_path(self.report, [".html"])
-        if self.tensorboard is not None and self.tensorboard.exists() and not self.tensorboard.is_dir():
-            raise ConfigError(f"--tensorboard {str(self.tensorboard)!r} is a file, not a folder")
+        if self.tensorboard is not None:
+            if self.tensorboard.exists() and not self.tensorboard.is_dir():
+                raise ConfigError(f"--tensorboard {str(self.tensorboard)!r} is a file, not a folder")
+            if importlib.util.find_spec("tensorboard") is None:
+                raise ConfigError("--tensorboard needs the tensorboard package: pip install 'pipesched[data]'")
         return LoopOptions(
             lr_schedule=self.lr_schedule, warmup=self.warmup, min_lr=self.min_lr, weight_decay=self.weight_decay,
             evaluate=held_out, eval_every=self.eval_every, eval_batches=self.eval_batches, log_every=self.log_every,
