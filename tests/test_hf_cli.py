@@ -45,7 +45,7 @@ def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loa
 
     from pipesched.runtime.models import get_model
 
-    data = tmp_path / "data.bin"
+    data = tmp_path / "data.bytes"  # neither a token file nor text: its bytes are the token ids (modulo 64)
     data.write_bytes(bytes(range(256)) * 8)
     out = tmp_path / "saved"
     args = ["--model", f"hf:{configs['llama']}", "--data", str(data), "--steps", "3", "--batch-size", "8",
