@@ -10,7 +10,6 @@ import sys
 import pytest
 
 from conftest import concurrently, run_cli
-from pipesched.runtime.lr_schedule import LRSchedule
 
 torch = pytest.importorskip("torch")
 

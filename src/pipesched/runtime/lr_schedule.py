@@ -47,7 +47,7 @@ class LRSchedule:
         if self.kind == "constant":
             return self.lr
         span = self.steps - 1 - self.warmup  # from the peak (step ``warmup``) to ``min_lr`` (the last step)
-        progress = min(1.0, (step - self.warmup) / span) if span > 0 else 1.0
+        progress = min(1.0, (step - self.warmup) / span) if span > 0 else 0.0  # one step after the warm-up: the peak
         shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if self.kind == "cosine" else 1.0 - progress
         return self.min_lr + (self.lr - self.min_lr) * shape
 

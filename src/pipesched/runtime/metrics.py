@@ -13,7 +13,8 @@ gathering the memory figures, so every rank logs at the same steps.
 - MFU: tokens/s per device x the model's FLOPs per token (:mod:`.model_flops`) / the device's
   peak (``--peak-tflops``, or the device's known peak; absent where neither is known).
 - peak memory per rank: on CUDA the device's most allocated bytes so far, elsewhere the
-  process's peak resident memory (everything it holds, not only the model).
+  process's peak resident memory (everything it holds, not only the model); gathered (a
+  collective) only when the metrics go to a file, TensorBoard or the report.
 - grad norm: the whole model's gradient norm before clipping, after the last step of the interval.
 """
 
@@ -63,7 +64,7 @@ class MetricsLog:
             self.display.step(loss, seconds, skipped)
         if (steps_done - self.first_step) % self.options.log_every and steps_done != self.cfg.steps:
             return
-        memory = self.gather_memory()
+        memory = self.gather_memory() if self.options.watched else []  # a collective: only where it is written
         if self.writer:
             self._write(self._row(steps_done, lr, grad_norm, memory))
         self._reset()
@@ -86,7 +87,7 @@ class MetricsLog:
     def _write(self, row: dict) -> None:
         self.rows.append(row)
         if self.file is not None:
-            self.file.write(json.dumps(row) + "\n")
+            self.file.write(json.dumps({k: _json_number(v) for k, v in row.items()}) + "\n")
             self.file.flush()
         if self.board is not None:
             step = row["step"]
@@ -107,6 +108,11 @@ class MetricsLog:
         for sink in (self.file, self.board, self.display):
             if sink is not None:
                 sink.close()
+
+
+def _json_number(value):
+    """``value``, but None for NaN or infinity (a skipped step's loss): JSON has no such numbers."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def gather_peaks(device) -> list[int]:

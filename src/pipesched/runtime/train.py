@@ -149,7 +149,7 @@ def train_reference(cfg: TrainConfig) -> TrainResult:
         with precision.autocast():
             loss = md.loss_fn(model(x), y)
         loss.backward()
-        grad_norm = whole_grad_norm(model.parameters())
+        grad_norm = whole_grad_norm(model.parameters()) if cfg.loop.watched else float("nan")
         if cfg.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
         if step == 0 and cfg.want_grads:
