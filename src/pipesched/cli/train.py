@@ -141,8 +141,6 @@ def train(
         raise ConfigError(f"--model {model!r} is not known: use {KNOWN}")
     model_options = {**train_hf.hf_model_options(model, data, hf_weights, save_hf), **data_options_given}
     model_def = get_model(model, **model_options)
-    if model.startswith("hf:"):
-        say_how_text_is_read(model, data, data_flags.tokenizer)
     parse_dtype(dtype)
     measured = choice.profiles()
     if choice.measures is not None:  # the schedule needs the model (zb-auto), measured by processes first
@@ -170,6 +168,8 @@ def train(
         meter_every_step=trace is not None,  # the trace draws the median step's activation bytes
         loop=loop_run,
     )
+    if model.startswith("hf:"):  # after every check: a refusal stays one line
+        say_how_text_is_read(model, data, data_flags.tokenizer)
     result = _run_to_the_end(run, cfg)
     if result is None:  # a torchrun rank other than 0
         return

@@ -71,13 +71,13 @@ def data_options(command):
 
 
 def say_how_text_is_read(model: str, data: Optional[Path], tokenizer: Optional[Path]) -> None:
-    """Say on stderr when text is read as bytes (an ``hf:`` model's folder without a tokenizer)."""
+    """Say on stderr when ``--data`` is read as bytes (an ``hf:`` model's folder without a tokenizer;
+    the shipped text, the default, is read so silently)."""
     from ..data.token_files import TOKEN_SUFFIXES
     from ..data.tokenize_text import find_tokenizer
 
     folder = Path(model.split(":", 1)[1]).parent
-    if find_tokenizer(None if tokenizer is None else str(tokenizer), folder) is None and (
-            data is None or not str(data).endswith(TOKEN_SUFFIXES)):
-        typer.echo(f"pipesched: no tokenizer.json in {str(folder)!r}: reading "
-                   f"{'--data' if data is not None else 'the shipped text'} as bytes (token id = byte modulo the vocabulary)",
-                   err=True)
+    if data is not None and not str(data).endswith(TOKEN_SUFFIXES) and find_tokenizer(
+            None if tokenizer is None else str(tokenizer), folder) is None:
+        typer.echo(f"pipesched: no tokenizer.json in {str(folder)!r}: reading --data as bytes "
+                   "(token id = byte modulo the vocabulary)", err=True)
