@@ -276,7 +276,7 @@ def checkpoint_crash_run(rank: int, world: int, job: tuple) -> None:
                          md.batch(0, 8, 0)[0][:2],
                          options=RuntimeOptions(timeout_s=60))
     rt.step(*md.batch(0, 8, 0))
-    checkpoint.save_runtime(rt, directory)
+    rt.save_checkpoint(directory)
     rt.step(*md.batch(1, 8, 0))
     if rank == 1:
         write_data = dcp.FileSystemWriter.write_data
@@ -286,7 +286,7 @@ def checkpoint_crash_run(rank: int, world: int, job: tuple) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
         dcp.FileSystemWriter.write_data = write_then_die
-    checkpoint.save_runtime(rt, directory)
+    rt.save_checkpoint(directory)
 
 
 def run_data_parallel(rank: int, world: int, job: tuple) -> dict:
@@ -351,9 +351,9 @@ def copies_checkpoint_run(rank: int, world: int, job: tuple) -> tuple:
     saved = fresh()
     for step in range(2):
         saved.step(*md.batch(step, 8, 0))
-    checkpoint.save_runtime(saved, directory)
+    saved.save_checkpoint(directory)
     resumed = fresh()
-    checkpoint.load_runtime(resumed, checkpoint.latest(directory))
+    resumed.load_checkpoint(checkpoint.latest(directory))
     for step in range(2, 4):
         resumed.step(*md.batch(step, 8, 0))
     out = []
@@ -474,9 +474,9 @@ def tied_run(rank: int, world: int, job: tuple) -> dict:
         # one step under ``saved``, checkpointed; the remaining steps resumed under ``resumed``
         rt = runtime(dict(schedules)[saved])
         rt.step(*tied_batch(0, batch))
-        path = checkpoint.save_runtime(rt, folder)
+        path = rt.save_checkpoint(folder)
         rt = runtime(dict(schedules)[resumed])
-        for step in range(checkpoint.load_runtime(rt, path), STEPS):
+        for step in range(rt.load_checkpoint(path), STEPS):
             rt.step(*tied_batch(step, batch))
         out[f"{saved} resumed under {resumed}"] = {"params": rt.gather_state_dict()}
     for label, schedule in schedules:
@@ -500,10 +500,8 @@ class MaskedBlock(nn.Module):
         super().__init__()
         self.lin = nn.Linear(8, 8)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from pipesched.runtime import batch_context
-
-        ctx = batch_context.current()
+    def forward(self, x: torch.Tensor, context: dict) -> torch.Tensor:
+        ctx = context
         assert ctx["mask"].shape == x.shape[:2], (ctx["mask"].shape, x.shape)  # this microbatch's slice
         return torch.tanh(self.lin(x)) * ctx["mask"][..., None] + x + 0.01 * ctx["pos"][..., None].to(x.dtype)
 
@@ -524,30 +522,28 @@ def context_batch(step: int, batch: int = 8) -> tuple[torch.Tensor, torch.Tensor
 
 
 def train_context_reference(batch: int = 8) -> dict:
-    """The unpipelined run of the masked model, the whole batch's context current."""
-    from pipesched.runtime import batch_context
-    from pipesched.runtime.partition import build_block_seeded
+    """The unpipelined run of the masked model, given the whole batch's context."""
+    from pipesched.runtime.partition import Stage, build_block_seeded
 
-    model = nn.Sequential(*(build_block_seeded(masked_block, i, 3) for i in range(4)))
+    model = Stage(0, {i: build_block_seeded(masked_block, i, 3) for i in range(4)})
     contexts = [context_batch(step, batch)[2] for step in range(STEPS)]
 
     def loss_fn(out, y):
         return nn.functional.mse_loss(out, y)
 
-    class WithContext(nn.Module):  # the context of the step being run current around the model
+    class WithContext(nn.Module):  # the model given the context of the step being run
         def __init__(self) -> None:
             super().__init__()
             self.model = model
             self.step = 0
 
         def forward(self, x):
-            with batch_context.using(contexts[self.step]):
-                self.step += 1
-                return self.model(x)
+            self.step += 1
+            return self.model(x, contexts[self.step - 1])
 
     wrapped = WithContext()
     ref = _train_module(wrapped, lambda step: context_batch(step, batch)[:2], loss_fn)
-    strip = len("model.")
+    strip = len("model.blocks.")
     return {"loss": ref["loss"], "grads": {k[strip:]: v for k, v in ref["grads"].items()},
             "params": {k[strip:]: v for k, v in ref["params"].items()}}
 

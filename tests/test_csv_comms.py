@@ -80,16 +80,22 @@ def test_a_receive_posted_before_the_send_it_waits_behind_is_a_hang():
         parse_csv("\n".join(rows) + "\n")
 
 
-def test_fsdp_no_ops_that_torch_writes_are_skipped():
-    with_fsdp = ONE_F_ONE_B.replace("0F0,", "0UNSHARD,0F0,", 1).replace("0REDUCE_GRAD", "0REDUCE_GRAD,0RESHARD")
-    assert parse_csv(with_fsdp).orders == parse_csv(ONE_F_ONE_B).orders
+def test_gathers_are_instructions_checked_like_the_others():
+    assert ONE_F_ONE_B.startswith("0UNSHARD,0F0,") and ",0REDUCE_GRAD,0RESHARD" in ONE_F_ONE_B
+    without = ONE_F_ONE_B.replace("0UNSHARD,", "", 1)
+    with pytest.raises(CSVFormatError, match="rank 0 runs 0F0 while stage 0 is not gathered"):
+        parse_csv(without)
+    with pytest.raises(CSVFormatError, match="0RESHARD while stage 0 is not gathered"):
+        parse_csv(ONE_F_ONE_B.replace("0REDUCE_GRAD,0RESHARD", "0REDUCE_GRAD,0RESHARD,0RESHARD", 1))
+    with pytest.raises(CSVFormatError, match="1UNSHARD names stage 1, which runs on rank 1"):
+        parse_csv(ONE_F_ONE_B.replace("0UNSHARD,", "0UNSHARD,1UNSHARD,", 1))
 
 
 def test_export_compute_comms_then_simulate_draw_and_train_read_it_back(tmp_path):
     target = tmp_path / "zbv.csv"
     out = run_cli("export", "zb-v", "-p", "2", "-m", "4", "--format", "compute_comms", "-o", str(target))
     assert out.returncode == 0, out.stderr
-    assert target.read_text().startswith("0F0,0SEND_F0,")
+    assert target.read_text().startswith("0UNSHARD,3UNSHARD,0F0,0SEND_F0,")
     assert load_csv_file(target).orders == pipesched.build_schedule("zb-v", 2, 4).orders
     loaded = run_cli("simulate", "--csv", str(target), "--json")
     built = run_cli("simulate", "zb-v", "-p", "2", "-m", "4", "--json")

@@ -1,8 +1,8 @@
 """The batch context: per-microbatch tensors (masks, positions) every stage reads, never sent.
 
-Blocks read ``pipesched.runtime.batch_context.current()``: microbatch ``k``'s slice of the
-step's context while any of its actions runs (forward, backward halves, weight gradients,
-recomputation inside a backward). The sequence length changes from step to step (5, 7, 5):
+A block whose ``forward`` takes a ``context`` argument is given microbatch ``k``'s slice of the
+step's context by every action of ``k`` that runs it (forward, recomputation inside a backward);
+no global holds it. The sequence length changes from step to step (5, 7, 5):
 every rank re-infers its boundary shapes from the context and inputs it is given and resizes its
 receive buffers. The loss, every gradient and the parameters after three steps equal the
 unpipelined model run with the whole batch's context.
@@ -30,12 +30,18 @@ def test_every_stage_reads_its_microbatchs_context_and_the_sequence_length_may_c
     assert_equal_to_reference(results, train_context_reference(8))
 
 
-def test_the_context_splits_like_the_inputs_and_is_none_outside_a_step():
-    assert batch_context.current() is None
+def test_the_context_splits_like_the_inputs_and_reaches_only_blocks_that_take_it():
+    from pipesched.runtime.partition import Stage
+
     parts = batch_context.split({"mask": torch.arange(8).reshape(4, 2)}, 2, torch.device("cpu"))
     assert [p["mask"].tolist() for p in parts] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
-    with batch_context.using(parts[1]):
-        assert batch_context.current() is parts[1]
-    assert batch_context.current() is None
+
+    class Reads(torch.nn.Module):
+        def forward(self, x, context):
+            return x + context["mask"].sum()
+
+    stage = Stage(0, {0: torch.nn.Identity(), 1: Reads()})  # Identity takes no context
+    assert [takes for _, takes in stage.chain] == [False, True]
+    assert stage(torch.zeros(1), parts[1]).item() == 4 + 5 + 6 + 7
     with pytest.raises(pipesched.ConfigError, match="does not split into 3"):
         batch_context.split({"mask": torch.zeros(4, 2)}, 3, torch.device("cpu"))

@@ -16,16 +16,11 @@ import pipesched
 from pipesched.actions import Action, Overlap
 from pipesched.errors import ConfigError, DeadlockError, ScheduleError
 from pipesched.runtime.program_check import check_programs
-from pipesched.runtime.program import (
-    RECV_B,
-    RECV_F,
-    REDUCE_GRAD,
-    SENDS,
-    Instruction,
-    RankProgram,
-    lower,
-    lower_all,
-)
+from pipesched.ops import RECEIVES, SENDS, Op
+from pipesched.runtime.instructions import Instruction, RankProgram
+from pipesched.runtime.program import lower, lower_all
+
+RECV_F, RECV_B, REDUCE_GRAD = Op.RECV_F, Op.RECV_B, Op.REDUCE_GRAD
 
 
 def _every_family():
@@ -86,17 +81,18 @@ def test_sends_follow_their_producer_and_receives_precede_their_consumer():
 
 def test_instructions_print_in_torchs_lowered_grammar():
     code = lower(pipesched.build_schedule("1f1b", 2, 2), 0).cells()
-    assert code == ["0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1", "0REDUCE_GRAD"]
+    assert code == ["0UNSHARD", "0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1",
+                    "0REDUCE_GRAD", "0RESHARD"]
     receiver = lower(pipesched.build_schedule("1f1b", 2, 2), 1)
-    assert str(receiver.instructions[0]) == "1RECV_F0" and receiver.instructions[0].peer == 0
+    assert str(receiver.instructions[1]) == "1RECV_F0" and receiver.instructions[1].peer == 0
 
 
 def test_the_turn_of_a_v_hands_over_in_memory():
     schedule = pipesched.build_schedule("zb-v", 2, 4)
     turn = [i for p in lower_all(schedule) for i in p.instructions if i.action is not None and i.stage in (1, 2)]
-    forwards_out = [i for i in turn if i.op == "F" and i.stage == 1]
+    forwards_out = [i for i in turn if i.op is Op.F and i.stage == 1]
     assert forwards_out and all(i.local_output and i.sends is None for i in forwards_out)
-    assert all(i.local_input and i.receives is None for i in turn if i.op == "F" and i.stage == 2)
+    assert all(i.local_input and i.receives is None for i in turn if i.op is Op.F and i.stage == 2)
     messages = {i.message for p in lower_all(schedule) for i in p.instructions if i.message is not None}
     assert messages and not any((m.kind, m.stage) in (("act", 1), ("grad", 2)) for m in messages)
 
@@ -109,7 +105,7 @@ def test_an_overlapped_pair_is_two_halves_with_both_inputs_received_first():
             if ins.half != 1:
                 continue
             second = code[n + 1]
-            assert second.half == 2 and ins.op == "F" and second.op in "BI"
+            assert second.half == 2 and ins.op is Op.F and second.op.is_backward
             posted = {i.message for i in code[:n] if i.op in (RECV_F, RECV_B)}
             assert {m for m in (ins.receives, second.receives) if m is not None} <= posted
         pairs = [c for c in program.cells() if c.endswith("OVERLAP_F_B")]
@@ -122,9 +118,9 @@ def test_each_stage_reduces_once_right_after_its_last_gradient():
         code = program.instructions
         reductions = [n for n, i in enumerate(code) if i.op == REDUCE_GRAD]
         assert [code[n].stage for n in reductions] == [program.rank]
-        last_w = max(n for n, i in enumerate(code) if i.op == "W")
+        last_w = max(n for n, i in enumerate(code) if i.op is Op.W)
         assert reductions[0] > last_w
-        assert all(code[n].op in SENDS or code[n].op.startswith("RECV") for n in range(last_w + 1, reductions[0]))
+        assert all(code[n].op in SENDS or code[n].op in RECEIVES for n in range(last_w + 1, reductions[0]))
 
 
 def _edit(programs, rank, instructions):
@@ -154,7 +150,7 @@ def test_receives_out_of_link_order_and_misplaced_reductions_are_refused():
     with pytest.raises(ScheduleError, match="reduces stage 0 before its 0B0"):
         check_programs(_edit(programs, 0, code))
     code = list(programs[0].instructions)
-    code[0], code[1] = code[1], code[0]  # 0SEND_F0 before 0F0
+    code[1], code[2] = code[2], code[1]  # 0SEND_F0 before 0F0 (after 0UNSHARD)
     with pytest.raises(ScheduleError, match="rank 0 sends .* before the action that computes it"):
         check_programs(_edit(programs, 0, code))
 
@@ -169,3 +165,32 @@ def test_lowering_is_derived_once_per_schedule_object():
     schedule = pipesched.build_schedule("1f1b", 2, 4)
     assert lower_all(schedule) is lower_all(schedule)
     assert isinstance(lower(schedule, 1), RankProgram) and lower(schedule, 1) is lower_all(schedule)[1]
+
+
+def test_lowering_is_torchs_passes_in_torchs_order_each_pure():
+    from pipesched.runtime.passes import LOWERING, add_reduce_grad, add_send_recv, add_unshard_reshard, compute_programs
+
+    assert LOWERING == (add_unshard_reshard, add_reduce_grad, add_send_recv)
+    schedule = pipesched.build_schedule("interleaved-zb", 2, 4)
+    programs = compute_programs(schedule)
+    before = [list(p) for p in programs]
+    for lowering_pass in LOWERING:
+        lowered = lowering_pass(programs, schedule)
+        assert [list(p) for p in programs] == before  # a pass returns new programs, its input untouched
+        programs, before = lowered, [list(p) for p in lowered]
+    assert [p.instructions for p in lower_all(schedule)] == list(programs)
+
+
+def test_gathers_open_a_window_of_three_stages_ahead_and_every_compute_runs_inside_one():
+    schedule = pipesched.build_schedule("interleaved-1f1b", 2, 8, 3)  # three stages a rank: all fit the window
+    for program in lower_all(schedule):
+        ops = [i.op for i in program.instructions]
+        assert ops.count(Op.UNSHARD) == ops.count(Op.RESHARD) == 3
+        assert program.cells()[:3] == [f"{s}UNSHARD" for s in (program.rank, program.rank + 2, program.rank + 4)]
+    schedule = pipesched.build_schedule("interleaved-1f1b", 2, 8, 4)  # four stages a rank: one waits its turn
+    code = list(lower(schedule, 0).instructions)
+    assert [i.op for i in code].count(Op.UNSHARD) > 4
+    first = next(n for n, i in enumerate(code) if i.action is not None)
+    with pytest.raises(ScheduleError, match="while stage 0 is not gathered"):
+        check_programs(_edit(lower_all(schedule), 0, [i for i in code if not (i.op is Op.UNSHARD and i.stage == 0)]))
+    assert code[first - 1].op is Op.UNSHARD

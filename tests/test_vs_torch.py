@@ -123,8 +123,9 @@ def _to_torch(entry):
 
 @pytest.mark.parametrize("name", [f.name for f in pipesched.families() if f.name != "dualpipe"])
 def test_our_lowering_is_torchs_lowering_of_the_same_compute_schedule(name):
-    """Placed as torch's _add_reduce_grad and _add_send_recv place them, cell for cell."""
-    from torch.distributed.pipelining.schedules import _add_reduce_grad, _add_send_recv
+    """Placed as torch's full lowering places them (_add_unshard_reshard with its window of 3,
+    _add_reduce_grad, _add_send_recv), cell for cell."""
+    from torch.distributed.pipelining.schedules import _add_reduce_grad, _add_send_recv, _add_unshard_reshard
 
     from pipesched.runtime.program import lower_all
 
@@ -134,7 +135,8 @@ def test_our_lowering_is_torchs_lowering_of_the_same_compute_schedule(name):
             schedule = build_schedule(name, p, m)
         except pipesched.ConfigError:
             continue
-        compute = {r: _add_reduce_grad([_to_torch(a) for a in schedule.rank_entries(r)], m) for r in range(p)}
+        compute = {r: _add_reduce_grad(_add_unshard_reshard([_to_torch(a) for a in schedule.rank_entries(r)]), m)
+                   for r in range(p)}
         theirs = _add_send_recv(compute, lambda s: schedule.placement[s], schedule.stages)
         assert [program.cells() for program in lower_all(schedule)] == [[str(a) for a in theirs[r]] for r in range(p)]
         compared += 1
@@ -143,8 +145,8 @@ def test_our_lowering_is_torchs_lowering_of_the_same_compute_schedule(name):
 
 @pytest.mark.parametrize("name", ["zb-v", "interleaved-1f1b", "interleaved-zb", "dualpipev"])
 def test_compute_comms_csvs_cross_both_ways_with_torch(tmp_path, name):
-    """torch takes our program as written, and reads back as ours the one it lowers itself
-    (its FSDP no-ops UNSHARD/RESHARD included)."""
+    """torch takes our program as written, and the one it lowers itself is ours, cell for cell
+    (UNSHARD/RESHARD included)."""
     from pipesched.runtime.program import lower_all
     from pipesched.schedule_files import csv_text, parse_csv
 
@@ -164,3 +166,4 @@ def test_compute_comms_csvs_cross_both_ways_with_torch(tmp_path, name):
     text = theirs.read_text()
     assert "UNSHARD" in text and "RESHARD" in text
     assert parse_csv(text).orders == schedule.orders
+    assert text.splitlines() == csv_text(schedule, "compute_comms").splitlines()

@@ -18,6 +18,7 @@ import re
 from typing import NamedTuple, Union
 
 from .errors import CSVFormatError
+from .ops import Op
 
 OVERLAP_F_B = "OVERLAP_F_B"  # torch's computation type of an overlapped forward and backward
 _ACTION_RE = re.compile(r"^\s*(\d+)([FIWB])(\d+)\s*$")
@@ -26,19 +27,32 @@ SHOWN_CHARS = 40  # a cell quoted in a message is cut to about this many charact
 _OVERLAP_RE = re.compile(r"^\s*\(([^;()]*);([^;()]*)\)" + OVERLAP_F_B + r"\s*$")
 
 
-class Action(NamedTuple):
-    """One stage's compute on one microbatch; prints and parses as ``<stage><kind><microbatch>``."""
-
+class _ActionFields(NamedTuple):
     stage: int
-    kind: str
+    kind: Op
     microbatch: int
+
+
+class Action(_ActionFields):
+    """One stage's compute on one microbatch; prints and parses as ``<stage><kind><microbatch>``.
+
+    ``kind`` is always an :class:`~pipesched.ops.Op` (a kind given as its letter is looked up)."""
+
+    __slots__ = ()
+
+    def __new__(cls, stage: int, kind: Op | str, microbatch: int) -> "Action":
+        return super().__new__(cls, stage, Op(kind), microbatch)
+
+    @classmethod
+    def _make(cls, fields) -> "Action":  # ``_replace`` builds through it: keep the kind an Op
+        return cls(*fields)
 
     def __str__(self) -> str:
         return f"{self.stage}{self.kind}{self.microbatch}"
 
     @classmethod
     def parse(cls, text: str) -> "Action":
-        """Parse ``"2F0"`` into ``Action(2, "F", 0)``; raises CSVFormatError on anything else."""
+        """Parse ``"2F0"`` into ``Action(2, Op.F, 0)``; raises CSVFormatError on anything else."""
         match = _ACTION_RE.match(text)
         if match is None:
             raise CSVFormatError(
@@ -52,7 +66,7 @@ class Action(NamedTuple):
                     f"action {shown(text)}: the {what} number has {len(digits.lstrip('0'))} digits; "
                     f"stages and microbatches are numbered below 10**{MAX_INDEX_DIGITS}"
                 )
-        return cls(int(stage), kind, int(microbatch))
+        return cls(int(stage), Op(kind), int(microbatch))
 
 
 class Overlap(NamedTuple):
@@ -92,7 +106,7 @@ def parse_slot(text: str) -> Slot:
     if match is None:
         return Action.parse(text)
     forward, backward = Action.parse(match.group(1)), Action.parse(match.group(2))
-    if forward.kind != "F" or backward.kind not in "BI":
+    if forward.kind is not Op.F or not backward.kind.is_backward:
         raise CSVFormatError(
             f"cannot parse {shown(text)}: an {OVERLAP_F_B} pair is a forward then a backward "
             "(B or I), such as (0F3;3B1)OVERLAP_F_B"
@@ -107,19 +121,19 @@ def sub_actions(slot: Slot) -> tuple[Action, ...]:
 
 def F(stage: int, microbatch: int) -> Action:
     """Forward of ``stage`` on ``microbatch``."""
-    return Action(stage, "F", microbatch)
+    return Action(stage, Op.F, microbatch)
 
 
 def I(stage: int, microbatch: int) -> Action:  # noqa: E743 - the grammar's own letter
     """Input-gradient backward of ``stage`` on ``microbatch``."""
-    return Action(stage, "I", microbatch)
+    return Action(stage, Op.I, microbatch)
 
 
 def W(stage: int, microbatch: int) -> Action:
     """Weight-gradient backward of ``stage`` on ``microbatch``."""
-    return Action(stage, "W", microbatch)
+    return Action(stage, Op.W, microbatch)
 
 
 def B(stage: int, microbatch: int) -> Action:
     """Full backward (I and W fused) of ``stage`` on ``microbatch``."""
-    return Action(stage, "B", microbatch)
+    return Action(stage, Op.B, microbatch)

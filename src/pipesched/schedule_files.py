@@ -2,7 +2,8 @@
 
 ``compute_only`` (the default; :meth:`Schedule.to_csv`) holds each rank's compute actions, one
 row per rank. ``compute_comms`` holds each rank's lowered program (:mod:`pipesched.runtime.program`):
-the same actions with ``SEND_F``/``RECV_F``/``SEND_B``/``RECV_B`` and ``REDUCE_GRAD`` cells,
+the same actions with ``SEND_F``/``RECV_F``/``SEND_B``/``RECV_B``, ``REDUCE_GRAD`` and FSDP's
+``UNSHARD``/``RESHARD`` cells,
 no empty cell, as ``torch.distributed.pipelining``'s ``_PipelineScheduleRuntime._dump_csv``
 writes it and its ``_load_csv(..., format="compute_comms")`` runs it as written.
 
@@ -11,9 +12,9 @@ its schedule; its communication must be that schedule's (every message sent afte
 computing it, received once, in its link's order, before the action using it; each stage
 reduced once after its last gradient) and must not be able to hang
 (:func:`~pipesched.runtime.program_check.check_programs`), or the file is refused naming what
-is wrong. FSDP's ``UNSHARD``/``RESHARD`` cells, which torch adds and which do nothing without
-FSDP, are skipped. pipesched runs its own lowering of the schedule, which for a file it wrote,
-or torch wrote without ``defer_pp_recv``, is the file's program.
+is wrong. ``UNSHARD``/``RESHARD`` cells name a stage of their rank, as ``REDUCE_GRAD`` does.
+pipesched runs its own lowering of the schedule, which for a file it wrote, or torch wrote
+without ``defer_pp_recv``, is the file's program.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Optional
 
 from .actions import Action, Overlap, parse_slot
 from .errors import ConfigError, CSVFormatError, ScheduleError
+from .ops import Op
 from .planning import MAX_ACTIONS_BUILT
 from .runtime.program import assemble, lower_all
 from .runtime.program_check import check_programs
@@ -34,7 +36,7 @@ from .validate import validate
 
 FORMATS = ("compute_only", "compute_comms")  # torch's names
 _COMM_RE = re.compile(r"^\s*(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|REDUCE_GRAD|UNSHARD|RESHARD)(\d*)\s*$")
-_FSDP_NO_OPS = ("UNSHARD", "RESHARD")
+_STAGE_OPS = frozenset(("REDUCE_GRAD", "UNSHARD", "RESHARD"))  # name a stage, no microbatch
 _TRANSFERS = frozenset(("SEND_F", "RECV_F", "SEND_B", "RECV_B"))
 
 
@@ -81,7 +83,7 @@ def _from_program_rows(rows: list[list[str]], name: str) -> Schedule:
 
 
 def _step(cell: str, where: str):
-    """A cell of a program: a compute entry, ``(op, stage, microbatch)``, or None (empty, FSDP)."""
+    """A cell of a program: a compute entry, ``(op, stage, microbatch)``, or None (empty)."""
     match = _COMM_RE.match(cell)
     if match is None:
         if not cell.strip():
@@ -91,12 +93,10 @@ def _step(cell: str, where: str):
         except CSVFormatError as err:
             raise CSVFormatError(f"{where}: {err}") from None
     stage, op, mb = match.groups()
-    if op in _FSDP_NO_OPS:
-        return None
-    if (op == "REDUCE_GRAD") != (mb == ""):
-        needs = "names a stage and no microbatch, e.g. 0REDUCE_GRAD" if mb else f"needs a microbatch, e.g. 0{op}1"
+    if (op in _STAGE_OPS) != (mb == ""):
+        needs = f"names a stage and no microbatch, e.g. 0{op}" if mb else f"needs a microbatch, e.g. 0{op}1"
         raise CSVFormatError(f"{where}: {cell.strip()!r}: {op} {needs}")
-    return (op, int(stage), int(mb) if mb else None)
+    return (Op(op), int(stage), int(mb) if mb else None)
 
 
 def _checked_program(schedule: Schedule, steps: list[list]) -> Schedule:

@@ -4,8 +4,9 @@ Each block maps one tensor to one tensor (token ids to the hidden state, hidden 
 state, hidden state to logits), so any contiguous run of them is a pipeline stage and only the
 hidden state crosses a stage boundary. What a layer needs besides the hidden state (position
 ids, the attention mask, the rotary tables) it builds itself, on the hidden state's device, from
-the side inputs of the microbatch being computed (:func:`side_inputs`): no mask or table is ever
-sent, so none needs a gradient message. The mask is chosen by the layer's own type (full or
+the side inputs of the microbatch being computed (its ``context`` argument, which the runtime
+passes: :mod:`pipesched.runtime.batch_context`): no mask or table is ever sent, so none needs a
+gradient message. The mask is chosen by the layer's own type (full or
 sliding-window attention, ``config.layer_types[index]``), never by its position in a stage, and
 built with transformers' own ``create_causal_mask`` / ``create_sliding_window_causal_mask``.
 
@@ -22,13 +23,6 @@ import torch
 from torch import nn
 
 from .architectures import Architecture
-
-
-def side_inputs() -> dict:
-    """The current microbatch's side inputs (``attention_mask``, ``position_ids``), if any."""
-    from ..runtime import batch_context
-
-    return batch_context.current() or {}
 
 
 def graft(root: nn.Module, path: str, module: nn.Module) -> None:
@@ -71,11 +65,11 @@ class EmbeddingBlock(nn.Module):
                        parts.get(arch.learned_positions) if arch.learned_positions else None,
                        parts.get(arch.dropout) if arch.dropout else None)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, context: Optional[dict] = None) -> torch.Tensor:
         tokens, positions, dropout = self._parts
         hidden = tokens(input_ids)
         if positions is not None:
-            hidden = hidden + positions(position_ids(side_inputs(), input_ids))
+            hidden = hidden + positions(position_ids(context or {}, input_ids))
         return dropout(hidden) if dropout is not None else hidden
 
 
@@ -91,13 +85,13 @@ class LayerBlock(nn.Module):
         self.layer_type = layer_type(config, index)
         self._parts = (layer, rotary)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, context: Optional[dict] = None) -> torch.Tensor:
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
         if hidden.is_meta:  # shape inference: a layer keeps the hidden state's shape (and masks,
             return torch.empty_like(hidden)  # MoE routing read values, which meta has not)
         layer, rotary = self._parts
-        side = side_inputs()
+        side = context or {}
         positions = position_ids(side, hidden)
         make_mask = create_sliding_window_causal_mask if self.layer_type == "sliding_attention" else create_causal_mask
         mask = make_mask(config=self.config, inputs_embeds=hidden, attention_mask=side.get("attention_mask"),

@@ -91,9 +91,7 @@ class HFPipeline:
         names, a tied weight once, under its group's first name (``transformer.wte.weight``) on
         every rank that holds a copy, so a checkpoint of any placement loads into any other
         (:func:`pipesched.runtime.checkpoint_names.tied_view`)."""
-        from ..runtime import checkpoint
-
-        return checkpoint.runtime_module(self.runtime, model_name)
+        return self.runtime.checkpoint_module(model_name)
 
     def deferred_weight_grad_share(self) -> float:
         """What share of this rank's weight-gradient work the split backward defers (0 without it)."""

@@ -15,6 +15,7 @@ from typing import Union
 
 import torch.distributed as dist
 
+from ..runtime.checkpoint import DEFAULT_KEEP
 from .build import meta_model
 
 PathLike = Union[str, Path]
@@ -42,18 +43,16 @@ def write_pretrained(config, state: dict, directory: PathLike) -> None:
     model.save_pretrained(str(directory))
 
 
-def save_checkpoint(runtime, directory: PathLike, keep: int = 2) -> Path:
+def save_checkpoint(runtime, directory: PathLike, keep: int = DEFAULT_KEEP) -> Path:
     """Checkpoint the run after its ``steps_done`` steps under the model's names (collective)."""
-    from ..runtime import checkpoint
+    from .pipeline import model_name
 
-    return checkpoint.save(directory, runtime.steps_done, runtime.model_module(), runtime.runtime.optimizer, keep)
+    return runtime.runtime.save_checkpoint(directory, keep, model_name)
 
 
 def load_checkpoint(runtime, path: PathLike) -> int:
     """Load a checkpoint saved under any schedule or rank count; returns the step it was saved after."""
-    from ..runtime import checkpoint
+    from .pipeline import model_name
 
-    runtime.runtime.steps_done = checkpoint.load(path, runtime.model_module(), runtime.runtime.optimizer)
-    runtime.runtime.broadcast_tied()  # the copies of a tied weight equal again, wherever it was saved
-    return runtime.runtime.steps_done
+    return runtime.runtime.load_checkpoint(path, model_name)
 

@@ -12,6 +12,7 @@ from typing import Optional
 from unittest import mock
 
 from ..actions import Action, Overlap
+from ..ops import Op
 from ..registry import TorchCounterpart, families
 from ..schedule import Schedule
 
@@ -54,7 +55,7 @@ def torch_schedule(name: str, ranks: int, microbatches: int, chunks: int = 2) ->
                 continue
             if action.sub_actions is not None:
                 row.append(Overlap(*(_plain(sub) for sub in action.sub_actions)))
-            elif action.computation_type.value in ("F", "I", "W", "B"):
+            elif Op(action.computation_type.value).is_compute:
                 row.append(_plain(action))
             # else: bookkeeping such as REDUCE_GRAD (torch >= 2.9 single-stage schedules)
         orders.append(row)

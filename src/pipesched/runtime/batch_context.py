@@ -1,4 +1,4 @@
-"""The batch context: per-microbatch tensors every stage may read, which never cross a stage edge.
+"""A step's batch cut into microbatches, and its context: per-microbatch tensors no stage edge carries.
 
 A stage of a Hugging Face decoder rebuilds its attention mask, position ids and rotary tables
 from the batch rather than receiving them from the previous stage: only the hidden state
@@ -6,44 +6,20 @@ crosses. ``PipelineRuntime.step(inputs, targets, context)`` takes such a ``conte
 tensors whose dim 0 is the batch, **the same on every rank**. The runtime splits it into
 microbatches (and shards it over data-parallel replicas) as it splits the inputs, and every
 compute action of microbatch ``k`` (its F, I, B and W, each half of an overlapped pair, and a
-recomputation inside a backward) runs with microbatch ``k``'s slice current, which a block reads
-with :func:`current` (None outside a step's actions, or when the step has no context).
+recomputation inside a backward) passes microbatch ``k``'s slice to every block whose ``forward``
+takes a ``context`` argument (:func:`~.partition.run_block`): an argument, never a global, so
+ranks that share a process (:mod:`.local_transport`) and threads never see each other's.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 
 from ..errors import ConfigError
 
 Context = dict[str, torch.Tensor]
-
-_current: Optional[Context] = None
-
-
-def current() -> Optional[Context]:
-    """The microbatch's batch context while one of its actions runs (a dict of tensors), else None."""
-    return _current
-
-
-def set_current(context: Optional[Context]) -> None:
-    """Make ``context`` current (the engine's call before each action)."""
-    global _current
-    _current = context
-
-
-@contextmanager
-def using(context: Optional[Context]) -> Iterator[None]:
-    """``context`` current within the block, the previous one restored after it."""
-    previous = _current
-    set_current(context)
-    try:
-        yield
-    finally:
-        set_current(previous)
 
 
 def split(context: Optional[Context], microbatches: int, device: torch.device) -> Optional[list[Context]]:
@@ -62,6 +38,17 @@ def split(context: Optional[Context], microbatches: int, device: torch.device) -
         for part, piece in zip(parts, tensor.to(device, non_blocking=True).chunk(microbatches)):
             part[name] = piece
     return parts
+
+
+def microbatches(batch: Optional[torch.Tensor], m: int, device: torch.device, what: str,
+                 rank: int) -> tuple[torch.Tensor, ...]:
+    """``batch`` (the step's ``what``: inputs or targets) cut along dim 0 into ``m`` microbatches
+    on ``device``; ConfigError when rank ``rank`` needs it and was given none, or it does not split."""
+    if batch is None:
+        raise ConfigError(f"rank {rank} holds a first or last stage and needs the {what}")
+    if batch.shape[0] % m:
+        raise ConfigError(f"the batch of {batch.shape[0]} does not split into {m} equal microbatches")
+    return batch.to(device, non_blocking=True).chunk(m)
 
 
 def shapes(context: Optional[Context]) -> Optional[tuple]:

@@ -37,7 +37,7 @@ import shutil
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence, Union
+from typing import Mapping, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -255,26 +255,6 @@ def load(path: PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> 
         if "cuda" in rng:
             torch.cuda.set_rng_state(rng["cuda"], next(model.parameters()).device)
     return checkpoint_step(path)
-
-
-def runtime_module(runtime, rename: Callable[[str], str] = same_name) -> nn.Module:
-    """What a checkpoint holds of a PipelineRuntime's rank: its blocks under the unpipelined
-    model's names (or ``rename``'s of them), a tied weight under its group's first name."""
-    return tied_view(runtime.module(), runtime.options.tied, rename)
-
-
-def save_runtime(runtime, directory: PathLike, keep: int = DEFAULT_KEEP,
-                 rename: Callable[[str], str] = same_name) -> Path:
-    """Checkpoint a PipelineRuntime after its ``steps_done`` steps (collective)."""
-    return save(directory, runtime.steps_done, runtime_module(runtime, rename), runtime.optimizer, keep)
-
-
-def load_runtime(runtime, path: PathLike, rename: Callable[[str], str] = same_name) -> int:
-    """Load a checkpoint into a PipelineRuntime of any schedule or rank count and set its step
-    counter (collective); returns the step to continue after."""
-    runtime.steps_done = load(path, runtime_module(runtime, rename), runtime.optimizer)
-    runtime.broadcast_tied()  # the group's first name's value, wherever the checkpoint came from
-    return runtime.steps_done
 
 
 def _barrier() -> None:

@@ -10,15 +10,17 @@ parameter non-finite stops every rank.
 this rank's stages, tie shared parameters, route Linears through the split backward, make the
 optimizer, the links and the reduction plan, broadcast tied weights, open the links.
 
-**A step**, in named phases: prepare (split the batch, its context and targets; shapes changed?),
-run the program (:mod:`.engine`), finish the reductions (:mod:`.reduction`), agree on the loss
-(:mod:`.agree`), clip, optimizer, guard, result. Observers (:mod:`.observers`) learn the stage
-sizes and time the actions without living in the loop.
+**A step**, in named phases, one method each: :meth:`~PipelineRuntime._prepare` (split the batch,
+its context and targets; shapes changed?), :meth:`~PipelineRuntime._run_program` (the engine,
+:mod:`.engine`, whose :class:`~.stage_runner.StageRunner` per owned stage computes), then
+finish the reductions (:mod:`.reduction`) and :meth:`~PipelineRuntime._agree` on the loss
+(:mod:`.agree`), :meth:`~PipelineRuntime._update` (clip, optimizer, guard), result. Observers
+(:mod:`.observers`) learn the stage sizes and time the actions without living in the loop. The
+step count changes only here and through :meth:`~PipelineRuntime.load_checkpoint`.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from time import perf_counter
 from typing import Callable, Iterable, Optional
 
@@ -30,12 +32,13 @@ from ..errors import ConfigError
 from ..memory import peak, recompute_stages
 from ..schedule import Schedule
 from ..validate import validate
-from . import batch_context, tied
+from . import batch_context, checkpoint, tied
 from .agree import LossAgreement
 from .agreement import StepChecks, agree_at_construction
 from .boundary import Value
+from .checkpoint_names import same_name
 from .copies import ModelCopies
-from .engine import Engine
+from .engine import Engine, StepBatch
 from .guard import block_order, check_weights
 from .memory_meter import ActivationMeter
 from .mesh import PipelineMesh
@@ -44,12 +47,13 @@ from .options import RuntimeOptions
 from .overlap_streams import OverlapStreams
 from .p2p import Transport, make_link_groups
 from .partition import BlockBuilder, Stage, build_stage, stage_block_ranges
-from .program import RECEIVES, links, lower
+from ..ops import RECEIVES
+from .program import links, lower
 from .precision import Precision
-from .recompute import recomputed_forward
 from .reduction import ReductionPlan
 from .shapes import ShapeBook, infer_boundary_shapes
 from .split_backward import WeightGradStash, make_weight_grads_deferrable
+from .stage_runner import build_runners
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -106,11 +110,11 @@ class PipelineRuntime:
             for stage in self.stages.values():
                 make_weight_grads_deferrable(stage, self.stash)
         self.sizes = SizeLearner()
-        self.input_bytes: dict[int, int] = {}  # per own stage: one microbatch's stage input
         self.optimizer = optimizer(self.parameters)
         self.program = lower(schedule, self.rank)
-        self.losses_per_step = sum(1 for ins in self.program.instructions
-                                   if ins.op == "F" and self.copies.computes_loss(ins.action[0]))
+        self.runners = build_runners(self.stages, self.copies, loss_fn, schedule.microbatches, shapes=self.shapes,
+                                     precision=self.precision, meter=self.meter, stash=self.stash,
+                                     recompute=frozenset(self.recompute))
         self.agreement = LossAgreement(schedule.microbatches, options.clip_grad_norm is not None, self.mesh, self.device)
         groups = make_link_groups(links(schedule), options.timeout_s, self.mesh)
         self.transport = Transport(self.program, groups, self.shapes.wire, self.device, options.timeout_s,
@@ -119,7 +123,8 @@ class PipelineRuntime:
                                         options.overlap_grad_sync, options.timeout_s)
         self.broadcast_tied()
         self.streams = OverlapStreams(self.device, options.overlap_streams)
-        self.engine = Engine(self)
+        self.engine = Engine(self.program, self.runners, self.transport, reductions=self.reductions,
+                             precision=self.precision, meter=self.meter, streams=self.streams)
         self.transport.connect()
         self.steps_done = 0
         self.metering = True  # whether this step's saved tensors are counted (see step)
@@ -133,56 +138,74 @@ class PipelineRuntime:
         every rank when their shape may change between steps); ``context``, a dict of tensors
         with the batch on dim 0, on every rank (:mod:`~.batch_context`). Each data-parallel
         replica takes its own shard of them."""
-        # prepare: every rank's batch usable and alike in shape, or every rank raises (agreement.py)
-        self.checks.before_step(inputs, targets, context, self.steps_done + 1)
-        in_mbs, tgt_mbs, ctx_mbs, reshaped = self._split_batch(inputs, targets, context)
-        # the meter's hooks cost a few percent of a step: it counts the first step and each step
-        # whose shapes changed (what the memory model's promise is checked on), or every step
-        self.metering = self.options.meter_every_step or not self.sizes.done or reshaped
-        self.optimizer.zero_grad(set_to_none=True)
-        clock = make_clock(self.device, self.options.sync_actions)
+        batch, reshaped = self._prepare(inputs, targets, context)
         device_baseline = self._start_device_memory()
         self.meter.reset_peak()
         dist.barrier(group=self.mesh.world_group)  # every rank of every replica: the step's times start together
         t0 = perf_counter()
+        clock = make_clock(self.device, self.options.sync_actions)
         clock.start()
-        # run the program (the loss agreement starts as soon as this rank's losses are known)
-        agreement = self.agreement
-        if agreement.early and not self.losses_per_step:
-            agreement.issue([None] * self.schedule.microbatches)
-        observer = self.sizes.observe if not self.sizes.done else None
-        losses, marks = self.engine.run(in_mbs, tgt_mbs, ctx_mbs, clock, observer,
-                                        agreement.issue if agreement.early else None)
-        self.sizes.done = True
-        # finish reductions
+        losses, marks = self._run_program(batch, clock)
         self.reductions.finish()
-        # agree on the loss
-        if not agreement.early:
-            agreement.issue(losses, self.reductions.counted)
-        loss, bad_mb, bad_value, grad_norm = agreement.finish()
-        clipping = agreement.clipping
-        skipped = bad_mb >= 0
-        if skipped:
-            if not self.options.skip_nonfinite:
-                raise NonFiniteLoss(
-                    f"step {self.steps_done + 1}: the loss of microbatch {bad_mb} is {bad_value} "
-                    "(weights not updated; --skip-nonfinite skips such steps)"
-                )
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
-            if clipping:  # torch's own scaling, given the norm over every rank
-                torch.nn.utils.clip_grads_with_norm_(
-                    self.parameters, self.options.clip_grad_norm, torch.tensor(grad_norm, dtype=torch.float64)
-                )
-            self.optimizer.step()
-            check_weights(self.named_parameters(unique=True), self.steps_done + 1, self.mesh.world_group, self.device)
-        # result
+        loss, skipped, grad_norm = self._agree(losses)
+        if not skipped:
+            self._update(grad_norm)
         if self.device.type == "cuda":  # the step ends when the device's work does
             torch.cuda.synchronize(self.device)
         step_time = perf_counter() - t0
         self.steps_done += 1
         return step_result(loss, step_time, marks, clock, skipped, t0, grad_norm,
                            self.meter.peak if self.metering else None, self.device, device_baseline)
+
+    def _prepare(self, inputs, targets, context) -> tuple[StepBatch, bool]:
+        """Every rank's batch usable and alike in shape, or every rank raises (agreement.py); this
+        replica's microbatches; whether their shapes changed; gradients zeroed."""
+        self.checks.before_step(inputs, targets, context, self.steps_done + 1)
+        in_mbs, tgt_mbs, ctx_mbs, reshaped = self._split_batch(inputs, targets, context)
+        # the meter's hooks cost a few percent of a step: it counts the first step and each step
+        # whose shapes changed (what the memory model's promise is checked on), or every step
+        self.metering = self.options.meter_every_step or not self.sizes.done or reshaped
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepBatch(in_mbs, tgt_mbs, ctx_mbs), reshaped
+
+    def _run_program(self, batch: StepBatch, clock) -> tuple[list, list]:
+        """The engine runs this rank's program; the loss agreement starts as soon as this rank's
+        losses are known; the first step teaches the size learner."""
+        agreement = self.agreement
+        if agreement.early and not self.engine.losses_per_step:
+            agreement.issue([None] * self.schedule.microbatches)
+        observer = self.sizes.observe if not self.sizes.done else None
+        result = self.engine.run(batch, self.schedule.microbatches, clock, observer,
+                                 agreement.issue if agreement.early else None, self.metering)
+        self.sizes.done = True
+        return result
+
+    def _agree(self, losses: list) -> tuple[float, bool, Optional[float]]:
+        """The step's loss and gradient norm as every rank sees them; a step whose loss is not
+        finite raises, or (``skip_nonfinite``) is skipped: (loss, skipped, gradient norm)."""
+        agreement = self.agreement
+        if not agreement.early:
+            agreement.issue(losses, self.reductions.counted)
+        loss, bad_mb, bad_value, grad_norm = agreement.finish()
+        if bad_mb < 0:
+            return loss, False, grad_norm
+        if not self.options.skip_nonfinite:
+            raise NonFiniteLoss(
+                f"step {self.steps_done + 1}: the loss of microbatch {bad_mb} is {bad_value} "
+                "(weights not updated; --skip-nonfinite skips such steps)"
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, True, grad_norm
+
+    def _update(self, grad_norm: Optional[float]) -> None:
+        """Clip (torch's own scaling, given the norm over every rank), step the optimizer, and
+        stop every rank if a weight became non-finite."""
+        if self.agreement.clipping:
+            torch.nn.utils.clip_grads_with_norm_(
+                self.parameters, self.options.clip_grad_norm, torch.tensor(grad_norm, dtype=torch.float64)
+            )
+        self.optimizer.step()
+        check_weights(self.named_parameters(unique=True), self.steps_done + 1, self.mesh.world_group, self.device)
 
     def _split_batch(self, inputs, targets, context) -> tuple:
         """This replica's microbatches of the inputs (where a first stage is), the targets (where
@@ -193,21 +216,15 @@ class PipelineRuntime:
         if context is not None:
             context = {name: self.mesh.shard(t) for name, t in context.items()}
         ctx_mbs = batch_context.split(context, m, self.device)
-        in_mbs = self._split(inputs, "inputs") if inputs is not None or any(map(self.copies.takes_inputs, self.stages)) else None
-        tgt_mbs = self._split(targets, "targets") if any(map(self.copies.computes_loss, self.stages)) else None
+        needs_inputs = inputs is not None or any(map(self.copies.takes_inputs, self.stages))
+        in_mbs = batch_context.microbatches(inputs, m, self.device, "inputs", self.rank) if needs_inputs else None
+        tgt_mbs = (batch_context.microbatches(targets, m, self.device, "targets", self.rank)
+                   if any(map(self.copies.computes_loss, self.stages)) else None)
         # shapes differ from the last step's: every rank re-infers, each from what it was given
         reshaped = self.shapes.update(in_mbs[0] if in_mbs is not None else None, ctx_mbs[0] if ctx_mbs else None)
         if reshaped:
             self.transport.set_shapes(self.shapes.wire)
         return in_mbs, tgt_mbs, ctx_mbs, reshaped
-
-    def _split(self, batch: Optional[torch.Tensor], what: str) -> tuple[torch.Tensor, ...]:
-        m = self.schedule.microbatches
-        if batch is None:
-            raise ConfigError(f"rank {self.rank} holds a first or last stage and needs the {what}")
-        if batch.shape[0] % m:
-            raise ConfigError(f"the batch of {batch.shape[0]} does not split into {m} equal microbatches")
-        return batch.to(self.device, non_blocking=True).chunk(m)
 
     def _start_device_memory(self) -> Optional[int]:
         """On CUDA: the bytes allocated at the step's start, the peak counter reset."""
@@ -216,17 +233,24 @@ class PipelineRuntime:
         torch.cuda.reset_peak_memory_stats(self.device)
         return torch.cuda.memory_allocated(self.device)
 
-    def forward(self, s: int, x: Value, target: Optional[torch.Tensor]) -> Value:
-        """Stage ``s`` on ``x`` (and the loss against ``target`` on the last stage), its saved
-        tensors counted on a metered step; a recomputed stage keeps only its blocks' inputs and is
-        rebuilt one block at a time (counted) when its backward needs it."""
-        meter = self.meter if self.metering else None
-        with meter.saved_tensors() if meter is not None else nullcontext(), self.precision.autocast():
-            if s in self.recompute:
-                y = recomputed_forward(self.stages[s], x, meter)
-            else:
-                y = self.stages[s](x)
-            return self.loss_fn(y, target) if target is not None else y
+    # -- checkpoints: the only way the step count changes besides a step ----------------------
+
+    def save_checkpoint(self, directory, keep: int = checkpoint.DEFAULT_KEEP, rename: Callable[[str], str] = same_name):
+        """Checkpoint this run after its ``steps_done`` steps (collective): this rank's blocks under
+        the unpipelined model's names (or ``rename``'s of them), a tied weight under its group's
+        first name, and the optimizer, keeping the newest ``keep`` steps. Returns the step's folder."""
+        return checkpoint.save(directory, self.steps_done, self.checkpoint_module(rename), self.optimizer, keep)
+
+    def load_checkpoint(self, path, rename: Callable[[str], str] = same_name) -> int:
+        """Load a checkpoint saved under any schedule or rank count (collective), continue after
+        its step; returns that step."""
+        self.steps_done = checkpoint.load(path, self.checkpoint_module(rename), self.optimizer)
+        self.broadcast_tied()  # the group's first name's value, wherever the checkpoint came from
+        return self.steps_done
+
+    def checkpoint_module(self, rename: Callable[[str], str] = same_name) -> nn.Module:
+        """What a checkpoint holds of this rank (:func:`~.checkpoint_names.tied_view`)."""
+        return checkpoint.tied_view(self.module(), self.options.tied, rename)
 
     # -- what others ask of the runtime ----------------------------------------------------
 
@@ -238,7 +262,7 @@ class PipelineRuntime:
     def measured_stage_memory(self) -> dict[int, tuple]:
         """Per own stage: (its activation sizes measured on the first step, one microbatch's
         stage input bytes); empty before the first step."""
-        return {s: (size, self.input_bytes.get(s, 0)) for s, size in (self.memory_sizes or {}).items()}
+        return {s: (size, self.runners[s].input_bytes) for s, size in (self.memory_sizes or {}).items()}
 
     def predicted_peak_activation_bytes(self) -> Optional[float]:
         """What :mod:`pipesched.memory` says this rank holds at most, fed with the per-stage sizes
@@ -287,16 +311,6 @@ class PipelineRuntime:
         return self._gather_dicts(local, dst)
 
     def _gather_dicts(self, local: dict, dst: int) -> Optional[dict]:
-        """Merge the pipeline's parts on global rank ``dst``; replicas hold the same values, so
-        only the pipeline that ``dst`` belongs to takes part."""
-        if dst not in self.mesh.grid[self.mesh.dp_rank]:
-            return None
-        parts = [None] * self.mesh.pp if dist.get_rank() == dst else None
-        dist.gather_object(local, parts, dst=dst, group=self.mesh.pp_group)
-        if parts is None:
-            return None
-        merged = {}
-        for part in parts:
-            merged.update(part)
-        return dict(sorted(merged.items(), key=lambda kv: block_order(kv[0])))
+        merged = self.mesh.merge_on(dst, local)
+        return None if merged is None else dict(sorted(merged.items(), key=lambda kv: block_order(kv[0])))
 

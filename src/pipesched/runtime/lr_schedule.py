@@ -58,12 +58,14 @@ class LRSchedule:
 
 def attach(optimizer: "torch.optim.Optimizer", schedule: LRSchedule, first_step: int = 0) -> "torch.optim.lr_scheduler.LambdaLR":
     """A LambdaLR that sets ``schedule.rate(first_step)`` now and the next step's rate at each of
-    its ``step()`` calls (call it after every optimizer step). The optimizer's groups must hold the
-    peak rate (``_resume`` sets it after loading a checkpoint). LambdaLR's copy of the peak rate
+    its ``step()`` calls (call it after every optimizer step). The groups' rate is this run's
+    (``--lr``) whatever a loaded checkpoint held. LambdaLR's copy of the peak rate
     (``initial_lr``) is taken out of the groups again, so that a checkpoint holds the optimizer's
     own settings, as one saved without a schedule does (:func:`~.checkpoint.check_matches`)."""
     from torch.optim.lr_scheduler import LambdaLR
 
+    for group in optimizer.param_groups:
+        group["lr"] = schedule.lr  # the peak, which LambdaLR scales
     scheduler = LambdaLR(optimizer, lambda i: schedule.factor(first_step + i))
     for group in optimizer.param_groups:
         group.pop("initial_lr", None)

@@ -55,6 +55,20 @@ class PipelineMesh:
         """The global rank of pipeline rank ``pp_rank`` in this process's replica."""
         return self.grid[self.dp_rank][pp_rank]
 
+    def merge_on(self, dst: int, local: dict) -> Optional[dict]:
+        """Every pipeline rank's ``local`` dict merged on global rank ``dst`` (None elsewhere);
+        replicas hold the same values, so only the pipeline ``dst`` belongs to takes part."""
+        if dst not in self.grid[self.dp_rank]:
+            return None
+        parts = [None] * self.pp if dist.get_rank() == dst else None
+        dist.gather_object(local, parts, dst=dst, group=self.pp_group)
+        if parts is None:
+            return None
+        merged: dict = {}
+        for part in parts:
+            merged.update(part)
+        return merged
+
     def shard(self, batch: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """This replica's contiguous share of the global ``batch`` (dim 0)."""
         if batch is None or self.dp == 1:

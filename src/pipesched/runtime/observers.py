@@ -15,6 +15,7 @@ import torch
 
 from ..execution import Span
 from ..memory import StageMemory
+from ..ops import Op
 from .clock import EventClock, HostClock
 
 
@@ -72,11 +73,11 @@ class SizeLearner:
     def observe(self, action, before: int, after: int, high: int) -> None:
         s, kind, _k = action
         seen = self.sizes.get(s, StageMemory(0, 0))
-        if kind == "F":
+        if kind is Op.F:
             seen = replace(seen, keep=max(seen.keep, after - before))
-        elif kind == "B":
+        elif kind is Op.B:
             seen = replace(seen, backward_extra=max(seen.backward_extra, high - before))
-        elif kind == "I":  # apart from B's: a recomputed I also builds up its stash (dualpipe runs both)
+        elif kind is Op.I:  # apart from B's: a recomputed I also builds up its stash (dualpipe runs both)
             seen = replace(seen, stash=max(seen.stash, after - before + seen.keep),
                            input_backward_extra=max(seen.input_backward_extra or 0, high - before))
         self.sizes[s] = seen

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from ..actions import Action
 from .boundary import Boundary
-from .program import ACT, Message, RankProgram
+from .instructions import ACT, Message, RankProgram
 
 if TYPE_CHECKING:
     from .mesh import PipelineMesh

@@ -8,6 +8,7 @@ of the unpipelined ``nn.Sequential`` (``"3.fc1.weight"``), so state dicts line u
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 from typing import Callable, Optional, Sequence
 
@@ -52,6 +53,18 @@ def stage_block_ranges(num_blocks: int, stages: int, counts: Optional[Sequence[i
     return ranges
 
 
+def takes_context(block: nn.Module) -> bool:
+    """Whether ``block.forward`` takes the microbatch's batch context (a ``context`` argument)."""
+    return "context" in inspect.signature(block.forward).parameters
+
+
+def run_block(block: nn.Module, x, context: Optional[dict] = None, takes: Optional[bool] = None):
+    """``block(x)``, given ``context=context`` where its forward takes one (``takes``: known already)."""
+    if takes if takes is not None else takes_context(block):
+        return block(x, context=context)
+    return block(x)
+
+
 class Stage(nn.Module):
     """A contiguous run of blocks; its state dict uses the unpipelined model's names."""
 
@@ -59,11 +72,11 @@ class Stage(nn.Module):
         super().__init__()
         self.index = index
         self.blocks = nn.ModuleDict({str(i): b for i, b in blocks.items()})
-        self._chain = list(self.blocks.values())
+        self.chain = [(block, takes_context(block)) for block in self.blocks.values()]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self._chain:
-            x = block(x)
+    def forward(self, x: torch.Tensor, context: Optional[dict] = None) -> torch.Tensor:
+        for block, takes in self.chain:
+            x = run_block(block, x, context, takes)
         return x
 
     def global_named_parameters(self):

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Optional
 from ..costs import Costs
 from ..errors import ConfigError
 from ..memory import MemorySizes
+from ..ops import Op
 from ..registry import build_schedule
 from ..simulate import simulate
 from .copies import balanced_block_counts
@@ -161,7 +162,7 @@ def profile(
     steps_measured = result.timelines[1:]
     measured = median_costs(steps_measured)
     stage_costs = tuple(
-        (measured[(s, "F")], measured[(s, "I")], measured[(s, "W")]) for s in range(schedule.stages)
+        (measured[(s, Op.F)], measured[(s, Op.I)], measured[(s, Op.W)]) for s in range(schedule.stages)
     )
     prof = Profile(
         model=model, ranks=ranks, microbatches=microbatches, batch_size=batch_size,

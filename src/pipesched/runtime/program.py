@@ -14,11 +14,12 @@ Lowering a :class:`~pipesched.schedule.Schedule` gives every rank one list of
 - ``REDUCE_GRAD``, once per stage right after its last gradient action (``W``, or ``B``): from then
   on the stage's gradients are final and may be reduced.
 
-Placement is torch's ``_add_send_recv`` (after ``_add_reduce_grad``): the ranks are walked round
-robin, each placing its next entry once every input it needs has been produced somewhere; the
-sender appends its SEND and, in the same breath, the receiver's RECV. For a compute-only
-schedule torch lowers, the result is torch's own ``pipeline_order_with_comms`` minus its FSDP
-no-ops (UNSHARD/RESHARD).
+- ``UNSHARD`` / ``RESHARD``: gather a sharded stage's parameters ahead of its compute, free
+  them once it leaves the window of stages coming next (no-ops on whole stages).
+
+Lowering is a list of pure passes (:mod:`.passes`), torch's own in torch's order:
+``_add_unshard_reshard``, ``_add_reduce_grad``, ``_add_send_recv``. For a compute-only
+schedule torch lowers, the result is torch's own ``pipeline_order_with_comms``, cell for cell.
 
 Why a run cannot hang: number the instructions in the order lowering appends them. A RECV
 (number n+1) waits for its SEND (n), which sits on another rank behind instructions numbered
@@ -34,106 +35,14 @@ This module is pure Python (no torch): programs can be built, written and checke
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 from ..actions import Action, Overlap, Slot, sub_actions
-from ..errors import DeadlockError, ScheduleError
-from ..execution import consumer_stage, crosses_ranks, dependency
+from ..errors import ScheduleError
+from ..ops import SENDS, Op
 from ..schedule import Schedule
-
-ACT, GRAD = "act", "grad"  # what a message carries: a stage's activation, or an input gradient
-SEND_F, RECV_F, SEND_B, RECV_B, REDUCE_GRAD = "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD"
-COMPUTE_OPS = frozenset("FIWB")
-SENDS = frozenset((SEND_F, SEND_B))
-RECEIVES = frozenset((RECV_F, RECV_B))
-
-
-class Message(NamedTuple):
-    """One tensor crossing ranks: ``kind`` ACT is the output of ``stage``'s F, GRAD the input
-    gradient of ``stage``'s I/B, for ``microbatch``, from rank ``src`` to rank ``dst``."""
-
-    kind: str
-    stage: int
-    microbatch: int
-    src: int
-    dst: int
-    tag: int
-
-
-def message_tag(kind: str, stage: int, microbatch: int, microbatches: int) -> int:
-    """A tag unique per (stage, kind, microbatch) within a step, so matching cannot cross."""
-    return (2 * stage + (kind == GRAD)) * microbatches + microbatch
-
-
-class Instruction(NamedTuple):
-    """One step of a rank's program; prints as torch's lowered action (``0F1``, ``1RECV_F1``).
-
-    ``stage`` and ``microbatch`` are torch's ``stage_index`` and ``microbatch_index`` (None for
-    ``REDUCE_GRAD``). A compute instruction carries its ``action``; ``receives``: the message it
-    consumes (an earlier RECV of this program posted it); ``sends``: the message the SEND right
-    after it carries; ``local_input`` / ``local_output``: its input comes from, or its output
-    goes to, another stage of this rank in memory. ``half``: 1 or 2 for the forward and backward
-    halves of an overlapped pair (both inputs are received before the first), else 0. A SEND or
-    RECV carries its ``message``.
-    """
-
-    op: str
-    stage: int
-    microbatch: Optional[int] = None
-    action: Optional[Action] = None
-    message: Optional[Message] = None
-    receives: Optional[Message] = None
-    sends: Optional[Message] = None
-    local_input: bool = False
-    local_output: bool = False
-    half: int = 0
-
-    def __str__(self) -> str:
-        return f"{self.stage}{self.op}{'' if self.microbatch is None else self.microbatch}"
-
-    @property
-    def peer(self) -> Optional[int]:
-        """The rank at the other end of a SEND or RECV (None for the others)."""
-        if self.message is None:
-            return None
-        return self.message.dst if self.op in SENDS else self.message.src
-
-
-@dataclass(frozen=True)
-class RankProgram:
-    """What one rank runs in one step, in order."""
-
-    rank: int
-    instructions: tuple[Instruction, ...]
-
-    @property
-    def actions(self) -> list[Action]:
-        """The compute actions in program order (an overlapped pair's forward, then backward)."""
-        return [i.action for i in self.instructions if i.action is not None]
-
-    def incoming(self) -> dict[int, list[Message]]:
-        """Per source rank, the messages this rank receives, in the order its RECVs post them."""
-        links: dict[int, list[Message]] = {}
-        for i in self.instructions:
-            if i.op in RECEIVES:
-                links.setdefault(i.message.src, []).append(i.message)
-        return links
-
-    def peers(self) -> list[int]:
-        """The ranks this rank sends to, sorted."""
-        return sorted({i.message.dst for i in self.instructions if i.op in SENDS})
-
-    def cells(self) -> list[str]:
-        """The program as torch's ``compute_comms`` CSV cells (a pair's halves in one cell)."""
-        cells: list[str] = []
-        for i, ins in enumerate(self.instructions):
-            if ins.half == 2:
-                cells[-1] = str(Overlap(self.instructions[i - 1].action, ins.action))
-            else:
-                cells.append(str(ins))
-        return cells
+from .instructions import Instruction, RankProgram
+from .passes import compute_instruction, lower_programs, needed_message, sent_message
 
 
 def lower(schedule: Schedule, rank: int) -> RankProgram:
@@ -143,11 +52,12 @@ def lower(schedule: Schedule, rank: int) -> RankProgram:
 
 
 def lower_all(schedule: Schedule) -> tuple[RankProgram, ...]:
-    """Every rank's program, placed as torch's ``_add_send_recv`` places them (module docstring);
-    a schedule whose ranks cannot all progress is a DeadlockError naming each stuck rank."""
+    """Every rank's program, lowered by :data:`.passes.LOWERING` (module docstring); a schedule
+    whose ranks cannot all progress is a DeadlockError naming each stuck rank."""
     cached = schedule.derived.get("programs")
     if cached is None:
-        cached = schedule.derived["programs"] = _lower_all(schedule)
+        programs = lower_programs(schedule)
+        cached = schedule.derived["programs"] = tuple(RankProgram(r, p) for r, p in enumerate(programs))
     return cached
 
 
@@ -156,132 +66,33 @@ def links(schedule: Schedule) -> list[tuple[int, int]]:
     return sorted({(src, program.rank) for program in lower_all(schedule) for src in program.incoming()})
 
 
-def _lower_all(schedule: Schedule) -> tuple[RankProgram, ...]:
-    placement, pipelines, m = schedule.placement, schedule.pipelines, schedule.microbatches
-    stages = schedule.stages
-    queues = [deque(_with_reductions(schedule, r)) for r in range(schedule.ranks)]
-    out: list[list[Instruction]] = [[] for _ in range(schedule.ranks)]
-    produced: set[tuple[int, str, int]] = set()  # (stage, "F" | "G" | "W", microbatch) placed
-    awaited: list[Optional[list]] = [None] * schedule.ranks  # the inputs each rank's next entry awaits
-
-    while any(queues):
-        progress = False
-        for rank, queue in enumerate(queues):
-            if not queue:
-                continue
-            entry = queue[0]
-            if isinstance(entry, int):  # a stage whose gradients are final
-                out[rank].append(Instruction(REDUCE_GRAD, entry))
-            else:
-                parts = sub_actions(entry)
-                if awaited[rank] is None:  # asked once per entry, however long it waits
-                    awaited[rank] = [d for a in parts if (d := dependency(a, stages, pipelines)) is not None]
-                if not all(d in produced for d in awaited[rank]):
-                    continue
-                awaited[rank] = None
-                computed = [_compute(a, half, placement, m, pipelines)
-                            for half, a in enumerate(parts, start=1 if len(parts) == 2 else 0)]
-                out[rank].extend(computed)
-                for ins in computed:
-                    s, kind, k = ins.action
-                    produced.add((s, "G" if kind in "IB" else kind, k))
-                    msg = ins.sends
-                    if msg is not None:
-                        receiver = s + 1 if kind == "F" else s - 1
-                        out[rank].append(Instruction(SEND_F if kind == "F" else SEND_B, s, k, message=msg))
-                        out[msg.dst].append(Instruction(RECV_F if kind == "F" else RECV_B, receiver, k, message=msg))
-            queue.popleft()
-            progress = True
-        if not progress:
-            stuck = "; ".join(f"rank {r} at {q[0]}" for r, q in enumerate(queues) if q)
-            raise DeadlockError(f"schedule deadlocks: no rank can place its next action ({stuck})")
-    return tuple(RankProgram(r, tuple(ins)) for r, ins in enumerate(out))
-
-
-def _with_reductions(schedule: Schedule, rank: int) -> list:
-    """The rank's entries with, after each stage's last gradient action (W, or B; torch's
-    ``_add_reduce_grad``), that stage's number (its REDUCE_GRAD)."""
-    entries = schedule.rank_entries(rank)
-    last: dict[int, int] = {}
-    for i, entry in enumerate(entries):
-        for s, kind, _k in sub_actions(entry):
-            if kind in "WB":
-                last[s] = i
-    done_after: dict[int, list[int]] = {}
-    for i, entry in enumerate(entries):  # stages in the order their last actions run
-        for s, kind, _k in sub_actions(entry):
-            if kind in "WB" and last[s] == i:
-                done_after.setdefault(i, []).append(s)
-    out: list = []
-    for i, entry in enumerate(entries):
-        out.append(entry)
-        out.extend(done_after.get(i, ()))
-    return out
-
-
-def _compute(action: Action, half: int, placement: tuple[int, ...], m: int, pipelines: int) -> Instruction:
-    s, kind, k = action
-    dep = dependency(action, len(placement), pipelines)
-    to = consumer_stage(action, len(placement), pipelines)
-    return Instruction(
-        kind, s, k, action=action,
-        receives=_needed(action, placement, m, pipelines),
-        sends=_sent(action, placement, m, pipelines),
-        local_input=dep is not None and dep[0] != s and not crosses_ranks(placement, dep[0], s),
-        local_output=to is not None and not crosses_ranks(placement, s, to),
-        half=half,
-    )
-
-
-def _message(producer: int, forward: bool, microbatch: int, consumer: int,
-             placement: tuple[int, ...], m: int) -> Message:
-    kind = ACT if forward else GRAD
-    return Message(kind, producer, microbatch, placement[producer], placement[consumer],
-                   message_tag(kind, producer, microbatch, m))
-
-
-def _sent(action: Action, placement: tuple[int, ...], m: int, pipelines: int) -> Optional[Message]:
-    """The message carrying ``action``'s output, when the stage that waits for it is elsewhere."""
-    s, kind, k = action
-    to = consumer_stage(action, len(placement), pipelines)
-    if to is None or not crosses_ranks(placement, s, to):
-        return None
-    return _message(s, kind == "F", k, to, placement, m)
-
-
-def _needed(action: Action, placement: tuple[int, ...], m: int, pipelines: int) -> Optional[Message]:
-    """The message ``action`` waits for, when its dependency ran on another rank."""
-    dep = dependency(action, len(placement), pipelines)
-    if dep is None or not crosses_ranks(placement, dep[0], action.stage):
-        return None
-    producer, kind, k = dep
-    return _message(producer, kind == "F", k, action.stage, placement, m)
-
-
-Step = Union[Slot, tuple[str, int, Optional[int]]]  # a compute entry, or (op, stage, microbatch)
+Step = Union[Slot, tuple[Op, int, Optional[int]]]  # a compute entry, or (op, stage, microbatch)
 
 
 def assemble(schedule: Schedule, rank: int, steps: Sequence[Step]) -> RankProgram:
     """The program ``steps`` spell for ``rank`` (read from a ``compute_comms`` file): compute
-    entries of ``schedule``, and SEND, RECV and REDUCE_GRAD as ``(op, stage, microbatch)``. A
-    SEND or RECV that carries no message of the schedule is a ScheduleError; whether the program
-    is consistent and cannot hang is :func:`~.program_check.check_programs`' to say."""
-    placement, pipelines, m = schedule.placement, schedule.pipelines, schedule.microbatches
+    entries of ``schedule``, and the other instructions as ``(op, stage, microbatch)``. A SEND or
+    RECV that carries no message of the schedule, or a stage instruction (REDUCE_GRAD, UNSHARD,
+    RESHARD) naming a stage this rank does not hold, is a ScheduleError; whether the program is
+    consistent and cannot hang is :func:`~.program_check.check_programs`' to say."""
+    placement = schedule.placement
     out: list[Instruction] = []
     for step in steps:
         if isinstance(step, (Action, Overlap)):
             parts = sub_actions(step)
             for half, action in enumerate(parts, start=1 if len(parts) == 2 else 0):
-                out.append(_compute(action, half, placement, m, pipelines))
+                out.append(compute_instruction(action, half, schedule))
             continue
         op, stage, k = step
-        if op == REDUCE_GRAD:
-            out.append(Instruction(REDUCE_GRAD, stage))
-            continue
         if not 0 <= stage < len(placement):
-            raise ScheduleError(f"rank {rank}: {stage}{op}{k} names stage {stage}, which the schedule lacks")
-        action = Action(stage, "F" if op in (SEND_F, RECV_F) else "B", k)
-        msg = (_sent if op in SENDS else _needed)(action, placement, m, pipelines)
+            raise ScheduleError(f"rank {rank}: {stage}{op}{'' if k is None else k} names stage {stage}, which the schedule lacks")
+        if k is None:
+            if placement[stage] != rank:
+                raise ScheduleError(f"rank {rank}: {stage}{op} names stage {stage}, which runs on rank {placement[stage]}")
+            out.append(Instruction(op, stage))
+            continue
+        action = Action(stage, Op.F if op in (Op.SEND_F, Op.RECV_F) else Op.B, k)
+        msg = (sent_message if op in SENDS else needed_message)(action, schedule)
         if msg is None or placement[stage] != rank:
             raise ScheduleError(
                 f"rank {rank}: {stage}{op}{k} carries no message (stage {stage} runs on rank "

@@ -12,7 +12,8 @@ from collections import deque
 from typing import Sequence
 
 from ..errors import DeadlockError, ScheduleError
-from .program import RECEIVES, REDUCE_GRAD, SENDS, Message, RankProgram
+from ..ops import RECEIVES, SENDS, Op
+from .instructions import Message, RankProgram
 
 
 def check_programs(programs: Sequence[RankProgram]) -> None:
@@ -50,7 +51,7 @@ def check_programs(programs: Sequence[RankProgram]) -> None:
                 received[receiver].add(ins.message)
                 heads[peer] += 1
                 runnable.append(peer)
-            elif ins.op == REDUCE_GRAD:
+            elif ins.op is Op.REDUCE_GRAD:
                 _check_reduction(programs[r], heads[r], ins.stage)
                 if ins.stage in reduced[r]:
                     raise ScheduleError(f"rank {r} reduces stage {ins.stage} twice")
@@ -66,9 +67,10 @@ def check_programs(programs: Sequence[RankProgram]) -> None:
         raise DeadlockError("program hangs: " + "; ".join(
             f"rank {r} waits at {programs[r].instructions[heads[r]]} (instruction {heads[r]})" for r in stuck))
     for program in programs:
-        missing = {a.stage for a in program.actions if a.kind in "WB"} - reduced[program.rank]
+        missing = {a.stage for a in program.actions if a.kind.adds_weight_grads} - reduced[program.rank]
         if missing:
             raise ScheduleError(f"rank {program.rank} never reduces the gradients of stages {sorted(missing)}")
+        _check_gathers(program)
 
 
 def _check_link_order(programs: Sequence[RankProgram]) -> None:
@@ -99,8 +101,27 @@ def _what(msg: Message) -> str:
     return f"the {'activation' if msg.kind == 'act' else 'input gradient'} of stage {msg.stage} microbatch {msg.microbatch}"
 
 
+def _check_gathers(program: RankProgram) -> None:
+    """A program with UNSHARD/RESHARD computes each stage only while it is gathered: after its
+    UNSHARD, before the RESHARD that follows; a stage is gathered once at a time and freed by the end."""
+    if not any(ins.op is Op.UNSHARD or ins.op is Op.RESHARD for ins in program.instructions):
+        return
+    gathered: set[int] = set()
+    for ins in program.instructions:
+        if ins.op is Op.UNSHARD or ins.op is Op.RESHARD:
+            unshard = ins.op is Op.UNSHARD
+            if (ins.stage in gathered) == unshard:
+                state = "gathered" if unshard else "not gathered"
+                raise ScheduleError(f"rank {program.rank}: {ins} while stage {ins.stage} is {state}")
+            (gathered.add if unshard else gathered.discard)(ins.stage)
+        elif ins.action is not None and ins.stage not in gathered:
+            raise ScheduleError(f"rank {program.rank} runs {ins} while stage {ins.stage} is not gathered (no UNSHARD before it)")
+    if gathered:
+        raise ScheduleError(f"rank {program.rank} ends with stages {sorted(gathered)} still gathered (no RESHARD)")
+
+
 def _check_reduction(program: RankProgram, at: int, stage: int) -> None:
     later = [i.action for i in program.instructions[at:] if i.action is not None
-             and i.action.stage == stage and i.action.kind in "WB"]
+             and i.action.stage == stage and i.action.kind.adds_weight_grads]
     if later:
         raise ScheduleError(f"rank {program.rank} reduces stage {stage} before its {later[0]}")

@@ -20,18 +20,19 @@ from torch.utils.checkpoint import checkpoint
 
 from .boundary import Value, flat
 from .memory_meter import ActivationMeter
-from .partition import Stage
+from .partition import Stage, run_block
 
 
-def recomputed_forward(stage: Stage, x: Value, meter: Optional[ActivationMeter]) -> Value:
+def recomputed_forward(stage: Stage, x: Value, meter: Optional[ActivationMeter], context: Optional[dict] = None) -> Value:
     """``stage(x)`` with each block checkpointed on its own; the meter (on a metered step) counts
     every block input past the first (the stage input its caller counts) for as long as
     checkpoint keeps it, and the tensors a rebuild creates until they are freed. ``x`` and the blocks' values may be
-    tuples or dicts of tensors (a :class:`~.boundary.Boundary`'s), each entry counted."""
-    blocks = list(stage.blocks.values())
+    tuples or dicts of tensors (a :class:`~.boundary.Boundary`'s), each entry counted. ``context``
+    (the microbatch's batch context) goes to every block that takes one, in the rebuild too."""
+    blocks = stage.chain
     counted = {} if meter is None else {"context_fn": lambda: (nullcontext(), meter.recomputation())}
-    for i, block in enumerate(blocks):
-        x = checkpoint(block, x, use_reentrant=False, **counted)
+    for i, (block, takes) in enumerate(blocks):
+        x = checkpoint(run_block, block, x, context, takes, use_reentrant=False, **counted)
         if meter is not None and i < len(blocks) - 1:
             for t in flat(x):
                 meter.count_until_freed(t)

@@ -16,7 +16,8 @@ placement puts the first and last stage on rank 0) share one ``Parameter``, whos
 already sums both.
 
 An item's all-reduce starts at the last ``REDUCE_GRAD`` of this rank's program (:mod:`.program`)
-among the stages holding it: right after the last action that adds to its gradients (a stage's
+among the stages holding it (a ``REDUCE_GRAD`` names its stage; the plan knows which items that
+stage completes): right after the last action that adds to its gradients (a stage's
 last ``W``, or ``B``), while the rest of the pipeline goes on. The items of one process group must
 be started in the same order on each of its ranks (collectives pair one for one): the plan reads
 every rank's order off the programs, and where a group's
@@ -43,7 +44,8 @@ from ..errors import ConfigError
 from ..schedule import Schedule
 from .copies import ModelCopies
 from .grad_sync import Reducer
-from .program import REDUCE_GRAD, lower
+from ..ops import Op
+from .program import lower
 
 ItemKey = tuple  # ("stage", model stage) or ("tied", group index)
 
@@ -58,11 +60,12 @@ def block_of(name: str) -> int:
 
 @dataclass(frozen=True)
 class ItemLayout:
-    """Where a reduce item lives: its holders and, in each holder's program, the item's last REDUCE_GRAD."""
+    """Where a reduce item lives: its holders and, in each holder's program, the item's last
+    REDUCE_GRAD (its position, for the order items start in, and the stage it names)."""
 
     key: ItemKey
     holders: tuple[int, ...]
-    ready: dict  # pipeline rank -> index, in its program, of the item's last REDUCE_GRAD (None: none)
+    ready: dict  # pipeline rank -> (position, stage) of the item's last REDUCE_GRAD there (None: none)
     source: int = 0  # a tied group's: the lowest holder of its first name, whose value is the group's
 
 
@@ -86,7 +89,8 @@ def item_layouts(schedule: Schedule, stage_ranges: Sequence[range], tied: Sequen
         holders = tuple(sorted({placement[s] for s in stages}))
         ready = {}
         for rank in holders:
-            reduced = {ins.stage: i for i, ins in enumerate(lower(schedule, rank).instructions) if ins.op == REDUCE_GRAD}
+            reduced = {ins.stage: (i, ins.stage) for i, ins in enumerate(lower(schedule, rank).instructions)
+                       if ins.op is Op.REDUCE_GRAD}
             done = [reduced.get(s) for s in stages if placement[s] == rank]
             ready[rank] = None if None in done else max(done)
         layouts.append(ItemLayout(key, holders, ready, sources.get(key, holders[0])))
@@ -124,7 +128,7 @@ class ReductionPlan:
                 if p.requires_grad and all(p is not q for q in bucket):
                     bucket.append(p)
         self.counted: list[nn.Parameter] = []  # the parameters whose gradients this rank counts in the norm
-        self.ready_at: dict[int, list] = {}  # program instruction (a REDUCE_GRAD) -> items to start there
+        self.ready_at: dict[int, list] = {}  # stage -> items its REDUCE_GRAD completes (started there)
         self.at_end: list = []
         overlap_of = {lay.holders: overlap and overlappable(layouts, lay.holders) for lay in layouts}
         for lay in layouts:
@@ -137,7 +141,7 @@ class ReductionPlan:
                 continue
             item = (lay.key, params[lay.key], group, len(lay.holders) > 1)
             if overlap_of[lay.holders]:
-                self.ready_at.setdefault(lay.ready[rank], []).append(item)
+                self.ready_at.setdefault(lay.ready[rank][1], []).append(item)
             else:
                 self.at_end.append(item)
         for items in self.ready_at.values():
@@ -149,9 +153,9 @@ class ReductionPlan:
     def reduces(self) -> bool:
         return bool(self.ready_at or self.at_end)
 
-    def reduce_grad(self, index: int) -> None:
-        """The program's REDUCE_GRAD at instruction ``index``: start the items it completes."""
-        items = self.ready_at.get(index)
+    def reduce_grad(self, stage: int) -> None:
+        """Stage ``stage``'s REDUCE_GRAD: start the items it completes."""
+        items = self.ready_at.get(stage)
         if items:
             for _key, params, group, zero_missing in items:
                 self.reducer.start(params, group, zero_missing)

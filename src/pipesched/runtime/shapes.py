@@ -20,8 +20,8 @@ import torch
 
 from . import batch_context
 from .boundary import Boundary, Value, flat
-from .partition import BlockBuilder, build_block_seeded, meta_block
-from .program import ACT, GRAD
+from .partition import BlockBuilder, build_block_seeded, meta_block, run_block
+from .instructions import ACT, GRAD
 
 
 def infer_boundary_shapes(
@@ -29,17 +29,17 @@ def infer_boundary_shapes(
     context: Optional[dict] = None, *, seed: int = 0, device: Optional[torch.device] = None,
 ) -> list[Boundary]:
     """The :class:`~.boundary.Boundary` of every stage's output for one microbatch ``sample``
-    (with ``context``, that microbatch's batch context, current): on meta, else one real forward
+    (with ``context``, that microbatch's batch context, given to the blocks that take one): on meta, else one real forward
     on ``device`` (see the module's docstring)."""
 
     def run(blocks_of, place) -> list[Boundary]:
         x = placed(sample, place)
         ctx = None if context is None else {k: placed(v, place) for k, v in context.items()}
         shapes = []
-        with torch.no_grad(), batch_context.using(ctx):
+        with torch.no_grad():
             for blocks in ranges:
                 for i in blocks:
-                    x = blocks_of(i)(x)
+                    x = run_block(blocks_of(i), x, ctx)
                 shapes.append(Boundary.of(x))
         return shapes
 

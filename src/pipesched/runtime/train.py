@@ -170,13 +170,10 @@ def train_reference(cfg: TrainConfig) -> TrainResult:
 
 def _resume(cfg: TrainConfig, model, optimizer) -> int:
     """Load ``cfg.resume_from`` (if any) and return the steps already done. The learning rate
-    is this run's: ``--lr`` applies from the resumed step on."""
+    is this run's: the hooks' schedule (``--lr`` and its decay) sets it from the resumed step on."""
     if cfg.resume_from is None:
         return 0
-    done = checkpoint.load(cfg.resume_from, model, optimizer)
-    for group in optimizer.param_groups:
-        group["lr"] = cfg.lr
-    return done
+    return checkpoint.load(cfg.resume_from, model, optimizer)
 
 
 def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResult]:
@@ -185,10 +182,9 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     schedule = cfg.schedule
     mesh = init_pipeline_mesh(schedule.ranks, cfg.dp, cfg.timeout_s)
     runtime = _runtime(cfg, md, schedule, cfg.block_counts, mesh)
-    first = _resume(cfg, checkpoint.runtime_module(runtime, md.checkpoint_name), runtime.optimizer)
+    first = 0
     if cfg.resume_from is not None:
-        runtime.broadcast_tied()
-    runtime.steps_done = first
+        first = runtime.load_checkpoint(cfg.resume_from, md.checkpoint_name)
     hooks = make_hooks(cfg, md, runtime.optimizer, first, partial(evaluate_pipeline, runtime), writer=rank == 0,
                        gather_memory=partial(gather_peaks, runtime.device), device=runtime.device, name=schedule.name)
     latency = measure_latency(*runtime.probe_tensor(), rank_device())
@@ -206,7 +202,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
             if step == 0 and cfg.want_grads:
                 grads = runtime.gather_gradients()
             if cfg.checkpoint_due(runtime.steps_done):
-                checkpoint.save_runtime(runtime, cfg.checkpoint_dir, cfg.checkpoint_keep, md.checkpoint_name)
+                runtime.save_checkpoint(cfg.checkpoint_dir, cfg.checkpoint_keep, md.checkpoint_name)
             report_progress()
     finally:
         hooks.close()
