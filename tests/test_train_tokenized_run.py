@@ -156,3 +156,17 @@ def test_the_run_report_renders_in_headless_chromium_with_its_charts(runs, tmp_p
     rgb = [tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in (TRAIN, EVAL)]
     assert pixels[rgb[0]] > 300, "the training loss curve is drawn"
     assert pixels[rgb[1]] > 30, "the held-out loss point is drawn"
+
+
+def test_pipesched_report_draws_a_run_from_its_metrics_file(runs, tmp_path):
+    page = tmp_path / "run.html"
+    done = run_cli("report", "--run", str(runs["A"] / "metrics.jsonl"), "-o", str(page))
+    assert done.returncode == 0, done.stderr
+    html = page.read_text()
+    assert html.count("<svg") == 4 and "loss per logging interval" in html  # loss, lr, tokens/s, memory
+    bad = tmp_path / "not_metrics.jsonl"
+    bad.write_text('{"step": 1}\n')
+    refused = run_cli("report", "--run", str(bad), "-o", str(page))
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (f"pipesched: error: --run {str(bad)!r}: line 1 is not a metrics line of "
+                                      "pipesched train (no loss, lr, tokens_per_s, step_time_s, peak_memory_bytes)")

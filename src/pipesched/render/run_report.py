@@ -37,14 +37,14 @@ def run_report_html(title: str, rows: Sequence[dict], timelines: Optional[tuple[
         f'<p class="config">{escape(title)}</p>',
         _summary_table(rows),
         '<h2>Loss</h2><div class="chart">' + line_chart_svg("loss per logging interval", [
-            Series("train", tuple((r["step"], r["loss"]) for r in rows), TRAIN),
-            Series("eval", tuple((r["eval_step"], r["eval_loss"]) for r in rows if "eval_loss" in r), EVAL),
+            Series("train", _points(rows, "step", "loss"), TRAIN),
+            Series("eval", _points(rows, "eval_step", "eval_loss"), EVAL),
         ]) + "</div>",
         '<h2>Learning rate</h2><div class="chart">' + line_chart_svg(
-            "learning rate of the interval's last step", [Series("lr", tuple((r["step"], r["lr"]) for r in rows), OTHER)]
+            "learning rate of the interval's last step", [Series("lr", _points(rows, "step", "lr"), OTHER)]
         ) + "</div>",
         '<h2>Throughput</h2><div class="chart">' + line_chart_svg(
-            "tokens per second (all devices)", [Series("tokens/s", tuple((r["step"], r["tokens_per_s"]) for r in rows), TRAIN)]
+            "tokens per second (all devices)", [Series("tokens/s", _points(rows, "step", "tokens_per_s"), TRAIN)]
         ) + "</div>",
         '<h2>Memory</h2><div class="chart">' + line_chart_svg("peak memory per rank", _memory_series(rows), " GiB") + "</div>",
     ]
@@ -61,12 +61,18 @@ def run_report_html(title: str, rows: Sequence[dict], timelines: Optional[tuple[
     return "\n".join(parts)
 
 
+def _points(rows: Sequence[dict], x: str, y: str) -> tuple[tuple[float, float], ...]:
+    """(row[x], row[y]) of the rows that have a number there (a skipped step's loss is null)."""
+    return tuple((r[x], r[y]) for r in rows if r.get(y) is not None)
+
+
 def _memory_series(rows: Sequence[dict]) -> list[Series]:
     """One curve per rank, in the action colours (lighter shades past the fourth rank)."""
-    ranks = len(rows[0]["peak_memory_bytes"]) if rows else 0
+    ranks = max((len(r["peak_memory_bytes"]) for r in rows), default=0)  # none where nothing was gathered
     kinds = list(BASE)
     shades = -(-ranks // len(kinds))
-    return [Series(f"rank {r}", tuple((row["step"], row["peak_memory_bytes"][r] / 2**30) for row in rows),
+    return [Series(f"rank {r}", tuple((row["step"], row["peak_memory_bytes"][r] / 2**30) for row in rows
+                                      if len(row["peak_memory_bytes"]) > r),
                    box_colour(kinds[r % len(kinds)], r // len(kinds), shades))
             for r in range(ranks)]
 
@@ -76,17 +82,23 @@ def _summary_table(rows: Sequence[dict]) -> str:
         return '<p class="note">No logging interval was recorded.</p>'
     last = rows[-1]
     evals = [r for r in rows if "eval_loss" in r]
-    cells = [("steps", f"{last['step']}"), ("loss (last interval)", f"{last['loss']:.5f}"),
+    cells = [("steps", f"{last['step']}"), ("loss (last interval)", _number(last["loss"], ".5f")),
              ("median tokens/s", f"{statistics.median(r['tokens_per_s'] for r in rows):.4g}"),
              ("median step time", f"{1000 * statistics.median(r['step_time_s'] for r in rows):.2f} ms"),
-             ("peak memory (largest rank)", f"{max(last['peak_memory_bytes']) / 2**30:.3g} GiB")]
+             ("peak memory (largest rank)", f"{max(last['peak_memory_bytes'], default=0) / 2**30:.3g} GiB")]
     if evals:
-        cells.insert(2, ("eval loss (last)", f"{evals[-1]['eval_loss']:.5f} (perplexity {evals[-1]['eval_perplexity']:.4g})"))
+        last_eval = evals[-1]
+        cells.insert(2, ("eval loss (last)", f"{_number(last_eval['eval_loss'], '.5f')} "
+                                             f"(perplexity {_number(last_eval['eval_perplexity'], '.4g')})"))
     if "mfu" in last:
         cells.append(("MFU (median)", f"{100 * statistics.median(r['mfu'] for r in rows if 'mfu' in r):.1f}%"))
     head = "".join(f"<th>{escape(name)}</th>" for name, _ in cells)
     body = "".join(f"<td>{escape(value)}</td>" for _, value in cells)
     return f"<table><tr>{head}</tr><tr>{body}</tr></table>"
+
+
+def _number(value: Optional[float], spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def _end(timeline: Timeline) -> float:
