@@ -105,7 +105,7 @@ def train(
     check_numbers(lr, timeout, seed, clip_grad_norm)
     check_checkpoint_flags(checkpoint_dir, checkpoint_every, checkpoint_keep, resume)
     loop_run = loop.options(lr, steps, data_flags.held_out)
-    data_options_given = data_flags.model_options(model)
+    data_flags.check()
     planning_costs = given_costs(schedule, csv, costs, comm)
     for label, value in (("--ranks", ranks), ("--steps", steps), ("--batch-size", batch_size), ("--dp", dp)):
         if value < 1:
@@ -139,7 +139,7 @@ def train(
 
     if not is_known(model):
         raise ConfigError(f"--model {model!r} is not known: use {KNOWN}")
-    model_options = {**train_hf.hf_model_options(model, data, hf_weights, save_hf), **data_options_given}
+    model_options = {**train_hf.hf_model_options(model, data, hf_weights, save_hf), **data_flags.model_options(model)}
     model_def = get_model(model, **model_options)
     parse_dtype(dtype)
     measured = choice.profiles()

@@ -25,6 +25,19 @@ class DataFlags:
     eval_data: Optional[Path] = None
     eval_share: Optional[float] = None
 
+    def check(self) -> None:
+        """The values on their own (no torch needed: refused before it is imported)."""
+        if self.seq_len is not None and self.seq_len < 2:
+            raise ConfigError(f"--seq-len must be at least 2 (tokens per sample), got {self.seq_len}")
+        if self.eval_data is not None and self.eval_share is not None:
+            raise ConfigError("--eval-data and --eval-share both name the held-out data: give one")
+        if self.eval_share is not None and not (math.isfinite(self.eval_share) and 0 < self.eval_share < 1):
+            raise ConfigError(f"--eval-share must be above 0 and below 1 (the share of --data held out), got {self.eval_share:g}")
+        if self.tokenizer is not None:  # a folder without tokenizer.json
+            from ..data.tokenize_text import find_tokenizer
+
+            find_tokenizer(str(self.tokenizer), Path("."))
+
     def model_options(self, model: str) -> dict:
         """What ``get_model`` takes of them (only an ``hf:`` model takes any: ConfigError otherwise)."""
         from ..runtime.models import HF_PREFIX
@@ -35,16 +48,6 @@ class DataFlags:
         if given and not model.startswith(HF_PREFIX):
             flags = {"context": "--seq-len", "tokenizer": "--tokenizer", "eval_data": "--eval-data", "eval_share": "--eval-share"}
             raise ConfigError(f"{' and '.join(flags[k] for k in given)} only apply to --model hf:CONFIG.json")
-        if self.seq_len is not None and self.seq_len < 2:
-            raise ConfigError(f"--seq-len must be at least 2 (tokens per sample), got {self.seq_len}")
-        if self.eval_data is not None and self.eval_share is not None:
-            raise ConfigError("--eval-data and --eval-share both name the held-out data: give one")
-        if self.eval_share is not None and not (math.isfinite(self.eval_share) and 0 < self.eval_share < 1):
-            raise ConfigError(f"--eval-share must be above 0 and below 1 (the share of --data held out), got {self.eval_share:g}")
-        if self.tokenizer is not None:  # a folder without tokenizer.json: refused before torch is imported
-            from ..data.tokenize_text import find_tokenizer
-
-            find_tokenizer(str(self.tokenizer), Path("."))
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in given.items()}
 
     @property
