@@ -104,14 +104,14 @@ def train(
     json_path = renamed("train", "--json", "--summary", old_json_path, json_path)
     check_numbers(lr, timeout, seed, clip_grad_norm)
     check_checkpoint_flags(checkpoint_dir, checkpoint_every, checkpoint_keep, resume)
-    loop_run = loop.options(lr, steps, data_flags.held_out)
-    data_flags.check()
     planning_costs = given_costs(schedule, csv, costs, comm)
     for label, value in (("--ranks", ranks), ("--steps", steps), ("--batch-size", batch_size), ("--dp", dp)):
         if value < 1:
             raise ConfigError(f"{label} must be at least 1, got {value}")
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"--optimizer {optimizer!r} is not known: use one of {', '.join(OPTIMIZERS)}")
+    loop_run = loop.options(lr, steps, data_flags.held_out)
+    data_flags.check()
     if save_params is not None:
         check_output_path(save_params, [".pt", ".pth"])
     if trace is not None:
