@@ -49,14 +49,6 @@ def one_process_stream(model_dir, docs: list[str]) -> list[int]:
     return [i for doc in docs for i in tok(doc, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]]
 
 
-def stream_of(md_config: str, **options) -> TokenStream:
-    from pipesched.hf.cli_model import token_stream
-
-    token_stream.cache_clear()
-    get_model(f"hf:{md_config}", **options)  # builds (and caches) the stream the ranks read
-    return token_stream
-
-
 @pytest.mark.parametrize("kind", ["jsonl", "parquet"])
 def test_text_through_the_folders_tokenizer_is_the_one_process_token_stream(folder, kind):
     from pipesched.hf.cli_model import token_stream
@@ -80,9 +72,9 @@ def test_token_files_are_memory_mapped_in_nanogpts_layout(tmp_path):
     for name in ("train.bin", "train.npy"):
         mapped = open_token_file(str(tmp_path / name), VOCAB)
         assert isinstance(mapped, np.memmap) and mapped.tolist() == ids.tolist()
-    big = open_token_file(str(tmp_path / "train.bin"), 1 << 16)  # a vocabulary over 65,536 ids: uint32
+    big = open_token_file(str(tmp_path / "train.bin"), 1 << 16)  # 65,536 ids still fit uint16
     assert big.dtype == np.uint16
-    np.arange(10, dtype=np.uint32).tofile(tmp_path / "wide.bin")
+    np.arange(10, dtype=np.uint32).tofile(tmp_path / "wide.bin")  # more ids: uint32
     assert open_token_file(str(tmp_path / "wide.bin"), 1 << 17).tolist() == list(range(10))
 
 
