@@ -13,6 +13,8 @@
 # and what a step adds to max_memory_allocated (benchmarks/memory.py --device-check). Overlapped
 # F&B pairs (dualpipev, dualpipe) with the forward half on a second CUDA stream are checked
 # against the halves run one after the other: equivalence and step time (benchmarks/dualpipe.py --streams).
+# With 4+ GPUs: sharded stages (FSDP2 x TP) against the unsharded model, and torch's pipelining
+# with FSDP2 stages timed (benchmarks/sharded_vs_torch.py --check).
 # Exits non-zero if a check fails. Dry run of the script's logic on a CPU-only machine:
 # GPU_CHECK_ON_CPU=1 (gloo, CPU, small block; proves nothing about CUDA).
 set -euo pipefail
@@ -61,6 +63,15 @@ else
     echo "## One device, 4 ranks sharing it: 2 replicas x 2 pipeline ranks (gloo, 2D mesh)" >> "$OUT"
     PIPESCHED_BACKEND=gloo "$PY" -m torch.distributed.run --standalone --nproc-per-node 4 \
         benchmarks/equivalence.py --dp 2 | tee -a "$OUT" || status=1
+fi
+# sharded stages (FSDP2 x TP, tests/test_sharded_stages.py's cases) and torch's pipelining with
+# FSDP2 stages at pp 2 x dp_shard 2: four ranks, one GPU each (NCCL's reduce-scatter and all-gather)
+if [[ "$gpus" -ge 4 ]]; then
+    echo "## Sharded stages and torch with FSDP2 stages, 4 ranks, NCCL" >> "$OUT"
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node 4 benchmarks/sharded_vs_torch.py --check \
+        | tee -a "$OUT" || status=1
+else
+    echo "## Sharded stages: skipped (needs 4 GPUs for NCCL, $gpus here)" >> "$OUT"
 fi
 # overlapped F&B pairs with the forward half on a CUDA stream of its own, against the halves one
 # after the other: equivalence and step-time ratio (dualpipev on one rank needs no messages)

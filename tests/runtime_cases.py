@@ -242,7 +242,8 @@ def staging_decision(rank: int, world: int, _job) -> bool:
     import pipesched
     from pipesched.runtime.boundary import Boundary
     from pipesched.runtime.p2p import Transport, make_link_groups
-    from pipesched.runtime.program import ACT, GRAD, links, lower
+    from pipesched.runtime.instructions import ACT, GRAD
+    from pipesched.runtime.program import links, lower
 
     schedule = pipesched.build_schedule("1f1b", world, 2)
     groups = make_link_groups(links(schedule), 30)

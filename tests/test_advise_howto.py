@@ -12,7 +12,7 @@ from pipesched import Costs, simulate
 from pipesched.advise import advise
 from pipesched.advise.estimate import Hardware, TransformerCosts, TransformerSpec
 from pipesched.advise.howto import build_call, export_command, guidance
-from pipesched.cli.advise import train_command
+from pipesched.cli.advise_print import train_command
 from pipesched.advise.layout import advise_layouts
 from pipesched.registry import get_family
 

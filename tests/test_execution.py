@@ -8,13 +8,9 @@ import pytest
 
 import pipesched
 from pipesched.actions import B, F, I, W
-from pipesched.execution import (
-    TOLERANCE,
-    consumer_stage,
-    crosses_ranks,
-    dependency,
-    latency,
-)
+from pipesched.dependencies import Output, consumer_stage, dependency
+from pipesched.execution import NO_DEPENDENCY, TOLERANCE, crosses_ranks, latency
+from pipesched.ops import Op
 from pipesched.runtime.program import lower
 from conftest import SRC
 
@@ -22,10 +18,26 @@ from conftest import SRC
 def test_each_pass_waits_for_its_input():
     stages = 4
     assert dependency(F(0, 3), stages) is None
-    assert dependency(F(2, 3), stages) == (1, "F", 3)
-    assert dependency(I(1, 3), stages) == (2, "G", 3)  # "G": whichever of I or B stage 2 runs
-    assert dependency(B(3, 3), stages) == (3, "F", 3)  # the last stage turns around
-    assert dependency(W(1, 3), stages) == (1, "G", 3)
+    assert dependency(F(2, 3), stages) == (1, Output.ACTIVATION, 3)
+    assert dependency(I(1, 3), stages) == (2, Output.INPUT_GRAD, 3)  # whichever of I or B stage 2 runs
+    assert dependency(B(3, 3), stages) == (3, Output.ACTIVATION, 3)  # the last stage turns around
+    assert dependency(W(1, 3), stages) == (1, Output.INPUT_GRAD, 3)
+    assert Output.INPUT_GRAD.makers == (Op.I, Op.B)
+    assert dependency(I(1, 3), stages) == (2, "G", 3)  # the letters callers compared before still do
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-v", "dualpipe", "dualpipev"])
+def test_the_lowering_resolves_each_action_to_what_the_rule_names(name):
+    schedule = pipesched.build_schedule(name, 4, 6)
+    program = schedule.program
+    for action, d in zip(program.actions, program.dep):
+        need = dependency(action, schedule.stages, schedule.pipelines)
+        if need is None:
+            assert d == NO_DEPENDENCY
+            continue
+        stage, output, k = need
+        made = program.actions[d]
+        assert (made.stage, made.kind in output.makers, made.microbatch) == (stage, True, k)
 
 
 def test_the_consumer_of_an_output_is_the_stage_that_depends_on_it():
@@ -33,11 +45,11 @@ def test_the_consumer_of_an_output_is_the_stage_that_depends_on_it():
     for action in (F(0, 0), F(2, 1), F(3, 1), I(3, 2), I(1, 0), B(0, 0), W(2, 1)):
         to = consumer_stage(action, stages)
         if to is None:
-            assert action.kind == "W" or action.stage in (0, stages - 1)
+            assert action.kind is Op.W or action.stage in (0, stages - 1)
             continue
-        waiting = F(to, action.microbatch) if action.kind == "F" else I(to, action.microbatch)
-        s, kind, k = dependency(waiting, stages)
-        assert (s, k) == (action.stage, action.microbatch) and kind in (action.kind, "G")
+        waiting = F(to, action.microbatch) if action.kind is Op.F else I(to, action.microbatch)
+        s, output, k = dependency(waiting, stages)
+        assert (s, k) == (action.stage, action.microbatch) and action.kind in output.makers
 
 
 def test_latency_only_between_ranks():

@@ -14,7 +14,8 @@ PACKAGE = SRC / "pipesched"
 
 # Lowest first. A module may import from its own layer and the layers below, never above.
 LAYERS = [
-    ("core", ["errors", "ops", "parallel_layout", "actions", "placement", "pipelines", "costs", "execution", "memory", "schedule", "ranking", "outfiles",
+    ("core", ["errors", "ops", "parallel_layout", "sharded_bytes", "layout_refusals", "actions", "placement", "pipelines", "costs", "dependencies", "execution", "memory",
+              "schedule", "ranking", "outfiles",
               "balance", "bounds", "jsontext", "units", "environment"]),
     ("model", ["validate", "simulate", "planning"]),
     ("schedules", ["schedules"]),  # the family modules and the constructions they share

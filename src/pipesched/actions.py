@@ -33,6 +33,9 @@ class _ActionFields(NamedTuple):
     microbatch: int
 
 
+_new_tuple = tuple.__new__
+
+
 class Action(_ActionFields):
     """One stage's compute on one microbatch; prints and parses as ``<stage><kind><microbatch>``.
 
@@ -41,7 +44,11 @@ class Action(_ActionFields):
     __slots__ = ()
 
     def __new__(cls, stage: int, kind: Op | str, microbatch: int) -> "Action":
-        return super().__new__(cls, stage, Op(kind), microbatch)
+        # the builders make hundreds of thousands: an Op passes as it is (Op(kind) costs a
+        # microsecond), and the tuple is made directly (the named tuple's own __new__ is slower)
+        if kind.__class__ is not Op:
+            kind = Op(kind)
+        return _new_tuple(cls, (stage, kind, microbatch))
 
     @classmethod
     def _make(cls, fields) -> "Action":  # ``_replace`` builds through it: keep the kind an Op

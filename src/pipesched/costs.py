@@ -39,6 +39,7 @@ from typing import Optional, Sequence
 from .bounds import check_number
 from .errors import ConfigError
 from .execution import Program, pair_durations
+from .ops import COMPUTE, Op
 from .placement import stages_by_rank
 
 
@@ -64,7 +65,7 @@ class Costs:
     full_backward: Optional[float] = None  # a fused backward's cost for a rank's share (None: B + W)
 
     def __post_init__(self) -> None:
-        for label in ("F", "B", "W"):
+        for label in ("F", "B", "W"):  # the fields' names, not action kinds (B prices an I)
             check_number(f"cost {label}", getattr(self, label), *COST_RANGE)
         check_number("comm", self.comm, 0.0, COST_RANGE[1])
         check_number("stage overhead", self.stage_overhead, 0.0, COST_RANGE[1])
@@ -138,14 +139,14 @@ class Costs:
             f"or a number of factors that divides {stages} or that {stages} divides"
         )
 
-    def kind_cost(self, kind: str) -> float:
+    def kind_cost(self, kind: Op) -> float:
         """Cost of one action kind for a rank's whole share (B is the fused backward: B + W, or
         ``full_backward`` where given)."""
-        if kind == "F":
+        if kind is Op.F:
             return self.F
-        if kind == "I":
+        if kind is Op.I:
             return self.B
-        if kind == "W":
+        if kind is Op.W:
             return self.W
         return self.B + self.W if self.full_backward is None else self.full_backward
 
@@ -168,18 +169,18 @@ def as_costs(costs: object) -> Costs:
 
 def durations_for(
     placement: tuple[int, ...], ranks: int, costs: Costs, pipelines: int = 1
-) -> dict[tuple[int, str], float]:
+) -> dict[tuple[int, Op], float]:
     """Duration of each (stage, kind) under ``costs`` for a stage-to-rank placement; with
     several pipelines every model copy's stage ``j`` takes the model's stage-``j`` multiplier;
     ``costs.stage_overhead`` is not divided among a rank's stages (see the module docstring)."""
     per_rank = [max(1, len(s)) for s in stages_by_rank(placement, ranks)]
     length = len(placement) // pipelines
     mults = costs.multipliers(length)
-    fixed = {"F": costs.stage_overhead, "I": costs.stage_overhead, "B": costs.stage_overhead, "W": 0.0}
+    fixed = {kind: 0.0 if kind is Op.W else costs.stage_overhead for kind in COMPUTE}  # W moves no boundary
     table = {}
     for s, rank in enumerate(placement):
         extra = 1 - pipelines / per_rank[rank]  # the overhead's part beyond the stage's share (0: one stage a copy)
-        for kind in "FIWB":
+        for kind in COMPUTE:
             table[(s, kind)] = costs.kind_cost(kind) * mults[s % length] * pipelines / per_rank[rank] + fixed[kind] * extra
     return table
 
@@ -189,10 +190,10 @@ def program_durations(program: Program, costs: Costs, recompute: frozenset = fro
     id, priced by ``costs.overlap``; 0 on its backward's); a stage in ``recompute`` re-runs its
     forward at the start of its ``I`` and ``B``."""
     flat = durations_for(program.placement, len(program.rank_ids), costs, program.pipelines)
-    table = [{kind: flat[(s, kind)] for kind in "FIWB"} for s in range(len(program.placement))]
+    table = [{kind: flat[(s, kind)] for kind in COMPUTE} for s in range(len(program.placement))]
     for s in recompute:
-        table[s]["I"] += table[s]["F"]
-        table[s]["B"] += table[s]["F"]
+        table[s][Op.I] += table[s][Op.F]
+        table[s][Op.B] += table[s][Op.F]
     durations = [table[s][kind] for s, kind, _k in program.actions]
     if any(b >= 0 for b in program.partner):
         return pair_durations(program, durations, costs.overlap)

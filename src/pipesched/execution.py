@@ -1,22 +1,22 @@
 """The execution model every layer asks: what waits for what, what is sent, when it arrives.
 
-An action starts when its rank has finished the previous action and its input has arrived:
-``F(s,k)`` needs ``F(s-1,k)``; ``I``/``B(s,k)`` needs the backward of ``(s+1,k)``, or ``F(s,k)``
-on the last stage; ``W(s,k)`` needs ``I(s,k)`` (:func:`dependency`). An input produced on
-another rank is a message (:func:`consumer_stage` says who receives an action's output) and
-arrives ``comm`` after it was produced (:func:`latency`); sends never block. An overlapped pair
-(:class:`~pipesched.actions.Overlap`) starts when the rank is free and both halves' inputs have
-arrived; both halves end together, after the pair's duration. Computing start times is a
-longest path over this graph; when no rank can move, the schedule deadlocks and the error names
-each stuck rank and what it waits for. Times and memory levels are floats: compare them with
-:data:`TOLERANCE`.
+An action starts when its rank has finished the previous action and its input has arrived
+(which input: the dependency rule, :mod:`pipesched.dependencies`). An input produced on
+another rank is a message (:func:`~pipesched.dependencies.consumer_stage` says who receives an
+action's output) and arrives ``comm`` after it was produced (:func:`latency`); sends never
+block. An overlapped pair (:class:`~pipesched.actions.Overlap`) starts when the rank is free and
+both halves' inputs have arrived; both halves end together, after the pair's duration.
+Computing start times is a longest path over this graph; when no rank can move, the schedule
+deadlocks and the error names each stuck rank and what it waits for. Times and memory levels
+are floats: compare them with :data:`TOLERANCE`.
 
 The simulator, the validator, the schedule constructions (greedy, W placement), zb-auto's MILP
 and the runtime's communication plan all take these rules from here. (What memory an action
 takes and frees lives in the memory model.)
 
 For speed (schedules reach hundreds of thousands of actions) the programs are first lowered
-to integer ids with each action's dependency resolved once; runs then only index lists.
+to integer ids with each action's dependency resolved once, from the rule's tables
+(:class:`~pipesched.dependencies.Dependencies`); runs then only index lists.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 from .actions import Action, Slot, sub_actions
+from .dependencies import dependencies, dependency
 from .errors import DeadlockError
 
 NO_DEPENDENCY = -1
 MISSING = -2
+OUTSIDE = (-1, ())  # what an action on no stage of the layout waits for: made by nothing (validation names it)
 TOLERANCE = 1e-9  # two times (or memory levels) this close are equal: sums of floats round
 
 
@@ -39,35 +41,6 @@ class Span(NamedTuple):
     action: Action
     start: float
     end: float
-
-
-def dependency(action: Action | tuple[int, str, int], stages: int, pipelines: int = 1) -> tuple[int, str, int] | None:
-    """The (stage, "F"|"G"|"W", microbatch) an action waits for, or None (a pipeline's first F).
-
-    "G" stands for the gradient pass of a stage, whichever of I or B the schedule uses there.
-    With several pipelines (DualPipe's two model copies) each run of ``stages // pipelines``
-    stages starts and ends its own pipeline.
-    """
-    s, kind, k = action
-    length = stages // pipelines
-    if kind == "F":
-        return (s - 1, "F", k) if s % length else None
-    if kind == "W":
-        return (s, "G", k)
-    return (s + 1, "G", k) if (s + 1) % length else (s, "F", k)
-
-
-def consumer_stage(action: Action, stages: int, pipelines: int = 1) -> int | None:
-    """The other stage whose pass waits for this action's output: ``F(s)`` feeds ``s+1``'s
-    forward, ``I``/``B(s)`` feed ``s-1``'s backward; None for ``W`` and at a pipeline's ends
-    (``pipelines`` as in :func:`dependency`)."""
-    s, kind, _k = action
-    length = stages // pipelines
-    if kind == "F":
-        return s + 1 if (s + 1) % length else None
-    if kind in "IB":
-        return s - 1 if s % length else None
-    return None
 
 
 def crosses_ranks(placement: Sequence[int], producer: int, consumer: int) -> bool:
@@ -97,7 +70,8 @@ class Program:
 
 def lower(orders: Sequence[Sequence[Slot]], placement: Sequence[int], pipelines: int = 1) -> Program:
     """Number the actions (an overlapped pair's two halves in a row) and resolve every
-    dependency to an id (``pipelines`` as in :func:`dependency`)."""
+    dependency to an id: the first of its makers' kinds that the programs hold (``pipelines``
+    as in :func:`~pipesched.dependencies.dependency`)."""
     actions: list[Action] = []
     rank_ids: list[list[int]] = []
     rank_of: list[int] = []
@@ -113,21 +87,23 @@ def lower(orders: Sequence[Sequence[Slot]], placement: Sequence[int], pipelines:
         index.update(zip(actions[first:], ids))
         rank_of.extend([r] * len(ids))
         rank_ids.append(ids)
-    length = len(placement) // pipelines
+    stages = len(placement)
+    inputs = dependencies(stages, pipelines).inputs
     get = index.get
     dep: list[int] = []
     append = dep.append
     for s, kind, k in actions:
-        if kind == "F":
-            d = get((s - 1, "F", k), MISSING) if s % length else NO_DEPENDENCY
-        elif kind == "W":
-            d = get((s, "I", k), MISSING)
-        elif (s + 1) % length:
-            d = get((s + 1, "I", k))
-            if d is None:
-                d = get((s + 1, "B", k), MISSING)
+        need = inputs[kind][s] if 0 <= s < stages else OUTSIDE
+        if need is None:
+            append(NO_DEPENDENCY)
+            continue
+        producer, makers = need
+        for maker in makers:
+            d = get((producer, maker, k))
+            if d is not None:
+                break
         else:
-            d = get((s, "F", k), MISSING)
+            d = MISSING
         append(d)
     cross = [d >= 0 and rank_of[d] != r for d, r in zip(dep, rank_of)]
     return Program(actions, rank_ids, dep, cross, rank_of, tuple(placement), index, partner, pipelines)
@@ -246,8 +222,8 @@ def _deadlock_message(program: Program, pos: list[int], stuck: list[int]) -> str
         action = program.actions[action_id]
         d = program.dep[action_id]
         if d == MISSING:
-            s, g, k = dependency(action, stages, program.pipelines)
-            wanted = f"{s}{'I/B' if g == 'G' else g}{k}"
+            s, output, k = dependency(action, stages, program.pipelines)
+            wanted = f"{s}{output.label}{k}"
             parts.append(f"rank {r} waits at {action} for {wanted}, which no rank runs")
         else:
             owner = program.rank_of[d]

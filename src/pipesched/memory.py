@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 from .actions import Action
 from .errors import ConfigError
 from .execution import TOLERANCE
+from .ops import COMPUTE, Op
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,9 @@ class StageMemory:
     backward_extra: float = 0.0
     input_backward_extra: Optional[float] = None
 
-    def extra_during(self, kind: str) -> float:
+    def extra_during(self, kind: Op) -> float:
         """Held above the level at the start of a backward of ``kind`` (``I`` or ``B``) while it runs."""
-        if kind == "I" and self.input_backward_extra is not None:
+        if kind is Op.I and self.input_backward_extra is not None:
             return self.input_backward_extra
         return self.backward_extra
 
@@ -64,25 +65,38 @@ class StageMemory:
 UNIT_STAGE = StageMemory(keep=1, stash=1)  # M_B: I frees nothing of what F kept
 
 
-def level_after(kind: str, size: StageMemory) -> float:
+def level_after(kind: Op, size: StageMemory) -> float:
     """How the held amount changes over one action of ``kind`` on a stage of ``size``."""
-    if kind == "F":
+    if kind is Op.F:
         return size.keep
-    if kind == "I":
+    if kind is Op.I:
         return size.stash - size.keep
-    if kind == "W":
+    if kind is Op.W:
         return -size.stash
     return -size.keep  # B
+
+
+UNIT_CHANGE = {kind: level_after(kind, UNIT_STAGE) for kind in COMPUTE}  # M_B: F takes one, W frees it
+
+
+def _steps(size: StageMemory) -> dict[Op, tuple[float, float]]:
+    """Per kind of pass on a stage of ``size``: (held above the level at its start while it
+    runs, change over it); asked once per stage, not once per action."""
+    return {kind: (size.extra_during(kind) if kind.is_backward else 0.0, level_after(kind, size)) for kind in COMPUTE}
 
 
 def levels(actions: Sequence[Action], sizes: Sequence[StageMemory]) -> list[tuple[float, float]]:
     """For each action of one rank in program order: (highest held while it runs, held after)."""
     held = 0.0
     out = []
-    for action in actions:
-        size = sizes[action.stage]
-        during = held + size.extra_during(action.kind) if action.kind in "IB" else held
-        held += level_after(action.kind, size)
+    steps: dict[int, dict[Op, tuple[float, float]]] = {}
+    for stage, kind, _k in actions:
+        by_kind = steps.get(stage)
+        if by_kind is None:
+            by_kind = steps[stage] = _steps(sizes[stage])
+        extra, change = by_kind[kind]
+        during = held + extra
+        held += change
         out.append((max(during, held), held))
     return out
 
@@ -154,7 +168,6 @@ def schedule_recompute(schedule) -> Optional[Recompute]:
     """The recomputation a schedule carries (``meta["recompute"]``), or None."""
     chosen = schedule.meta.get("recompute")
     return chosen if isinstance(chosen, Recompute) and chosen.stages else None
-
 
 
 @dataclass(frozen=True)

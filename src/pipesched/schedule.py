@@ -17,6 +17,7 @@ from typing import Iterator, Optional, Sequence
 from .actions import Action, Overlap, parse_slot, sub_actions
 from .actions import Slot as Entry
 from .errors import CSVFormatError
+from .ops import Op
 from .execution import Program, lower
 from .pipelines import infer_pipelines, pipeline_block
 from .placement import placement_style, stages_by_rank
@@ -132,7 +133,7 @@ class Schedule:
     @property
     def split_backward(self) -> bool:
         """True when the schedule uses I/W (split backward) anywhere."""
-        return any(a.kind in "IW" for _, a in self.actions())
+        return any(a.kind is Op.I or a.kind is Op.W for _, a in self.actions())
 
     def __len__(self) -> int:
         return sum(1 for _ in self.actions())

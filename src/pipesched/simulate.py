@@ -24,6 +24,7 @@ from .costs import UNIT, Costs, as_costs, durations_for, program_durations
 from .errors import ConfigError
 from .execution import Program, Span, run
 from .memory import MemorySizes, levels, peak_bytes, schedule_recompute, unit_peak, unit_sizes
+from .ops import Op
 from .placement import stages_by_rank
 from .schedule import Schedule
 from .validate import UNIT_RUN, VALIDATED, check_structure, lowered
@@ -81,12 +82,12 @@ class SimResult:
         spans = self.timeline[rank]
         curve = [(0.0, 0.0)]
         for span, (high, after) in zip(spans, levels([s.action for s in spans], sizes)):
-            if span.action.kind == "F":
+            if span.action.kind is Op.F:
                 curve.append((span.start, max(after, 0.0)))
             else:
                 if high > curve[-1][1]:  # a recomputed backward rebuilds its activations first
                     curve.append((span.start, high))
-                if span.action.kind != "I" or after != curve[-1][1]:
+                if span.action.kind is not Op.I or after != curve[-1][1]:
                     curve.append((span.end, max(after, 0.0)))
         return curve
 
@@ -123,7 +124,7 @@ def _stages_on_rank(schedule: Schedule) -> list[float]:
     return [max(1, len(s)) / schedule.pipelines for s in stages_by_rank(schedule.placement, schedule.ranks)]
 
 
-def action_durations(schedule: Schedule, costs: Costs) -> dict[tuple[int, str], float]:
+def action_durations(schedule: Schedule, costs: Costs) -> dict[tuple[int, Op], float]:
     """Duration of each (stage, kind) under ``costs`` for this schedule's placement."""
     return durations_for(schedule.placement, schedule.ranks, costs, schedule.pipelines)
 

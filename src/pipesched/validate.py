@@ -9,9 +9,11 @@ microbatch's backward together with that microbatch's forward of the same stage.
 
 from __future__ import annotations
 
+from .actions import Action
 from .costs import UNIT, program_durations
 from .errors import ScheduleError
 from .execution import Program, run
+from .ops import Op
 from .schedule import Schedule
 
 
@@ -38,7 +40,7 @@ def check_structure(schedule: Schedule) -> None:
         for (s, _kind, k), rank in zip(program.actions, program.rank_of)
     ):
         _explain_bad_actions(schedule, program, runs)
-    if len(seen) != 3 * sum(map(len, runs)) or not _pairs_fast_ok(seen, runs):
+    if not _pairs_fast_ok(seen, runs):
         for s in range(stages):
             for k in runs[s]:
                 _check_pair(seen, placement[s], s, k)
@@ -55,17 +57,26 @@ def check_structure(schedule: Schedule) -> None:
 
 def _pairs_fast_ok(seen: dict, runs: list[range]) -> bool:
     """Quick pass for the common all-split or all-full case: every pair present and ordered
-    (``runs[s]``: the microbatches stage ``s`` runs)."""
-    get = seen.get
+    (``runs[s]``: the microbatches stage ``s`` runs; ``seen`` holds no action twice and none
+    outside them, so its size says which case it can be)."""
+    pairs = sum(map(len, runs))
+    if len(seen) == 3 * pairs:
+        backward, weight = Op.I, Op.W
+    elif len(seen) == 2 * pairs:
+        backward, weight = Op.B, None
+    else:
+        return False
+    get, forward = seen.get, Op.F
     for s, run_of_stage in enumerate(runs):
         for k in run_of_stage:
-            f = get((s, "F", k))
-            i = get((s, "I", k))
+            f = get((s, forward, k))
+            i = get((s, backward, k))
             if f is None or i is None or i < f:
                 return False
-            w = get((s, "W", k))
-            if w is None or w < i:
-                return False
+            if weight is not None:
+                w = get((s, weight, k))
+                if w is None or w < i:
+                    return False
     return True
 
 
@@ -92,23 +103,20 @@ def _explain_bad_actions(schedule: Schedule, program: Program, runs: list[range]
 
 
 def _check_pair(seen: dict, rank: int, s: int, k: int) -> None:
-    f = seen.get((s, "F", k))
-    b = seen.get((s, "B", k))
-    i = seen.get((s, "I", k))
-    w = seen.get((s, "W", k))
+    f, b, i, w = (seen.get((s, kind, k)) for kind in (Op.F, Op.B, Op.I, Op.W))
     if f is None:
         raise ScheduleError(f"rank {rank} never runs {s}F{k}: every stage needs one forward per microbatch")
     if b is not None and (i is not None or w is not None):
         raise ScheduleError(f"rank {rank} runs both {s}B{k} and a split backward ({s}I{k}/{s}W{k})")
     if b is None and (i is None or w is None):
-        missing = [f"{s}{x}{k}" for x, pos in (("I", i), ("W", w)) if pos is None]
+        missing = [str(Action(s, x, k)) for x, pos in ((Op.I, i), (Op.W, w)) if pos is None]
         if i is None and w is None:
             raise ScheduleError(f"rank {rank} never runs a backward of stage {s} for microbatch {k} ({s}B{k} or {s}I{k}+{s}W{k})")
         raise ScheduleError(f"rank {rank} is missing {', '.join(missing)}: a split backward needs both I and W")
     back = b if b is not None else i
     if back < f:
-        kind = "B" if b is not None else "I"
-        raise ScheduleError(f"rank {rank} runs {s}{kind}{k} before its forward {s}F{k}")
+        kind = Op.B if b is not None else Op.I
+        raise ScheduleError(f"rank {rank} runs {Action(s, kind, k)} before its forward {Action(s, Op.F, k)}")
     if w is not None and w < i:
         raise ScheduleError(f"rank {rank} runs {s}W{k} before {s}I{k}")
 

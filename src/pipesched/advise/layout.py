@@ -79,7 +79,7 @@ def gradient_sync(
         ready: dict[int, float] = {}
         for span in rank_spans:
             stage, kind, _mb = span.action
-            if kind in "IWB":
+            if kind.adds_weight_grads:  # a stage's gradients are final after its last W or B
                 ready[stage] = span.end
         free = 0.0
         mine = []
@@ -115,19 +115,28 @@ class LayoutCandidate:
     exposed_allreduce: float  # ms
     allreduce_per_rank: float  # ms of reduction on the busiest rank, hidden or not
     searched: str = "in full"  # how its layout was searched (Advice.searched)
+    tp: int = 1
+    dp_shard: int = 1
+    exposed_gather: float = 0.0  # ms the step waited for FSDP's all-gathers
+    gather_per_rank: float = 0.0  # ms of all-gathers on the busiest rank, hidden or not
 
     def label(self) -> str:
-        return f"pp={self.pp} x dp={self.dp}: {self.candidate.label()}"
+        sharded = f" x dp_shard={self.dp_shard} x tp={self.tp}" if (self.tp, self.dp_shard) != (1, 1) else ""
+        return f"pp={self.pp} x dp={self.dp}{sharded}: {self.candidate.label()}"
 
     def to_json(self) -> dict:
         return {
             "pp": self.pp,
             "dp": self.dp,
+            "dp_shard": self.dp_shard,
+            "tp": self.tp,
             **self.candidate.to_json(),
             "step_time": self.step_time,
             "exposed_allreduce": self.exposed_allreduce,
             "allreduce_per_rank": self.allreduce_per_rank,
             "searched": self.searched,
+            "exposed_gather": self.exposed_gather,
+            "gather_per_rank": self.gather_per_rank,
         }
 
 
@@ -138,20 +147,24 @@ class LayoutAdvice:
     candidates: tuple[LayoutCandidate, ...]  # fastest first
     per_layout: tuple[Advice, ...]
     skipped: tuple[str, ...] = ()
+    searched: tuple[str, ...] = ()  # how each layout was searched, where per_layout does not say (whole layouts)
 
     @property
     def recommended(self) -> LayoutCandidate:
         return self.candidates[0]
 
-    def baseline(self, pp: int, dp: int) -> Optional[LayoutCandidate]:
+    def baseline(self, pp: int, dp: int, tp: int = 1, dp_shard: int = 1) -> Optional[LayoutCandidate]:
         """1F1B at the same layout (the fastest 1F1B setting the search kept)."""
-        return next((c for c in self.candidates if (c.pp, c.dp) == (pp, dp) and c.candidate.schedule == "1f1b"), None)
+        return next((c for c in self.candidates if (c.pp, c.dp, c.tp, c.dp_shard) == (pp, dp, tp, dp_shard)
+                     and c.candidate.schedule == "1f1b"), None)
 
     def to_json(self) -> list[dict]:
         return [c.to_json() for c in self.candidates]
 
     def searched_lines(self) -> list[str]:
         """How each layout's pipeline was searched (in full, or narrowed to its time budget)."""
+        if self.searched:
+            return list(self.searched)
         return [f"pp={a.ranks} x dp={self.gpus // a.ranks}: {a.searched}" for a in self.per_layout]
 
 

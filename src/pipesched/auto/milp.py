@@ -26,13 +26,16 @@ from typing import Optional
 
 from ..actions import Action
 from ..costs import Costs
-from ..execution import TOLERANCE, dependency, latency
-from ..memory import UNIT_STAGE, level_after, whole_stage_microbatches
+from ..dependencies import dependency
+from ..execution import TOLERANCE, latency
+from ..memory import UNIT_CHANGE, whole_stage_microbatches
+from ..ops import Op
 from ..placement import stages_by_rank
 from ..ranking import objective_value
 from ..schedule import Schedule
 from ..schedules.choose import work_bound
 from ..simulate import action_durations, simulate
+from .ancestors import ancestor_bits
 
 MARGIN = 1e-4  # relative improvement the solver must find to replace the greedy result
 # Branch-and-bound nodes explored at most, besides the time limit. The time limit usually binds
@@ -117,7 +120,7 @@ def refine(
 
     if greedy <= bound * (1 + TOLERANCE):
         return done("greedy-optimal")
-    if any(a.kind == "B" for _, a in schedule.actions()):
+    if any(a.kind is Op.B for _, a in schedule.actions()):
         return done("skipped: the best candidate uses fused backwards")
     graph = _graph(schedule, costs)
     pairs = _open_pairs(graph)
@@ -155,8 +158,8 @@ def _graph(schedule: Schedule, costs: Costs) -> _Graph:
     for i, (r, a) in enumerate(nodes):
         dep = dependency(a, schedule.stages)
         if dep is not None:
-            s, g, k = dep
-            j = index[Action(s, "I" if g == "G" else g, k)]
+            s, output, k = dep
+            j = index[Action(s, output.makers[0], k)]  # an input gradient is an I's: no fused B here
             edges.append((j, i, latency(schedule.placement, s, a.stage, costs.comm)))
             preds[i].append(j)
         if a.microbatch > 0:
@@ -166,7 +169,7 @@ def _graph(schedule: Schedule, costs: Costs) -> _Graph:
     by_rank: dict[int, list[int]] = {}
     for i, (r, _) in enumerate(nodes):
         by_rank.setdefault(r, []).append(i)
-    ancestors = _closure(len(nodes), preds, _topological(len(nodes), preds))
+    ancestors = ancestor_bits(preds)
     return _Graph(nodes, durations, edges, ancestors, by_rank)
 
 
@@ -202,14 +205,14 @@ def _constraints(
     _memory_rows(rows, schedule, graph, pairs, memory_limit)
     if objective == "makespan":
         for i, (_, a) in enumerate(nodes):
-            if a.kind == "W":
+            if a.kind is Op.W:
                 rows.add([(obj_var, 1.0), (i, -1.0)], d[i], math.inf)
     else:
         first = {r: obj_var + 1 + r for r in range(ranks)}
         for i, (r, a) in enumerate(nodes):
-            if a.kind == "F" and a.microbatch == 0:
+            if a.kind is Op.F and a.microbatch == 0:
                 rows.add([(first[r], 1.0), (i, -1.0)], -math.inf, 0.0)
-            if a.kind == "W":
+            if a.kind is Op.W:
                 rows.add([(obj_var, 1.0), (i, -1.0), (first[r], 1.0)], d[i], math.inf)
     return rows, variables, obj_var
 
@@ -222,14 +225,14 @@ def _memory_rows(rows: _Rows, schedule: Schedule, graph: _Graph, pairs: dict, me
     for r, members in graph.by_rank.items():
         cap = whole_stage_microbatches(memory_limit, held[r])
         for f in members:
-            if nodes[f][1].kind != "F":
+            if nodes[f][1].kind is not Op.F:
                 continue
             terms: dict[int, float] = {}
             const = 1.0
             for g in members:
                 if g == f:
                     continue
-                sign = level_after(nodes[g][1].kind, UNIT_STAGE)  # F takes one M_B, W frees it
+                sign = UNIT_CHANGE[nodes[g][1].kind]  # F takes one M_B, W frees it
                 if not sign:
                     continue  # I holds on (nodes hold no fused B: refine skips those schedules)
                 if graph.ordered(g, f):
@@ -275,32 +278,3 @@ def _decode(schedule: Schedule, graph: _Graph, solution) -> Schedule:
         schedule.ranks, schedule.microbatches, schedule.placement,
         tuple(tuple(graph.nodes[i][1] for i in o) for o in orders), name=schedule.name,
     )
-
-
-def _closure(n: int, preds: list[list[int]], topo: list[int]) -> list[int]:
-    """Ancestor bitsets (Python ints) in topological order."""
-    anc = [0] * n
-    for v in topo:
-        bits = 0
-        for u in preds[v]:
-            bits |= anc[u] | (1 << u)
-        anc[v] = bits
-    return anc
-
-
-def _topological(n: int, preds: list[list[int]]) -> list[int]:
-    succs: list[list[int]] = [[] for _ in range(n)]
-    indeg = [len(p) for p in preds]
-    for v, ps in enumerate(preds):
-        for u in ps:
-            succs[u].append(v)
-    ready = [v for v in range(n) if indeg[v] == 0]
-    order = []
-    while ready:
-        v = ready.pop()
-        order.append(v)
-        for w in succs[v]:
-            indeg[w] -= 1
-            if indeg[w] == 0:
-                ready.append(w)
-    return order

@@ -24,6 +24,7 @@ from typing import Iterator, Optional
 from ..costs import Costs
 from ..execution import TOLERANCE
 from ..memory import Recompute, unit_peak
+from ..ops import Op
 from ..placement import loop_placement, stages_by_rank, v_placement
 from ..schedule import Schedule
 from ..schedules.greedy import build_greedy
@@ -55,13 +56,13 @@ def weights_eager(orders) -> tuple[tuple, ...]:
     ``W``, so this never deadlocks; it frees each stash as early as the order allows)."""
     eager = []
     for order in orders:
-        weights = {(a.stage, a.microbatch): a for a in order if a.kind == "W"}
+        weights = {(a.stage, a.microbatch): a for a in order if a.kind is Op.W}
         moved = []
         for a in order:
-            if a.kind == "W":
+            if a.kind is Op.W:
                 continue
             moved.append(a)
-            if a.kind == "I":
+            if a.kind is Op.I:
                 moved.append(weights[(a.stage, a.microbatch)])
         eager.append(tuple(moved))
     return tuple(eager)

@@ -18,6 +18,7 @@ from typing import Iterator, Optional
 from ..costs import Costs
 from ..errors import PipeschedError
 from ..memory import schedule_recompute
+from ..ops import Op
 from ..placement import loop_placement, v_placement
 from ..registry import BuildRequest, families
 from ..schedule import Schedule
@@ -96,11 +97,11 @@ def with_weights_replaced(
 ) -> Optional[Schedule]:
     """The same forwards and input-gradient backwards, W passes put into this cost model's waits
     (``fill_partial_waits``: also into waits shorter than a W)."""
-    if any(a.kind == "B" for _, a in schedule.actions()) or not schedule.split_backward:
+    if any(a.kind is Op.B for _, a in schedule.actions()) or not schedule.split_backward:
         return None
     if schedule_recompute(schedule) is not None:
         return None  # the W placement counts stored activations only
-    skeleton = [[a for a in schedule.rank_actions(r) if a.kind != "W"] for r in range(schedule.ranks)]
+    skeleton = [[a for a in schedule.rank_actions(r) if a.kind is not Op.W] for r in range(schedule.ranks)]
     return fill_weight_passes(skeleton, schedule.placement, schedule.microbatches, costs, limit,
                               schedule.name, fill_partial_waits=fill_partial_waits)
 

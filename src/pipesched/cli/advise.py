@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import typer
 
@@ -13,24 +13,17 @@ from ..advise.search import check_search_size
 from ..advise.estimate import (
     ATTENTION_KERNELS, DEFAULT_TFLOPS, DTYPE_BYTES, Hardware, TransformerCosts, TransformerSpec,
 )
-from ..advise.explain import WHOLE_DEVICE
 from ..advise.layout import DEFAULT_DP_LATENCY_MS
-from ..advise.howto import csv_name, guidance
-from ..advise.result import Candidate
 from ..costs import Costs
 from ..errors import ConfigError
-from ..memory import format_bytes
 from ..registry import families as registered_families, get_family
-from ..units import format_time
 from . import app
 from . import advise_layout as layout_options
 from . import options as opt
 from .progress import planning_progress
+from .advise_print import print_advice
 from .renamed import deprecated_option, renamed
-from .tables import Column, fitted_table
 
-if TYPE_CHECKING:  # rich loads when the advice is printed
-    from rich.table import Table
 
 _MODEL_FLAGS = ("--layers", "--hidden", "--seq-len")
 _HARDWARE_FLAGS = ("--heads", "--vocab", "--attention", "--activation-dtype", "--gpu-memory", "--bandwidth", "--flops")
@@ -38,6 +31,7 @@ _HARDWARE_FLAGS = ("--heads", "--vocab", "--attention", "--activation-dtype", "-
 
 @app.command("advise")
 def advise_cmd(
+    ctx: typer.Context,
     ranks: int = opt.Ranks,
     memory_limit: Optional[str] = typer.Option(
         None, "--memory-limit",
@@ -84,6 +78,11 @@ def advise_cmd(
     dp_bandwidth: Optional[float] = layout_options.DpBandwidth,
     dp_latency: Optional[float] = layout_options.DpLatency,
     report: Optional[Path] = layout_options.Report,
+    gpus_per_node: Optional[int] = layout_options.GpusPerNode,
+    node_bandwidth: Optional[float] = layout_options.NodeBandwidth,
+    tp: Optional[int] = layout_options.Tp,
+    dp_shard: Optional[int] = layout_options.DpShard,
+    dp: Optional[int] = layout_options.Dp,
 ) -> None:
     """Search every schedule, chunk count and microbatch count; recommend the fastest that fits."""
     dtype = renamed("advise", "--dtype", "--activation-dtype", old_dtype, dtype)
@@ -94,6 +93,8 @@ def advise_cmd(
         "--min-microbatch-size": min_microbatch_size, "--top": top, "--batch-size": batch_size,
         "--profile-steps": profile_steps, "--gpu-memory": gpu_memory, "--bandwidth": bandwidth, "--flops": flops,
         "--dp-bandwidth": dp_bandwidth, "--dp-latency": dp_latency, "--overhead": overhead,
+        "--gpus-per-node": gpus_per_node, "--node-bandwidth": node_bandwidth, "--tp": tp, "--dp-shard": dp_shard,
+        "--dp": dp,
     })
     given = {
         "--layers": layers, "--hidden": hidden, "--seq-len": seq_len, "--heads": heads, "--vocab": vocab,
@@ -108,7 +109,8 @@ def advise_cmd(
         "--overhead": overhead, "--microbatch-size": microbatch_size, "--max-microbatches": max_microbatches,
         "--min-microbatch-size": min_microbatch_size, "--microbatches": microbatches, "--model": model_name,
         "--batch-size": batch_size, "--profile-steps": profile_steps, "--dp-bandwidth": dp_bandwidth,
-        "--dp-latency": dp_latency, "--report": report, "--gpus": gpus,
+        "--dp-latency": dp_latency, "--report": report, "--gpus": gpus, "--gpus-per-node": gpus_per_node,
+        "--node-bandwidth": node_bandwidth, "--tp": tp, "--dp-shard": dp_shard, "--dp": dp,
     })
     model_name, batch_size, profile_steps = _or(model_name, "mlp"), _or(batch_size, 64), _or(profile_steps, 4)
     min_microbatch_size, overhead = _or(min_microbatch_size, 1), _or(overhead, 0.0)
@@ -125,6 +127,22 @@ def advise_cmd(
         else:
             print_advice(result, None, top, trained_model=(model_name, batch_size))
         return
+    fixed = {k: v for k, v in (("tp", tp), ("dp_shard", dp_shard), ("dp_replicate", dp)) if v is not None}
+    if gpus is not None and (gpus_per_node is not None or fixed):
+        source = ctx.get_parameter_source("ranks")
+        if source is not None and source.name == "COMMANDLINE":  # -p given: it fixes pp
+            fixed["pp"] = ranks
+        refuse_ignored("--gpus --gpus-per-node", {"--dp-bandwidth": dp_bandwidth})
+        layout_options.run_whole(
+            gpus, global_batch,
+            _model(gpus, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers, profiled),
+            gpus_per_node, node_bandwidth, fixed, dp_latency, report, as_json, top,
+            objective=objective, max_chunks=max_chunks, min_microbatch_size=min_microbatch_size,
+            max_microbatches=max_microbatches, families=_families(schedules), workers=workers,
+        )
+        return
+    if node_bandwidth is not None and gpus_per_node is None:
+        raise ConfigError("--node-bandwidth belongs to --gpus-per-node: give the GPUs per node")
     if gpus is not None or report is not None:
         layout_options.run(
             gpus, global_batch,
@@ -155,18 +173,22 @@ def advise_cmd(
     print_advice(result, model, top)
 
 
+_WHOLE_LAYOUT = ("--gpus-per-node", "--node-bandwidth", "--tp", "--dp-shard", "--dp")
 IGNORED_BY = {  # what each way of giving the costs does without: refused rather than dropped silently
     "--profile": ("--overhead", "--microbatch-size", "--max-microbatches", "--min-microbatch-size",
-                  "--dp-bandwidth", "--dp-latency", "--report", "--gpus"),
+                  "--dp-bandwidth", "--dp-latency", "--report", "--gpus") + _WHOLE_LAYOUT,
     "--gpus": ("--microbatches", "--overhead", "--model", "--batch-size", "--profile-steps"),
-    "a model description": ("--overhead", "--model", "--batch-size", "--profile-steps", "--dp-bandwidth", "--dp-latency"),
-    "given costs": ("--model", "--batch-size", "--profile-steps", "--dp-bandwidth", "--dp-latency"),
+    "--gpus --gpus-per-node": ("--dp-bandwidth",),
+    "a model description": ("--overhead", "--model", "--batch-size", "--profile-steps", "--dp-bandwidth",
+                            "--dp-latency") + _WHOLE_LAYOUT,
+    "given costs": ("--model", "--batch-size", "--profile-steps", "--dp-bandwidth", "--dp-latency") + _WHOLE_LAYOUT,
 }
 WHY_IGNORED = {
     "--profile": "the costs are measured at the profiled microbatches",
     "--gpus": "it chooses the microbatches and costs them from the model",
-    "a model description": "the model gives each microbatch size's costs",
-    "given costs": "--model, --batch-size and --profile-steps belong to --profile, --dp-* to --gpus",
+    "a model description": "the model gives each microbatch size's costs; the layout's flags belong to --gpus",
+    "given costs": "--model, --batch-size and --profile-steps belong to --profile, --dp-* and the layout's flags to --gpus",
+    "--gpus --gpus-per-node": "the nodes and their two bandwidths price every link",
 }
 
 
@@ -246,110 +268,3 @@ def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm
         bandwidth=given["--bandwidth"], gpu_memory=given["--gpu-memory"],
     )
     return TransformerCosts(spec, ranks, hardware, limit=memory_limit, memory_bytes=limit_bytes)
-
-
-def print_advice(result: Advice, model: Optional[TransformerCosts], top: int,
-                 trained_model: Optional[tuple[str, int]] = None) -> None:
-    """The ranked table, the recommendation and why, and how to run it (``trained_model``: the
-    built-in model and batch size the costs were measured on, if they were)."""
-    from rich.console import Console
-
-    console = Console()
-    console.print(f"[bold]pipesched advise[/bold]  {_setup_line(result)}")
-    if model is not None:
-        console.print(_model_line(model))
-    console.print(advice_table(result, top, console.width), crop=False)  # uncut, even on a narrow console
-    best = result.recommended
-    console.print(f"[bold green]Recommendation:[/bold green] {result.reason}")
-    for note in result.notes:
-        console.print(f"  - {note}")
-    for line in layout_options.split_lines(best, model):
-        console.print(line, highlight=False)
-    train = None if trained_model is None else train_command(best, result.ranks, 1, csv_name(best), *trained_model)
-    for line in guidance(best, result.ranks, train=train):
-        console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)  # commands and code: copied whole, never folded
-
-
-def train_command(c: Candidate, pp: int, dp: int, csv: str, model: str, batch_size: int) -> Optional[str]:
-    """``pipesched train`` running the exported ``csv`` on built-in ``model``, or None when the
-    model's blocks do not split into the schedule's stages (train would refuse it)."""
-    from ..runtime.models import get_model
-    from ..runtime.partition import block_counts
-
-    if batch_size % (dp * c.microbatches):
-        return None  # train refuses a batch that does not split into the microbatches
-    try:
-        block_counts(get_model(model).num_blocks, pp * c.chunks)
-    except ConfigError:
-        return None
-    dp_flag = f" --dp {dp}" if dp > 1 else ""
-    recompute = " --recompute all" if c.recompute != "none" else ""
-    return f"pipesched train --model {model} --csv {csv} --ranks {pp}{dp_flag} --batch-size {batch_size}{recompute}"
-
-
-def advice_table(result: Advice, top: int, width: int) -> Table:
-    """The ranked candidates that fit (and 1F1B), fitted to ``width`` columns (times with units
-    where the costs are milliseconds: a model description, a profile)."""
-    shown = [c for c in result.candidates if c.fits][:max(1, top)]
-    base = result.baseline
-    if base is not None and base not in shown:
-        shown.append(base)
-    reference = f" (M_B at b={result.plan.microbatch_size})" if len(result.plan.options) > 1 and result.plan.microbatch_size else ""
-    sizes = result.plan.global_batch is not None
-    in_gb = any(c.memory_gb is not None for c in shown)  # the GB count weights, gradients and optimizer state too
-    in_bytes = not in_gb and any(c.peak_memory_bytes is not None for c in shown)
-    columns = [Column("#"), Column("schedule", justify="left", wrap=True), Column("chunks", short="v"), Column("m")]
-    columns += [Column("b", drop=2)] if sizes else []
-    columns += [Column(result.objective), Column("bubble", drop=3), Column("peak M_B", drop=1)]
-    columns += [Column(f"GB {WHOLE_DEVICE}")] if in_gb else [Column("peak bytes")] if in_bytes else []
-    columns += [Column("vs 1f1b", drop=4)]
-    rows, styles = [], []
-    for i, c in enumerate(result.candidates):
-        if c not in shown:
-            continue
-        recomputed = c.recompute != "none" and c.peak_memory_bytes is not None  # M_B counts stored activations
-        row = [str(i + 1), c.schedule + (" +recompute" if c.recompute != "none" else ""), str(c.chunks),
-               str(c.microbatches)] + ([str(c.microbatch_size)] if sizes else [])
-        row += [format_time(c.value(result.objective), result.time_unit), f"{100 * c.bubble_ratio:.1f}%",
-                "-" if recomputed else f"{c.peak_memory_reference:.3g}" + ("" if c.fits else " (over)")]
-        if in_gb:
-            row.append(f"{c.memory_gb:.1f}" if c.memory_gb is not None else "-")
-        elif in_bytes:
-            row.append(format_bytes(c.peak_memory_bytes) if c.peak_memory_bytes is not None else "-")
-        row.append(f"{c.speedup_vs_1f1b:.3f}x" if c.speedup_vs_1f1b else "-")
-        rows.append(row)
-        styles.append("bold green" if i == 0 else ("red" if not c.fits else None))
-    caption = f"peak M_B: activations only{reference}" + (
-        f"; GB {WHOLE_DEVICE}: weights, gradients, optimizer state and activations (what a limit in bytes bounds)"
-        if in_gb else "")
-    title = f"{len(result.fitting)} of {len(result.candidates)} candidates fit; best {len(shown)} shown"
-    return fitted_table(columns, rows, width, title, caption, styles)
-
-
-def _setup_line(result: Advice) -> str:
-    plan, best = result.plan, result.recommended
-    batch = (
-        f"global batch {plan.global_batch}, reference m={plan.reference}" if plan.global_batch
-        else f"m={plan.reference}"
-    )
-    c = best.costs if best.scale == 1.0 else None
-    cost = f"  F,B,W={c.F:.4g},{c.B:.4g},{c.W:.4g} comm={c.comm:.4g}" if c else ""
-    cost += f" stage overhead={c.stage_overhead:.4g}" if c and c.stage_overhead else ""
-    cost += f" full backward={c.full_backward:.4g}" if c and c.full_backward is not None else ""
-    limit = f"  memory limit {result.memory_limit:g} M_B" if result.memory_limit is not None else ""
-    return f"p={result.ranks}  {batch}{cost}{limit}  objective {result.objective}"
-
-
-def _model_line(model: TransformerCosts) -> str:
-    f, b, w = model.layer_times()
-    spec = model.spec
-    parts = [
-        f"per layer F,B,W = {f:.3g},{b:.3g},{w:.3g} ms",
-        f"activations {spec.layer_activation_bytes(spec.microbatch_size) / 1e6:.4g} MB per layer and microbatch",
-    ]
-    if spec.vocab:
-        parts.append(f"head F=B=W={model.head_time():.3g} ms")
-    parts.append(f"p2p {spec.p2p_bytes(spec.microbatch_size) / 1e6:.3g} MB/microbatch -> comm {model.comm_ms():.3g} ms")
-    parts.append(f"params+optimizer {model.state_gb(model.ranks, 'loop'):.3g} GB on the fullest rank (1 chunk)")
-    return "model: " + "; ".join(parts)
-

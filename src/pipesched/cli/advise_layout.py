@@ -11,7 +11,13 @@ import typer
 from ..jsontext import json_text
 from ..advise.estimate import TransformerCosts
 from ..advise.howto import guidance
+from ..advise.fabric import Fabric, Link
 from ..advise.layout import DEFAULT_DP_LATENCY_MS, LayoutAdvice, advise_layouts
+from ..advise.layout_chart import whole_layout_timeline
+from ..advise.layout_costs import LayoutCosts
+from ..advise.layout_explain import dimension_lines, layout_name, run_lines, runner_lines
+from ..advise.layout_search import advise_whole_layouts, flag_of
+from ..parallel_layout import ParallelLayout
 from ..advise.result import Candidate
 from ..errors import ConfigError
 from ..outfiles import check_output_path, write_atomic
@@ -22,12 +28,23 @@ from .tables import Column, fitted_table
 if TYPE_CHECKING:  # rich loads when the layouts are printed
     from rich.table import Table
 
+    from ..render.timeline import Timeline
+
 Gpus = typer.Option(
     None, "--gpus", help="GPUs in all: search pipeline ranks x data-parallel replicas (needs a model description and --global-batch)."
 )
 DpBandwidth = typer.Option(None, "--dp-bandwidth", help="With --gpus: GB/s between data-parallel replicas (default --bandwidth).")
 DpLatency = typer.Option(None, "--dp-latency", help=f"With --gpus: ms per all-reduce bucket (default {DEFAULT_DP_LATENCY_MS:g}).")
 Report = typer.Option(None, "--report", help="With --gpus: write an HTML report of the chosen layout.")
+GpusPerNode = typer.Option(
+    None, "--gpus-per-node",
+    help="With --gpus: GPUs per node; searches whole layouts, pp x dp x dp_shard x tp (docs/layouts.md).",
+)
+NodeBandwidth = typer.Option(None, "--node-bandwidth", help="With --gpus-per-node: GB/s per GPU between nodes (--bandwidth: within one).")
+Tp = typer.Option(None, "--tp", help="With --gpus: fix tensor parallelism (ranks splitting each layer).")
+DpShard = typer.Option(None, "--dp-shard", help="With --gpus: fix FSDP shards inside a stage.")
+Dp = typer.Option(None, "--dp", help="With --gpus and --gpus-per-node: fix whole replicas of the pipeline.")
+WITHIN_LATENCY_MS, ACROSS_LATENCY_MS = 0.005, 0.02  # per ring step: NVLink's and InfiniBand's order of magnitude
 
 
 def run(gpus: Optional[int], global_batch: Optional[int], model: TransformerCosts, dp_bandwidth: Optional[float],
@@ -60,6 +77,64 @@ def run(gpus: Optional[int], global_batch: Optional[int], model: TransformerCost
         console.print(line, highlight=False)
     for line in guidance(best.candidate, best.pp, best.dp):
         console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)  # commands and code: copied whole, never folded
+
+
+def run_whole(gpus: int, global_batch: Optional[int], model: TransformerCosts, gpus_per_node: Optional[int],
+              node_bandwidth: Optional[float], fixed: dict, dp_latency: float, report: Optional[Path], as_json: bool,
+              top: int, **options) -> None:
+    """``advise --gpus G --gpus-per-node N``: search whole layouts, print the table (or JSON) and why."""
+    if gpus_per_node is None:
+        raise ConfigError(f"{', '.join(flag_of(k) for k in fixed)} with --gpus needs --gpus-per-node "
+                          "(which ranks share a node decides each dimension's links)")
+    if global_batch is None:
+        raise ConfigError("--gpus needs --global-batch G (samples per step over every replica)")
+    if model.hardware.bandwidth is None or node_bandwidth is None:
+        raise ConfigError("--gpus-per-node needs --bandwidth (GB/s within a node) and --node-bandwidth (GB/s per GPU between nodes)")
+    fabric = Fabric(gpus_per_node, Link.from_gbps(model.hardware.bandwidth, WITHIN_LATENCY_MS),
+                    Link.from_gbps(node_bandwidth, ACROSS_LATENCY_MS))
+    if report is not None:
+        check_output_path(report, [".html", ".htm"])
+    advice = advise_whole_layouts(gpus, model, global_batch, fabric, fixed=fixed, replica_latency=dp_latency, **options)
+    if report is not None:
+        chart = whole_layout_timeline(advice.recommended, model, fabric, dp_latency)
+        write_atomic(report, layout_report(advice, top, chart))
+        typer.echo(f"wrote {report}", err=True)
+    if as_json:
+        typer.echo(json_text(advice.to_json()))
+        return
+    from rich.console import Console
+
+    console = Console()
+    best = advice.recommended
+    console.print(f"[bold]pipesched advise[/bold]  {gpus} GPUs in nodes of {gpus_per_node}, global batch {global_batch}")
+    console.print(whole_table(advice, top, console.width), crop=False)
+    console.print(f"[bold green]Recommendation:[/bold green] {layout_name(best)} with {best.candidate.label()}", highlight=False)
+    costs = LayoutCosts.for_layout(model, ParallelLayout(best.pp, best.dp, best.dp_shard, best.tp), fabric)
+    tokens = global_batch * model.spec.seq_len
+    for line in dimension_lines(best, costs, tokens, gpus) + runner_lines(advice):
+        console.print(f"  {line}", highlight=False)
+    for line in split_lines(best.candidate, model) + [f"  {line}" for line in run_lines(best)]:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)  # commands: copied whole, never folded
+    console.print(f"Layouts searched ({len(advice.searched)}): " + "; ".join(advice.searched), highlight=False)
+    console.print(f"Layouts left out ({len(advice.skipped)}): " + "; ".join(advice.skipped), highlight=False)
+
+
+def whole_table(advice: LayoutAdvice, top: int, width: int) -> Table:
+    """The ranked whole layouts, fitted to ``width`` columns (times in ms, with units)."""
+    columns = [Column("#"), Column("pp"), Column("dp"), Column("dp_shard", short="fsdp"), Column("tp"),
+               Column("schedule", justify="left", wrap=True), Column("chunks", short="v"), Column("m"), Column("step"),
+               Column("gather (exposed)", drop=2), Column("reduce (exposed)", drop=1), Column(f"GB {WHOLE_DEVICE}")]
+    rows = []
+    for i, c in enumerate(_rows(advice, top)):
+        gb = f"{c.candidate.memory_gb:.1f}" if c.candidate.memory_gb is not None else "-"
+        name = c.candidate.schedule + (" +recompute" if c.candidate.recompute != "none" else "")
+        rows.append([str(i + 1), str(c.pp), str(c.dp), str(c.dp_shard), str(c.tp), name, str(c.candidate.chunks),
+                     str(c.candidate.microbatches), format_time(c.step_time, "ms"),
+                     f"{format_time(c.gather_per_rank, 'ms')} ({format_time(c.exposed_gather, 'ms')})",
+                     f"{format_time(c.allreduce_per_rank, 'ms')} ({format_time(c.exposed_allreduce, 'ms')})", gb])
+    title = f"{len(advice.candidates)} layout candidates; best {min(top, len(advice.candidates))} shown"
+    return fitted_table(columns, rows, width, title, f"GB {WHOLE_DEVICE}: weights, gradients, optimizer state, "
+                        "gathered window, unsharded gradients and activations", ["bold green"] + [None] * (len(rows) - 1))
 
 
 def split_lines(c: Candidate, model: Optional[TransformerCosts]) -> list[str]:
@@ -109,8 +184,9 @@ def layout_table(advice: LayoutAdvice, top: int, width: int) -> Table:
                         ["bold green"] + [None] * (len(rows) - 1))
 
 
-def layout_report(advice: LayoutAdvice, top: int = 12) -> str:
-    """The chosen layout, why, and the ranked layouts, with the chosen schedule's chart."""
+def layout_report(advice: LayoutAdvice, top: int = 12, timeline: Optional["Timeline"] = None) -> str:
+    """The chosen layout, why, and the ranked layouts, with the chosen schedule's chart
+    (``timeline``: a whole layout's, with its comm lane)."""
     from ..registry import build_schedule, get_family
     from ..advise.search import objective_option
     from ..render.svg import gantt_svg
@@ -133,12 +209,13 @@ def layout_report(advice: LayoutAdvice, top: int = 12) -> str:
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>pipesched layout: {advice.gpus} GPUs</title><style>{CSS}</style></head><body>",
-        f"<h1>Layout for {advice.gpus} GPUs: {best.pp} pipeline ranks \u00d7 {best.dp} data-parallel replicas</h1>",
+        f"<h1>Layout for {advice.gpus} GPUs: {best.pp} pipeline ranks \u00d7 {best.dp} data-parallel replicas"
+        + (f" \u00d7 {best.dp_shard} FSDP shards \u00d7 tp {best.tp}" if timeline is not None else "") + "</h1>",
         f'<p class="config">Global batch {advice.global_batch}; each replica runs its pipeline on '
         f"{advice.global_batch // best.dp} samples; times in ms.</p>",
         f"<p><strong>Recommendation:</strong> {escape(recommendation(advice))}</p>",
         "\n".join(rows),
         f"<h2>{escape(schedule.describe())}, one replica</h2>",
-        f'<div class="chart">{gantt_svg(simulate(schedule, c.costs))}</div>',
+        f'<div class="chart">{gantt_svg(timeline or simulate(schedule, c.costs))}</div>',
         "</body></html>",
     ])

@@ -217,6 +217,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "--top": (1, 10_000), "--batch-size": (1, 2**24), "--profile-steps": (1, 10_000),
     "--gpu-memory": (1e-3, 1e6), "--bandwidth": (1e-6, 1e9), "--flops": (1e-6, 1e9),
     "--dp-bandwidth": (1e-6, 1e9), "--dp-latency": (0.0, 1e9), "--overhead": (0.0, 1e9),
+    "--gpus-per-node": (1, 2**16), "--node-bandwidth": (1e-6, 1e9), "--tp": (1, 2**16), "--dp-shard": (1, 2**16),
+    "--dp": (1, 2**16),
 }
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
 from ..execution import TOLERANCE
-from .palette import BASE, KIND_NAMES, style_key
+from .palette import BASE, COMM_NAMES, KIND_NAMES, style_key
 from .timeline import Timeline, overlaps_previous, summary_line
 
 LABEL_W = 62  # rank labels on the left
@@ -21,6 +21,7 @@ RIGHT_PAD = 24
 TITLE_H = 44  # title line and legend
 ROW_H = 20
 MEM_H = 18
+COMM_H = 8  # a rank's comm lane, under its actions
 ROW_GAP = 7
 AXIS_H = 34
 DIGIT_W = 6.4  # width of one digit at the box font size, for "does the number fit"
@@ -90,10 +91,11 @@ class Chart:
 
 def build_chart(timeline: Timeline, scale: Optional[Scale] = None) -> Chart:
     """Lay out ``timeline``; pass a shared ``scale`` to align several charts on one time axis."""
-    scale = scale or Scale.fit(timeline.makespan)
+    scale = scale or Scale.fit(timeline.end)
     px = scale.px_per_unit
     has_memory = timeline.memory is not None
-    row_pitch = ROW_H + (MEM_H if has_memory else 0) + ROW_GAP
+    comm_h = COMM_H if timeline.comm is not None else 0
+    row_pitch = ROW_H + comm_h + (MEM_H if has_memory else 0) + ROW_GAP
     plot_x1 = LABEL_W + scale.axis_end * px
     axis_y = TITLE_H + timeline.ranks * row_pitch
     chunk = timeline.chunk_of_stage()
@@ -125,11 +127,16 @@ def build_chart(timeline: Timeline, scale: Optional[Scale] = None) -> Chart:
                 mb if w >= DIGIT_W * len(mb) + 3 else "",
                 f"{action}  rank {rank}  {start:.6g} \u2192 {end:.6g}",
             ))
+    for rank, lane in enumerate(timeline.comm or ()):
+        y = TITLE_H + rank * row_pitch + ROW_H + 1
+        for kind, stage, start, end in lane:
+            chart.boxes.append(Box(LABEL_W + start * px, y, (end - start) * px, COMM_H - 2, kind, "",
+                                   f"{COMM_NAMES[kind]} of stage {stage}  rank {rank}  {start:.6g} \u2192 {end:.6g}"))
     if has_memory:
         peaks = timeline.peak_memory() or [0.0]
         top_level = max(peaks) or 1.0
         for rank, curve in enumerate(timeline.memory or ()):
-            top = TITLE_H + rank * row_pitch + ROW_H + 1
+            top = TITLE_H + rank * row_pitch + ROW_H + comm_h + 1
             chart.strips.append(_strip(curve, top, top_level, px, timeline.makespan))
     chart.ticks = [(LABEL_W + t * px, f"{t:g}") for t in _tick_times(scale.axis_end, px)]
     return chart
@@ -146,6 +153,9 @@ def _legend(timeline: Timeline, chunk: list[int]) -> list[tuple[float, str, str]
                 words = f"{k} {KIND_NAMES[k]}" + (f" ({timeline.shade_label(c)})" if many else "")
                 entries.append((x, style_key(k, c), words))
                 x += 28 + CHAR_W * len(words)
+    for kind in sorted({c[0] for lane in timeline.comm or () for c in lane}):
+        entries.append((x, kind, COMM_NAMES[kind]))
+        x += 28 + CHAR_W * len(COMM_NAMES[kind])
     entries.append((x + 10, "", NOTE))
     return entries
 

@@ -6,17 +6,21 @@ lighter shades of it, so the kind stays recognisable and the chunk can still be 
 
 from __future__ import annotations
 
-BASE = {"F": "#0072B2", "I": "#E69F00", "W": "#009E73", "B": "#D55E00"}
-KIND_NAMES = {"F": "forward", "I": "input grad", "W": "weight grad", "B": "full backward"}
+from ..ops import Op
+
+BASE = {Op.F: "#0072B2", Op.I: "#E69F00", Op.W: "#009E73", Op.B: "#D55E00"}
+KIND_NAMES = {Op.F: "forward", Op.I: "input grad", Op.W: "weight grad", Op.B: "full backward"}
 LIGHTEST = 0.6  # how far the last chunk's shade moves towards white
+COMM = {"AG": "#56B4E9", "RS": "#CC79A7"}  # the comm lane's collectives (Okabe-Ito sky blue, reddish purple)
+COMM_NAMES = {"AG": "all-gather", "RS": "gradient reduction"}
 
 
-def style_key(kind: str, chunk: int) -> str:
+def style_key(kind: Op, chunk: int) -> str:
     """The name of one kind-and-chunk colour (also the SVG's CSS class)."""
     return f"{kind}{chunk}"
 
 
-def box_colour(kind: str, chunk: int, chunks: int) -> str:
+def box_colour(kind: Op, chunk: int, chunks: int) -> str:
     """Fill colour of a box: the kind's colour, lighter for later chunks."""
     base = BASE[kind]
     if chunks <= 1 or chunk <= 0:
@@ -31,9 +35,10 @@ def text_colour(fill: str) -> str:
     return "#000000" if luminance > 0.22 else "#ffffff"
 
 
-def palette(chunks: int) -> dict[str, str]:
-    """Every style key a chart with ``chunks`` chunks per rank can use, with its fill."""
-    return {style_key(k, c): box_colour(k, c, chunks) for k in BASE for c in range(max(1, chunks))}
+def palette(chunks: int, comm: bool = False) -> dict[str, str]:
+    """Every style key a chart with ``chunks`` chunks per rank (and a comm lane) can use, with its fill."""
+    kinds = {style_key(k, c): box_colour(k, c, chunks) for k in BASE for c in range(max(1, chunks))}
+    return {**kinds, **COMM} if comm else kinds
 
 
 def _rgb(colour: str) -> tuple[int, int, int]:

@@ -25,7 +25,7 @@ def gantt_png(source: Union[SimResult, Timeline], scale: Optional[Scale] = None)
         raise ConfigError(INSTALL_HINT) from None
     timeline = as_timeline(source)
     chart = build_chart(timeline, scale)
-    fills = palette(timeline.chunks)
+    fills = palette(timeline.chunks, timeline.comm is not None)
     area = chart.width * chart.height
     if area > MAX_PIXELS:
         raise ConfigError(

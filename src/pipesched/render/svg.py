@@ -20,17 +20,17 @@ FONT = "font-family:DejaVu Sans,Helvetica,Arial,sans-serif"
 def gantt_svg(source: Union[SimResult, Timeline], scale: Optional[Scale] = None) -> str:
     """The SVG document for one timeline (a ``scale`` shared by several charts aligns them)."""
     timeline = as_timeline(source)
-    return chart_svg(build_chart(timeline, scale), timeline.chunks)
+    return chart_svg(build_chart(timeline, scale), timeline.chunks, timeline.comm is not None)
 
 
-def chart_svg(chart: Chart, chunks: int) -> str:
+def chart_svg(chart: Chart, chunks: int, comm: bool = False) -> str:
     out: list[str] = []
     w, h = _n(chart.width), _n(chart.height)
     out.append(
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
         f'viewBox="0 0 {w} {h}" style="{FONT};background:#fff">'
     )
-    out.append(_style(chunks))
+    out.append(_style(chunks, comm))
     out.append(f'<rect width="{w}" height="{h}" fill="#fff"/>')
     out.append(
         f'<text x="8" y="17" class="title"><tspan font-weight="bold">{escape(chart.title)}</tspan>'
@@ -61,7 +61,7 @@ def chart_svg(chart: Chart, chunks: int) -> str:
     return "\n".join(out)
 
 
-def _style(chunks: int) -> str:
+def _style(chunks: int, comm: bool) -> str:
     rules = [
         ".title{font-size:13px}",
         ".legend{font-size:11px;dominant-baseline:central}",
@@ -75,7 +75,7 @@ def _style(chunks: int) -> str:
         ".axis{stroke:#888;stroke-width:1}",
         ".tick{font-size:10px;text-anchor:middle;fill:#444}",
     ]
-    for key, fill in palette(chunks).items():
+    for key, fill in palette(chunks, comm).items():
         rules.append(f".{key}{{fill:{fill}}} .n{key}{{fill:{text_colour(fill)}}}")
     return "<style>" + "\n".join(rules) + "</style>"
 

@@ -22,6 +22,8 @@ class Timeline:
 
     ``memory[r]``, when given, is rank r's activations over time as ``(time, level)`` steps, in
     ``memory_unit`` (M_B from the simulator, bytes measured by the runtime).
+    ``comm[r]``, when given, is rank r's communication lane: ``(kind, stage, start, end)`` per
+    collective (``AG`` all-gather, ``RS`` gradient reduction), drawn in a band of its own.
     ``unit`` names the time unit, for axis labels. ``pipelines`` > 1 (DualPipe's two model
     copies) says that the stages form that many pipelines, as in
     :class:`~pipesched.schedule.Schedule`: each is drawn in its own shade.
@@ -34,6 +36,7 @@ class Timeline:
     unit: str = "cost units"
     memory_unit: str = "M_B"
     pipelines: int = 1
+    comm: Optional[tuple[tuple[tuple[str, int, float, float], ...], ...]] = None
 
     @classmethod
     def from_sim(cls, result: SimResult) -> "Timeline":
@@ -77,6 +80,11 @@ class Timeline:
     @property
     def makespan(self) -> float:
         return max((rs[-1].end for rs in self.spans if rs), default=0.0)
+
+    @property
+    def end(self) -> float:
+        """When the last action or collective ends (what the time axis covers)."""
+        return max([self.makespan] + [c[3] for lane in self.comm or () for c in lane])
 
     @property
     def span(self) -> float:

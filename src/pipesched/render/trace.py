@@ -15,12 +15,13 @@ from __future__ import annotations
 from typing import Union
 
 from ..jsontext import json_text
-from ..execution import dependency
+from ..dependencies import dependency, produced
+from ..ops import Op
 from ..simulate import SimResult
 from .timeline import Timeline, as_timeline
 
 DEFAULT_UNIT_US = 1000.0
-CATEGORY = {"F": "forward", "I": "backward_input", "W": "backward_weight", "B": "backward"}
+CATEGORY = {Op.F: "forward", Op.I: "backward_input", Op.W: "backward_weight", Op.B: "backward"}
 COMPUTE_TID = 0
 
 
@@ -66,16 +67,13 @@ def cross_rank_edges(timeline: Timeline) -> list[tuple[int, int, int, int]]:
     """Every input that crosses ranks as (producer rank, producer index, consumer rank, consumer
     index), indices into ``timeline.spans[rank]``."""
     stages, pipelines = len(timeline.placement), timeline.pipelines
-    produced: dict[tuple[int, str, int], tuple[int, int]] = {}
-    for rank, spans in enumerate(timeline.spans):
-        for index, (action, _start, _end) in enumerate(spans):
-            grad = "G" if action.kind in "IB" else action.kind
-            produced[(action.stage, grad, action.microbatch)] = (rank, index)
+    made_at = {produced(action): (rank, index)
+               for rank, spans in enumerate(timeline.spans) for index, (action, _start, _end) in enumerate(spans)}
     edges = []
     for rank, spans in enumerate(timeline.spans):
         for index, (action, _start, _end) in enumerate(spans):
             needed = dependency(action, stages, pipelines)
-            source = produced.get(needed) if needed is not None else None
+            source = made_at.get(needed) if needed is not None else None
             if source is not None and source[0] != rank:
                 edges.append((source[0], source[1], rank, index))
     return edges

@@ -77,7 +77,7 @@ def _across_replicas(summary: list[float], mesh, m: int, device: torch.device) -
         return summary
     info = torch.tensor(summary, dtype=torch.float64, device=device)
     rows = [torch.empty_like(info) for _ in range(mesh.dp)]
-    dist.all_gather(rows, info, group=mesh.dp_group)
+    dist.all_gather(rows, info, group=mesh.replicas_group)
     per_replica = [row.tolist() for row in rows]
     loss = sum(row[0] for row in per_replica) / mesh.dp
     bad = next(((d, row) for d, row in enumerate(per_replica) if row[1] > 0), None)

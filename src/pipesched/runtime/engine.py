@@ -148,13 +148,14 @@ class Engine:
         self.transport.post(ins.message)
 
     def _reduce_grad(self, ins: Instruction, step: _Step) -> None:
+        self.runners[ins.stage].reduce_grad()  # a sharded stage's reduce-scatter (whole: nothing)
         self.reductions.reduce_grad(ins.stage)
 
     def _unshard(self, ins: Instruction, step: _Step) -> None:
-        pass  # whole stages: nothing to gather (sharded stages gather here)
+        self.runners[ins.stage].unshard()  # starts the all-gathers; the stage's compute waits for them
 
     def _reshard(self, ins: Instruction, step: _Step) -> None:
-        pass  # whole stages: nothing to free
+        self.runners[ins.stage].reshard()
 
     # -- what every compute does around its runner's call ------------------------------------
 

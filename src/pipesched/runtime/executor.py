@@ -30,7 +30,9 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..memory import peak, recompute_stages
+from ..parallel_layout import ParallelLayout
 from ..schedule import Schedule
+from ..sharded_bytes import rank_state_bytes
 from ..validate import validate
 from . import batch_context, checkpoint, tied
 from .agree import LossAgreement
@@ -52,6 +54,10 @@ from .program import links, lower
 from .precision import Precision
 from .reduction import ReductionPlan
 from .shapes import ShapeBook, infer_boundary_shapes
+from .sharded_mesh import ShardedMesh
+from .sharded_measure import held_bytes, optimizer_slots
+from .sharding import full_tensor, local_tensors, shard_stages
+from .tp_plans import param_specs
 from .split_backward import WeightGradStash, make_weight_grads_deferrable
 from .stage_runner import build_runners
 
@@ -79,6 +85,9 @@ class PipelineRuntime:
         self.options = options
         self.schedule = schedule
         self.recompute = recompute_stages(options.recompute, schedule)
+        self.sharded = mesh if isinstance(mesh, ShardedMesh) else None  # FSDP / TP inside the stages
+        if self.sharded is not None:
+            mesh = self.sharded.pipeline
         self.mesh = mesh if mesh is not None else PipelineMesh.whole_world(options.timeout_s)
         self.rank = self.mesh.pp_rank
         if self.mesh.pp != schedule.ranks:
@@ -103,24 +112,28 @@ class PipelineRuntime:
             s: build_stage(build_block, self.stage_ranges[s], s, options.seed, self.device) for s in owned
         }
         self.tied = tied.share_on_rank(self.stages, options.tied)
-        self.parameters = list({id(p): p for s in owned for p in self.stages[s].parameters()}.values())
-        self.meter = ActivationMeter(exclude=self.parameters + [b for s in owned for b in self.stages[s].buffers()])
+        self.meter = ActivationMeter()
         self.stash = WeightGradStash(hold=self.meter.hold)
         if schedule.split_backward:
             for stage in self.stages.values():
                 make_weight_grads_deferrable(stage, self.stash)
+        self.state_specs = {s: param_specs(stage, options.tp_plan or {}) for s, stage in self.stages.items()}
+        sharding = shard_stages(self.stages, self.sharded, options, self.meter.exclude) if self.sharded else {}
+        self.tied = tied.held(self.stages, options.tied)  # sharding replaced the parameters
+        self.parameters = list({id(p): p for s in owned for p in self.stages[s].parameters()}.values())
+        self.meter.exclude(local_tensors(self.parameters + [b for s in owned for b in self.stages[s].buffers()]))
         self.sizes = SizeLearner()
         self.optimizer = optimizer(self.parameters)
         self.program = lower(schedule, self.rank)
         self.runners = build_runners(self.stages, self.copies, loss_fn, schedule.microbatches, shapes=self.shapes,
                                      precision=self.precision, meter=self.meter, stash=self.stash,
-                                     recompute=frozenset(self.recompute))
+                                     recompute=frozenset(self.recompute), sharding=sharding)
         self.agreement = LossAgreement(schedule.microbatches, options.clip_grad_norm is not None, self.mesh, self.device)
         groups = make_link_groups(links(schedule), options.timeout_s, self.mesh)
         self.transport = Transport(self.program, groups, self.shapes.wire, self.device, options.timeout_s,
                                    host_staging=options.host_staging, global_rank=self.mesh.global_rank)
         self.reductions = ReductionPlan(schedule, self.stage_ranges, options.tied, self.stages, self.mesh,
-                                        options.overlap_grad_sync, options.timeout_s)
+                                        options.overlap_grad_sync, options.timeout_s, sharded=self.sharded is not None)
         self.broadcast_tied()
         self.streams = OverlapStreams(self.device, options.overlap_streams)
         self.engine = Engine(self.program, self.runners, self.transport, reductions=self.reductions,
@@ -205,7 +218,8 @@ class PipelineRuntime:
                 self.parameters, self.options.clip_grad_norm, torch.tensor(grad_norm, dtype=torch.float64)
             )
         self.optimizer.step()
-        check_weights(self.named_parameters(unique=True), self.steps_done + 1, self.mesh.world_group, self.device)
+        named = [(n, local_tensors([p])[0]) for n, p in self.named_parameters(unique=True)]  # a shard: this rank's piece
+        check_weights(named, self.steps_done + 1, self.mesh.world_group, self.device)
 
     def _split_batch(self, inputs, targets, context) -> tuple:
         """This replica's microbatches of the inputs (where a first stage is), the targets (where
@@ -270,6 +284,23 @@ class PipelineRuntime:
         sizes = self.memory_sizes
         return None if sizes is None else peak(self.program.actions, sizes)
 
+    def state_bytes(self) -> dict[str, dict[str, int]]:
+        """This rank's parameters, gradients and optimizer state in bytes: ``measured`` (the
+        storages it holds) and ``predicted`` (:func:`pipesched.sharded_bytes.rank_state_bytes`
+        from the stages' parameter shapes and the layout; between steps, gradients kept)."""
+        layout = self.sharded.layout if self.sharded else ParallelLayout(self.mesh.pp, self.mesh.dp)
+        tp_rank, shard_rank = (self.sharded.tp_rank, self.sharded.shard_rank) if self.sharded else (0, 0)
+        slots = optimizer_slots(self.optimizer)
+        measured = {"params": 0, "grads": 0, "optimizer": 0}
+        predicted = dict(measured)
+        for s, stage in self.stages.items():
+            for key, value in held_bytes(stage, self.optimizer).items():
+                measured[key] += value
+            expected = rank_state_bytes(self.state_specs[s], layout, tp_rank, shard_rank, slots)
+            for key in predicted:
+                predicted[key] += getattr(expected, key)
+        return {"measured": measured, "predicted": predicted}
+
     def broadcast_tied(self) -> None:
         """Give every copy of each tied parameter its group's value (collective: every rank
         calls it, at start and after loading a checkpoint)."""
@@ -302,12 +333,12 @@ class PipelineRuntime:
         """The full model's state dict on rank ``dst`` (None elsewhere), unpipelined names."""
         local = {}
         for stage in self.stages.values():
-            local.update(stage.global_state_dict())
+            local.update({n: full_tensor(t) for n, t in stage.global_state_dict().items()})
         return self._gather_dicts(local, dst)
 
     def gather_gradients(self, dst: int = 0) -> Optional[dict[str, torch.Tensor]]:
         """The last step's gradients of the full model on rank ``dst`` (None elsewhere)."""
-        local = {n: p.grad.detach().cpu().clone() for n, p in self.named_parameters() if p.grad is not None}
+        local = {n: full_tensor(p.grad.detach().cpu()).clone() for n, p in self.named_parameters() if p.grad is not None}
         return self._gather_dicts(local, dst)
 
     def _gather_dicts(self, local: dict, dst: int) -> Optional[dict]:

@@ -37,7 +37,7 @@ class Reducer:
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params if p.grad is not None]
+        grads = [getattr(p.grad, "_local_tensor", p.grad) for p in params if p.grad is not None]  # a shard's piece
         on_host = dist.get_backend(group) == "gloo"
         for bucket in _buckets(grads, self.bucket_bytes):
             flat = _flatten_dense_tensors(bucket)

@@ -24,6 +24,7 @@ span, is a dictionary lookup). Python bookkeeping only; no device sync.
 from __future__ import annotations
 
 import weakref
+from typing import Iterable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -84,6 +85,8 @@ class ActivationMeter:
         excluded, claim = self._excluded, self._claim
 
         def pack(tensor: torch.Tensor):
+            if type(tensor) is not torch.Tensor and hasattr(tensor, "_local_tensor"):
+                return tensor  # a sharded weight (DTensor) that autograd keeps: a parameter, not an activation
             storage = tensor.untyped_storage().data_ptr()
             if storage in excluded:
                 return tensor
@@ -93,8 +96,14 @@ class ActivationMeter:
 
         self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, _unpack)
 
+    def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Never count ``tensors``' storages from now on (weights a sharded stage gathered)."""
+        self._excluded.update(t.untyped_storage().data_ptr() for t in tensors)
+
     def hold(self, tensor: torch.Tensor) -> Claim:
-        """Count ``tensor`` until the returned claim is dropped."""
+        """Count ``tensor`` (a sharded one's local piece: what this rank holds) until the returned
+        claim is dropped."""
+        tensor = getattr(tensor, "_local_tensor", tensor)
         return self._claim(tensor, tensor.untyped_storage().data_ptr())
 
     def reset_peak(self) -> None:

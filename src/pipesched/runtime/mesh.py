@@ -45,6 +45,20 @@ class PipelineMesh:
     dp_group: Optional[Any]
     grid: tuple[tuple[int, ...], ...]
     world_group: Any = None
+    all_grids: tuple = ()  # with tensor parallelism: the pipelines of every tp coordinate (grid among them)
+    data_group: Any = None  # sharded stages: the data-parallel ranks here (dp_group is None: FSDP reduces)
+
+    @property
+    def replicas_group(self) -> Any:
+        """The ranks that hold this pipeline position for the other shares of the batch (what the
+        step's loss is averaged over), whether they reduce gradients with this rank or FSDP does."""
+        return self.data_group if self.data_group is not None else self.dp_group
+
+    @property
+    def grids(self) -> tuple:
+        """Every grid whose pipelines groups are made over: a group takes the whole world to make,
+        so every rank makes the groups of every tensor-parallel coordinate's pipelines."""
+        return self.all_grids or (self.grid,)
 
     @staticmethod
     def whole_world(timeout_s: Optional[float] = None) -> "PipelineMesh":

@@ -43,6 +43,10 @@ class Embedding(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head causal attention whose ``qkv`` rows hold each head's q, k and v together
+    (Megatron's layout): a column-wise tensor-parallel split of ``qkv`` hands each rank whole
+    heads, which then computes ``heads`` of them (the plan divides it by ``tp``)."""
+
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
         self.heads = heads
@@ -50,10 +54,10 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, self.heads, 3, -1).permute(3, 0, 2, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
 class TransformerBlock(nn.Module):

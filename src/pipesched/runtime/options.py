@@ -34,6 +34,11 @@ class RuntimeOptions:
       name's initial value is the group's.
     - ``sample_context``: one microbatch's batch context (:mod:`~pipesched.runtime.batch_context`)
       for shape inference, when the blocks read one.
+    - ``tp_plan``: with tensor parallelism (a :class:`~.sharded_mesh.ShardedMesh` whose ``tp`` is
+      above 1), which sub-modules split column- or row-wise (:mod:`.tp_plans`: ``plan_for(name)``).
+    - ``reshard_after_forward``: a sharded stage frees its gathered parameters after each forward
+      and gathers them again for the backward (memory for time); False (default, torchtitan's
+      under pipelining) keeps them gathered from its ``UNSHARD`` to its ``RESHARD``.
     - ``meter_every_step``: count activation bytes on every step. By default the meter counts the
       first step and each step whose batch shapes change (what the memory model's prediction is
       checked against); its saved-tensor hooks cost a few percent of a small model's step.
@@ -54,6 +59,8 @@ class RuntimeOptions:
     tied: Sequence[Sequence[str]] = field(default_factory=tuple)
     sample_context: Optional[dict] = None
     meter_every_step: bool = False
+    tp_plan: Optional[dict] = None
+    reshard_after_forward: bool = False
 
     def __post_init__(self) -> None:
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:

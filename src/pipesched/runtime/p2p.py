@@ -47,14 +47,15 @@ class PeerFailure(RuntimeError):
 def make_link_groups(links: list[tuple[int, int]], timeout_s: float, mesh: Optional["PipelineMesh"] = None) -> dict[tuple[int, int], Any]:
     """One process group per directed link of every replica (creating a group takes the whole
     world: every rank must call this with the same links); returns this replica's, by pipeline ranks."""
-    grid = mesh.grid if mesh is not None else (tuple(range(dist.get_world_size())),)
-    mine = mesh.dp_rank if mesh is not None else 0
+    grids = mesh.grids if mesh is not None else ((tuple(range(dist.get_world_size())),),)
+    mine = mesh.grid[mesh.dp_rank] if mesh is not None else grids[0][0]
     groups = {}
-    for replica, ranks in enumerate(grid):
-        for src, dst in links:
-            group = dist.new_group([ranks[src], ranks[dst]], timeout=timedelta(seconds=timeout_s))
-            if replica == mine:
-                groups[(src, dst)] = group
+    for grid in grids:
+        for ranks in grid:
+            for src, dst in links:
+                group = dist.new_group([ranks[src], ranks[dst]], timeout=timedelta(seconds=timeout_s))
+                if ranks == mine:
+                    groups[(src, dst)] = group
     return groups
 
 

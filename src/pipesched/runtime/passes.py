@@ -23,7 +23,8 @@ from typing import Callable, Sequence
 
 from ..actions import Action, sub_actions
 from ..errors import DeadlockError
-from ..execution import consumer_stage, crosses_ranks, dependency
+from ..dependencies import Output, consumer_stage, dependency, produced
+from ..execution import crosses_ranks
 from ..ops import Op
 from ..schedule import Schedule
 from .instructions import ACT, GRAD, Instruction, Message, message_tag
@@ -128,7 +129,7 @@ def add_send_recv(programs: Programs, schedule: Schedule) -> Programs:
     queues = [entries(program) for program in programs]
     heads = [0] * len(queues)
     out: list[list[Instruction]] = [[] for _ in queues]
-    produced: set[tuple] = set()  # (stage, "F" | "G" | "W", microbatch) placed somewhere
+    placed: set[tuple] = set()  # (stage, Output, microbatch) made by an entry placed somewhere
     while any(head < len(queue) for head, queue in zip(heads, queues)):
         progress = False
         for rank, queue in enumerate(queues):
@@ -136,14 +137,14 @@ def add_send_recv(programs: Programs, schedule: Schedule) -> Programs:
                 continue
             entry = queue[heads[rank]]
             needs = [dependency(ins.action, stages, pipelines) for ins in entry if ins.action is not None]
-            if not all(need is None or need in produced for need in needs):
+            if not all(need is None or need in placed for need in needs):
                 continue
             out[rank].extend(entry)  # an overlapped pair's halves stay together, its sends after both
             for ins in entry:
                 if ins.action is None:
                     continue
                 s, kind, k = ins.action
-                produced.add((s, "G" if kind.is_backward else kind.value, k))
+                placed.add(produced(ins.action))
                 if ins.sends is not None:
                     forward = kind is Op.F
                     out[rank].append(Instruction(Op.SEND_F if forward else Op.SEND_B, s, k, message=ins.sends))
@@ -211,4 +212,4 @@ def needed_message(action: Action, schedule: Schedule) -> Message | None:
     if dep is None or not crosses_ranks(schedule.placement, dep[0], action.stage):
         return None
     producer, kind, k = dep
-    return _message(producer, kind == "F", k, action.stage, schedule)
+    return _message(producer, kind is Output.ACTIVATION, k, action.stage, schedule)

@@ -112,13 +112,14 @@ class ReductionPlan:
     """This rank's reduce items, their process groups, when each starts, and what it counts."""
 
     def __init__(self, schedule: Schedule, stage_ranges: Sequence[range], tied: Sequence[Sequence[str]],
-                 stages: dict[int, nn.Module], mesh, overlap: bool, timeout_s: float) -> None:
+                 stages: dict[int, nn.Module], mesh, overlap: bool, timeout_s: float, sharded: bool = False) -> None:
         self.rank = rank = mesh.pp_rank
         self.mesh = mesh
         if schedule.pipelines > 1:
             ModelCopies(schedule).copy_groups()  # refuses a rank holding two copies of a model stage
         layouts = item_layouts(schedule, stage_ranges, tied)
-        self.groups = _make_groups(layouts, mesh, timeout_s)
+        self.sharded = sharded
+        self.groups = _make_groups(layouts, mesh, timeout_s, sharded)
         tied_names = {n: g for g, names in enumerate(tied) for n in names}
         params: dict[ItemKey, list[nn.Parameter]] = {}
         for s, stage in stages.items():
@@ -146,7 +147,7 @@ class ReductionPlan:
                 self.at_end.append(item)
         for items in self.ready_at.values():
             items.sort(key=lambda item: item[0])
-        self.reducer = Reducer(mesh.dp)
+        self.reducer = Reducer(1 if sharded else mesh.dp)  # sharded: FSDP divided by the data ranks
         self.tied_layouts = {lay.key[1]: lay for lay in layouts if lay.key[0] == "tied"}
 
     @property
@@ -176,22 +177,27 @@ class ReductionPlan:
         group = self.groups.get(lay.holders)
         if group is None or lay.holders == (self.rank,) and self.mesh.dp == 1:
             return None
-        return group, self.mesh.grid[0][lay.source]
+        row = self.mesh.grid[self.mesh.dp_rank] if self.sharded else self.mesh.grid[0]
+        return group, row[lay.source]
 
 
-def _make_groups(layouts: Sequence[ItemLayout], mesh, timeout_s: float) -> dict[tuple[int, ...], Any]:
-    """One process group per distinct set of holders that needs a reduction (over every
-    replica). Creating a group takes the whole world: every rank creates every group, in one
-    order; a single holder's group is the data-parallel one."""
+def _make_groups(layouts: Sequence[ItemLayout], mesh, timeout_s: float, sharded: bool) -> dict[tuple[int, ...], Any]:
+    """One process group per distinct set of holders that needs a reduction: over every replica,
+    or, for ``sharded`` stages (FSDP reduced over the data-parallel ranks already, and each holds
+    its own shard), over the holders of one data rank. Creating a group takes the whole world:
+    every rank creates every group, in one order; a single holder's group is the data-parallel one
+    (None for sharded stages: nothing left to reduce)."""
     groups: dict[tuple[int, ...], Any] = {}
+    mine = mesh.grid[mesh.dp_rank]
     for holders in sorted({lay.holders for lay in layouts}):
         if len(holders) == 1:
             if mesh.dp > 1 and holders[0] == mesh.pp_rank:
                 groups[holders] = mesh.dp_group
             continue
-        ranks = [row[r] for row in mesh.grid for r in holders]
-        made = dist.new_group(ranks, timeout=timedelta(seconds=timeout_s))
-        if mesh.pp_rank in holders:
-            groups[holders] = made
+        for grid in mesh.grids:
+            for rows in ([row] for row in grid) if sharded else (grid,):
+                made = dist.new_group([row[r] for row in rows for r in holders], timeout=timedelta(seconds=timeout_s))
+                if mesh.pp_rank in holders and (mine in rows):
+                    groups[holders] = made
     return groups
 

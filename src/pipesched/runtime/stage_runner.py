@@ -11,7 +11,10 @@ It also owns the rules that go with them:
 - **loss scaling**: a loss stage backwards from its loss times ``1/m``, as the unpipelined mean
   over the step's microbatches does;
 - **recomputation** and **autocast** of the stage's forward (:mod:`.recompute`, :mod:`.precision`);
-- the microbatch's **batch context**, an argument of every call (:mod:`.batch_context`).
+- the microbatch's **batch context**, an argument of every call (:mod:`.batch_context`);
+- a **sharded** stage's part (``sharding``, :class:`~.sharding.StageSharding`): its compute waits
+  for the all-gather its ``UNSHARD`` started, its backwards run with gradient sync off, its
+  ``REDUCE_GRAD`` reduce-scatters. A whole stage has none: those instructions do nothing.
 
 Tensors cross between runners as flat entry lists (:mod:`.boundary`): a received message, or the
 detached outputs of a stage on the same rank.
@@ -41,8 +44,9 @@ class StageRunner:
 
     def __init__(self, index: int, stage: Stage, *, model_stage: int, takes_inputs: bool, computes_loss: bool,
                  loss_fn: LossFn, microbatches: int, shapes: ShapeBook, precision: Precision,
-                 meter: ActivationMeter, stash: WeightGradStash, recompute: bool = False) -> None:
+                 meter: ActivationMeter, stash: WeightGradStash, recompute: bool = False, sharding=None) -> None:
         self.index, self.module, self.model_stage = index, stage, model_stage
+        self.sharding = sharding
         self.takes_inputs, self.computes_loss = takes_inputs, computes_loss
         self.loss_fn, self.loss_scale = loss_fn, 1.0 / microbatches
         self.shapes, self.precision, self.meter, self.stash, self.recompute = shapes, precision, meter, stash, recompute
@@ -72,6 +76,8 @@ class StageRunner:
         self._holds[k] = [self.meter.hold(t) for t in xs]
         self.input_bytes = sum(h.nbytes for h in self._holds[k])
         self._inputs[k] = xs
+        if self.sharding is not None:
+            self.sharding.ready()
         y = self._compute(x, target, context, metering)
         if self.computes_loss:
             self._outputs[k] = [y * self.loss_scale]
@@ -85,6 +91,8 @@ class StageRunner:
         """Microbatch ``k``'s backward from the gradients of its outputs (None on a loss stage):
         ``B`` (``split`` False) or ``I`` (True: the Linears' weight halves stashed for :meth:`weight`).
         Returns the stage input's gradients (None on a first stage)."""
+        if self.sharding is not None:
+            self.sharding.before_backward()
         outs = self._outputs.pop(k)
         if self.computes_loss:
             tensors, grads = outs, None
@@ -104,8 +112,24 @@ class StageRunner:
 
     def weight(self, k: int) -> None:
         """Microbatch ``k``'s ``W``: the weight gradients its ``I`` stashed."""
+        if self.sharding is not None:
+            self.sharding.before_backward()
         entries, _holds = self._deferred.pop(k)
         apply_weight_grads(entries)
+
+    # -- a sharded stage's gathers and reduction (nothing to do on a whole stage) -------------
+
+    def unshard(self) -> None:
+        if self.sharding is not None:
+            self.sharding.unshard()
+
+    def reshard(self) -> None:
+        if self.sharding is not None:
+            self.sharding.reshard()
+
+    def reduce_grad(self) -> None:
+        if self.sharding is not None:
+            self.sharding.reduce_grad()
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -136,12 +160,15 @@ class StageRunner:
 
 def build_runners(stages: dict[int, Stage], copies, loss_fn: LossFn, microbatches: int, *, shapes: ShapeBook,
                   precision: Precision, meter: ActivationMeter, stash: WeightGradStash,
-                  recompute: frozenset = frozenset()) -> dict[int, StageRunner]:
+                  recompute: frozenset = frozenset(), sharding: Optional[dict] = None) -> dict[int, StageRunner]:
     """A runner for each of ``stages`` (schedule stage -> module); ``copies``
-    (:class:`~.copies.ModelCopies`) says which stage takes the inputs and which computes the loss."""
+    (:class:`~.copies.ModelCopies`) says which stage takes the inputs and which computes the loss;
+    ``sharding``: each sharded stage's :class:`~.sharding.StageSharding`."""
+    sharding = sharding or {}
     return {s: StageRunner(s, stage, model_stage=copies.model_stage(s), takes_inputs=copies.takes_inputs(s),
                            computes_loss=copies.computes_loss(s), loss_fn=loss_fn, microbatches=microbatches,
-                           shapes=shapes, precision=precision, meter=meter, stash=stash, recompute=s in recompute)
+                           shapes=shapes, precision=precision, meter=meter, stash=stash, recompute=s in recompute,
+                           sharding=sharding.get(s))
             for s, stage in stages.items()}
 
 

@@ -62,6 +62,17 @@ def share_on_rank(stages: dict[int, nn.Module], tied: Sequence[Sequence[str]]) -
     return shared
 
 
+def held(stages: dict[int, nn.Module], tied: Sequence[Sequence[str]]) -> dict[int, nn.Parameter]:
+    """The one ``Parameter`` of each tied group this rank holds, as the stages hold it now (after
+    :func:`share_on_rank`, and after sharding replaced the parameters)."""
+    out = {}
+    for g, names in enumerate(tied):
+        places = [place for name in names for place in _locate(stages, name)]
+        if places:
+            out[g] = getattr(*places[0])
+    return out
+
+
 @torch.no_grad()
 def broadcast(plan: ReductionPlan, shared: dict[int, nn.Parameter]) -> None:
     """Give every copy of each tied group the value of the group's first name (collective over
@@ -73,7 +84,7 @@ def broadcast(plan: ReductionPlan, shared: dict[int, nn.Parameter]) -> None:
         group, src = target
         param = shared[g]
         on_host = dist.get_backend(group) == "gloo" and param.device.type != "cpu"
-        data = param.detach().cpu() if on_host else param.data
+        data = param.detach().cpu() if on_host else getattr(param.data, "_local_tensor", param.data)  # a shard's piece
         dist.broadcast(data, src=src, group=group)
         if on_host:
             param.copy_(data)

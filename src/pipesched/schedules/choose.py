@@ -10,6 +10,7 @@ from typing import Iterable, Optional
 
 from ..costs import Costs
 from ..execution import TOLERANCE, latency
+from ..ops import Op
 from ..placement import stages_by_rank
 from ..ranking import OBJECTIVES, check_objective, objective_value, result_key
 from ..schedule import Schedule
@@ -58,7 +59,7 @@ def work_bound(schedule: Schedule, costs: Costs, objective: str) -> float:
     stages = schedule.stages
     head = [0.0] * stages  # earliest start of stage s's first forward
     for s in range(1, stages):
-        head[s] = head[s - 1] + dur[(s - 1, "F")] + latency(schedule.placement, s - 1, s, costs.comm)
+        head[s] = head[s - 1] + dur[(s - 1, Op.F)] + latency(schedule.placement, s - 1, s, costs.comm)
     best = 0.0
     for r, held in enumerate(stages_by_rank(schedule.placement, schedule.ranks)):
         work = sum(dur[(a.stage, a.kind)] for a in schedule.rank_actions(r))

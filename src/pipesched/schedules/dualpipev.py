@@ -28,6 +28,7 @@ from collections import deque
 from typing import Callable
 
 from ..actions import Action, Overlap, Slot, sub_actions
+from ..ops import Op
 from ..placement import v_placement
 from ..schedule import Schedule
 
@@ -44,14 +45,14 @@ class _RankProgram:
     def forward(self, stage: int) -> Action:
         k = self.forwards.get(stage, 0)
         self.forwards[stage] = k + 1
-        return Action(stage, "F", k)
+        return Action(stage, Op.F, k)
 
     def backward(self, stage: int, split: bool = False) -> Action:
         k = self.backwards.get(stage, 0)
         self.backwards[stage] = k + 1
         if split:
-            self.pending_weights.append(Action(stage, "W", k))
-        return Action(stage, "I" if split else "B", k)
+            self.pending_weights.append(Action(stage, Op.W, k))
+        return Action(stage, Op.I if split else Op.B, k)
 
     def add(self, *actions: Action) -> None:
         self.entries.extend(actions)

@@ -27,8 +27,10 @@ from typing import Optional
 
 from ..actions import Action
 from ..costs import Costs, durations_for
-from ..execution import TOLERANCE, consumer_stage, dependency, latency
-from ..memory import UNIT_STAGE, level_after, whole_stage_microbatches
+from ..dependencies import Output, dependencies
+from ..execution import TOLERANCE, latency
+from ..memory import UNIT_CHANGE, whole_stage_microbatches
+from ..ops import Op
 from ..placement import stages_by_rank
 from ..schedule import Schedule
 
@@ -79,6 +81,14 @@ class _GreedyRun:
         self.g_end: list[list[Optional[float]]] = [[None] * microbatches for _ in range(self.stages)]
         self.next_f = [0] * self.stages
         self.next_i = [0] * self.stages
+        rule = dependencies(self.stages)
+        ends = {Output.ACTIVATION: self.f_end, Output.INPUT_GRAD: self.g_end}
+        upcoming = {Op.F: self.next_f, Op.I: self.next_i}
+        # per kind and stage: None, or (the stage its input comes from, the end times of what
+        # that stage made, by microbatch; the microbatch of the stage's next pass of this kind)
+        self.source = {kind: [None if need is None else (need[0], ends[need[1]][need[0]], upcoming[kind])
+                              for need in rule.needs[kind]] for kind in upcoming}
+        self.consumers = rule.consumers
         self.clock = [0.0] * ranks
         self.held = [0] * ranks
         self.pending: list[deque] = [deque() for _ in range(ranks)]
@@ -98,14 +108,13 @@ class _GreedyRun:
             self.step(r, max(now, self.clock[r]))
         return None if any(self.remaining) else self.out
 
-    def arrival(self, kind: str, s: int) -> Optional[float]:
+    def arrival(self, kind: Op, s: int) -> Optional[float]:
         """When the input of stage ``s``'s next ``kind`` pass arrives (None: not produced yet)."""
-        k = self.next_f[s] if kind == "F" else self.next_i[s]
-        dep = dependency((s, kind, k), self.stages)  # a plain tuple: this runs for every decision
-        if dep is None:
+        source = self.source[kind][s]  # the rule's table: this runs for every decision
+        if source is None:
             return 0.0
-        producer, produced_by, j = dep
-        t = (self.f_end if produced_by == "F" else self.g_end)[producer][j]
+        producer, ends, upcoming = source
+        t = ends[upcoming[s]]
         return None if t is None else t + latency(self.placement, producer, s, self.comm)
 
     def room_for_forward(self, r: int, s: int) -> bool:
@@ -121,15 +130,15 @@ class _GreedyRun:
         self.clock[r] = end
         self.out[r].append(action)
         self.remaining[r] -= 1
-        self.held[r] += level_after(kind, UNIT_STAGE)  # in M_B: F takes one, W frees it
-        if kind == "F":
+        self.held[r] += UNIT_CHANGE[kind]
+        if kind is Op.F:
             self.next_f[s] += 1
             self.f_end[s][k] = end
-        elif kind == "I":
+        elif kind is Op.I:
             self.next_i[s] += 1
             self.g_end[s][k] = end
-            self.pending[r].append(Action(s, "W", k))
-        consumer = consumer_stage(action, self.stages)
+            self.pending[r].append(Action(s, Op.W, k))
+        consumer = self.consumers[kind][s]
         if consumer is not None:
             self.wake(self.placement[consumer], end + latency(self.placement, s, consumer, self.comm))
         self.wake(r, end)
@@ -138,28 +147,30 @@ class _GreedyRun:
         """Place one action on rank ``r`` (or schedule its next wake-up)."""
         knobs, pending, clock = self.knobs, self.pending[r], self.clock[r]
         next_f, next_i, m, arrival = self.next_f, self.next_i, self.m, self.arrival
+        forward, input_backward = Op.F, Op.I
         backs, fwds, blocked = [], [], []
         for s in self.scan[r]:
             if next_i[s] < m and next_i[s] < next_f[s]:
-                backs.append((arrival("I", s), s))
+                backs.append((arrival(input_backward, s), s))
             if next_f[s] < m:
-                a = arrival("F", s)
+                a = arrival(forward, s)
                 (fwds if self.room_for_forward(r, s) else blocked).append((a, s))
         ready_b = [(a, s) for a, s in backs if a is not None and a <= now + TOLERANCE]
         ready_f = [(a, s) for a, s in fwds if a is not None and a <= now + TOLERANCE]
-        order = (("I", ready_b), ("F", ready_f)) if knobs.backward_first else (("F", ready_f), ("I", ready_b))
+        order = (((input_backward, ready_b), (forward, ready_f)) if knobs.backward_first
+                 else ((forward, ready_f), (input_backward, ready_b)))
         choice = next(((kind, ready[0]) for kind, ready in order if ready), None)
-        if choice is not None and choice[0] == "F" and knobs.wait_for_backward:
-            f_end = max(clock, choice[1][0]) + self.dur[(choice[1][1], "F")]
+        if choice is not None and choice[0] is forward and knobs.wait_for_backward:
+            f_end = max(clock, choice[1][0]) + self.dur[(choice[1][1], forward)]
             soon = [(a, s) for a, s in backs if a is not None and now < a < f_end - TOLERANCE]
             if soon:
-                choice = ("I", min(soon))  # not ready yet: handled as a wait below
+                choice = (input_backward, min(soon))  # not ready yet: handled as a wait below
         if choice is not None and choice[1][0] <= now + TOLERANCE:
             kind, (a, s) = choice
             if pending and _w_fits(pending[0], clock, a, knobs, self.dur):
                 self.place(r, pending.popleft(), clock)
             else:
-                k = self.next_f[s] if kind == "F" else self.next_i[s]
+                k = next_f[s] if kind is forward else next_i[s]
                 self.place(r, Action(s, kind, k), max(clock, a))
             return
         if pending and any(a is not None and a <= now + TOLERANCE for a, _ in blocked):
@@ -180,7 +191,7 @@ class _GreedyRun:
 
 def _w_fits(w: Action, free_at: float, arrival: float, knobs: Knobs, dur) -> bool:
     """Whether a W run at ``free_at`` fills the wait for an input arriving at ``arrival``."""
-    if free_at + dur[(w.stage, "W")] <= arrival + TOLERANCE:
+    if free_at + dur[(w.stage, Op.W)] <= arrival + TOLERANCE:
         return True
     return knobs.fill_partial_gaps and free_at < arrival - TOLERANCE
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..actions import Action
+from ..ops import Op
 from ..costs import UNIT, Costs
 from ..errors import DeadlockError
 from ..placement import loop_placement
@@ -53,14 +54,15 @@ def rank_order(
     chunks: int,
     group: int,
     warmup_per_hop: int = 2,
-    backward: str = "B",
+    backward: Op = Op.B,
 ) -> list[Action]:
     """Rank ``rank``'s program: warm-up forwards, then one forward and one backward in turn.
 
-    ``backward`` is ``"B"`` (full) or ``"I"`` (input gradient only; the caller adds the ``W``s).
+    ``backward`` is ``Op.B`` (full) or ``Op.I`` (input gradient only; the caller adds the ``W``s).
     """
     table = schedule_table(microbatches, chunks, group)
-    forwards = [Action(c * ranks + rank, "F", k) for c, k in table]
+    forward = Op.F
+    forwards = [Action(c * ranks + rank, forward, k) for c, k in table]
     backwards = [Action((chunks - 1 - c) * ranks + rank, backward, k) for c, k in table]
     total = len(table)
     warmup = min(warmup_per_hop * (ranks - rank - 1) + (chunks - 1) * min(group, microbatches), total)
@@ -149,7 +151,8 @@ def build_looped_bfs(ranks: int, microbatches: int, chunks: int = 2) -> Schedule
     """Breadth-first: chunk by chunk, all microbatches forward; then backward in reverse chunks."""
     orders = []
     for r in range(ranks):
-        order = [Action(c * ranks + r, "F", k) for c in range(chunks) for k in range(microbatches)]
-        order += [Action(c * ranks + r, "B", k) for c in reversed(range(chunks)) for k in range(microbatches)]
+        forward, backward = Op.F, Op.B
+        order = [Action(c * ranks + r, forward, k) for c in range(chunks) for k in range(microbatches)]
+        order += [Action(c * ranks + r, backward, k) for c in reversed(range(chunks)) for k in range(microbatches)]
         orders.append(tuple(order))
     return Schedule(ranks, microbatches, loop_placement(ranks, chunks), tuple(orders), name="looped-bfs")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..actions import Action
+from ..ops import Op
 from ..costs import UNIT, Costs
 from ..errors import DeadlockError
 from ..placement import loop_placement
@@ -47,7 +48,7 @@ def build(
         for warmup_per_hop in WARMUPS_PER_HOP:
             for group in group_candidates(ranks, microbatches):
                 skeleton = [
-                    rank_order(r, ranks, microbatches, chunks, group, warmup_per_hop, backward="I")
+                    rank_order(r, ranks, microbatches, chunks, group, warmup_per_hop, backward=Op.I)
                     for r in range(ranks)
                 ]
                 yield from _weight_placements(skeleton, placement, microbatches, costs, limit)
@@ -59,14 +60,15 @@ def _lagged(order: list[Action], lag: int) -> list[Action]:
     """Each I followed by the W of the I ``lag`` places earlier (ZB-H1's deferral); rest at the end."""
     out: list[Action] = []
     done_i: list[Action] = []
+    input_backward, weight_backward = Op.I, Op.W
     for action in order:
         out.append(action)
-        if action.kind == "I":
+        if action.kind is input_backward:
             done_i.append(action)
             if len(done_i) > lag:
                 w = done_i[len(done_i) - 1 - lag]
-                out.append(Action(w.stage, "W", w.microbatch))
-    out.extend(Action(i.stage, "W", i.microbatch) for i in done_i[max(0, len(done_i) - lag):])
+                out.append(Action(w.stage, weight_backward, w.microbatch))
+    out.extend(Action(i.stage, weight_backward, i.microbatch) for i in done_i[max(0, len(done_i) - lag):])
     return out
 
 

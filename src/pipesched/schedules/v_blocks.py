@@ -12,6 +12,7 @@ paper's "squeeze" (our memory count depends on the order only, so squeezing cann
 from __future__ import annotations
 
 from ..actions import Action
+from ..ops import Op
 
 PERIOD = 6  # slots per microbatch on one rank: F, f, B, b, W, w
 
@@ -33,6 +34,7 @@ def v_half_offsets(ranks: int, rank: int) -> tuple[int, int, int, int]:
 def block_orders(ranks: int, microbatches: int, offsets) -> list[list[Action]]:
     """Per-rank programs from repeating the block ``offsets(ranks, rank)`` ``microbatches`` times."""
     orders = []
+    forward, input_backward, weight_backward = Op.F, Op.I, Op.W
     for i in range(ranks):
         down, up = i, 2 * ranks - 1 - i
         f0, f1, b1, b0 = offsets(ranks, i)
@@ -41,8 +43,8 @@ def block_orders(ranks: int, microbatches: int, offsets) -> list[list[Action]]:
         for j in range(microbatches):
             base = PERIOD * j
             for slot, action in (
-                (f0, Action(down, "F", j)), (f1, Action(up, "F", j)),
-                (b1, Action(up, "I", j)), (b0, Action(down, "I", j)),
+                (f0, Action(down, forward, j)), (f1, Action(up, forward, j)),
+                (b1, Action(up, input_backward, j)), (b0, Action(down, input_backward, j)),
             ):
                 timed.append((base + slot, len(timed), action))
                 busy.add(base + slot)
@@ -52,7 +54,7 @@ def block_orders(ranks: int, microbatches: int, offsets) -> list[list[Action]]:
                 while w_slot in busy:
                     w_slot += 1
                 busy.add(w_slot)
-                timed.append((w_slot, len(timed), Action(stage, "W", j)))
+                timed.append((w_slot, len(timed), Action(stage, weight_backward, j)))
         timed.sort()
         orders.append([a for _, _, a in timed])
     return orders

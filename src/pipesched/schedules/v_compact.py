@@ -22,7 +22,8 @@ Every move respects the dependencies of the slot timetable, so the programs cann
 from __future__ import annotations
 
 from ..actions import Action
-from ..memory import UNIT_STAGE, level_after
+from ..memory import UNIT_CHANGE
+from ..ops import Op
 from .v_blocks import PERIOD
 
 # Building a compacted program costs about as much as two schedules built and simulated: the
@@ -32,8 +33,8 @@ COMPACTION_COST = 2
 
 F0, F1, I1, I0, W1, W0 = range(6)  # the passes of one rank, in the block's column order
 _FORWARDS = (F0, F1)
-FORWARD_TAKES = int(level_after("F", UNIT_STAGE))  # +1 chunk unit
-WEIGHT_PASS_FREES = int(level_after("W", UNIT_STAGE))  # -1
+FORWARD_TAKES = int(UNIT_CHANGE[Op.F])  # +1 chunk unit
+WEIGHT_PASS_FREES = int(UNIT_CHANGE[Op.W])  # -1
 _BACKWARDS = (I1, I0)
 
 Timetable = list[list[list[int]]]  # [rank][pass][microbatch] -> slot
@@ -204,7 +205,7 @@ def _squeeze(table: Timetable, ranks: int, microbatches: int) -> Timetable:
 
 def _programs(rank: int, ranks: int, rank_slots: list[list[int]]) -> list[Action]:
     down, up = rank, 2 * ranks - 1 - rank
-    what = ((down, "F"), (up, "F"), (up, "I"), (down, "I"), (up, "W"), (down, "W"))
+    what = ((down, Op.F), (up, Op.F), (up, Op.I), (down, Op.I), (up, Op.W), (down, Op.W))
     timed = sorted(
         (t, kind, k) for kind, slots in enumerate(rank_slots) for k, t in enumerate(slots)
     )

@@ -15,8 +15,10 @@ from typing import Sequence
 from ..actions import Action
 from ..costs import Costs, durations_for
 from ..errors import DeadlockError
-from ..execution import TOLERANCE, dependency, latency
-from ..memory import UNIT_STAGE, level_after
+from ..dependencies import Output, dependency, produced
+from ..execution import TOLERANCE, latency
+from ..memory import UNIT_CHANGE
+from ..ops import Op
 from ..placement import stages_by_rank
 from ..schedule import Schedule
 
@@ -39,8 +41,8 @@ def fill_weight_passes(
     stages = len(placement)
     table = durations_for(placement, ranks, costs)
     held_cap = [memory_limit * max(1, len(s)) for s in stages_by_rank(placement, ranks)]
-    done: dict[tuple[int, str, int], float] = {}
-    waiting: dict[tuple[int, str, int], list[int]] = {}
+    done: dict[tuple[int, Output, int], float] = {}  # by what each placed action made
+    waiting: dict[tuple[int, Output, int], list[int]] = {}
     pos = [0] * ranks
     clock = [0.0] * ranks
     held = [0] * ranks
@@ -52,14 +54,10 @@ def fill_weight_passes(
         clock[r] = end
         out[r].append(action)
         s, kind, k = action
-        held[r] += level_after(kind, UNIT_STAGE)  # in M_B: F takes one, W frees it
-        if kind == "F":
-            key = (s, "F", k)
-        elif kind == "I":
-            pending[r].append(Action(s, "W", k))
-            key = (s, "G", k)
-        else:
-            key = (s, "W", k)
+        held[r] += UNIT_CHANGE[kind]
+        if kind is Op.I:
+            pending[r].append(Action(s, Op.W, k))
+        key = produced(action)
         done[key] = end
         for woken in waiting.pop(key, ()):
             runnable.append(woken)
@@ -70,7 +68,7 @@ def fill_weight_passes(
         program = skeleton[r]
         while pos[r] < len(program):
             action = program[pos[r]]
-            if action.kind == "F":
+            if action.kind is Op.F:
                 while held[r] + 1 > held_cap[r] + TOLERANCE and pending[r]:
                     run(r, pending[r].popleft(), clock[r])
             dep = dependency(action, stages)
@@ -83,7 +81,7 @@ def fill_weight_passes(
                 arrival = t_dep + latency(placement, dep[0], action.stage, costs.comm)
             while pending[r] and clock[r] < arrival - TOLERANCE:
                 w = pending[r][0]
-                if clock[r] + table[(w.stage, "W")] > arrival + TOLERANCE and not fill_partial_waits:
+                if clock[r] + table[(w.stage, Op.W)] > arrival + TOLERANCE and not fill_partial_waits:
                     break
                 run(r, pending[r].popleft(), clock[r])
             run(r, action, max(clock[r], arrival))

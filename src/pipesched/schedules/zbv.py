@@ -21,6 +21,7 @@ fastest under the given costs.
 from __future__ import annotations
 
 from ..actions import Action
+from ..ops import Op
 
 
 F0, I0, W0, F1, I1, W1 = range(6)  # the six passes of a rank: (kind, chunk)
@@ -45,7 +46,7 @@ def rank_order(rank: int, ranks: int, microbatches: int) -> list[Action]:
     stage = (r, r, r, 2 * p - 1 - r, 2 * p - 1 - r, 2 * p - 1 - r)
     made = [
         [Action(stage[c], kind, k) for k in range(microbatches)]
-        for c, kind in enumerate("FIWFIW")
+        for c, kind in enumerate((Op.F, Op.I, Op.W) * 2)
     ]
     count = [0] * 6
     order: list[Action] = []

@@ -1,0 +1,114 @@
+"""Why a whole layout was picked: what each dimension costs in time and bytes, the runners-up,
+and the settings that run it (pipesched's ``train`` and torchtitan's ``--parallelism`` flags)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..units import format_time
+from .estimate import GB
+from .layout import LayoutAdvice, LayoutCandidate
+from .layout_costs import LayoutCosts, TP_COLLECTIVES_PER_PASS
+from .howto import csv_name, export_command
+
+TORCHTITAN_SCHEDULES = {  # pipesched family -> torch.distributed.pipelining's schedule name
+    "gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B", "looped-bfs": "LoopedBFS",
+    "interleaved-zb": "InterleavedZeroBubble", "zb-v": "ZBVZeroBubble", "dualpipev": "DualPipeV",
+}
+RUNNERS_UP = 3
+
+
+def _t(ms: float) -> str:
+    return format_time(ms, "ms")
+
+
+def _layout_key(c: LayoutCandidate) -> tuple[int, int, int, int]:
+    return c.pp, c.dp, c.dp_shard, c.tp
+
+
+def layout_name(c: LayoutCandidate) -> str:
+    return f"pp {c.pp} x dp {c.dp} x dp_shard {c.dp_shard} x tp {c.tp}"
+
+
+def runners_up(advice: LayoutAdvice) -> list[LayoutCandidate]:
+    """The fastest row of each of the next layouts after the pick's."""
+    seen = {_layout_key(advice.recommended)}
+    out = []
+    for c in advice.candidates:
+        if _layout_key(c) not in seen:
+            seen.add(_layout_key(c))
+            out.append(c)
+        if len(out) == RUNNERS_UP:
+            break
+    return out
+
+
+def dimension_lines(best: LayoutCandidate, costs: LayoutCosts, tokens_per_step: Optional[int], gpus: int) -> list[str]:
+    """What each dimension of ``best`` costs in time and bytes (``costs``: its layout's model)."""
+    c = best.candidate
+    stages = c.chunks * best.pp
+    style = c.placement
+    fullest = max(costs._ranks_of(stages, style), key=costs._state_bytes)
+    held = costs.rank_bytes(fullest)
+    lines = [f"step {_t(best.step_time)}" + (f", {tokens_per_step / (best.step_time / 1e3) / gpus:.4g} tokens/s per GPU"
+                                                  if tokens_per_step else "")]
+    lines.append(f"pp {best.pp}: {c.schedule} with {c.chunks} chunk(s) and {c.microbatches} microbatches, bubble "
+                 f"{100 * c.bubble_ratio:.1f}%" + (", every stage recomputing its activations" if c.recompute != "none" else ""))
+    if best.tp > 1:
+        layers = max(r["layers"] for r in costs._ranks_of(stages, style))
+        passes = 2 + (c.recompute != "none")  # forward, backward, and the recomputed forward
+        per_step = passes * TP_COLLECTIVES_PER_PASS * costs.tp_collective_ms(c.scale) * layers * c.microbatches
+        lines.append(f"tp {best.tp}: {2 * TP_COLLECTIVES_PER_PASS} all-reduces per layer and microbatch on the compute lane, "
+                     f"about {_t(per_step)} per step on the busiest rank; weights, gradients and activations split {best.tp} ways")
+    if best.dp_shard > 1:
+        lines.append(f"dp_shard {best.dp_shard}: all-gathers {_t(best.gather_per_rank)} ({_t(best.exposed_gather)} exposed), "
+                     f"reduce-scatters {_t(best.allreduce_per_rank)} ({_t(best.exposed_allreduce)} exposed) on the comm lane; "
+                     f"states sharded to {held.sharded / GB:.3g} GB, gathered window {held.gathered / GB:.3g} GB, "
+                     f"unsharded gradients until REDUCE_GRAD {held.unsharded_grads / GB:.3g} GB, buffers {held.buffers / GB:.3g} GB")
+    if best.dp > 1 and best.dp_shard == 1:
+        lines.append(f"dp {best.dp}: gradient all-reduce {_t(best.allreduce_per_rank)} ({_t(best.exposed_allreduce)} exposed)")
+    elif best.dp > 1:
+        lines.append(f"dp {best.dp}: replicas all-reduce each shard after its reduce-scatter (counted above)")
+    if c.peak_memory_bytes is not None:
+        lines.append(f"memory: {c.peak_memory_bytes / GB:.4g} GB on the fullest rank, {held.total / GB:.4g} GB of it "
+                     "besides activations")
+    return lines
+
+
+def runner_lines(advice: LayoutAdvice) -> list[str]:
+    best = advice.recommended
+    return [f"runner-up {layout_name(c)}: {c.candidate.label()}, {c.step_time / best.step_time:.3f}x the pick's step"
+            for c in runners_up(advice)]
+
+
+def torchtitan_flags(best: LayoutCandidate) -> str:
+    """torchtitan's ``--parallelism`` (and checkpointing) flags for ``best``."""
+    c = best.candidate
+    flags = [f"--parallelism.pipeline_parallel_degree {best.pp}",
+             f"--parallelism.data_parallel_replicate_degree {best.dp}",
+             f"--parallelism.data_parallel_shard_degree {best.dp_shard}",
+             f"--parallelism.tensor_parallel_degree {best.tp}"]
+    if best.pp > 1:
+        name = TORCHTITAN_SCHEDULES.get(c.schedule)
+        flags.append(f"--parallelism.pipeline_parallel_schedule {name}" if name else
+                     f"--parallelism.pipeline_parallel_schedule_csv {csv_name(c)}")
+        if c.microbatch_size is not None:
+            flags.append(f"--parallelism.pipeline_parallel_microbatch_size {c.microbatch_size}")
+    if c.recompute != "none":
+        flags.append("--activation_checkpoint.mode full")
+    return " ".join(flags)
+
+
+def run_lines(best: LayoutCandidate) -> list[str]:
+    """How to run the pick: the schedule, pipesched's train flags, torchtitan's."""
+    c = best.candidate
+    world = best.pp * best.dp * best.dp_shard * best.tp
+    lines = []
+    if best.pp > 1:
+        lines.append(f"Build it: {export_command(c, best.pp)} -o {csv_name(c)}")
+        if c.schedule not in TORCHTITAN_SCHEDULES:
+            lines.append(f"  (torchtitan runs {c.schedule} from that file: pipeline_parallel_schedule_csv)")
+    lines.append(f"pipesched train: --csv {csv_name(c)} --ranks {best.pp} --dp {best.dp} --dp-shard {best.dp_shard} "
+                 f"--tp {best.tp}" + (" --recompute all" if c.recompute != "none" else "") + f" (world {world})")
+    lines.append(f"torchtitan: {torchtitan_flags(best)}")
+    return lines

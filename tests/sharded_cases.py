@@ -1,0 +1,236 @@
+"""Rank workers of tests/test_sharded_stages.py (spawned processes import this module by name).
+
+Each case is one model as one stage, trained by microbatches the way a sharded pipeline stage
+is: gradient sync off for every backward (:func:`no_sync_backward`), one ``reduce_grad`` at the
+end of the step, then the optimizer. Every rank also runs the unsharded stage on the whole
+batch (the reference) and returns how far the gathered gradients and weights are from it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+STEPS = 2
+MICROBATCHES = 2
+MICROBATCH = 2  # samples per microbatch per data-parallel rank
+LR = 0.1  # SGD's, large enough that a wrong gradient moves the weights visibly
+
+
+def build_stage(kind: str):
+    """(stage, plan) of a tiny fp32 model, the whole model as one stage, on the CPU."""
+    from pipesched.runtime.partition import Stage, build_stage
+    from pipesched.runtime.tp_plans import plan_for
+
+    if kind == "gpt":
+        from pipesched.runtime.models import gpt_model
+
+        md = gpt_model(layers=2, dim=32, heads=4, context=16)
+        return build_stage(md.build_block, range(md.num_blocks), 0, 0, torch.device("cpu")), plan_for("gpt")
+    from hf_cases import make_model
+    from pipesched.hf.architectures import architecture_of
+    from pipesched.hf.blocks import model_blocks
+    from pipesched.hf.splitting import prepare_split_backward
+
+    prepare_split_backward()
+    model = make_model(kind, torch.float32)
+    blocks = model_blocks(model, architecture_of(type(model).__name__))
+    return Stage(0, dict(enumerate(blocks))), plan_for(type(model).__name__)
+
+
+def step_batch(kind: str, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if kind == "gpt":
+        from pipesched.runtime.datasets import text_batch
+
+        return text_batch(step, size, 0, 16)
+    from hf_cases import make_batch
+
+    batch = make_batch(step, size, 12)
+    return batch["input_ids"], batch["labels"]
+
+
+def summed_loss(kind: str, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """gpt: the mean cross-entropy of the microbatch. Hugging Face models: the sum over the
+    microbatch's labelled tokens (next-token, -100 ignored), token-weighted across the step."""
+    if kind == "gpt":
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+    return F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]), target[:, 1:].reshape(-1), reduction="sum")
+
+
+def labelled_tokens(kind: str, target: torch.Tensor) -> int:
+    return int((target[:, 1:] != -100).sum()) if kind != "gpt" else 0
+
+
+def reference(stage, kind: str, batches) -> dict:
+    """The unsharded stage on each whole batch with SGD: gradients and weights after each step."""
+    stage = copy.deepcopy(stage)
+    optimizer = torch.optim.SGD(stage.parameters(), lr=LR)
+    grads, weights = [], []
+    for x, y in batches:
+        optimizer.zero_grad(set_to_none=True)
+        loss = summed_loss(kind, stage(x), y)
+        (loss / (labelled_tokens(kind, y) or 1)).backward()
+        grads.append({n: p.grad.clone() for n, p in stage.named_parameters()})
+        optimizer.step()
+        weights.append({n: p.detach().clone() for n, p in stage.named_parameters()})
+    return {"grads": grads, "weights": weights}
+
+
+def gathered(tensors: dict) -> dict:
+    """Whole copies of DTensors (``full_tensor`` over a mesh of one is the live tensor itself)."""
+    return {n: t.full_tensor().clone() for n, t in tensors.items()}
+
+
+def sharded_run(stage, plan, kind, batches, mesh, optimizer_cls, split: bool, reshard_after_forward: bool) -> dict:
+    """``stage`` sharded on ``mesh``, trained on this rank's share of ``batches``: the gathered
+    gradients and weights after each step, and the bytes held after the last."""
+    from pipesched.runtime.sharded_measure import gathered_bytes, held_bytes
+    from pipesched.runtime.sharding import (gradient_divisor, no_sync_backward, reduce_grad, reshard, shard_stage,
+                                            unshard, wait)
+
+    regather = split and reshard_after_forward  # then also a RESHARD and an UNSHARD between each I and its W
+    from pipesched.runtime.split_backward import WeightGradStash, apply_weight_grads, make_weight_grads_deferrable
+
+    stash = WeightGradStash()
+    if split:
+        make_weight_grads_deferrable(stage, stash)
+    shard_stage(stage, mesh, plan, reshard_after_forward)
+    optimizer = optimizer_cls(stage.parameters(), lr=LR if optimizer_cls is torch.optim.SGD else 1e-3)
+    layout, data = mesh.layout, mesh.pipeline
+    out = {"grads": [], "weights": []}
+    for x, y in batches:
+        optimizer.zero_grad(set_to_none=True)
+        tokens = labelled_tokens(kind, y)
+        divisor = tokens or gradient_divisor(layout, MICROBATCHES)
+        wait(unshard(stage))  # the UNSHARD ahead of the step's first forward, waited for
+        out["gathered_bytes"] = gathered_bytes(stage)
+        for xm, ym in zip(data.shard(x).chunk(MICROBATCHES), data.shard(y).chunk(MICROBATCHES)):
+            no_sync_backward(stage)
+            loss = summed_loss(kind, stage(xm), ym)
+            stash.collecting = [] if split else None
+            loss.backward()  # with split: the I, weight gradients stashed
+            entries, stash.collecting = stash.collecting, None
+            if split:
+                out["deferred"] = len(entries)
+                if regather:  # the accumulated unsharded gradients survive it
+                    reshard(stage)
+                    wait(unshard(stage))
+                no_sync_backward(stage)
+                apply_weight_grads(entries)  # the W
+        out["unsharded_grad_bytes"] = gathered_bytes(stage, grads=True)
+        reduce_grad(stage, divisor)
+        reshard(stage)
+        out["grads"].append(gathered({n: p.grad for n, p in stage.named_parameters()}))
+        optimizer.step()
+        out["weights"].append(gathered({n: p.detach() for n, p in stage.named_parameters()}))
+    out["bytes"] = held_bytes(stage, optimizer)
+    return out
+
+
+def largest_difference(got: list[dict], want: list[dict]) -> float:
+    return max(float((g[n] - w[n]).abs().max()) for g, w in zip(got, want) for n in w)
+
+
+def run_case(layout_sizes: dict, kinds: list, device: str = "cpu", timeout_s: float = 120) -> dict:
+    """Every model of ``kinds`` on one layout: errors against the reference, split against fused,
+    bytes (``layout_sizes`` may say ``reshard_after_forward``)."""
+    from pipesched.runtime.sharded_mesh import init_sharded_mesh, runtime_layout
+    from pipesched.runtime.tp_plans import param_specs
+
+    layout_sizes = dict(layout_sizes)
+    resharded = layout_sizes.pop("reshard_after_forward", False)
+    layout = runtime_layout(**layout_sizes)
+    mesh = init_sharded_mesh(layout, timeout_s, device_type=torch.device(device).type)
+    out = {"coordinates": (mesh.tp_rank, mesh.shard_rank)}
+    size = layout.dp * MICROBATCHES * MICROBATCH
+    for kind in kinds:
+        stage, plan = build_stage(kind)
+        stage.to(device)
+        batches = [tuple(t.to(device) for t in step_batch(kind, step, size)) for step in range(STEPS)]
+        want = reference(stage, kind, batches)
+        fused = sharded_run(copy.deepcopy(stage), plan, kind, batches, mesh, torch.optim.SGD, False, resharded)
+        split = sharded_run(copy.deepcopy(stage), plan, kind, batches[:1], mesh, torch.optim.AdamW, True, resharded)
+        out[kind] = {
+            "grad_error": largest_difference(fused["grads"], want["grads"]),
+            "weight_error": largest_difference(fused["weights"], want["weights"]),
+            "split_vs_fused": largest_difference(split["grads"], fused["grads"][:1]),
+            "deferred": split["deferred"],
+            "largest_grad": max(float(g.abs().max()) for step in want["grads"] for g in step.values()),
+            "specs": param_specs(stage, plan),
+            "bytes": split["bytes"],
+            "gathered_bytes": split["gathered_bytes"],
+            "unsharded_grad_bytes": split["unsharded_grad_bytes"],
+        }
+    return out
+
+
+def several_layouts(rank: int, world: int, cases: dict, device: str = "cpu") -> dict:
+    """Each ``label: (layout sizes, model kinds)`` of ``cases`` in one launch, on ``device``."""
+    return {label: run_case(sizes, kinds, device) for label, (sizes, kinds) in cases.items()}
+
+
+def placements(rank: int, world: int, _payload=None) -> dict:
+    """This rank's pipeline coordinates and groups under init_pipeline_mesh(2, 2) and under
+    init_sharded_mesh of the same layout (pp 2 x dp_replicate 2), and its device-mesh
+    coordinates at pp 2 x dp_shard 2."""
+    import torch.distributed as dist
+
+    from pipesched.runtime.mesh import init_pipeline_mesh
+    from pipesched.runtime.sharded_mesh import init_sharded_mesh, runtime_layout
+
+    def seen(mesh) -> tuple:
+        groups = [dist.get_process_group_ranks(g) if g is not None else None for g in (mesh.pp_group, mesh.dp_group)]
+        return mesh.pp, mesh.dp, mesh.pp_rank, mesh.dp_rank, mesh.grid, groups
+
+    sharded = init_sharded_mesh(runtime_layout(pp=2, dp_shard=2))
+    return {"existing": seen(init_pipeline_mesh(2, 2)), "layout": seen(init_sharded_mesh(runtime_layout(pp=2, dp_replicate=2)).pipeline),
+            "sharded": (sharded.pipeline.pp_rank, sharded.shard_rank, sharded.device_mesh.mesh.tolist(),
+                        sharded.pipeline.dp_group)}
+
+
+def suite(rank: int, world: int, cases: dict) -> dict:
+    """The whole launch of tests/test_sharded_stages.py: every case, then the placements."""
+    return {"cases": several_layouts(rank, world, cases), "placements": placements(rank, world)}
+
+
+def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
+    """Each (label, schedule, (dp_replicate, dp_shard, tp)) of ``job``: the gpt pipelined by
+    PipelineRuntime over that sharded layout for runtime_cases.STEPS SGD steps on the global
+    batch; rank 0 returns its losses, first-step gradients and final weights, gathered whole."""
+    from runtime_cases import STEPS
+
+    from pipesched.runtime.copies import input_ranks, loss_ranks
+    from pipesched.runtime.executor import PipelineRuntime
+    from pipesched.runtime.models import get_model
+    from pipesched.runtime.optimizers import make_optimizer
+    from pipesched.runtime.options import RuntimeOptions
+    from pipesched.runtime.sharded_mesh import init_sharded_mesh, runtime_layout
+    from pipesched.runtime.tp_plans import plan_for
+
+    size, batch, runs = job
+    md = get_model("gpt", **size)
+    meshes, out = {}, {}
+    for label, schedule, (replicas, shards, tp) in runs:
+        layout = runtime_layout(schedule.ranks, replicas, shards, tp)
+        if layout not in meshes:
+            meshes[layout] = init_sharded_mesh(layout, timeout_s=60)
+        mesh = meshes[layout]
+        x0, _ = md.batch(0, batch, 3)
+        rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05),
+                             x0[: batch // (layout.dp * schedule.microbatches)], mesh=mesh,
+                             options=RuntimeOptions(seed=3, timeout_s=60, tp_plan=plan_for("gpt")))
+        losses, grads = [], None
+        pp_rank = mesh.pipeline.pp_rank
+        for step in range(STEPS):
+            x, y = md.batch(step, batch, 3)
+            losses.append(rt.step(x if pp_rank in input_ranks(schedule) else None,
+                                  y if pp_rank in loss_ranks(schedule) else None).loss)
+            if step == 0:
+                grads = rt.gather_gradients()
+        out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict()}
+        states = [None] * world
+        torch.distributed.all_gather_object(states, rt.state_bytes())
+        out[label]["state_bytes"] = states
+    return out if rank == 0 else None

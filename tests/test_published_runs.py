@@ -1,0 +1,59 @@
+"""Published runs through the layout model (inputs: pipesched/advise/published.py, docs/layouts.md).
+
+The full searches over every layout take tens of CPU seconds each and live in
+benchmarks/published_layouts.py (results in benchmarks/RESULTS.md); here the published settings
+are priced, and the search runs with the published tensor parallelism fixed (Megatron-LM's 1T row, whose
+64-stage pipeline of 512 microbatches takes a minute to price, runs in the benchmark)."""
+
+import pytest
+
+from pipesched.advise.layout_search import advise_whole_layouts, evaluate_setting
+from pipesched.advise.published import MEGATRON_145B, TORCHTITAN_405B, TORCHTITAN_70B, PublishedRun
+
+PUBLISHED_405B_RATIO = 128 / 100  # torchtitan's tokens/s per GPU, interleaved 1F1B over 1F1B
+
+
+def _priced(run: PublishedRun, setting: tuple[str, int, int]):
+    schedule, chunks, microbatches = setting
+    return evaluate_setting(run.gpus, run.model(), run.global_batch, run.fabric(), run.layout, schedule, chunks,
+                            microbatches, run.recompute, sequence_parallel=run.sequence_parallel)
+
+
+@pytest.fixture(scope="module")
+def torchtitan_405b():
+    return [_priced(TORCHTITAN_405B, setting) for setting in TORCHTITAN_405B.settings]
+
+
+def test_405b_interleaved_holds_less_than_1f1b_as_published_and_both_fit(torchtitan_405b):
+    (one, one_fits), (interleaved, interleaved_fits) = torchtitan_405b
+    assert one_fits and interleaved_fits
+    assert one.candidate.peak_memory_bytes > interleaved.candidate.peak_memory_bytes  # 82.5 > 72.7 GiB published
+
+
+def test_405b_interleaved_is_faster_and_the_published_ratio_lies_between_the_two_microbatch_readings(torchtitan_405b):
+    (one, _), (interleaved, _) = torchtitan_405b
+    simulated = one.step_time / interleaved.step_time
+    assert simulated > 1
+    # With one-sample microbatches (torchtitan's later default, 32 for both) the bubble gap is smaller:
+    # the published ratio sits between the two readings of "local batch 32".
+    one_32, _ = _priced(TORCHTITAN_405B, ("1f1b", 1, 32))
+    interleaved_32, _ = _priced(TORCHTITAN_405B, ("interleaved-1f1b", 2, 32))
+    assert one_32.step_time / interleaved_32.step_time < PUBLISHED_405B_RATIO < simulated
+
+
+@pytest.mark.xfail(strict=True, reason="the simulated ratio is 1.56 (bubbles alone): docs/layouts.md, 'What the model misses'")
+def test_405b_ratio_within_ten_percent_of_the_published(torchtitan_405b):
+    (one, _), (interleaved, _) = torchtitan_405b
+    assert one.step_time / interleaved.step_time == pytest.approx(PUBLISHED_405B_RATIO, rel=0.10)
+
+
+@pytest.mark.parametrize("run", [TORCHTITAN_70B, MEGATRON_145B], ids=lambda r: r.name)
+def test_the_published_layout_fits_and_the_pick_at_its_tp_is_predicted_at_least_as_fast(run):
+    published = [_priced(run, s) for s in run.settings]
+    assert all(fits for _, fits in published)
+    fastest = min(p.step_time for p, _ in published)
+    advice = advise_whole_layouts(run.gpus, run.model(), run.global_batch, run.fabric(), fixed={"tp": run.layout.tp},
+                                  sequence_parallel=run.sequence_parallel)
+    best = advice.recommended
+    assert best.tp == run.layout.tp and best.pp * best.dp * best.dp_shard * best.tp == run.gpus
+    assert best.step_time <= fastest * (1 + 1e-9)  # floats summed in another order
