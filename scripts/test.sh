@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: sets up .venv on first use, then runs the whole suite (extra args go to pytest).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-ensure_env "torch,dev,png,hf"
+ensure_env "torch,dev,png,hf,data"
 cd "$ROOT"
 # The HTML report test renders the page in headless Chromium: install it where we may (root with
 # apt-get), quietly and time-bounded. Never fatal: without chromium that one test skips.

@@ -47,7 +47,7 @@ def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loa
 
     from pipesched.runtime.models import get_model
 
-    data = tmp_path / "data.bin"
+    data = tmp_path / "data.bytes"  # neither a token file nor text: its bytes are the token ids (modulo 64)
     data.write_bytes(bytes(range(256)) * 8)
     out = tmp_path / "saved"
     args = ["--model", f"hf:{configs['llama']}", "--data", str(data), "--steps", "3", "--batch-size", "8",
@@ -61,7 +61,10 @@ def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loa
     # the single-process model: the same blocks (block i seeded seed + i), the same batches
     md = get_model(f"hf:{configs['llama']}", data=str(data))
     model = md.sequential(0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # AdamW's default decay on the matrices only, not on biases and norms (as the transformers Trainer)
+    matrices = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": matrices}, {"params": rest, "weight_decay": 0.0}], lr=1e-3)
     want = []
     for step in range(3):
         x, y = md.batch(step, 8, 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -55,9 +55,18 @@ def draw(
 def report(
     plan: opt.PlanningFlags = opt.PlanningFlags(),
     output: Path = typer.Option(Path("report.html"), "--output", "-o", help="The HTML file to write."),
+    run: Optional[Path] = typer.Option(
+        None, "--run", help="Instead: the report of a training run, from its pipesched train --metrics FILE.jsonl "
+        "(docs/training.md)."),
 ) -> None:
     """Every schedule for one configuration in one offline HTML page: charts, metrics, when to choose each."""
     check_output_path(output, [".html", ".htm"])
+    if run is not None:
+        from .train_run_report import write_file_report
+
+        write_file_report(run, output)
+        typer.echo(f"wrote {output} (the run of {run})", err=True)
+        return
     s = plan.setup()
     write_report(s, output)
 

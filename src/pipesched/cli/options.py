@@ -8,8 +8,6 @@ memory limit, stage multipliers, overlap, objective, recompute input) are declar
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import os
 from dataclasses import dataclass, fields
@@ -21,6 +19,7 @@ import typer
 from ..bounds import check_number
 from ..costs import Costs
 from ..errors import ConfigError
+from .option_group import option_group
 
 ScheduleName = typer.Argument(None, help="Schedule name (or give --csv).")
 ScheduleCsv = typer.Option(None, "--csv", help="A schedule CSV (torch's compute_only or compute_comms format) instead of a name.")
@@ -205,28 +204,8 @@ def planning_options(*, without: tuple[str, ...] = (), source: bool = False) -> 
     """Give a typer command the planning options in place of its ``plan: PlanningFlags``
     parameter (``without`` names options the command does not take, e.g. ``("overlap",)``);
     ``source``: also the schedule's name argument and ``--csv`` (``plan.name``, ``plan.csv``)."""
-
-    def decorate(command: Callable) -> Callable:
-        own = inspect.signature(command, eval_str=True).parameters
-        declared_here = (SOURCE_OPTIONS[:1] if source else ()) + PLANNING_OPTIONS + (SOURCE_OPTIONS[1:] if source else ())
-        shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=declared, annotation=kind)
-                  for name, kind, declared in declared_here if name not in without]
-        params: list[inspect.Parameter] = []
-        for p in own.values():
-            params.extend(shared if p.name == "plan" else [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)])
-        names = {p.name for p in shared}
-
-        @functools.wraps(command)
-        def run(**given):
-            plan = PlanningFlags(**{name: given.pop(name) for name in list(given) if name in names})
-            return command(plan=plan, **given)
-
-        run.__signature__ = inspect.Signature(params, return_annotation=None)
-        run.__annotations__ = {p.name: p.annotation for p in params}
-        del run.__wrapped__  # typer reads the signature above, not the command's
-        return run
-
-    return decorate
+    declared_here = (SOURCE_OPTIONS[:1] if source else ()) + PLANNING_OPTIONS + (SOURCE_OPTIONS[1:] if source else ())
+    return option_group("plan", PlanningFlags, tuple(d for d in declared_here if d[0] not in without))
 
 
 # flag -> (least, most) for the numbers that size work or enter the cost model and have no

@@ -22,6 +22,8 @@ from . import app, fail
 from . import options as opt
 from .renamed import deprecated_option as renamed_option, renamed
 from . import train_hf
+from .train_data import DataFlags, data_options, say_how_text_is_read
+from .train_loop import LoopFlags, loop_options
 from .train_layout import Dp, Dtype, check_batch_split, check_layout
 from ..zb_auto_plan import given_costs
 
@@ -29,6 +31,8 @@ TORCH_MISSING = "pipesched train needs PyTorch: pip install 'pipesched[torch]' (
 
 
 @app.command("train")
+@loop_options
+@data_options
 def train(
     model: str = typer.Option("mlp", "--model", help="mlp (residual MLP stack), gpt (char-level GPT) or "
                               "hf:CONFIG.json (a Hugging Face causal LM, docs/huggingface.md)."),
@@ -89,6 +93,8 @@ def train(
     data: Optional[Path] = train_hf.Data,
     hf_weights: Optional[Path] = train_hf.Weights,
     save_hf: Optional[Path] = train_hf.SaveHf,
+    loop: LoopFlags = LoopFlags(),
+    data_flags: DataFlags = DataFlags(),
 ) -> None:
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
     from .train_checks import check_batch_fits, check_checkpoint_flags, check_checkpointing, check_numbers
@@ -104,6 +110,8 @@ def train(
             raise ConfigError(f"{label} must be at least 1, got {value}")
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"--optimizer {optimizer!r} is not known: use one of {', '.join(OPTIMIZERS)}")
+    loop_run = loop.options(lr, steps, data_flags.held_out)
+    data_flags.check()
     if save_params is not None:
         check_output_path(save_params, [".pt", ".pth"])
     if trace is not None:
@@ -131,7 +139,7 @@ def train(
 
     if not is_known(model):
         raise ConfigError(f"--model {model!r} is not known: use {KNOWN}")
-    model_options = train_hf.hf_model_options(model, data, hf_weights, save_hf)
+    model_options = {**train_hf.hf_model_options(model, data, hf_weights, save_hf), **data_flags.model_options(model)}
     model_def = get_model(model, **model_options)
     parse_dtype(dtype)
     measured = choice.profiles()
@@ -158,7 +166,10 @@ def train(
         checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep,
         resume_from=None if resume_from is None else str(resume_from),
         meter_every_step=trace is not None,  # the trace draws the median step's activation bytes
+        loop=loop_run,
     )
+    if model.startswith("hf:"):  # after every check: a refusal stays one line
+        say_how_text_is_read(model, data, data_flags.tokenizer)
     result = _run_to_the_end(run, cfg)
     if result is None:  # a torchrun rank other than 0
         return
@@ -175,6 +186,15 @@ def train(
     except OutputsLost as err:
         _say(f"pipesched: error: {err}")
         raise typer.Exit(code=1) from None
+    if loop_run.report_path is not None:
+        from .train_run_report import write_run_report
+
+        try:
+            write_run_report(Path(loop_run.report_path), plan, result)
+        except OSError as err:
+            _say(f"pipesched: error: the run finished, but could not write {loop_run.report_path} ({err.strerror})")
+            raise typer.Exit(code=1) from None
+        typer.echo(f"wrote {loop_run.report_path} (run report)")
     if model not in MODELS:  # hf:CONFIG.json
         train_hf.report_and_save(plan, model_def, result.params, save_hf)
 

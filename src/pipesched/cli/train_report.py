@@ -68,6 +68,8 @@ def summary(schedule: Optional[Schedule], result) -> dict:
         "losses": list(result.losses),
         "median_step_ms": 1000 * result.median_step_time(),
         "memory": [m.summary() for m in result.memory],
+        "lrs": list(result.loop.lrs) if result.loop else [],  # the learning rate of each step run
+        "evals": [{"step": step, "loss": loss} for step, loss in result.loop.evals] if result.loop else [],
     }
 
 

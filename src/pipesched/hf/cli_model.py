@@ -2,23 +2,28 @@
 
 The model is its blocks (:mod:`.blocks`, each built from the config on the rank that owns it,
 randomly initialised, block ``i`` after ``torch.manual_seed(seed + i)``, or read from
-``--hf-weights DIR``), trained on windows of a token stream: ``--data FILE`` read as bytes (each
-byte a token id, modulo the vocabulary) or a ``.npy`` array of token ids, by default the text
-shipped with pipesched. The labels are the windows themselves (the model shifts them), so every
+``--hf-weights DIR``), trained on windows of ``--seq-len`` tokens of a token stream
+(:mod:`pipesched.data.streams`): ``--data`` a token file, text through the tokenizer of the
+config's folder (or ``--tokenizer DIR``), or without one a file's bytes modulo the vocabulary;
+by default the text shipped with pipesched. ``--eval-data`` or ``--eval-share`` holds out what
+:meth:`~pipesched.runtime.model_def.ModelDef.eval_batch` reads. The labels are the windows themselves (the model shifts them), so every
 token counts and the mean loss of equal microbatches is the model's loss on the whole batch.
 Every mistake (a config it cannot read or split, or that draws: dropout, router noise, which
 only :func:`pipesched.hf.pipeline` keys so that the schedule does not change them; weights that
-do not match it, token ids beyond the vocabulary) is a one-line ConfigError raised here, before
-any rank starts.
+do not match it, token ids beyond the vocabulary, a sequence longer than the model's positions)
+is a one-line ConfigError raised here, before any rank starts.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import Optional
 
 import torch
 
+from ..data.streams import TokenStream, eval_windows, open_stream, train_windows
+from ..data.tokenize_text import find_tokenizer
 from ..errors import ConfigError
 from ..runtime.model_def import ModelDef
 from .build import BlockSource
@@ -26,21 +31,24 @@ from .config_file import read_config
 from .pipeline import model_name, tied_groups
 from .randomness import random_settings
 from .split import block_costs
-from .token_data import TokenStream, token_stream as read_tokens
 
 PREFIX = "hf:"
 DEFAULT_CONTEXT = 64  # tokens per sample, or the model's positions if fewer
 
 
 @lru_cache(maxsize=4)
-def token_stream(data: Optional[str], vocab_size: int) -> TokenStream:
-    """The training tokens (:mod:`.token_data`: mapped from a regular file, in bounded memory)."""
-    return read_tokens(data, vocab_size)
+def token_stream(data: Optional[str], vocab_size: int, tokenizer: Optional[str] = None,
+                 flag: str = "--data") -> TokenStream:
+    """The tokens of ``data`` (:func:`pipesched.data.streams.open_stream`; None: the shipped text),
+    opened once per process."""
+    return open_stream(data, vocab_size, None if tokenizer is None else Path(tokenizer), flag)
 
 
 def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional[str] = None,
-                 context: Optional[int] = None) -> ModelDef:
-    """The ModelDef of ``--model hf:CONFIG.json`` (see the module's docstring)."""
+                 context: Optional[int] = None, tokenizer: Optional[str] = None, eval_data: Optional[str] = None,
+                 eval_share: Optional[float] = None) -> ModelDef:
+    """The ModelDef of ``--model hf:CONFIG.json`` (see the module's docstring); ``tokenizer``: the
+    folder of text data's tokenizer (default: the config's, where it holds tokenizer.json)."""
     from transformers.loss.loss_utils import ForCausalLMLoss
 
     config = read_config(config_path)
@@ -51,16 +59,28 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
                           "router noise do not depend on the schedule")
     source = BlockSource(config, weights, weights_argument="--hf-weights {!r}")
     vocab = config.vocab_size
-    limit = getattr(config, "max_position_embeddings", None) or DEFAULT_CONTEXT
-    context = context or min(DEFAULT_CONTEXT, limit)
-    stream = token_stream(data, vocab)
-    if len(stream) <= context:
-        raise ConfigError(f"--data: {len(stream)} tokens, too few for samples of {context}")
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if context is not None and limit is not None and context > limit:
+        raise ConfigError(f"--seq-len {context} is beyond the model's {limit} positions (max_position_embeddings)")
+    context = context or min(DEFAULT_CONTEXT, limit or DEFAULT_CONTEXT)
+    folder = find_tokenizer(tokenizer, Path(config_path).parent)
+    tokenizer = None if folder is None else str(folder)
+    stream = token_stream(data, vocab, tokenizer)
+    held_out = None
+    if eval_data is not None:
+        held_out = token_stream(eval_data, vocab, tokenizer, "--eval-data")
+    elif eval_share is not None:
+        stream, held_out = stream.split(eval_share)
+    for flag, part in (("--data", stream), ("--eval-data" if eval_data else "--eval-share", held_out)):
+        if part is not None and len(part) <= context:
+            raise ConfigError(f"{flag}: {len(part)} tokens, too few for samples of {context} (--seq-len)")
 
     def batch(step: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed(1_000_003 * seed + step)
-        starts = torch.randint(0, len(stream) - context, (size,), generator=g)
-        ids = stream.windows(starts, context)
+        ids = train_windows(stream, step, size, seed, context)
+        return ids, ids
+
+    def eval_batch(index: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = eval_windows(held_out, index, size, context)
         return ids, ids
 
     def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -69,4 +89,4 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
     blocks = [source.meta_block(i) for i in range(source.num_blocks)]
     costs = tuple(block_costs(blocks, config, context))
     return ModelDef(f"{PREFIX}{config_path}", source.num_blocks, source, loss, batch, costs, tied_groups(source),
-                    checkpoint_name=model_name)
+                    checkpoint_name=model_name, eval_batch=eval_batch if held_out is not None else None)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -26,6 +26,8 @@ class ModelDef:
     # a checkpoint's name of each unpipelined name ("0.model.embed_tokens.weight"): hf: models drop
     # the block index, so the CLI's checkpoints are keyed as the model names its weights
     checkpoint_name: Callable[[str], str] = same_name
+    # held-out batch ``index`` of ``size`` samples, the same at every evaluation (None: no held-out data)
+    eval_batch: Optional[Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]] = None
 
     def sequential(self, seed: int) -> nn.Sequential:
         """The whole model in one process (the reference), block i seeded as a stage builds it,

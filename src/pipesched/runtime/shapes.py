@@ -33,8 +33,8 @@ def infer_boundary_shapes(
     on ``device`` (see the module's docstring)."""
 
     def run(blocks_of, place) -> list[Boundary]:
-        x = _placed(sample, place)
-        ctx = None if context is None else {k: _placed(v, place) for k, v in context.items()}
+        x = placed(sample, place)
+        ctx = None if context is None else {k: placed(v, place) for k, v in context.items()}
         shapes = []
         with torch.no_grad():
             for blocks in ranges:
@@ -51,10 +51,10 @@ def infer_boundary_shapes(
             return run(lambda i: copy.deepcopy(build_block_seeded(build_block, i, seed)).to(place), place)
 
 
-def _placed(value: Value, device: torch.device) -> Value:
+def placed(value: Value, device: torch.device) -> Value:
     """``value``'s tensors on ``device`` (on meta: storage-less)."""
     if not isinstance(value, torch.Tensor):
-        return Boundary.of(value).unflatten([_placed(t, device) for t in flat(value)])
+        return Boundary.of(value).unflatten([placed(t, device) for t in flat(value)])
     if device.type == "meta":
         return torch.empty(value.shape, dtype=value.dtype, device="meta")
     return value.to(device)

@@ -116,8 +116,7 @@ def compare_to_simulation(schedule: Schedule, steps: Sequence[Timeline], comm: f
     """Replay the schedule in the simulator's execution model with the measured median cost of
     every (stage, kind) and the measured p2p latency; compare with the measured steps."""
     costs = median_costs(steps)
-    orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
-    predicted = execute(orders, schedule.placement, lambda a: costs[(a.stage, a.kind)], comm, schedule.pipelines)
+    predicted = predicted_timeline(schedule, costs, comm)
     by_kind: dict[str, list[float]] = {}
     for (_, kind), value in costs.items():
         by_kind.setdefault(kind, []).append(value)
@@ -130,6 +129,13 @@ def compare_to_simulation(schedule: Schedule, steps: Sequence[Timeline], comm: f
         kind_costs={k: statistics.median(v) for k, v in sorted(by_kind.items())},
         replay_ratio=statistics.median(makespan(t) / replayed_makespan(schedule, t, comm) for t in steps),
     )
+
+
+def predicted_timeline(schedule: Schedule, costs: dict[tuple[int, str], float], comm: float) -> Timeline:
+    """The schedule replayed in the simulator's execution model with ``costs`` per (stage, kind)
+    (seconds, e.g. :func:`median_costs`) and ``comm`` seconds a transfer."""
+    orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
+    return execute(orders, schedule.placement, lambda a: costs[(a.stage, a.kind)], comm, schedule.pipelines)
 
 
 def median_step(steps: Sequence[Timeline]) -> int:

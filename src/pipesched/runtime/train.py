@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from functools import partial
 from time import perf_counter
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -25,9 +26,13 @@ from .options import RuntimeOptions
 from .guard import NonFiniteWeights, first_nonfinite
 from .latency import measure_latency
 from .launch import rank_device, report_progress, stop_on_termination
+from .loop_options import LoopOptions
 from .mesh import init_pipeline_mesh
 from .models import ModelDef, get_model
 from .optimizers import make_optimizer
+from .evaluation import evaluate_model, evaluate_pipeline
+from .metrics import gather_peaks, own_peak_memory
+from .run_loop import LoopRecord, make_hooks, whole_grad_norm
 from .precision import Precision, parse_dtype
 from .timeline import Timeline
 
@@ -63,6 +68,7 @@ class TrainConfig:
     # other layouts that take turns with this run's own after its steps, in the same processes,
     # for as many rounds (a profile's): see _turns
     alongside: tuple[Schedule, ...] = ()
+    loop: LoopOptions = LoopOptions()  # learning-rate schedule, evaluation, metrics (run_loop.py)
 
     @property
     def world(self) -> int:
@@ -118,21 +124,24 @@ class TrainResult:
     first_step: int = 0  # steps done before this run (resumed from a checkpoint), 0 otherwise
     # with TrainConfig.alongside, per round: this run's schedule first, then each of alongside's
     alongside_timelines: list[list[Timeline]] = field(default_factory=list)
+    loop: Optional[LoopRecord] = None  # learning rates, evaluations, metrics (rank 0's)
 
     def median_step_time(self, skip: int = 1) -> float:
         times = self.step_times[skip:] or self.step_times
         return statistics.median(times)
 
 
-def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, float], None]] = None) -> TrainResult:
+def train_reference(cfg: TrainConfig) -> TrainResult:
     """The unpipelined run: whole batch, one forward and one backward per step."""
     md = cfg.model_def()
     model = md.sequential(cfg.seed)
-    optimizer = make_optimizer(cfg.optimizer, cfg.lr)(list(model.parameters()))
+    optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.loop.weight_decay)(list(model.parameters()))
     saved = checkpoint.tied_view(model, md.tied, md.checkpoint_name)  # what its checkpoints hold
     first = _resume(cfg, saved, optimizer)
-    losses, times, grads = [], [], None
     precision = Precision(parse_dtype(cfg.dtype))
+    hooks = make_hooks(cfg, md, optimizer, first, lambda batches: evaluate_model(model, md.loss_fn, batches, precision.autocast),
+                       writer=True, gather_memory=lambda: [own_peak_memory(None)], device=torch.device("cpu"), name="reference")
+    losses, times, grads = [], [], None
     for step in range(first, cfg.steps):
         x, y = md.batch(step, cfg.batch_size, cfg.seed)
         t0 = perf_counter()
@@ -140,6 +149,7 @@ def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, fl
         with precision.autocast():
             loss = md.loss_fn(model(x), y)
         loss.backward()
+        grad_norm = whole_grad_norm(model.parameters()) if cfg.loop.watched else float("nan")
         if cfg.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
         if step == 0 and cfg.want_grads:
@@ -150,28 +160,20 @@ def train_reference(cfg: TrainConfig, on_step: Optional[Callable[[int, float, fl
             raise NonFiniteWeights(step + 1, bad)
         times.append(perf_counter() - t0)
         losses.append(loss.item())
-        if on_step:
-            on_step(step, losses[-1], times[-1])
+        hooks.after_step(step + 1, losses[-1], times[-1], grad_norm)
         if cfg.checkpoint_due(step + 1):
             checkpoint.save(cfg.checkpoint_dir, step + 1, saved, optimizer, cfg.checkpoint_keep)
+    hooks.close()
     params = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.want_params else None
-    return TrainResult(losses, times, [], 0.0, params, grads, dtype=cfg.dtype, first_step=first)
+    return TrainResult(losses, times, [], 0.0, params, grads, dtype=cfg.dtype, first_step=first, loop=hooks.record)
 
 
 def _resume(cfg: TrainConfig, model, optimizer) -> int:
     """Load ``cfg.resume_from`` (if any) and return the steps already done. The learning rate
-    is this run's: ``--lr`` applies from the resumed step on."""
+    is this run's: the hooks' schedule (``--lr`` and its decay) sets it from the resumed step on."""
     if cfg.resume_from is None:
         return 0
-    done = checkpoint.load(cfg.resume_from, model, optimizer)
-    _set_lr(optimizer, cfg.lr)
-    return done
-
-
-def _set_lr(optimizer, lr: float) -> None:
-    """The learning rate is this run's: ``--lr`` applies from the resumed step on."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    return checkpoint.load(cfg.resume_from, model, optimizer)
 
 
 def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResult]:
@@ -183,9 +185,9 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     first = 0
     if cfg.resume_from is not None:
         first = runtime.load_checkpoint(cfg.resume_from, md.checkpoint_name)
-        _set_lr(runtime.optimizer, cfg.lr)
+    hooks = make_hooks(cfg, md, runtime.optimizer, first, partial(evaluate_pipeline, runtime), writer=rank == 0,
+                       gather_memory=partial(gather_peaks, runtime.device), device=runtime.device, name=schedule.name)
     latency = measure_latency(*runtime.probe_tensor(), rank_device())
-    progress = _Progress(cfg.steps, schedule.name, first) if cfg.show_progress and rank == 0 else None
     losses, times, spans, grads, results = [], [], [], None, []
     report_progress()  # from here a single rank silent for the timeout is stopped by the launcher
     try:
@@ -196,16 +198,14 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
             times.append(result.step_time)
             spans.append(result.spans)
             results.append(result)
+            hooks.after_pipeline_step(runtime, result)
             if step == 0 and cfg.want_grads:
                 grads = runtime.gather_gradients()
-            if progress:
-                progress.update(step, result.loss, result.step_time, result.skipped)
             if cfg.checkpoint_due(runtime.steps_done):
                 runtime.save_checkpoint(cfg.checkpoint_dir, cfg.checkpoint_keep, md.checkpoint_name)
             report_progress()
     finally:
-        if progress:
-            progress.close()
+        hooks.close()
     timelines = _gather_timelines(spans, runtime.mesh.grid[0])
     memory, curves, stage_memory = _gather_memory(runtime, results, runtime.mesh.grid[0])
     params = runtime.gather_state_dict() if cfg.want_params else None
@@ -215,7 +215,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
         return None
     return TrainResult(
         losses, times, timelines, latency, params, grads, memory, curves, stage_memory,
-        dp=cfg.dp, dtype=cfg.dtype, first_step=first, alongside_timelines=beside_timelines,
+        dp=cfg.dp, dtype=cfg.dtype, first_step=first, alongside_timelines=beside_timelines, loop=hooks.record,
     )
 
 
@@ -239,7 +239,7 @@ def _runtime(cfg: TrainConfig, md: ModelDef, schedule: Schedule, counts: Optiona
     None: balanced by the model's block costs)."""
     x0, _ = md.batch(0, cfg.batch_size, cfg.seed)
     return PipelineRuntime(
-        md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr),
+        md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr, cfg.loop.weight_decay),
         x0[: cfg.batch_size // (cfg.dp * schedule.microbatches)],
         options=RuntimeOptions(
             seed=cfg.seed, block_counts=counts or balanced_block_counts(md.block_costs, schedule), device=rank_device(),
@@ -279,43 +279,14 @@ def _gather_timelines(per_step: list, pipeline: tuple[int, ...]) -> list[Timelin
     return [[parts[r][step] for r in pipeline] for step in range(len(per_step))]
 
 
-class _Progress:
-    """A rich progress bar on rank 0: loss and step time of each step."""
-
-    def __init__(self, steps: int, name: str, done: int = 0) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.bar = Progress(
-            TextColumn(f"[bold]{name}[/bold]"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"), TextColumn("step {task.fields[ms]} ms"),
-            TimeElapsedColumn(), transient=False,
-        )
-        self.task = self.bar.add_task("train", total=steps, completed=done, loss="-", ms="-")
-        self.bar.start()
-
-    def update(self, step: int, loss: float, seconds: float, skipped: bool) -> None:
-        text = f"{loss:.5f}" + (" (skipped)" if skipped else "")
-        self.bar.update(self.task, advance=1, loss=text, ms=f"{1000 * seconds:.1f}")
-
-    def close(self) -> None:
-        self.bar.stop()
-
-
 def run(cfg: TrainConfig) -> Optional[TrainResult]:
     """Run ``cfg``: the reference in this process, the pipeline on spawned local ranks, or this
     process's rank under torchrun (the result then comes back on rank 0 only).
     SIGTERM and SIGHUP raise ``launch.RunStopped`` (local ranks stopped first)."""
     if cfg.schedule is None:
         torch.set_num_threads(1)
-        done = checkpoint.checkpoint_step(cfg.resume_from) if cfg.resume_from else 0
-        progress = _Progress(cfg.steps, "reference", done) if cfg.show_progress else None
-        on_step = (lambda step, loss, secs: progress.update(step, loss, secs, False)) if progress else None
-        try:
-            with stop_on_termination():
-                return train_reference(cfg, on_step)
-        finally:
-            if progress:
-                progress.close()
+        with stop_on_termination():
+            return train_reference(cfg)
     from .launch import run_torchrun, spawn, under_torchrun
 
     if under_torchrun():

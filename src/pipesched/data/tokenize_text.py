@@ -1,0 +1,101 @@
+"""Text through the model folder's own tokenizer, into a cached token file.
+
+The tokenizer is ``tokenizer.json`` in a local folder (``--tokenizer DIR``, by default the folder
+of the model's config), loaded with transformers' ``AutoTokenizer`` from that folder alone
+(``local_files_only``: nothing is downloaded). Each document's ids are the tokenizer's without
+special tokens, followed by its end-of-sequence token where it has one: the documents of a file
+become one stream, separated by EOS (attention runs across the separator, as in nanoGPT's and
+GPT-2's pre-training; the model sees no mask or position reset).
+
+The stream is written once, a batch of documents at a time (bounded memory), to a ``.bin`` token
+file (:mod:`.token_files`' layout) in the cache folder (``$PIPESCHED_CACHE_DIR``, else
+``$XDG_CACHE_HOME/pipesched`` or ``~/.cache/pipesched``), named by the text file (path, size,
+modification time) and the tokenizer's files; the launcher writes it before any rank starts and
+every rank memory-maps it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..errors import ConfigError
+from .text_documents import documents
+from .token_files import bin_dtype
+
+TOKENIZER_FILE = "tokenizer.json"
+_KEYED_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json")
+_FORMAT = b"pipesched-tokens-1"  # changes when the stream's definition does
+
+
+def cache_dir() -> Path:
+    """Where tokenized streams are kept (see the module's docstring)."""
+    if os.environ.get("PIPESCHED_CACHE_DIR"):
+        return Path(os.environ["PIPESCHED_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "pipesched"
+
+
+def find_tokenizer(given: Optional[str], model_folder: Path) -> Optional[Path]:
+    """The tokenizer folder: ``given`` (ConfigError unless it holds tokenizer.json), else the
+    model's folder when it holds one, else None (no tokenizer)."""
+    if given is not None:
+        if not (Path(given) / TOKENIZER_FILE).is_file():
+            raise ConfigError(f"--tokenizer {given!r}: no {TOKENIZER_FILE} in that folder")
+        return Path(given)
+    return model_folder if (model_folder / TOKENIZER_FILE).is_file() else None
+
+
+def tokenized_file(data: str, tokenizer: Path, vocab_size: int, flag: str = "--data") -> str:
+    """The cached token file of ``data``'s text (written first if it is not there yet)."""
+    try:
+        stat = Path(data).stat()
+    except OSError as err:
+        raise ConfigError(f"{flag} {data!r}: {err.strerror}") from None
+    key = hashlib.sha256(_FORMAT)
+    key.update(f"{Path(data).resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{vocab_size}".encode())
+    for name in _KEYED_FILES:
+        if (tokenizer / name).is_file():
+            key.update(name.encode() + (tokenizer / name).read_bytes())
+    target = cache_dir() / f"tokens-{key.hexdigest()[:24]}.bin"
+    if not target.is_file():
+        _write_stream(data, tokenizer, vocab_size, target, flag)
+    return str(target)
+
+
+def load_tokenizer(folder: Path):
+    """transformers' AutoTokenizer of ``folder``, from its files alone."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"the tokenizer in {str(folder)!r} cannot be loaded: {str(err).splitlines()[0]}") from None
+
+
+def _write_stream(data: str, folder: Path, vocab_size: int, target: Path, flag: str) -> None:
+    tokenizer = load_tokenizer(folder)
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    dtype = bin_dtype(vocab_size)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    written = 0
+    try:
+        with open(partial, "wb") as out:
+            for texts, ends in documents(data, flag):
+                encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+                ids = np.array([i for one in encoded for i in one + (eos if ends else [])], dtype=np.int64)
+                if ids.size and ids.max() >= vocab_size:
+                    raise ConfigError(f"{flag} {data!r}: the tokenizer in {str(folder)!r} gives token id {int(ids.max())}, "
+                                      f"beyond the model's vocabulary of {vocab_size}")
+                out.write(ids.astype(dtype).tobytes())
+                written += ids.size
+        if written == 0:
+            raise ConfigError(f"{flag} {data!r}: no text to train on")
+        os.replace(partial, target)  # whole or not at all: ranks never see a partial stream
+    finally:
+        partial.unlink(missing_ok=True)

@@ -1,0 +1,101 @@
+"""What happens between a run's steps, the same in the reference and on every pipeline rank:
+the learning rate's next value, the held-out evaluation, the metrics of a logging interval.
+
+``train_reference`` and ``train_worker`` (:mod:`.train`) each make one :class:`LoopHooks` once
+the checkpoint (if any) is loaded and call :meth:`LoopHooks.after_step` after every step; what
+it records comes back on the run's :class:`LoopRecord`. Evaluations and the memory of a
+logging interval are collective: every rank calls ``after_step`` after every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from .lr_schedule import attach
+from .metrics import MetricsLog
+from .model_flops import flops_per_token, peak_flops
+from .progress_display import ProgressDisplay
+
+Evaluate = Callable[[list], float]  # held-out batches -> mean loss
+
+
+@dataclass
+class LoopRecord:
+    """What the loop saw, per step of this run (resumed runs: from the resumed step on)."""
+
+    lrs: list[float] = field(default_factory=list)  # the learning rate each step trained with
+    evals: list[tuple[int, float]] = field(default_factory=list)  # (steps done, mean held-out loss)
+    metrics: list[dict] = field(default_factory=list)  # one per logging interval (metrics.py), rank 0's
+
+
+class LoopHooks:
+    """The loop's part of one process: its scheduler (set for the first step to run), the
+    held-out batches and how to evaluate them, the metrics log (rank 0 writes it)."""
+
+    def __init__(self, cfg, md, optimizer: torch.optim.Optimizer, first_step: int, evaluate: Optional[Evaluate],
+                 metrics: MetricsLog) -> None:
+        self.cfg = cfg
+        self.optimizer = optimizer
+        self.scheduler = attach(optimizer, cfg.loop.lr_schedule_for(cfg.lr, cfg.steps), first_step)
+        self.evaluate = evaluate if cfg.loop.evaluate else None
+        self.eval_batches = ([md.eval_batch(i, cfg.batch_size) for i in range(cfg.loop.eval_batches)]
+                             if self.evaluate is not None else [])
+        self.metrics = metrics
+        self.record = LoopRecord(metrics=metrics.rows)
+
+    def after_step(self, steps_done: int, loss: float, seconds: float, grad_norm: float, skipped: bool = False) -> None:
+        """After step ``steps_done`` (1-based): record its rate and set the next step's, evaluate
+        when due, and log the interval when it ends."""
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.record.lrs.append(lr)
+        self.scheduler.step()
+        eval_loss = None
+        if self.evaluate is not None and self.cfg.loop.eval_due(steps_done, self.cfg.steps):
+            eval_loss = self.evaluate(self.eval_batches)
+            self.record.evals.append((steps_done, eval_loss))
+        self.metrics.step(steps_done, loss, lr, seconds, grad_norm, eval_loss, skipped)
+
+    def after_pipeline_step(self, runtime, result) -> None:
+        """:meth:`after_step` for a pipeline rank's step (``result``: its StepResult); the gradient
+        norm is the step's (clipping computes it) or, where metrics are written, measured here."""
+        norm = result.grad_norm
+        if self.cfg.clip_grad_norm is None and self.cfg.loop.watched:
+            norm = whole_grad_norm(runtime.reductions.counted, runtime.mesh.pp_group, runtime.device)
+        self.after_step(runtime.steps_done, result.loss, result.step_time, norm, result.skipped)
+
+    def close(self) -> None:
+        self.metrics.close()
+
+
+
+def make_hooks(cfg, md, optimizer: torch.optim.Optimizer, first_step: int, evaluate: Optional[Evaluate], *,
+               writer: bool, gather_memory: Callable[[], list[int]], device: torch.device, name: str) -> LoopHooks:
+    """The hooks of one process of a run (``writer``: rank 0, which logs and shows progress)."""
+    x, _ = md.batch(0, 1, cfg.seed)
+    tokens_per_sample = x.numel() if not x.is_floating_point() else 1  # token ids: each counts; features: the sample
+    flops = peak = None
+    if writer:
+        flops = flops_per_token(md, tokens_per_sample)
+        peak = peak_flops(device, cfg.loop.peak_tflops)
+    display = ProgressDisplay(cfg.steps, name, first_step) if writer and cfg.show_progress else None
+    metrics = MetricsLog(cfg, first_step, cfg.batch_size * tokens_per_sample, flops, peak, writer, gather_memory, display)
+    return LoopHooks(cfg, md, optimizer, first_step, evaluate, metrics)
+
+
+def whole_grad_norm(parameters, group=None, device: Optional[torch.device] = None) -> float:
+    """The gradient norm of ``parameters`` (each counted by one rank of ``group``), over ``group``'s
+    ranks (None: this process alone); call it after the step's gradients are final. Gloo reduces
+    host memory, NCCL ``device``'s."""
+    import torch.distributed as dist
+
+    on = torch.device("cpu") if group is None or dist.get_backend(group) == "gloo" else device
+    squares = torch.zeros((), dtype=torch.float64, device=on)
+    for p in parameters:
+        if p.grad is not None:
+            squares += p.grad.detach().double().pow(2).sum().to(on)
+    if group is not None:
+        dist.all_reduce(squares, group=group)
+    return squares.item() ** 0.5

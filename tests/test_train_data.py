@@ -1,0 +1,150 @@
+"""``pipesched train --model hf:...``'s data: token files memory-mapped, text through the model
+folder's own tokenizer (the same token stream as the tokenizer gives in one process), bytes as
+the fallback of a folder without one; held-out batches fixed; reading a large token file costs
+a bounded amount of memory; bad data refused in one line, exit 2, before any rank starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import cli_env, concurrently, run_cli
+
+pytest.importorskip("transformers")
+pytest.importorskip("pyarrow")
+import torch  # noqa: E402
+from tokenizer_cases import EOS, VOCAB, model_folder, shipped_documents, write_jsonl, write_parquet  # noqa: E402
+
+from pipesched.data.streams import TokenStream, eval_windows, train_windows  # noqa: E402
+from pipesched.data.token_files import open_token_file  # noqa: E402
+from pipesched.runtime.models import get_model  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A tiny Llama's folder with its BPE tokenizer, the shipped text's lines as .jsonl and .parquet."""
+    root = tmp_path_factory.mktemp("model")
+    docs = shipped_documents()
+    return {"model": model_folder(root / "llama"), "docs": docs, "jsonl": write_jsonl(root / "docs.jsonl", docs),
+            "parquet": write_parquet(root / "docs.parquet", docs), "root": root}
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPESCHED_CACHE_DIR", str(tmp_path / "cache"))  # the tests' own (run_cli passes it on)
+
+
+def one_process_stream(model_dir, docs: list[str]) -> list[int]:
+    """What the tokenizer gives in one process: each document's ids, then EOS."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    assert tok.eos_token == EOS
+    return [i for doc in docs for i in tok(doc, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]]
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_text_through_the_folders_tokenizer_is_the_one_process_token_stream(folder, kind):
+    from pipesched.hf.cli_model import token_stream
+    from pipesched.data.tokenize_text import find_tokenizer
+
+    config = folder["model"] / "config.json"
+    md = get_model(f"hf:{config}", data=str(folder[kind]), context=16)
+    stream = token_stream(str(folder[kind]), VOCAB, str(find_tokenizer(None, folder["model"])))
+    want = one_process_stream(folder["model"], folder["docs"])
+    assert stream.ids.tolist() == want
+    assert isinstance(stream.ids, np.memmap)  # the ranks map the cached file, they do not hold it
+    x, y = md.batch(3, 4, 0)  # step 3's windows: offsets drawn from (seed, step) alone
+    starts = torch.randint(0, len(want) - 16, (4,), generator=torch.Generator().manual_seed(3))
+    assert x.tolist() == [want[s:s + 16] for s in starts.tolist()] and torch.equal(x, y)
+
+
+def test_token_files_are_memory_mapped_in_nanogpts_layout(tmp_path):
+    ids = np.arange(1000) % VOCAB
+    ids.astype(np.uint16).tofile(tmp_path / "train.bin")  # nanoGPT's train.bin: uint16, no header
+    np.save(tmp_path / "train.npy", ids.astype(np.int32))
+    for name in ("train.bin", "train.npy"):
+        mapped = open_token_file(str(tmp_path / name), VOCAB)
+        assert isinstance(mapped, np.memmap) and mapped.tolist() == ids.tolist()
+    big = open_token_file(str(tmp_path / "train.bin"), 1 << 16)  # 65,536 ids still fit uint16
+    assert big.dtype == np.uint16
+    np.arange(10, dtype=np.uint32).tofile(tmp_path / "wide.bin")  # more ids: uint32
+    assert open_token_file(str(tmp_path / "wide.bin"), 1 << 17).tolist() == list(range(10))
+
+
+def test_held_out_batches_are_consecutive_windows_and_the_same_every_time():
+    stream = TokenStream(np.arange(100))
+    first = eval_windows(stream, 0, 3, 10)
+    assert first.tolist() == [list(range(0, 10)), list(range(10, 20)), list(range(20, 30))]
+    assert torch.equal(eval_windows(stream, 4, 3, 10)[-1], torch.arange(40, 50))  # window 14 = 14 % 10 windows: 4
+    assert torch.equal(train_windows(stream, 5, 4, 0, 10), train_windows(stream, 5, 4, 0, 10))
+    train, held = stream.split(0.25)
+    assert (len(train), held.ids[0]) == (75, 75)
+
+
+def test_without_a_tokenizer_text_is_read_as_bytes_and_the_command_says_so(tmp_path):
+    from hf_cases import make_config
+
+    make_config("llama").to_json_file(str(tmp_path / "config.json"))
+    (tmp_path / "text.txt").write_bytes(bytes(range(200)))
+    md = get_model(f"hf:{tmp_path / 'config.json'}", data=str(tmp_path / "text.txt"), context=8)
+    x, _ = md.batch(0, 2, 0)
+    assert x.max() < 64 and x.tolist()[0] == [(x[0, 0].item() + i) % 64 for i in range(8)]  # bytes modulo 64
+    run = run_cli("train", "--model", f"hf:{tmp_path / 'config.json'}", "--data", str(tmp_path / "text.txt"),
+                  "-s", "none", "--steps", "1", "--batch-size", "2")  # the one-process run: no ranks to start
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.strip() == (f"pipesched: no tokenizer.json in {str(tmp_path)!r}: reading --data as bytes "
+                                  "(token id = byte modulo the vocabulary)")
+
+
+def test_reading_a_large_token_file_holds_its_windows_not_the_file(tmp_path):
+    """A 64 MiB token file opened, checked and sampled as a rank does: the process's peak memory
+    grows by far less than the file (the full file as int64 would be 256 MiB). Measured in a fresh
+    process (ru_maxrss is a high-water mark); the bound leaves room for numpy's 8 MiB check buffer
+    and allocator noise. benchmarks/token_file_memory.py measures a 1 GB file through the CLI."""
+    path = tmp_path / "big.bin"
+    with open(path, "wb") as f:
+        chunk = (np.arange(1 << 22) % 50000).astype(np.uint16).tobytes()
+        for _ in range(8):
+            f.write(chunk)
+    code = f"""
+import resource, numpy as np
+from pipesched.data.streams import TokenStream, train_windows
+from pipesched.data.token_files import open_token_file
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+stream = TokenStream(open_token_file({str(path)!r}, 50257))
+for step in range(20):
+    train_windows(stream, step, 64, 0, 1024)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+    extra = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(),
+                               check=True).stdout)
+    assert extra < 24 * 2**20, extra
+
+
+def test_bad_data_is_one_line_and_exit_2_before_any_rank_starts(folder, tmp_path):
+    config = f"hf:{folder['model'] / 'config.json'}"
+    no_text = tmp_path / "no_text.jsonl"
+    no_text.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"body": "no text here"}) + "\n")
+    (tmp_path / "empty_tokenizer").mkdir()
+    beyond = tmp_path / "beyond.bin"
+    np.array([1, 2, VOCAB], dtype=np.uint16).tofile(beyond)
+    rows = [
+        (["--data", str(folder["jsonl"]), "--tokenizer", str(tmp_path / "empty_tokenizer")],
+         f"--tokenizer {str(tmp_path / 'empty_tokenizer')!r}: no tokenizer.json in that folder"),
+        (["--data", str(no_text)], f"--data {str(no_text)!r}: line 2 has no \"text\" field (a string)"),
+        (["--data", str(beyond)], f"--data {str(beyond)!r}: token ids must be in 0..{VOCAB - 1} (the vocabulary), found 1..{VOCAB}"),
+        (["--seq-len", "33"], "--seq-len 33 is beyond the model's 32 positions (max_position_embeddings)"),
+        (["--eval-every", "2"], "--eval-every needs held-out data: --eval-data FILE or --eval-share SHARE"),
+    ]
+    results = concurrently(lambda row: run_cli("train", "--model", config, "--steps", "3", "--ranks", "2", *row[0]), rows)
+    for (args, message), result in zip(rows, results):
+        assert result.returncode == 2, (args, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"pipesched: error: {message}"), (args, lines)
