@@ -36,8 +36,8 @@ def assert_equal_to_reference(results: dict, ref: dict, tol: float = 1e-5) -> No
 
 
 def reference(model: str, size: dict, batch: int, seed: int = 3, clip_grad_norm=None, optimizer="sgd") -> dict:
-    cfg = TrainConfig(model, None, STEPS, batch, seed=seed, model_size=size, want_params=True, want_grads=True,
-                      clip_grad_norm=clip_grad_norm, optimizer=optimizer)
+    cfg = TrainConfig(model, None, STEPS, batch, RuntimeOptions(seed=seed, clip_grad_norm=clip_grad_norm),
+                      model_size=size, want_params=True, want_grads=True, optimizer=optimizer)
     res = train_reference(cfg)
     return {"loss": res.losses[0], "grads": res.grads, "params": res.params}
 

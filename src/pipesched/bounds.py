@@ -10,6 +10,7 @@ from __future__ import annotations
 from .errors import ConfigError
 
 MAX_TIMEOUT_S = 365 * 24 * 3600  # a wait for a peer: a year at most (what torch's timedelta holds, with room)
+DEFAULT_TIMEOUT_S = 300.0  # how long a rank waits for a peer or a collective unless told: every default reads this
 
 
 def check_number(label: str, value: object, low: float, high: float, *, whole: bool = False) -> None:

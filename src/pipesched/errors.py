@@ -29,3 +29,9 @@ class ScheduleError(PipeschedError):
 
 class DeadlockError(ScheduleError):
     """A schedule in which some ranks wait forever (names each rank and what it waits for)."""
+
+
+class RunFailure(RuntimeError):
+    """Base class: a run that failed while running (a rank died or went silent, a loss or weight
+    became non-finite, a checkpoint could not be written). Not bad input: the CLI prints the
+    one-line message and exits 1."""

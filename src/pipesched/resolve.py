@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+from .bounds import DEFAULT_TIMEOUT_S
 from .costs import Costs
 from .errors import ConfigError
 from .memory import Recomputed, format_bytes, schedule_recompute
@@ -27,7 +28,14 @@ from .registry import build_schedule
 from .schedule import Schedule
 from .schedule_files import load_csv_file
 from .validate import validate
-from .zb_auto_plan import Say, chunks_for_model, on_stderr, wants_profile, zb_auto_inputs, zb_auto_profile
+from .zb_auto_plan import (
+    Say,
+    chunks_for_model,
+    on_stderr,
+    wants_profile,
+    zb_auto_inputs,
+    zb_auto_profile,
+)
 
 if TYPE_CHECKING:
     from .runtime.profile import Profile
@@ -87,7 +95,7 @@ class RunSpec:
     batch_size: int
     seed: int = 0
     dtype: str = "fp32"
-    timeout_s: float = 300.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 @dataclass(frozen=True)

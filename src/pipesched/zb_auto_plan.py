@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
+from .bounds import DEFAULT_TIMEOUT_S
 from .costs import UNIT, Costs
 from .errors import ConfigError
 from .registry import build_schedule, get_family
@@ -86,7 +87,7 @@ def _wants_sizes(limit: Optional[float], limit_bytes: Optional[float], recompute
 
 
 def zb_auto_profile(model: str, ranks: int, microbatches: int, batch_size: int, seed: int, dtype: str,
-                    timeout_s: float = 300.0) -> "Profile":
+                    timeout_s: float = DEFAULT_TIMEOUT_S) -> "Profile":
     """The profile zb-auto plans from: the run's model, ranks, microbatches, one replica's batch,
     dtype and timeout."""
     from .runtime.profile import profile

@@ -1,221 +1,214 @@
 """``pipesched train``: run a schedule for real on local processes or under torchrun.
 
-torch is imported inside the command, so every other command works without it, and only after
-the options that need no torch are checked, so that a plain mistake is refused at once.
+The command runs in named phases, one function each: :func:`_checks_without_torch` (every
+option that needs no torch: importing it costs seconds, so a plain mistake is refused at once),
+:func:`_model_and_plan` (torch imported, the model built, the schedule resolved, measured
+first where it must be), :func:`_config` (the run as one ``TrainConfig``, its runtime settings one
+``RuntimeOptions``), the run (:func:`_run_to_the_end`), then :func:`_write_results`. A failure
+while running is a :class:`~pipesched.errors.RunFailure`: one line, exit 1.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from ..environment import backend as launch_backend, torchrun_rank
-from ..errors import ConfigError
-from ..outfiles import check_output_path
+from ..errors import ConfigError, RunFailure
 from ..memory import Recomputed
+from ..outfiles import check_output_path
 from ..resolve import Resolved, RunSpec, ScheduleChoice, resolve_schedule
 from ..runtime.optimizers import OPTIMIZERS
 from ..schedule import Schedule
-from . import app, fail
-from . import options as opt
-from .renamed import deprecated_option as renamed_option, renamed
-from . import train_hf
-from .train_data import DataFlags, data_options, say_how_text_is_read
-from .train_loop import LoopFlags, loop_options
-from .train_layout import Dp, Dtype, check_batch_split, check_layout
 from ..zb_auto_plan import given_costs
+from . import app, fail, train_hf
+from . import options as opt
+from .renamed import renamed
+from .train_data import DataFlags, data_options, say_how_text_is_read
+from .train_flags import (CheckpointFlags, OutputFlags, RunFlags, ScheduleFlags, checkpoint_options, output_options,
+                          run_options, schedule_options)
+from .train_layout import check_batch_split, check_layout, check_sharding
+from .train_loop import LoopFlags, loop_options
 
 TORCH_MISSING = "pipesched train needs PyTorch: pip install 'pipesched[torch]' (CPU: pip install torch==2.13.0)"
 
 
+@dataclass
+class _Checked:
+    """What the checks without torch settled: the schedule choice, the loop, the summary's path."""
+
+    choice: ScheduleChoice
+    loop: object
+    summary: Optional[Path]
+    counts: Optional[tuple[int, ...]]
+
+
 @app.command("train")
+@run_options
+@schedule_options
+@checkpoint_options
+@output_options
 @loop_options
 @data_options
-def train(
-    model: str = typer.Option("mlp", "--model", help="mlp (residual MLP stack), gpt (char-level GPT) or "
-                              "hf:CONFIG.json (a Hugging Face causal LM, docs/huggingface.md)."),
-    schedule: str = typer.Option(
-        "1f1b", "--schedule", "-s",
-        help="Schedule name, none for the single-process reference, or auto (measure, then pipesched advise picks); "
-        "zb-auto measures the costs first and plans for them.",
-    ),
-    costs: Optional[str] = typer.Option(
-        None, "--costs",
-        help="With --schedule zb-auto: plan with these costs F,B,W (e.g. 1,1.4,0.6; 1,1,1: unit costs) instead of "
-        "measuring them (a short profile before training).",
-    ),
-    comm: Optional[float] = typer.Option(None, "--comm", help="With --costs: latency of every cross-rank transfer, in cost units."),
-    memory_limit: Optional[str] = typer.Option(
-        None, "--memory-limit",
-        help="Peak activations per rank the schedule must fit: with --schedule auto or zb-auto in M_B or bytes "
-        "(40GiB, 512MiB; zb-auto then measures the sizes and may recompute); with another named schedule in M_B "
-        "(the V family builds to it, the others check it).",
-    ),
-    recompute_input: Optional[float] = opt.RecomputeInput,
-    ranks: int = opt.Ranks,
-    microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m", help="Microbatches per step (default 8; a CSV brings its own)."),
-    chunks: Optional[int] = opt.Chunks,
-    steps: int = typer.Option(10, "--steps", help="Optimizer steps."),
-    batch_size: int = typer.Option(64, "--batch-size", help="Samples per step, split into the microbatches."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the weights (block i uses seed+i) and the data."),
-    lr: float = typer.Option(0.05, "--lr", help="Learning rate."),
-    optimizer: str = typer.Option("sgd", "--optimizer", help="sgd or adamw (torch's defaults but the learning rate)."),
-    stage_blocks: Optional[str] = typer.Option(None, "--stage-blocks", help="Blocks per stage, e.g. 2,3,3,2 (dualpipe: per stage of one model copy; default: balanced for the placement)."),
-    csv: Optional[Path] = typer.Option(None, "--csv", help="Run a schedule from a torch CSV (compute_only or compute_comms format)."),
-    save_params: Optional[Path] = typer.Option(None, "--save-params", help="Write the trained state_dict (.pt), unpipelined names."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Write the measured timeline of every step (.json)."),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds a rank waits for a peer before failing (a single rank: without finishing a step)."),
-    skip_nonfinite: bool = typer.Option(False, "--skip-nonfinite", help="Skip steps whose loss is NaN/inf instead of stopping."),
-    clip_grad_norm: Optional[float] = typer.Option(
-        None, "--clip-grad-norm", help="Clip the whole model's gradient norm (over every rank) to this, as torch's clip_grad_norm_."
-    ),
-    checkpoint_dir: Optional[Path] = typer.Option(
-        None, "--checkpoint-dir", help="Save checkpoints here (torch.distributed.checkpoint, one folder per step; at least after the last step)."
-    ),
-    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="With --checkpoint-dir: also save every N steps."),
-    checkpoint_keep: int = typer.Option(2, "--checkpoint-keep", help="How many of the newest checkpoints to keep."),
-    resume: bool = typer.Option(
-        False, "--resume", help="Continue from the newest complete checkpoint in --checkpoint-dir up to --steps (the total), under any schedule or rank count."
-    ),
-    recompute: Optional[str] = typer.Option(
-        None, "--recompute",
-        help="Recompute activations in the backward (activation checkpointing): all, none, or the model's stage "
-        "indices such as 0,2 (dualpipe: 0..p-1, recomputed in both model copies).",
-    ),
-    json_path: Optional[Path] = typer.Option(
-        None, "--summary", help="Write the run's summary (.json): losses, median step, activation bytes per rank."
-    ),
-    old_json_path: Optional[Path] = renamed_option("--json", "--summary"),
-    dp: int = Dp,
-    dtype: str = Dtype,
-    data: Optional[Path] = train_hf.Data,
-    hf_weights: Optional[Path] = train_hf.Weights,
-    save_hf: Optional[Path] = train_hf.SaveHf,
-    loop: LoopFlags = LoopFlags(),
-    data_flags: DataFlags = DataFlags(),
-) -> None:
+def train(run: RunFlags = RunFlags(), sched: ScheduleFlags = ScheduleFlags(), ckpt: CheckpointFlags = CheckpointFlags(),
+          out: OutputFlags = OutputFlags(), loop: LoopFlags = LoopFlags(), data_flags: DataFlags = DataFlags()) -> None:
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
-    from .train_checks import check_batch_fits, check_checkpoint_flags, check_checkpointing, check_numbers
+    checked = _checks_without_torch(run, sched, ckpt, out, loop, data_flags)
+    model_def, plan, recompute, model_options = _model_and_plan(run, sched, out, data_flags, checked)
+    check_sharding(model_def, sched.dp_shard, sched.tp, run.clip_grad_norm, data_flags.held_out)
+    from .train_checks import check_checkpointing
 
-    # first what needs no torch (importing it costs seconds): a plain mistake is refused at once
+    resume_from = check_checkpointing(ckpt.checkpoint_dir, ckpt.resume, run.steps, model_def, run.optimizer, run.lr)  # last: creates the folder
+    cfg = _config(run, sched, ckpt, out, checked, plan, recompute, model_options, resume_from)
+    if run.model.startswith("hf:"):  # after every check: a refusal stays one line
+        say_how_text_is_read(run.model, out.data, data_flags.tokenizer)
+    result = _run_to_the_end(cfg)
+    if result is not None:  # None: a torchrun rank other than 0
+        _write_results(run, ckpt, out, checked, plan, model_def, result)
+
+
+def _checks_without_torch(run: RunFlags, sched: ScheduleFlags, ckpt: CheckpointFlags, out: OutputFlags,
+                          loop: LoopFlags, data_flags: DataFlags) -> _Checked:
+    """Every option that needs no torch, in the order a user fixes them."""
+    from .train_checks import check_checkpoint_flags, check_numbers
+
     torchrun_rank()  # a partial torchrun environment left in a shell: refused, not waited on
-    json_path = renamed("train", "--json", "--summary", old_json_path, json_path)
-    check_numbers(lr, timeout, seed, clip_grad_norm)
-    check_checkpoint_flags(checkpoint_dir, checkpoint_every, checkpoint_keep, resume)
-    planning_costs = given_costs(schedule, csv, costs, comm)
-    for label, value in (("--ranks", ranks), ("--steps", steps), ("--batch-size", batch_size), ("--dp", dp)):
+    summary = renamed("train", "--json", "--summary", out.old_json_path, out.summary)
+    check_numbers(run.lr, run.timeout, run.seed, run.clip_grad_norm)
+    check_checkpoint_flags(ckpt.checkpoint_dir, ckpt.checkpoint_every, ckpt.checkpoint_keep, ckpt.resume)
+    planning_costs = given_costs(sched.schedule, sched.csv, sched.costs, sched.comm)
+    for label, value in (("--ranks", sched.ranks), ("--steps", run.steps), ("--batch-size", run.batch_size), ("--dp", sched.dp)):
         if value < 1:
             raise ConfigError(f"{label} must be at least 1, got {value}")
-    if optimizer not in OPTIMIZERS:
-        raise ConfigError(f"--optimizer {optimizer!r} is not known: use one of {', '.join(OPTIMIZERS)}")
-    loop_run = loop.options(lr, steps, data_flags.held_out)
+    if run.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"--optimizer {run.optimizer!r} is not known: use one of {', '.join(OPTIMIZERS)}")
+    loop_run = loop.options(run.lr, run.steps, data_flags.held_out)
     data_flags.check()
-    if save_params is not None:
-        check_output_path(save_params, [".pt", ".pth"])
-    if trace is not None:
-        check_output_path(trace, [".json"])
-    if json_path is not None:
-        check_output_path(json_path, [".json"])
-    limit, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=True)  # auto's profile measures sizes
-    if recompute_input is not None:
-        opt.check_recompute_input(recompute_input, limit if limit_bytes is None else limit_bytes)
-    choice = ScheduleChoice(schedule, ranks, microbatches, chunks, csv, limit, limit_bytes, recompute_input,
-                            planning_costs, recompute)
-    counts = _parse_counts(stage_blocks)
-    plan = None
+    for path, suffixes in ((out.save_params, [".pt", ".pth"]), (out.trace, [".json"]), (summary, [".json"])):
+        if path is not None:
+            check_output_path(path, suffixes)
+    limit, limit_bytes = opt.parse_memory_limit(sched.memory_limit, bytes_known=True)  # auto's profile measures sizes
+    if sched.recompute_input is not None:
+        opt.check_recompute_input(sched.recompute_input, limit if limit_bytes is None else limit_bytes)
+    choice = ScheduleChoice(sched.schedule, sched.ranks, sched.microbatches, sched.chunks, sched.csv, limit, limit_bytes,
+                            sched.recompute_input, planning_costs, sched.recompute)
+    return _Checked(choice, loop_run, summary, _parse_counts(sched.stage_blocks))
+
+
+def _model_and_plan(run: RunFlags, sched: ScheduleFlags, out: OutputFlags, data_flags: DataFlags, checked: _Checked):
+    """torch imported, the model defined, the schedule resolved (measured first where it must be):
+    (model definition, schedule, stages recomputed, the model's options)."""
+    from .train_checks import check_batch_fits
+
+    choice, plan, recompute = checked.choice, None, sched.recompute
     if choice.measures is None:  # the schedule is known without measuring anything
-        plan, recompute = _resolved(resolve_schedule(choice, say=_say), dp, batch_size)
+        plan, recompute = _resolved(resolve_schedule(choice, say=_say), sched, run.batch_size)
+    _import_torch()
+    from ..runtime.models import KNOWN, get_model, is_known
+    from ..runtime.precision import parse_dtype
+
+    if not is_known(run.model):
+        raise ConfigError(f"--model {run.model!r} is not known: use {KNOWN}")
+    model_options = {**train_hf.hf_model_options(run.model, out.data, out.hf_weights, out.save_hf),
+                     **data_flags.model_options(run.model)}
+    model_def = get_model(run.model, **model_options)
+    parse_dtype(run.dtype)
+    measured = choice.profiles()
+    if choice.measures is not None:  # the schedule needs the model (zb-auto), measured by processes first
+        if measured:
+            check_batch_split(run.batch_size, sched.dp * sched.dp_shard, sched.microbatches or 8)
+            check_batch_fits(model_def, run.batch_size, run.seed)
+        run_spec = RunSpec(run.model, run.batch_size // sched.dp, run.seed, run.dtype, run.timeout)  # one replica's batch
+        plan, recompute = _resolved(resolve_schedule(choice, run_spec, _say), sched, run.batch_size)
+    if plan is not None:
+        _check_block_counts(model_def, plan, checked.counts, run.model)
+    if not measured:  # last but the folder: its meta inference imports torch's compiler (seconds of CPU)
+        check_batch_fits(model_def, run.batch_size, run.seed)
+    return model_def, plan, recompute, model_options
+
+
+def _config(run: RunFlags, sched: ScheduleFlags, ckpt: CheckpointFlags, out: OutputFlags, checked: _Checked,
+            plan: Optional[Schedule], recompute: Recomputed, model_options: dict, resume_from):
+    """The run as one ``TrainConfig`` (its runtime settings one ``RuntimeOptions``, the dtype parsed once)."""
+    from ..runtime.options import RuntimeOptions
+    from ..runtime.precision import parse_dtype
+    from ..runtime.train import TrainConfig
+
+    options = RuntimeOptions(seed=run.seed, block_counts=checked.counts, timeout_s=run.timeout,
+                             skip_nonfinite=run.skip_nonfinite, clip_grad_norm=run.clip_grad_norm, recompute=recompute,
+                             dtype=parse_dtype(run.dtype), meter_every_step=out.trace is not None)  # a trace draws every step
+    return TrainConfig(
+        run.model, plan, run.steps, run.batch_size, options, lr=run.lr, optimizer=run.optimizer,
+        model_size=model_options, want_params=out.save_params is not None or out.save_hf is not None,
+        show_progress=True, checkpoint_dir=None if ckpt.checkpoint_dir is None else str(ckpt.checkpoint_dir),
+        checkpoint_every=ckpt.checkpoint_every, checkpoint_keep=ckpt.checkpoint_keep,
+        resume_from=None if resume_from is None else str(resume_from), dp=sched.dp, dp_shard=sched.dp_shard,
+        tp=sched.tp, loop=checked.loop,
+    )
+
+
+def _write_results(run: RunFlags, ckpt: CheckpointFlags, out: OutputFlags, checked: _Checked, plan, model_def, result) -> None:
+    """The summary on the terminal, then the files the run was asked to write (one line, exit 1, if
+    one cannot be written: the trained weights are kept where it says)."""
+    from ..runtime.models import MODELS
+    from .train_report import OutputsLost, print_summary, write_outputs
+
+    print_summary(plan, result)
+    newest = None
+    if ckpt.checkpoint_dir is not None:
+        from ..runtime.checkpoint import latest
+
+        newest = latest(ckpt.checkpoint_dir)
+    try:
+        write_outputs(plan, result, out.save_params, out.trace, checked.summary, None if newest is None else str(newest))
+    except OutputsLost as err:
+        _say(f"pipesched: error: {err}")
+        raise typer.Exit(code=1) from None
+    report = checked.loop.report_path
+    if report is not None:
+        from .train_run_report import write_run_report
+
+        try:
+            write_run_report(Path(report), plan, result)
+        except OSError as err:
+            _say(f"pipesched: error: the run finished, but could not write {report} ({err.strerror})")
+            raise typer.Exit(code=1) from None
+        typer.echo(f"wrote {report} (run report)")
+    if run.model not in MODELS:  # hf:CONFIG.json
+        train_hf.report_and_save(plan, model_def, result.params, out.save_hf)
+
+
+def _import_torch() -> None:
+    """torch, or one line saying how to install it; the launch backend checked before any rank starts."""
     try:
         import torch
     except ImportError:
         raise fail(TORCH_MISSING) from None
     launch_backend(cuda=torch.cuda.is_available())  # PIPESCHED_BACKEND checked before any rank starts
-    from ..runtime.models import KNOWN, MODELS, get_model, is_known
+
+
+def _check_block_counts(model_def, plan: Schedule, counts: Optional[tuple[int, ...]], model: str) -> None:
     from ..runtime.partition import block_counts
-    from ..runtime.precision import parse_dtype
-    from ..runtime.train import TrainConfig, run
 
-    if not is_known(model):
-        raise ConfigError(f"--model {model!r} is not known: use {KNOWN}")
-    model_options = {**train_hf.hf_model_options(model, data, hf_weights, save_hf), **data_flags.model_options(model)}
-    model_def = get_model(model, **model_options)
-    parse_dtype(dtype)
-    measured = choice.profiles()
-    if choice.measures is not None:  # the schedule needs the model (zb-auto), measured by processes first
-        if measured:
-            _check_batch(model_def, batch_size, dp, microbatches, seed)
-        run_spec = RunSpec(model, batch_size // dp, seed, dtype, timeout)  # one replica's batch
-        plan, recompute = _resolved(resolve_schedule(choice, run_spec, _say), dp, batch_size)
-    if plan is not None:
-        try:  # a schedule of several model copies (dualpipe) takes the counts of one copy
-            block_counts(model_def.num_blocks, plan.pipeline_length, counts)
-        except ConfigError as err:
-            raise ConfigError(f"{plan.name} (ranks={plan.ranks}, chunks={plan.chunks}) on --model {model}: {err}") from None
-    if not measured:  # last but the folder: its meta inference imports torch's compiler (seconds of CPU)
-        check_batch_fits(model_def, batch_size, seed)
-    resume_from = check_checkpointing(checkpoint_dir, resume, steps, model_def, optimizer, lr)  # last: creates the folder
-    cfg = TrainConfig(
-        model, plan, steps, batch_size, seed=seed, lr=lr, optimizer=optimizer, model_size=model_options,
-        block_counts=counts, timeout_s=timeout,
-        skip_nonfinite=skip_nonfinite, clip_grad_norm=clip_grad_norm, recompute=recompute,
-        want_params=save_params is not None or save_hf is not None,
-        show_progress=True, dp=dp, dtype=dtype,
-        checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
-        checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep,
-        resume_from=None if resume_from is None else str(resume_from),
-        meter_every_step=trace is not None,  # the trace draws the median step's activation bytes
-        loop=loop_run,
-    )
-    if model.startswith("hf:"):  # after every check: a refusal stays one line
-        say_how_text_is_read(model, data, data_flags.tokenizer)
-    result = _run_to_the_end(run, cfg)
-    if result is None:  # a torchrun rank other than 0
-        return
-    from .train_report import OutputsLost, print_summary, write_outputs
-
-    print_summary(plan, result)
-    newest = None
-    if checkpoint_dir is not None:
-        from ..runtime.checkpoint import latest
-
-        newest = latest(checkpoint_dir)
-    try:
-        write_outputs(plan, result, save_params, trace, json_path, None if newest is None else str(newest))
-    except OutputsLost as err:
-        _say(f"pipesched: error: {err}")
-        raise typer.Exit(code=1) from None
-    if loop_run.report_path is not None:
-        from .train_run_report import write_run_report
-
-        try:
-            write_run_report(Path(loop_run.report_path), plan, result)
-        except OSError as err:
-            _say(f"pipesched: error: the run finished, but could not write {loop_run.report_path} ({err.strerror})")
-            raise typer.Exit(code=1) from None
-        typer.echo(f"wrote {loop_run.report_path} (run report)")
-    if model not in MODELS:  # hf:CONFIG.json
-        train_hf.report_and_save(plan, model_def, result.params, save_hf)
+    try:  # a schedule of several model copies (dualpipe) takes the counts of one copy
+        block_counts(model_def.num_blocks, plan.pipeline_length, counts)
+    except ConfigError as err:
+        raise ConfigError(f"{plan.name} (ranks={plan.ranks}, chunks={plan.chunks}) on --model {model}: {err}") from None
 
 
-def _check_batch(model_def, batch_size: int, dp: int, microbatches: Optional[int], seed: int) -> None:
-    """The batch's checks before a profile starts processes: it splits, and its memory floor fits."""
-    from .train_checks import check_batch_fits
-
-    check_batch_split(batch_size, dp, microbatches or 8)
-    check_batch_fits(model_def, batch_size, seed)
-
-
-def _resolved(resolved: Resolved, dp: int, batch_size: int) -> tuple[Optional[Schedule], Recomputed]:
-    """The schedule and the stages to recompute, once the batch is checked to split."""
-    check_layout(resolved.schedule, dp, batch_size)
+def _resolved(resolved: Resolved, sched: ScheduleFlags, batch_size: int) -> tuple[Optional[Schedule], Recomputed]:
+    """The schedule and the stages to recompute, once the layout is checked to take the batch."""
+    check_layout(resolved.schedule, sched.dp, batch_size, dp_shard=sched.dp_shard, tp=sched.tp)
     return resolved.schedule, resolved.recompute
 
 
-def _run_to_the_end(run, cfg):
+def _run_to_the_end(cfg):
     """Run ``cfg``; a failed or stopped run is one line on stderr and a non-zero exit."""
     from ..runtime.launch import RunStopped
+    from ..runtime.train import run
 
     resumable = f" ({cfg.checkpoint_dir} holds what to --resume from)" if cfg.checkpoint_dir else ""
     try:
@@ -226,12 +219,9 @@ def _run_to_the_end(run, cfg):
     except KeyboardInterrupt:
         _say(f"pipesched: stopped by Ctrl-C: the run and every rank were stopped{resumable}")
         raise typer.Exit(code=130) from None
-    except Exception as err:
-        if type(err).__name__ in ("DistributedRunError", "NonFiniteLoss", "NonFiniteWeights", "PeerFailure",
-                                  "CheckpointWriteError"):
-            _say(f"pipesched: error: {err}")
-            raise typer.Exit(code=1) from None
-        raise
+    except RunFailure as err:
+        _say(f"pipesched: error: {err}")
+        raise typer.Exit(code=1) from None
 
 
 def _say(line: str) -> None:

@@ -1,4 +1,4 @@
-"""``pipesched train``'s data-parallel layout checks: ``--dp``, the batch split, torchrun's world.
+"""``pipesched train``'s layout checks: ``--dp``, ``--dp-shard``, ``--tp``, the batch split, torchrun's world.
 
 Checked before any process starts (the ranks themselves would only fail later, one by one).
 """
@@ -17,6 +17,10 @@ from ..schedule import Schedule
 DP_HELP = "Data-parallel replicas of the pipeline: --ranks x --dp processes, each replica on its shard of --batch-size."
 DTYPE_HELP = "fp32, or bf16: fp32 weights and optimizer state, bf16 compute (autocast) and stage-boundary tensors."
 Dp = typer.Option(1, "--dp", help=DP_HELP)
+DpShard = typer.Option(1, "--dp-shard", help="FSDP2 shards inside every stage: parameters, gradients and optimizer "
+                       "state split N ways, gathered for compute (docs/layouts.md); each shard reads its own share of --batch-size.")
+Tp = typer.Option(1, "--tp", help="Tensor-parallel ranks inside every stage: attention heads and MLP columns split N ways "
+                  "(gpt and Hugging Face models; docs/layouts.md).")
 Dtype = typer.Option("fp32", "--dtype", help=DTYPE_HELP)
 
 
@@ -30,17 +34,41 @@ def check_batch_split(batch_size: int, dp: int, microbatches: int) -> None:
         )
 
 
-def check_layout(plan: Optional[Schedule], dp: int, batch_size: int, environ: Mapping[str, str] = os.environ) -> None:
-    """Raise ConfigError unless ``dp`` replicas of ``plan`` can run ``batch_size`` samples per
-    step here: the batch splits into dp x microbatches, and torchrun started exactly P x D ranks."""
+def check_layout(plan: Optional[Schedule], dp: int, batch_size: int, environ: Mapping[str, str] = os.environ,
+                 dp_shard: int = 1, tp: int = 1) -> None:
+    """Raise ConfigError unless ``dp`` replicas x ``dp_shard`` shards x ``tp`` tensor-parallel ranks
+    of ``plan`` can run ``batch_size`` samples per step here: the batch splits into (dp x dp_shard)
+    x microbatches, and torchrun started exactly P x D x S x T ranks."""
+    for flag, value in (("--dp-shard", dp_shard), ("--tp", tp)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
     if plan is None:
-        if dp != 1:
-            raise ConfigError("--dp needs a pipeline: the reference (--schedule none) is one process")
+        for flag, value in (("--dp", dp), ("--dp-shard", dp_shard), ("--tp", tp)):
+            if value != 1:
+                raise ConfigError(f"{flag} needs a pipeline: the reference (--schedule none) is one process")
         return
-    check_batch_split(batch_size, dp, plan.microbatches)
+    if (dp_shard > 1 or tp > 1) and plan.pipelines > 1:
+        raise ConfigError(f"{plan.name} runs two model copies, which sharded stages do not support yet: "
+                          "use --dp for replicas, or a single-pipeline schedule such as dualpipev")
+    check_batch_split(batch_size, dp * dp_shard, plan.microbatches)
     launched = torchrun_rank(environ)
-    if launched is not None and launched.world != plan.ranks * dp:
-        raise ConfigError(
-            f"torchrun started {launched.world} processes but --ranks {plan.ranks} x --dp {dp} needs {plan.ranks * dp}: "
-            f"use --nproc-per-node x --nnodes = {plan.ranks * dp}"
-        )
+    world = plan.ranks * dp * dp_shard * tp
+    if launched is not None and launched.world != world:
+        layout = f"--ranks {plan.ranks} x --dp {dp}" + (f" x --dp-shard {dp_shard} x --tp {tp}" if world != plan.ranks * dp else "")
+        raise ConfigError(f"torchrun started {launched.world} processes but {layout} needs {world}: "
+                          f"use --nproc-per-node x --nnodes = {world}")
+
+
+def check_sharding(model_def, dp_shard: int, tp: int, clip_grad_norm: Optional[float], held_out: bool) -> None:
+    """What sharded stages cannot do yet, and a model ``tp`` cannot split: one line each, before any rank starts."""
+    if dp_shard == 1 and tp == 1:
+        return
+    if clip_grad_norm is not None:
+        raise ConfigError("--clip-grad-norm with --dp-shard or --tp is not supported yet: leave out one of them")
+    if held_out:
+        raise ConfigError("held-out evaluation with --dp-shard or --tp is not supported yet: leave out --eval-every")
+    if tp > 1 and model_def.tp_plan is None:
+        raise ConfigError(f"--tp {tp}: --model {model_def.name} has no tensor-parallel plan (gpt and Hugging Face models have)")
+    for heads in model_def.heads:
+        if heads % tp:
+            raise ConfigError(f"--tp {tp} does not divide the {heads} attention heads of --model {model_def.name}")

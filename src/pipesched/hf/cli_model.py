@@ -30,6 +30,7 @@ from .build import BlockSource
 from .config_file import read_config
 from .pipeline import model_name, tied_groups
 from .randomness import random_settings
+from ..runtime.tp_plans import plan_for
 from .split import block_costs
 
 PREFIX = "hf:"
@@ -89,4 +90,7 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
     blocks = [source.meta_block(i) for i in range(source.num_blocks)]
     costs = tuple(block_costs(blocks, config, context))
     return ModelDef(f"{PREFIX}{config_path}", source.num_blocks, source, loss, batch, costs, tied_groups(source),
-                    checkpoint_name=model_name, eval_batch=eval_batch if held_out is not None else None)
+                    checkpoint_name=model_name, eval_batch=eval_batch if held_out is not None else None,
+                    tp_plan=plan_for(type(source.skeleton).__name__),
+                    heads=tuple(h for h in (getattr(config, "num_attention_heads", None),
+                                            getattr(config, "num_key_value_heads", None)) if h))

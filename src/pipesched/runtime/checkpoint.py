@@ -43,18 +43,23 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RunFailure
 from . import checkpoint_files as files
-from .checkpoint_writes import reason, writer
-from .checkpoint_names import model_shapes, same_name, tied_view  # noqa: F401  (part of this module's API)
 from .checkpoint_files import (  # noqa: F401  (where checkpoints live: part of this module's API)
-    CheckpointUnreadable, checkpoint_step, complete_checkpoints, latest, prepare_directory, step_dir,
+    DEFAULT_KEEP,
+    CheckpointUnreadable,
+    checkpoint_step,
+    complete_checkpoints,
+    latest,
+    prepare_directory,
+    step_dir,
 )
+from .checkpoint_names import model_shapes, same_name, tied_view  # noqa: F401  (part of this module's API)
+from .checkpoint_writes import reason, writer
 
 PathLike = Union[str, Path]
 STEP_DIR = files.STEP_DIR
 PARTIAL = ".partial"
-DEFAULT_KEEP = 2
 
 
 def _dcp():
@@ -84,7 +89,7 @@ class CheckpointMismatch(ConfigError):
     """A checkpoint of another model (names or shapes differ) or another optimizer."""
 
 
-class CheckpointWriteError(RuntimeError):
+class CheckpointWriteError(RunFailure):
     """A checkpoint could not be written (a full disk, a folder removed): the run stops, and the
     message names the step, the folder, why, and the newest checkpoint still on disk."""
 

@@ -24,6 +24,8 @@ from ..errors import ConfigError
 from .checkpoint_manifest import MANIFEST, STEP_DIR, check_step, write_manifest  # noqa: F401  (this module's API)
 from .folder_lock import FolderLock
 
+DEFAULT_KEEP = 2  # checkpoints kept: the newest two (one to fall back on if the newest is damaged)
+
 PathLike = Union[str, Path]
 PARTIAL_DIR = re.compile(r"^\.step-(\d+)\.partial$")
 DAMAGED_SUFFIX = ".damaged"

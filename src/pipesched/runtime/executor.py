@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RunFailure
 from ..memory import peak, recompute_stages
 from ..parallel_layout import ParallelLayout
 from ..schedule import Schedule
@@ -64,7 +64,7 @@ from .stage_runner import build_runners
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(RunFailure):
     """The loss of some microbatch is NaN or infinite (weights were not updated)."""
 
 

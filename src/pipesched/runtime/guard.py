@@ -14,8 +14,10 @@ from typing import Any, Iterable, Optional
 import torch
 import torch.distributed as dist
 
+from ..errors import RunFailure
 
-class NonFiniteWeights(RuntimeError):
+
+class NonFiniteWeights(RunFailure):
     """An optimizer step left a parameter NaN or infinite (the run stops; nothing of it is saved)."""
 
     def __init__(self, step: int, name: str) -> None:

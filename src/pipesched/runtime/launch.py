@@ -29,11 +29,13 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.distributed as dist
 
-from ..environment import backend as launch_backend, torchrun_rank
+from ..bounds import DEFAULT_TIMEOUT_S
+from ..environment import backend as launch_backend
+from ..environment import torchrun_rank
 from ..errors import ConfigError, PipeschedError
 from .lifeline import die_with_parent
-from .rendezvous import joining
 from .rank_watch import FAILURE_GRACE_S, DistributedRunError, collect, stop  # noqa: F401  (re-exported)
+from .rendezvous import joining
 
 Worker = Callable[[int, int, Any], Any]
 
@@ -228,7 +230,7 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}{at}"
 
 
-def spawn(worker: Worker, world: int, payload: Any, timeout_s: float = 300.0) -> dict[int, Any]:
+def spawn(worker: Worker, world: int, payload: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[int, Any]:
     """Run ``worker(rank, world, payload)`` in ``world`` local processes; return each rank's result.
 
     ``worker`` must be importable (defined at module level): processes are spawned, not forked.

@@ -116,7 +116,9 @@ def gpt_model(layers: int = 4, dim: int = 128, heads: int = 4, context: int = 64
 
     layer = 12 * dim * dim + 2 * context * dim  # per token: projections and MLP, attention
     costs = (0.02,) + (1.0,) * layers + (dim * vocab / layer,)
-    return ModelDef("gpt", layers + 2, build, loss, batch, costs)
+    from .tp_plans import GPT_PLAN
+
+    return ModelDef("gpt", layers + 2, build, loss, batch, costs, tp_plan=GPT_PLAN, heads=(heads,))
 
 
 MODELS = {"mlp": mlp_model, "gpt": gpt_model}

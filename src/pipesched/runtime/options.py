@@ -7,6 +7,7 @@ from typing import Iterable, Optional, Sequence, Union
 
 import torch
 
+from ..bounds import DEFAULT_TIMEOUT_S
 from ..errors import ConfigError
 from .mesh import check_timeout
 
@@ -47,7 +48,7 @@ class RuntimeOptions:
     seed: int = 0
     block_counts: Optional[Sequence[int]] = None
     device: Optional[Union[str, torch.device]] = None
-    timeout_s: float = 300.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     skip_nonfinite: bool = False
     sync_actions: Optional[bool] = None
     host_staging: Optional[bool] = None

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ..actions import Action
+from ..errors import RunFailure
 from .boundary import Boundary
 from .instructions import ACT, Message, RankProgram
 
@@ -40,7 +41,7 @@ def _real_view(tensor: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(tensor) if tensor.is_complex() else tensor
 
 
-class PeerFailure(RuntimeError):
+class PeerFailure(RunFailure):
     """A rank waited too long for a message, or its peer went away."""
 
 

@@ -30,7 +30,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Optional
 
-
+from ..bounds import DEFAULT_TIMEOUT_S
 from ..costs import Costs
 from ..errors import ConfigError
 from ..memory import MemorySizes
@@ -39,6 +39,8 @@ from ..registry import build_schedule
 from ..simulate import simulate
 from .copies import balanced_block_counts
 from .models import KNOWN, get_model, is_known
+from .options import RuntimeOptions
+from .precision import parse_dtype
 from .timeline import calibrated_comm, makespan, median_costs
 from .train import TrainConfig, run
 
@@ -133,7 +135,7 @@ def profile(
     steps: int = 4,
     seed: int = 0,
     model_size: Optional[dict] = None,
-    timeout_s: float = 300.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     dtype: str = "fp32",
 ) -> Profile:
     """Run ``steps`` steps of ZB-H1 on ``ranks`` local ranks and measure every stage (in
@@ -157,8 +159,9 @@ def profile(
     others = [(build_schedule(name, ranks, microbatches, chunks), field_name) for name, chunks, field_name in FITTED
               if ranks > 1 and md.num_blocks >= chunks * ranks]  # each stage needs a block
     blocks = tuple(balanced_block_counts(md.block_costs, schedule))  # as the run splits them
-    result = run(TrainConfig(model, schedule, steps, batch_size, seed=seed, model_size=size, timeout_s=timeout_s,
-                             block_counts=blocks, dtype=dtype, alongside=tuple(s for s, _ in others)))
+    options = RuntimeOptions(seed=seed, timeout_s=timeout_s, block_counts=blocks, dtype=parse_dtype(dtype))
+    result = run(TrainConfig(model, schedule, steps, batch_size, options, model_size=size,
+                             alongside=tuple(s for s, _ in others)))
     steps_measured = result.timelines[1:]
     measured = median_costs(steps_measured)
     stage_costs = tuple(
@@ -222,7 +225,7 @@ def advise_from_profile(prof: Profile, memory_limit: Optional[float] = None, lim
 def auto_schedule(
     model: str, ranks: int, microbatches: int, batch_size: int,
     memory_limit: Optional[float] = None, seed: int = 0, steps: int = 4, limit_bytes: Optional[float] = None,
-    dtype: str = "fp32", timeout_s: float = 300.0,
+    dtype: str = "fp32", timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> tuple["Schedule", "Advice", Profile]:
     """Profile in the run's ``dtype`` and ``timeout_s``, advise, and build the recommended
     schedule (``pipesched train --schedule auto``)."""

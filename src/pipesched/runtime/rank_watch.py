@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from ..errors import RunFailure
 
-class DistributedRunError(RuntimeError):
+
+class DistributedRunError(RunFailure):
     """One or more ranks failed; the message names each rank and why."""
 
 

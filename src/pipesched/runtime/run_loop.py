@@ -62,7 +62,7 @@ class LoopHooks:
         """:meth:`after_step` for a pipeline rank's step (``result``: its StepResult); the gradient
         norm is the step's (clipping computes it) or, where metrics are written, measured here."""
         norm = result.grad_norm
-        if self.cfg.clip_grad_norm is None and self.cfg.loop.watched:
+        if self.cfg.options.clip_grad_norm is None and self.cfg.loop.watched:
             norm = whole_grad_norm(runtime.reductions.counted, runtime.mesh.pp_group, runtime.device)
         self.after_step(runtime.steps_done, result.loss, result.step_time, norm, result.skipped)
 
@@ -74,7 +74,7 @@ class LoopHooks:
 def make_hooks(cfg, md, optimizer: torch.optim.Optimizer, first_step: int, evaluate: Optional[Evaluate], *,
                writer: bool, gather_memory: Callable[[], list[int]], device: torch.device, name: str) -> LoopHooks:
     """The hooks of one process of a run (``writer``: rank 0, which logs and shows progress)."""
-    x, _ = md.batch(0, 1, cfg.seed)
+    x, _ = md.batch(0, 1, cfg.options.seed)
     tokens_per_sample = x.numel() if not x.is_floating_point() else 1  # token ids: each counts; features: the sample
     flops = peak = None
     if writer:

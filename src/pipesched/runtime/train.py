@@ -9,7 +9,7 @@ of either (``runtime/checkpoint.py``); the weights are checked finite after ever
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from time import perf_counter
 from typing import Optional
@@ -17,7 +17,6 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..memory import Recomputed
 from ..schedule import Schedule
 from . import checkpoint
 from .copies import balanced_block_counts
@@ -33,7 +32,7 @@ from .optimizers import make_optimizer
 from .evaluation import evaluate_model, evaluate_pipeline
 from .metrics import gather_peaks, own_peak_memory
 from .run_loop import LoopRecord, make_hooks, whole_grad_norm
-from .precision import Precision, parse_dtype
+from .precision import Precision, dtype_name
 from .timeline import Timeline
 
 
@@ -45,15 +44,12 @@ class TrainConfig:
     schedule: Optional[Schedule]  # None: the single-process reference
     steps: int
     batch_size: int
-    seed: int = 0
+    # how the runtime runs (seed of the weights and the data, block counts, timeout, dtype,
+    # clipping, recomputation, ...): one value, the runtime's own
+    options: RuntimeOptions = RuntimeOptions()
     lr: float = 0.05
     optimizer: str = "sgd"  # one of optimizers.OPTIMIZERS
     model_size: dict = field(default_factory=dict)
-    block_counts: Optional[tuple[int, ...]] = None
-    timeout_s: float = 300.0
-    skip_nonfinite: bool = False
-    clip_grad_norm: Optional[float] = None
-    recompute: Optional[Recomputed] = None  # model stages whose activations are recomputed (or "all", "0,2", ...)
     want_params: bool = False
     want_grads: bool = False
     show_progress: bool = False
@@ -61,10 +57,9 @@ class TrainConfig:
     checkpoint_every: Optional[int] = None  # with checkpoint_dir: save after every N steps (and the last; None: the last only)
     checkpoint_keep: int = checkpoint.DEFAULT_KEEP
     resume_from: Optional[str] = None  # a checkpoint folder: continue after its step, up to ``steps``
-    dp: int = 1  # data-parallel replicas of the pipeline (world = ranks x dp)
-    dtype: str = "fp32"  # one of precision.DTYPES
-    overlap_grad_sync: bool = True
-    meter_every_step: bool = False  # count activation bytes on every step (a trace draws them)
+    dp: int = 1  # data-parallel replicas of the pipeline
+    dp_shard: int = 1  # FSDP shards inside each stage
+    tp: int = 1  # tensor-parallel ranks inside each stage (world = ranks x dp x dp_shard x tp)
     # other layouts that take turns with this run's own after its steps, in the same processes,
     # for as many rounds (a profile's): see _turns
     alongside: tuple[Schedule, ...] = ()
@@ -72,8 +67,13 @@ class TrainConfig:
 
     @property
     def world(self) -> int:
-        """Processes the run takes: every replica's pipeline ranks."""
-        return self.schedule.ranks * self.dp if self.schedule is not None else 1
+        """Processes the run takes: every replica's, shard's and tensor-parallel rank's pipeline ranks."""
+        return self.schedule.ranks * self.dp * self.dp_shard * self.tp if self.schedule is not None else 1
+
+    @property
+    def data_ranks(self) -> int:
+        """How many ways the global batch is split (replicas x shards; tensor-parallel ranks share data)."""
+        return self.dp * self.dp_shard
 
     def model_def(self) -> ModelDef:
         return get_model(self.model, **self.model_size)
@@ -134,24 +134,24 @@ class TrainResult:
 def train_reference(cfg: TrainConfig) -> TrainResult:
     """The unpipelined run: whole batch, one forward and one backward per step."""
     md = cfg.model_def()
-    model = md.sequential(cfg.seed)
+    model = md.sequential(cfg.options.seed)
     optimizer = make_optimizer(cfg.optimizer, cfg.lr, cfg.loop.weight_decay)(list(model.parameters()))
     saved = checkpoint.tied_view(model, md.tied, md.checkpoint_name)  # what its checkpoints hold
     first = _resume(cfg, saved, optimizer)
-    precision = Precision(parse_dtype(cfg.dtype))
+    precision = Precision(cfg.options.dtype)
     hooks = make_hooks(cfg, md, optimizer, first, lambda batches: evaluate_model(model, md.loss_fn, batches, precision.autocast),
                        writer=True, gather_memory=lambda: [own_peak_memory(None)], device=torch.device("cpu"), name="reference")
     losses, times, grads = [], [], None
     for step in range(first, cfg.steps):
-        x, y = md.batch(step, cfg.batch_size, cfg.seed)
+        x, y = md.batch(step, cfg.batch_size, cfg.options.seed)
         t0 = perf_counter()
         optimizer.zero_grad(set_to_none=True)
         with precision.autocast():
             loss = md.loss_fn(model(x), y)
         loss.backward()
         grad_norm = whole_grad_norm(model.parameters()) if cfg.loop.watched else float("nan")
-        if cfg.clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
+        if cfg.options.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.options.clip_grad_norm)
         if step == 0 and cfg.want_grads:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         optimizer.step()
@@ -165,7 +165,7 @@ def train_reference(cfg: TrainConfig) -> TrainResult:
             checkpoint.save(cfg.checkpoint_dir, step + 1, saved, optimizer, cfg.checkpoint_keep)
     hooks.close()
     params = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.want_params else None
-    return TrainResult(losses, times, [], 0.0, params, grads, dtype=cfg.dtype, first_step=first, loop=hooks.record)
+    return TrainResult(losses, times, [], 0.0, params, grads, dtype=dtype_name(cfg.options.dtype), first_step=first, loop=hooks.record)
 
 
 def _resume(cfg: TrainConfig, model, optimizer) -> int:
@@ -180,8 +180,8 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     """One rank's whole run; rank 0 returns the gathered result, the others None."""
     md = cfg.model_def()
     schedule = cfg.schedule
-    mesh = init_pipeline_mesh(schedule.ranks, cfg.dp, cfg.timeout_s)
-    runtime = _runtime(cfg, md, schedule, cfg.block_counts, mesh)
+    mesh = _mesh(cfg)
+    runtime = _runtime(cfg, md, schedule, cfg.options.block_counts, mesh)
     first = 0
     if cfg.resume_from is not None:
         first = runtime.load_checkpoint(cfg.resume_from, md.checkpoint_name)
@@ -192,7 +192,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     report_progress()  # from here a single rank silent for the timeout is stopped by the launcher
     try:
         for step in range(first, cfg.steps):
-            x, y = md.batch(step, cfg.batch_size, cfg.seed)
+            x, y = md.batch(step, cfg.batch_size, cfg.options.seed)
             result = runtime.step(x, y)
             losses.append(result.loss)
             times.append(result.step_time)
@@ -215,7 +215,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
         return None
     return TrainResult(
         losses, times, timelines, latency, params, grads, memory, curves, stage_memory,
-        dp=cfg.dp, dtype=cfg.dtype, first_step=first, alongside_timelines=beside_timelines, loop=hooks.record,
+        dp=cfg.dp, dtype=dtype_name(cfg.options.dtype), first_step=first, alongside_timelines=beside_timelines, loop=hooks.record,
     )
 
 
@@ -226,7 +226,7 @@ def _turns(runtimes: list[PipelineRuntime], cfg: TrainConfig, md: ModelDef) -> l
     own, since a step right after another runtime's ran up to twice as slow on CPU ranks."""
     kept: list[list] = [[] for _ in runtimes]
     for step in range(cfg.steps if runtimes else 0):
-        batch = md.batch(step, cfg.batch_size, cfg.seed)
+        batch = md.batch(step, cfg.batch_size, cfg.options.seed)
         for spans, runtime in zip(kept, runtimes):
             runtime.step(*batch)  # follows another runtime's step: not kept
             spans.append(runtime.step(*batch).spans)
@@ -237,18 +237,25 @@ def _turns(runtimes: list[PipelineRuntime], cfg: TrainConfig, md: ModelDef) -> l
 def _runtime(cfg: TrainConfig, md: ModelDef, schedule: Schedule, counts: Optional[tuple[int, ...]], mesh) -> PipelineRuntime:
     """One rank's runtime of ``schedule`` under ``cfg``'s options (``counts``: blocks per stage,
     None: balanced by the model's block costs)."""
-    x0, _ = md.batch(0, cfg.batch_size, cfg.seed)
+    x0, _ = md.batch(0, cfg.batch_size, cfg.options.seed)
+    plan = {"tp_plan": md.tp_plan} if cfg.tp > 1 else {}
     return PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr, cfg.loop.weight_decay),
-        x0[: cfg.batch_size // (cfg.dp * schedule.microbatches)],
-        options=RuntimeOptions(
-            seed=cfg.seed, block_counts=counts or balanced_block_counts(md.block_costs, schedule), device=rank_device(),
-            timeout_s=cfg.timeout_s, skip_nonfinite=cfg.skip_nonfinite, clip_grad_norm=cfg.clip_grad_norm,
-            recompute=cfg.recompute, dtype=parse_dtype(cfg.dtype), overlap_grad_sync=cfg.overlap_grad_sync,
-            tied=md.tied, meter_every_step=cfg.meter_every_step,
-        ),
+        x0[: cfg.batch_size // (cfg.data_ranks * schedule.microbatches)],
+        options=replace(cfg.options, block_counts=counts or balanced_block_counts(md.block_costs, schedule),
+                        device=rank_device(), tied=md.tied, **plan),
         mesh=mesh,
     )
+
+
+def _mesh(cfg: TrainConfig):
+    """This rank's place: replicas of a pipeline, or a sharded layout (FSDP shards, tensor parallelism)."""
+    if cfg.dp_shard == 1 and cfg.tp == 1:
+        return init_pipeline_mesh(cfg.schedule.ranks, cfg.dp, cfg.options.timeout_s)
+    from .sharded_mesh import init_sharded_mesh, runtime_layout
+
+    layout = runtime_layout(cfg.schedule.ranks, cfg.dp, cfg.dp_shard, cfg.tp)
+    return init_sharded_mesh(layout, cfg.options.timeout_s, rank_device().type)
 
 
 def _gather_memory(runtime: PipelineRuntime, results: list, pipeline: tuple[int, ...]) -> tuple[list[RankMemory], list, dict]:
@@ -290,5 +297,5 @@ def run(cfg: TrainConfig) -> Optional[TrainResult]:
     from .launch import run_torchrun, spawn, under_torchrun
 
     if under_torchrun():
-        return run_torchrun(train_worker, cfg, cfg.timeout_s)
-    return spawn(train_worker, cfg.world, cfg, cfg.timeout_s)[0]
+        return run_torchrun(train_worker, cfg, cfg.options.timeout_s)
+    return spawn(train_worker, cfg.world, cfg, cfg.options.timeout_s)[0]
