@@ -55,6 +55,10 @@ def print_memory(memory: list) -> None:
             line += (f"   device peak {format_bytes(m.device_peak_bytes)}, "
                      f"of which weights, grads, optimizer at the step's start {format_bytes(m.device_baseline_bytes)}")
         console.print(line)
+        if m.state_bytes is not None:
+            held, want = (sum(m.state_bytes[k].values()) for k in ("measured", "predicted"))
+            console.print(f"rank {m.rank}: parameters, gradients, optimizer state measured {format_bytes(held)}, "
+                          f"predicted {format_bytes(want)}" + (f" (measured/predicted {held / want:.3f})" if want else ""))
 
 
 def summary(schedule: Optional[Schedule], result) -> dict:

@@ -15,7 +15,6 @@ from time import perf_counter
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from ..schedule import Schedule
 from . import checkpoint
@@ -33,6 +32,7 @@ from .evaluation import evaluate_model, evaluate_pipeline
 from .metrics import gather_peaks, own_peak_memory
 from .run_loop import LoopRecord, make_hooks, whole_grad_norm
 from .precision import Precision, dtype_name
+from .run_gather import gather_memory, gather_timelines
 from .timeline import Timeline
 
 
@@ -83,27 +83,6 @@ class TrainConfig:
         if self.checkpoint_dir is None:
             return False
         return steps_done == self.steps or (self.checkpoint_every is not None and steps_done % self.checkpoint_every == 0)
-
-
-@dataclass(frozen=True)
-class RankMemory:
-    """One rank's activation bytes: the most measured in any metered step against the prediction from
-    the sizes measured on the first step; on CUDA the device's peak and the step-start baseline."""
-
-    rank: int
-    measured_peak_activation_bytes: int
-    predicted_peak_activation_bytes: float
-    device_peak_bytes: Optional[int] = None
-    device_baseline_bytes: Optional[int] = None
-
-    def summary(self) -> dict:
-        """The JSON summary's entry (stable names; the device's only on CUDA)."""
-        out = {"rank": self.rank, "measured_peak_activation_bytes": self.measured_peak_activation_bytes,
-               "predicted_peak_activation_bytes": self.predicted_peak_activation_bytes}
-        if self.device_peak_bytes is not None:
-            out["device_peak_bytes"] = self.device_peak_bytes
-            out["device_baseline_bytes"] = self.device_baseline_bytes
-        return out
 
 
 @dataclass
@@ -206,11 +185,11 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
             report_progress()
     finally:
         hooks.close()
-    timelines = _gather_timelines(spans, runtime.mesh.grid[0])
-    memory, curves, stage_memory = _gather_memory(runtime, results, runtime.mesh.grid[0])
+    timelines = gather_timelines(spans, runtime.mesh.grid[0])
+    memory, curves, stage_memory = gather_memory(runtime, results, runtime.mesh.grid[0])
     params = runtime.gather_state_dict() if cfg.want_params else None
     turns = [runtime, *(_runtime(cfg, md, other, None, mesh) for other in cfg.alongside)] if cfg.alongside else []
-    beside_timelines = [_gather_timelines(spans, runtime.mesh.grid[0]) for spans in _turns(turns, cfg, md)]
+    beside_timelines = [gather_timelines(spans, runtime.mesh.grid[0]) for spans in _turns(turns, cfg, md)]
     if rank != 0:
         return None
     return TrainResult(
@@ -256,34 +235,6 @@ def _mesh(cfg: TrainConfig):
 
     layout = runtime_layout(cfg.schedule.ranks, cfg.dp, cfg.dp_shard, cfg.tp)
     return init_sharded_mesh(layout, cfg.options.timeout_s, rank_device().type)
-
-
-def _gather_memory(runtime: PipelineRuntime, results: list, pipeline: tuple[int, ...]) -> tuple[list[RankMemory], list, dict]:
-    """Every rank's :class:`RankMemory`, per-step activation curves and measured stage sizes, on
-    rank 0, for one pipeline (its global ranks in pipeline order; replicas hold the same)."""
-    device = [r.device_peak_bytes for r in results if r.device_peak_bytes is not None]
-    baseline = [r.device_baseline_bytes for r in results if r.device_baseline_bytes is not None]
-    mine = RankMemory(
-        runtime.rank, max((r.peak_activation_bytes for r in results if r.peak_activation_bytes is not None), default=0),
-        runtime.predicted_peak_activation_bytes(),
-        max(device) if device else None, max(baseline) if baseline else None,
-    )
-    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object((mine, [r.activation_curve for r in results], runtime.measured_stage_memory()), parts, dst=0)
-    if parts is None:
-        return [], [], {}
-    parts = [parts[r] for r in pipeline]
-    curves = [[parts[r][1][step] for r in range(len(parts))] for step in range(len(results))]
-    return [p[0] for p in parts], curves, {s: v for p in parts for s, v in p[2].items()}
-
-
-def _gather_timelines(per_step: list, pipeline: tuple[int, ...]) -> list[Timeline]:
-    """Every step's timeline of one pipeline (its global ranks in pipeline order), on rank 0."""
-    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(per_step, parts, dst=0)
-    if parts is None:
-        return []
-    return [[parts[r][step] for r in pipeline] for step in range(len(per_step))]
 
 
 def run(cfg: TrainConfig) -> Optional[TrainResult]:
