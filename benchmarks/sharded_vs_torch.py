@@ -15,9 +15,10 @@ on the same processes (the machine is noisy): step times are the slowest rank's,
 ``rounds`` turns of ``BURST`` steps. Before timing, every variant's first loss is checked against
 the unsharded model's on the same batch.
 
-pipesched's sharded step joins :data:`VARIANTS` once its engine runs sharded stages (the
-building blocks: :mod:`pipesched.runtime.sharding`); until then this measures torch's side only.
-gloo timings say nothing about NCCL: on CPU its reduce-scatter is an all-reduce.
+pipesched's side is ``PipelineRuntime`` over the same mesh (``mesh=init_sharded_mesh(...)``): the
+same stages, weights, batches and AdamW, its program's UNSHARD/RESHARD/REDUCE_GRAD driving FSDP.
+The table pairs each ours/torch ratio turn by turn (the median and quartiles of the per-turn
+ratios). gloo timings say nothing about NCCL: on CPU its reduce-scatter is an all-reduce.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ LAYOUT = dict(pp=2, dp_shard=2)
 SIZE = dict(layers=6, dim=64, heads=4, context=32)
 BATCH, MICROBATCHES, SEED, LR = 16, 4, 3, 1e-3
 BURST = 2
-VARIANTS = {"torch 1f1b": ("1f1b", "Schedule1F1B"), "torch zb-v": ("zb-v", "ScheduleZBVZeroBubble")}
+VARIANTS = {"torch 1f1b": ("1f1b", "Schedule1F1B"), "torch zb-v": ("zb-v", "ScheduleZBVZeroBubble"),
+            "pipesched 1f1b": ("1f1b", None), "pipesched zb-v": ("zb-v", None)}
+PAIRS = (("pipesched 1f1b", "torch 1f1b"), ("pipesched zb-v", "torch zb-v"))
 
 
 def torch_fsdp_stages(md, schedule, mesh, device) -> dict:
@@ -93,11 +96,33 @@ def torch_runner(md, name: str, cls_name: str, mesh, device):
     return step
 
 
+def our_runner(md, name: str, mesh, device):
+    """step(x, y) -> (seconds, the step's loss on the last stage's ranks, else None) for pipesched."""
+    from pipesched.runtime.executor import PipelineRuntime
+    from pipesched.runtime.options import RuntimeOptions
+
+    schedule = pipesched.build_schedule(name, LAYOUT["pp"], MICROBATCHES)
+    x0, _ = md.batch(0, BATCH, SEED)
+    rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn,
+                         lambda ps: torch.optim.AdamW(ps, lr=LR), x0[: BATCH // (LAYOUT["dp_shard"] * MICROBATCHES)],
+                         options=RuntimeOptions(seed=SEED, device=device,
+                                                block_counts=balanced_block_counts(md.block_costs, schedule)),
+                         mesh=mesh)
+    last = schedule.placement[-1] == mesh.pipeline.pp_rank
+
+    def step(x, y):
+        result = rt.step(x, y)
+        return result.step_time, (result.loss if last else None)
+
+    return step
+
+
 def bench_worker(rank: int, world: int, rounds: int) -> dict:
     device = rank_device()
     mesh = init_sharded_mesh(runtime_layout(**LAYOUT), 300, device_type=device.type)
     md = gpt_model(**SIZE)
-    runners = {label: torch_runner(md, name, cls, mesh, device) for label, (name, cls) in VARIANTS.items()}
+    runners = {label: (torch_runner(md, name, cls, mesh, device) if cls else our_runner(md, name, mesh, device))
+               for label, (name, cls) in VARIANTS.items()}
     batches = [md.batch(i, BATCH, SEED) for i in range(BURST + 1)]
     first_losses = {label: run(*batches[0])[1] for label, run in runners.items()}  # also the warm-up
     times: dict = {label: [] for label in runners}
@@ -128,6 +153,11 @@ def timing_table(result: dict) -> list[str]:
         if abs(error) > 1e-4 * abs(want):  # fp32, a reordered mean: far below this
             raise SystemExit(f"{label}: first loss {result['losses'][label]} differs from the unsharded {want}")
         lines.append(f"| {label} | {error:+.1e} | {1000 * statistics.median(times):.1f} | {len(times)} |")
+    lines += ["", "| pair | ours/torch, median of the turns (quartiles) |", "|---|---|"]
+    for ours, theirs in PAIRS:
+        ratios = sorted(a / b for a, b in zip(result["times"][ours], result["times"][theirs]))
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        lines.append(f"| {ours} / {theirs} | {statistics.median(ratios):.2f} ({q[0]:.2f}-{q[2]:.2f}) |")
     return lines
 
 
