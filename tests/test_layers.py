@@ -23,7 +23,7 @@ LAYERS = [
     ("zb-auto", ["auto"]),
     ("families", ["schedules.builtin"]),  # the registrations
     ("planning tools", ["compare", "render", "advise", "interop"]),
-    ("runtime", ["runtime", "hf"]),  # pipesched.hf: Hugging Face models on the runtime
+    ("runtime", ["runtime", "hf", "data"]),  # pipesched.hf: Hugging Face models on the runtime; data: their token streams
     ("run resolution", ["resolve", "zb_auto_plan", "schedule_files"]),
     ("cli", ["cli", "__main__"]),
 ]

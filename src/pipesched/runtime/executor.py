@@ -22,7 +22,7 @@ step count changes only here and through :meth:`~PipelineRuntime.load_checkpoint
 from __future__ import annotations
 
 from time import perf_counter
-from typing import Callable, Iterable, Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -30,18 +30,16 @@ from torch import nn
 
 from ..errors import ConfigError, RunFailure
 from ..memory import peak, recompute_stages
-from ..parallel_layout import ParallelLayout
+from ..ops import RECEIVES
 from ..schedule import Schedule
-from ..sharded_bytes import rank_state_bytes
 from ..validate import validate
-from . import batch_context, checkpoint, tied
+from . import batch_context, tied
 from .agree import LossAgreement
 from .agreement import StepChecks, agree_at_construction
 from .boundary import Value
-from .checkpoint_names import same_name
 from .copies import ModelCopies
 from .engine import Engine, StepBatch
-from .guard import block_order, check_weights
+from .guard import check_weights
 from .memory_meter import ActivationMeter
 from .mesh import PipelineMesh
 from .observers import SizeLearner, StepResult, make_clock, step_result
@@ -49,17 +47,16 @@ from .options import RuntimeOptions
 from .overlap_streams import OverlapStreams
 from .p2p import Transport, make_link_groups
 from .partition import BlockBuilder, Stage, build_stage, stage_block_ranges
-from ..ops import RECEIVES
-from .program import links, lower
 from .precision import Precision
+from .program import links, lower
 from .reduction import ReductionPlan
 from .shapes import ShapeBook, infer_boundary_shapes
 from .sharded_mesh import ShardedMesh
-from .sharded_measure import held_bytes, optimizer_slots
-from .sharding import full_tensor, local_tensors, shard_stages
-from .tp_plans import param_specs
+from .sharding import local_tensors, shard_stages
 from .split_backward import WeightGradStash, make_weight_grads_deferrable
 from .stage_runner import build_runners
+from .state_access import StateAccess
+from .tp_plans import param_specs
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -68,7 +65,7 @@ class NonFiniteLoss(RunFailure):
     """The loss of some microbatch is NaN or infinite (weights were not updated)."""
 
 
-class PipelineRuntime:
+class PipelineRuntime(StateAccess):
     """The stages of one rank, their optimizer, and the engine that runs the schedule's steps.
 
     Call on every rank of an initialised process group with the same arguments.
@@ -247,25 +244,6 @@ class PipelineRuntime:
         torch.cuda.reset_peak_memory_stats(self.device)
         return torch.cuda.memory_allocated(self.device)
 
-    # -- checkpoints: the only way the step count changes besides a step ----------------------
-
-    def save_checkpoint(self, directory, keep: int = checkpoint.DEFAULT_KEEP, rename: Callable[[str], str] = same_name):
-        """Checkpoint this run after its ``steps_done`` steps (collective): this rank's blocks under
-        the unpipelined model's names (or ``rename``'s of them), a tied weight under its group's
-        first name, and the optimizer, keeping the newest ``keep`` steps. Returns the step's folder."""
-        return checkpoint.save(directory, self.steps_done, self.checkpoint_module(rename), self.optimizer, keep)
-
-    def load_checkpoint(self, path, rename: Callable[[str], str] = same_name) -> int:
-        """Load a checkpoint saved under any schedule or rank count (collective), continue after
-        its step; returns that step."""
-        self.steps_done = checkpoint.load(path, self.checkpoint_module(rename), self.optimizer)
-        self.broadcast_tied()  # the group's first name's value, wherever the checkpoint came from
-        return self.steps_done
-
-    def checkpoint_module(self, rename: Callable[[str], str] = same_name) -> nn.Module:
-        """What a checkpoint holds of this rank (:func:`~.checkpoint_names.tied_view`)."""
-        return checkpoint.tied_view(self.module(), self.options.tied, rename)
-
     # -- what others ask of the runtime ----------------------------------------------------
 
     @property
@@ -284,31 +262,10 @@ class PipelineRuntime:
         sizes = self.memory_sizes
         return None if sizes is None else peak(self.program.actions, sizes)
 
-    def state_bytes(self) -> dict[str, dict[str, int]]:
-        """This rank's parameters, gradients and optimizer state in bytes: ``measured`` (the
-        storages it holds) and ``predicted`` (:func:`pipesched.sharded_bytes.rank_state_bytes`
-        from the stages' parameter shapes and the layout; between steps, gradients kept)."""
-        layout = self.sharded.layout if self.sharded else ParallelLayout(self.mesh.pp, self.mesh.dp)
-        tp_rank, shard_rank = (self.sharded.tp_rank, self.sharded.shard_rank) if self.sharded else (0, 0)
-        slots = optimizer_slots(self.optimizer)
-        measured = {"params": 0, "grads": 0, "optimizer": 0}
-        predicted = dict(measured)
-        for s, stage in self.stages.items():
-            for key, value in held_bytes(stage, self.optimizer).items():
-                measured[key] += value
-            expected = rank_state_bytes(self.state_specs[s], layout, tp_rank, shard_rank, slots)
-            for key in predicted:
-                predicted[key] += getattr(expected, key)
-        return {"measured": measured, "predicted": predicted}
-
     def broadcast_tied(self) -> None:
         """Give every copy of each tied parameter its group's value (collective: every rank
         calls it, at start and after loading a checkpoint)."""
         tied.broadcast(self.reductions, self.tied)
-
-    def module(self) -> nn.ModuleDict:
-        """This rank's blocks as one module whose names are the unpipelined model's."""
-        return nn.ModuleDict({index: block for stage in self.stages.values() for index, block in stage.blocks.items()})
 
     def probe_tensor(self) -> tuple[torch.Size, torch.dtype]:
         """Shape and dtype of an entry crossing ranks (the latency probe's payload)."""
@@ -317,31 +274,3 @@ class PipelineRuntime:
             if entries:
                 return entries[0].shape, entries[0].dtype
         return torch.Size([1]), torch.float32
-
-    def named_parameters(self, unique: bool = False) -> Iterable[tuple[str, nn.Parameter]]:
-        """This rank's parameters under the unpipelined model's names (a tied one under each of
-        its names, or with ``unique`` once, under its first)."""
-        seen = set()
-        for stage in self.stages.values():
-            for name, p in stage.global_named_parameters():
-                if unique and id(p) in seen:
-                    continue
-                seen.add(id(p))
-                yield name, p
-
-    def gather_state_dict(self, dst: int = 0) -> Optional[dict[str, torch.Tensor]]:
-        """The full model's state dict on rank ``dst`` (None elsewhere), unpipelined names."""
-        local = {}
-        for stage in self.stages.values():
-            local.update({n: full_tensor(t) for n, t in stage.global_state_dict().items()})
-        return self._gather_dicts(local, dst)
-
-    def gather_gradients(self, dst: int = 0) -> Optional[dict[str, torch.Tensor]]:
-        """The last step's gradients of the full model on rank ``dst`` (None elsewhere)."""
-        local = {n: full_tensor(p.grad.detach().cpu()).clone() for n, p in self.named_parameters() if p.grad is not None}
-        return self._gather_dicts(local, dst)
-
-    def _gather_dicts(self, local: dict, dst: int) -> Optional[dict]:
-        merged = self.mesh.merge_on(dst, local)
-        return None if merged is None else dict(sorted(merged.items(), key=lambda kv: block_order(kv[0])))
-

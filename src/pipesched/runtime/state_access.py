@@ -1,0 +1,93 @@
+"""What a runtime's state is to the outside: checkpoints (the only way, besides a step, its step
+count changes), the model's names, the whole model gathered, the bytes it holds.
+
+:class:`StateAccess` is :class:`~.executor.PipelineRuntime`'s half that reads and writes its
+state rather than stepping it; it reads the runtime's ``stages``, ``optimizer``, ``mesh``,
+``options``, ``sharded`` and ``state_specs``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional
+
+import torch
+from torch import nn
+
+from ..parallel_layout import ParallelLayout
+from ..sharded_bytes import rank_state_bytes
+from . import checkpoint
+from .checkpoint_names import same_name
+from .guard import block_order
+from .sharded_measure import held_bytes, optimizer_slots
+from .sharding import full_tensor
+
+
+class StateAccess:
+    """Checkpoints, names, gathers and held bytes of a :class:`~.executor.PipelineRuntime`."""
+
+    # -- checkpoints: the only way the step count changes besides a step ----------------------
+
+    def save_checkpoint(self, directory, keep: int = checkpoint.DEFAULT_KEEP, rename: Callable[[str], str] = same_name):
+        """Checkpoint this run after its ``steps_done`` steps (collective): this rank's blocks under
+        the unpipelined model's names (or ``rename``'s of them), a tied weight under its group's
+        first name, and the optimizer, keeping the newest ``keep`` steps. Returns the step's folder."""
+        return checkpoint.save(directory, self.steps_done, self.checkpoint_module(rename), self.optimizer, keep)
+
+    def load_checkpoint(self, path, rename: Callable[[str], str] = same_name) -> int:
+        """Load a checkpoint saved under any schedule or rank count (collective), continue after
+        its step; returns that step."""
+        self.steps_done = checkpoint.load(path, self.checkpoint_module(rename), self.optimizer)
+        self.broadcast_tied()  # the group's first name's value, wherever the checkpoint came from
+        return self.steps_done
+
+    def checkpoint_module(self, rename: Callable[[str], str] = same_name) -> nn.Module:
+        """What a checkpoint holds of this rank (:func:`~.checkpoint_names.tied_view`)."""
+        return checkpoint.tied_view(self.module(), self.options.tied, rename)
+
+    def state_bytes(self) -> dict[str, dict[str, int]]:
+        """This rank's parameters, gradients and optimizer state in bytes: ``measured`` (the
+        storages it holds) and ``predicted`` (:func:`pipesched.sharded_bytes.rank_state_bytes`
+        from the stages' parameter shapes and the layout; between steps, gradients kept)."""
+        layout = self.sharded.layout if self.sharded else ParallelLayout(self.mesh.pp, self.mesh.dp)
+        tp_rank, shard_rank = (self.sharded.tp_rank, self.sharded.shard_rank) if self.sharded else (0, 0)
+        slots = optimizer_slots(self.optimizer)
+        measured = {"params": 0, "grads": 0, "optimizer": 0}
+        predicted = dict(measured)
+        for s, stage in self.stages.items():
+            for key, value in held_bytes(stage, self.optimizer).items():
+                measured[key] += value
+            expected = rank_state_bytes(self.state_specs[s], layout, tp_rank, shard_rank, slots)
+            for key in predicted:
+                predicted[key] += getattr(expected, key)
+        return {"measured": measured, "predicted": predicted}
+
+    def module(self) -> nn.ModuleDict:
+        """This rank's blocks as one module whose names are the unpipelined model's."""
+        return nn.ModuleDict({index: block for stage in self.stages.values() for index, block in stage.blocks.items()})
+
+    def named_parameters(self, unique: bool = False) -> Iterable[tuple[str, nn.Parameter]]:
+        """This rank's parameters under the unpipelined model's names (a tied one under each of
+        its names, or with ``unique`` once, under its first)."""
+        seen = set()
+        for stage in self.stages.values():
+            for name, p in stage.global_named_parameters():
+                if unique and id(p) in seen:
+                    continue
+                seen.add(id(p))
+                yield name, p
+
+    def gather_state_dict(self, dst: int = 0) -> Optional[dict[str, torch.Tensor]]:
+        """The full model's state dict on rank ``dst`` (None elsewhere), unpipelined names."""
+        local = {}
+        for stage in self.stages.values():
+            local.update({n: full_tensor(t) for n, t in stage.global_state_dict().items()})
+        return self._gather_dicts(local, dst)
+
+    def gather_gradients(self, dst: int = 0) -> Optional[dict[str, torch.Tensor]]:
+        """The last step's gradients of the full model on rank ``dst`` (None elsewhere)."""
+        local = {n: full_tensor(p.grad.detach().cpu()).clone() for n, p in self.named_parameters() if p.grad is not None}
+        return self._gather_dicts(local, dst)
+
+    def _gather_dicts(self, local: dict, dst: int) -> Optional[dict]:
+        merged = self.mesh.merge_on(dst, local)
+        return None if merged is None else dict(sorted(merged.items(), key=lambda kv: block_order(kv[0])))
