@@ -1,8 +1,12 @@
-"""``pipesched advise``: which schedule, how many chunks and microbatches, with the numbers."""
+"""``pipesched advise``: which schedule, how many chunks and microbatches, with the numbers.
+
+The command's options are declared in groups (:mod:`.advise_flags`, :mod:`.advise_model`,
+:mod:`.advise_layout`); the command checks them, tells which way the costs are given, refuses the
+flags that way would ignore, and hands over to that way's search.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -10,167 +14,94 @@ import typer
 from ..jsontext import json_text
 from ..advise import Advice, advise, batch_plan
 from ..advise.search import check_search_size
-from ..advise.estimate import (
-    ATTENTION_KERNELS, DEFAULT_TFLOPS, DTYPE_BYTES, Hardware, TransformerCosts, TransformerSpec,
-)
-from ..advise.layout import DEFAULT_DP_LATENCY_MS
 from ..costs import Costs
 from ..errors import ConfigError
-from ..registry import families as registered_families, get_family
+from ..registry import families as registered_families
 from . import app
 from . import advise_layout as layout_options
 from . import options as opt
+from .advise_flags import (
+    SEARCH_OPTIONS, SCOPE_OPTIONS, SHRINKING_OVERHEAD, ScopeFlags, SearchFlags, by_flag, or_default, scope_options,
+    search_options, searched,
+)
+from .advise_layout import LAYOUT_OPTIONS, LayoutFlags
+from .advise_model import (
+    MODEL_OPTIONS, PROFILE_OPTIONS, PROFILED_MICROBATCHES, ModelFlags, ProfileFlags, model_options, profile_options,
+    transformer_costs,
+)
 from .progress import planning_progress
 from .advise_print import print_advice
-from .renamed import deprecated_option, renamed
 
-
-_MODEL_FLAGS = ("--layers", "--hidden", "--seq-len")
-_HARDWARE_FLAGS = ("--heads", "--vocab", "--attention", "--activation-dtype", "--gpu-memory", "--bandwidth", "--flops")
+Limits = tuple[Optional[float], Optional[float]]  # --memory-limit in M_B, or in bytes (one of the two)
 
 
 @app.command("advise")
-def advise_cmd(
-    ctx: typer.Context,
-    ranks: int = opt.Ranks,
-    memory_limit: Optional[str] = typer.Option(
-        None, "--memory-limit",
-        help="Memory per rank: in M_B, activations only (one microbatch's activations of a rank's share); "
-        "or in bytes (40GiB, 512MiB) with a model description or --profile: all the advisor counts per GPU "
-        "(weights, gradients, optimizer state and activations, as --gpu-memory; with --profile the measured "
-        "activations), the bytes it reports as peak_memory_bytes.",
-    ),
-    microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m", help="Fixed microbatch count M."),
-    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Samples per iteration G: the advisor also chooses M."),
-    microbatch_size: Optional[int] = typer.Option(None, "--microbatch-size", help="Samples per microbatch b that the costs describe."),
-    costs: Optional[str] = opt.CostsOpt,
-    comm: Optional[float] = typer.Option(None, "--comm", help="Latency of every cross-rank transfer, in cost units."),
-    stage_overhead: Optional[float] = typer.Option(None, "--stage-overhead", help=opt.StageOverhead.help),
-    full_backward: Optional[float] = opt.FullBackward,
-    stage_multipliers: Optional[str] = opt.Multipliers,
-    objective: str = typer.Option("makespan", "--objective", help="makespan (optimizer step syncs ranks) or span."),
-    max_chunks: int = typer.Option(4, "--max-chunks", help="Most chunks per rank to try."),
-    max_microbatches: Optional[int] = typer.Option(None, "--max-microbatches", help="Most microbatches (default max(G/b, 8p))."),
-    min_microbatch_size: Optional[int] = typer.Option(None, "--min-microbatch-size", help="Smallest microbatch (default 1)."),
-    overhead: Optional[float] = typer.Option(None, "--overhead", help="With --costs: the part of F, B, W not shrinking."),
-    layers: Optional[int] = typer.Option(None, "--layers", help="Model: transformer layers L."),
-    hidden: Optional[int] = typer.Option(None, "--hidden", help="Model: hidden size h."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Model: sequence length s."),
-    heads: Optional[int] = typer.Option(None, "--heads", help="Model: attention heads a (default h/64)."),
-    vocab: Optional[int] = typer.Option(None, "--vocab", help="Model: vocabulary V (adds embedding and head)."),
-    attention: Optional[str] = typer.Option(
-        None, "--attention", help="Model: flash (default; SDPA keeps no score matrix) or eager (keeps a*s*s per sequence)."
-    ),
-    dtype: Optional[str] = typer.Option(None, "--activation-dtype", help="Model: activation precision, bf16 (default), fp16 or fp32."),
-    gpu_memory: Optional[float] = typer.Option(None, "--gpu-memory", help="GB per device: sets the memory limit."),
-    bandwidth: Optional[float] = typer.Option(None, "--bandwidth", help="GB/s between neighbouring ranks: sets comm."),
-    flops: Optional[float] = typer.Option(None, "--flops", help=f"Effective TFLOP/s per device (default {DEFAULT_TFLOPS:g})."),
-    profile: bool = typer.Option(False, "--profile", help="Measure the costs: run a few steps of --model on --ranks local ranks."),
-    model_name: Optional[str] = typer.Option(None, "--model", help="With --profile: mlp (default), gpt or hf:CONFIG.json (train's models)."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="With --profile: samples per step (default 64)."),
-    profile_steps: Optional[int] = typer.Option(None, "--profile-steps", help="With --profile: steps to measure (default 4)."),
-    old_dtype: Optional[str] = deprecated_option("--dtype", "--activation-dtype"),
-    schedules: Optional[str] = typer.Option(None, "--schedules", help="Only these schedules, comma-separated (default: all)."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="Processes for the search (default: the CPUs)."),
-    top: int = typer.Option(12, "--top", help="Rows in the table."),
-    as_json: bool = typer.Option(False, "--json", help="Print the candidates as a JSON list, best first."),
-    gpus: Optional[int] = layout_options.Gpus,
-    dp_bandwidth: Optional[float] = layout_options.DpBandwidth,
-    dp_latency: Optional[float] = layout_options.DpLatency,
-    report: Optional[Path] = layout_options.Report,
-    gpus_per_node: Optional[int] = layout_options.GpusPerNode,
-    node_bandwidth: Optional[float] = layout_options.NodeBandwidth,
-    tp: Optional[int] = layout_options.Tp,
-    dp_shard: Optional[int] = layout_options.DpShard,
-    dp: Optional[int] = layout_options.Dp,
-) -> None:
+@search_options
+@model_options
+@profile_options
+@scope_options
+@layout_options.layout_options
+def advise_cmd(ctx: typer.Context, ranks: int = opt.Ranks, *, search: SearchFlags, model: ModelFlags,
+               profile: ProfileFlags, scope: ScopeFlags, layout: LayoutFlags) -> None:
     """Search every schedule, chunk count and microbatch count; recommend the fastest that fits."""
-    dtype = renamed("advise", "--dtype", "--activation-dtype", old_dtype, dtype)
-    opt.check_ranges({  # before any work: each of these sizes the search or enters the cost model
-        "--workers": workers, "--max-chunks": max_chunks, "--layers": layers, "--hidden": hidden, "--seq-len": seq_len,
-        "--heads": heads, "--vocab": vocab, "--gpus": gpus, "--global-batch": global_batch,
-        "--microbatch-size": microbatch_size, "--max-microbatches": max_microbatches,
-        "--min-microbatch-size": min_microbatch_size, "--top": top, "--batch-size": batch_size,
-        "--profile-steps": profile_steps, "--gpu-memory": gpu_memory, "--bandwidth": bandwidth, "--flops": flops,
-        "--dp-bandwidth": dp_bandwidth, "--dp-latency": dp_latency, "--overhead": overhead,
-        "--gpus-per-node": gpus_per_node, "--node-bandwidth": node_bandwidth, "--tp": tp, "--dp-shard": dp_shard,
-        "--dp": dp,
-    })
-    given = {
-        "--layers": layers, "--hidden": hidden, "--seq-len": seq_len, "--heads": heads, "--vocab": vocab,
-        "--gpu-memory": gpu_memory, "--bandwidth": bandwidth, "--flops": flops,
-        "--attention": attention, "--activation-dtype": dtype,
-    }
-    profiled = {"--stage-overhead": stage_overhead, "--full-backward": full_backward}  # what a profile measures
-    model = None
-    described = any(given[f] is not None for f in _MODEL_FLAGS + _HARDWARE_FLAGS)
-    mode = "--profile" if profile else "--gpus" if gpus is not None else "a model description" if described else "given costs"
-    refuse_ignored(mode, {
-        "--overhead": overhead, "--microbatch-size": microbatch_size, "--max-microbatches": max_microbatches,
-        "--min-microbatch-size": min_microbatch_size, "--microbatches": microbatches, "--model": model_name,
-        "--batch-size": batch_size, "--profile-steps": profile_steps, "--dp-bandwidth": dp_bandwidth,
-        "--dp-latency": dp_latency, "--report": report, "--gpus": gpus, "--gpus-per-node": gpus_per_node,
-        "--node-bandwidth": node_bandwidth, "--tp": tp, "--dp-shard": dp_shard, "--dp": dp,
-    })
-    model_name, batch_size, profile_steps = _or(model_name, "mlp"), _or(batch_size, 64), _or(profile_steps, 4)
-    min_microbatch_size, overhead = _or(min_microbatch_size, 1), _or(overhead, 0.0)
-    dp_latency = _or(dp_latency, DEFAULT_DP_LATENCY_MS)
-    memory_limit, limit_bytes = opt.parse_memory_limit(memory_limit, bytes_known=profile or described)
-    if profile:
-        result = _profiled(
-            ranks, memory_limit, microbatches, given, costs, comm, stage_multipliers, global_batch, profiled,
-            model_name, batch_size, profile_steps, limit_bytes=limit_bytes, objective=objective, max_chunks=max_chunks,
-            families=_families(schedules), workers=workers, quiet=as_json,
-        )
-        if as_json:
-            typer.echo(json_text(result.to_json()))
-        else:
-            print_advice(result, None, top, trained_model=(model_name, batch_size))
-        return
-    fixed = {k: v for k, v in (("tp", tp), ("dp_shard", dp_shard), ("dp_replicate", dp)) if v is not None}
-    if gpus is not None and (gpus_per_node is not None or fixed):
-        source = ctx.get_parameter_source("ranks")
-        if source is not None and source.name == "COMMANDLINE":  # -p given: it fixes pp
-            fixed["pp"] = ranks
-        refuse_ignored("--gpus --gpus-per-node", {"--dp-bandwidth": dp_bandwidth})
-        layout_options.run_whole(
-            gpus, global_batch,
-            _model(gpus, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers, profiled),
-            gpus_per_node, node_bandwidth, fixed, dp_latency, report, as_json, top,
-            objective=objective, max_chunks=max_chunks, min_microbatch_size=min_microbatch_size,
-            max_microbatches=max_microbatches, families=_families(schedules), workers=workers,
-        )
-        return
-    if node_bandwidth is not None and gpus_per_node is None:
+    model = model.renamed()
+    typed = {**by_flag(search, SEARCH_OPTIONS), **by_flag(model, MODEL_OPTIONS), **by_flag(profile, PROFILE_OPTIONS),
+             **by_flag(scope, SCOPE_OPTIONS), **by_flag(layout, LAYOUT_OPTIONS)}
+    # before any work: each of these sizes the search or enters the cost model
+    opt.check_ranges({"--workers": scope.workers, **{flag: typed[flag] for flag in opt.RANGES if flag in typed}})
+    mode = ("--profile" if profile.profile else "--gpus" if layout.gpus is not None
+            else "a model description" if model.described else "given costs")
+    refuse_ignored(mode, typed)
+    limits = opt.parse_memory_limit(search.memory_limit, bytes_known=profile.profile or model.described)
+    if profile.profile:
+        _advise_profiled(ranks, search, model, profile, scope, limits)
+    elif layout.gpus is not None and (layout.gpus_per_node is not None or layout.fixed()):
+        source = ctx.get_parameter_source("ranks")  # typer's own click: its enum is not public, its names are
+        pp_given = source is not None and source.name == "COMMANDLINE"  # -p given: it fixes pp
+        refuse_ignored("--gpus --gpus-per-node", typed)
+        _advise_whole_layout(ranks if pp_given else None, search, model, scope, layout, limits)
+    elif layout.node_bandwidth is not None and layout.gpus_per_node is None:
         raise ConfigError("--node-bandwidth belongs to --gpus-per-node: give the GPUs per node")
-    if gpus is not None or report is not None:
+    elif layout.gpus is not None or layout.report is not None:
         layout_options.run(
-            gpus, global_batch,
-            _model(gpus or ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers,
-                   profiled),
-            dp_bandwidth, dp_latency, report, as_json, top,
-            objective=objective, max_chunks=max_chunks, min_microbatch_size=min_microbatch_size,
-            max_microbatches=max_microbatches, families=_families(schedules), workers=workers,
+            layout.gpus, search.global_batch, transformer_costs(model, layout.gpus or ranks, search, *limits),
+            layout.dp_bandwidth, layout.latency, layout.report, scope.as_json, scope.top, **searched(search, scope),
         )
-        return
-    if described:
-        model = _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, stage_multipliers,
-                       profiled)
-        c = None
     else:
-        c = Costs.parse(costs, comm=comm or 0.0, multipliers=opt.parse_multipliers(stage_multipliers),
-                        stage_overhead=stage_overhead or 0.0, full_backward=full_backward)
-    result = advise(
-        ranks, memory_limit, microbatches=microbatches, global_batch=global_batch,
-        microbatch_size=microbatch_size, costs=c, cost_model=model, objective=objective,
-        max_chunks=max_chunks, min_microbatch_size=min_microbatch_size,
-        max_microbatches=max_microbatches, overhead=overhead, families=_families(schedules), workers=workers,
-        progress=lambda work: planning_progress("advise", work),
+        _advise_pipeline(ranks, search, model, scope, limits)
+
+
+def _advise_whole_layout(pp: Optional[int], search: SearchFlags, model: ModelFlags, scope: ScopeFlags,
+                         layout: LayoutFlags, limits: Limits) -> None:
+    """``advise --gpus G --gpus-per-node N`` (or a dimension fixed): the whole layouts
+    (``pp``: the pipeline ranks, where ``-p`` fixed them)."""
+    fixed = layout.fixed() | ({} if pp is None else {"pp": pp})
+    layout_options.run_whole(
+        layout.gpus, search.global_batch, transformer_costs(model, layout.gpus, search, *limits),
+        layout.gpus_per_node, layout.node_bandwidth, fixed, layout.latency, layout.report, scope.as_json, scope.top,
+        **searched(search, scope),
     )
-    if as_json:
+
+
+def _advise_pipeline(ranks: int, search: SearchFlags, model: ModelFlags, scope: ScopeFlags, limits: Limits) -> None:
+    """One pipeline of ``ranks`` ranks, its costs from the model described or from ``--costs``."""
+    memory_limit, limit_bytes = limits
+    cost_model = costs = None
+    if model.described:
+        cost_model = transformer_costs(model, ranks, search, memory_limit, limit_bytes)
+    else:
+        costs = Costs.parse(search.costs, comm=search.comm or 0.0, multipliers=opt.parse_multipliers(search.stage_multipliers),
+                            stage_overhead=search.stage_overhead or 0.0, full_backward=search.full_backward)
+    result = advise(
+        ranks, memory_limit, microbatches=search.microbatches, global_batch=search.global_batch,
+        microbatch_size=search.microbatch_size, costs=costs, cost_model=cost_model,
+        overhead=or_default(search.overhead, SHRINKING_OVERHEAD), progress=lambda work: planning_progress("advise", work),
+        **searched(search, scope),
+    )
+    if scope.as_json:
         typer.echo(json_text(result.to_json()))
         return
-    print_advice(result, model, top)
+    print_advice(result, cost_model, scope.top)
 
 
 _WHOLE_LAYOUT = ("--gpus-per-node", "--node-bandwidth", "--tp", "--dp-shard", "--dp")
@@ -192,12 +123,6 @@ WHY_IGNORED = {
 }
 
 
-def _or(value, default):
-    """A flag's value, or its default where it was not given (flags default to None, so that a
-    flag given is told apart from one left out)."""
-    return default if value is None else value
-
-
 def refuse_ignored(mode: str, values: dict) -> None:
     """A ConfigError naming the flags given that ``mode`` would ignore (see :data:`IGNORED_BY`)."""
     ignored = [flag for flag in IGNORED_BY[mode] if values.get(flag) is not None]
@@ -206,65 +131,37 @@ def refuse_ignored(mode: str, values: dict) -> None:
                           f"{'it' if len(ignored) == 1 else 'them'}")
 
 
-def _profiled(ranks, memory_limit, microbatches, given, costs, comm, multipliers, global_batch, profiled,
-              model_name, batch_size, steps, quiet: bool, limit_bytes: Optional[float] = None, **options) -> Advice:
-    """Advice from costs measured by running the model (needs torch)."""
-    clashes = [f for f, v in (("--costs", costs), ("--comm", comm), ("--stage-multipliers", multipliers),
-                              *profiled.items(), ("--global-batch", global_batch)) if v is not None]
-    clashes += [f for f, v in given.items() if v is not None]
+def _advise_profiled(ranks: int, search: SearchFlags, model: ModelFlags, profile: ProfileFlags, scope: ScopeFlags,
+                     limits: Limits) -> None:
+    """Advice from costs measured by running the model (needs torch), printed."""
+    model_name, batch_size, steps = profile.run()
+    result = _profiled(ranks, search, model, (model_name, batch_size, steps), limits, quiet=scope.as_json,
+                       **searched(search, scope, sizes=False))
+    if scope.as_json:
+        typer.echo(json_text(result.to_json()))
+    else:
+        print_advice(result, None, scope.top, trained_model=(model_name, batch_size))
+
+
+def _profiled(ranks: int, search: SearchFlags, model: ModelFlags, run: tuple[str, int, int], limits: Limits,
+              quiet: bool, **options) -> Advice:
+    """Advice from costs measured by running ``run`` (model, samples per step, steps)."""
+    clashes = {**search.given_costs(), "--global-batch": search.global_batch, **model.given()}
+    clashes = [flag for flag, value in clashes.items() if value is not None]
     if clashes:
         raise ConfigError(f"--profile measures the costs itself: drop {', '.join(clashes)}")
-    microbatches = microbatches or 8
-    chosen = options["families"] if options.get("families") is not None else registered_families()
+    microbatches = search.microbatches or PROFILED_MICROBATCHES
+    chosen = options["families"] if options["families"] is not None else registered_families()
     check_search_size(ranks, batch_plan(ranks, microbatches), chosen, options["max_chunks"])  # before any rank starts
     try:
         from ..runtime.profile import advise_from_profile, profile
     except ImportError:
         raise ConfigError("--profile needs PyTorch: pip install 'pipesched[torch]'") from None
+    model_name, batch_size, steps = run
     prof = profile(model_name, ranks, microbatches, batch_size, steps=steps)
     if not quiet:
         from rich.console import Console
 
         Console().print(prof.summary())
+    memory_limit, limit_bytes = limits
     return advise_from_profile(prof, memory_limit, limit_bytes=limit_bytes, **options)
-
-
-def _families(names: Optional[str]) -> Optional[list]:
-    if names is None:
-        return None
-    chosen = [get_family(n) for n in names.split(",") if n.strip()]
-    if not chosen:
-        raise ConfigError("--schedules needs at least one schedule name (pipesched list shows them)")
-    return chosen
-
-
-def _model(ranks, given, microbatch_size, memory_limit, limit_bytes, costs, comm, multipliers,
-           profiled: dict) -> TransformerCosts:
-    missing = [f for f in _MODEL_FLAGS if given[f] is None]
-    if microbatch_size is None:
-        missing.append("--microbatch-size")
-    if missing:
-        raise ConfigError(
-            "a model description needs --layers, --hidden, --seq-len and --microbatch-size; "
-            f"missing {', '.join(missing)}"
-        )
-    for flag, value in (("--costs", costs), ("--comm", comm), ("--stage-multipliers", multipliers), *profiled.items()):
-        if value is not None:
-            raise ConfigError(f"{flag} cannot be combined with a model description (the model gives the costs)")
-    if (memory_limit is not None or limit_bytes is not None) and given["--gpu-memory"] is not None:
-        raise ConfigError("give --memory-limit (activations) or --gpu-memory (GB, all of a device), not both")
-    dtype = given["--activation-dtype"] if given["--activation-dtype"] is not None else "bf16"  # an empty value is refused below
-    if dtype not in DTYPE_BYTES:
-        raise ConfigError(f"--activation-dtype {dtype!r} is not known: use one of {', '.join(DTYPE_BYTES)}")
-    attention = given["--attention"] if given["--attention"] is not None else "flash"
-    if attention not in ATTENTION_KERNELS:
-        raise ConfigError(f"--attention {attention!r} is not known: use one of {', '.join(ATTENTION_KERNELS)}")
-    spec = TransformerSpec(
-        given["--layers"], given["--hidden"], given["--seq-len"], microbatch_size,
-        heads=given["--heads"], vocab=given["--vocab"], attention=attention, dtype_bytes=DTYPE_BYTES[dtype],
-    )
-    hardware = Hardware(
-        tflops=given["--flops"] if given["--flops"] is not None else DEFAULT_TFLOPS,
-        bandwidth=given["--bandwidth"], gpu_memory=given["--gpu-memory"],
-    )
-    return TransformerCosts(spec, ranks, hardware, limit=memory_limit, memory_bytes=limit_bytes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -23,6 +24,7 @@ from ..errors import ConfigError
 from ..outfiles import check_output_path, write_atomic
 from ..advise.explain import WHOLE_DEVICE
 from ..units import format_time
+from .option_group import option_group
 from .tables import Column, fitted_table
 
 if TYPE_CHECKING:  # rich loads when the layouts are printed
@@ -30,20 +32,57 @@ if TYPE_CHECKING:  # rich loads when the layouts are printed
 
     from ..render.timeline import Timeline
 
-Gpus = typer.Option(
-    None, "--gpus", help="GPUs in all: search pipeline ranks x data-parallel replicas (needs a model description and --global-batch)."
+@dataclass(frozen=True)
+class LayoutFlags:
+    """``--gpus`` and the layout's flags, as typed (None: not given)."""
+
+    gpus: Optional[int]
+    dp_bandwidth: Optional[float]
+    dp_latency: Optional[float]
+    report: Optional[Path]
+    gpus_per_node: Optional[int]
+    node_bandwidth: Optional[float]
+    tp: Optional[int]
+    dp_shard: Optional[int]
+    dp: Optional[int]
+
+    @property
+    def latency(self) -> float:
+        """The replicas' all-reduce latency per bucket, in ms (its default where not given)."""
+        return DEFAULT_DP_LATENCY_MS if self.dp_latency is None else self.dp_latency
+
+    def fixed(self) -> dict[str, int]:
+        """The layout's dimensions given (``tp``, ``dp_shard``, ``dp_replicate``), which the search keeps."""
+        return {k: v for k, v in (("tp", self.tp), ("dp_shard", self.dp_shard), ("dp_replicate", self.dp))
+                if v is not None}
+
+
+LAYOUT_OPTIONS: tuple[tuple[str, object, object], ...] = (
+    ("gpus", Optional[int], typer.Option(
+        None, "--gpus",
+        help="GPUs in all: search pipeline ranks x data-parallel replicas (needs a model description and --global-batch).")),
+    ("dp_bandwidth", Optional[float], typer.Option(
+        None, "--dp-bandwidth", help="With --gpus: GB/s between data-parallel replicas (default --bandwidth).")),
+    ("dp_latency", Optional[float], typer.Option(
+        None, "--dp-latency", help=f"With --gpus: ms per all-reduce bucket (default {DEFAULT_DP_LATENCY_MS:g}).")),
+    ("report", Optional[Path], typer.Option(
+        None, "--report", help="With --gpus: write an HTML report of the chosen layout.")),
+    ("gpus_per_node", Optional[int], typer.Option(
+        None, "--gpus-per-node",
+        help="With --gpus: GPUs per node; searches whole layouts, pp x dp x dp_shard x tp (docs/layouts.md).")),
+    ("node_bandwidth", Optional[float], typer.Option(
+        None, "--node-bandwidth", help="With --gpus-per-node: GB/s per GPU between nodes (--bandwidth: within one).")),
+    ("tp", Optional[int], typer.Option(None, "--tp", help="With --gpus: fix tensor parallelism (ranks splitting each layer).")),
+    ("dp_shard", Optional[int], typer.Option(None, "--dp-shard", help="With --gpus: fix FSDP shards inside a stage.")),
+    ("dp", Optional[int], typer.Option(None, "--dp", help="With --gpus and --gpus-per-node: fix whole replicas of the pipeline.")),
 )
-DpBandwidth = typer.Option(None, "--dp-bandwidth", help="With --gpus: GB/s between data-parallel replicas (default --bandwidth).")
-DpLatency = typer.Option(None, "--dp-latency", help=f"With --gpus: ms per all-reduce bucket (default {DEFAULT_DP_LATENCY_MS:g}).")
-Report = typer.Option(None, "--report", help="With --gpus: write an HTML report of the chosen layout.")
-GpusPerNode = typer.Option(
-    None, "--gpus-per-node",
-    help="With --gpus: GPUs per node; searches whole layouts, pp x dp x dp_shard x tp (docs/layouts.md).",
-)
-NodeBandwidth = typer.Option(None, "--node-bandwidth", help="With --gpus-per-node: GB/s per GPU between nodes (--bandwidth: within one).")
-Tp = typer.Option(None, "--tp", help="With --gpus: fix tensor parallelism (ranks splitting each layer).")
-DpShard = typer.Option(None, "--dp-shard", help="With --gpus: fix FSDP shards inside a stage.")
-Dp = typer.Option(None, "--dp", help="With --gpus and --gpus-per-node: fix whole replicas of the pipeline.")
+
+
+def layout_options(command):
+    """Give ``pipesched advise`` the layout's flags in place of its ``layout: LayoutFlags``."""
+    return option_group("layout", LayoutFlags, LAYOUT_OPTIONS)(command)
+
+
 WITHIN_LATENCY_MS, ACROSS_LATENCY_MS = 0.005, 0.02  # per ring step: NVLink's and InfiniBand's order of magnitude
 
 
