@@ -4,7 +4,8 @@ Ranking: candidates that fit come first, best first by :func:`pipesched.ranking.
 (the objective: ``makespan``, the iteration time when the optimizer step synchronises ranks, or
 ``span``, the period when iterations overlap; then the other time, then peak memory); what is
 still tied goes to fewer chunks (fewer messages), then the simpler family (registry order).
-Candidates over the limit follow, leanest first.
+Candidates over the limit follow, leanest first. What is done for each setting (build, simulate,
+recompute, other layer assignments) is :mod:`.evaluate`'s.
 """
 
 from __future__ import annotations
