@@ -32,8 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesched.advise import advise
-from pipesched.advise.estimate import Hardware, TransformerCosts, TransformerSpec
+from pipesched.advise.estimate import Hardware, TransformerCosts
 from pipesched.advise.layout import advise_layouts
+from pipesched.advise.transformer import TransformerSpec
 from pipesched.errors import ConfigError, PipeschedError
 from pipesched.registry import get_family
 

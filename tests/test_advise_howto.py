@@ -10,8 +10,9 @@ import pytest
 import pipesched
 from pipesched import Costs, simulate
 from pipesched.advise import advise
-from pipesched.advise.estimate import Hardware, TransformerCosts, TransformerSpec
+from pipesched.advise.estimate import Hardware, TransformerCosts
 from pipesched.advise.howto import build_call, export_command, guidance
+from pipesched.advise.transformer import TransformerSpec
 from pipesched.cli.advise_print import train_command
 from pipesched.advise.layout import advise_layouts
 from pipesched.registry import get_family

@@ -8,8 +8,9 @@ import json
 import pytest
 
 import pipesched
-from pipesched.advise.estimate import Hardware, TransformerCosts, TransformerSpec
+from pipesched.advise.estimate import Hardware, TransformerCosts
 from pipesched.advise.layout import AllReduceCost, advise_layouts, gradient_sync
+from pipesched.advise.transformer import TransformerSpec
 from pipesched.registry import get_family
 
 HANDCRAFTED = [get_family(n) for n in ("1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")]

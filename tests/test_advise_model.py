@@ -9,10 +9,10 @@ from pipesched.advise.estimate import (
     BYTES_PER_PARAM,
     Hardware,
     TransformerCosts,
-    TransformerSpec,
     balance_layers,
     orient_layers,
 )
+from pipesched.advise.transformer import TransformerSpec
 from pipesched.errors import ConfigError
 from pipesched.placement import loop_placement, v_placement
 from pipesched.registry import build_schedule, get_family

@@ -115,7 +115,7 @@ def test_bad_recompute_is_one_line_and_exit_2(value, fragment):
 
 
 def test_the_advisors_transformer_bytes_match_the_runtimes_gpt_layer_on_cpu():
-    from pipesched.advise.estimate import TransformerSpec
+    from pipesched.advise.transformer import TransformerSpec
     from pipesched.runtime.memory_meter import ActivationMeter
     from pipesched.runtime.models import TransformerBlock
     from pipesched.runtime.split_backward import WeightGradStash, make_weight_grads_deferrable

@@ -22,8 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..parallel_layout import ParallelLayout
-from .estimate import Hardware, TransformerCosts, TransformerSpec
+from .estimate import Hardware, TransformerCosts
 from .fabric import Fabric, Link
+from .transformer import TransformerSpec
 
 GIB = 2 ** 30
 H100_TFLOPS = 400.0  # assumption: 40% of an H100 SXM's 989 dense bf16 TFLOP/s, achieved

@@ -4,7 +4,8 @@ Ranking: candidates that fit come first, best first by :func:`pipesched.ranking.
 (the objective: ``makespan``, the iteration time when the optimizer step synchronises ranks, or
 ``span``, the period when iterations overlap; then the other time, then peak memory); what is
 still tied goes to fewer chunks (fewer messages), then the simpler family (registry order).
-Candidates over the limit follow, leanest first.
+Candidates over the limit follow, leanest first. What is done for each setting (build, simulate,
+recompute, other layer assignments) is :mod:`.evaluate`'s.
 """
 
 from __future__ import annotations
@@ -15,30 +16,19 @@ from typing import Callable, ContextManager, Optional, Sequence
 
 from ..costs import Costs
 from ..errors import ConfigError, PipeschedError
-from ..execution import TOLERANCE
 from ..memory import format_bytes
 from ..planning import actions_built, actions_per_schedule, check_planning_time, planning_seconds
 from ..units import format_seconds
 from ..ranking import BASELINE, OBJECTIVES, rank_key, significant
-from ..registry import Family, build_schedule, families as registered_families
-from ..schedule import Schedule
-from ..simulate import simulate
+from ..registry import Family, families as registered_families
 from .candidates import BatchPlan, Setting, batch_plan, settings
 from .costmodel import CostModel, ScaledCosts
+from .evaluate import REBUILD_WIDTH, SteeredOverLimit, evaluate, leanest
 from .explain import explain
 from .parallel import default_workers, map_outcomes
 from .result import Advice, Candidate
 
 __all__ = ["Advice", "Candidate", "NoCandidateFitsError", "advise", "objective_option"]
-
-
-REBUILD_WIDTH = 10  # families building at most this many programs are built under every layer assignment
-
-
-MEMORY_COUNTED = {  # what a candidate's bytes count: the whole footprint where the model knows it
-    True: "weights, gradients, optimizer state and activations (with the stage inputs held)",
-    False: "activations (with the stage inputs held); weights and optimizer state are not known from costs",
-}
 
 
 class NoCandidateFitsError(ConfigError):
@@ -103,13 +93,13 @@ def advise(
     work = search_actions(ranks, plan, family_list, max_chunks)
     with progress(work) if progress is not None else nullcontext():
         outcomes = map_outcomes(
-            lambda setting: _evaluate(setting, ranks, plan, cost_model, objective), todo,
+            lambda setting: evaluate(setting, ranks, plan, cost_model, objective), todo,
             workers if workers is not None else default_workers(len(todo)),
         )
     seen: set[tuple[str, int, int, str]] = set()  # a family that picks its own chunks may repeat itself
     for setting, outcome in zip(todo, outcomes):
         if isinstance(outcome, PipeschedError):
-            if isinstance(outcome, _SteeredOverLimit):
+            if isinstance(outcome, SteeredOverLimit):
                 over_limit.append(setting)
             skipped.append((setting.family.name, setting.chunks, setting.microbatches, str(outcome)))
             continue
@@ -120,7 +110,7 @@ def advise(
                 built.append(candidate)
     if not any(c.fits for c in built):  # what they need at least, for the smallest feasible limit
         for setting in over_limit:
-            built.extend(_leanest(setting, ranks, plan, cost_model, objective))
+            built.extend(leanest(setting, ranks, plan, cost_model, objective))
     if not built:
         reasons = "; ".join(f"{s} chunks={v} m={m}: {why}" for s, v, m, why in skipped[:3])
         raise ConfigError(f"no schedule could be built for ranks={ranks}: {reasons}")
@@ -204,147 +194,6 @@ def search_actions(ranks: int, plan: BatchPlan, family_list: Sequence[Family], m
 def objective_option(family: Family, objective: str) -> dict:
     """``objective=`` for ``build_schedule`` where the family searches by it, else nothing."""
     return {"objective": objective} if family.uses_objective else {}
-
-
-class _SteeredOverLimit(ConfigError):
-    """A family that honours memory limits could not get under this one."""
-
-
-def _leanest(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str) -> list[Candidate]:
-    """A family that honours limits, built to one microbatch's activations (the least any
-    schedule holds), or as it comes when it cannot get that low."""
-    try:
-        return _evaluate(setting, ranks, plan, model, objective, steer_to_floor=True)
-    except PipeschedError:
-        return _evaluate(setting, ranks, plan, model, objective, steer=False)
-
-
-def _evaluate(
-    setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str,
-    steer: bool = True, steer_to_floor: bool = False,
-) -> list[Candidate]:
-    """Build and simulate one setting; families that honour a limit are built to it when ``steer``.
-
-    Under a limit in bytes (activation sizes known) the same schedule is also simulated with
-    every stage recomputing its activations: slower (each backward re-runs its forward), leaner.
-
-    Where a rank holds several stages and the model offers several ways to give them its layers
-    (:meth:`CostModel.layer_assignments`), a family that builds few programs (``search_width``
-    up to :data:`REBUILD_WIDTH`) is built under each one (what it builds, such as interleaved's
-    microbatch group, may depend on the split) and for each recompute choice the faster is kept;
-    a family that searches wider (the V family, zb-auto) is built once, under the model's own
-    assignment: repeating its search per split would double the advisor's time. Every
-    candidate returned was built and simulated under the one split it reports.
-    """
-    schedule, steer_to = _build(setting, ranks, plan, model, objective, steer, steer_to_floor)
-    options = model.layer_assignments(schedule.stages, schedule.style)
-    if len(options) < 2:
-        return _measure(setting, plan, model, objective, schedule, steer_to, None)
-    best = _measure(setting, plan, model, objective, schedule, steer_to, options[0])
-    if setting.family.search_width(ranks, setting.microbatches) > REBUILD_WIDTH:
-        return best
-    for name in options[1:]:
-        other = model.with_layer_assignment(name)
-        try:
-            rebuilt, steer_other = _build(setting, ranks, plan, other, objective, steer, steer_to_floor)
-        except PipeschedError:
-            continue
-        theirs = {c.recompute: c for c in _measure(setting, plan, other, objective, rebuilt, steer_other, name)}
-        best = [min((c, theirs.get(c.recompute, c)), key=lambda x: _fit_then_time(x, objective)) for c in best]
-    return best
-
-
-def _fit_then_time(c: Candidate, objective: str) -> tuple:
-    return (not c.fits, rank_key(c.makespan, c.span, c.peak_memory_reference, objective))
-
-
-def _build(
-    setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str,
-    steer: bool, steer_to_floor: bool,
-) -> tuple[Schedule, Optional[float]]:
-    """The setting's schedule under ``model``'s costs, and the limit it was built to."""
-    family, v, m = setting.family, setting.chunks, setting.microbatches
-    stages = ranks * v
-    scale = plan.scale(m)
-    costs = model.costs(stages, family.placement, scale)
-    limit = model.memory_limit(stages, family.placement, scale)
-    steer_to = limit if steer and family.uses_memory_limit and limit is not None else None
-    if steer_to_floor:
-        steer_to = 1.0
-    try:
-        schedule = build_schedule(family.name, ranks, m, v, costs, steer_to, objective)
-    except PipeschedError as err:
-        if steer_to is None:
-            raise
-        raise _SteeredOverLimit(str(err)) from None
-    if model.layers_per_stage(schedule.stages, schedule.style) != model.layers_per_stage(stages, family.placement):
-        # the family chose a layout whose layer split differs from the one it was costed with:
-        # cost it under that split and build again, so time and memory describe one split
-        costs = model.costs(schedule.stages, schedule.style, scale)
-        schedule = build_schedule(family.name, ranks, m, v, costs, steer_to, objective)
-    return schedule, steer_to
-
-
-def _measure(
-    setting: Setting, plan: BatchPlan, model: CostModel, objective: str, schedule: Schedule,
-    steer_to: Optional[float], assignment: Optional[str],
-) -> list[Candidate]:
-    """Simulate ``schedule`` under ``model``'s costs and memory: as it is and, with a limit in
-    bytes, with every stage recomputing."""
-    family, m = setting.family, setting.microbatches
-    scale = plan.scale(m)
-    costs = model.costs(schedule.stages, schedule.style, scale)
-    if schedule.stages == schedule.ranks * setting.chunks:
-        limit = model.memory_limit(schedule.stages, family.placement, scale)
-    else:  # the family chose its own chunk count: hold it to that layout
-        limit = model.memory_limit(schedule.stages, schedule.style, scale)
-    sizes = model.stage_sizes(schedule.stages, schedule.style, scale)
-    budgets = model.activation_budgets(schedule.stages, schedule.style) if sizes is not None else None
-    variants = [frozenset()] + ([frozenset(range(schedule.stages))] if budgets is not None else [])
-    out = []
-    for stages_recomputed in variants:
-        result = simulate(schedule, costs, sizes.with_recompute(stages_recomputed) if sizes is not None else None)
-        peaks = result.peak_memory
-        peak = max(peaks)
-        fits = limit is None or peak <= limit + TOLERANCE
-        memory_gb = model.memory_gb(schedule.stages, schedule.style, scale, tuple(peaks))
-        peak_bytes = activation_bytes = counted = None
-        if sizes is not None:
-            held = result.peak_memory_bytes
-            state = model.state_bytes(schedule.stages, schedule.style)
-            peak_bytes = max(a + b for a, b in zip(held, state))
-            activation_bytes = max(held)
-            counted = MEMORY_COUNTED[any(state)]
-            memory_gb = peak_bytes / 1e9 if memory_gb is not None else None
-            if budgets is not None:
-                fits = all(a <= b * (1 + TOLERANCE) for a, b in zip(held, budgets))
-        out.append(Candidate(
-            schedule=family.name,
-            chunks=schedule.chunks,
-            microbatches=m,
-            microbatch_size=plan.size(m),
-            memory_limit=steer_to,
-            costs=costs,
-            makespan=result.makespan,
-            span=result.span,
-            bubble_ratio=result.bubble_ratio,
-            peak_memory=peak,
-            peak_per_rank=tuple(peaks),
-            scale=scale,
-            fits=fits,
-            limit=limit,
-            placement=schedule.style,
-            messages=sum(1 for a, b in zip(schedule.placement, schedule.placement[1:]) if a != b),
-            layers_per_stage=model.layers_per_stage(schedule.stages, schedule.style),
-            layer_assignment=assignment,
-            memory_gb=memory_gb,
-            objective=objective if family.uses_objective else None,
-            recompute="all" if stages_recomputed else "none",
-            peak_memory_bytes=peak_bytes,
-            activation_bytes=activation_bytes,
-            memory_counted=counted,
-        ))
-    return out
 
 
 def _with_speedup(c: Candidate, baseline: Optional[Candidate], objective: str) -> Candidate:

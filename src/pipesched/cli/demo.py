@@ -21,7 +21,8 @@ from ..registry import build_schedule
 from ..simulate import simulate
 from . import app
 from . import options as opt
-from .plan import compare_rows, print_compare
+from .plan import compare_rows
+from .plan_print import print_compare
 
 if TYPE_CHECKING:  # rich loads when the tour starts printing
     from rich.console import Console

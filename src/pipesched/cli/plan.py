@@ -11,18 +11,20 @@ import typer
 from ..jsontext import json_text
 from ..compare import planned_work, simulate_all
 from ..errors import ConfigError
-from ..memory import MemorySizes, StageMemory, format_bytes
+from ..memory import MemorySizes, StageMemory
 from ..outfiles import check_output_path, write_atomic
 from ..planning import actions_built
 from ..registry import build_schedule, families, get_family
 from ..schedule import Schedule
 from ..schedule_files import check_format, csv_text, load_csv_file
-from ..simulate import SimResult, simulate
-from ..units import format_number
+from ..simulate import simulate
 from . import app
 from . import options as opt
+from .activation_bytes import activation_share, measured_share
+from .plan_print import print_compare, print_result, say_recompute
 from .progress import planning_progress
 from .tables import Column, print_table
+
 
 @app.command("list")
 def list_schedules() -> None:
@@ -128,14 +130,14 @@ def simulate_cmd(
     """Simulate one schedule: makespan, span, bubble ratio, busy time and peak memory per rank."""
     if draw and as_json:
         raise ConfigError("--draw prints a chart and --json prints data for programs: give one of them")
-    share = _activation_share(activation_bytes)
+    share = activation_share(activation_bytes)
     if recompute is not None and not recompute.strip():
         raise ConfigError("--recompute is empty: give all, none or the model's stages such as 0,2")
     if share is None and recompute is not None:
         raise ConfigError("--recompute needs --activation-bytes (what a recomputed stage saves is in bytes)")
     s = plan.setup(bytes_per_mb=share[0] if share is not None else None)  # M_B: one microbatch on a rank's share
     if share is not None and s.recompute_input is None and plan.name is not None and s.memory_limit is not None:
-        s = replace(s, recompute_input=_measured_share(share, s.chunks or get_family(plan.name).max_chunks or 1))
+        s = replace(s, recompute_input=measured_share(share, s.chunks or get_family(plan.name).max_chunks or 1))
     schedule = schedule_from_flags(plan.name, plan.csv, s)
     sizes = None
     if share is not None:
@@ -157,90 +159,6 @@ def simulate_cmd(
         from ..render.terminal import print_timeline
 
         print_timeline(result)
-
-
-def _measured_share(share: tuple[float, float, float], stages_per_rank: int) -> Optional[float]:
-    """What a recomputed stage keeps of its activations, for ``--activation-bytes KEEP,STASH,INPUT``
-    shared by ``stages_per_rank`` stages (the most a schedule may have: the least each saves);
-    None when the input is not given or recomputing would save nothing."""
-    keep, stash, inp = share
-    if not inp > 0:
-        return None
-    derived = MemorySizes((StageMemory(keep / stages_per_rank, stash / stages_per_rank),), (inp,)).recompute_share()
-    return derived if derived < 1 else None
-
-
-MAX_ACTIVATION_BYTES = 2.0**50  # 1 PiB per microbatch and rank: far above any device, far below overflow
-
-
-def _activation_share(text: Optional[str]) -> Optional[tuple[float, float, float]]:
-    """``--activation-bytes KEEP[,STASH[,INPUT]]`` as bytes (STASH defaults to KEEP, INPUT to 0)."""
-    if text is None:
-        return None
-    from ..memory import parse_size
-
-    parts = [p.strip() for p in text.split(",")]
-    if not 1 <= len(parts) <= 3:
-        raise ConfigError(f"--activation-bytes {text!r}: give KEEP[,STASH[,INPUT]] sizes such as 512MiB,480MiB,16MiB")
-    values = []
-    for part in parts:
-        try:
-            size = parse_size(part)
-        except ValueError as err:
-            raise ConfigError(f"--activation-bytes {err}") from None
-        size = float(part) if size is None else size  # a plain number: bytes
-        if not 0 <= size <= MAX_ACTIVATION_BYTES:
-            raise ConfigError(f"--activation-bytes {part!r} must be from 0 to 1024TiB (one microbatch on one rank)")
-        values.append(size)
-    keep = values[0]
-    if not keep > 0:
-        raise ConfigError("--activation-bytes: what F keeps must be above 0")
-    stash = values[1] if len(values) > 1 else keep
-    if stash > keep:
-        raise ConfigError(f"--activation-bytes: the W stash ({parts[1]}) cannot exceed what F keeps ({parts[0]})")
-    return keep, stash, values[2] if len(values) > 2 else 0.0
-
-
-def say_recompute(schedule: Schedule, then: str, echo=lambda line: typer.echo(line, err=True)) -> None:
-    """One line naming the stages the schedule recomputes and why (zb-auto's choice), if any;
-    ``then`` may name ``{stages}``."""
-    from ..memory import schedule_recompute
-
-    own = schedule_recompute(schedule)
-    if own is None:
-        return
-    stored = schedule.meta.get("without_recompute", "missing")
-    versus = ("" if stored == "missing" else "; nothing fits without recomputing" if stored is None
-              else f"; the best order that fits without recomputing takes {stored:.4g}")
-    echo(f"recompute: stages {own.spec()} ({schedule.meta.get('origin', '')}{versus}); "
-         + then.format(stages=own.spec()))
-
-
-def print_result(result: SimResult) -> None:
-    """A short human summary of one simulation."""
-    from rich.console import Console
-
-    console = Console()
-    sched = result.schedule
-    console.print(f"[bold]{sched.describe()}[/bold]")
-    in_bytes = result.peak_memory_bytes is not None
-    peak_bytes = f" ({format_bytes(max(result.peak_memory_bytes))})" if in_bytes else ""
-    console.print(
-        f"makespan {format_number(result.makespan)}  span {format_number(result.span)}  "
-        f"bubble {100 * result.bubble_ratio:.1f}%  peak memory {format_number(result.max_peak_memory)}{peak_bytes}"
-    )
-    say_recompute(sched, "counted in the times and the memory above", console.print)
-    if result.parameter_copies > 1:
-        console.print(
-            f"parameters: {result.parameter_copies}x a one-copy pipeline's per rank "
-            "(peak memory counts activations only)"
-        )
-    columns = [Column("rank"), Column("actions"), Column("busy"), Column("idle"), Column("peak memory")]
-    columns += [Column("peak bytes")] if in_bytes else []
-    rows = [[str(r), str(len(result.timeline[r])), format_number(result.busy[r]),
-             format_number(result.makespan - result.busy[r]), format_number(result.peak_memory[r]),
-             *((format_bytes(result.peak_memory_bytes[r]),) if in_bytes else ())] for r in range(sched.ranks)]
-    print_table(console, columns, rows)
 
 
 def compare_rows(setup: opt.Setup) -> list[dict]:
@@ -267,35 +185,3 @@ def compare(
         typer.echo(json_text(rows))
         return
     print_compare(s, rows)
-
-
-def print_compare(s: opt.Setup, rows: list[dict]) -> None:
-    """The compare table: one row per schedule, speed-up over 1f1b in the last column; the
-    schedules that could not be built are named below it, with why."""
-    from rich.console import Console
-
-    c = s.costs
-    title = (f"p={s.ranks} m={s.microbatches}  F,B,W={c.F:g},{c.B:g},{c.W:g} comm={c.comm:g}"
-             + (f" stage overhead={c.stage_overhead:g}" if c.stage_overhead else "")
-             + (f"  memory limit {s.memory_limit:g}" if s.memory_limit else ""))
-    columns = [Column("schedule", justify="left", wrap=True), Column("chunks", short="v"), Column("makespan"),
-               Column("span", drop=3), Column("bubble", drop=2), Column("peak memory (max)"),
-               Column("per rank", justify="left", drop=4), Column("vs 1f1b", drop=1)]
-    table, failed = [], []
-    for row in rows:
-        if "error" in row:
-            failed.append(f"  {row['schedule']} (chunks={row['chunks']}): not built: {row['error']}")
-            continue
-        peaks = row["peak_memory"]
-        per_rank = " ".join(f"{x:g}" for x in peaks) if len(peaks) <= 8 else f"{min(peaks):g}..{max(peaks):g}"
-        mark = "" if row.get("fits", True) else " [red](over limit)[/red]"
-        recomputed = row.get("recompute") or []
-        table.append([
-            row["schedule"] + (f" (recompute {','.join(map(str, recomputed))})" if recomputed else ""), str(row["chunks"]),
-            format_number(row["makespan"]), format_number(row["span"]), f"{100 * row['bubble_ratio']:.1f}%",
-            f"{max(peaks):g}{mark}", per_rank, f"{row.get('speedup_vs_1f1b', float('nan')):.3f}x",
-        ])
-    console = Console()
-    print_table(console, columns, table, title)
-    for line in failed:
-        console.print(line, style="red", highlight=False)

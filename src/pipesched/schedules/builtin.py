@@ -92,7 +92,7 @@ register(Family(
 ))
 register(Family(
     name="zb-v",
-    build=lambda r: v_family.build_zb_v(r.ranks, r.microbatches, r.chunks, r.costs, r.memory_limit, r.objective),
+    build=lambda r: v_family.build_zb_v(r.ranks, r.microbatches, r.costs, r.memory_limit, r.objective),
     summary="no bubble at 1F1B's memory: two chunks in a V, split backward (2x messages)",
     placement=Placement.V, split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2,
     memory="p (as 1F1B); any limit >= 1 accepted", uses_memory_limit=True, uses_objective=True,
@@ -125,7 +125,7 @@ register(Family(
 ))
 register(Family(
     name="v-half",
-    build=lambda r: v_family.build_v_half(r.ranks, r.microbatches, r.chunks, r.costs, r.memory_limit, r.objective),
+    build=lambda r: v_family.build_budgeted("v-half", r.ranks, r.microbatches, r.costs, r.memory_limit, r.objective),
     summary="half of 1F1B's activations, about half its bubble: V placement, split backward",
     placement=Placement.V, split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2,
     memory="(p+2)//2 (a lower limit >= 1 is honoured)", uses_memory_limit=True, uses_objective=True,
@@ -137,7 +137,7 @@ register(Family(
 ))
 register(Family(
     name="v-min",
-    build=lambda r: v_family.build_v_min(r.ranks, r.microbatches, r.chunks, r.costs, r.memory_limit, r.objective),
+    build=lambda r: v_family.build_budgeted("v-min", r.ranks, r.microbatches, r.costs, r.memory_limit, r.objective),
     summary="a third of 1F1B's activations at about 1F1B's speed: V placement, split backward",
     placement=Placement.V, split_backward=True, default_chunks=2, min_chunks=2, max_chunks=2,
     memory="(p+4)//3 (a lower limit >= 1 is honoured)", uses_memory_limit=True, uses_objective=True,

@@ -27,7 +27,7 @@ from typing import Optional
 
 from ..actions import Action
 from ..ops import Op
-from ..costs import UNIT, Costs
+from ..costs import Costs
 from ..errors import DeadlockError
 from ..placement import loop_placement
 from ..ranking import result_key, significant
@@ -117,13 +117,7 @@ def pick_fastest(candidates, costs: Costs, memory_limit: float) -> Schedule:
     return best
 
 
-def build_interleaved(
-    ranks: int,
-    microbatches: int,
-    chunks: int = 2,
-    costs: Optional[Costs] = None,
-    memory_limit: Optional[float] = None,
-) -> Schedule:
+def build_interleaved(ranks: int, microbatches: int, chunks: int, costs: Costs, memory_limit: Optional[float]) -> Schedule:
     """Interleaved 1F1B, Megatron order, the best group size for ``m`` under ``costs``.
 
     Larger groups hold more microbatches in flight: with ``memory_limit`` the fastest group
@@ -133,7 +127,6 @@ def build_interleaved(
     """
     placement = loop_placement(ranks, chunks)
     candidates = []
-    costs = costs or UNIT
     uneven = len(set(costs.multipliers(len(placement)))) > 1  # where larger groups can help
     for group in group_candidates(ranks, microbatches, larger=memory_limit is not None and uneven):
         orders = tuple(

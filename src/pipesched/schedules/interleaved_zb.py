@@ -14,7 +14,7 @@ from typing import Optional
 
 from ..actions import Action
 from ..ops import Op
-from ..costs import UNIT, Costs
+from ..costs import Costs
 from ..errors import DeadlockError
 from ..placement import loop_placement
 from ..schedule import Schedule
@@ -32,15 +32,8 @@ def search_width(ranks: int, microbatches: int) -> int:
     return len(WARMUPS_PER_HOP) * len(group_candidates(ranks, microbatches)) * placements
 
 
-def build(
-    ranks: int,
-    microbatches: int,
-    chunks: int = 2,
-    costs: Optional[Costs] = None,
-    memory_limit: Optional[float] = None,
-) -> Schedule:
+def build(ranks: int, microbatches: int, chunks: int, costs: Costs, memory_limit: Optional[float]) -> Schedule:
     """Interleaved ZB: the fastest candidate whose peak memory fits ``memory_limit``."""
-    costs = costs or UNIT
     limit = float(memory_limit) if memory_limit is not None else float(ranks)
     placement = loop_placement(ranks, chunks)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from typing import Iterator, Optional
 
-from ..costs import UNIT, Costs
+from ..costs import Costs
 from ..execution import TOLERANCE
 from ..placement import v_placement
 from ..schedule import Schedule
@@ -54,15 +54,6 @@ def greedy_v_candidates(
         yield build_greedy(placement, ranks, microbatches, costs, limit, k, name)
 
 
-def _finish(best, family: str, limit: float) -> Schedule:
-    if best is None:  # the greedy always fits a limit >= 1; reaching here is a bug
-        raise RuntimeError(f"{family}: no candidate fits memory_limit={limit:g}")
-    schedule, _ = best
-    if schedule.name == family:
-        return schedule  # no copy: keeps the programs that simulating it already lowered
-    return Schedule(schedule.ranks, schedule.microbatches, schedule.placement, schedule.orders, name=family)
-
-
 def _from_orders(ranks: int, microbatches: int, orders, name: str) -> Schedule:
     return Schedule(ranks, microbatches, v_placement(ranks), tuple(tuple(o) for o in orders), name=name)
 
@@ -94,22 +85,39 @@ def v_candidates(
     yield from greedy_v_candidates(ranks, microbatches, costs, limit, name, v_knobs(ranks, microbatches, reserves))
 
 
-def build_zb_v(
-    ranks: int,
-    microbatches: int,
-    chunks: int = 2,
-    costs: Optional[Costs] = None,
-    memory_limit: Optional[float] = None,
-    objective: str = "makespan",
-) -> Schedule:
+def build_zb_v(ranks: int, microbatches: int, costs: Costs, memory_limit: Optional[float], objective: str) -> Schedule:
     """ZB-V: the handcrafted program where it fits, else (or if faster) the best V construction."""
-    costs = costs or UNIT
     limit = resolve_limit(memory_limit, ranks, "zb-v")
     handcrafted = _from_orders(ranks, microbatches, [rank_order(r, ranks, microbatches) for r in range(ranks)], "zb-v")
     if _meets_work_bound(handcrafted, costs, limit, objective):
         return handcrafted  # nothing can be faster (always so at equal costs): skip the search
-    candidates = v_candidates(ranks, microbatches, costs, limit, "zb-v", "zb-v", first_built=handcrafted)
-    return _finish(best_schedule(candidates, costs, limit, objective), "zb-v", limit)
+    return _best_v(ranks, microbatches, costs, limit, objective, "zb-v", first_built=handcrafted)
+
+
+def build_budgeted(
+    family: str, ranks: int, microbatches: int, costs: Costs, memory_limit: Optional[float], objective: str,
+) -> Schedule:
+    """V-Half or V-Min (``family``): the fastest V schedule within the family's budget
+    (:data:`BUDGETS`), or within a lower ``memory_limit``."""
+    budget = BUDGETS[family](ranks)
+    limit = min(resolve_limit(memory_limit, budget, family), float(budget))
+    return _best_v(ranks, microbatches, costs, limit, objective, family)
+
+
+def _best_v(
+    ranks: int, microbatches: int, costs: Costs, limit: float, objective: str, family: str,
+    first_built: Optional[Schedule] = None,
+) -> Schedule:
+    """The fastest of the V pool (:func:`v_candidates`, ``family``'s own construction first)
+    within ``limit``, named for ``family``."""
+    best = best_schedule(v_candidates(ranks, microbatches, costs, limit, family, family, first_built),
+                         costs, limit, objective)
+    if best is None:  # the greedy always fits a limit >= 1; reaching here is a bug
+        raise RuntimeError(f"{family}: no candidate fits memory_limit={limit:g}")
+    schedule, _ = best
+    if schedule.name == family:
+        return schedule  # no copy: keeps the programs that simulating it already lowered
+    return Schedule(schedule.ranks, schedule.microbatches, schedule.placement, schedule.orders, name=family)
 
 
 def zb_v_searches(ranks: int, costs: Costs, memory_limit: Optional[float]) -> bool:
@@ -141,42 +149,13 @@ def _meets_work_bound(schedule: Schedule, costs: Costs, limit: float, objective:
 
 
 def v_half_limit(ranks: int) -> int:
+    """V-Half's peak, ``(p+2)//2`` M_B: about half of 1F1B's activations and half its bubble."""
     return (ranks + 2) // 2
 
 
 def v_min_limit(ranks: int) -> int:
+    """V-Min's peak, ``(p+4)//3`` M_B: about a third of 1F1B's activations, two thirds of its bubble."""
     return (ranks + 4) // 3
 
 
-def _build_budgeted(ranks, microbatches, costs, memory_limit, objective, family, budget) -> Schedule:
-    costs = costs or UNIT
-    limit = min(resolve_limit(memory_limit, budget, family), float(budget))
-    candidates = v_candidates(ranks, microbatches, costs, limit, family, family)
-    return _finish(best_schedule(candidates, costs, limit, objective), family, limit)
-
-
-def _budgeted_family(family: str, budget_of, summary: str):
-    def build(
-        ranks: int,
-        microbatches: int,
-        chunks: int = 2,
-        costs: Optional[Costs] = None,
-        memory_limit: Optional[float] = None,
-        objective: str = "makespan",
-    ) -> Schedule:
-        return _build_budgeted(ranks, microbatches, costs, memory_limit, objective, family,
-                               budget_of(ranks))
-
-    build.__name__ = f"build_{family.replace('-', '_')}"
-    build.__doc__ = summary
-    return build
-
-
-build_v_half = _budgeted_family(
-    "v-half", v_half_limit,
-    "V-Half: peak ``(p+2)//2`` (or a lower ``memory_limit``), about half of 1F1B's bubble.",
-)
-build_v_min = _budgeted_family(
-    "v-min", v_min_limit,
-    "V-Min: peak ``(p+4)//3`` (or a lower ``memory_limit``), about two thirds of 1F1B's bubble.",
-)
+BUDGETS = {"v-half": v_half_limit, "v-min": v_min_limit}  # the budgeted families' peaks, from p
