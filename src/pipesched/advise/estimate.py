@@ -21,8 +21,7 @@ from ..costs import Costs
 from ..errors import ConfigError
 from ..memory import MemorySizes, StageMemory
 from ..placement import loop_placement, v_placement
-# ATTENTION_KERNELS and DTYPE_BYTES only for cli/advise.py, which imports them from here
-from .transformer import ATTENTION_KERNELS, DTYPE_BYTES, TransformerSpec  # noqa: F401
+from .transformer import TransformerSpec
 
 BYTES_PER_PARAM = 16
 DEFAULT_TFLOPS = 150.0  # roughly an A100's bf16 peak at half utilisation

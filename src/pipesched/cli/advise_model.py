@@ -12,9 +12,8 @@ from typing import Optional
 
 import typer
 
-from ..advise.estimate import (
-    ATTENTION_KERNELS, DEFAULT_TFLOPS, DTYPE_BYTES, Hardware, TransformerCosts, TransformerSpec,
-)
+from ..advise.estimate import DEFAULT_TFLOPS, Hardware, TransformerCosts
+from ..advise.transformer import ATTENTION_KERNELS, DTYPE_BYTES, TransformerSpec
 from ..errors import ConfigError
 from .advise_flags import SearchFlags, or_default
 from .option_group import option_group
