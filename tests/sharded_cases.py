@@ -37,7 +37,7 @@ def build_stage(kind: str):
 
     prepare_split_backward()
     model = make_model(kind, torch.float32)
-    blocks = model_blocks(model, architecture_of(type(model).__name__))
+    blocks = model_blocks(model, architecture_of(model))
     return Stage(0, dict(enumerate(blocks))), plan_for(type(model).__name__)
 
 
