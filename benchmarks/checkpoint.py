@@ -16,11 +16,11 @@ from time import perf_counter
 import torch
 
 import pipesched
-from pipesched.runtime import checkpoint, checkpoint_files
+from pipesched.runtime.checkpoints import checkpoint_files
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
-from pipesched.runtime.launch import spawn
-from pipesched.runtime.models import get_model
-from pipesched.runtime.train import make_optimizer
+from pipesched.runtime.launching.launch import spawn
+from pipesched.runtime.training.models import get_model
+from pipesched.runtime.training.train import make_optimizer
 
 BATCH, MICROBATCHES, REPEATS = 64, 8, 5
 

@@ -24,9 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import pipesched  # noqa: E402
-from pipesched.runtime.launch import spawn  # noqa: E402
 from runtime_cases import STEPS, reference, relative_error, run_data_parallel  # noqa: E402
+
+import pipesched  # noqa: E402
+from pipesched.runtime.launching.launch import spawn  # noqa: E402
 
 SIZES = {"mlp": dict(blocks=5, dim=16, hidden=32), "gpt": dict(layers=2, dim=16, heads=2, context=8)}
 BATCH = 16
@@ -75,11 +76,11 @@ def overlap_worker(rank: int, world: int, job: tuple) -> dict:
     reduced, and the all-reduce time of each of its stages."""
     import torch.distributed as dist
 
+    from pipesched.runtime.comm.latency import measure_latency
+    from pipesched.runtime.comm.mesh import init_pipeline_mesh
     from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
-    from pipesched.runtime.mesh import init_pipeline_mesh
-    from pipesched.runtime.models import get_model
-    from pipesched.runtime.latency import measure_latency
-    from pipesched.runtime.train import make_optimizer
+    from pipesched.runtime.training.models import get_model
+    from pipesched.runtime.training.train import make_optimizer
 
     name, rounds = job
     md = get_model("mlp", **OVERLAP_MODEL)
@@ -159,7 +160,7 @@ def _predict(schedule, mode: dict, reduce_s: list[float], latency: float, overla
     measured p2p latency, each stage's measured all-reduce on that timeline, then the closing."""
     from pipesched.advise.layout import AllReduceCost, gradient_sync
     from pipesched.execution import execute
-    from pipesched.runtime.timeline import makespan
+    from pipesched.runtime.metering.timeline import makespan
 
     costs = costs_of(mode["timelines"])
     orders = [schedule.rank_actions(r) for r in range(schedule.ranks)]
@@ -171,7 +172,7 @@ def _predict(schedule, mode: dict, reduce_s: list[float], latency: float, overla
 
 
 def overlap() -> list[str]:
-    from pipesched.runtime.timeline import makespan, mean_costs, median_costs
+    from pipesched.runtime.metering.timeline import makespan, mean_costs, median_costs
 
     lines = [
         f"mlp {OVERLAP_MODEL}, P=2, D=2 (4 gloo processes, one thread each), global batch {OVERLAP_BATCH}, "

@@ -30,11 +30,16 @@ import torch
 
 import pipesched
 from pipesched.errors import ConfigError
-from pipesched.runtime.copies import balanced_block_counts
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
-from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_torchrun
-from pipesched.runtime.models import get_model
-from pipesched.runtime.train import make_optimizer
+from pipesched.runtime.launching.launch import (
+    rank_device,
+    run_torchrun,
+    spawn,
+    under_torchrun,
+)
+from pipesched.runtime.stages.copies import balanced_block_counts
+from pipesched.runtime.training.models import get_model
+from pipesched.runtime.training.train import make_optimizer
 
 SCHEDULES = ("dualpipe", "dualpipev", "zb-v")
 SUM_AT_END = "dualpipe, sum after the last action"
@@ -116,7 +121,7 @@ def streams_worker(rank: int, world: int, job: tuple) -> list:
 
 def _reference(md, device) -> dict:
     """The single-process model's parameters after three SGD steps, on ``device``'s results."""
-    from pipesched.runtime.partition import build_block_seeded
+    from pipesched.runtime.stages.partition import build_block_seeded
 
     model = torch.nn.Sequential(*(build_block_seeded(md.build_block, i, SEED) for i in range(md.num_blocks))).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=LR)

@@ -20,9 +20,14 @@ import torch
 import pipesched
 from pipesched.errors import ConfigError
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
-from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_torchrun
-from pipesched.runtime.models import get_model
-from pipesched.runtime.partition import build_block_seeded
+from pipesched.runtime.launching.launch import (
+    rank_device,
+    run_torchrun,
+    spawn,
+    under_torchrun,
+)
+from pipesched.runtime.stages.partition import build_block_seeded
+from pipesched.runtime.training.models import get_model
 
 SIZE = dict(blocks=7, dim=64, hidden=128)
 BATCH, MICROBATCHES, STEPS, SEED, LR, TOL = 16, 4, 3, 3, 0.05, 1e-5
@@ -51,7 +56,7 @@ def _rel(got: dict, want: dict) -> float:
 
 
 def worker(rank: int, world: int, dp: int) -> list:
-    from pipesched.runtime.mesh import init_pipeline_mesh
+    from pipesched.runtime.comm.mesh import init_pipeline_mesh
 
     device = rank_device()
     md = get_model("mlp", **SIZE)

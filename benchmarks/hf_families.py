@@ -24,7 +24,7 @@ import sys
 import torch
 
 import pipesched
-from pipesched.runtime.launch import spawn
+from pipesched.runtime.launching.launch import spawn
 
 BOUNDS = {"float64": 1e-10, "fp32": 1e-5}
 

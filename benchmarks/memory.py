@@ -37,11 +37,16 @@ import torch
 import torch.distributed as dist
 
 import pipesched
-from pipesched.runtime.copies import balanced_block_counts
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
-from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_torchrun
-from pipesched.runtime.models import get_model
-from pipesched.runtime.train import make_optimizer
+from pipesched.runtime.launching.launch import (
+    rank_device,
+    run_torchrun,
+    spawn,
+    under_torchrun,
+)
+from pipesched.runtime.stages.copies import balanced_block_counts
+from pipesched.runtime.training.models import get_model
+from pipesched.runtime.training.train import make_optimizer
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min", "dualpipe")
 ORDER = ("v-min", "v-half", "zb-v", "1f1b", "zb-h1", "zb-h2", "gpipe")

@@ -24,8 +24,8 @@ from time import thread_time
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from pipesched.runtime.memory_meter import ActivationMeter
-from pipesched.runtime.models import ResidualMLP
+from pipesched.runtime.metering.memory_meter import ActivationMeter
+from pipesched.runtime.training.models import ResidualMLP
 
 SIZES = ((256, 1024, 8), (512, 2048, 8), (1024, 4096, 8), (1024, 4096, 64))  # (width, hidden, samples)
 BLOCKS = 4

@@ -21,20 +21,28 @@ import statistics
 import sys
 from time import perf_counter
 
+import split_block  # benchmarks/split_block.py, next to this script
 import torch
 import torch.distributed as dist
 from torch import nn
 
 import pipesched
-from pipesched.runtime.copies import balanced_block_counts
+from pipesched.runtime.comm.latency import measure_latency
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
-from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_torchrun
-from pipesched.runtime.models import get_model
-from pipesched.runtime.partition import build_block_seeded, stage_block_ranges
-from pipesched.runtime.timeline import compare_to_simulation, median_costs, replayed_makespan
-from pipesched.runtime.latency import measure_latency
-
-import split_block  # benchmarks/split_block.py, next to this script
+from pipesched.runtime.launching.launch import (
+    rank_device,
+    run_torchrun,
+    spawn,
+    under_torchrun,
+)
+from pipesched.runtime.metering.timeline import (
+    compare_to_simulation,
+    median_costs,
+    replayed_makespan,
+)
+from pipesched.runtime.stages.copies import balanced_block_counts
+from pipesched.runtime.stages.partition import build_block_seeded, stage_block_ranges
+from pipesched.runtime.training.models import get_model
 
 PAIRS = [  # ours, torch's class
     ("1f1b", "Schedule1F1B"),
@@ -136,7 +144,7 @@ def bench_worker(rank: int, world: int, job: tuple) -> dict:
         return {}
     step_times = {k: [max(g[0][k][i] for g in gathered) for i in range(len(times[k]))] for k in times}
     timelines = {k: [[g[1][k][i] for g in gathered] for i in range(len(spans[k]))] for k in spans}
-    from pipesched.runtime import launch
+    from pipesched.runtime.launching import launch
 
     return {"step_times": step_times, "timelines": timelines, "latency": latency, "memory_kept": launch.memory_kept}
 

@@ -10,7 +10,7 @@ pipesched cuts them into (``balanced_block_counts``), the same seeded weights, e
 position (kept gathered between forward and backward, torchtitan's choice under pipelining), run
 by ``Schedule1F1B`` and ``ScheduleZBVZeroBubble`` (which unshard, reshard and reduce the
 gradients themselves), AdamW. The ranks are placed as pipesched's runtime places them
-(:data:`pipesched.runtime.sharded_mesh.RUNTIME_ORDER`). Each variant takes turns with the others
+(:data:`pipesched.runtime.sharding.sharded_mesh.RUNTIME_ORDER`). Each variant takes turns with the others
 on the same processes (the machine is noisy): step times are the slowest rank's, medians of
 ``rounds`` turns of ``BURST`` steps. Before timing, every variant's first loss is checked against
 the unsharded model's on the same batch.
@@ -36,11 +36,16 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import pipesched  # noqa: E402
-from pipesched.runtime.copies import balanced_block_counts  # noqa: E402
-from pipesched.runtime.launch import rank_device, run_torchrun, spawn, under_torchrun  # noqa: E402
-from pipesched.runtime.models import gpt_model  # noqa: E402
-from pipesched.runtime.partition import build_stage, stage_block_ranges  # noqa: E402
-from pipesched.runtime.sharded_mesh import init_sharded_mesh, runtime_layout  # noqa: E402
+from pipesched.runtime.launching.launch import (  # noqa: E402
+    rank_device,
+    run_torchrun,
+    spawn,
+    under_torchrun,
+)
+from pipesched.runtime.sharding.sharded_mesh import init_sharded_mesh, runtime_layout  # noqa: E402
+from pipesched.runtime.stages.copies import balanced_block_counts  # noqa: E402
+from pipesched.runtime.stages.partition import build_stage, stage_block_ranges  # noqa: E402
+from pipesched.runtime.training.models import gpt_model  # noqa: E402
 
 LAYOUT = dict(pp=2, dp_shard=2)
 SIZE = dict(layers=6, dim=64, heads=4, context=32)
@@ -172,8 +177,9 @@ def check_worker(rank: int, world: int, _payload=None) -> dict:
 
 
 def check_table(ranks: dict) -> list[str]:
-    from pipesched.sharded_bytes import rank_state_bytes
     from test_sharded_stages import CASES, GRAD_TOLERANCE, layout_of
+
+    from pipesched.sharded_bytes import rank_state_bytes
 
     lines = ["| layout | model | rank | grad error | weight error | split - fused | bytes measured / predicted |",
              "|---|---|---|---|---|---|---|"]

@@ -1,6 +1,6 @@
 """Split backward on one transformer block: time(I) + time(W) against one full backward (B).
 
-The runtime's own split (``pipesched.runtime.split_backward``) against ordinary autograd on a
+The runtime's own split (``pipesched.runtime.engine.split_backward``) against ordinary autograd on a
 copy of the same block, alternating, medians. CPU runs on one thread; CUDA synchronises around
 every timed phase, so launch overheads count as they would in a step.
 
@@ -18,8 +18,12 @@ from time import perf_counter
 
 import torch
 
-from pipesched.runtime.models import TransformerBlock
-from pipesched.runtime.split_backward import WeightGradStash, apply_weight_grads, make_weight_grads_deferrable
+from pipesched.runtime.engine.split_backward import (
+    WeightGradStash,
+    apply_weight_grads,
+    make_weight_grads_deferrable,
+)
+from pipesched.runtime.training.models import TransformerBlock
 
 
 def measure(device: str = "cpu", dim: int = 128, heads: int = 4, context: int = 32, batch: int = 8,

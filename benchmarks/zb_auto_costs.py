@@ -26,15 +26,19 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+from pipesched.cli.train_zb_auto import (
+    chunks_for_model,
+    zb_auto_inputs,
+    zb_auto_profile,
+)
 
 import pipesched
-from pipesched.cli.train_zb_auto import chunks_for_model, zb_auto_inputs, zb_auto_profile
-from pipesched.memory import schedule_recompute
 from pipesched.costs import UNIT
-from pipesched.runtime.copies import balanced_block_counts
+from pipesched.memory import schedule_recompute
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
-from pipesched.runtime.launch import spawn
-from pipesched.runtime.models import get_model
+from pipesched.runtime.launching.launch import spawn
+from pipesched.runtime.stages.copies import balanced_block_counts
+from pipesched.runtime.training.models import get_model
 
 BATCH, MICROBATCHES, SEED, LR = 64, 8, 0, 0.05  # train's defaults
 

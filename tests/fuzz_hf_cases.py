@@ -87,7 +87,7 @@ def config_cases(count: int, seed: int, folder: Path) -> list[list[str]]:
 
 def step_folder(folder: Path) -> Path:
     """A step folder with two files and its manifest (written as pipesched writes it)."""
-    from pipesched.runtime.checkpoint_manifest import write_manifest
+    from pipesched.runtime.checkpoints.checkpoint_manifest import write_manifest
 
     step = folder / "step-000003"
     step.mkdir(parents=True)

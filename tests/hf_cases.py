@@ -205,7 +205,7 @@ def run_pipelines(rank: int, world: int, job: dict) -> dict:
     """For every (label, model kind, schedule) of ``job``: train STEPS steps of ``job["batches"]``
     with pipesched.hf; rank 0 returns losses, first gradients and final weights by the model's names."""
     from pipesched import hf
-    from pipesched.runtime.mesh import init_pipeline_mesh
+    from pipesched.runtime.comm.mesh import init_pipeline_mesh
     from pipesched.runtime.options import RuntimeOptions
 
     out, meshes = {}, {}
@@ -258,7 +258,7 @@ def save_and_resume(rank: int, world: int, job: dict) -> dict:
     loaded = hf.pipeline(config, one, optimizer=adamw, sample_batch=batches[0], weights=f"{folder}/saved")
     out["loaded"] = loaded.gather_state_dict()
     resumed = hf.pipeline(config, one, optimizer=adamw, sample_batch=batches[0], seed=99)
-    from pipesched.runtime import checkpoint
+    from pipesched.runtime.checkpoints import checkpoint
 
     out["resumed_from"] = hf.load_checkpoint(resumed, checkpoint.latest(f"{folder}/ck"))
     resumed.step(batches[2])

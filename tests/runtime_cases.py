@@ -9,11 +9,15 @@ import time
 import torch
 from torch import nn
 
-from pipesched.runtime import checkpoint
-from pipesched.runtime.copies import input_ranks, loss_ranks
+from pipesched.runtime.checkpoints import checkpoint
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
-from pipesched.runtime.models import get_model
-from pipesched.runtime.train import TrainConfig, make_optimizer, train_reference
+from pipesched.runtime.stages.copies import input_ranks, loss_ranks
+from pipesched.runtime.training.models import get_model
+from pipesched.runtime.training.train import (
+    TrainConfig,
+    make_optimizer,
+    train_reference,
+)
 
 STEPS = 3
 
@@ -155,7 +159,7 @@ def nonfinite_run(rank: int, world: int, job: tuple) -> list:
 
 def rank_setup(rank: int, world: int, _job) -> tuple[int, bool]:
     """What a spawned rank runs with: its compute threads and whether freed memory is kept."""
-    from pipesched.runtime import launch
+    from pipesched.runtime.launching import launch
 
     return torch.get_num_threads(), launch.memory_kept
 
@@ -216,7 +220,7 @@ def ids_batch(step: int, batch: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train_ids_reference(batch: int = 8) -> dict:
-    from pipesched.runtime.partition import build_block_seeded
+    from pipesched.runtime.stages.partition import build_block_seeded
 
     model = nn.Sequential(*(build_block_seeded(ids_alongside_block, i, 3) for i in range(5)))
     return _train_module(model, lambda step: ids_batch(step, batch), tied_loss)
@@ -240,10 +244,10 @@ def staging_decision(rank: int, world: int, _job) -> bool:
     """Whether a rank's transport would stage messages through host memory for a device other
     than the CPU, over gloo (on 3 ranks a rank is not a member of every link group)."""
     import pipesched
-    from pipesched.runtime.boundary import Boundary
-    from pipesched.runtime.p2p import Transport, make_link_groups
-    from pipesched.runtime.instructions import ACT, GRAD
-    from pipesched.runtime.program import links, lower
+    from pipesched.runtime.comm.p2p import Transport, make_link_groups
+    from pipesched.runtime.program.instructions import ACT, GRAD
+    from pipesched.runtime.program.program import links, lower
+    from pipesched.runtime.stages.boundary import Boundary
 
     schedule = pipesched.build_schedule("1f1b", world, 2)
     groups = make_link_groups(links(schedule), 30)
@@ -269,7 +273,6 @@ def checkpoint_crash_run(rank: int, world: int, job: tuple) -> None:
     middle of writing the second checkpoint, after its data file and before the metadata."""
     import torch.distributed.checkpoint as dcp
 
-    from pipesched.runtime import checkpoint
 
     directory, schedule = job
     md = get_model("mlp", **CHECKPOINT_MODEL)
@@ -295,7 +298,7 @@ def run_data_parallel(rank: int, world: int, job: tuple) -> dict:
     (a 2D mesh of the world) for STEPS steps on the global batch; rank 0 returns losses,
     first-step grads and params, every rank's place on the mesh, and, after one more step of the
     last runtime on a batch with an infinite sample, whether each rank skipped it unchanged."""
-    from pipesched.runtime.mesh import init_pipeline_mesh
+    from pipesched.runtime.comm.mesh import init_pipeline_mesh
 
     model, size, batch, runs, dp = job
     md = get_model(model, **size)
@@ -336,7 +339,6 @@ def copies_checkpoint_run(rank: int, world: int, job: tuple) -> tuple:
     Returns every rank's parameters after each (unpipelined names), gathered everywhere."""
     import torch.distributed as dist
 
-    from pipesched.runtime import checkpoint
 
     directory, schedule = job
     md = get_model("mlp", **CHECKPOINT_MODEL)
@@ -403,7 +405,7 @@ def _train_module(model: nn.Module, batch, loss_fn) -> dict:
 def prebuilt_run(rank: int, world: int, schedules: list) -> dict:
     """Each schedule over blocks of a model built before its runtime (a fresh one per schedule:
     the previous runtime trained the last), through ``sequential_builder``."""
-    from pipesched.runtime.partition import sequential_builder
+    from pipesched.runtime.stages.partition import sequential_builder
 
     out = {}
     for label, schedule in schedules:
@@ -447,7 +449,7 @@ def tied_batch(step: int, batch: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
 
 def train_tied_reference(batch: int = 8) -> dict:
     """The unpipelined tied model (block ``i`` seeded ``3 + i``; the head takes the embedding's weight)."""
-    from pipesched.runtime.partition import build_block_seeded
+    from pipesched.runtime.stages.partition import build_block_seeded
 
     model = nn.Sequential(*(build_block_seeded(tied_block, i, 3) for i in range(TIED_BLOCKS)))
     model[TIED_BLOCKS - 1].weight = model[0].weight
@@ -460,7 +462,7 @@ def tied_run(rank: int, world: int, job: tuple) -> dict:
     equal (each rank's copy gathered everywhere)."""
     import torch.distributed as dist
 
-    from pipesched.runtime.mesh import init_pipeline_mesh
+    from pipesched.runtime.comm.mesh import init_pipeline_mesh
 
     schedules, dp, batch, *resumes = job
     out = {}
@@ -524,7 +526,7 @@ def context_batch(step: int, batch: int = 8) -> tuple[torch.Tensor, torch.Tensor
 
 def train_context_reference(batch: int = 8) -> dict:
     """The unpipelined run of the masked model, given the whole batch's context."""
-    from pipesched.runtime.partition import Stage, build_block_seeded
+    from pipesched.runtime.stages.partition import Stage, build_block_seeded
 
     model = Stage(0, {i: build_block_seeded(masked_block, i, 3) for i in range(4)})
     contexts = [context_batch(step, batch)[2] for step in range(STEPS)]

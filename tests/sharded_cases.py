@@ -21,15 +21,16 @@ LR = 0.1  # SGD's, large enough that a wrong gradient moves the weights visibly
 
 def build_stage(kind: str):
     """(stage, plan) of a tiny fp32 model, the whole model as one stage, on the CPU."""
-    from pipesched.runtime.partition import Stage, build_stage
-    from pipesched.runtime.tp_plans import plan_for
+    from pipesched.runtime.sharding.tp_plans import plan_for
+    from pipesched.runtime.stages.partition import Stage, build_stage
 
     if kind == "gpt":
-        from pipesched.runtime.models import gpt_model
+        from pipesched.runtime.training.models import gpt_model
 
         md = gpt_model(layers=2, dim=32, heads=4, context=16)
         return build_stage(md.build_block, range(md.num_blocks), 0, 0, torch.device("cpu")), plan_for("gpt")
     from hf_cases import make_model
+
     from pipesched.hf.architectures import architecture_of
     from pipesched.hf.blocks import model_blocks
     from pipesched.hf.splitting import prepare_split_backward
@@ -42,7 +43,7 @@ def build_stage(kind: str):
 
 def step_batch(kind: str, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     if kind == "gpt":
-        from pipesched.runtime.datasets import text_batch
+        from pipesched.runtime.training.datasets import text_batch
 
         return text_batch(step, size, 0, 16)
     from hf_cases import make_batch
@@ -86,12 +87,23 @@ def gathered(tensors: dict) -> dict:
 def sharded_run(stage, plan, kind, batches, mesh, optimizer_cls, split: bool, reshard_after_forward: bool) -> dict:
     """``stage`` sharded on ``mesh``, trained on this rank's share of ``batches``: the gathered
     gradients and weights after each step, and the bytes held after the last."""
-    from pipesched.runtime.sharded_measure import gathered_bytes, held_bytes
-    from pipesched.runtime.sharding import (gradient_divisor, no_sync_backward, reduce_grad, reshard, shard_stage,
-                                            unshard, wait)
+    from pipesched.runtime.sharding.sharded_measure import gathered_bytes, held_bytes
+    from pipesched.runtime.sharding.sharding import (
+        gradient_divisor,
+        no_sync_backward,
+        reduce_grad,
+        reshard,
+        shard_stage,
+        unshard,
+        wait,
+    )
 
     regather = split and reshard_after_forward  # then also a RESHARD and an UNSHARD between each I and its W
-    from pipesched.runtime.split_backward import WeightGradStash, apply_weight_grads, make_weight_grads_deferrable
+    from pipesched.runtime.engine.split_backward import (
+        WeightGradStash,
+        apply_weight_grads,
+        make_weight_grads_deferrable,
+    )
 
     stash = WeightGradStash()
     if split:
@@ -136,8 +148,11 @@ def largest_difference(got: list[dict], want: list[dict]) -> float:
 def run_case(layout_sizes: dict, kinds: list, device: str = "cpu", timeout_s: float = 120) -> dict:
     """Every model of ``kinds`` on one layout: errors against the reference, split against fused,
     bytes (``layout_sizes`` may say ``reshard_after_forward``)."""
-    from pipesched.runtime.sharded_mesh import init_sharded_mesh, runtime_layout
-    from pipesched.runtime.tp_plans import param_specs
+    from pipesched.runtime.sharding.sharded_mesh import (
+        init_sharded_mesh,
+        runtime_layout,
+    )
+    from pipesched.runtime.sharding.tp_plans import param_specs
 
     layout_sizes = dict(layout_sizes)
     resharded = layout_sizes.pop("reshard_after_forward", False)
@@ -177,8 +192,11 @@ def placements(rank: int, world: int, _payload=None) -> dict:
     coordinates at pp 2 x dp_shard 2."""
     import torch.distributed as dist
 
-    from pipesched.runtime.mesh import init_pipeline_mesh
-    from pipesched.runtime.sharded_mesh import init_sharded_mesh, runtime_layout
+    from pipesched.runtime.comm.mesh import init_pipeline_mesh
+    from pipesched.runtime.sharding.sharded_mesh import (
+        init_sharded_mesh,
+        runtime_layout,
+    )
 
     def seen(mesh) -> tuple:
         groups = [dist.get_process_group_ranks(g) if g is not None else None for g in (mesh.pp_group, mesh.dp_group)]
@@ -201,13 +219,16 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
     batch; rank 0 returns its losses, first-step gradients and final weights, gathered whole."""
     from runtime_cases import STEPS
 
-    from pipesched.runtime.copies import input_ranks, loss_ranks
     from pipesched.runtime.executor import PipelineRuntime
-    from pipesched.runtime.models import get_model
-    from pipesched.runtime.optimizers import make_optimizer
     from pipesched.runtime.options import RuntimeOptions
-    from pipesched.runtime.sharded_mesh import init_sharded_mesh, runtime_layout
-    from pipesched.runtime.tp_plans import plan_for
+    from pipesched.runtime.sharding.sharded_mesh import (
+        init_sharded_mesh,
+        runtime_layout,
+    )
+    from pipesched.runtime.sharding.tp_plans import plan_for
+    from pipesched.runtime.stages.copies import input_ranks, loss_ranks
+    from pipesched.runtime.training.models import get_model
+    from pipesched.runtime.training.optimizers import make_optimizer
 
     size, batch, runs = job
     md = get_model("gpt", **size)
@@ -240,11 +261,14 @@ def hf_pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
     """Each (label, model kind, schedule, (dp_replicate, dp_shard, tp)) of ``job``: a Hugging Face
     model pipelined by ``pipesched.hf.pipeline`` over the sharded layout, fp32, SGD, on
     ``job``'s batches; rank 0 returns the losses, first gradients and final weights."""
-    import pipesched.hf as hf
     from hf_cases import make_model
 
+    import pipesched.hf as hf
     from pipesched.runtime.options import RuntimeOptions
-    from pipesched.runtime.sharded_mesh import init_sharded_mesh, runtime_layout
+    from pipesched.runtime.sharding.sharded_mesh import (
+        init_sharded_mesh,
+        runtime_layout,
+    )
 
     runs, batches = job
     meshes, out = {}, {}

@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import concurrently, run_cli
 
 torch = pytest.importorskip("torch")
 
 from pipesched import build_schedule, simulate  # noqa: E402
 from pipesched.advise.search import NoCandidateFitsError  # noqa: E402
-from pipesched.runtime.profile import FITTED, advise_from_profile, fitted_cost, profile  # noqa: E402
+from pipesched.runtime.training.profile import (  # noqa: E402
+    FITTED,
+    advise_from_profile,
+    fitted_cost,
+    profile,
+)
 
 SMALL = dict(blocks=4, dim=32, hidden=64)
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import run_cli
 
 import pipesched
-from pipesched import CSVFormatError, ConfigError
-from pipesched.runtime.program import lower_all
+from pipesched import ConfigError, CSVFormatError
+from pipesched.runtime.program.program import lower_all
 from pipesched.schedule_files import csv_text, load_csv_file, parse_csv
-from conftest import run_cli
 
 
 def _built(ranks=4, microbatches=8):

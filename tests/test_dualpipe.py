@@ -11,7 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipesched import Costs, ConfigError, CSVFormatError, Schedule, build_schedule, simulate, validate
+from pipesched import (
+    ConfigError,
+    Costs,
+    CSVFormatError,
+    Schedule,
+    build_schedule,
+    simulate,
+    validate,
+)
 from pipesched.actions import Action, Overlap, sub_actions
 from pipesched.simulate import action_durations
 
@@ -119,8 +127,13 @@ def test_odd_ranks_and_a_single_microbatch_are_refused(p, m, fragment):
 
 def test_the_runtime_builds_each_rank_one_stage_of_each_copy_fed_from_both_ends():
     pytest.importorskip("torch")
-    from pipesched.runtime.copies import ModelCopies, balanced_block_counts, input_ranks, loss_ranks
     from pipesched.balance import balanced_counts
+    from pipesched.runtime.stages.copies import (
+        ModelCopies,
+        balanced_block_counts,
+        input_ranks,
+        loss_ranks,
+    )
 
     schedule = build_schedule("dualpipe", 4, 8)
     copies = ModelCopies(schedule)
@@ -147,11 +160,11 @@ def late_finishing_copy(schedule: Schedule) -> Schedule:
 
 def test_a_rank_starts_summing_a_stage_with_its_copy_when_both_ranks_finish_stages_in_one_order():
     pytest.importorskip("torch")
-    from pipesched.runtime.copies import ModelCopies
-    from pipesched.runtime.partition import stage_block_ranges
     from pipesched.ops import Op
-    from pipesched.runtime.program import lower
-    from pipesched.runtime.reduction import item_layouts, overlappable
+    from pipesched.runtime.comm.reduction import item_layouts, overlappable
+    from pipesched.runtime.program.program import lower
+    from pipesched.runtime.stages.copies import ModelCopies
+    from pipesched.runtime.stages.partition import stage_block_ranges
 
     def copies_finish_in_step(schedule) -> bool:
         layouts = item_layouts(schedule, ModelCopies(schedule).stage_ranges(stage_block_ranges(8, schedule.ranks)), ())
@@ -171,11 +184,11 @@ def test_a_rank_starts_summing_a_stage_with_its_copy_when_both_ranks_finish_stag
 
 @pytest.mark.parametrize("p", [2, 4])
 def test_each_copys_messages_flow_its_own_way_and_the_trace_draws_every_one(p):
+    from pipesched.ops import SENDS
     from pipesched.render.timeline import Timeline
     from pipesched.render.trace import cross_rank_edges
-    from pipesched.ops import SENDS
-    from pipesched.runtime.instructions import ACT
-    from pipesched.runtime.program import lower
+    from pipesched.runtime.program.instructions import ACT
+    from pipesched.runtime.program.program import lower
 
     schedule = build_schedule("dualpipe", p, 2 * p)
     messages = [i.message for r in range(p) for i in lower(schedule, r).instructions if i.op in SENDS]

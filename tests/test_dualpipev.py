@@ -12,7 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipesched import Costs, CSVFormatError, Schedule, ScheduleError, build_schedule, simulate, validate
+from pipesched import (
+    Costs,
+    CSVFormatError,
+    Schedule,
+    ScheduleError,
+    build_schedule,
+    simulate,
+    validate,
+)
 from pipesched.actions import Action, Overlap, parse_slot
 from pipesched.errors import DeadlockError
 from pipesched.placement import v_placement
@@ -109,8 +117,8 @@ def test_drawings_split_an_overlapped_slot_in_two_half_boxes():
 
 def test_overlapped_halves_run_one_after_the_other_on_a_cpu_and_are_marked_for_cuda_streams():
     torch = pytest.importorskip("torch")
-    from pipesched.runtime.overlap_streams import OverlapStreams
-    from pipesched.runtime.program import lower
+    from pipesched.runtime.engine.overlap_streams import OverlapStreams
+    from pipesched.runtime.program.program import lower
 
     schedule = build_schedule("dualpipev", 1, 8)
     code = [i for i in lower(schedule, 0).instructions if i.action is not None]

@@ -5,14 +5,14 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import SRC
 
 import pipesched
 from pipesched.actions import B, F, I, W
 from pipesched.dependencies import Output, consumer_stage, dependency
 from pipesched.execution import NO_DEPENDENCY, TOLERANCE, crosses_ranks, latency
 from pipesched.ops import Op
-from pipesched.runtime.program import lower
-from conftest import SRC
+from pipesched.runtime.program.program import lower
 
 
 def test_each_pass_waits_for_its_input():

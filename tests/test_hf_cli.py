@@ -11,7 +11,6 @@ import re
 
 import numpy as np
 import pytest
-
 from conftest import concurrently, run_cli
 
 pytest.importorskip("transformers")
@@ -45,7 +44,7 @@ def configs(tmp_path_factory) -> dict:
 def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loads(tmp_path, configs):
     from transformers import AutoModelForCausalLM
 
-    from pipesched.runtime.models import get_model
+    from pipesched.runtime.training.models import get_model
 
     data = tmp_path / "data.bytes"  # neither a token file nor text: its bytes are the token ids (modulo 64)
     data.write_bytes(bytes(range(256)) * 8)
@@ -85,11 +84,10 @@ def test_advise_profiles_the_model_and_train_auto_trains_the_schedule_it_chooses
     """``advise --profile`` on a Llama config recommends a schedule and prints the command that
     trains it on that model; ``train -s auto`` on (tied) GPT-2 profiles, chooses, trains and
     checkpoints the tied weight once, under its group's first name."""
+    from test_cli_tables import check_uncut, run_at_80
     from transformers import AutoModelForCausalLM
 
     from pipesched.registry import schedule_names
-
-    from test_cli_tables import check_uncut, run_at_80
 
     small = ["--batch-size", "8", "--profile-steps", "2"]
     advise = ["advise", "--profile", "--model", f"hf:{configs['llama']}", "-p", "2", *small]
@@ -121,7 +119,7 @@ def checkpoint_names(folder) -> set[str]:
     """The model's tensors a ``train --checkpoint-dir`` checkpoint holds (its newest step), by name."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    from pipesched.runtime.checkpoint import latest
+    from pipesched.runtime.checkpoints.checkpoint import latest
 
     keys = FileSystemReader(str(latest(folder))).read_metadata().state_dict_metadata
     return {key.removeprefix("model.") for key in keys if key.startswith("model.")}
@@ -157,9 +155,9 @@ def test_bad_input_is_one_line_and_exit_2_before_any_rank_starts(configs):
 def test_what_the_command_refuses_is_refused_by_the_model_it_builds(configs, tmp_path):
     """The rest of the refusals, raised where the command raises them (building the model)."""
     from pipesched import hf
-    from pipesched.errors import ConfigError
     from pipesched.cli.train_hf import hf_model_options
-    from pipesched.runtime.models import get_model
+    from pipesched.errors import ConfigError
+    from pipesched.runtime.training.models import get_model
 
     gpt2 = hf.init_model(make_config("gpt2"))
     gpt2.save_pretrained(tmp_path / "gpt2")  # weights of another config than Llama's
@@ -225,7 +223,7 @@ def test_weights_are_read_by_name_and_a_tied_head_from_its_embedding(configs, tm
     """A folder save_pretrained wrote (GPT-2's holds its tied head once, as the embedding) loads
     into the blocks built from the config, every entry equal."""
     from pipesched import hf
-    from pipesched.runtime.models import get_model
+    from pipesched.runtime.training.models import get_model
 
     torch.manual_seed(3)
     gpt2 = hf.init_model(make_config("gpt2"), seed=3)
@@ -244,12 +242,12 @@ def test_moe_folders_transformers_wrote_load_by_its_own_conversion_and_save_back
     config read that folder through transformers' own conversion (the fused ``gate_up_proj`` it
     stacks and concatenates), give the logits ``from_pretrained`` gives, and what
     ``save_pretrained`` writes of them loads in transformers with the same logits."""
+    from hf_cases import make_batch
     from transformers import AutoModelForCausalLM
 
-    from hf_cases import make_batch
     from pipesched import hf
     from pipesched.hf.saving import write_pretrained
-    from pipesched.runtime.models import get_model
+    from pipesched.runtime.training.models import get_model
 
     config = make_config(kind)
     config.to_json_file(str(tmp_path / "config.json"))

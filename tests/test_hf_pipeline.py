@@ -27,13 +27,22 @@ import pytest
 
 pytest.importorskip("transformers")
 import torch  # noqa: E402
-
-import pipesched  # noqa: E402
-from hf_cases import (FAMILIES, LR, STEPS, Float64Throughout, keyed_reference, make_batch, make_config,  # noqa: E402
-                      make_model, padded_batches, reference)
+from hf_cases import (  # noqa: E402
+    FAMILIES,
+    LR,
+    STEPS,
+    Float64Throughout,
+    keyed_reference,
+    make_batch,
+    make_config,
+    make_model,
+    padded_batches,
+    reference,
+)
 from runtime_cases import relative_error  # noqa: E402
 
-from pipesched.runtime.launch import spawn  # noqa: E402
+import pipesched  # noqa: E402
+from pipesched.runtime.launching.launch import spawn  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 TOL = 1e-10  # float64 throughout, orders of summation apart (see the module's docstring)
@@ -172,7 +181,7 @@ def test_names_save_pretrained_weights_and_checkpoints_resume_under_another_sche
     from transformers import AutoModelForCausalLM
 
     from pipesched import hf
-    from pipesched.runtime import checkpoint
+    from pipesched.runtime.checkpoints import checkpoint
 
     got, tmp_path = two_ranks[0]["saving"], two_ranks[1]
     batches = BATCHES

@@ -18,7 +18,11 @@ def test_conv1d_weight_gradients_are_deferred_to_w_and_equal_autograds():
     from transformers.pytorch_utils import Conv1D
 
     from pipesched.hf.splitting import prepare_split_backward
-    from pipesched.runtime.split_backward import WeightGradStash, apply_weight_grads, make_weight_grads_deferrable
+    from pipesched.runtime.engine.split_backward import (
+        WeightGradStash,
+        apply_weight_grads,
+        make_weight_grads_deferrable,
+    )
 
     torch.manual_seed(0)
     plain = Conv1D(6, 4)  # 4 in, 6 out, weight (4, 6)

@@ -8,15 +8,14 @@ import math
 import sys
 
 import pytest
-
 from conftest import concurrently, run_cli
 
 torch = pytest.importorskip("torch")
 
-from pipesched.runtime import checkpoint  # noqa: E402
-from pipesched.runtime.loop_options import LoopOptions  # noqa: E402
-from pipesched.runtime.optimizers import make_optimizer  # noqa: E402
-from pipesched.runtime.train import TrainConfig, train_reference  # noqa: E402
+from pipesched.runtime.checkpoints import checkpoint
+from pipesched.runtime.training.loop_options import LoopOptions  # noqa: E402
+from pipesched.runtime.training.optimizers import make_optimizer  # noqa: E402
+from pipesched.runtime.training.train import TrainConfig, train_reference  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -65,9 +64,8 @@ def test_a_resumed_run_continues_with_the_same_rates_and_weights_bitwise(tmp_pat
 
 def test_weight_decay_reaches_the_parameters_the_transformers_trainer_decays():
     pytest.importorskip("transformers")
-    from transformers import Trainer
-
     from hf_cases import make_model
+    from transformers import Trainer
 
     for kind in ("llama", "gpt2", "mixtral"):
         model = make_model(kind, dtype=torch.float32)

@@ -9,13 +9,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import pipesched  # noqa: E402
-from pipesched.runtime import checkpoint  # noqa: E402
-from pipesched.runtime.guard import NonFiniteWeights  # noqa: E402
-from pipesched.runtime.launch import DistributedRunError, spawn  # noqa: E402
-from pipesched.runtime.models import get_model  # noqa: E402
-from pipesched.runtime.train import TrainConfig, make_optimizer, train_reference  # noqa: E402
 from runtime_cases import CHECKPOINT_MODEL, checkpoint_crash_run, nonfinite_weights_run  # noqa: E402
+
+import pipesched  # noqa: E402
+from pipesched.runtime.checkpoints import checkpoint
+from pipesched.runtime.guard import NonFiniteWeights  # noqa: E402
+from pipesched.runtime.launching.launch import DistributedRunError, spawn  # noqa: E402
+from pipesched.runtime.training.models import get_model  # noqa: E402
+from pipesched.runtime.training.train import (  # noqa: E402
+    TrainConfig,
+    make_optimizer,
+    train_reference,
+)
 
 pytestmark = pytest.mark.torch
 

@@ -19,15 +19,14 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import SRC
 
 torch = pytest.importorskip("torch")
 
-from pipesched.runtime import checkpoint  # noqa: E402
-from pipesched.runtime.folder_lock import LOCK_FILE, FolderLock  # noqa: E402
-from pipesched.runtime.models import get_model  # noqa: E402
-from pipesched.runtime.optimizers import make_optimizer  # noqa: E402
+from pipesched.runtime.checkpoints import checkpoint
+from pipesched.runtime.checkpoints.folder_lock import LOCK_FILE, FolderLock  # noqa: E402
+from pipesched.runtime.training.models import get_model  # noqa: E402
+from pipesched.runtime.training.optimizers import make_optimizer  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
 

@@ -6,7 +6,7 @@ from time import perf_counter, sleep
 
 import pytest
 
-from pipesched.runtime.clock import EventClock, HostClock
+from pipesched.runtime.metering.clock import EventClock, HostClock
 
 
 class FakeEvent:

@@ -14,10 +14,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from runtime_cases import (  # noqa: E402
+    assert_equal_to_reference,
+    context_run,
+    train_context_reference,
+)
+
 import pipesched  # noqa: E402
-from pipesched.runtime import batch_context  # noqa: E402
-from pipesched.runtime.launch import spawn  # noqa: E402
-from runtime_cases import assert_equal_to_reference, context_run, train_context_reference  # noqa: E402
+from pipesched.runtime.launching.launch import spawn  # noqa: E402
+from pipesched.runtime.stages import batch_context
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -31,7 +36,7 @@ def test_every_stage_reads_its_microbatchs_context_and_the_sequence_length_may_c
 
 
 def test_the_context_splits_like_the_inputs_and_reaches_only_blocks_that_take_it():
-    from pipesched.runtime.partition import Stage
+    from pipesched.runtime.stages.partition import Stage
 
     parts = batch_context.split({"mask": torch.arange(8).reshape(4, 2)}, 2, torch.device("cpu"))
     assert [p["mask"].tolist() for p in parts] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]

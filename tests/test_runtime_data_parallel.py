@@ -11,11 +11,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import pipesched  # noqa: E402
-from pipesched.runtime.grad_sync import _buckets  # noqa: E402
-from pipesched.runtime.launch import spawn  # noqa: E402
-from pipesched.runtime.split_backward import WeightGradStash, apply_weight_grads, make_weight_grads_deferrable  # noqa: E402
 from runtime_cases import assert_equal_to_reference, reference, run_data_parallel  # noqa: E402
+
+import pipesched  # noqa: E402
+from pipesched.runtime.comm.grad_sync import _buckets  # noqa: E402
+from pipesched.runtime.engine.split_backward import (  # noqa: E402
+    WeightGradStash,
+    apply_weight_grads,
+    make_weight_grads_deferrable,
+)
+from pipesched.runtime.launching.launch import spawn  # noqa: E402
 
 pytestmark = [pytest.mark.torch]
 
@@ -111,7 +116,7 @@ def test_bad_layouts_fail_in_one_line_before_any_rank_starts(args, env, message)
 
 def test_each_replica_takes_its_contiguous_shard_of_the_global_batch():
     from pipesched.errors import ConfigError
-    from pipesched.runtime.mesh import PipelineMesh
+    from pipesched.runtime.comm.mesh import PipelineMesh
 
     second = PipelineMesh(pp=2, dp=2, pp_rank=0, dp_rank=1, pp_group=None, dp_group=None, grid=((0, 1), (2, 3)))
     assert second.shard(torch.arange(8)).tolist() == [4, 5, 6, 7]
@@ -130,7 +135,7 @@ def test_auto_checks_the_replica_split_before_profiling():
 
 def test_the_run_summary_records_the_replicas_and_the_dtype():
     from pipesched.cli.train_report import summary
-    from pipesched.runtime.train import TrainResult
+    from pipesched.runtime.training.train import TrainResult
 
     result = TrainResult([1.0, 0.5], [0.1, 0.1], [], dp=2, dtype="bf16")
     got = summary(pipesched.build_schedule("zb-v", 2, 4), result)

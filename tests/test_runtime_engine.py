@@ -2,7 +2,7 @@
 
 Each rank's engine is built from its parts (its lowered program, a StageRunner per owned stage,
 an in-memory transport, a meter and a stash), as PipelineRuntime builds it, and the ranks run in
-threads of this process (pipesched.runtime.local_transport). One step of zb-v on 2 ranks (a V: the
+threads of this process (pipesched.runtime.engine.local_transport). One step of zb-v on 2 ranks (a V: the
 turn of the V hands over in memory, the split backward defers every Linear's weight gradient to
 W) and of dualpipev (overlapped pairs) must give the unpipelined model's loss and gradients. The
 same operations in the same order per microbatch; the sums over microbatches are the only
@@ -17,17 +17,24 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import pipesched  # noqa: E402
-from pipesched.runtime.copies import ModelCopies  # noqa: E402
-from pipesched.runtime.engine import Engine, StepBatch  # noqa: E402
-from pipesched.runtime.local_transport import LocalLinks, run_engines  # noqa: E402
-from pipesched.runtime.memory_meter import ActivationMeter  # noqa: E402
-from pipesched.runtime.observers import make_clock  # noqa: E402
-from pipesched.runtime.partition import build_block_seeded, build_stage, stage_block_ranges  # noqa: E402
-from pipesched.runtime.precision import Precision  # noqa: E402
-from pipesched.runtime.program import lower  # noqa: E402
-from pipesched.runtime.shapes import ShapeBook, infer_boundary_shapes  # noqa: E402
-from pipesched.runtime.split_backward import WeightGradStash, make_weight_grads_deferrable  # noqa: E402
-from pipesched.runtime.stage_runner import build_runners  # noqa: E402
+from pipesched.runtime.engine.engine import Engine, StepBatch  # noqa: E402
+from pipesched.runtime.engine.local_transport import LocalLinks, run_engines  # noqa: E402
+from pipesched.runtime.engine.shapes import ShapeBook, infer_boundary_shapes  # noqa: E402
+from pipesched.runtime.engine.split_backward import (  # noqa: E402
+    WeightGradStash,
+    make_weight_grads_deferrable,
+)
+from pipesched.runtime.engine.stage_runner import build_runners  # noqa: E402
+from pipesched.runtime.metering.memory_meter import ActivationMeter  # noqa: E402
+from pipesched.runtime.metering.observers import make_clock  # noqa: E402
+from pipesched.runtime.program.program import lower  # noqa: E402
+from pipesched.runtime.stages.copies import ModelCopies  # noqa: E402
+from pipesched.runtime.stages.partition import (  # noqa: E402
+    build_block_seeded,
+    build_stage,
+    stage_block_ranges,
+)
+from pipesched.runtime.stages.precision import Precision  # noqa: E402
 
 pytestmark = pytest.mark.torch
 BLOCKS, WIDTH, BATCH, SEED = 8, 8, 8, 3

@@ -11,11 +11,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from runtime_cases import (  # noqa: E402
+    assert_equal_to_reference,
+    reference,
+    relative_error,
+    run_schedules,
+)
+from test_dualpipe import late_finishing_copy  # noqa: E402
+
 import pipesched  # noqa: E402
 from pipesched.interop.torch_schedules import torch_schedule  # noqa: E402
-from pipesched.runtime.launch import spawn  # noqa: E402
-from runtime_cases import assert_equal_to_reference, reference, relative_error, run_schedules  # noqa: E402
-from test_dualpipe import late_finishing_copy  # noqa: E402
+from pipesched.runtime.launching.launch import spawn  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 TOL = 1e-5
@@ -63,7 +69,7 @@ def test_smaller_model_on_four_ranks():
 def test_blocks_whose_outputs_are_strided_views_are_sent_densely():
     from runtime_cases import strided_blocks, strided_run
 
-    from pipesched.runtime.partition import build_block_seeded
+    from pipesched.runtime.stages.partition import build_block_seeded
 
     schedule = pipesched.build_schedule("zb-v", 2, 2)
     losses = spawn(strided_run, 2, (schedule, 4), timeout_s=60)[0]

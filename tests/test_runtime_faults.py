@@ -11,9 +11,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import pipesched  # noqa: E402
-from pipesched.runtime.launch import FAILURE_GRACE_S, DistributedRunError, spawn  # noqa: E402
 from runtime_cases import faulty_run, nonfinite_run  # noqa: E402
+
+import pipesched  # noqa: E402
+from pipesched.runtime.launching.launch import (  # noqa: E402
+    FAILURE_GRACE_S,
+    DistributedRunError,
+    spawn,
+)
 
 # pytest's timeouts and the bounds on how long a failed run takes include starting Python and torch
 # in every rank, which a loaded machine can stretch to a minute: generous, well above the

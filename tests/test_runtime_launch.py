@@ -9,8 +9,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from pipesched.runtime.launch import spawn  # noqa: E402
 from runtime_cases import rank_setup  # noqa: E402
+
+from pipesched.runtime.launching.launch import spawn  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

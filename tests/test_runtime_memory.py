@@ -15,10 +15,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import pipesched  # noqa: E402
 from conftest import run_cli  # noqa: E402
-from pipesched.runtime.launch import spawn  # noqa: E402
-from runtime_cases import measure_memory, metered_steps, reference, relative_error, run_schedules  # noqa: E402
+from runtime_cases import (  # noqa: E402
+    measure_memory,
+    metered_steps,
+    reference,
+    relative_error,
+    run_schedules,
+)
+
+import pipesched  # noqa: E402
+from pipesched.runtime.launching.launch import spawn  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 SIZE = dict(blocks=7, dim=16, hidden=64)
@@ -116,9 +123,12 @@ def test_bad_recompute_is_one_line_and_exit_2(value, fragment):
 
 def test_the_advisors_transformer_bytes_match_the_runtimes_gpt_layer_on_cpu():
     from pipesched.advise.transformer import TransformerSpec
-    from pipesched.runtime.memory_meter import ActivationMeter
-    from pipesched.runtime.models import TransformerBlock
-    from pipesched.runtime.split_backward import WeightGradStash, make_weight_grads_deferrable
+    from pipesched.runtime.engine.split_backward import (
+        WeightGradStash,
+        make_weight_grads_deferrable,
+    )
+    from pipesched.runtime.metering.memory_meter import ActivationMeter
+    from pipesched.runtime.training.models import TransformerBlock
 
     b, s, h, a = 2, 64, 128, 4
     block = TransformerBlock(h, a)
@@ -140,7 +150,7 @@ def test_the_advisors_transformer_bytes_match_the_runtimes_gpt_layer_on_cpu():
 
 
 def test_the_meter_counts_each_byte_of_a_storage_once_however_its_holders_overlap():
-    from pipesched.runtime.memory_meter import ActivationMeter
+    from pipesched.runtime.metering.memory_meter import ActivationMeter
 
     meter = ActivationMeter()
     base = torch.zeros(100)  # 400 bytes
@@ -159,10 +169,10 @@ def test_the_meter_counts_each_byte_of_a_storage_once_however_its_holders_overla
 
 
 def test_a_recomputed_stage_keeps_its_blocks_inputs_and_rebuilds_one_block_at_a_time():
-    from pipesched.runtime.memory_meter import ActivationMeter
-    from pipesched.runtime.models import ResidualMLP
-    from pipesched.runtime.partition import Stage
-    from pipesched.runtime.recompute import recomputed_forward
+    from pipesched.runtime.engine.recompute import recomputed_forward
+    from pipesched.runtime.metering.memory_meter import ActivationMeter
+    from pipesched.runtime.stages.partition import Stage
+    from pipesched.runtime.training.models import ResidualMLP
 
     torch.manual_seed(0)
     stage = Stage(0, {i: ResidualMLP(16, 64) for i in range(4)})

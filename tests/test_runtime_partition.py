@@ -6,14 +6,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from pipesched.balance import balanced_counts  # noqa: E402
 from pipesched.errors import ConfigError  # noqa: E402
 from pipesched.placement import loop_placement, v_placement  # noqa: E402
-from pipesched.runtime.models import get_model  # noqa: E402
-from pipesched.balance import balanced_counts  # noqa: E402
-from pipesched.runtime.partition import (  # noqa: E402
-    block_counts, build_stage, stage_block_ranges,
+from pipesched.runtime.engine.shapes import infer_boundary_shapes  # noqa: E402
+from pipesched.runtime.stages.partition import (  # noqa: E402
+    block_counts,
+    build_stage,
+    stage_block_ranges,
 )
-from pipesched.runtime.shapes import infer_boundary_shapes  # noqa: E402
+from pipesched.runtime.training.models import get_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -81,7 +83,10 @@ def test_shapes_come_from_one_real_forward_where_meta_cannot_run_a_block():
 
 
 def test_shapes_of_modules_already_prepared_for_the_split_backward_and_of_tuples():
-    from pipesched.runtime.split_backward import WeightGradStash, make_weight_grads_deferrable
+    from pipesched.runtime.engine.split_backward import (
+        WeightGradStash,
+        make_weight_grads_deferrable,
+    )
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
     make_weight_grads_deferrable(model, WeightGradStash())

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 import pipesched
 from pipesched.actions import Action, Overlap
 from pipesched.errors import ConfigError, DeadlockError, ScheduleError
-from pipesched.runtime.program_check import check_programs
 from pipesched.ops import RECEIVES, SENDS, Op
-from pipesched.runtime.instructions import Instruction, RankProgram
-from pipesched.runtime.program import lower, lower_all
+from pipesched.runtime.program.instructions import Instruction, RankProgram
+from pipesched.runtime.program.program import lower, lower_all
+from pipesched.runtime.program.program_check import check_programs
 
 RECV_F, RECV_B, REDUCE_GRAD = Op.RECV_F, Op.RECV_B, Op.REDUCE_GRAD
 
@@ -168,7 +168,13 @@ def test_lowering_is_derived_once_per_schedule_object():
 
 
 def test_lowering_is_torchs_passes_in_torchs_order_each_pure():
-    from pipesched.runtime.passes import LOWERING, add_reduce_grad, add_send_recv, add_unshard_reshard, compute_programs
+    from pipesched.runtime.program.passes import (
+        LOWERING,
+        add_reduce_grad,
+        add_send_recv,
+        add_unshard_reshard,
+        compute_programs,
+    )
 
     assert LOWERING == (add_unshard_reshard, add_reduce_grad, add_send_recv)
     schedule = pipesched.build_schedule("interleaved-zb", 2, 4)

@@ -20,12 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from conftest import SRC, as_from_a_terminal, concurrently
 
 torch = pytest.importorskip("torch")
 
-from pipesched.runtime.launch import FAILURE_GRACE_S  # noqa: E402
+from pipesched.runtime.launching.launch import FAILURE_GRACE_S  # noqa: E402
 
 pytestmark = [
     pytest.mark.torch,

@@ -12,12 +12,12 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from pipesched.runtime.models import TransformerBlock  # noqa: E402
-from pipesched.runtime.split_backward import (  # noqa: E402
+from pipesched.runtime.engine.split_backward import (  # noqa: E402
     WeightGradStash,
     apply_weight_grads,
     make_weight_grads_deferrable,
 )
+from pipesched.runtime.training.models import TransformerBlock  # noqa: E402
 
 pytestmark = pytest.mark.torch
 MATMULS = {"mm", "addmm", "bmm", "matmul"}

@@ -14,9 +14,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import pipesched  # noqa: E402
-from pipesched.runtime.launch import spawn  # noqa: E402
 from runtime_cases import assert_equal_to_reference, tied_run, train_tied_reference  # noqa: E402
+
+import pipesched  # noqa: E402
+from pipesched.runtime.launching.launch import spawn  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

@@ -4,7 +4,13 @@ import pytest
 
 import pipesched
 from pipesched.execution import Span
-from pipesched.runtime.timeline import calibrated_comm, compare_to_simulation, mean_costs, median_costs, replayed_makespan
+from pipesched.runtime.metering.timeline import (
+    calibrated_comm,
+    compare_to_simulation,
+    mean_costs,
+    median_costs,
+    replayed_makespan,
+)
 
 
 def simulated_timeline(schedule, delay_after=None, delay=0.0):

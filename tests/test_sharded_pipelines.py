@@ -16,9 +16,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import pipesched  # noqa: E402
-from pipesched.runtime.launch import spawn  # noqa: E402
 from runtime_cases import assert_equal_to_reference, reference  # noqa: E402
+
+import pipesched  # noqa: E402
+from pipesched.runtime.launching.launch import spawn  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 SIZE = dict(layers=2, dim=16, heads=4, context=8)  # 4 blocks: one per stage at 2 ranks x 2 chunks

@@ -50,15 +50,16 @@ RUNS = [(label, kind) for label, (_, kinds) in CASES.items() for kind in kinds]
 @pytest.fixture(scope="module")
 def ranks():
     """Every rank's results of every case, from one launch."""
-    from pipesched.runtime.launch import spawn
     from sharded_cases import suite
+
+    from pipesched.runtime.launching.launch import spawn
 
     return spawn(suite, 4, CASES, timeout_s=280)
 
 
 def layout_of(label: str):
     """The ParallelLayout of case ``label``."""
-    from pipesched.runtime.sharded_mesh import runtime_layout
+    from pipesched.runtime.sharding.sharded_mesh import runtime_layout
 
     return runtime_layout(**{k: v for k, v in CASES[label][0].items() if k != "reshard_after_forward"})
 
@@ -111,8 +112,8 @@ def test_held_bytes_are_the_predicted_ones(ranks, label, kind):
 
 def test_a_head_count_tp_does_not_divide_is_refused_before_anything_is_split():
     from pipesched.errors import ConfigError
-    from pipesched.runtime.models import TransformerBlock
-    from pipesched.runtime.tp_plans import GPT_PLAN, apply_tp
+    from pipesched.runtime.sharding.tp_plans import GPT_PLAN, apply_tp
+    from pipesched.runtime.training.models import TransformerBlock
 
     class TwoWays:  # a tp mesh of 2, as far as the refusal reads it
         def size(self) -> int:

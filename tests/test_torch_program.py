@@ -13,11 +13,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import pipesched  # noqa: E402
-from pipesched.runtime.launch import spawn  # noqa: E402
-from pipesched.runtime.program import lower_all  # noqa: E402
 from runtime_cases import STEPS, assert_equal_to_reference, reference  # noqa: E402
 from torch_runtime_cases import torch_runs_compute_comms  # noqa: E402
+
+import pipesched  # noqa: E402
+from pipesched.runtime.launching.launch import spawn  # noqa: E402
+from pipesched.runtime.program.program import lower_all  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 SINGLE_PIPELINE = [f.name for f in pipesched.families() if f.parameter_copies == 1]

@@ -11,17 +11,23 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import cli_env, concurrently, run_cli
 
 pytest.importorskip("transformers")
 pytest.importorskip("pyarrow")
 import torch  # noqa: E402
-from tokenizer_cases import EOS, VOCAB, model_folder, shipped_documents, write_jsonl, write_parquet  # noqa: E402
+from tokenizer_cases import (  # noqa: E402
+    EOS,
+    VOCAB,
+    model_folder,
+    shipped_documents,
+    write_jsonl,
+    write_parquet,
+)
 
 from pipesched.data.streams import TokenStream, eval_windows, train_windows  # noqa: E402
 from pipesched.data.token_files import open_token_file  # noqa: E402
-from pipesched.runtime.models import get_model  # noqa: E402
+from pipesched.runtime.training.models import get_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -51,8 +57,8 @@ def one_process_stream(model_dir, docs: list[str]) -> list[int]:
 
 @pytest.mark.parametrize("kind", ["jsonl", "parquet"])
 def test_text_through_the_folders_tokenizer_is_the_one_process_token_stream(folder, kind):
-    from pipesched.hf.cli_model import token_stream
     from pipesched.data.tokenize_text import find_tokenizer
+    from pipesched.hf.cli_model import token_stream
 
     config = folder["model"] / "config.json"
     md = get_model(f"hf:{config}", data=str(folder[kind]), context=16)

@@ -17,7 +17,6 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
 
 pytest.importorskip("transformers")
@@ -96,8 +95,8 @@ def test_every_layout_trains_the_same_batches_to_the_same_weights(runs):
 
 
 def test_the_held_out_loss_is_the_one_process_models_on_the_same_batches(runs):
-    from pipesched.runtime.evaluation import evaluate_model
-    from pipesched.runtime.models import get_model
+    from pipesched.runtime.training.evaluation import evaluate_model
+    from pipesched.runtime.training.models import get_model
 
     for name, data_kind, tolerance in (("A", "jsonl", 1e-6), ("C", "parquet", 4e-6)):
         md = get_model(f"hf:{runs['model'] / 'config.json'}", data=str(runs["data"][data_kind]), context=SEQ,
@@ -143,6 +142,7 @@ def test_the_run_report_renders_in_headless_chromium_with_its_charts(runs, tmp_p
     from collections import Counter
 
     from browser import chromium, png_pixels, screenshot
+
     from pipesched.render.run_report import EVAL, TRAIN
 
     if chromium() is None:

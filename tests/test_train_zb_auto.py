@@ -15,10 +15,10 @@ pytest.importorskip("torch")
 
 from pipesched import build_schedule, simulate  # noqa: E402
 from pipesched.cli import main  # noqa: E402
-from pipesched.zb_auto_plan import ZbAutoInputs  # noqa: E402
 from pipesched.costs import UNIT, Costs  # noqa: E402
 from pipesched.memory import StageMemory  # noqa: E402
-from pipesched.runtime.profile import Profile  # noqa: E402
+from pipesched.runtime.training.profile import Profile  # noqa: E402
+from pipesched.zb_auto_plan import ZbAutoInputs  # noqa: E402
 
 pytestmark = pytest.mark.torch
 MS = 1e-3
@@ -35,9 +35,9 @@ ARGS = ["train", "--model", "mlp", "--ranks", "2", "--microbatches", "4", "--bat
 def planned(monkeypatch):
     """Run ``pipesched ARGS -s SCHEDULE ...`` in process; returns (profile calls, the costs of each zb-auto
     planned, the plan the run got, stderr)."""
+    import pipesched.runtime.training.profile as profile_module
+    import pipesched.runtime.training.train as runtime_train
     import pipesched.zb_auto_plan as zb_auto_plan
-    import pipesched.runtime.profile as profile_module
-    import pipesched.runtime.train as runtime_train
 
     profiles, planner, runs = [], [], []
 

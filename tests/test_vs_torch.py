@@ -114,7 +114,11 @@ def test_csv_written_by_torch_loads_into_ours_and_round_trips(tmp_path, name):
 
 
 def _to_torch(entry):
-    from torch.distributed.pipelining.schedules import OVERLAP_F_B, _Action, _ComputationType
+    from torch.distributed.pipelining.schedules import (
+        OVERLAP_F_B,
+        _Action,
+        _ComputationType,
+    )
 
     if isinstance(entry, Overlap):
         return _Action(-1, OVERLAP_F_B, None, tuple(_to_torch(a) for a in entry.parts))
@@ -125,9 +129,13 @@ def _to_torch(entry):
 def test_our_lowering_is_torchs_lowering_of_the_same_compute_schedule(name):
     """Placed as torch's full lowering places them (_add_unshard_reshard with its window of 3,
     _add_reduce_grad, _add_send_recv), cell for cell."""
-    from torch.distributed.pipelining.schedules import _add_reduce_grad, _add_send_recv, _add_unshard_reshard
+    from torch.distributed.pipelining.schedules import (
+        _add_reduce_grad,
+        _add_send_recv,
+        _add_unshard_reshard,
+    )
 
-    from pipesched.runtime.program import lower_all
+    from pipesched.runtime.program.program import lower_all
 
     compared = 0
     for p, m in ((2, 4), (4, 8), (3, 5), (2, 7)):
@@ -147,7 +155,7 @@ def test_our_lowering_is_torchs_lowering_of_the_same_compute_schedule(name):
 def test_compute_comms_csvs_cross_both_ways_with_torch(tmp_path, name):
     """torch takes our program as written, and the one it lowers itself is ours, cell for cell
     (UNSHARD/RESHARD included)."""
-    from pipesched.runtime.program import lower_all
+    from pipesched.runtime.program.program import lower_all
     from pipesched.schedule_files import csv_text, parse_csv
 
     schedule = build_schedule(name, 4, 8)

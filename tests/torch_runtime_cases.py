@@ -8,12 +8,12 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-
-from pipesched.runtime.copies import balanced_block_counts
-from pipesched.runtime.models import get_model
-from pipesched.runtime.partition import build_stage, stage_block_ranges
-from pipesched.schedule_files import csv_text
 from runtime_cases import STEPS  # the reference's
+
+from pipesched.runtime.stages.copies import balanced_block_counts
+from pipesched.runtime.stages.partition import build_stage, stage_block_ranges
+from pipesched.runtime.training.models import get_model
+from pipesched.schedule_files import csv_text
 
 SEED, LR = 3, 0.05  # the reference's
 

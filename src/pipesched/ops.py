@@ -8,8 +8,8 @@ parser (:mod:`pipesched.actions`, :mod:`pipesched.schedule_files`) and the print
 into an ``Op`` or an ``Op`` into text; everything else compares members.
 
 A new instruction is a new member here, a lowering pass that places it
-(:mod:`pipesched.runtime.program.passes`) and an engine handler that runs it
-(:mod:`pipesched.runtime.engine.handlers`): docs/extending.md has the recipe.
+(:mod:`pipesched.runtime.program.program.passes`) and an engine handler that runs it
+(:mod:`pipesched.runtime.engine.engine.handlers`): docs/extending.md has the recipe.
 """
 
 from __future__ import annotations

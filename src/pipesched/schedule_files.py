@@ -1,7 +1,7 @@
 """Schedule CSV files in torch's two formats, written and read: ``compute_only`` and ``compute_comms``.
 
 ``compute_only`` (the default; :meth:`Schedule.to_csv`) holds each rank's compute actions, one
-row per rank. ``compute_comms`` holds each rank's lowered program (:mod:`pipesched.runtime.program`):
+row per rank. ``compute_comms`` holds each rank's lowered program (:mod:`pipesched.runtime.program.program`):
 the same actions with ``SEND_F``/``RECV_F``/``SEND_B``/``RECV_B``, ``REDUCE_GRAD`` and FSDP's
 ``UNSHARD``/``RESHARD`` cells,
 no empty cell, as ``torch.distributed.pipelining``'s ``_PipelineScheduleRuntime._dump_csv``
@@ -11,7 +11,7 @@ Reading tells the formats apart by their cells. A ``compute_comms`` file's compu
 its schedule; its communication must be that schedule's (every message sent after the action
 computing it, received once, in its link's order, before the action using it; each stage
 reduced once after its last gradient) and must not be able to hang
-(:func:`~pipesched.runtime.program_check.check_programs`), or the file is refused naming what
+(:func:`~pipesched.runtime.program.program_check.check_programs`), or the file is refused naming what
 is wrong. ``UNSHARD``/``RESHARD`` cells name a stage of their rank, as ``REDUCE_GRAD`` does.
 pipesched runs its own lowering of the schedule, which for a file it wrote, or torch wrote
 without ``defer_pp_recv``, is the file's program.
@@ -29,8 +29,8 @@ from .actions import MAX_INDEX_DIGITS, Action, Overlap, parse_slot, shown
 from .errors import ConfigError, CSVFormatError, ScheduleError
 from .ops import Op
 from .planning import MAX_ACTIONS_BUILT
-from .runtime.program import assemble, lower_all
-from .runtime.program_check import check_programs
+from .runtime.program.program import assemble, lower_all
+from .runtime.program.program_check import check_programs
 from .schedule import Schedule, csv_rows
 from .validate import validate
 

@@ -12,7 +12,7 @@ if os.environ.get("PIPESCHED_TEST_PAUSE_STEP") and "--multiprocessing-fork" in s
 
     import torch.distributed as dist
 
-    from pipesched.runtime import checkpoint
+    from pipesched.runtime.checkpoints import checkpoint
 
     original_save = checkpoint.save
 

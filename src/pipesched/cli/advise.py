@@ -11,26 +11,40 @@ from typing import Optional
 
 import typer
 
-from ..jsontext import json_text
 from ..advise import Advice, advise, batch_plan
 from ..advise.search import check_search_size
 from ..costs import Costs
 from ..errors import ConfigError
+from ..jsontext import json_text
 from ..registry import families as registered_families
-from . import app
 from . import advise_layout as layout_options
+from . import app
 from . import options as opt
 from .advise_flags import (
-    SEARCH_OPTIONS, SCOPE_OPTIONS, SHRINKING_OVERHEAD, ScopeFlags, SearchFlags, by_flag, or_default, scope_options,
-    search_options, searched,
+    SCOPE_OPTIONS,
+    SEARCH_OPTIONS,
+    SHRINKING_OVERHEAD,
+    ScopeFlags,
+    SearchFlags,
+    by_flag,
+    or_default,
+    scope_options,
+    search_options,
+    searched,
 )
 from .advise_layout import LAYOUT_OPTIONS, LayoutFlags
 from .advise_model import (
-    MODEL_OPTIONS, PROFILE_OPTIONS, PROFILED_MICROBATCHES, ModelFlags, ProfileFlags, model_options, profile_options,
+    MODEL_OPTIONS,
+    PROFILE_OPTIONS,
+    PROFILED_MICROBATCHES,
+    ModelFlags,
+    ProfileFlags,
+    model_options,
+    profile_options,
     transformer_costs,
 )
-from .progress import planning_progress
 from .advise_print import print_advice
+from .progress import planning_progress
 
 Limits = tuple[Optional[float], Optional[float]]  # --memory-limit in M_B, or in bytes (one of the two)
 
@@ -154,7 +168,7 @@ def _profiled(ranks: int, search: SearchFlags, model: ModelFlags, run: tuple[str
     chosen = options["families"] if options["families"] is not None else registered_families()
     check_search_size(ranks, batch_plan(ranks, microbatches), chosen, options["max_chunks"])  # before any rank starts
     try:
-        from ..runtime.profile import advise_from_profile, profile
+        from ..runtime.training.profile import advise_from_profile, profile
     except ImportError:
         raise ConfigError("--profile needs PyTorch: pip install 'pipesched[torch]'") from None
     model_name, batch_size, steps = run

@@ -44,8 +44,8 @@ def print_advice(result: Advice, model: Optional[TransformerCosts], top: int,
 def train_command(c: Candidate, pp: int, dp: int, csv: str, model: str, batch_size: int) -> Optional[str]:
     """``pipesched train`` running the exported ``csv`` on built-in ``model``, or None when the
     model's blocks do not split into the schedule's stages (train would refuse it)."""
-    from ..runtime.models import get_model
-    from ..runtime.partition import block_counts
+    from ..runtime.stages.partition import block_counts
+    from ..runtime.training.models import get_model
 
     if batch_size % (dp * c.microbatches):
         return None  # train refuses a batch that does not split into the microbatches

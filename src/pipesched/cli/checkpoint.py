@@ -21,7 +21,11 @@ app.add_typer(checkpoint_app, name="checkpoint")
 @checkpoint_app.command("verify")
 def verify(directory: Path = typer.Argument(..., help="A --checkpoint-dir folder (or one step-NNNNNN folder in it).")) -> None:
     """Check each checkpoint's files against its manifest: one line per step, exit 1 if one is damaged."""
-    from ..runtime.checkpoint_files import STEP_DIR, check_step, complete_checkpoints
+    from ..runtime.checkpoints.checkpoint_files import (
+        STEP_DIR,
+        check_step,
+        complete_checkpoints,
+    )
 
     if not directory.is_dir():
         raise ConfigError(f"{str(directory)!r} is not a folder")

@@ -16,20 +16,29 @@ from typing import Optional
 
 import typer
 
-from ..environment import backend as launch_backend, torchrun_rank
+from ..environment import backend as launch_backend
+from ..environment import torchrun_rank
 from ..errors import ConfigError, RunFailure
 from ..memory import Recomputed
 from ..outfiles import check_output_path
 from ..resolve import Resolved, RunSpec, ScheduleChoice, resolve_schedule
-from ..runtime.optimizers import OPTIMIZERS
+from ..runtime.training.optimizers import OPTIMIZERS
 from ..schedule import Schedule
 from ..zb_auto_plan import given_costs
 from . import app, fail, train_hf
 from . import options as opt
 from .renamed import renamed
 from .train_data import DataFlags, data_options, say_how_text_is_read
-from .train_flags import (CheckpointFlags, OutputFlags, RunFlags, ScheduleFlags, checkpoint_options, output_options,
-                          run_options, schedule_options)
+from .train_flags import (
+    CheckpointFlags,
+    OutputFlags,
+    RunFlags,
+    ScheduleFlags,
+    checkpoint_options,
+    output_options,
+    run_options,
+    schedule_options,
+)
 from .train_layout import check_batch_split, check_layout, check_sharding
 from .train_loop import LoopFlags, loop_options
 
@@ -107,8 +116,8 @@ def _model_and_plan(run: RunFlags, sched: ScheduleFlags, out: OutputFlags, data_
     if choice.measures is None:  # the schedule is known without measuring anything
         plan, recompute = _resolved(resolve_schedule(choice, say=_say), sched, run.batch_size)
     _import_torch()
-    from ..runtime.models import KNOWN, get_model, is_known
-    from ..runtime.precision import parse_dtype
+    from ..runtime.stages.precision import parse_dtype
+    from ..runtime.training.models import KNOWN, get_model, is_known
 
     if not is_known(run.model):
         raise ConfigError(f"--model {run.model!r} is not known: use {KNOWN}")
@@ -134,8 +143,8 @@ def _config(run: RunFlags, sched: ScheduleFlags, ckpt: CheckpointFlags, out: Out
             plan: Optional[Schedule], recompute: Recomputed, model_options: dict, resume_from):
     """The run as one ``TrainConfig`` (its runtime settings one ``RuntimeOptions``, the dtype parsed once)."""
     from ..runtime.options import RuntimeOptions
-    from ..runtime.precision import parse_dtype
-    from ..runtime.train import TrainConfig
+    from ..runtime.stages.precision import parse_dtype
+    from ..runtime.training.train import TrainConfig
 
     options = RuntimeOptions(seed=run.seed, block_counts=checked.counts, timeout_s=run.timeout,
                              skip_nonfinite=run.skip_nonfinite, clip_grad_norm=run.clip_grad_norm, recompute=recompute,
@@ -153,13 +162,13 @@ def _config(run: RunFlags, sched: ScheduleFlags, ckpt: CheckpointFlags, out: Out
 def _write_results(run: RunFlags, ckpt: CheckpointFlags, out: OutputFlags, checked: _Checked, plan, model_def, result) -> None:
     """The summary on the terminal, then the files the run was asked to write (one line, exit 1, if
     one cannot be written: the trained weights are kept where it says)."""
-    from ..runtime.models import MODELS
+    from ..runtime.training.models import MODELS
     from .train_report import OutputsLost, print_summary, write_outputs
 
     print_summary(plan, result)
     newest = None
     if ckpt.checkpoint_dir is not None:
-        from ..runtime.checkpoint import latest
+        from ..runtime.checkpoints.checkpoint import latest
 
         newest = latest(ckpt.checkpoint_dir)
     try:
@@ -191,7 +200,7 @@ def _import_torch() -> None:
 
 
 def _check_block_counts(model_def, plan: Schedule, counts: Optional[tuple[int, ...]], model: str) -> None:
-    from ..runtime.partition import block_counts
+    from ..runtime.stages.partition import block_counts
 
     try:  # a schedule of several model copies (dualpipe) takes the counts of one copy
         block_counts(model_def.num_blocks, plan.pipeline_length, counts)
@@ -207,8 +216,8 @@ def _resolved(resolved: Resolved, sched: ScheduleFlags, batch_size: int) -> tupl
 
 def _run_to_the_end(cfg):
     """Run ``cfg``; a failed or stopped run is one line on stderr and a non-zero exit."""
-    from ..runtime.launch import RunStopped
-    from ..runtime.train import run
+    from ..runtime.launching.launch import RunStopped
+    from ..runtime.training.train import run
 
     resumable = f" ({cfg.checkpoint_dir} holds what to --resume from)" if cfg.checkpoint_dir else ""
     try:

@@ -38,7 +38,7 @@ def check_numbers(lr: float, timeout: float, seed: int, clip_grad_norm: Optional
 def check_batch_fits(model_def, batch_size: int, seed: int) -> None:
     """Refuse a batch whose inputs, targets and block outputs alone exceed the machine's memory
     (a floor of what a step holds: shapes come from one sample run on the meta device)."""
-    from ..runtime.shapes import infer_boundary_shapes
+    from ..runtime.engine.shapes import infer_boundary_shapes
 
     have = physical_memory()
     x, y = model_def.batch(0, 1, seed)
@@ -59,7 +59,9 @@ def _gib(n: int) -> str:
 def check_checkpoint_flags(directory: Optional[Path], every: Optional[int], keep: int, resume: bool) -> None:
     """The checkpoint options on their own (the folder is checked by :func:`check_checkpointing`)."""
     if directory is not None:
-        from ..runtime.folder_lock import check_lock_file  # pure Python: answers before torch is imported
+        from ..runtime.checkpoints.folder_lock import (
+            check_lock_file,  # pure Python: answers before torch is imported
+        )
 
         check_lock_file(directory)
     if directory is None:
@@ -84,9 +86,9 @@ def check_checkpointing(directory: Optional[Path], resume: bool, steps: int, mod
         return None
     import typer
 
-    from ..runtime import checkpoint
-    from ..runtime.launch import under_torchrun
-    from ..runtime.optimizers import make_optimizer
+    from ..runtime.checkpoints import checkpoint
+    from ..runtime.launching.launch import under_torchrun
+    from ..runtime.training.optimizers import make_optimizer
 
     def resumable(found: Path) -> None:
         done = checkpoint.checkpoint_step(found)

@@ -40,7 +40,7 @@ class DataFlags:
 
     def model_options(self, model: str) -> dict:
         """What ``get_model`` takes of them (only an ``hf:`` model takes any: ConfigError otherwise)."""
-        from ..runtime.models import HF_PREFIX
+        from ..runtime.training.models import HF_PREFIX
 
         given = {name: value for name, value in (("context", self.seq_len), ("tokenizer", self.tokenizer),
                                                   ("eval_data", self.eval_data), ("eval_share", self.eval_share))

@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from ..bounds import DEFAULT_TIMEOUT_S
-from ..runtime.checkpoint_files import DEFAULT_KEEP
+from ..runtime.checkpoints.checkpoint_files import DEFAULT_KEEP
 from . import options as opt
 from . import train_hf
 from .option_group import option_group

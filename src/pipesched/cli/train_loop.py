@@ -15,8 +15,8 @@ import typer
 
 from ..errors import ConfigError
 from ..outfiles import check_output_path
-from ..runtime.loop_options import LoopOptions
-from ..runtime.lr_schedule import SCHEDULES
+from ..runtime.training.loop_options import LoopOptions
+from ..runtime.training.lr_schedule import SCHEDULES
 from .option_group import option_group
 
 

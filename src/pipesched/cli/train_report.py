@@ -22,7 +22,7 @@ def print_summary(schedule: Optional[Schedule], result) -> None:
     )
     if schedule is None or not result.timelines:
         return
-    from ..runtime.timeline import compare_to_simulation
+    from ..runtime.metering.timeline import compare_to_simulation
 
     steps = result.timelines[1:] or result.timelines
     c = compare_to_simulation(schedule, steps, result.comm_latency)
@@ -109,7 +109,7 @@ def write_outputs(schedule: Optional[Schedule], result, save_params: Optional[Pa
         if schedule is None:
             print("no timeline for the reference run (--trace needs a schedule)")
         else:
-            from ..runtime.timeline import write_trace
+            from ..runtime.metering.timeline import write_trace
 
             drawn: list[int] = []
             if _write(trace, lambda path: drawn.append(write_trace(path, schedule, result.timelines, result.memory_curves)),

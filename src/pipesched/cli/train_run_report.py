@@ -31,7 +31,12 @@ def write_run_report(path: Path, schedule: Optional[Schedule], result) -> None:
 def _step_timelines(schedule: Schedule, result):
     """(measured median step, simulated from the measured median costs) and a sentence on them."""
     from ..render.timeline import Timeline as Drawn
-    from ..runtime.timeline import compare_to_simulation, median_costs, median_step, predicted_timeline
+    from ..runtime.metering.timeline import (
+        compare_to_simulation,
+        median_costs,
+        median_step,
+        predicted_timeline,
+    )
 
     steps = result.timelines[1:] or result.timelines  # the first step warms up
     measured = steps[median_step(steps)]

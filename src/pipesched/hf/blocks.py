@@ -5,7 +5,7 @@ state, hidden state to logits), so any contiguous run of them is a pipeline stag
 hidden state crosses a stage boundary. What a layer needs besides the hidden state (position
 ids, the attention mask, the rotary tables) it builds itself, on the hidden state's device, from
 the side inputs of the microbatch being computed (its ``context`` argument, which the runtime
-passes: :mod:`pipesched.runtime.batch_context`): no mask or table is ever sent, so none needs a
+passes: :mod:`pipesched.runtime.stages.batch_context`): no mask or table is ever sent, so none needs a
 gradient message. The mask is chosen by the layer's own type (full or
 sliding-window attention, ``config.layer_types[index]``), never by its position in a stage, and
 built with transformers' own ``create_causal_mask`` / ``create_sliding_window_causal_mask``.
@@ -99,7 +99,10 @@ class LayerBlock(nn.Module):
         self._parts = (layer, rotary)
 
     def forward(self, hidden: torch.Tensor, context: Optional[dict] = None) -> torch.Tensor:
-        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+        from transformers.masking_utils import (
+            create_causal_mask,
+            create_sliding_window_causal_mask,
+        )
 
         if hidden.is_meta:  # shape inference: a layer keeps the hidden state's shape (and masks,
             return torch.empty_like(hidden)  # MoE routing read values, which meta has not)

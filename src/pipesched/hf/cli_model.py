@@ -6,7 +6,7 @@ randomly initialised, block ``i`` after ``torch.manual_seed(seed + i)``, or read
 (:mod:`pipesched.data.streams`): ``--data`` a token file, text through the tokenizer of the
 config's folder (or ``--tokenizer DIR``), or without one a file's bytes modulo the vocabulary;
 by default the text shipped with pipesched. ``--eval-data`` or ``--eval-share`` holds out what
-:meth:`~pipesched.runtime.model_def.ModelDef.eval_batch` reads. The labels are the windows themselves (the model shifts them), so every
+:meth:`~pipesched.runtime.training.model_def.ModelDef.eval_batch` reads. The labels are the windows themselves (the model shifts them), so every
 token counts and the mean loss of equal microbatches is the model's loss on the whole batch.
 Every mistake (a config it cannot read or split, or that draws: dropout, router noise, which
 only :func:`pipesched.hf.pipeline` keys so that the schedule does not change them; weights that
@@ -25,12 +25,12 @@ import torch
 from ..data.streams import TokenStream, eval_windows, open_stream, train_windows
 from ..data.tokenize_text import find_tokenizer
 from ..errors import ConfigError
-from ..runtime.model_def import ModelDef
+from ..runtime.sharding.tp_plans import plan_for
+from ..runtime.training.model_def import ModelDef
 from .build import BlockSource
 from .config_file import read_config
 from .pipeline import model_name, tied_groups
 from .randomness import random_settings
-from ..runtime.tp_plans import plan_for
 from .split import block_costs
 
 PREFIX = "hf:"

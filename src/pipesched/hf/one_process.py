@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..runtime import batch_context
+from ..runtime.stages import batch_context
 from .architectures import architecture_of
 from .blocks import model_blocks
 from .loss import StepNormalisedLoss

@@ -94,7 +94,7 @@ class HFPipeline:
         """What a checkpoint holds of this rank: its parameters and buffers under the model's
         names, a tied weight once, under its group's first name (``transformer.wte.weight``) on
         every rank that holds a copy, so a checkpoint of any placement loads into any other
-        (:func:`pipesched.runtime.checkpoint_names.tied_view`)."""
+        (:func:`pipesched.runtime.checkpoints.checkpoint_names.tied_view`)."""
         return self.runtime.checkpoint_module(model_name)
 
     def deferred_weight_grad_share(self) -> float:
@@ -152,17 +152,17 @@ def pipeline(
     ``options``: the runtime's :class:`~pipesched.runtime.options.RuntimeOptions` (``device``,
     ``timeout_s``, ``clip_grad_norm``, ``recompute``, ``dtype``, ...); its seed, block counts,
     tied groups and sample context are set here. ``mesh``: a
-    :class:`~pipesched.runtime.mesh.PipelineMesh` (replicas), or a
-    :class:`~pipesched.runtime.sharded_mesh.ShardedMesh` (FSDP and tensor parallelism inside the
+    :class:`~pipesched.runtime.comm.mesh.PipelineMesh` (replicas), or a
+    :class:`~pipesched.runtime.sharding.sharded_mesh.ShardedMesh` (FSDP and tensor parallelism inside the
     stages; the family's tensor-parallel plan is taken unless ``options`` gives one).
     """
     from dataclasses import replace
 
+    from ..runtime.comm.mesh import PipelineMesh
     from ..runtime.executor import PipelineRuntime
-    from ..runtime.mesh import PipelineMesh
     from ..runtime.options import RuntimeOptions
-    from ..runtime.sharded_mesh import ShardedMesh
-    from ..runtime.tp_plans import plan_for
+    from ..runtime.sharding.sharded_mesh import ShardedMesh
+    from ..runtime.sharding.tp_plans import plan_for
     from .splitting import prepare_split_backward
 
     source = BlockSource(model, weights)

@@ -13,7 +13,7 @@ draws are those of :func:`pipesched.hf.one_process_step` (the model's blocks run
 microbatch in one process, keyed the same) under every schedule and rank count, and under every
 ``dp`` that splits the batch into the same microbatches (``m * dp`` of them).
 
-The key travels as a batch context entry (:mod:`pipesched.runtime.batch_context`): a
+The key travels as a batch context entry (:mod:`pipesched.runtime.stages.batch_context`): a
 ``[batch, 3]`` tensor of ``(seed, step, sample index)`` the runtime cuts into microbatches and
 replicas with the batch, so each microbatch's first row names it.
 """

@@ -3,7 +3,7 @@
 :func:`save_pretrained` gathers the whole state dict on rank 0 and writes it with the model's
 own ``save_pretrained`` (config and safetensors; a tied head is written once, as transformers
 writes it), so ``AutoModelForCausalLM.from_pretrained(DIR)`` loads it. :func:`save_checkpoint`
-and :func:`load_checkpoint` use :mod:`pipesched.runtime.checkpoint` (DCP) on the rank's part of
+and :func:`load_checkpoint` use :mod:`pipesched.runtime.checkpoints.checkpoint` (DCP) on the rank's part of
 the model under the model's names (``model.model.layers.3.mlp.up_proj.weight``), so a
 checkpoint resumes under any schedule and rank count.
 """
@@ -15,7 +15,7 @@ from typing import Union
 
 import torch.distributed as dist
 
-from ..runtime.checkpoint import DEFAULT_KEEP
+from ..runtime.checkpoints.checkpoint import DEFAULT_KEEP
 from .build import meta_model
 
 PathLike = Union[str, Path]

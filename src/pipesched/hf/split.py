@@ -46,7 +46,7 @@ def deferred_weight_grad_share(blocks: Iterable[nn.Module], config) -> float:
     """The share of the weight-gradient work (matmul FLOPs per token, estimated) of ``blocks``
     that the split backward defers to ``W``: their Linears' and Conv1Ds'; the rest (norms,
     embeddings, MoE experts stored as 3D tensors) is computed in ``I``."""
-    from ..runtime.split_backward import TRANSPOSED_LINEARS
+    from ..runtime.engine.split_backward import TRANSPOSED_LINEARS
     from .splitting import prepare_split_backward
 
     prepare_split_backward()
@@ -81,7 +81,7 @@ def check_stage_count(stages: int, layers: int) -> None:
 def stage_block_counts(schedule: Schedule, costs: Sequence[float], layers_per_stage: Optional[Sequence[int]]) -> list[int]:
     """Blocks per stage of one model copy: from ``layers_per_stage`` (the embeddings join the
     first stage, the head the last) or balanced for the schedule's placement."""
-    from ..runtime.copies import balanced_block_counts
+    from ..runtime.stages.copies import balanced_block_counts
 
     layers = len(costs) - 2
     stages = schedule.pipeline_length

@@ -7,6 +7,6 @@ from __future__ import annotations
 def prepare_split_backward() -> None:
     from transformers.pytorch_utils import Conv1D
 
-    from ..runtime.split_backward import register_transposed_linear
+    from ..runtime.engine.split_backward import register_transposed_linear
 
     register_transposed_linear(Conv1D)

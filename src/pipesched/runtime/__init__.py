@@ -12,18 +12,18 @@ from importlib import import_module
 
 _HOME = {  # exported name -> the module that defines it
     "NonFiniteLoss": "executor",
-    "balanced_block_counts": "copies",
+    "balanced_block_counts": "stages.copies",
     "PipelineRuntime": "executor",
     "RuntimeOptions": "options",
-    "StepResult": "observers",
-    "DistributedRunError": "launch",
-    "spawn": "launch",
-    "ModelDef": "model_def",
-    "get_model": "models",
-    "PeerFailure": "p2p",
-    "block_counts": "partition",
-    "sequential_builder": "partition",
-    "stage_block_ranges": "partition",
+    "StepResult": "metering.observers",
+    "DistributedRunError": "launching.launch",
+    "spawn": "launching.launch",
+    "ModelDef": "training.model_def",
+    "get_model": "training.models",
+    "PeerFailure": "comm.p2p",
+    "block_counts": "stages.partition",
+    "sequential_builder": "stages.partition",
+    "stage_block_ranges": "stages.partition",
 }
 
 __all__ = sorted(_HOME)

@@ -33,30 +33,31 @@ from ..memory import peak, recompute_stages
 from ..ops import RECEIVES
 from ..schedule import Schedule
 from ..validate import validate
-from . import batch_context, tied
-from .agree import LossAgreement
-from .agreement import StepChecks, agree_at_construction
-from .boundary import Value
-from .copies import ModelCopies
-from .engine import Engine, StepBatch
+from .comm import tied
+from .comm.agree import LossAgreement
+from .comm.agreement import StepChecks, agree_at_construction
+from .comm.mesh import PipelineMesh
+from .comm.p2p import Transport, make_link_groups
+from .comm.reduction import ReductionPlan
+from .engine.engine import Engine, StepBatch
+from .engine.overlap_streams import OverlapStreams
+from .engine.shapes import ShapeBook, infer_boundary_shapes
+from .engine.split_backward import WeightGradStash, make_weight_grads_deferrable
+from .engine.stage_runner import build_runners
 from .guard import check_weights
-from .memory_meter import ActivationMeter
-from .mesh import PipelineMesh
-from .observers import SizeLearner, StepResult, make_clock, step_result
+from .metering.memory_meter import ActivationMeter
+from .metering.observers import SizeLearner, StepResult, make_clock, step_result
 from .options import RuntimeOptions
-from .overlap_streams import OverlapStreams
-from .p2p import Transport, make_link_groups
-from .partition import BlockBuilder, Stage, build_stage, stage_block_ranges
-from .precision import Precision
-from .program import links, lower
-from .reduction import ReductionPlan
-from .shapes import ShapeBook, infer_boundary_shapes
-from .sharded_mesh import ShardedMesh
-from .sharding import local_tensors, shard_stages
-from .split_backward import WeightGradStash, make_weight_grads_deferrable
-from .stage_runner import build_runners
+from .program.program import links, lower
+from .sharding.sharded_mesh import ShardedMesh
+from .sharding.sharding import local_tensors, shard_stages
+from .sharding.tp_plans import param_specs
+from .stages import batch_context
+from .stages.boundary import Value
+from .stages.copies import ModelCopies
+from .stages.partition import BlockBuilder, Stage, build_stage, stage_block_ranges
+from .stages.precision import Precision
 from .state_access import StateAccess
-from .tp_plans import param_specs
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]

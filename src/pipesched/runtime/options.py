@@ -9,7 +9,7 @@ import torch
 
 from ..bounds import DEFAULT_TIMEOUT_S
 from ..errors import ConfigError
-from .mesh import check_timeout
+from .comm.mesh import check_timeout
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class RuntimeOptions:
     - ``tied``: groups of parameter names (as ``named_parameters()`` yields them, the unpipelined
       model's) that are one weight, e.g. ``(("0.wte.weight", "5.head.weight"),)``; the first
       name's initial value is the group's.
-    - ``sample_context``: one microbatch's batch context (:mod:`~pipesched.runtime.batch_context`)
+    - ``sample_context``: one microbatch's batch context (:mod:`~pipesched.runtime.stages.batch_context`)
       for shape inference, when the blocks read one.
     - ``tp_plan``: with tensor parallelism (a :class:`~.sharded_mesh.ShardedMesh` whose ``tp`` is
       above 1), which sub-modules split column- or row-wise (:mod:`.tp_plans`: ``plan_for(name)``).

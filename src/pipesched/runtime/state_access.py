@@ -15,11 +15,11 @@ from torch import nn
 
 from ..parallel_layout import ParallelLayout
 from ..sharded_bytes import rank_state_bytes
-from . import checkpoint
-from .checkpoint_names import same_name
+from .checkpoints import checkpoint
+from .checkpoints.checkpoint_names import same_name
 from .guard import block_order
-from .sharded_measure import held_bytes, optimizer_slots
-from .sharding import full_tensor
+from .sharding.sharded_measure import held_bytes, optimizer_slots
+from .sharding.sharding import full_tensor
 
 
 class StateAccess:

@@ -1,0 +1,13 @@
+"""Sharded stages: FSDP2 and tensor parallelism inside a pipeline stage.
+
+- ``sharded_mesh``: the process groups of a ``ParallelLayout`` (pp x dp_replicate x dp_shard x tp),
+  a torch ``DeviceMesh`` per pipeline position;
+- ``tp_plans``: which sub-modules tensor parallelism splits column- or row-wise (gpt, Hugging Face);
+- ``sharding``: ``shard_stage`` (TP, then ``fully_shard`` per block and stage) and a sharded
+  stage's part in the program (``StageSharding``: UNSHARD, RESHARD, no-sync backwards, REDUCE_GRAD);
+- ``sharded_measure``: the bytes a rank holds, measured (the prediction is
+  :mod:`pipesched.sharded_bytes`'s).
+
+Imports torch, the planning core, and of the runtime ``comm`` (the mesh) and ``engine`` (the
+split backward's Linears).
+"""

@@ -1,0 +1,145 @@
+"""Tensor-parallel plans of the models pipesched splits, and the styles that apply them.
+
+A plan maps a module-name suffix (matched at a dot boundary: ``"attn.qkv"`` matches
+``"blocks.2.attn.qkv"``) to ``"colwise"`` or ``"rowwise"`` (:data:`~pipesched.sharded_bytes.TP_STYLES`),
+Megatron's pairing: the projections that fan out (attention q/k/v, the MLP's first layer or
+gate/up) split their output features, the ones that fan back in (attention output, MLP down)
+their input features and all-reduce. Between them each rank computes its ``heads / tp`` heads and
+``hidden / tp`` MLP columns; what enters and leaves a block is a plain replicated tensor, so what
+crosses a stage boundary is unchanged. Norms, embeddings and the head stay replicated.
+
+- ``gpt`` (the built-in model): ``attn.qkv`` holds each head's q, k and v rows together
+  (:class:`~pipesched.runtime.training.models.CausalSelfAttention`), so a column-wise split hands each rank
+  whole heads; ``attn.heads`` is divided by ``tp``.
+- Llama-likes (Llama, Mistral, Qwen2/3): transformers' own plan; their attention reads the head
+  count from the projections' width, so nothing else changes (``tp`` must divide the key-value heads).
+- GPT-2: the MLP (``c_fc`` / ``c_proj``, Conv1D: weights stored transposed). Its fused ``c_attn``
+  holds all q, then all k, then all v: a split by heads would need an interleaved placement
+  (``_StridedShard``) that FSDP2 cannot shard again in torch 2.13 (checked: the gathered weight
+  comes back wrong), so its attention stays replicated across ``tp``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Iterator
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import (
+    Replicate,
+    Shard,
+    distribute_module,
+    distribute_tensor,
+)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    parallelize_module,
+)
+
+from ...errors import ConfigError
+from ...sharded_bytes import ParamSpec, tp_dims
+from ..engine.split_backward import TRANSPOSED_LINEARS
+
+Plan = dict[str, str]
+
+GPT_PLAN: Plan = {"attn.qkv": "colwise", "attn.proj": "rowwise", "fc1": "colwise", "fc2": "rowwise"}
+LLAMA_PLAN: Plan = {
+    "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
+    "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise",
+}
+GPT2_PLAN: Plan = {"mlp.c_fc": "colwise", "mlp.c_proj": "rowwise"}
+HEAD_COUNTS = ("attn.heads",)  # attributes (by name suffix) holding a head count that tp divides
+
+
+def plan_for(model_name: str) -> Plan:
+    """The plan of ``"gpt"``, or of a Hugging Face ``*ForCausalLM`` class name."""
+    if model_name == "gpt":
+        return GPT_PLAN
+    if model_name == "GPT2LMHeadModel":
+        return GPT2_PLAN
+    return LLAMA_PLAN
+
+
+def _matches(name: str, suffix: str) -> bool:
+    return name == suffix or name.endswith("." + suffix)
+
+
+def planned_modules(module: nn.Module, plan: Plan) -> Iterator[tuple[str, nn.Module, str]]:
+    """(name, sub-module, style) of every sub-module of ``module`` the plan splits."""
+    for name, sub in module.named_modules():
+        for suffix, style in plan.items():
+            if _matches(name, suffix):
+                yield name, sub, style
+
+
+def _is_transposed(module: nn.Module) -> bool:
+    return isinstance(module, tuple(TRANSPOSED_LINEARS))
+
+
+def param_specs(module: nn.Module, plan: Plan) -> list[ParamSpec]:
+    """Every parameter of ``module`` once (tied ones once), with the dim ``plan`` splits: the
+    input of :func:`~pipesched.sharded_bytes.rank_state_bytes`."""
+    split: dict[int, int] = {}
+    for _, sub, style in planned_modules(module, plan):
+        weight_dim, bias_dim = tp_dims(style, _is_transposed(sub))
+        split[id(sub.weight)] = weight_dim
+        if getattr(sub, "bias", None) is not None and bias_dim is not None:
+            split[id(sub.bias)] = bias_dim
+    return [ParamSpec(tuple(p.shape), split.get(id(p)), p.element_size()) for p in module.parameters()]
+
+
+class _TransposedStyle:
+    """A style for a Linear whose weight is stored ``(in, out)`` (transformers' Conv1D): the
+    same split as its parent style, on the other weight dim."""
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        weight_dim, bias_dim = tp_dims(self.STYLE, transposed=True)
+        for pname, placement in (("weight", Shard(weight_dim)), ("bias", Shard(bias_dim) if bias_dim is not None else Replicate())):
+            param = getattr(module, pname, None)
+            if param is not None:
+                module.register_parameter(pname, nn.Parameter(
+                    distribute_tensor(param, device_mesh, [placement], src_data_rank=self.src_data_rank),
+                    requires_grad=param.requires_grad))
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if self.STYLE == "rowwise":
+            self.desired_input_layouts = (Shard(-1),)
+        return distribute_module(
+            module, device_mesh, self._partition_linear_fn,
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+        )
+
+
+class TransposedColwise(_TransposedStyle, ColwiseParallel):
+    STYLE = "colwise"
+
+
+class TransposedRowwise(_TransposedStyle, RowwiseParallel):
+    STYLE = "rowwise"
+
+
+STYLES = {("colwise", False): ColwiseParallel, ("rowwise", False): RowwiseParallel,
+          ("colwise", True): TransposedColwise, ("rowwise", True): TransposedRowwise}
+
+
+def apply_tp(module: nn.Module, plan: Plan, tp_mesh: DeviceMesh) -> int:
+    """Split ``module``'s planned sub-modules over ``tp_mesh`` and divide its head counts by the
+    mesh's size; returns how many sub-modules were split. A no-op at ``tp = 1``. (The layout is
+    checked before any rank starts, :mod:`pipesched.layout_refusals`; a head count ``tp`` does
+    not divide is refused here too, rather than computed wrong.)"""
+    tp = tp_mesh.size()
+    if tp == 1:
+        return 0
+    counts = [(name, sub, attr) for name, sub in module.named_modules() for owner, _, attr in
+              (suffix.rpartition(".") for suffix in HEAD_COUNTS) if _matches(name, owner) and hasattr(sub, attr)]
+    for name, sub, attr in counts:
+        if getattr(sub, attr) % tp:
+            raise ConfigError(f"tensor parallelism tp={tp} does not divide the {getattr(sub, attr)} heads of {name}")
+    styles = {name: STYLES[style, _is_transposed(sub)]() for name, sub, style in planned_modules(module, plan)}
+    parallelize_module(module, tp_mesh, styles)
+    for name, sub, attr in counts:
+        setattr(sub, attr, getattr(sub, attr) // tp)
+    return len(styles)

@@ -1,0 +1,12 @@
+"""``pipesched train`` and what it trains: the run, its models, data and optimizers, the profile.
+
+- ``train``: one run on every rank (``TrainConfig``, ``run``), the unpipelined reference;
+- ``models``, ``model_def``, ``datasets``, ``optimizers``: the built-in models, what a model is to
+  ``train``, their data, the optimizers by name;
+- ``run_loop``, ``loop_options``, ``lr_schedule``, ``evaluation``, ``metrics``, ``model_flops``,
+  ``progress_display``, ``run_gather``: around the steps: the learning-rate schedule, held-out
+  evaluation, the metrics written and shown, what rank 0 brings back;
+- ``profile``: measured costs and sizes for the advisor (``advise --profile``, ``train -s auto``).
+
+The top of the runtime: may import any of it.
+"""

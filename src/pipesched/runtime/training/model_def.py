@@ -1,0 +1,46 @@
+"""What a model is to ``pipesched train``: its blocks, loss, batches, block costs and tied weights
+(the built-in models of :mod:`.models` and the Hugging Face ones of :mod:`pipesched.hf` alike)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from ..checkpoints.checkpoint_names import same_name
+
+
+@dataclass(frozen=True)
+class ModelDef:
+    """A model as blocks plus what training it needs: the loss and a deterministic batch source."""
+
+    name: str
+    num_blocks: int
+    build_block: Callable[[int], nn.Module]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    batch: Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, batch_size, seed)
+    block_costs: tuple[float, ...]  # estimated compute of each block (relative), to balance stages
+    tied: tuple[tuple[str, ...], ...] = ()  # parameters that are one weight (RuntimeOptions.tied)
+    # a checkpoint's name of each unpipelined name ("0.model.embed_tokens.weight"): hf: models drop
+    # the block index, so the CLI's checkpoints are keyed as the model names its weights
+    checkpoint_name: Callable[[str], str] = same_name
+    # held-out batch ``index`` of ``size`` samples, the same at every evaluation (None: no held-out data)
+    eval_batch: Optional[Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]] = None
+    # which of its modules tensor parallelism splits column- or row-wise (runtime.tp_plans; None:
+    # the model has no plan, and tensor parallelism is refused for it)
+    tp_plan: Optional[dict] = None
+    heads: tuple[int, ...] = ()  # the head counts (attention, key-value) tensor parallelism must divide
+
+    def sequential(self, seed: int) -> nn.Sequential:
+        """The whole model in one process (the reference), block i seeded as a stage builds it,
+        each tied group one parameter (the first name's)."""
+        from ..stages.partition import build_block_seeded
+
+        model = nn.Sequential(*(build_block_seeded(self.build_block, i, seed) for i in range(self.num_blocks)))
+        for first, *others in self.tied:
+            for name in others:
+                owner, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(owner), attr, model.get_parameter(first))
+        return model

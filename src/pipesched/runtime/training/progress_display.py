@@ -1,0 +1,57 @@
+"""The run's progress on rank 0: a rich progress bar with an ETA on a terminal, plain lines when
+the output is piped or written to a file (one per logging interval: a log stays readable)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+
+class ProgressDisplay:
+    """A bar (terminal) or lines (otherwise) for a run of ``steps`` steps, ``done`` of them before."""
+
+    def __init__(self, steps: int, name: str, done: int = 0, terminal: Optional[bool] = None) -> None:
+        self.steps = steps
+        self.name = name
+        self.terminal = sys.stdout.isatty() if terminal is None else terminal
+        self.bar = None
+        if self.terminal:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self.bar = Progress(
+                TextColumn(f"[bold]{name}[/bold]"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}"), TextColumn("step {task.fields[ms]} ms"),
+                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), transient=False,
+            )
+            self.task = self.bar.add_task("train", total=steps, completed=done, loss="-", ms="-")
+            self.bar.start()
+
+    def step(self, loss: float, seconds: float, skipped: bool) -> None:
+        """One step done (the bar moves; lines wait for the interval)."""
+        if self.bar is not None:
+            text = f"{loss:.5f}" + (" (skipped)" if skipped else "")
+            self.bar.update(self.task, advance=1, loss=text, ms=f"{1000 * seconds:.1f}")
+
+    def interval(self, row: dict, eta_s: float) -> None:
+        """A logging interval's metrics (:mod:`.metrics`): one plain line when not on a terminal."""
+        if self.bar is not None:
+            return
+        parts = [f"{self.name} step {row['step']}/{self.steps}", f"loss {row['loss']:.5f}", f"lr {row['lr']:.3g}",
+                 f"{row['tokens_per_s']:.0f} tok/s", f"step {1000 * row['step_time_s']:.1f} ms"]
+        if "mfu" in row:
+            parts.append(f"mfu {100 * row['mfu']:.1f}%")
+        if "eval_loss" in row:
+            parts.append(f"eval loss {row['eval_loss']:.5f} (ppl {row['eval_perplexity']:.2f})")
+        parts.append(f"eta {eta_s:.0f} s")
+        print("  ".join(parts), flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
