@@ -10,6 +10,7 @@ while running is a :class:`~pipesched.errors.RunFailure`: one line, exit 1.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -53,6 +54,7 @@ class _Checked:
     loop: object
     summary: Optional[Path]
     counts: Optional[tuple[int, ...]]
+    dtype: object = None  # the torch dtype, once torch is imported
 
 
 @app.command("train")
@@ -85,6 +87,8 @@ def _checks_without_torch(run: RunFlags, sched: ScheduleFlags, ckpt: CheckpointF
     from .train_checks import check_checkpoint_flags, check_numbers
 
     torchrun_rank()  # a partial torchrun environment left in a shell: refused, not waited on
+    if run.verbose:  # every rank reads it (hf.config_file.quiet_transformers): set before any starts
+        os.environ["PIPESCHED_VERBOSE"] = "1"
     summary = renamed("train", "--json", "--summary", out.old_json_path, out.summary)
     check_numbers(run.lr, run.timeout, run.seed, run.clip_grad_norm)
     check_checkpoint_flags(ckpt.checkpoint_dir, ckpt.checkpoint_every, ckpt.checkpoint_keep, ckpt.resume)
@@ -124,7 +128,7 @@ def _model_and_plan(run: RunFlags, sched: ScheduleFlags, out: OutputFlags, data_
     model_options = {**train_hf.hf_model_options(run.model, out.data, out.hf_weights, out.save_hf),
                      **data_flags.model_options(run.model)}
     model_def = get_model(run.model, **model_options)
-    parse_dtype(run.dtype)
+    checked.dtype = parse_dtype(run.dtype)  # parsed once: the run's RuntimeOptions take it
     measured = choice.profiles()
     if choice.measures is not None:  # the schedule needs the model (zb-auto), measured by processes first
         if measured:
@@ -143,12 +147,11 @@ def _config(run: RunFlags, sched: ScheduleFlags, ckpt: CheckpointFlags, out: Out
             plan: Optional[Schedule], recompute: Recomputed, model_options: dict, resume_from):
     """The run as one ``TrainConfig`` (its runtime settings one ``RuntimeOptions``, the dtype parsed once)."""
     from ..runtime.options import RuntimeOptions
-    from ..runtime.stages.precision import parse_dtype
     from ..runtime.training.train import TrainConfig
 
     options = RuntimeOptions(seed=run.seed, block_counts=checked.counts, timeout_s=run.timeout,
                              skip_nonfinite=run.skip_nonfinite, clip_grad_norm=run.clip_grad_norm, recompute=recompute,
-                             dtype=parse_dtype(run.dtype), meter_every_step=out.trace is not None)  # a trace draws every step
+                             dtype=checked.dtype, meter_every_step=out.trace is not None)  # a trace draws every step
     return TrainConfig(
         run.model, plan, run.steps, run.batch_size, options, lr=run.lr, optimizer=run.optimizer,
         model_size=model_options, want_params=out.save_params is not None or out.save_hf is not None,

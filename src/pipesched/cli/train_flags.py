@@ -39,6 +39,7 @@ class RunFlags:
     skip_nonfinite: bool = False
     clip_grad_norm: Optional[float] = None
     dtype: str = "fp32"
+    verbose: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ run_options = option_group("run", RunFlags, (
     ("clip_grad_norm", Optional[float], typer.Option(None, "--clip-grad-norm", help="Clip the whole model's gradient "
                                                      "norm (over every rank) to this, as torch's clip_grad_norm_.")),
     ("dtype", str, Dtype),
+    ("verbose", bool, typer.Option(False, "--verbose", help="Show the warnings and notes of the libraries the run "
+                                   "uses (transformers' are kept out of the terminal otherwise, once per rank).")),
 ))
 
 schedule_options = option_group("sched", ScheduleFlags, (
