@@ -169,15 +169,15 @@ def timing_table(result: dict) -> list[str]:
 def check_worker(rank: int, world: int, _payload=None) -> dict:
     """The exactness cases of tests/test_sharded_stages.py on this launch's device and backend."""
     from sharded_cases import several_layouts
-    from test_sharded_stages import CASES
+    from test_sharded_stages import ALL_CASES
 
     parts = [None] * world
-    dist.all_gather_object(parts, several_layouts(rank, world, CASES, str(rank_device())))
+    dist.all_gather_object(parts, several_layouts(rank, world, ALL_CASES, str(rank_device())))
     return dict(enumerate(parts))
 
 
 def check_table(ranks: dict) -> list[str]:
-    from test_sharded_stages import CASES, GRAD_TOLERANCE, layout_of
+    from test_sharded_stages import ALL_CASES, GRAD_TOLERANCE, layout_of
 
     from pipesched.sharded_bytes import rank_state_bytes
 
@@ -187,7 +187,7 @@ def check_table(ranks: dict) -> list[str]:
     for r, cases in sorted(ranks.items()):
         for label, case in cases.items():
             tp_rank, shard_rank = case["coordinates"]
-            for kind in CASES[label][1]:
+            for kind in ALL_CASES[label][1]:
                 c = case[kind]
                 p = rank_state_bytes(c["specs"], layout_of(label), tp_rank, shard_rank)
                 ratio = sum(c["bytes"].values()) / (p.params + p.grads + p.optimizer)
