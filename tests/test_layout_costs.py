@@ -126,12 +126,6 @@ def test_gathers_go_as_late_as_they_still_hide_and_the_first_one_is_waited_for()
     assert late[4].issue_before == 1 and late[4].start == 1.5  # issued only once stage 0's second F runs
 
 
-def test_a_gather_plan_over_the_memory_limit_is_refused():
-    actions = [(0, "F", 0), (4, "F", 0), (4, "B", 0), (0, "B", 0)]
-    with pytest.raises(ConfigError, match="stages 0, 4 are gathered at once"):
-        gather_plan(actions, [1, 1, 1, 1], {0: 0.5, 4: 0.5}, {0: 10.0, 4: 10.0}, limit=15.0)
-
-
 def test_on_a_simulated_pipeline_later_ranks_gather_later_and_hide_it_in_their_warm_up():
     result = simulate(build_schedule("1f1b", 4, 8, 1))  # unit costs: rank r's first forward at r
     plans = []

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from .actions import Action, Slot, sub_actions
 from .dependencies import dependencies, dependency
@@ -109,11 +109,18 @@ def lower(orders: Sequence[Sequence[Slot]], placement: Sequence[int], pipelines:
     return Program(actions, rank_ids, dep, cross, rank_of, tuple(placement), index, partner, pipelines)
 
 
-def run(program: Program, durations: Sequence[float], comm: float) -> tuple[list[float], list[float]]:
+def run(program: Program, durations: Sequence[float], comm: float,
+        gathers: Optional[Sequence[Sequence[tuple[int, float]]]] = None) -> tuple[list[float], list[float]]:
     """Start and end time of every action id; raises DeadlockError when ranks get stuck.
 
     An overlapped pair takes its forward's duration (see :func:`pair_durations`); its backward's
     is not used.
+
+    ``gathers`` (FSDP's ``UNSHARD``s, by action id: the ``(stage, time)`` all-gathers its rank
+    issues on reaching that action, before it): each rank has one communication lane beside its
+    compute, running its gathers one at a time in issue order from the moment the rank reaches
+    them (the end of its previous action); an action (both halves of a pair) also waits until
+    the latest gather issued for its stage has landed.
     """
     n = len(program.actions)
     dep, cross, partner = program.dep, program.cross, program.partner
@@ -123,6 +130,10 @@ def run(program: Program, durations: Sequence[float], comm: float) -> tuple[list
     ranks = len(program.rank_ids)
     pos = [0] * ranks
     free = [0.0] * ranks
+    lane = [0.0] * ranks  # when each rank's communication lane is free
+    issued = [0] * ranks  # how far each rank has issued its gathers
+    landed: dict[int, float] = {}  # stage -> when its latest gather lands
+    actions = program.actions
     runnable = deque(range(ranks))
     while runnable:
         r = runnable.popleft()
@@ -145,6 +156,14 @@ def run(program: Program, durations: Sequence[float], comm: float) -> tuple[list
                     start = t_dep
             elif d == MISSING:
                 break
+            if gathers is not None:
+                if issued[r] <= i:  # issued once, when the rank first reaches the action
+                    for stage, took in gathers[a]:
+                        lane[r] = max(lane[r], t) + took
+                        landed[stage] = lane[r]
+                    issued[r] = i + 1
+                start = max(start, landed.get(actions[a][0], 0.0),
+                            landed.get(actions[partner[a]][0], 0.0) if partner[a] >= 0 else 0.0)
             b = partner[a]
             if b >= 0:  # an overlapped pair also waits for its backward's input (the same check,
                 # written out again: a call per action would slow every run by a fifth)

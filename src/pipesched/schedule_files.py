@@ -23,12 +23,13 @@ import csv
 import io
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from .actions import MAX_INDEX_DIGITS, Action, Overlap, parse_slot, shown
 from .errors import ConfigError, CSVFormatError, ScheduleError
 from .ops import Op
 from .planning import MAX_ACTIONS_BUILT
+from .runtime.program.instructions import RankProgram
 from .runtime.program.program import assemble, lower_all
 from .runtime.program.program_check import check_programs
 from .schedule import Schedule, csv_rows
@@ -47,13 +48,19 @@ def check_format(format: str) -> str:
     return format
 
 
-def csv_text(schedule: Schedule, format: str = "compute_only") -> str:
-    """The schedule as a CSV in ``format`` (one of :data:`FORMATS`), as torch's csv.writer writes."""
+def csv_text(schedule: Schedule, format: str = "compute_only",
+             programs: Optional[Sequence[RankProgram]] = None) -> str:
+    """The schedule as a CSV in ``format`` (one of :data:`FORMATS`), as torch's csv.writer writes.
+    ``programs``: the ranks' programs to write in ``compute_comms`` (default: the lowering's, with
+    torch's window of 3; :func:`~pipesched.runtime.program.planned_gathers.plan_programs` places
+    the gathers from the costs)."""
     if check_format(format) == "compute_only":
+        if programs is not None:
+            raise ConfigError("a compute_only CSV holds no programs: write them with format compute_comms")
         return schedule.to_csv()
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    for program in lower_all(validate(schedule)):
+    for program in (lower_all(validate(schedule)) if programs is None else programs):
         writer.writerow(program.cells())
     return buffer.getvalue()
 

@@ -12,9 +12,10 @@ each stage the least that hides its gather; where the lane cannot hide one (the 
 the rank's first action), the plan says how long the rank waits. A stage stays gathered until
 its last action of the step (torchtitan keeps stages gathered under pipelining).
 
-The result names, per stage, the action index before which its ``UNSHARD`` is issued (the
-lowering inserts it there) and the index after which it may be resharded, so a lowering pass
-can use it in place of the fixed window.
+The result names, per stage, the action index before which its ``UNSHARD`` is issued and the
+index after which it may be resharded: :mod:`pipesched.runtime.program.planned_gathers` lowers
+it in place of the fixed window, checks the program and holds it to a memory limit (what is
+gathered at once is the program check's to count, from the program's UNSHARD/RESHARD).
 """
 
 from __future__ import annotations
@@ -43,8 +44,6 @@ def gather_plan(
     actions: Sequence[tuple[int, str, int]],
     durations: Sequence[float],
     gather_time: Mapping[int, float],
-    gathered_bytes: Optional[Mapping[int, float]] = None,
-    limit: Optional[float] = None,
     starts: Optional[Sequence[float]] = None,
 ) -> dict[int, Gather]:
     """Per stage, where its all-gather goes in one rank's compute order; see the module doc.
@@ -52,8 +51,7 @@ def gather_plan(
     ``actions``: the rank's compute actions ``(stage, kind, microbatch)`` in order;
     ``durations``: each one's time; ``starts``: when each starts (default back to back, as if
     the rank never waited; pass a simulated timeline's to place against its waits);
-    ``gather_time``: each stage's all-gather time; ``gathered_bytes`` with ``limit``: refuse a plan
-    whose stages gathered at once ever exceed ``limit`` bytes (one line, naming the moment)."""
+    ``gather_time``: each stage's all-gather time."""
     if len(durations) != len(actions) or (starts is not None and len(starts) != len(actions)):
         raise ConfigError(f"{len(actions)} actions need as many durations (and starts), got {len(durations)}")
     if starts is None:
@@ -67,32 +65,24 @@ def gather_plan(
         first.setdefault(stage, i)
         last[stage] = i
     order = sorted(first, key=lambda s: first[s])
-    plan: dict[int, Gather] = {}
+    plan: dict[int, float] = {}  # stage -> the latest start that still hides its gather
     latest = float("inf")  # when the next gather on the lane starts
     for stage in reversed(order):
         use = starts[first[stage]]
         start = min(use, latest) - gather_time.get(stage, 0.0)
         latest = start
         plan[stage] = start
-    out, free = {}, 0.0
+    out, free, queued = {}, 0.0, 0
     for stage in order:  # a gather the step's start cuts short starts at 0 and pushes the next ones on
         start = max(plan[stage], free)
         end = free = start + gather_time.get(stage, 0.0)
-        issue = max((i for i in range(first[stage] + 1) if starts[i] <= start + TOLERANCE), default=0)
+        if start > plan[stage] + TOLERANCE:  # pushed by the one before: issued with it, queued behind it
+            issue = queued
+        else:
+            issue = max((i for i in range(first[stage] + 1) if starts[i] <= start + TOLERANCE), default=0)
+        queued = issue
         done = starts[last[stage]] + durations[last[stage]]
         out[stage] = Gather(stage, issue, last[stage], start, end, done - start,
                             max(0.0, end - starts[first[stage]]))
-    if gathered_bytes is not None and limit is not None:
-        _check_limit(out, gathered_bytes, limit)
     return out
 
-
-def _check_limit(plan: Mapping[int, Gather], nbytes: Mapping[int, float], limit: float) -> None:
-    """Refuse a plan whose gathered stages exceed ``limit`` at any moment (each gather's start)."""
-    for g in plan.values():
-        held = [s for s, h in plan.items() if h.start <= g.start + TOLERANCE and g.start < h.start + h.held]
-        total = sum(nbytes.get(s, 0.0) for s in held)
-        if total > limit * (1 + TOLERANCE):
-            raise ConfigError(f"stages {', '.join(map(str, sorted(held)))} are gathered at once from {g.start:.4g} "
-                              f"({total:.4g} bytes), over the limit of {limit:.4g}: give more memory or fewer "
-                              "stages per rank")

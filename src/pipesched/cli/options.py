@@ -112,14 +112,18 @@ def parse_memory_limit(text: Optional[str], bytes_known: bool) -> tuple[Optional
 
 def parse_multipliers(text: Optional[str]) -> Optional[tuple[float, ...]]:
     """``--stage-multipliers 1.3,1,1,1.3`` as numbers (None when not given; empty is refused)."""
-    if text is None:
-        return None
+    return None if text is None else number_list("--stage-multipliers", text, "factors such as 1.3,1,1,1.3")
+
+
+def number_list(flag: str, text: str, example: str = "numbers such as 0.5 or 0.5,1") -> tuple[float, ...]:
+    """``flag``'s comma-separated numbers (one line naming ``flag`` if they are not; ranges are the caller's)."""
     if not text.strip():
-        raise ConfigError("--stage-multipliers is empty: give factors such as 1.3,1,1,1.3, or leave the flag out")
+        raise ConfigError(f"{flag} is empty: give {example}, or leave the flag out")
     try:
-        return tuple(float(x) for x in text.split(","))
+        values = tuple(float(x) for x in text.split(","))
     except ValueError:
-        raise ConfigError(f"--stage-multipliers {text!r}: expected numbers separated by commas") from None
+        raise ConfigError(f"{flag} {text!r}: expected numbers separated by commas") from None
+    return values
 
 
 def setup(

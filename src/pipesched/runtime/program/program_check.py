@@ -9,7 +9,7 @@ Pure Python (no torch).
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from typing import Mapping, Optional, Sequence
 
 from ...errors import DeadlockError, ScheduleError
 from ...ops import RECEIVES, SENDS, Op
@@ -101,11 +101,20 @@ def _what(msg: Message) -> str:
     return f"the {'activation' if msg.kind == 'act' else 'input gradient'} of stage {msg.stage} microbatch {msg.microbatch}"
 
 
-def _check_gathers(program: RankProgram) -> None:
+def gathered_peak(program: RankProgram, nbytes: Mapping[int, float]) -> tuple[float, tuple[int, ...]]:
+    """The most bytes ``program`` holds gathered at once (UNSHARD takes a stage's ``nbytes`` when
+    issued, RESHARD gives them back) and the stages held then; the program's gathers checked as
+    :func:`check_programs` checks them (a ScheduleError names what is wrong)."""
+    return _check_gathers(program, nbytes)
+
+
+def _check_gathers(program: RankProgram, nbytes: Optional[Mapping[int, float]] = None) -> tuple[float, tuple[int, ...]]:
     """A program with UNSHARD/RESHARD computes each stage only while it is gathered: after its
-    UNSHARD, before the RESHARD that follows; a stage is gathered once at a time and freed by the end."""
+    UNSHARD, before the RESHARD that follows; a stage is gathered once at a time and freed by the
+    end. Returns the peak of ``nbytes`` gathered at once and the stages then (0 without sizes)."""
+    peak: tuple[float, tuple[int, ...]] = (0.0, ())
     if not any(ins.op is Op.UNSHARD or ins.op is Op.RESHARD for ins in program.instructions):
-        return
+        return peak
     gathered: set[int] = set()
     for ins in program.instructions:
         if ins.op is Op.UNSHARD or ins.op is Op.RESHARD:
@@ -114,10 +123,14 @@ def _check_gathers(program: RankProgram) -> None:
                 state = "gathered" if unshard else "not gathered"
                 raise ScheduleError(f"rank {program.rank}: {ins} while stage {ins.stage} is {state}")
             (gathered.add if unshard else gathered.discard)(ins.stage)
+            held = sum(nbytes.get(s, 0.0) for s in gathered) if nbytes is not None else 0.0
+            if held > peak[0]:
+                peak = (held, tuple(sorted(gathered)))
         elif ins.action is not None and ins.stage not in gathered:
             raise ScheduleError(f"rank {program.rank} runs {ins} while stage {ins.stage} is not gathered (no UNSHARD before it)")
     if gathered:
         raise ScheduleError(f"rank {program.rank} ends with stages {sorted(gathered)} still gathered (no RESHARD)")
+    return peak
 
 
 def _check_reduction(program: RankProgram, at: int, stage: int) -> None:
