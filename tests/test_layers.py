@@ -38,7 +38,7 @@ LAYERS = [
     ("run resolution", ["resolve", "zb_auto_plan", "schedule_files"]),
     ("cli", ["cli", "__main__"]),
 ]
-TORCH_FREE = ["runtime.program.program", "runtime.program.program_check", "runtime.metering.timeline", "resolve",
+TORCH_FREE = ["runtime.program.program", "runtime.program.program_check", "runtime.program.planned_gathers", "runtime.metering.timeline", "resolve",
               "zb_auto_plan", "schedule_files"]  # documented as importable without torch
 # Typer's pattern: the CLI package holds the app, and registers the command modules that import
 # it (pipesched.cli <-> pipesched.cli.*). The one cycle allowed, inside the top layer.

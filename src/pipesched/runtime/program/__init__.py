@@ -5,8 +5,11 @@ and the checks that they cannot hang.
 - ``passes``: lowering as a list of pure passes (torch's ``_add_unshard_reshard``,
   ``_add_reduce_grad``, ``_add_send_recv``), a new instruction's pass goes here;
 - ``program``: ``lower_all`` (the passes, cached per schedule), ``assemble`` (a program read from a CSV);
-- ``program_check``: run the programs under the strictest transport rules and name what is wrong.
+- ``program_check``: run the programs under the strictest transport rules and name what is wrong;
+- ``planned_gathers``: ``plan_programs``, each rank's ``UNSHARD``/``RESHARD`` by torch's window or
+  placed from the costs (``advise.gather_plan``), timed by the simulator.
 
 Pure Python: imports nothing of torch, only pipesched's planning core (actions, ops, execution
-rules, schedule). Nothing else of the runtime.
+rules, schedule; and, for ``planned_gathers``, the simulator and ``advise.gather_plan``). Nothing
+else of the runtime.
 """

@@ -124,7 +124,7 @@ def gathered_step_time(schedule: Schedule, programs: Sequence[RankProgram], cost
 def plan_programs(schedule: Schedule, gathers: Optional[GatherCosts] = None, costs: Optional[Costs] = None,
                   plan: str = "torch") -> PlannedPrograms:
     """Every rank's program with its gathers placed by ``plan`` (:data:`GATHER_PLANS`; see the
-    module doc). ``torch`` is torch's window of 3 (``gathers`` then only times it); ``auto``
+    module doc). ``torch`` is torch's window of 3 (``gathers`` then times it and holds it to the limit); ``auto``
     needs ``gathers`` and refuses, in one line, a schedule no candidate fits within its limit."""
     if plan not in GATHER_PLANS:
         raise ConfigError(f"--gather-plan {plan!r} is not known: use one of {', '.join(GATHER_PLANS)}")
