@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Optional
+from typing import Optional, Sequence
 
 from .costs import UNIT, Costs, as_costs, durations_for, program_durations
 from .errors import ConfigError
@@ -136,8 +136,12 @@ def durations_by_id(schedule: Schedule, program: Program, costs: Costs, recomput
     return program_durations(program, costs, recompute)
 
 
-def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional[MemorySizes] = None) -> SimResult:
+def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional[MemorySizes] = None,
+             gathers: Optional[Sequence[Sequence[tuple[int, float]]]] = None) -> SimResult:
     """Simulate ``schedule`` under ``costs`` (unit costs, no latency, by default).
+
+    ``gathers``: FSDP's all-gathers on each rank's communication lane, per action id of the
+    schedule's lowered program (:func:`pipesched.execution.run`).
 
     ``memory``: per-stage sizes in bytes (and which stages recompute): adds peak bytes per rank,
     and a recomputed stage's ``I``/``B`` takes its ``F`` longer. A schedule that carries its own
@@ -153,12 +157,12 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional
     program = lowered(schedule)
     own = schedule_recompute(schedule)
     recompute = memory.recompute if memory is not None else (own.stages if own else frozenset())
-    cached = schedule.derived.get(UNIT_RUN) if costs == UNIT and not recompute else None
+    cached = schedule.derived.get(UNIT_RUN) if costs == UNIT and not recompute and gathers is None else None
     if cached is not None:
         durations, starts, ends = cached
     else:
         durations = durations_by_id(schedule, program, costs, recompute)
-        starts, ends = run(program, durations, costs.comm)
+        starts, ends = run(program, durations, costs.comm, gathers)
     busy, peaks, first, last = [], [], [], []
     rank_actions = [[program.actions[i] for i in ids] for ids in program.rank_ids]
     for ids, actions, k in zip(program.rank_ids, rank_actions, _stages_on_rank(schedule)):

@@ -24,14 +24,13 @@ from functools import partial
 from typing import Mapping, Optional, Sequence
 
 from ...advise.gather_plan import Gather, gather_plan
-from ...costs import Costs, as_costs, program_durations
+from ...costs import Costs, as_costs
 from ...errors import ConfigError
-from ...execution import run
 from ...ops import Op
 from ...placement import stages_by_rank
 from ...schedule import Schedule
 from ...simulate import simulate
-from ...validate import lowered, validate
+from ...validate import validate
 from .instructions import Instruction, RankProgram
 from .passes import (
     Pass,
@@ -107,7 +106,7 @@ def gathered_step_time(schedule: Schedule, programs: Sequence[RankProgram], cost
                        gather_time: Mapping[int, float]) -> float:
     """The simulated step of ``programs`` with their gathers on each rank's lane (the UNSHARDs
     before each compute entry are issued when the rank reaches it)."""
-    program = lowered(schedule)
+    program = schedule.program
     issued: list[tuple[tuple[int, float], ...]] = [()] * len(program.actions)
     for rank_program in programs:
         pending: list[tuple[int, float]] = []
@@ -117,8 +116,7 @@ def gathered_step_time(schedule: Schedule, programs: Sequence[RankProgram], cost
             elif ins.action is not None and ins.half != 2:
                 issued[program.index[ins.action]] = tuple(pending)
                 pending = []
-    _, ends = run(program, program_durations(program, costs), costs.comm, issued)
-    return max(ends, default=0.0)
+    return simulate(schedule, costs, gathers=issued).makespan
 
 
 def plan_programs(schedule: Schedule, gathers: Optional[GatherCosts] = None, costs: Optional[Costs] = None,
