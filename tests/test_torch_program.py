@@ -47,12 +47,12 @@ def _sharded_runs() -> list:
             ("fsdp zb-v planned", zbv, late.programs), ("fsdp interleaved-1f1b planned", interleaved, tight.programs)]
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(300)
 def test_torch_trains_every_single_pipeline_family_from_our_program_as_unpipelined():
     runs = [(f"{name} p={p}", pipesched.build_schedule(name, p, MICROBATCHES)) for p in (4, 2) for name in SINGLE_PIPELINE]
     assert {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "interleaved-zb", "dualpipev"} <= set(SINGLE_PIPELINE)
     sharded = _sharded_runs()
-    results = spawn(torch_runs_compute_comms, 4, ("mlp", SIZE, BATCH, runs, sharded), timeout_s=170)[0]
+    results = spawn(torch_runs_compute_comms, 4, ("mlp", SIZE, BATCH, runs, sharded), timeout_s=270)[0]
     assert set(results) == {label for label, _ in runs} | {label for label, _, _ in sharded}
     for label, schedule in runs:  # torch ran the file as written
         assert results[label]["program"] == [p.cells() for p in lower_all(schedule)], label
