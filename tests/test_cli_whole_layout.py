@@ -41,6 +41,15 @@ def test_each_dimension_can_be_fixed(searched):
     assert rows and all((r["pp"], r["dp"], r["dp_shard"], r["tp"]) == (2, 2, 2, 2) for r in rows)
 
 
+def test_each_row_gives_every_pipeline_rank_s_bytes_and_the_fullest_is_its_memory(searched):
+    for row in json.loads(searched["fixed"].stdout):  # pp 2 x dp 2 x dp_shard 2 x tp 2
+        ranks = row["bytes_per_rank"]
+        assert len(ranks) == 2 and all(r[k] > 0 for r in ranks for k in
+                                       ("params", "grads", "optimizer", "gathered", "unsharded_grads", "buffers", "activations"))
+        assert all(r["params"] == r["grads"] and r["optimizer"] >= 2 * r["params"] for r in ranks)  # fp32 shards, Adam
+        assert max(sum(r.values()) for r in ranks) == pytest.approx(row["memory_gb"] * 1e9, rel=1e-12)  # GB = 1e9 bytes
+
+
 def test_the_report_draws_each_rank_s_gathers_and_reductions_on_a_lane_of_its_own(searched):
     html = searched["report"].read_text()
     assert "2 FSDP shards \u00d7 tp 2" in html
@@ -55,6 +64,8 @@ def test_the_table_explains_the_pick_and_says_how_to_run_it(searched):
     assert "Recommendation: pp " in text and "tp 4: 4 all-reduces per layer" in text
     assert "runner-up" in text and "--parallelism.tensor_parallel_degree 4" in text
     assert "pipesched train: --csv" in text and "Layouts left out" in text
+    words = " ".join(text.split())  # the console wraps long lines
+    assert "GB on the fullest rank (pipeline rank" in words and "optimizer state" in words and "activations at peak" in words
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -9,11 +9,11 @@ from pipesched.advise.estimate import Hardware, TransformerCosts
 from pipesched.advise.fabric import ACROSS, WITHIN, Fabric, Link, all_gather_time, all_reduce_time, reduce_scatter_time
 from pipesched.advise.gather_plan import gather_plan
 from pipesched.advise.layout_costs import LayoutCosts
-from pipesched.advise.sharded_memory import FP32, MIXED, rank_state_bytes
 from pipesched.advise.sharded_step import layout_step
 from pipesched.advise.transformer import TransformerSpec
 from pipesched.errors import ConfigError
 from pipesched.parallel_layout import ParallelLayout
+from pipesched.sharded_bytes import FP32, MIXED, ParamSpec, rank_bytes, rank_state_bytes
 
 FABRIC = Fabric(4, within=Link.from_gbps(100, latency_ms=0.01), across=Link.from_gbps(10, latency_ms=0.05))
 SPEC = TransformerSpec(8, 1024, 512, 2, heads=16, vocab=32000)
@@ -96,21 +96,38 @@ def test_each_stage_reduce_scatters_after_its_last_backward_at_the_ring_time():
     assert step.step_time >= result.makespan + step.exposed_gather
 
 
-def test_bytes_from_explicit_shapes_divide_states_by_shards_and_tp_and_add_the_gathered_window():
-    stages = [[(1000, True), (10, False)], [(2000, True)]]
-    held = rank_state_bytes(stages, dp_shard=2, tp=2, precision=FP32)
-    local = 1000 / 2 + 10 + 2000 / 2
-    assert held.sharded == 16 * local / 2  # fp32 parameter and gradient, Adam's two moments
+def test_a_rank_s_bytes_divide_states_by_shards_and_tp_and_add_the_gathered_window():
+    layout = ParallelLayout(pp=2, dp_shard=2, tp=2)
+    big, small = [ParamSpec((2000, 10), tp_dim=0)], [ParamSpec((1000, 10), tp_dim=0), ParamSpec((10,))]
+    stages = [rank_state_bytes(s, layout, slots=2, precision=FP32) for s in (small, big)]
+    held = rank_bytes(stages, layout.dp_shard, largest_unit=stages[1])
+    local = (1000 // 2) * 10 + 10 + (2000 // 2) * 10  # elements after TP's split
+    assert held.sharded == 16 * local / 2 + 4 * 3  # fp32 parameter and gradient, Adam's two moments and steps
     assert held.gathered == 4 * local and held.unsharded_grads == 4 * local
-    assert held.buffers == (4 + 4) * 1000  # the largest unit's gather output and reduce input
-    window = rank_state_bytes(stages, dp_shard=2, tp=2, precision=FP32, window=1)
-    assert window.gathered == 4 * 1000  # the larger stage
-    assert rank_state_bytes(stages, precision=MIXED).total == 16 * 3010  # no FSDP: states only
+    assert held.buffers == (4 + 4) * 1000 * 10  # the largest unit's gather output and reduce input
+    assert rank_bytes(stages, layout.dp_shard, window=1).gathered == 4 * 1000 * 10  # the larger stage
+    mixed = rank_state_bytes(big, layout, precision=MIXED)
+    assert (mixed.gathered_params, mixed.unsharded_grads) == (2 * 10000, 4 * 10000)  # bf16 gathered, fp32 reduced
+    whole = ParallelLayout(pp=2)
+    assert rank_bytes([rank_state_bytes(s, whole) for s in (small, big)], 1).total == 16 * 30010 + 4 * 3  # no FSDP
+
+
+def test_a_transformer_s_bytes_are_the_shape_model_s_on_its_blocks():
+    spec = SPEC
+    assert spec.layer_params == 12 * 1024 ** 2 + 13 * 1024
+    layout = ParallelLayout(pp=2, dp_shard=2, tp=4)
+    base = TransformerCosts(SPEC, 2, Hardware(tflops=100, bandwidth=10, gpu_memory=80))
+    costs = LayoutCosts.for_layout(base, layout, FABRIC)
+    block = rank_state_bytes(spec.layer_specs(), layout, precision=MIXED)
+    embedding = rank_state_bytes(spec.embedding_specs(), layout, precision=MIXED)
+    assert embedding.gathered_params > block.gathered_params  # 32000 x 1024 outweighs a block's 12 x 1024^2
+    whole = rank_bytes([block + block + embedding], 2, largest_unit=embedding)
+    assert costs.rank_bytes({"layers": 2, "first": True, "last": False}) == whole
 
 
 def test_bad_layout_sizes_are_refused_in_one_line():
     with pytest.raises(ConfigError, match="dp_shard must be a whole number"):
-        rank_state_bytes([[(10, True)]], dp_shard=0)
+        ParallelLayout(pp=1, dp_shard=0)
     with pytest.raises(ConfigError, match="does not divide"):
         ParallelLayout(pp=2, tp=3).check(6, heads=16)
 

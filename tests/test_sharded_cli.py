@@ -29,6 +29,20 @@ def test_a_sharded_run_trains_as_one_process_and_measures_what_it_predicts(tmp_p
     for rank in got["memory"]:
         assert rank["measured_state_bytes"] == rank["predicted_state_bytes"], rank
         assert rank["measured_state_bytes"]["optimizer"] > 0  # AdamW's two moments, sharded
+    # and what the advisor predicts from the gpt's sizes for the run's blocks (tests/advised_bytes.py)
+    from advised_bytes import advised_state_bytes, gpt_defaults
+
+    import pipesched
+    from pipesched.runtime.sharding.sharded_mesh import runtime_layout
+    from pipesched.runtime.stages.copies import balanced_block_counts
+    from pipesched.runtime.training.models import get_model
+
+    schedule = pipesched.build_schedule("zb-v", 2, got["microbatches"])
+    counts = balanced_block_counts(get_model("gpt").block_costs, schedule)
+    for rank in got["memory"]:
+        advised = advised_state_bytes(gpt_defaults(), runtime_layout(2, 1, 2, 1), schedule.placement, counts,
+                                      rank["rank"], slots=2)
+        assert rank["measured_state_bytes"] == advised, rank
 
 
 REFUSED = [

@@ -34,12 +34,20 @@ def test_every_single_pipeline_family_trains_sharded_stages_as_the_unpipelined_m
 
     runs = [(f"{name} {where}", pipesched.build_schedule(name, 2, MICROBATCHES), dims)
             for name in SINGLE_PIPELINE for where, dims in LAYOUTS.items()]
+    from advised_bytes import advised_state_bytes
+
+    from pipesched.balance import even_counts
+    from pipesched.runtime.sharding.sharded_mesh import runtime_layout
+
     results = spawn(pipelined_layouts, 4, (SIZE, BATCH, runs), timeout_s=240)[0]
     assert set(results) == {label for label, _, _ in runs}
-    # every rank holds the parameter, gradient and optimizer bytes the layout predicts (SGD: none)
-    for label, got in results.items():
-        for rank in got.pop("state_bytes"):
-            assert rank["measured"] == rank["predicted"], (label, rank)
+    # every rank holds the parameter, gradient and optimizer bytes the layout predicts from the
+    # stages' shapes, and the advisor from the gpt's sizes (SGD: no optimizer state)
+    for label, schedule, (replicas, shards, tp) in runs:
+        layout, counts = runtime_layout(2, replicas, shards, tp), even_counts(SIZE["layers"] + 2, schedule.stages)
+        for rank, got in enumerate(results[label].pop("state_bytes")):
+            assert got["measured"] == got["predicted"], (label, rank, got)
+            assert got["measured"] == advised_state_bytes(SIZE, layout, schedule.placement, counts, rank, 0), (label, rank)
     assert_equal_to_reference(results, reference("gpt", SIZE, BATCH))
 
 

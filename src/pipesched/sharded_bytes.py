@@ -1,7 +1,10 @@
-"""Bytes a rank holds for a stage's parameters, gradients and optimizer state under a layout.
+"""Bytes a rank holds under a layout (pp x dp_replicate x dp_shard x tp), from parameter shapes.
 
-Pure (no torch): the advisor and ``simulate`` predict memory from parameter shapes before any
-rank starts, and the runtime's measurement of a sharded stage is checked against it.
+The one place of these rules. Pure (no torch): the advisor predicts memory from the shapes a
+transformer of given sizes has (:meth:`pipesched.advise.transformer.TransformerSpec.layer_specs`),
+the runtime from the shapes of the modules it built
+(:func:`pipesched.runtime.sharding.tp_plans.param_specs`), and the runtime's measured bytes are
+checked against the same functions (tests/test_sharded_stages.py, tests/test_sharded_pipelines.py).
 
 How a parameter is cut (what ``parallelize_module`` then ``fully_shard`` do in torch 2.13):
 
@@ -16,13 +19,24 @@ padded to the full ``ceil(n / k)`` rows, and reduce-scatters the gradients into 
 buffer per group; the optimizer's state is allocated like the unpadded piece
 (``zeros_like``), plus one scalar ``step`` per parameter (AdamW's, a 4-byte float).
 Replicas (``dp_replicate``) hold whole copies of their shard: they change nothing here.
+
+A rank's stages add up (:func:`rank_bytes`; Rajbhandari et al. 2020 for the states, torch's FSDP2
+under pipelining for the rest): the sharded states of every local stage; with ``dp_shard > 1``
+also the gathered window (torch's pipelining keeps a stage gathered from its first forward to
+its last backward: torchtitan sets ``reshard_after_forward=False`` under PP), the full-size
+gradients each stage accumulates from its first backward until its ``REDUCE_GRAD`` (pipelining
+turns FSDP's reduce-scatter off for every microbatch but the end), and the flat all-gather output
+and reduce-scatter input of the largest FSDP unit (a block), live while a collective runs. The
+gathered and reduced widths are FSDP's ``MixedPrecisionPolicy`` (:class:`Precision`).
+Activations are split ``tp`` ways under sequence parallelism; without it only the part inside
+the attention and MLP blocks is (:func:`tp_activation_shares`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 from .parallel_layout import ParallelLayout
 
@@ -30,6 +44,11 @@ from .parallel_layout import ParallelLayout
 # a transposed Linear (GPT-2's Conv1D, weight (in, out)) splits the other weight dim
 TP_STYLES = {"colwise": (0, 0), "rowwise": (1, None)}
 STEP_BYTES = 4  # AdamW's step counter, a float32 scalar tensor per parameter
+MASTER_BYTES = 4  # FSDP2 keeps the sharded parameter (and so its gradient and Adam's moments) in fp32
+ADAM_SLOTS = 2  # Adam's and AdamW's two moments per parameter
+# of Korthikanti et al.'s 34sbh per layer, the norms', residuals' and dropout inputs: not split by
+# tensor parallelism without sequence parallelism
+OUTSIDE_BLOCKS_SHARE = 10 / 34
 
 
 @dataclass(frozen=True)
@@ -40,6 +59,19 @@ class ParamSpec:
     shape: tuple[int, ...]
     tp_dim: Optional[int] = None
     element_bytes: int = 4
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per element of a gathered parameter and of an unsharded gradient: FSDP2's
+    ``MixedPrecisionPolicy`` (``param_dtype``, ``reduce_dtype``); None: the parameter's own."""
+
+    gathered: Optional[int] = None
+    unsharded_grad: Optional[int] = None
+
+
+MIXED = Precision(gathered=2, unsharded_grad=4)  # torchtitan's: bf16 compute, fp32 reduce
+FP32 = Precision()  # no policy: everything in the parameter's dtype (the runtime's runs)
 
 
 @dataclass(frozen=True)
@@ -56,6 +88,20 @@ class StateBytes:
     def steady(self) -> int:
         """What stays between steps: parameters, gradients and optimizer state."""
         return self.params + self.grads + self.optimizer
+
+    def __add__(self, other: StateBytes) -> StateBytes:
+        return StateBytes(*(a + b for a, b in zip(_fields(self), _fields(other))))
+
+    def times(self, n: int) -> StateBytes:
+        """``n`` stages (or units) like this one."""
+        return StateBytes(*(n * a for a in _fields(self)))
+
+
+NOTHING = StateBytes(0, 0, 0, 0, 0)
+
+
+def _fields(b: StateBytes) -> tuple[int, ...]:
+    return b.params, b.grads, b.optimizer, b.gathered_params, b.unsharded_grads
 
 
 def tp_dims(style: str, transposed: bool = False) -> tuple[int, Optional[int]]:
@@ -89,17 +135,73 @@ def shard_elements(spec: ParamSpec, layout: ParallelLayout, tp_rank: int, shard_
 
 
 def rank_state_bytes(specs: Iterable[ParamSpec], layout: ParallelLayout, tp_rank: int = 0, shard_rank: int = 0,
-                     slots: int = 2) -> StateBytes:
+                     slots: int = ADAM_SLOTS, precision: Precision = FP32) -> StateBytes:
     """What the rank at (``tp_rank``, ``shard_rank``) holds for a stage of ``specs`` (each
     parameter once, tied ones included once), with ``slots`` optimizer tensors per parameter
-    (AdamW: 2; SGD without momentum: 0, and then no step scalar)."""
-    params = optimizer = gathered = 0
+    (AdamW: 2; SGD without momentum: 0, and then no step scalar). Coordinates (0, 0) hold the
+    most: ``torch.chunk`` gives the first pieces the most rows, for every parameter at once."""
+    params = optimizer = gathered = reduced = 0
     for spec in specs:
         held, padded = shard_elements(spec, layout, tp_rank, shard_rank)
         params += padded * spec.element_bytes
         optimizer += slots * held * spec.element_bytes + (STEP_BYTES if slots else 0)
-        gathered += prod(tp_piece(spec, layout.tp, tp_rank)) * spec.element_bytes
-    return StateBytes(params, params, optimizer, gathered, gathered)
+        piece = prod(tp_piece(spec, layout.tp, tp_rank))
+        gathered += piece * (precision.gathered or spec.element_bytes)
+        reduced += piece * (precision.unsharded_grad or spec.element_bytes)
+    return StateBytes(params, params, optimizer, gathered, reduced)
+
+
+@dataclass(frozen=True)
+class RankBytes:
+    """One rank's bytes besides activations (see the module doc)."""
+
+    params: int
+    grads: int
+    optimizer: int
+    gathered: int = 0  # the gathered window's parameters, beyond the shards
+    unsharded_grads: int = 0  # full-size gradients until REDUCE_GRAD, beyond the shards
+    buffers: int = 0  # the largest unit's all-gather output and reduce-scatter input
+
+    @property
+    def sharded(self) -> int:
+        """Parameters, gradients and optimizer state: what stays between steps."""
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> int:
+        return self.sharded + self.gathered + self.unsharded_grads + self.buffers
+
+    def to_json(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def rank_bytes(stages: Sequence[StateBytes], dp_shard: int, largest_unit: StateBytes = NOTHING,
+               window: Optional[int] = None, grads_held: Optional[int] = None) -> RankBytes:
+    """What a rank holds at its peak for its local ``stages`` (each :func:`rank_state_bytes`)
+    under ``dp_shard`` shards; ``largest_unit``: its largest FSDP unit (a block).
+
+    ``window``: how many stages are gathered at once (the largest ones count; default all);
+    ``grads_held``: how many stages hold unsharded gradients at the peak (default all: every
+    stage's first backward comes before the first ``REDUCE_GRAD`` under the schedules the
+    advisor builds, and zero-bubble schedules defer their ``W`` further). Without shards
+    nothing is gathered: the parameters are whole already."""
+    total = sum(stages, NOTHING)
+    if dp_shard == 1:
+        return RankBytes(total.params, total.grads, total.optimizer)
+    gathered = sorted((s.gathered_params for s in stages), reverse=True)
+    reduced = sorted((s.unsharded_grads for s in stages), reverse=True)
+    return RankBytes(total.params, total.grads, total.optimizer, sum(gathered[:window]), sum(reduced[:grads_held]),
+                     largest_unit.gathered_params + largest_unit.unsharded_grads)
+
+
+def tp_activation_shares(tp: int, sequence_parallel: bool = True) -> tuple[float, float]:
+    """(share of a layer's stored activations, share of a stage's input) one of ``tp`` ranks
+    holds: all split under sequence parallelism (torchtitan's plan); without it (Megatron-LM
+    before 2022) only the ``24/34`` inside the attention and MLP blocks, and a stage's (or a
+    recomputed layer's) input not at all (Korthikanti et al. 2022)."""
+    if sequence_parallel:
+        return 1 / tp, 1 / tp
+    return OUTSIDE_BLOCKS_SHARE + (1 - OUTSIDE_BLOCKS_SHARE) / tp, 1.0
 
 
 def largest_rank_state_bytes(specs: Iterable[ParamSpec], layout: ParallelLayout, slots: int = 2) -> StateBytes:

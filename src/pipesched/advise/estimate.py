@@ -20,10 +20,13 @@ from ..balance import balance_layers
 from ..costs import Costs
 from ..errors import ConfigError
 from ..memory import MemorySizes, StageMemory
+from ..parallel_layout import ParallelLayout
 from ..placement import loop_placement, v_placement
+from ..sharded_bytes import ADAM_SLOTS, MASTER_BYTES, RankBytes
 from .transformer import TransformerSpec
+from .transformer_bytes import transformer_rank_bytes
 
-BYTES_PER_PARAM = 16
+BYTES_PER_PARAM = (2 + ADAM_SLOTS) * MASTER_BYTES  # parameter, gradient, Adam's moments (besides its steps)
 DEFAULT_TFLOPS = 150.0  # roughly an A100's bf16 peak at half utilisation
 GB = 1e9
 
@@ -168,10 +171,14 @@ class TransformerCosts:
         held[where[-1]]["last"] = True
         return held
 
+    def rank_bytes(self, rank: dict) -> RankBytes:
+        """Weights, gradients and optimizer state of one rank (``rank`` as :meth:`_ranks_of`
+        describes it): Adam, all in fp32, one whole copy per pipeline rank."""
+        return transformer_rank_bytes(self.spec, ParallelLayout(self.ranks), rank["layers"], rank["first"],
+                                      rank["last"], ADAM_SLOTS)
+
     def _state_bytes(self, rank: dict) -> float:
-        spec = self.spec
-        params = rank["layers"] * spec.layer_params + spec.embedding_params * (rank["first"] + rank["last"])
-        return BYTES_PER_PARAM * params
+        return self.rank_bytes(rank).total
 
     def stage_sizes(self, stages: int, placement: str, scale: float) -> MemorySizes:
         """Per-stage bytes for :mod:`pipesched.memory`: what a stage keeps, stashes, and its input."""
@@ -186,7 +193,11 @@ class TransformerCosts:
 
     def state_bytes(self, stages: int, placement: str) -> tuple[float, ...]:
         """Weights, gradients and optimizer state per rank, bytes."""
-        return tuple(self._state_bytes(r) for r in self._ranks_of(stages, placement))
+        return tuple(b.total for b in self.ranks_bytes(stages, placement))
+
+    def ranks_bytes(self, stages: int, placement: str) -> tuple[RankBytes, ...]:
+        """Each rank's :meth:`rank_bytes`, in rank order."""
+        return tuple(self.rank_bytes(r) for r in self._ranks_of(stages, placement))
 
     def activation_budgets(self, stages: int, placement: str) -> Optional[tuple[float, ...]]:
         """Activation bytes each rank may hold: the limit in bytes (GPU memory, or a byte

@@ -119,6 +119,8 @@ class LayoutCandidate:
     dp_shard: int = 1
     exposed_gather: float = 0.0  # ms the step waited for FSDP's all-gathers
     gather_per_rank: float = 0.0  # ms of all-gathers on the busiest rank, hidden or not
+    # per pipeline rank (its fullest shard): RankBytes's fields and its peak "activations", bytes
+    bytes_per_rank: tuple[dict, ...] = ()
 
     def label(self) -> str:
         sharded = f" x dp_shard={self.dp_shard} x tp={self.tp}" if (self.tp, self.dp_shard) != (1, 1) else ""
@@ -137,6 +139,7 @@ class LayoutCandidate:
             "searched": self.searched,
             "exposed_gather": self.exposed_gather,
             "gather_per_rank": self.gather_per_rank,
+            **({"bytes_per_rank": list(self.bytes_per_rank)} if self.bytes_per_rank else {}),
         }
 
 

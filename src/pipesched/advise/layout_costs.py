@@ -9,14 +9,12 @@ one pipeline of a :class:`~pipesched.parallel_layout.ParallelLayout`:
   parallelism a reduce-scatter and an all-gather each, the same ring volume) and the backward
   two more, on the ``tp`` dimension's link (:mod:`.fabric`); a recomputed forward repeats its own;
 - **activations** are split ``tp`` ways under sequence parallelism (torchtitan's plan); without
-  it (Megatron-LM before 2022) only the ``24/34`` of a layer's stored activations inside the
-  attention and MLP blocks are, and a recomputed layer's input is not (Korthikanti et al. 2022);
-- **weights, gradients and optimizer state** follow :func:`~.sharded_memory.rank_state_bytes`:
-  sharded ``dp_shard x tp`` ways, plus the gathered window and the unsharded gradients under FSDP.
-  With a pipeline (pp > 1) every local stage stays gathered from its first forward to its last
-  backward (torchtitan's ``reshard_after_forward=False`` under PP); without one FSDP reshards each
-  block after its forward and reduce-scatters after its backward, so two blocks are gathered and
-  two blocks' gradients unsharded at a time.
+  it only the part inside the attention and MLP blocks is
+  (:func:`~pipesched.sharded_bytes.tp_activation_shares`);
+- **weights, gradients, optimizer state, the gathered window and the unsharded gradients** are
+  :mod:`pipesched.sharded_bytes`'s rules applied to the transformer's shapes
+  (:func:`~.transformer_bytes.transformer_rank_bytes`), for Adam (``optimizer_slots``) under
+  ``precision`` (FSDP's mixed precision), the vocabulary split by TP where ``vocab_parallel``.
 
 With ``tp == dp_shard == 1`` every figure equals :class:`TransformerCosts`'s.
 """
@@ -27,15 +25,12 @@ from dataclasses import dataclass, field, replace
 
 from ..memory import MemorySizes, StageMemory
 from ..parallel_layout import ParallelLayout
+from ..sharded_bytes import ADAM_SLOTS, MIXED, Precision, RankBytes, tp_activation_shares
 from .estimate import TransformerCosts
 from .fabric import Fabric, Link, all_reduce_time
-from .sharded_memory import (
-    MIXED, Precision, RankBytes, layer_shapes, local_numel, rank_state_bytes, transformer_stage_shapes,
-)
+from .transformer_bytes import stage_bytes, transformer_rank_bytes
 
 TP_COLLECTIVES_PER_PASS = 2  # all-reduces (or reduce-scatter + all-gather pairs) per layer, each of F and B
-OUTSIDE_BLOCKS_SHARE = 10 / 34  # of Korthikanti's 34sbh per layer: norms, residuals, dropout inputs (not split without SP)
-FSDP_BLOCKS_WITHOUT_PP = 2  # blocks gathered (and gradients unsharded) at once when FSDP reshards after forward
 
 
 @dataclass(frozen=True)
@@ -46,10 +41,12 @@ class LayoutCosts(TransformerCosts):
     tp_link: Link = Link(1.0)  # unused at tp 1 (a one-rank collective costs nothing)
     precision: Precision = MIXED
     sequence_parallel: bool = True
+    vocab_parallel: bool = True  # TP splits the embedding and head by vocabulary (pipesched's runtime: False)
+    optimizer_slots: int = ADAM_SLOTS  # state tensors per parameter (SGD without momentum: 0)
 
     @classmethod
     def for_layout(cls, base: TransformerCosts, layout: ParallelLayout, fabric: Fabric,
-                   precision: Precision = MIXED, sequence_parallel: bool = True) -> "LayoutCosts":
+                   precision: Precision = MIXED, sequence_parallel: bool = True, **options) -> "LayoutCosts":
         """``base``'s model and GPU on one pipeline of ``layout``: pipeline sends on the ``pp``
         dimension's link, TP's collectives on the ``tp`` dimension's."""
         pp_link = fabric.link(layout, "pp")
@@ -57,7 +54,7 @@ class LayoutCosts(TransformerCosts):
         fields = {name: getattr(base, name) for name in TransformerCosts.__dataclass_fields__}
         fields.update(ranks=layout.pp, hardware=hardware)
         return cls(**fields, layout=layout, tp_link=fabric.link(layout, "tp"), precision=precision,
-                   sequence_parallel=sequence_parallel)
+                   sequence_parallel=sequence_parallel, **options)
 
     @property
     def tp(self) -> int:
@@ -75,46 +72,29 @@ class LayoutCosts(TransformerCosts):
         comm = TP_COLLECTIVES_PER_PASS * self.tp_collective_ms(scale)
         return f + comm, b + comm, w
 
-    def _keep_share(self) -> float:
-        if self.sequence_parallel:
-            return 1 / self.tp
-        return OUTSIDE_BLOCKS_SHARE + (1 - OUTSIDE_BLOCKS_SHARE) / self.tp
-
-    def _input_share(self) -> float:
-        return 1 / self.tp if self.sequence_parallel else 1.0
-
     def stage_sizes(self, stages: int, placement: str, scale: float) -> MemorySizes:
         sizes = super().stage_sizes(stages, placement, scale)
-        k, i = self._keep_share(), self._input_share()
+        k, i = tp_activation_shares(self.tp, self.sequence_parallel)
         return replace(sizes, stages=tuple(StageMemory(s.keep * k, s.stash * k) for s in sizes.stages),
                        inputs=tuple(x * i for x in sizes.inputs))
 
     def _activation_bytes(self, rank: dict, scale: float) -> float:
-        return super()._activation_bytes(rank, scale) * self._keep_share()
+        return super()._activation_bytes(rank, scale) * tp_activation_shares(self.tp, self.sequence_parallel)[0]
 
-    def rank_bytes(self, rank: dict) -> RankBytes:
+    def rank_bytes(self, rank: dict, tp_rank: int = 0, shard_rank: int = 0) -> RankBytes:
         """Weights, gradients, optimizer state, gathered window and buffers of one rank
-        (``rank`` as :meth:`_ranks_of` describes it)."""
-        spec = self.spec
-        shapes = transformer_stage_shapes(spec.hidden, None, [rank["layers"]])[0]
-        ends = [(spec.vocab * spec.hidden, True)] * (rank["first"] + rank["last"]) if spec.vocab else []
-        if self.ranks == 1 and self.layout.dp_shard > 1:  # FSDP alone: each block its own unit
-            units = [layer_shapes(spec.hidden)] * rank["layers"] + [[e] for e in ends]
-            return rank_state_bytes(units, self.layout.dp_shard, self.tp, self.precision,
-                                    window=FSDP_BLOCKS_WITHOUT_PP, grads_held=FSDP_BLOCKS_WITHOUT_PP)
-        return rank_state_bytes([shapes + ends], self.layout.dp_shard, self.tp, self.precision)
-
-    def _state_bytes(self, rank: dict) -> float:
-        return self.rank_bytes(rank).total
+        (``rank`` as :meth:`_ranks_of` describes it; the coordinates default to the fullest)."""
+        return transformer_rank_bytes(self.spec, self.layout, rank["layers"], rank["first"], rank["last"],
+                                      self.optimizer_slots, self.precision, self.vocab_parallel, tp_rank, shard_rank)
 
     def gathered_bytes_per_stage(self, stages: int, placement: str) -> list[float]:
         """Bytes each stage all-gathers (its parameters in the gathered dtype, after TP's split)."""
-        return self._per_stage(stages, placement, self.precision.gathered)
+        return [b.gathered_params for b in self._stage_bytes(stages, placement)]
 
     def reduced_bytes_per_stage(self, stages: int, placement: str) -> list[float]:
         """Bytes each stage's gradients reduce (unsharded, in the reduce dtype, after TP's split)."""
-        return self._per_stage(stages, placement, self.precision.unsharded_grad)
+        return [b.unsharded_grads for b in self._stage_bytes(stages, placement)]
 
-    def _per_stage(self, stages: int, placement: str, width: int) -> list[float]:
-        shapes = transformer_stage_shapes(self.spec.hidden, self.spec.vocab, self.layers_per_stage(stages, placement))
-        return [width * local_numel(s, self.tp) for s in shapes]
+    def _stage_bytes(self, stages: int, placement: str) -> list:
+        return stage_bytes(self.spec, self.layout, self.layers_per_stage(stages, placement), self.optimizer_slots,
+                           self.precision, self.vocab_parallel)

@@ -16,6 +16,9 @@ TORCHTITAN_SCHEDULES = {  # pipesched family -> torch.distributed.pipelining's s
     "interleaved-zb": "InterleavedZeroBubble", "zb-v": "ZBVZeroBubble", "dualpipev": "DualPipeV",
 }
 RUNNERS_UP = 3
+HELD = (("params", "parameters"), ("grads", "gradients"), ("optimizer", "optimizer state"),
+        ("gathered", "gathered window"), ("unsharded_grads", "unsharded gradients until REDUCE_GRAD"),
+        ("buffers", "FSDP buffers"), ("activations", "activations at peak"))
 
 
 def _t(ms: float) -> str:
@@ -48,8 +51,6 @@ def dimension_lines(best: LayoutCandidate, costs: LayoutCosts, tokens_per_step: 
     c = best.candidate
     stages = c.chunks * best.pp
     style = c.placement
-    fullest = max(costs._ranks_of(stages, style), key=costs._state_bytes)
-    held = costs.rank_bytes(fullest)
     lines = [f"step {_t(best.step_time)}" + (f", {tokens_per_step / (best.step_time / 1e3) / gpus:.4g} tokens/s per GPU"
                                                   if tokens_per_step else "")]
     lines.append(f"pp {best.pp}: {c.schedule} with {c.chunks} chunk(s) and {c.microbatches} microbatches, bubble "
@@ -63,16 +64,21 @@ def dimension_lines(best: LayoutCandidate, costs: LayoutCosts, tokens_per_step: 
     if best.dp_shard > 1:
         lines.append(f"dp_shard {best.dp_shard}: all-gathers {_t(best.gather_per_rank)} ({_t(best.exposed_gather)} exposed), "
                      f"reduce-scatters {_t(best.allreduce_per_rank)} ({_t(best.exposed_allreduce)} exposed) on the comm lane; "
-                     f"states sharded to {held.sharded / GB:.3g} GB, gathered window {held.gathered / GB:.3g} GB, "
-                     f"unsharded gradients until REDUCE_GRAD {held.unsharded_grads / GB:.3g} GB, buffers {held.buffers / GB:.3g} GB")
+                     f"parameters, gradients and optimizer state split {best.dp_shard} ways (memory below)")
     if best.dp > 1 and best.dp_shard == 1:
         lines.append(f"dp {best.dp}: gradient all-reduce {_t(best.allreduce_per_rank)} ({_t(best.exposed_allreduce)} exposed)")
     elif best.dp > 1:
         lines.append(f"dp {best.dp}: replicas all-reduce each shard after its reduce-scatter (counted above)")
-    if c.peak_memory_bytes is not None:
-        lines.append(f"memory: {c.peak_memory_bytes / GB:.4g} GB on the fullest rank, {held.total / GB:.4g} GB of it "
-                     "besides activations")
+    if best.bytes_per_rank:
+        lines.append(memory_line(best.bytes_per_rank))
     return lines
+
+
+def memory_line(bytes_per_rank) -> str:
+    """The fullest pipeline rank's bytes, each kind (its fullest shard and tp rank)."""
+    rank, held = max(enumerate(bytes_per_rank), key=lambda r: sum(r[1].values()))
+    parts = ", ".join(f"{label} {held[key] / GB:.3g}" for key, label in HELD if held[key])
+    return f"memory: {sum(held.values()) / GB:.4g} GB on the fullest rank (pipeline rank {rank}): {parts} GB"
 
 
 def runner_lines(advice: LayoutAdvice) -> list[str]:

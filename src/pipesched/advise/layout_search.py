@@ -30,6 +30,7 @@ from ..errors import ConfigError, PipeschedError
 from ..parallel_layout import ParallelLayout
 from ..ranking import BASELINE
 from ..registry import build_schedule, get_family
+from ..sharded_bytes import MIXED, Precision
 from ..simulate import simulate
 from .candidates import divisors
 from .estimate import GB, TransformerCosts
@@ -37,7 +38,6 @@ from .fabric import Fabric
 from .layout import LayoutAdvice, LayoutCandidate
 from .layout_costs import LayoutCosts
 from .search import Advice, Candidate, advise, objective_option
-from .sharded_memory import MIXED, Precision
 from .sharded_step import layout_step
 
 SEARCH_SECONDS = 12.0  # planning CPU seconds shared by the groups searched
@@ -217,12 +217,13 @@ def _priced(problem: LayoutProblem, layout: ParallelLayout, costs: LayoutCosts, 
     step = layout_step(result.timeline, member.gathered_bytes_per_stage(schedule.stages, schedule.style),
                        member.reduced_bytes_per_stage(schedule.stages, schedule.style), layout, problem.fabric,
                        c.microbatches, problem.replica_latency, units=max(member.layers_per_stage(schedule.stages, schedule.style)))
-    state = member.state_bytes(schedule.stages, schedule.style)
-    peak = max(a + s for a, s in zip(result.peak_memory_bytes, state))
+    held = [{**b.to_json(), "activations": a}
+            for b, a in zip(member.ranks_bytes(schedule.stages, schedule.style), result.peak_memory_bytes)]
+    peak = max(sum(rank.values()) for rank in held)
     own = replace(c, peak_memory_bytes=peak, memory_gb=peak / GB)
     return LayoutCandidate(layout.pp, layout.dp_replicate, own, step.step_time, step.exposed_reduce, step.reduce_per_rank,
                            tp=layout.tp, dp_shard=layout.dp_shard, exposed_gather=step.exposed_gather,
-                           gather_per_rank=step.gather_per_rank)
+                           gather_per_rank=step.gather_per_rank, bytes_per_rank=tuple(held))
 
 
 def evaluate_setting(gpus: int, model: TransformerCosts, global_batch: int, fabric: Fabric, layout: ParallelLayout,

@@ -16,9 +16,11 @@ Per transformer layer, for a microbatch of ``b`` sequences of ``s`` tokens, hidd
   gradient of each of the four Linears, ``16*s*b*h*d`` (``7sbh`` inputs, ``9sbh`` gradients);
 - a recomputed layer keeps only its input, ``s*b*h*d`` (each layer recomputed on its own, as
   the runtime does), and is rebuilt, one layer at a time, in its stage's backward;
-- parameters: ``12h^2 + 13h``.
+- parameters: ``12h^2 + 13h`` (:meth:`TransformerSpec.layer_specs`, the shapes whose bytes per
+  rank :mod:`pipesched.sharded_bytes` counts under any layout).
 
-The token embedding has ``V*h`` parameters (its work, counted as one operation per token and
+The token embedding has ``V*h`` parameters (``ends="gpt"``: also ``s*h`` learned positions; the
+head a final LayerNorm and a bias besides its ``V*h``, as pipesched's built-in gpt and GPT-2) (its work, counted as one operation per token and
 width, is next to nothing); the output head takes ``2*s*b*h*V`` FLOPs for each of F, B and W, and
 its logits are counted as ``s*b*(2h + 4V)`` bytes (its input plus fp32 logits). Between stages
 one activation of ``2*s*b*h`` bytes crosses per microbatch.
@@ -30,11 +32,15 @@ lays them out over a pipeline's stages and turns them into milliseconds and byte
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from math import prod
 from typing import Optional
 
 from ..errors import ConfigError
+from ..sharded_bytes import ParamSpec, tp_dims
 
 ATTENTION_KERNELS = ("flash", "eager")
+ENDS = ("bare", "gpt")  # the embedding and head: V x h each; or also learned positions, final norm, head bias
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
@@ -51,8 +57,11 @@ class TransformerSpec:
     attention: str = "flash"  # flash / SDPA (keeps no score matrix) or eager
     dtype_bytes: int = 2  # bytes per activation value: 2 (bf16, fp16) or 4 (fp32)
     dropout: bool = False
+    ends: str = "bare"  # one of ENDS
 
     def __post_init__(self) -> None:
+        if self.ends not in ENDS:
+            raise ConfigError(f"ends {self.ends!r} is not known: use one of {', '.join(ENDS)}")
         if self.attention not in ATTENTION_KERNELS:
             raise ConfigError(f"attention {self.attention!r} is not known: use one of {', '.join(ATTENTION_KERNELS)}")
         if self.dtype_bytes not in (2, 4):
@@ -103,14 +112,49 @@ class TransformerSpec:
     def head_activation_bytes(self, b: float) -> float:
         return self.seq_len * b * (self.dtype_bytes * self.hidden + 4 * self.vocab) if self.vocab else 0.0
 
-    @property
-    def layer_params(self) -> int:
-        return 12 * self.hidden ** 2 + 13 * self.hidden
+    def layer_specs(self) -> tuple[ParamSpec, ...]:
+        """One block's parameters as pipesched's gpt builds it (pre-norm LayerNorms, Linears with
+        biases; q, k and v in one matrix), with the dims Megatron's tensor parallelism splits:
+        ``qkv`` and ``fc1`` column-wise, ``proj`` and ``fc2`` row-wise. ``12h^2 + 13h`` elements."""
+        h = self.hidden
+        norm = [ParamSpec((h,)), ParamSpec((h,))]
+        return tuple(norm + _linear(3 * h, h, "colwise") + _linear(h, h, "rowwise")
+                     + norm + _linear(4 * h, h, "colwise") + _linear(h, 4 * h, "rowwise"))
 
-    @property
+    def embedding_specs(self, vocab_parallel: bool = True) -> tuple[ParamSpec, ...]:
+        """The first stage's embedding (none without a vocabulary); ``vocab_parallel``: tensor
+        parallelism splits the vocabulary (torchtitan, Megatron) rather than replicating it."""
+        if not self.vocab:
+            return ()
+        tokens = ParamSpec((self.vocab, self.hidden), 0 if vocab_parallel else None)
+        return (tokens,) + ((ParamSpec((self.seq_len, self.hidden)),) if self.ends == "gpt" else ())
+
+    def head_specs(self, vocab_parallel: bool = True) -> tuple[ParamSpec, ...]:
+        """The last stage's head: the output matrix, and with ``ends="gpt"`` its final norm and bias."""
+        if not self.vocab:
+            return ()
+        if self.ends == "bare":
+            return (ParamSpec((self.vocab, self.hidden), 0 if vocab_parallel else None),)
+        norm = (ParamSpec((self.hidden,)), ParamSpec((self.hidden,)))
+        return norm + tuple(_linear(self.vocab, self.hidden, "colwise" if vocab_parallel else None))
+
+    @cached_property
+    def layer_params(self) -> int:
+        return sum(prod(p.shape) for p in self.layer_specs())
+
+    @cached_property
     def embedding_params(self) -> int:
+        """The token embedding's elements (what each end counts in the pipeline-only advisor's
+        layer balance and gradient sizes)."""
         return self.vocab * self.hidden if self.vocab else 0
 
     def p2p_bytes(self, b: float) -> float:
         """One stage boundary's activation (also all a recomputed layer keeps)."""
         return float(self.dtype_bytes * self.seq_len * b * self.hidden)
+
+
+def _linear(out: int, inp: int, style: Optional[str]) -> list[ParamSpec]:
+    """An ``nn.Linear(inp, out)``'s weight and bias, split as tensor-parallel ``style`` splits
+    them (None: replicated)."""
+    weight, bias = tp_dims(style) if style else (None, None)
+    return [ParamSpec((out, inp), weight), ParamSpec((out,), bias)]
