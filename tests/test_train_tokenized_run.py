@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(600)]  # 
 STEPS, BATCH, SEQ, EVAL_BATCHES, SHARE = 5, 8, 16, 2, 0.2
 COMMON = ["--steps", str(STEPS), "--batch-size", str(BATCH), "-m", "4", "--seq-len", str(SEQ), "--optimizer", "adamw",
           "--lr", "1e-3", "--lr-schedule", "cosine", "--warmup", "2", "--min-lr", "1e-4", "--eval-share", str(SHARE),
-          "--eval-every", "5", "--eval-batches", str(EVAL_BATCHES)]
+          "--eval-every", "5", "--eval-batches", str(EVAL_BATCHES), "--packing", "documents"]
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +100,10 @@ def test_the_held_out_loss_is_the_one_process_models_on_the_same_batches(runs):
 
     for name, data_kind, tolerance in (("A", "jsonl", 1e-6), ("C", "parquet", 4e-6)):
         md = get_model(f"hf:{runs['model'] / 'config.json'}", data=str(runs["data"][data_kind]), context=SEQ,
-                       eval_share=SHARE)
+                       eval_share=SHARE, packing="documents")
         model = md.sequential(0)
         model.load_state_dict(params(runs[name]))
-        want = evaluate_model(model, md.loss_fn, [md.eval_batch(i, BATCH) for i in range(EVAL_BATCHES)], nullcontext)
+        want = evaluate_model(md, model, [md.eval_batch(i, BATCH) for i in range(EVAL_BATCHES)], nullcontext)
         last = metrics(runs[name])[-1]
         assert last["eval_step"] == STEPS and summary(runs[name])["evals"] == [{"step": STEPS, "loss": last["eval_loss"]}]
         # A (one replica) runs the same blocks on the same whole batches as the model: the same
