@@ -28,6 +28,7 @@ from ..options import RuntimeOptions
 from ..stages.copies import balanced_block_counts
 from ..stages.precision import Precision, dtype_name
 from .evaluation import evaluate_model, evaluate_pipeline
+from .interval_bubble import IntervalBubble
 from .loop_options import LoopOptions
 from .metrics import gather_peaks, own_peak_memory
 from .models import ModelDef, get_model
@@ -164,9 +165,11 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     first = 0
     if cfg.resume_from is not None:
         first = runtime.load_checkpoint(cfg.resume_from, md.checkpoint_name)
-    hooks = make_hooks(cfg, md, runtime.optimizer, first, partial(evaluate_pipeline, runtime, md.batch_context), writer=rank == 0,
-                       gather_memory=partial(gather_peaks, runtime.device), device=runtime.device, name=schedule.name)
     latency = measure_latency(*runtime.probe_tensor(), rank_device())
+    bubble = IntervalBubble(schedule, runtime.mesh.grid[0], latency, frozenset(runtime.recompute))
+    hooks = make_hooks(cfg, md, runtime.optimizer, first, partial(evaluate_pipeline, runtime, md.batch_context), writer=rank == 0,
+                       gather_memory=partial(gather_peaks, runtime.device), device=runtime.device, name=schedule.name,
+                       bubble=bubble)
     losses, times, spans, grads, results = [], [], [], None, []
     report_progress()  # from here a single rank silent for the timeout is stopped by the launcher
     try:
