@@ -148,6 +148,24 @@ def test_without_a_tokenizer_text_is_read_as_bytes_and_the_command_says_so(tmp_p
                                   "(token id = byte modulo the vocabulary)")
 
 
+def test_without_a_tokenizer_documents_end_at_the_configs_eos_and_bytes_hold_none(tmp_path):
+    from hf_cases import make_config
+
+    from pipesched.errors import ConfigError
+
+    config = make_config("llama")
+    config.to_json_file(str(tmp_path / "config.json"))
+    eos = config.eos_token_id
+    np.save(tmp_path / "ids.npy", np.array([5, 6, eos, 7, 8, 9, eos, 10] * 4, dtype=np.int32))
+    md = get_model(f"hf:{tmp_path / 'config.json'}", data=str(tmp_path / "ids.npy"), context=8, packing="documents")
+    x, _ = md.batch(0, 2, 0)
+    want = [[i - max([0] + [j + 1 for j in range(i) if row[j] == eos]) for i in range(8)] for row in x.tolist()]
+    assert md.batch_context(x)["position_ids"].tolist() == want
+    (tmp_path / "text.txt").write_bytes(bytes(range(200)))
+    with pytest.raises(ConfigError, match=r"^--packing documents: --data is read as bytes \(no tokenizer\)"):
+        get_model(f"hf:{tmp_path / 'config.json'}", data=str(tmp_path / "text.txt"), context=8, packing="documents")
+
+
 def test_reading_a_large_token_file_holds_its_windows_not_the_file(tmp_path):
     """A 64 MiB token file opened, checked and sampled as a rank does: the process's peak memory
     grows by far less than the file (the full file as int64 would be 256 MiB). Measured in a fresh
