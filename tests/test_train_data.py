@@ -92,7 +92,7 @@ def test_packed_documents_each_compute_what_they_compute_alone(folder):
     # keys (exact zeros after the softmax) and how the kernels block reductions of other lengths:
     # sums of at most 64 terms (the hidden size) in another order, each within 64 u (u = 2^-53)
     # relative, over 4 layers: below 1e-13 of the logits' scale; 1e-12 bounds it, while what the
-    # mask keeps out (b attending to a) moves b's logits by ~0.1, eleven orders of magnitude more
+    # mask keeps out (b attending to a) moves b's logits by ~0.25 here, eleven orders of magnitude more
     scale = together.abs().max().item()
     for doc, part, own in ((a, together[:len(a)], alone[0]), (b, together[len(a):], alone[1])):
         assert (part - own).abs().max().item() <= 1e-12 * scale

@@ -6,9 +6,10 @@ randomly initialised, block ``i`` after ``torch.manual_seed(seed + i)``, or read
 (:mod:`pipesched.data.streams`): ``--data`` a token file, text through the tokenizer of the
 config's folder (or ``--tokenizer DIR``), or without one a file's bytes modulo the vocabulary;
 by default the text shipped with pipesched; with ``--packing documents`` the batch context
-restarts the position ids at every document (:mod:`pipesched.data.packing`). ``--eval-data`` or ``--eval-share`` holds out what
-:meth:`~pipesched.runtime.training.model_def.ModelDef.eval_batch` reads. The labels are the windows themselves (the model shifts them), so every
-token counts and the mean loss of equal microbatches is the model's loss on the whole batch.
+restarts the position ids at every document (:mod:`pipesched.data.packing`). ``--eval-data``
+or ``--eval-share`` holds out what :meth:`~pipesched.runtime.training.model_def.ModelDef.eval_batch`
+reads. The labels are the windows themselves (the model shifts them), so every token counts
+and the mean loss of equal microbatches is the model's loss on the whole batch.
 Every mistake (a config it cannot read or split, or that draws: dropout, router noise, which
 only :func:`pipesched.hf.pipeline` keys so that the schedule does not change them; weights that
 do not match it, token ids beyond the vocabulary, a sequence longer than the model's positions)
