@@ -71,6 +71,45 @@ def test_text_through_the_folders_tokenizer_is_the_one_process_token_stream(fold
     assert x.tolist() == [want[s:s + 16] for s in starts.tolist()] and torch.equal(x, y)
 
 
+def test_packed_documents_each_compute_what_they_compute_alone(folder):
+    """--packing documents: a window holding the end of one document and the start of the next
+    gives each the logits and per-token losses it has alone, in one process."""
+    import torch.nn.functional as F
+    from transformers import AutoTokenizer
+
+    md = get_model(f"hf:{folder['model'] / 'config.json'}", data=str(folder["jsonl"]), context=32, packing="documents")
+    tok = AutoTokenizer.from_pretrained(str(folder["model"]), local_files_only=True)
+    a = tok(folder["docs"][0], add_special_tokens=False)["input_ids"][-12:] + [tok.eos_token_id]  # a document's end
+    b = tok(folder["docs"][1], add_special_tokens=False)["input_ids"][:14]  # the next one's start
+    packed = torch.tensor([a + b])
+    assert md.batch_context(packed)["position_ids"].tolist() == [list(range(len(a))) + list(range(len(b)))]
+    model = md.sequential(0).double()
+    with torch.no_grad():
+        together = md.forward(model, packed)[0]
+        alone = [md.forward(model, torch.tensor([doc]))[0] for doc in (a, b)]
+        leaked = model(packed)[0, len(a):]  # --packing across: b attends to a, its positions start at len(a)
+    # float64: packed and alone run the same operations on the same values but for the masked
+    # keys (exact zeros after the softmax) and how the kernels block reductions of other lengths:
+    # sums of at most 64 terms (the hidden size) in another order, each within 64 u (u = 2^-53)
+    # relative, over 4 layers: below 1e-13 of the logits' scale; 1e-12 bounds it, while what the
+    # mask keeps out (b attending to a) moves b's logits by ~0.25 here, eleven orders of magnitude more
+    scale = together.abs().max().item()
+    for doc, part, own in ((a, together[:len(a)], alone[0]), (b, together[len(a):], alone[1])):
+        assert (part - own).abs().max().item() <= 1e-12 * scale
+        targets = torch.tensor(doc[1:])
+        losses = F.cross_entropy(part[:-1], targets, reduction="none")  # the predictions inside the document
+        assert (losses - F.cross_entropy(own[:-1], targets, reduction="none")).abs().max().item() <= 1e-12 * losses.max().item()
+    assert (leaked - alone[1]).abs().max().item() > 1e-3 * scale
+
+
+def test_document_positions_restart_after_every_end_of_sequence():
+    from pipesched.data.packing import document_positions
+
+    ids = torch.tensor([[5, 0, 7, 8, 0, 0, 9], [0, 3, 4, 5, 6, 7, 8]])  # 0 ends a document
+    assert document_positions(ids, torch.tensor([0])).tolist() == [[0, 1, 0, 1, 2, 0, 0], [0, 0, 1, 2, 3, 4, 5]]
+    assert document_positions(ids, torch.tensor([0, 4])).tolist()[1] == [0, 0, 1, 0, 1, 2, 3]  # a list of ids (Llama 3)
+
+
 def test_token_files_are_memory_mapped_in_nanogpts_layout(tmp_path):
     ids = np.arange(1000) % VOCAB
     ids.astype(np.uint16).tofile(tmp_path / "train.bin")  # nanoGPT's train.bin: uint16, no header
@@ -107,6 +146,24 @@ def test_without_a_tokenizer_text_is_read_as_bytes_and_the_command_says_so(tmp_p
     assert run.returncode == 0, run.stderr
     assert run.stderr.strip() == (f"pipesched: no tokenizer.json in {str(tmp_path)!r}: reading --data as bytes "
                                   "(token id = byte modulo the vocabulary)")
+
+
+def test_without_a_tokenizer_documents_end_at_the_configs_eos_and_bytes_hold_none(tmp_path):
+    from hf_cases import make_config
+
+    from pipesched.errors import ConfigError
+
+    config = make_config("llama")
+    config.to_json_file(str(tmp_path / "config.json"))
+    eos = config.eos_token_id
+    np.save(tmp_path / "ids.npy", np.array([5, 6, eos, 7, 8, 9, eos, 10] * 4, dtype=np.int32))
+    md = get_model(f"hf:{tmp_path / 'config.json'}", data=str(tmp_path / "ids.npy"), context=8, packing="documents")
+    x, _ = md.batch(0, 2, 0)
+    want = [[i - max([0] + [j + 1 for j in range(i) if row[j] == eos]) for i in range(8)] for row in x.tolist()]
+    assert md.batch_context(x)["position_ids"].tolist() == want
+    (tmp_path / "text.txt").write_bytes(bytes(range(200)))
+    with pytest.raises(ConfigError, match=r"^--packing documents: --data is read as bytes \(no tokenizer\)"):
+        get_model(f"hf:{tmp_path / 'config.json'}", data=str(tmp_path / "text.txt"), context=8, packing="documents")
 
 
 def test_reading_a_large_token_file_holds_its_windows_not_the_file(tmp_path):
@@ -148,6 +205,7 @@ def test_bad_data_is_one_line_and_exit_2_before_any_rank_starts(folder, tmp_path
         (["--data", str(beyond)], f"--data {str(beyond)!r}: token ids must be in 0..{VOCAB - 1} (the vocabulary), found 1..{VOCAB}"),
         (["--seq-len", "33"], "--seq-len 33 is beyond the model's 32 positions (max_position_embeddings)"),
         (["--eval-every", "2"], "--eval-every needs held-out data: --eval-data FILE or --eval-share SHARE"),
+        (["--packing", "pad"], "--packing 'pad' is not one of across, documents"),
     ]
     results = concurrently(lambda row: run_cli("train", "--model", config, "--steps", "3", "--ranks", "2", *row[0]), rows)
     for (args, message), result in zip(rows, results):

@@ -1,7 +1,8 @@
 """A training run people would launch, through the console script: a tiny Llama whose folder holds
 a BPE tokenizer trained on the shipped text, its documents as .jsonl and .parquet, a cosine
 learning-rate schedule with warm-up, held-out evaluation, metrics as JSON lines and TensorBoard
-scalars, an HTML report.
+scalars (the bubble share measured and simulated among them), an HTML report; documents packed
+with --packing documents.
 
 Three launches: A under zb-v on 2 ranks (checkpoint at step 3); C under 1f1b at --dp 2 on the
 .parquet copy (alongside A); B resuming A's step-3 checkpoint under zb-v. B ends bitwise where A
@@ -30,7 +31,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(600)]  # 
 STEPS, BATCH, SEQ, EVAL_BATCHES, SHARE = 5, 8, 16, 2, 0.2
 COMMON = ["--steps", str(STEPS), "--batch-size", str(BATCH), "-m", "4", "--seq-len", str(SEQ), "--optimizer", "adamw",
           "--lr", "1e-3", "--lr-schedule", "cosine", "--warmup", "2", "--min-lr", "1e-4", "--eval-share", str(SHARE),
-          "--eval-every", "5", "--eval-batches", str(EVAL_BATCHES)]
+          "--eval-every", "5", "--eval-batches", str(EVAL_BATCHES), "--packing", "documents"]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,8 @@ def runs(tmp_path_factory):
                        "--metrics", str(folder / "metrics.jsonl"), *args, timeout=280)
 
     a_args = ["-s", "zb-v", "--ranks", "2", "--checkpoint-dir", str(out["A"] / "ck"), "--checkpoint-every", "3",
-              "--checkpoint-keep", "3", "--tensorboard", str(out["A"] / "tb"), "--report", str(out["A"] / "report.html")]
+              "--checkpoint-keep", "3", "--tensorboard", str(out["A"] / "tb"), "--report", str(out["A"] / "report.html"),
+              "--trace", str(out["A"] / "trace.json")]
     with ThreadPoolExecutor(2) as pool:  # A and C at once (each tokenizes into its own cache entry)
         a, c = pool.map(lambda job: launch(*job), [("A", "jsonl", *a_args), ("C", "parquet", "-s", "1f1b", "--ranks", "1", "--dp", "2")])
     assert a.returncode == 0, a.stderr
@@ -100,10 +102,10 @@ def test_the_held_out_loss_is_the_one_process_models_on_the_same_batches(runs):
 
     for name, data_kind, tolerance in (("A", "jsonl", 1e-6), ("C", "parquet", 4e-6)):
         md = get_model(f"hf:{runs['model'] / 'config.json'}", data=str(runs["data"][data_kind]), context=SEQ,
-                       eval_share=SHARE)
+                       eval_share=SHARE, packing="documents")
         model = md.sequential(0)
         model.load_state_dict(params(runs[name]))
-        want = evaluate_model(model, md.loss_fn, [md.eval_batch(i, BATCH) for i in range(EVAL_BATCHES)], nullcontext)
+        want = evaluate_model(md, model, [md.eval_batch(i, BATCH) for i in range(EVAL_BATCHES)], nullcontext)
         last = metrics(runs[name])[-1]
         assert last["eval_step"] == STEPS and summary(runs[name])["evals"] == [{"step": STEPS, "loss": last["eval_loss"]}]
         # A (one replica) runs the same blocks on the same whole batches as the model: the same
@@ -130,12 +132,36 @@ def test_metrics_are_json_lines_and_tensorboard_scalars_its_reader_reads_back(ru
         assert "mfu" not in row  # on CPU no peak is known and none was given
     events = EventAccumulator(str(runs["A"] / "tb"))
     events.Reload()
-    for name in ("loss", "lr", "grad_norm", "tokens_per_s"):
+    for name in ("loss", "lr", "grad_norm", "tokens_per_s", "bubble_share", "simulated_bubble_share"):
         scalars = events.Scalars(f"train/{name}")
         assert [s.step for s in scalars] == [r["step"] for r in rows]
         assert [s.value for s in scalars] == [float(np.float32(r[name])) for r in rows]  # stored as float32
     (evaluation,) = events.Scalars("eval/loss")
     assert (evaluation.step, evaluation.value) == (STEPS, float(np.float32(rows[-1]["eval_loss"])))
+
+
+def test_each_interval_carries_its_bubble_share_measured_from_the_spans_and_simulated(runs):
+    """Each metrics line's measured bubble share is the one of the step's spans (the --trace file
+    holds them), its simulated share simulate()'s for zb-v under the costs it names."""
+    from pipesched import Costs, build_schedule, simulate
+    from pipesched.actions import Action
+    from pipesched.execution import Span
+    from pipesched.runtime.metering.bubble_share import idle_shares, interval_costs
+
+    schedule = build_schedule("zb-v", 2, 4)
+    steps = json.loads((runs["A"] / "trace.json").read_text())["otherData"]["measured_steps"]
+    rows = metrics(runs["A"])
+    assert len(steps) == len(rows) == STEPS  # --log-every 1: one step an interval
+    for row, step in zip(rows, steps):
+        timeline = [[Span(Action.parse(a), start, end) for a, start, end in rank] for rank in step]
+        assert 0 <= row["bubble_share"] <= 1 and 0 <= row["simulated_bubble_share"] <= 1
+        assert row["bubble_share_per_rank"] == idle_shares([timeline])  # from the meters, the same float operations
+        assert row["bubble_share"] == pytest.approx(sum(row["bubble_share_per_rank"]) / 2, rel=1e-15)
+        costs = row["simulated_costs_ms"]
+        want = interval_costs(schedule, [timeline], costs["comm"] / 1000)
+        assert (costs["F"], costs["B"], costs["W"], costs["full_backward"]) == (want.F, want.B, want.W, want.full_backward)
+        assert row["simulated_bubble_share"] == simulate(schedule, Costs(**costs)).bubble_ratio
+    assert any(row["bubble_share"] != row["simulated_bubble_share"] for row in rows)
 
 
 def test_the_run_report_renders_in_headless_chromium_with_its_charts(runs, tmp_path):
@@ -163,7 +189,7 @@ def test_pipesched_report_draws_a_run_from_its_metrics_file(runs, tmp_path):
     done = run_cli("report", "--run", str(runs["A"] / "metrics.jsonl"), "-o", str(page))
     assert done.returncode == 0, done.stderr
     html = page.read_text()
-    assert html.count("<svg") == 4 and "loss per logging interval" in html  # loss, lr, tokens/s, memory
+    assert html.count("<svg") == 5 and "loss per logging interval" in html  # loss, lr, tokens/s, memory, bubble
     bad = tmp_path / "not_metrics.jsonl"
     bad.write_text('{"step": 1}\n')
     refused = run_cli("report", "--run", str(bad), "-o", str(page))

@@ -1,5 +1,5 @@
 """``pipesched train``'s data options besides ``--data``: ``--seq-len``, ``--tokenizer``,
-``--eval-data``, ``--eval-share`` (with ``--model hf:CONFIG.json``), declared as one group
+``--eval-data``, ``--eval-share``, ``--packing`` (with ``--model hf:CONFIG.json``), declared as one group
 (:func:`data_options` gives the command a ``data_flags: DataFlags``) and turned into the model's
 options here; the model (:mod:`pipesched.hf.cli_model`) refuses what its files make wrong."""
 
@@ -24,6 +24,7 @@ class DataFlags:
     tokenizer: Optional[Path] = None
     eval_data: Optional[Path] = None
     eval_share: Optional[float] = None
+    packing: Optional[str] = None
 
     def check(self) -> None:
         """The values on their own (no torch needed: refused before it is imported)."""
@@ -33,6 +34,10 @@ class DataFlags:
             raise ConfigError("--eval-data and --eval-share both name the held-out data: give one")
         if self.eval_share is not None and not (math.isfinite(self.eval_share) and 0 < self.eval_share < 1):
             raise ConfigError(f"--eval-share must be above 0 and below 1 (the share of --data held out), got {self.eval_share:g}")
+        if self.packing is not None:
+            from ..data.packing import check_packing
+
+            check_packing(self.packing)
         if self.tokenizer is not None:  # a folder without tokenizer.json
             from ..data.tokenize_text import find_tokenizer
 
@@ -43,10 +48,12 @@ class DataFlags:
         from ..runtime.training.models import HF_PREFIX
 
         given = {name: value for name, value in (("context", self.seq_len), ("tokenizer", self.tokenizer),
-                                                  ("eval_data", self.eval_data), ("eval_share", self.eval_share))
+                                                  ("eval_data", self.eval_data), ("eval_share", self.eval_share),
+                                                  ("packing", self.packing))
                  if value is not None}
         if given and not model.startswith(HF_PREFIX):
-            flags = {"context": "--seq-len", "tokenizer": "--tokenizer", "eval_data": "--eval-data", "eval_share": "--eval-share"}
+            flags = {"context": "--seq-len", "tokenizer": "--tokenizer", "eval_data": "--eval-data", "eval_share": "--eval-share",
+                     "packing": "--packing"}
             raise ConfigError(f"{' and '.join(flags[k] for k in given)} only apply to --model hf:CONFIG.json")
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in given.items()}
 
@@ -65,6 +72,9 @@ DATA_OPTIONS = (
         None, "--eval-data", help="With --model hf:...: held-out data (any --data format) evaluated every --eval-every steps.")),
     ("eval_share", Optional[float], typer.Option(
         None, "--eval-share", help="With --model hf:...: hold out this share of --data's end for evaluation instead.")),
+    ("packing", Optional[str], typer.Option(
+        None, "--packing", help="With --model hf:...: across (default: a window's documents attend to each other) or "
+        "documents (positions restart and attention stops at every end-of-sequence token).")),
 )
 
 

@@ -4,8 +4,8 @@ The tokenizer is ``tokenizer.json`` in a local folder (``--tokenizer DIR``, by d
 of the model's config), loaded with transformers' ``AutoTokenizer`` from that folder alone
 (``local_files_only``: nothing is downloaded). Each document's ids are the tokenizer's without
 special tokens, followed by its end-of-sequence token where it has one: the documents of a file
-become one stream, separated by EOS (attention runs across the separator, as in nanoGPT's and
-GPT-2's pre-training; the model sees no mask or position reset).
+become one stream, separated by EOS (whether a window's documents attend to each other is
+``--packing``: :mod:`.packing`).
 
 The stream is written once, a batch of documents at a time (bounded memory), to a ``.bin`` token
 file (:mod:`.token_files`' layout) in the cache folder (``$PIPESCHED_CACHE_DIR``, else

@@ -5,9 +5,11 @@ randomly initialised, block ``i`` after ``torch.manual_seed(seed + i)``, or read
 ``--hf-weights DIR``), trained on windows of ``--seq-len`` tokens of a token stream
 (:mod:`pipesched.data.streams`): ``--data`` a token file, text through the tokenizer of the
 config's folder (or ``--tokenizer DIR``), or without one a file's bytes modulo the vocabulary;
-by default the text shipped with pipesched. ``--eval-data`` or ``--eval-share`` holds out what
-:meth:`~pipesched.runtime.training.model_def.ModelDef.eval_batch` reads. The labels are the windows themselves (the model shifts them), so every
-token counts and the mean loss of equal microbatches is the model's loss on the whole batch.
+by default the text shipped with pipesched; with ``--packing documents`` the batch context
+restarts the position ids at every document (:mod:`pipesched.data.packing`). ``--eval-data``
+or ``--eval-share`` holds out what :meth:`~pipesched.runtime.training.model_def.ModelDef.eval_batch`
+reads. The labels are the windows themselves (the model shifts them), so every token counts
+and the mean loss of equal microbatches is the model's loss on the whole batch.
 Every mistake (a config it cannot read or split, or that draws: dropout, router noise, which
 only :func:`pipesched.hf.pipeline` keys so that the schedule does not change them; weights that
 do not match it, token ids beyond the vocabulary, a sequence longer than the model's positions)
@@ -22,8 +24,9 @@ from typing import Optional
 
 import torch
 
+from ..data.packing import document_positions, eos_ids
 from ..data.streams import TokenStream, eval_windows, open_stream, train_windows
-from ..data.tokenize_text import find_tokenizer
+from ..data.tokenize_text import find_tokenizer, load_tokenizer
 from ..errors import ConfigError
 from ..runtime.sharding.tp_plans import plan_for
 from ..runtime.training.model_def import ModelDef
@@ -47,9 +50,10 @@ def token_stream(data: Optional[str], vocab_size: int, tokenizer: Optional[str] 
 
 def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional[str] = None,
                  context: Optional[int] = None, tokenizer: Optional[str] = None, eval_data: Optional[str] = None,
-                 eval_share: Optional[float] = None) -> ModelDef:
+                 eval_share: Optional[float] = None, packing: str = "across") -> ModelDef:
     """The ModelDef of ``--model hf:CONFIG.json`` (see the module's docstring); ``tokenizer``: the
-    folder of text data's tokenizer (default: the config's, where it holds tokenizer.json)."""
+    folder of text data's tokenizer (default: the config's, where it holds tokenizer.json);
+    ``packing``: whether a window's documents see each other (:mod:`pipesched.data.packing`)."""
     from transformers.loss.loss_utils import ForCausalLMLoss
 
     config = read_config(config_path)
@@ -76,6 +80,8 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
         if part is not None and len(part) <= context:
             raise ConfigError(f"{flag}: {len(part)} tokens, too few for samples of {context} (--seq-len)")
 
+    side = _document_context(stream, held_out, folder, config) if packing == "documents" else None
+
     def batch(step: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids = train_windows(stream, step, size, seed, context)
         return ids, ids
@@ -93,4 +99,23 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
                     checkpoint_name=model_name, eval_batch=eval_batch if held_out is not None else None,
                     tp_plan=plan_for(type(source.skeleton).__name__),
                     heads=tuple(h for h in (getattr(config, "num_attention_heads", None),
-                                            getattr(config, "num_key_value_heads", None)) if h))
+                                            getattr(config, "num_key_value_heads", None)) if h),
+                    context=side)
+
+
+def _document_context(stream: TokenStream, held_out: Optional[TokenStream], tokenizer: Optional[Path], config):
+    """The batch context of ``--packing documents``: position ids restarting after every
+    end-of-sequence id (ConfigError for data read as bytes, which has no documents)."""
+    for part, flag in ((stream, "--data"), (held_out, "--eval-data")):
+        if part is not None and part.modulo is not None:
+            raise ConfigError(f"--packing documents: {flag} is read as bytes (no tokenizer), which holds no "
+                              "documents: give a tokenizer, or token files, or use --packing across")
+    eos = eos_ids(None if tokenizer is None else tokenizer_eos(str(tokenizer)), getattr(config, "eos_token_id", None),
+                  "--data")
+    return lambda ids: {"position_ids": document_positions(ids, eos)}
+
+
+@lru_cache(maxsize=2)
+def tokenizer_eos(folder: str) -> Optional[int]:
+    """The end-of-sequence id of the tokenizer in ``folder`` (None: it has none), read once per process."""
+    return load_tokenizer(Path(folder)).eos_token_id

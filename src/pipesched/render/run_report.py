@@ -3,7 +3,7 @@ style (:mod:`.html`: its CSS, inline SVG, no script, nothing fetched).
 
 A summary table, then the curves of the run's logging intervals (:mod:`pipesched.runtime.training.metrics`):
 training loss with the held-out loss, the learning rate, tokens per second, peak memory per
-rank; for a pipeline, the measured timeline of the median step above the simulator's timeline
+rank, the bubble share measured and simulated (pipelines); for a pipeline, the measured timeline of the median step above the simulator's timeline
 of the same schedule fed with the measured action costs, on one time axis.
 """
 
@@ -48,6 +48,12 @@ def run_report_html(title: str, rows: Sequence[dict], timelines: Optional[tuple[
         ) + "</div>",
         '<h2>Memory</h2><div class="chart">' + line_chart_svg("peak memory per rank", _memory_series(rows), " GiB") + "</div>",
     ]
+    if any("bubble_share" in r for r in rows):
+        parts.append('<h2>Bubble</h2><div class="chart">' + line_chart_svg(
+            "idle share of the step, measured and simulated (pipelines)", [
+                Series("measured", _points(rows, "step", "bubble_share"), TRAIN),
+                Series("simulated", _points(rows, "step", "simulated_bubble_share"), EVAL),
+            ]) + "</div>")
     if timelines is not None:
         measured, simulated = timelines
         end = max(_end(measured), _end(simulated))
@@ -92,6 +98,11 @@ def _summary_table(rows: Sequence[dict]) -> str:
                                              f"(perplexity {_number(last_eval['eval_perplexity'], '.4g')})"))
     if "mfu" in last:
         cells.append(("MFU (median)", f"{100 * statistics.median(r['mfu'] for r in rows if 'mfu' in r):.1f}%"))
+    bubbles = [r for r in rows if "bubble_share" in r]
+    if bubbles:
+        cells.append(("bubble (median): measured, simulated",
+                      f"{100 * statistics.median(r['bubble_share'] for r in bubbles):.1f}%, "
+                      f"{100 * statistics.median(r['simulated_bubble_share'] for r in bubbles):.1f}%"))
     head = "".join(f"<th>{escape(name)}</th>" for name, _ in cells)
     body = "".join(f"<td>{escape(value)}</td>" for _, value in cells)
     return f"<table><tr>{head}</tr><tr>{body}</tr></table>"

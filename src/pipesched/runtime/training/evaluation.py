@@ -17,7 +17,7 @@ mean over replicas and batches is the one-process model's mean loss over the sam
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -28,25 +28,29 @@ from ..engine.shapes import placed
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def evaluate_model(model: nn.Module, loss_fn: Callable, batches: Sequence[Batch], autocast: Callable) -> float:
-    """The one-process model's mean loss over ``batches``."""
+def evaluate_model(md, model: nn.Module, batches: Sequence[Batch], autocast: Callable) -> float:
+    """The one-process model ``model`` of ``md`` (its ModelDef)'s mean loss over ``batches``."""
     total = 0.0
     with _eval_mode([model]), torch.no_grad():
         for x, y in batches:
             with autocast():
-                total += loss_fn(model(x), y).item()
+                total += md.loss_fn(md.forward(model, x), y).item()
     return total / len(batches)
 
 
-def evaluate_pipeline(runtime, batches: Sequence[Batch]) -> float:
-    """The pipeline's mean loss over ``batches`` (every batch the global one), on every rank.
-    Collective: every rank of every replica calls it with the same batches."""
+def evaluate_pipeline(runtime, batch_context: Callable[[torch.Tensor], Optional[dict]], batches: Sequence[Batch]) -> float:
+    """The pipeline's mean loss over ``batches`` (every batch the global one), on every rank;
+    ``batch_context``: a batch's context from its inputs (the ModelDef's). Collective: every rank
+    of every replica calls it with the same batches."""
     mesh, placement, rank = runtime.mesh, runtime.schedule.placement, runtime.rank
     length = runtime.copies.length  # the first model copy's stages: 0 .. length - 1
     device = runtime.device
     total = 0.0
     with _eval_mode(runtime.stages.values()), torch.no_grad():
         for inputs, targets in batches:
+            context = batch_context(inputs)
+            if context is not None:
+                context = {name: placed(mesh.shard(t), device) for name, t in context.items()}
             value = mesh.shard(inputs)
             for s in range(length):
                 if placement[s] != rank:
@@ -54,7 +58,7 @@ def evaluate_pipeline(runtime, batches: Sequence[Batch]) -> float:
                 if s > 0 and placement[s - 1] != rank:
                     value = _receive(mesh.global_rank(placement[s - 1]), device)
                 with runtime.precision.autocast():
-                    value = runtime.stages[s](placed(value, device))
+                    value = runtime.stages[s](placed(value, device), context)
                     if s == length - 1:
                         total += runtime.loss_fn(value, mesh.shard(targets).to(device)).item()
                 if s < length - 1 and placement[s + 1] != rank:

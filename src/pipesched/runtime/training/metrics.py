@@ -1,7 +1,7 @@
 """The metrics of each logging interval (``--log-every`` steps), as people watch a run: loss,
 learning rate, gradient norm, tokens per second (global and per device), model FLOPs
-utilization, step time, peak memory per rank, and the held-out loss and perplexity when an
-evaluation ran in the interval.
+utilization, step time, its bubble share measured against the simulated one (pipelines), peak
+memory per rank, and the held-out loss and perplexity when an evaluation ran in the interval.
 
 Rank 0 writes each interval as one JSON object a line (``--metrics FILE.jsonl``, flushed at once:
 ``tail -f`` follows it), as TensorBoard scalars (``--tensorboard DIR``, under ``train/`` and
@@ -16,6 +16,9 @@ gathering the memory figures, so every rank logs at the same steps.
   process's peak resident memory (everything it holds, not only the model); gathered (a
   collective) only when the metrics go to a file, TensorBoard or the report.
 - grad norm: the whole model's gradient norm before clipping, after the last step of the interval.
+- bubble share: measured from the interval's action spans, simulated for the schedule under
+  costs measured from the same spans (:mod:`..metering.bubble_share`); gathered (a collective)
+  with the memory, so only where the metrics are written; absent for the one-process reference.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ class MetricsLog:
     """Interval sums of one process, and rank 0's sinks (``writer``: whether this is rank 0)."""
 
     def __init__(self, cfg, first_step: int, tokens_per_step: int, flops_per_token: Optional[float],
-                 peak_flops: Optional[float], writer: bool, gather_memory: Callable[[], list[int]], display=None) -> None:
+                 peak_flops: Optional[float], writer: bool, gather_memory: Callable[[], list[int]], display=None,
+                 bubble=None) -> None:
         self.cfg, self.options = cfg, cfg.loop
         self.first_step = first_step
         self.tokens_per_step = tokens_per_step
@@ -39,6 +43,7 @@ class MetricsLog:
         self.writer = writer
         self.gather_memory = gather_memory
         self.display = display
+        self.bubble = bubble  # an IntervalBubble where a pipeline's metrics are written, fed by the loop's hooks
         self.rows: list[dict] = []
         self.started = perf_counter()
         self._reset()
@@ -64,8 +69,9 @@ class MetricsLog:
         if (steps_done - self.first_step) % self.options.log_every and steps_done != self.cfg.steps:
             return
         memory = self.gather_memory() if self.options.watched else []  # a collective: only where it is written
+        bubble = self.bubble.figures() if self.bubble is not None else {}  # a collective too
         if self.writer:
-            self._write(self._row(steps_done, lr, grad_norm, memory))
+            self._write({**self._row(steps_done, lr, grad_norm, memory), **bubble})
         self._reset()
 
     def _row(self, steps_done: int, lr: float, grad_norm: float, memory: list[int]) -> dict:
@@ -90,7 +96,8 @@ class MetricsLog:
             self.file.flush()
         if self.board is not None:
             step = row["step"]
-            for name in ("loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_device", "step_time_s", "mfu"):
+            for name in ("loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_device", "step_time_s", "mfu",
+                         "bubble_share", "simulated_bubble_share"):
                 if name in row:
                     self.board.add_scalar(f"train/{name}", row[name], step)
             for rank, peak in enumerate(row["peak_memory_bytes"]):

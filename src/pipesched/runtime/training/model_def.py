@@ -32,6 +32,24 @@ class ModelDef:
     # the model has no plan, and tensor parallelism is refused for it)
     tp_plan: Optional[dict] = None
     heads: tuple[int, ...] = ()  # the head counts (attention, key-value) tensor parallelism must divide
+    # the batch context of a batch's inputs, what every block reads besides its input
+    # (runtime.stages.batch_context; hf: models' --packing documents: the position ids); None: none
+    context: Optional[Callable[[torch.Tensor], dict]] = None
+
+    def batch_context(self, inputs: torch.Tensor) -> Optional[dict]:
+        """The context of a batch with these ``inputs`` (the same on every rank: it depends on them alone)."""
+        return self.context(inputs) if self.context is not None else None
+
+    def forward(self, model: nn.Sequential, inputs: torch.Tensor) -> torch.Tensor:
+        """The one-process model (:meth:`sequential`) on a batch, every block given its context."""
+        if self.context is None:
+            return model(inputs)
+        from ..stages.partition import run_block
+
+        context, x = self.context(inputs), inputs
+        for block in model:
+            x = run_block(block, x, context)
+        return x
 
     def sequential(self, seed: int) -> nn.Sequential:
         """The whole model in one process (the reference), block i seeded as a stage builds it,

@@ -47,6 +47,8 @@ class ProgressDisplay:
                  f"{row['tokens_per_s']:.0f} tok/s", f"step {1000 * row['step_time_s']:.1f} ms"]
         if "mfu" in row:
             parts.append(f"mfu {100 * row['mfu']:.1f}%")
+        if "bubble_share" in row:
+            parts.append(f"bubble {100 * row['bubble_share']:.0f}% (simulated {100 * row['simulated_bubble_share']:.0f}%)")
         if "eval_loss" in row:
             parts.append(f"eval loss {row['eval_loss']:.5f} (ppl {row['eval_perplexity']:.2f})")
         parts.append(f"eta {eta_s:.0f} s")

@@ -64,6 +64,8 @@ class LoopHooks:
         norm = result.grad_norm
         if self.cfg.options.clip_grad_norm is None and self.cfg.loop.watched:
             norm = whole_grad_norm(runtime.reductions.counted, runtime.mesh.pp_group, runtime.device)
+        if self.metrics.bubble is not None:
+            self.metrics.bubble.add(result.spans)
         self.after_step(runtime.steps_done, result.loss, result.step_time, norm, result.skipped)
 
     def close(self) -> None:
@@ -72,8 +74,10 @@ class LoopHooks:
 
 
 def make_hooks(cfg, md, optimizer: torch.optim.Optimizer, first_step: int, evaluate: Optional[Evaluate], *,
-               writer: bool, gather_memory: Callable[[], list[int]], device: torch.device, name: str) -> LoopHooks:
-    """The hooks of one process of a run (``writer``: rank 0, which logs and shows progress)."""
+               writer: bool, gather_memory: Callable[[], list[int]], device: torch.device, name: str,
+               bubble=None) -> LoopHooks:
+    """The hooks of one process of a run (``writer``: rank 0, which logs and shows progress;
+    ``bubble``: a pipeline's IntervalBubble, kept where the metrics are written)."""
     x, _ = md.batch(0, 1, cfg.options.seed)
     tokens_per_sample = x.numel() if not x.is_floating_point() else 1  # token ids: each counts; features: the sample
     flops = peak = None
@@ -81,7 +85,8 @@ def make_hooks(cfg, md, optimizer: torch.optim.Optimizer, first_step: int, evalu
         flops = flops_per_token(md, tokens_per_sample)
         peak = peak_flops(device, cfg.loop.peak_tflops)
     display = ProgressDisplay(cfg.steps, name, first_step) if writer and cfg.show_progress else None
-    metrics = MetricsLog(cfg, first_step, cfg.batch_size * tokens_per_sample, flops, peak, writer, gather_memory, display)
+    metrics = MetricsLog(cfg, first_step, cfg.batch_size * tokens_per_sample, flops, peak, writer, gather_memory, display,
+                         bubble if cfg.loop.watched else None)
     return LoopHooks(cfg, md, optimizer, first_step, evaluate, metrics)
 
 

@@ -28,6 +28,7 @@ from ..options import RuntimeOptions
 from ..stages.copies import balanced_block_counts
 from ..stages.precision import Precision, dtype_name
 from .evaluation import evaluate_model, evaluate_pipeline
+from .interval_bubble import IntervalBubble
 from .loop_options import LoopOptions
 from .metrics import gather_peaks, own_peak_memory
 from .models import ModelDef, get_model
@@ -118,7 +119,7 @@ def train_reference(cfg: TrainConfig) -> TrainResult:
     saved = checkpoint.tied_view(model, md.tied, md.checkpoint_name)  # what its checkpoints hold
     first = _resume(cfg, saved, optimizer)
     precision = Precision(cfg.options.dtype)
-    hooks = make_hooks(cfg, md, optimizer, first, lambda batches: evaluate_model(model, md.loss_fn, batches, precision.autocast),
+    hooks = make_hooks(cfg, md, optimizer, first, lambda batches: evaluate_model(md, model, batches, precision.autocast),
                        writer=True, gather_memory=lambda: [own_peak_memory(None)], device=torch.device("cpu"), name="reference")
     losses, times, grads = [], [], None
     for step in range(first, cfg.steps):
@@ -126,7 +127,7 @@ def train_reference(cfg: TrainConfig) -> TrainResult:
         t0 = perf_counter()
         optimizer.zero_grad(set_to_none=True)
         with precision.autocast():
-            loss = md.loss_fn(model(x), y)
+            loss = md.loss_fn(md.forward(model, x), y)
         loss.backward()
         grad_norm = whole_grad_norm(model.parameters()) if cfg.loop.watched else float("nan")
         if cfg.options.clip_grad_norm is not None:
@@ -164,15 +165,17 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     first = 0
     if cfg.resume_from is not None:
         first = runtime.load_checkpoint(cfg.resume_from, md.checkpoint_name)
-    hooks = make_hooks(cfg, md, runtime.optimizer, first, partial(evaluate_pipeline, runtime), writer=rank == 0,
-                       gather_memory=partial(gather_peaks, runtime.device), device=runtime.device, name=schedule.name)
     latency = measure_latency(*runtime.probe_tensor(), rank_device())
+    bubble = IntervalBubble(schedule, runtime.mesh.grid[0], latency, frozenset(runtime.recompute))
+    hooks = make_hooks(cfg, md, runtime.optimizer, first, partial(evaluate_pipeline, runtime, md.batch_context), writer=rank == 0,
+                       gather_memory=partial(gather_peaks, runtime.device), device=runtime.device, name=schedule.name,
+                       bubble=bubble)
     losses, times, spans, grads, results = [], [], [], None, []
     report_progress()  # from here a single rank silent for the timeout is stopped by the launcher
     try:
         for step in range(first, cfg.steps):
             x, y = md.batch(step, cfg.batch_size, cfg.options.seed)
-            result = runtime.step(x, y)
+            result = runtime.step(x, y, md.batch_context(x))
             losses.append(result.loss)
             times.append(result.step_time)
             spans.append(result.spans)
@@ -205,7 +208,8 @@ def _turns(runtimes: list[PipelineRuntime], cfg: TrainConfig, md: ModelDef) -> l
     own, since a step right after another runtime's ran up to twice as slow on CPU ranks."""
     kept: list[list] = [[] for _ in runtimes]
     for step in range(cfg.steps if runtimes else 0):
-        batch = md.batch(step, cfg.batch_size, cfg.options.seed)
+        x, y = md.batch(step, cfg.batch_size, cfg.options.seed)
+        batch = (x, y, md.batch_context(x))
         for spans, runtime in zip(kept, runtimes):
             runtime.step(*batch)  # follows another runtime's step: not kept
             spans.append(runtime.step(*batch).spans)
@@ -217,10 +221,13 @@ def _runtime(cfg: TrainConfig, md: ModelDef, schedule: Schedule, counts: Optiona
     """One rank's runtime of ``schedule`` under ``cfg``'s options (``counts``: blocks per stage,
     None: balanced by the model's block costs)."""
     x0, _ = md.batch(0, cfg.batch_size, cfg.options.seed)
+    one = x0[: cfg.batch_size // (cfg.data_ranks * schedule.microbatches)]  # a microbatch
     plan = {"tp_plan": md.tp_plan} if cfg.tp > 1 else {}
+    if md.context is not None:
+        plan["sample_context"] = md.batch_context(one)
     return PipelineRuntime(
         md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr, cfg.loop.weight_decay),
-        x0[: cfg.batch_size // (cfg.data_ranks * schedule.microbatches)],
+        one,
         options=replace(cfg.options, block_counts=counts or balanced_block_counts(md.block_costs, schedule),
                         device=rank_device(), tied=md.tied, **plan),
         mesh=mesh,
