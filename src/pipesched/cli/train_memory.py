@@ -54,18 +54,21 @@ def stage_specs(model_def, plan: Schedule, counts: Optional[Sequence[int]], tp: 
     return stages
 
 
+def rank_state(plan: Schedule, stages: list[list[ParamSpec]], layout: ParallelLayout, slots: int, rank: int) -> dict:
+    """Bytes by part (:data:`PARTS`) pipeline rank ``rank`` is predicted to hold at most: over its
+    stages, each at the tensor-parallel and shard coordinates that hold the most."""
+    total = dict.fromkeys(PARTS, 0)
+    for s, owner in enumerate(plan.placement):
+        if owner == rank:
+            state: StateBytes = largest_rank_state_bytes(stages[s], layout, slots)
+            for part in PARTS:
+                total[part] += getattr(state, part)
+    return total
+
+
 def peak_state(plan: Schedule, stages: list[list[ParamSpec]], layout: ParallelLayout, slots: int) -> tuple[int, dict]:
     """(pipeline rank, bytes by part) of the rank predicted to hold the most inside a step."""
-    def held(rank: int) -> dict:
-        total = dict.fromkeys(PARTS, 0)
-        for s, owner in enumerate(plan.placement):
-            if owner == rank:
-                state: StateBytes = largest_rank_state_bytes(stages[s], layout, slots)
-                for part in PARTS:
-                    total[part] += getattr(state, part)
-        return total
-
-    every = {rank: held(rank) for rank in range(plan.ranks)}
+    every = {rank: rank_state(plan, stages, layout, slots, rank) for rank in range(plan.ranks)}
     rank = max(every, key=lambda r: sum(every[r].values()))
     return rank, every[rank]
 
