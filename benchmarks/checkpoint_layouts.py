@@ -1,16 +1,17 @@
 """Checkpoints across layouts: a gpt run saved at pp 2 x dp_shard 2 (FSDP2 inside the stages, its
-model and optimizer state DTensors) resumes at pp 2 x tp 2, at pp 4 and in one process.
+model and optimizer state DTensors) resumes at pp 2 x tp 2, at pp 4 and in one process, and a
+one-process run's checkpoint resumes at pp 2 x dp_shard 2.
 
     PYTHONPATH=src python benchmarks/checkpoint_layouts.py [--check]    (4 local gloo processes)
     torchrun --nproc-per-node 4 benchmarks/checkpoint_layouts.py --check  (NCCL, one GPU per rank)
 
 The checkpoint is DCP's (``runtime/checkpoints/checkpoint.py``): each rank writes its shards
 under the unsplit model's names, DCP records where each shard sits in the whole tensor, and a
-rank of any other layout reads the pieces it now owns. One launch of 4 processes runs every
-layout in turn (and the one-process runs follow in the launching process). Runs of 4 steps (SGD at lr 0.05,
-AdamW at lr 1e-3) are saved after step 2 at pp 2 x dp_shard 2 and carried on there (the
-uninterrupted run); each other layout loads the step-2 checkpoint, saves it again at once
-(nothing trained) and trains steps 3 and 4.
+rank of any other layout reads the pieces it now owns. Runs of 4 steps (SGD at lr 0.05, AdamW at
+lr 1e-3) are saved after step 2 and carried on (the uninterrupted runs): in one process first,
+then at pp 2 x dp_shard 2 in one launch of 4 processes that also runs every resumed layout in
+turn; the one-process run resumed comes last. Each resumed run loads the step-2 checkpoint,
+saves it again at once (nothing trained) and trains steps 3 and 4.
 
 What ``--check`` asserts:
 
@@ -18,9 +19,9 @@ What ``--check`` asserts:
   entry of the one it loaded, bit for bit (AdamW's moments and step included): the state moved
   exactly, whatever the layout;
 - with SGD, the weights after step 4 of every resumed run within 1e-5 (relative to each tensor's
-  largest entry) of the uninterrupted run's and of the one-process run's: what differs is the
-  order of fp32 sums (microbatches, shards, the row-parallel all-reduce), as between the
-  layouts themselves (tests/test_sharded_pipelines.py);
+  largest entry) of the uninterrupted run whose checkpoint it loaded and of the one-process run:
+  what differs is the order of fp32 sums (microbatches, shards, the row-parallel all-reduce), as
+  between the layouts themselves (tests/test_sharded_pipelines.py);
 - every resumed run's losses of steps 3 and 4 within 1e-5 relative of the uninterrupted run's.
 
 AdamW's weights are reported, not asserted: its first steps move each weight by about ``lr``
@@ -36,7 +37,6 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 from time import perf_counter
 from typing import Optional
@@ -63,7 +63,8 @@ SIZE = dict(layers=2, dim=32, heads=4, context=16)  # 4 blocks: one per rank at 
 BATCH, MICROBATCHES, SEED, STEPS, SAVED_AFTER = 16, 4, 0, 4, 2
 LR = {"sgd": 0.05, "adamw": 1e-3}
 SAVED_AT, SAVED_LABEL = (2, 2, 1), "pp 2 x dp_shard 2"  # (pp, dp_shard, tp)
-RESUMED_AT = {"pp 2 x tp 2": (2, 1, 2), "pp 4": (4, 1, 1)}  # and one process
+RESUMED_AT = {"pp 2 x tp 2": (2, 1, 2), "pp 4": (4, 1, 1)}
+ONE, RESUMED_ONE, FROM_ONE = "one process", "one process (resumed)", "pp 2 x dp_shard 2 (resumed)"
 TOL = 1e-5
 
 
@@ -100,24 +101,38 @@ def layout_run(layout: tuple, folder: Path, load: Optional[Path]) -> dict:
     return out
 
 
-def check_worker(rank: int, world: int, folder: Optional[str]) -> Optional[tuple[str, dict]]:
-    """Every layout of one launch of 4 processes, in turn: saved at SAVED_AT, then resumed at each
-    of RESUMED_AT. Rank 0 returns the folder and the results. ``folder`` None (torchrun): rank 0
-    makes one and tells the others."""
-    if folder is None:
-        told = [tempfile.mkdtemp(prefix="pipesched-ckpt-layouts-") if rank == 0 else None]
-        dist.broadcast_object_list(told)
-        folder = told[0]
-    root = Path(folder)
+def check_worker(rank: int, world: int, folder: Optional[str]) -> Optional[dict]:
+    """Every layout of one launch of 4 processes, in turn: saved at SAVED_AT, resumed at each of
+    RESUMED_AT, and SAVED_AT resuming the one-process run's checkpoint. Rank 0 returns the
+    results. The folder is rank 0's (under torchrun the others are given None)."""
+    told = [folder]
+    dist.broadcast_object_list(told)
+    root = Path(told[0])
     results = {SAVED_LABEL: layout_run(SAVED_AT, root / SAVED_LABEL, None)}
     for label, layout in RESUMED_AT.items():
         results[label] = layout_run(layout, root / label, root / SAVED_LABEL)
-    return (folder, results) if rank == 0 else None
+    results[FROM_ONE] = layout_run(SAVED_AT, root / FROM_ONE, root / ONE)
+    return results if rank == 0 else None
 
 
-def one_process(folder: Path, load: Path) -> dict:
-    """The same in one process (``train --schedule none``'s run): the uninterrupted run, and the
-    run resumed from ``load``'s checkpoint (loaded and saved again at once, as the layouts do)."""
+def _one_process_config(optimizer: str, **more) -> TrainConfig:
+    return TrainConfig("gpt", None, STEPS, BATCH, RuntimeOptions(seed=SEED), lr=LR[optimizer], optimizer=optimizer,
+                       model_size=SIZE, want_params=True, **more)
+
+
+def one_process_uninterrupted(folder: Path) -> dict:
+    """The one-process runs (``train --schedule none``'s), uninterrupted, saved after step
+    SAVED_AFTER (the checkpoint SAVED_AT resumes); their losses and final weights."""
+    out = {}
+    for optimizer in LR:
+        whole = run(_one_process_config(optimizer, checkpoint_dir=str(folder / optimizer), checkpoint_every=SAVED_AFTER))
+        out[optimizer] = {"losses": whole.losses, "params": whole.params}
+    return out
+
+
+def one_process_resumed(folder: Path, load: Path) -> dict:
+    """The one-process runs resumed from ``load``'s checkpoint (loaded and saved again at once,
+    as the layouts do); their losses of the steps after it and final weights."""
     md = get_model("gpt", **SIZE)
     out = {}
     for optimizer in LR:
@@ -127,11 +142,8 @@ def one_process(folder: Path, load: Path) -> dict:
         state = make_optimizer(optimizer, LR[optimizer])(list(model.parameters()))
         checkpoint.load(saved, view, state)
         checkpoint.save(folder / optimizer / "again", SAVED_AFTER, view, state)
-        config = TrainConfig("gpt", None, STEPS, BATCH, RuntimeOptions(seed=SEED), lr=LR[optimizer], optimizer=optimizer,
-                             model_size=SIZE, want_params=True)
-        whole, resumed = run(config), run(replace(config, resume_from=str(saved)))
-        out[optimizer] = {"losses": resumed.losses, "params": resumed.params,
-                          "uninterrupted": {"losses": whole.losses, "params": whole.params}}
+        resumed = run(_one_process_config(optimizer, resume_from=str(saved)))
+        out[optimizer] = {"losses": resumed.losses, "params": resumed.params}
     return out
 
 
@@ -172,28 +184,33 @@ def moved_exactly(saved: dict, again: dict) -> bool:
     return saved.keys() == again.keys() and all(same(saved[k], again[k]) for k in saved)
 
 
+def _compare(results: dict, folder: Path, optimizer: str, label: str, source: str) -> tuple[str, list[str]]:
+    """One resumed run against the uninterrupted run whose checkpoint it loaded (``source``) and
+    against the uninterrupted one-process run: its line, and what failed."""
+    got, start, ref = results[label][optimizer], results[source][optimizer], results[ONE][optimizer]
+    saved = entries(checkpoint.step_dir(folder / source / optimizer, SAVED_AFTER))
+    exact = moved_exactly(saved, entries(checkpoint.step_dir(folder / label / optimizer / "again", SAVED_AFTER)))
+    vs_run, vs_one = relative_error(got["params"], start["params"]), relative_error(got["params"], ref["params"])
+    losses = loss_error(got["losses"], start["losses"][SAVED_AFTER:])
+    line = (f"  {source + ' -> ' + label:<48} state loaded bit for bit: {'yes' if exact else 'NO'} ({len(saved)} entries)   "
+            f"weights after step {STEPS} vs uninterrupted {vs_run:.1e}, vs one process {vs_one:.1e}   losses {losses:.1e}")
+    failed = [] if exact else [f"{optimizer} {source} -> {label}: the state loaded differs from the state saved"]
+    if losses > TOL or (optimizer == "sgd" and max(vs_run, vs_one) > TOL):
+        failed.append(f"{optimizer} {source} -> {label}: resumed differs from uninterrupted beyond {TOL:g}")
+    return line, failed
+
+
 def table(results: dict, folder: Path) -> list[str]:
-    """One line per resumed layout and optimizer; with a FAILED line where a check does not hold."""
+    """One line per resumed run; a FAILED line where a check does not hold."""
     lines, failed = [], []
-    start = results[SAVED_LABEL]
-    ref = results["one process"]
-    for optimizer in LR:
-        saved = entries(checkpoint.step_dir(folder / SAVED_LABEL / optimizer, SAVED_AFTER))
-        base = relative_error(ref[optimizer]["uninterrupted"]["params"], start[optimizer]["params"])
-        lines.append(f"{optimizer} (lr {LR[optimizer]:g}), saved at pp 2 x dp_shard 2 after step {SAVED_AFTER} "
-                     f"({len(saved)} entries); uninterrupted pp 2 x dp_shard 2 vs one process: weights {base:.1e}")
-        for label in [*RESUMED_AT, "one process"]:
-            got = results[label][optimizer]
-            exact = moved_exactly(saved, entries(checkpoint.step_dir(folder / label / optimizer / "again", SAVED_AFTER)))
-            vs_run = relative_error(got["params"], start[optimizer]["params"])
-            vs_one = relative_error(got["params"], ref[optimizer]["uninterrupted"]["params"])
-            losses = loss_error(got["losses"], start[optimizer]["losses"][SAVED_AFTER:])
-            lines.append(f"  resumed at {label:<12} state loaded bit for bit: {'yes' if exact else 'NO'}   weights after "
-                         f"step {STEPS} vs uninterrupted {vs_run:.1e}, vs one process {vs_one:.1e}   losses {losses:.1e}")
-            if not exact:
-                failed.append(f"{optimizer} at {label}: the state loaded differs from the state saved")
-            if losses > TOL or (optimizer == "sgd" and max(vs_run, vs_one) > TOL):
-                failed.append(f"{optimizer} at {label}: resumed differs from uninterrupted beyond {TOL:g}")
+    for optimizer, lr in LR.items():
+        base = relative_error(results[ONE][optimizer]["params"], results[SAVED_LABEL][optimizer]["params"])
+        lines.append(f"{optimizer} (lr {lr:g}), saved after step {SAVED_AFTER}; uninterrupted {SAVED_LABEL} vs {ONE}: "
+                     f"weights {base:.1e}")
+        for label, source in [*((label, SAVED_LABEL) for label in [*RESUMED_AT, RESUMED_ONE]), (FROM_ONE, ONE)]:
+            line, why = _compare(results, folder, optimizer, label, source)
+            lines.append(line)
+            failed += why
     return lines + [f"FAILED: {why}" for why in failed]
 
 
@@ -202,18 +219,22 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 unless every check of the docstring holds")
     args = parser.parse_args()
     t0 = perf_counter()
-    if under_torchrun():
-        done = run_torchrun(check_worker, None, 900)
-        if int(os.environ["RANK"]) != 0:
-            return 0
-    else:
-        done = spawn(check_worker, 4, tempfile.mkdtemp(prefix="pipesched-ckpt-layouts-"), timeout_s=900)[0]
-    folder, results = Path(done[0]), done[1]
+    lead = not under_torchrun() or int(os.environ["RANK"]) == 0
+    folder = Path(tempfile.mkdtemp(prefix="pipesched-ckpt-layouts-")) if lead else None
     try:
-        results["one process"] = one_process(folder / "one process", folder / SAVED_LABEL)
+        before = one_process_uninterrupted(folder / ONE) if lead else None
+        if under_torchrun():
+            results = run_torchrun(check_worker, None if folder is None else str(folder), 900)
+            if not lead:
+                return 0
+        else:
+            results = spawn(check_worker, 4, str(folder), timeout_s=900)[0]
+        results[ONE] = before
+        results[RESUMED_ONE] = one_process_resumed(folder / RESUMED_ONE, folder / SAVED_LABEL)
         lines = table(results, folder)
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     print("\n".join(lines) + f"\n({perf_counter() - t0:.0f} s, 4 processes on {rank_device_name()})")
     return 1 if args.check and any(line.startswith("FAILED") for line in lines) else 0
 
