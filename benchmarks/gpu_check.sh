@@ -14,7 +14,8 @@
 # F&B pairs (dualpipev, dualpipe) with the forward half on a second CUDA stream are checked
 # against the halves run one after the other: equivalence and step time (benchmarks/dualpipe.py --streams).
 # With 4+ GPUs: sharded stages (FSDP2 x TP) against the unsharded model, and torch's pipelining
-# with FSDP2 stages timed (benchmarks/sharded_vs_torch.py --check).
+# with FSDP2 stages timed (benchmarks/sharded_vs_torch.py --check), a sharded checkpoint resumed
+# at other layouts (benchmarks/checkpoint_layouts.py --check).
 # Exits non-zero if a check fails. Dry run of the script's logic on a CPU-only machine:
 # GPU_CHECK_ON_CPU=1 (gloo, CPU, small block; proves nothing about CUDA).
 set -euo pipefail
@@ -69,6 +70,10 @@ fi
 if [[ "$gpus" -ge 4 ]]; then
     echo "## Sharded stages and torch with FSDP2 stages, 4 ranks, NCCL" >> "$OUT"
     "$PY" -m torch.distributed.run --standalone --nproc-per-node 4 benchmarks/sharded_vs_torch.py --check \
+        | tee -a "$OUT" || status=1
+    # a checkpoint of sharded stages (DTensors saved by DCP from the GPUs) resumed at other layouts
+    echo "## Checkpoints across layouts: pp 2 x dp_shard 2 resumed at pp 2 x tp 2, pp 4, one process, 4 ranks, NCCL" >> "$OUT"
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node 4 benchmarks/checkpoint_layouts.py --check \
         | tee -a "$OUT" || status=1
 else
     echo "## Sharded stages: skipped (needs 4 GPUs for NCCL, $gpus here)" >> "$OUT"

@@ -1,6 +1,6 @@
 """``pipesched train --model hf:CONFIG.json`` through the real entry point: a Hugging Face causal
-LM from its config trains under a zero-bubble schedule as the single-process model does, writes
-a folder ``from_pretrained`` loads and checkpoints under the model's own names; ``advise
+LM from its config trains under a zero-bubble schedule with sharded stages as the single-process
+model does, writes a folder ``from_pretrained`` loads and checkpoints under the model's own names; ``advise
 --profile`` and ``train -s auto`` choose a schedule for it; bad input is one line and exit 2
 before any rank starts."""
 
@@ -51,7 +51,8 @@ def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loa
     out = tmp_path / "saved"
     args = ["--model", f"hf:{configs['llama']}", "--data", str(data), "--steps", "3", "--batch-size", "8",
             "-m", "4", "--optimizer", "adamw", "--lr", "1e-3", "--summary", str(tmp_path / "run.json")]
-    run = run_cli("train", *args, "-s", "zb-v", "--ranks", "2", "--save-hf", str(out),
+    # sharded (each stage FSDP2-split over 2 ranks): --save-hf and the checkpoint gather the shards whole
+    run = run_cli("train", *args, "-s", "zb-v", "--ranks", "2", "--dp-shard", "2", "--save-hf", str(out),
                   "--checkpoint-dir", str(tmp_path / "ck"), timeout=200)
     assert run.returncode == 0, run.stderr
     assert checkpoint_names(tmp_path / "ck") == model_names(AutoModelForCausalLM.from_config(make_config("llama")))

@@ -1,6 +1,7 @@
 """``pipesched train --dp-shard N --tp N`` through the console script: a sharded run trains as the
-one-process run does and its summary holds the bytes each rank measured beside the layout's
-prediction; layouts that cannot run are refused in one line (exit 2) before any rank starts."""
+one-process run does, its summary holds the bytes each rank measured beside the layout's
+prediction, and its checkpoint resumes in one process; layouts that cannot run (or cannot fit
+``--memory-limit``) are refused in one line (exit 2) before any rank starts."""
 
 from __future__ import annotations
 
@@ -10,22 +11,39 @@ import pytest
 
 from conftest import concurrently, run_cli
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
-GPT = ["--model", "gpt", "--ranks", "2", "--steps", "2", "--batch-size", "16", "--optimizer", "adamw"]
+GPT = ["--model", "gpt", "--ranks", "2", "--batch-size", "16", "--optimizer", "adamw"]
+SHARDED = [*GPT, "-s", "zb-v", "--dp-shard", "2", "--steps", "2"]
 
 
 @pytest.mark.timeout(300)
-def test_a_sharded_run_trains_as_one_process_and_measures_what_it_predicts(tmp_path):
-    sharded, whole = concurrently(lambda args: run_cli("train", *GPT, *args, timeout=240), [
-        ["-s", "zb-v", "--dp-shard", "2", "--summary", str(tmp_path / "sharded.json")],
-        ["-s", "none", "--summary", str(tmp_path / "whole.json")],
+def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resumes_in_one_process(tmp_path):
+    """The sharded run's checkpoint (DCP: each rank's shards of the weights and AdamW's state under
+    the unsplit model's names) loads into the one-process model bit for bit and resumes there, its
+    steps 3 and 4 as the uninterrupted run's. A --memory-limit the layout's predicted weights,
+    gradients and optimizer state exceed is refused before any rank starts, naming the bytes."""
+    import pipesched
+    from pipesched.cli.train_memory import PARTS, STATE_SLOTS, rank_state, stage_specs
+    from pipesched.memory import format_bytes
+    from pipesched.parallel_layout import ParallelLayout
+    from pipesched.runtime.checkpoints import checkpoint
+    from pipesched.runtime.options import RuntimeOptions
+    from pipesched.runtime.training.models import get_model
+    from pipesched.runtime.training.optimizers import make_optimizer
+    from pipesched.runtime.training.train import TrainConfig, train_reference
+
+    sharded, whole, refused = concurrently(lambda args: run_cli("train", *args, timeout=240), [
+        [*SHARDED, "--summary", str(tmp_path / "sharded.json"), "--checkpoint-dir", str(tmp_path / "ck"),
+         "--save-params", str(tmp_path / "sharded.pt")],
+        [*GPT, "-s", "none", "--steps", "4", "--summary", str(tmp_path / "whole.json")],
+        [*SHARDED, "--memory-limit", "1MiB"],
     ])
     assert sharded.returncode == 0, sharded.stderr
     assert whole.returncode == 0, whole.stderr
     got, want = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("sharded", "whole"))
     # fp32 sums in another order (microbatches, shards): a few ulps of a loss near 4
-    assert got["losses"] == pytest.approx(want["losses"], rel=1e-5)
+    assert got["losses"] == pytest.approx(want["losses"][:2], rel=1e-5)
     for rank in got["memory"]:
         assert rank["measured_state_bytes"] == rank["predicted_state_bytes"], rank
         assert rank["measured_state_bytes"]["optimizer"] > 0  # AdamW's two moments, sharded
@@ -43,6 +61,33 @@ def test_a_sharded_run_trains_as_one_process_and_measures_what_it_predicts(tmp_p
         advised = advised_state_bytes(gpt_defaults(), runtime_layout(2, 1, 2, 1), schedule.placement, counts,
                                       rank["rank"], slots=2)
         assert rank["measured_state_bytes"] == advised, rank
+
+    md = get_model("gpt")
+    model = md.sequential(0)
+    optimizer = make_optimizer("adamw", 0.05)(list(model.parameters()))
+    saved = tmp_path / "ck" / "step-000002"
+    assert checkpoint.load(saved, checkpoint.tied_view(model, md.tied, md.checkpoint_name), optimizer) == 2
+    trained = torch.load(tmp_path / "sharded.pt")  # the sharded ranks' weights after step 2, gathered
+    assert model.state_dict().keys() == trained.keys()
+    assert all(torch.equal(model.state_dict()[k], trained[k]) for k in trained)
+    moments = optimizer.state_dict()["state"].values()
+    assert len(moments) == len(trained) and all(int(m["step"]) == 2 and m["exp_avg_sq"].any() for m in moments)
+    resumed = train_reference(TrainConfig("gpt", None, 4, 16, RuntimeOptions(seed=0), lr=0.05, optimizer="adamw",
+                                          resume_from=str(saved)))
+    assert resumed.losses == pytest.approx(want["losses"][2:], rel=1e-5)
+
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    # what the refusal adds up, per rank: the bytes the run measured between steps (params, grads,
+    # optimizer: each rank's summary), plus the gathered parameters and unsharded gradients of a step
+    plan = pipesched.build_schedule("zb-v", 2, 8)
+    stages = stage_specs(md, plan, None, tp=1)
+    held = [rank_state(plan, stages, ParallelLayout(2, dp_shard=2), STATE_SLOTS["adamw"], r["rank"]) for r in got["memory"]]
+    for rank, parts in zip(got["memory"], held):
+        assert {k: parts[k] for k in rank["measured_state_bytes"]} == rank["measured_state_bytes"]
+    top = max(range(len(held)), key=lambda i: sum(held[i].values()))
+    most = held[top]
+    assert (f"holds up to {format_bytes(sum(most.values()))} per rank (pipeline rank {got['memory'][top]['rank']}) "
+            f"before any activation, the largest part {PARTS[max(most, key=most.get)]}") in refused.stderr, refused.stderr
 
 
 REFUSED = [

@@ -70,7 +70,8 @@ class ScheduleChoice:
         if self.limit_bytes is not None and self.measures is None:
             raise ConfigError(
                 f"--memory-limit {format_bytes(self.limit_bytes)}: a size in bytes needs --schedule auto or zb-auto "
-                "(they measure the activations); with another schedule give M_B units, e.g. --memory-limit 2"
+                "(they measure the activations) or a sharded layout (--dp-shard, --tp: its weights, gradients and optimizer state "
+                "are predicted); with another schedule give M_B units, e.g. --memory-limit 2"
             )
 
     @property

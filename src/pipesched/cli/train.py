@@ -22,7 +22,7 @@ from ..environment import torchrun_rank
 from ..errors import ConfigError, RunFailure
 from ..memory import Recomputed
 from ..outfiles import check_output_path
-from ..resolve import Resolved, RunSpec, ScheduleChoice, resolve_schedule
+from ..resolve import MEASURING, Resolved, RunSpec, ScheduleChoice, resolve_schedule
 from ..runtime.training.optimizers import OPTIMIZERS
 from ..schedule import Schedule
 from ..zb_auto_plan import given_costs
@@ -55,6 +55,7 @@ class _Checked:
     summary: Optional[Path]
     counts: Optional[tuple[int, ...]]
     dtype: object = None  # the torch dtype, once torch is imported
+    state_limit: Optional[float] = None  # --memory-limit in bytes on a sharded layout (train_memory.py)
 
 
 @app.command("train")
@@ -70,6 +71,10 @@ def train(run: RunFlags = RunFlags(), sched: ScheduleFlags = ScheduleFlags(), ck
     checked = _checks_without_torch(run, sched, ckpt, out, loop, data_flags)
     model_def, plan, recompute, model_options = _model_and_plan(run, sched, out, data_flags, checked)
     check_sharding(model_def, sched.dp_shard, sched.tp, run.clip_grad_norm, data_flags.held_out)
+    if checked.state_limit is not None:
+        from .train_memory import check_state_fits
+
+        check_state_fits(model_def, plan, checked.counts, sched.dp, sched.dp_shard, sched.tp, run.optimizer, checked.state_limit)
     from .train_checks import check_checkpointing
 
     resume_from = check_checkpointing(ckpt.checkpoint_dir, ckpt.resume, run.steps, model_def, run.optimizer, run.lr)  # last: creates the folder
@@ -104,11 +109,14 @@ def _checks_without_torch(run: RunFlags, sched: ScheduleFlags, ckpt: CheckpointF
         if path is not None:
             check_output_path(path, suffixes)
     limit, limit_bytes = opt.parse_memory_limit(sched.memory_limit, bytes_known=True)  # auto's profile measures sizes
+    state_limit = None
+    if limit_bytes is not None and (sched.dp_shard > 1 or sched.tp > 1) and (sched.csv is not None or sched.schedule.strip().lower() not in MEASURING):
+        state_limit, limit_bytes = limit_bytes, None  # the layout's predicted state, checked once the model is known
     if sched.recompute_input is not None:
         opt.check_recompute_input(sched.recompute_input, limit if limit_bytes is None else limit_bytes)
     choice = ScheduleChoice(sched.schedule, sched.ranks, sched.microbatches, sched.chunks, sched.csv, limit, limit_bytes,
                             sched.recompute_input, planning_costs, sched.recompute)
-    return _Checked(choice, loop_run, summary, _parse_counts(sched.stage_blocks))
+    return _Checked(choice, loop_run, summary, _parse_counts(sched.stage_blocks), state_limit=state_limit)
 
 
 def _model_and_plan(run: RunFlags, sched: ScheduleFlags, out: OutputFlags, data_flags: DataFlags, checked: _Checked):

@@ -114,7 +114,9 @@ schedule_options = option_group("sched", ScheduleFlags, (
                                                  "must fit: with --schedule auto or zb-auto in M_B or bytes (40GiB, "
                                                  "512MiB; zb-auto then measures the sizes and may recompute); with "
                                                  "another named schedule in M_B (the V family builds to it, the "
-                                                 "others check it).")),
+                                                 "others check it); with --dp-shard or --tp in bytes, the weights, "
+                                                 "gradients and optimizer state each rank is predicted to hold "
+                                                 "(refused before any rank starts if they do not fit).")),
     ("recompute_input", Optional[float], opt.RecomputeInput),
     ("ranks", int, opt.Ranks),
     ("microbatches", Optional[int], typer.Option(None, "--microbatches", "-m", help="Microbatches per step (default 8; a CSV brings its own).")),

@@ -16,6 +16,10 @@ The step counter is the folder's name; the data position is the step (pipesched'
 function of the seed and the step). Because nothing is keyed by stage or rank, a checkpoint loads
 under another schedule or rank count: each rank asks DCP for the entries of the blocks it owns
 (random generators are restored only on the same rank count, where they mean the same thing).
+Sharded stages (FSDP2, tensor parallelism) hold DTensors: each rank writes its piece of each
+weight and of its optimizer state under the same unsplit name, DCP records where the piece sits
+in the whole tensor, and any layout reads back the pieces it owns, one process included
+(``benchmarks/checkpoint_layouts.py``).
 A tied weight and its optimizer state are saved and asked for under the group's first name
 whether one rank holds the group as one ``Parameter`` (a V placement) or ranks hold copies (a
 loop placement), so either resumes the other's checkpoint; loading then broadcasts the group's
