@@ -50,10 +50,8 @@ def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resum
     # and what the advisor predicts from the gpt's sizes for the run's blocks (tests/advised_bytes.py)
     from advised_bytes import advised_state_bytes, gpt_defaults
 
-    import pipesched
     from pipesched.runtime.sharding.sharded_mesh import runtime_layout
     from pipesched.runtime.stages.copies import balanced_block_counts
-    from pipesched.runtime.training.models import get_model
 
     schedule = pipesched.build_schedule("zb-v", 2, got["microbatches"])
     counts = balanced_block_counts(get_model("gpt").block_costs, schedule)
@@ -102,8 +100,15 @@ REFUSED = [
 
 
 @pytest.mark.timeout(300)
-def test_layouts_that_cannot_run_are_refused_in_one_line_before_any_rank_starts():
-    results = concurrently(lambda row: run_cli("train", "--ranks", "2", *row[0]), REFUSED)
-    for (args, message), done in zip(REFUSED, results):
+def test_layouts_that_cannot_run_are_refused_in_one_line_before_any_rank_starts(tmp_path):
+    from transformers import LlamaConfig
+
+    # every matrix and norm of this Llama has 4 rows: 8 shards leave 4 ranks of a stage nothing to hold
+    LlamaConfig(vocab_size=4, hidden_size=4, intermediate_size=4, num_hidden_layers=2, num_attention_heads=1,
+                num_key_value_heads=1, head_dim=4).to_json_file(tmp_path / "config.json")
+    rows = [*REFUSED, (["--model", f"hf:{tmp_path / 'config.json'}", "--dp-shard", "8", "--batch-size", "128"],
+                       "dp_shard=8 cuts stage 0 into more shards than it has elements to give")]
+    results = concurrently(lambda row: run_cli("train", "--ranks", "2", *row[0]), rows)
+    for (args, message), done in zip(rows, results):
         assert done.returncode == 2, (args, done.stderr)
         assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)

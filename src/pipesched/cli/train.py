@@ -71,10 +71,11 @@ def train(run: RunFlags = RunFlags(), sched: ScheduleFlags = ScheduleFlags(), ck
     checked = _checks_without_torch(run, sched, ckpt, out, loop, data_flags)
     model_def, plan, recompute, model_options = _model_and_plan(run, sched, out, data_flags, checked)
     check_sharding(model_def, sched.dp_shard, sched.tp, run.clip_grad_norm, data_flags.held_out)
-    if checked.state_limit is not None:
-        from .train_memory import check_state_fits
+    if sched.dp_shard > 1 or sched.tp > 1:
+        from .train_memory import check_sharded_stages
 
-        check_state_fits(model_def, plan, checked.counts, sched.dp, sched.dp_shard, sched.tp, run.optimizer, checked.state_limit)
+        check_sharded_stages(model_def, plan, checked.counts, sched.dp, sched.dp_shard, sched.tp, run.optimizer,
+                             checked.state_limit)
     from .train_checks import check_checkpointing
 
     resume_from = check_checkpointing(ckpt.checkpoint_dir, ckpt.resume, run.steps, model_def, run.optimizer, run.lr)  # last: creates the folder

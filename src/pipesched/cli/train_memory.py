@@ -1,6 +1,7 @@
-"""``pipesched train --memory-limit SIZE`` on a sharded layout (``--dp-shard``, ``--tp``): the bytes
-each rank is predicted to hold for its stages' weights, gradients and optimizer state, checked
-against the limit before any rank starts.
+"""``pipesched train``'s checks of a sharded layout (``--dp-shard``, ``--tp``) against its stages'
+parameter shapes, before any rank starts: no rank of a stage left without an element to hold
+(:func:`pipesched.layout_refusals.check_stage_shards`), and with ``--memory-limit SIZE`` the bytes
+each rank is predicted to hold for its stages' weights, gradients and optimizer state.
 
 The prediction is :func:`pipesched.sharded_bytes.largest_rank_state_bytes`, the one every run's
 measured bytes are checked against (the summary's ``predicted_state_bytes``), from the stages'
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from ..errors import ConfigError
+from ..layout_refusals import check_stage_shards
 from ..memory import format_bytes
 from ..parallel_layout import ParallelLayout
 from ..schedule import Schedule
@@ -73,12 +75,17 @@ def peak_state(plan: Schedule, stages: list[list[ParamSpec]], layout: ParallelLa
     return rank, every[rank]
 
 
-def check_state_fits(model_def, plan: Schedule, counts: Optional[Sequence[int]], dp: int, dp_shard: int, tp: int,
-                     optimizer: str, limit: float) -> None:
-    """Refuse, in one line, a sharded layout whose predicted weights, gradients and optimizer
-    state exceed ``limit`` bytes on some rank (``--memory-limit``)."""
+def check_sharded_stages(model_def, plan: Schedule, counts: Optional[Sequence[int]], dp: int, dp_shard: int, tp: int,
+                         optimizer: str, limit: Optional[float]) -> None:
+    """Refuse, in one line, a sharded layout under which some rank would hold no element of a
+    stage (:func:`pipesched.layout_refusals.check_stage_shards`), or whose predicted weights,
+    gradients and optimizer state exceed ``limit`` bytes on some rank (``--memory-limit``)."""
     layout = ParallelLayout(plan.ranks, dp, dp_shard, tp)
-    rank, parts = peak_state(plan, stage_specs(model_def, plan, counts, tp), layout, STATE_SLOTS[optimizer])
+    stages = stage_specs(model_def, plan, counts, tp)
+    check_stage_shards(layout, stages)
+    if limit is None:
+        return
+    rank, parts = peak_state(plan, stages, layout, STATE_SLOTS[optimizer])
     total = sum(parts.values())
     if total <= limit:
         return
