@@ -138,7 +138,8 @@ class StageRunner:
         counted on a metered step; a recomputed stage keeps only its blocks' inputs and is rebuilt
         one block at a time (counted) when its backward needs it."""
         meter = self.meter if metering else None
-        with meter.saved_tensors() if meter is not None else nullcontext(), self.precision.autocast():
+        sharded = self.sharding.forward() if self.sharding is not None else nullcontext()
+        with meter.saved_tensors() if meter is not None else nullcontext(), self.precision.autocast(), sharded:
             if self.recompute:
                 y = recomputed_forward(self.module, x, meter, context)
             else:

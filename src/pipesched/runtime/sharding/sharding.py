@@ -27,7 +27,10 @@ stage's root group: a block's group would gather it for that block only.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+import logging
+import warnings
+from contextlib import AbstractContextManager, contextmanager
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -135,8 +138,28 @@ def reduce_grad(stage: FSDPModule, divisor: float) -> None:
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """A sharded tensor gathered whole (collective over its mesh: every rank holding a piece calls
-    it), a plain tensor as it is."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    it), a plain tensor as it is. DTensor logs a warning per rank for a tensor-parallel shard
+    sharded again by FSDP (two all-gathers in sequence, "may give inconsistent results ... due to
+    different reduction orders"): an all-gather reduces nothing, so it is kept out of the terminal."""
+    if not isinstance(t, DTensor):
+        return t
+    redistribute_log = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = redistribute_log.level
+    redistribute_log.setLevel(logging.ERROR)
+    try:
+        return t.full_tensor()
+    finally:
+        redistribute_log.setLevel(level)
+
+
+@contextmanager
+def outputs_left_unmodified() -> Iterator[None]:
+    """A sharded stage's forward, without FSDP2's warning that the stage returned a view: it warns
+    that an in-place op on that view would skip the pre-backward hook, and the engine applies
+    none to a stage's output (it detaches what it sends and scales the loss out of place)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
+        yield
 
 
 def local_tensors(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
@@ -186,6 +209,10 @@ class StageSharding:
             wait(self._gather)
             self._gather = None
             self.exclude(local_tensors(self.stage.parameters()))
+
+    def forward(self) -> AbstractContextManager:
+        """Around the stage's forward (recomputed ones included): :func:`outputs_left_unmodified`."""
+        return outputs_left_unmodified()
 
     def before_backward(self) -> None:
         self.ready()
