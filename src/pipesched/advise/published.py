@@ -5,7 +5,8 @@ commit, named below), or an assumption about the GPU stated as such: nothing is 
 published speeds. docs/layouts.md walks through them; ``benchmarks/published_layouts.py`` and
 ``tests/test_published_runs.py`` run them.
 
-- torchtitan, ``docs/performance.md`` (commit 9dec370, 2024-12-26), tables 4 and 5: Llama 3.1
+- torchtitan, ``docs/performance.md`` (added in commit d4c86e3, 2025-01-30; it names torchtitan 9dec370,
+  2024-12-26, as the code benchmarked), tables 4 and 5: Llama 3.1
   70B on 256 H100 (FSDP 32 x TP 8, local batch 16) and 405B on 512 H100 (FSDP 8 x TP 8 x PP 8,
   local batch 32, global 256), sequence 8192, full activation checkpointing, nodes of 8 H100
   (NVLink within, 400 Gb/s RDMA per GPU between). The table names no microbatch count, so the
