@@ -70,8 +70,10 @@ def dimension_lines(best: LayoutCandidate, costs: LayoutCosts, tokens_per_step: 
     elif best.dp > 1:
         lines.append(f"dp {best.dp}: replicas all-reduce each shard after its reduce-scatter (counted above)")
     if c.peak_memory_bytes is not None:
-        lines.append(f"memory: {c.peak_memory_bytes / GB:.4g} GB on the fullest rank, {held.total / GB:.4g} GB of it "
-                     "besides activations")
+        on_timeline = best.dp_shard > 1 and best.pp > 1
+        timeline = " (unsharded gradients held from each stage's first B/W)" if on_timeline else ""
+        lines.append(f"memory: {c.peak_memory_bytes / GB:.4g} GB on the fullest rank{timeline}; its state besides "
+                     f"activations is {held.total / GB:.4g} GB with every gradient held")
     return lines
 
 
