@@ -31,7 +31,7 @@ def _costs(case: dict) -> Costs:
     return Costs(F=case["F"], B=case["B"], W=case["W"], comm=case["comm"])
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c["p"] == 8], ids=lambda c: f"{c['table']}-m{c['m']}-{c['name']}")
+@pytest.mark.parametrize("case", [c for c in CASES if c["p"] == 8], ids=lambda c: f"F{c['F']}-m{c['m']}-{c['name']}")
 def test_the_authors_heuristic_reproduced_on_their_measured_costs(case):
     p = case["p"]
     span, orders = heuristic_orders([(case["F"], case["B"], case["W"])] * p, case["m"], tuple(case["mem"]),
