@@ -24,27 +24,23 @@ def torchtitan_405b():
     return [_priced(TORCHTITAN_405B, setting) for setting in TORCHTITAN_405B.settings]
 
 
-def test_405b_interleaved_holds_less_than_1f1b_as_published_and_both_fit(torchtitan_405b):
+def test_405b_settings_fit_and_interleaved_is_faster(torchtitan_405b):
     (one, one_fits), (interleaved, interleaved_fits) = torchtitan_405b
     assert one_fits and interleaved_fits
-    assert one.candidate.peak_memory_bytes > interleaved.candidate.peak_memory_bytes  # 82.5 > 72.7 GiB published
+    assert one.step_time > interleaved.step_time
 
 
-def test_405b_interleaved_is_faster_and_the_published_ratio_lies_between_the_two_microbatch_readings(torchtitan_405b):
-    (one, _), (interleaved, _) = torchtitan_405b
-    simulated = one.step_time / interleaved.step_time
-    assert simulated > 1
-    # With one-sample microbatches (torchtitan's later default, 32 for both) the bubble gap is smaller:
-    # the published ratio sits between the two readings of "local batch 32".
-    one_32, _ = _priced(TORCHTITAN_405B, ("1f1b", 1, 32))
-    interleaved_32, _ = _priced(TORCHTITAN_405B, ("interleaved-1f1b", 2, 32))
-    assert one_32.step_time / interleaved_32.step_time < PUBLISHED_405B_RATIO < simulated
-
-
-@pytest.mark.xfail(strict=True, reason="the simulated ratio is 1.56 (bubbles alone): docs/layouts.md, 'What the model misses'")
 def test_405b_ratio_within_ten_percent_of_the_published(torchtitan_405b):
+    # torchtitan's defaults at the published commit: 8 microbatches for both schedules (published.py)
     (one, _), (interleaved, _) = torchtitan_405b
     assert one.step_time / interleaved.step_time == pytest.approx(PUBLISHED_405B_RATIO, rel=0.10)
+
+
+def test_405b_interleaved_holds_less_than_1f1b_as_published(torchtitan_405b):
+    # ranks 0-3 of interleaved run all 16 forward chunks first: their activation peak comes before
+    # any unsharded gradient exists (advise/held_gradients.py); 1F1B's ranks hold both at once
+    (one, _), (interleaved, _) = torchtitan_405b
+    assert one.candidate.peak_memory_bytes > interleaved.candidate.peak_memory_bytes  # 82.5 > 72.7 GiB published
 
 
 @pytest.mark.parametrize("run", [TORCHTITAN_70B, MEGATRON_145B], ids=lambda r: r.name)

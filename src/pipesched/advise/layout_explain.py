@@ -70,15 +70,18 @@ def dimension_lines(best: LayoutCandidate, costs: LayoutCosts, tokens_per_step: 
     elif best.dp > 1:
         lines.append(f"dp {best.dp}: replicas all-reduce each shard after its reduce-scatter (counted above)")
     if best.bytes_per_rank:
-        lines.append(memory_line(best.bytes_per_rank))
+        lines.append(memory_line(best.bytes_per_rank, on_timeline=best.dp_shard > 1 and best.pp > 1))
     return lines
 
 
-def memory_line(bytes_per_rank) -> str:
-    """The fullest pipeline rank's bytes, each kind (its fullest shard and tp rank)."""
-    rank, held = max(enumerate(bytes_per_rank), key=lambda r: sum(r[1].values()))
+def memory_line(bytes_per_rank, on_timeline: bool) -> str:
+    """The fullest pipeline rank's peak and its bytes of each kind (its fullest shard and tp rank),
+    each at its own most; ``on_timeline``: the peak holds each stage's unsharded gradients only
+    from its first backward (:mod:`.held_gradients`), so it lies under the parts' sum."""
+    rank, held = max(enumerate(bytes_per_rank), key=lambda r: r[1]["peak"])
     parts = ", ".join(f"{label} {held[key] / GB:.3g}" for key, label in HELD if held[key])
-    return f"memory: {sum(held.values()) / GB:.4g} GB on the fullest rank (pipeline rank {rank}): {parts} GB"
+    timeline = " (unsharded gradients held from each stage's first B/W)" if on_timeline else ""
+    return f"memory: {held['peak'] / GB:.4g} GB on the fullest rank (pipeline rank {rank}){timeline}: {parts} GB"
 
 
 def runner_lines(advice: LayoutAdvice) -> list[str]:

@@ -35,6 +35,7 @@ from ..simulate import simulate
 from .candidates import divisors
 from .estimate import GB, TransformerCosts
 from .fabric import Fabric
+from .held_gradients import gradient_intervals, peak_with_gradients
 from .layout import LayoutAdvice, LayoutCandidate
 from .layout_costs import LayoutCosts
 from .search import Advice, Candidate, advise, objective_option
@@ -217,9 +218,10 @@ def _priced(problem: LayoutProblem, layout: ParallelLayout, costs: LayoutCosts, 
     step = layout_step(result.timeline, member.gathered_bytes_per_stage(schedule.stages, schedule.style),
                        member.reduced_bytes_per_stage(schedule.stages, schedule.style), layout, problem.fabric,
                        c.microbatches, problem.replica_latency, units=max(member.layers_per_stage(schedule.stages, schedule.style)))
-    held = [{**b.to_json(), "activations": a}
-            for b, a in zip(member.ranks_bytes(schedule.stages, schedule.style), result.peak_memory_bytes)]
-    peak = max(sum(rank.values()) for rank in held)
+    peaks = _rank_peaks(layout, member, result)
+    held = [{**b.to_json(), "activations": a, "peak": p}
+            for b, a, p in zip(member.ranks_bytes(schedule.stages, schedule.style), result.peak_memory_bytes, peaks)]
+    peak = max(peaks)
     own = replace(c, peak_memory_bytes=peak, memory_gb=peak / GB)
     return LayoutCandidate(layout.pp, layout.dp_replicate, own, step.step_time, step.exposed_reduce, step.reduce_per_rank,
                            tp=layout.tp, dp_shard=layout.dp_shard, exposed_gather=step.exposed_gather,
@@ -248,3 +250,19 @@ def evaluate_setting(gpus: int, model: TransformerCosts, global_batch: int, fabr
     priced = _priced(problem, layout, costs, match[0], *_simulated(layout.pp, costs, match[0]))
     budget = costs.budget_bytes()
     return priced, budget is None or priced.candidate.peak_memory_bytes <= budget
+
+
+def _rank_peaks(layout: ParallelLayout, member: LayoutCosts, result) -> list[float]:
+    """Each rank's peak bytes: its state plus its activations; with FSDP under pipelining the
+    unsharded gradients are summed on the timeline (:mod:`.held_gradients`), not at the peak."""
+    schedule = result.schedule
+    state = member.state_bytes(schedule.stages, schedule.style)
+    if layout.dp_shard == 1 or layout.pp == 1:
+        return [a + s for a, s in zip(result.peak_memory_bytes, state)]
+    grads = member.reduced_bytes_per_stage(schedule.stages, schedule.style)
+    peaks = []
+    for rank, constant in enumerate(state):
+        held = gradient_intervals(result.timeline[rank], grads)
+        rest = constant - sum(size for _, _, size in held)
+        peaks.append(rest + peak_with_gradients(result.memory_curve(rank, in_bytes=True), held))
+    return peaks

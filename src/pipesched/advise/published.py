@@ -5,12 +5,17 @@ commit, named below), or an assumption about the GPU stated as such: nothing is 
 published speeds. docs/layouts.md walks through them; ``benchmarks/published_layouts.py`` and
 ``tests/test_published_runs.py`` run them.
 
-- torchtitan, ``docs/performance.md`` (commit 9dec370, 2024-12-26), tables 4 and 5: Llama 3.1
+- torchtitan, ``docs/performance.md`` (added in commit d4c86e3, 2025-01-30; it names torchtitan 9dec370,
+  2024-12-26, as the code benchmarked), tables 4 and 5: Llama 3.1
   70B on 256 H100 (FSDP 32 x TP 8, local batch 16) and 405B on 512 H100 (FSDP 8 x TP 8 x PP 8,
   local batch 32, global 256), sequence 8192, full activation checkpointing, nodes of 8 H100
-  (NVLink within, 400 Gb/s RDMA per GPU between). At that commit torchtitan's
-  ``pipeline_parallel_microbatches`` defaulted to the number of stages (8 for 1F1B; 16 for
-  interleaved 1F1B, whose split gives each rank 2 stages).
+  (NVLink within, 400 Gb/s RDMA per GPU between). The table names no microbatch count, so the
+  405B settings are that commit's defaults (github.com/pytorch/torchtitan at 9dec370,
+  ``torchtitan/parallelisms/pipelining_utils.py``): ``build_pipeline_schedule`` gave every
+  schedule ``pipeline_parallel_degree`` microbatches (8, of 4 sequences each; the option's help
+  said "the number of pipeline stages", the code did not, until commit 90567fc, PR #781, of
+  2025-01-07), and ``generate_split_points`` gave a multi-stage schedule 2 stages per rank
+  (126 layers as 7, 14 x 8, 7; one stage per rank: 15, 6 x 16, 15).
 - Megatron-LM, Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
   Clusters"), table 1: GPT models with vocabulary 51200, sequence 2048, on DGX A100 80 GB nodes
   of 8 (NVLink within, 8 x 200 Gb/s HDR InfiniBand per node between), activation recomputation,
@@ -78,7 +83,7 @@ def _megatron_settings(microbatches: int) -> tuple[tuple[str, int, int], ...]:
 
 TORCHTITAN_405B = PublishedRun(
     "torchtitan-405b", 126, 16384, 128, 128256, 8192, 512, 256, ParallelLayout(pp=8, dp_shard=8, tp=8),
-    (("1f1b", 1, 8), ("interleaved-1f1b", 2, 16)),
+    (("1f1b", 1, 8), ("interleaved-1f1b", 2, 8)),
     "1F1B 100 tokens/s/GPU, 82.5 GiB; interleaved 1F1B 128, 72.7 GiB", **_H100)
 TORCHTITAN_70B = PublishedRun(
     "torchtitan-70b", 80, 8192, 64, 128256, 8192, 256, 512, ParallelLayout(pp=1, dp_shard=32, tp=8),

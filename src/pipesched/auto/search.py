@@ -3,6 +3,8 @@
 - the cost-aware greedy (:mod:`pipesched.schedules.greedy`) with one chunk per rank, under each
   setting of its switches (the Zero Bubble heuristic's search);
 - the same greedy with two chunks per rank in a V;
+- the Zero Bubble authors' own heuristic, reimplemented (:mod:`pipesched.schedules.zb_heuristic`),
+  so that zb-auto is never behind it on any costs and limit;
 - every registered family that declares itself a seed (``Family.zb_auto``: 1F1B, ZB-H1, ZB-H2
   and interleaved ZB at the limit, ZB-V's program, the V-Half/V-Min blocks, ...), so the
   result is never worse than a handcrafted schedule that fits;
@@ -24,6 +26,7 @@ from ..registry import BuildRequest, families
 from ..schedule import Schedule
 from ..schedules.greedy import Knobs, build_greedy
 from ..schedules.v_family import v_knobs
+from ..schedules.zb_heuristic import build_zb_heuristic
 from ..schedules.wfill import fill_weight_passes
 
 LARGE = 512  # ranks * microbatches above which fewer greedy settings are tried
@@ -52,6 +55,7 @@ def greedy_candidates(
     if chunks in (None, 1):
         for k in loop_knobs(ranks, microbatches):
             yield f"greedy 1-chunk {_knob_text(k)}", build_greedy(loop, ranks, microbatches, costs, limit, k, "zb-auto")
+        yield "Zero Bubble authors' heuristic", build_zb_heuristic(ranks, microbatches, costs, limit)
     if chunks in (None, 2):
         v = v_placement(ranks)
         for k in v_greedy_knobs(ranks, microbatches):
@@ -80,7 +84,8 @@ def candidate_count(ranks: int, microbatches: int) -> int:
         family.search_width(ranks, microbatches) if seed.programs is None else seed.width
         for family in families() for seed in family.zb_auto
     )
-    greedy = len(loop_knobs(ranks, microbatches)) + len(v_greedy_knobs(ranks, microbatches))
+    authors = 1  # the Zero Bubble authors' heuristic
+    greedy = len(loop_knobs(ranks, microbatches)) + authors + len(v_greedy_knobs(ranks, microbatches))
     return seeds + greedy
 
 

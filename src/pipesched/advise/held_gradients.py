@@ -1,0 +1,45 @@
+"""A rank's peak bytes on the step's timeline: activations plus the unsharded gradients it holds.
+
+Under pipelining with FSDP (``dp_shard > 1``) each stage accumulates its gradients unsharded,
+in the reduce dtype, from its first pass that computes weight gradients (``B``, or ``W`` under
+a split backward) until its ``REDUCE_GRAD`` after its last such pass (torch's pipelining turns
+the reduce-scatter off for every microbatch but the last). Before that first pass the stage
+holds no gradient: a rank that runs its forwards first (a deep warm-up) reaches its activation
+peak before any gradient exists, and frees activations as the gradients appear. Adding every
+stage's gradients to the activation peak, as a constant, counts both at their highest at once;
+this sums them on the simulated timeline instead. The other state bytes (shards, the gathered
+window, buffers) are held the whole step and stay a constant.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..ops import Op
+
+
+def gradient_intervals(spans, stage_bytes: Sequence[float]) -> list[tuple[float, float, float]]:
+    """(start, end, bytes) per stage of one rank's timeline ``spans`` (action, start, end):
+    from the start of its first ``B``/``W`` to the end of its last."""
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for span in spans:
+        if span.action.kind in (Op.B, Op.W):
+            stage = span.action.stage
+            first.setdefault(stage, span.start)
+            last[stage] = span.end
+    return [(first[s], last[s], stage_bytes[s]) for s in first]
+
+
+def peak_with_gradients(curve: Sequence[tuple[float, float]], intervals: Sequence[tuple[float, float, float]]) -> float:
+    """Highest activations (``curve``: (time, bytes held from then on) steps) plus the gradients
+    held at that time (``intervals``, closed: a gradient counts at its first pass's start and
+    at its last pass's end)."""
+    times = sorted({t for t, _ in curve} | {t for a, b, _ in intervals for t in (a, b)})
+    best, i, level = 0.0, 0, 0.0
+    for t in times:
+        while i < len(curve) and curve[i][0] <= t:
+            level = curve[i][1]
+            i += 1
+        best = max(best, level + sum(size for a, b, size in intervals if a <= t <= b))
+    return best
