@@ -17,6 +17,7 @@ STEPS = 2
 MICROBATCHES = 2
 MICROBATCH = 2  # samples per microbatch per data-parallel rank
 LR = 0.1  # SGD's, large enough that a wrong gradient moves the weights visibly
+ADAMW_LR = 0.01  # the pipelined gpt's AdamW (weight decay 0.01 on matrices, make_optimizer's)
 
 
 def build_stage(kind: str):
@@ -214,9 +215,11 @@ def suite(rank: int, world: int, cases: dict) -> dict:
 
 
 def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
-    """Each (label, schedule, (dp_replicate, dp_shard, tp)) of ``job``: the gpt pipelined by
-    PipelineRuntime over that sharded layout for runtime_cases.STEPS SGD steps on the global
-    batch; rank 0 returns its losses, first-step gradients and final weights, gathered whole."""
+    """Each (label, schedule, (dp_replicate, dp_shard, tp)[, optimizer]) of ``job`` (size, batch,
+    runs[, device]): the gpt pipelined by PipelineRuntime over that sharded layout for
+    runtime_cases.STEPS steps (SGD, or ``optimizer``: ``"adamw"`` at ``ADAMW_LR``) on the global
+    batch; rank 0 returns its losses, first-step gradients, final weights gathered whole, and
+    every rank's state bytes."""
     from runtime_cases import STEPS
 
     from pipesched.runtime.executor import PipelineRuntime
@@ -230,18 +233,21 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
     from pipesched.runtime.training.models import get_model
     from pipesched.runtime.training.optimizers import make_optimizer
 
-    size, batch, runs = job
+    size, batch, runs, *where = job
+    device = torch.device(where[0] if where else "cpu")
     md = get_model("gpt", **size)
     meshes, out = {}, {}
-    for label, schedule, (replicas, shards, tp) in runs:
+    for label, schedule, (replicas, shards, tp), *optimizer in runs:
         layout = runtime_layout(schedule.ranks, replicas, shards, tp)
         if layout not in meshes:
-            meshes[layout] = init_sharded_mesh(layout, timeout_s=60)
+            meshes[layout] = init_sharded_mesh(layout, timeout_s=60, device_type=device.type)
         mesh = meshes[layout]
         x0, _ = md.batch(0, batch, 3)
-        rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05),
+        name = optimizer[0] if optimizer else "sgd"
+        rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn,
+                             make_optimizer(name, ADAMW_LR if name == "adamw" else 0.05),
                              x0[: batch // (layout.dp * schedule.microbatches)], mesh=mesh,
-                             options=RuntimeOptions(seed=3, timeout_s=60, tp_plan=plan_for("gpt")))
+                             options=RuntimeOptions(seed=3, timeout_s=60, tp_plan=plan_for("gpt"), device=device))
         losses, grads = [], None
         pp_rank = mesh.pipeline.pp_rank
         for step in range(STEPS):
@@ -250,17 +256,15 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
                                   y if pp_rank in loss_ranks(schedule) else None).loss)
             if step == 0:
                 grads = rt.gather_gradients()
-        out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict()}
-        states = [None] * world
-        torch.distributed.all_gather_object(states, rt.state_bytes())
-        out[label]["state_bytes"] = states
+        out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict(), "state_bytes": all_ranks(rt.state_bytes())}
     return out if rank == 0 else None
 
 
 def hf_pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
-    """Each (label, model kind, schedule, (dp_replicate, dp_shard, tp)) of ``job``: a Hugging Face
-    model pipelined by ``pipesched.hf.pipeline`` over the sharded layout, fp32, SGD, on
-    ``job``'s batches; rank 0 returns the losses, first gradients and final weights."""
+    """Each (label, model kind, schedule, (dp_replicate, dp_shard, tp)) of ``job`` (runs,
+    batches[, device]): a Hugging Face model pipelined by ``pipesched.hf.pipeline`` over the
+    sharded layout, fp32, SGD, on the batches; rank 0 returns the losses, first gradients,
+    final weights and every rank's state bytes."""
     from hf_cases import make_model
 
     import pipesched.hf as hf
@@ -270,18 +274,26 @@ def hf_pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
         runtime_layout,
     )
 
-    runs, batches = job
+    runs, batches, *where = job
+    device = torch.device(where[0] if where else "cpu")
     meshes, out = {}, {}
     for label, kind, schedule, (replicas, shards, tp) in runs:
         layout = runtime_layout(schedule.ranks, replicas, shards, tp)
         if layout not in meshes:
-            meshes[layout] = init_sharded_mesh(layout, timeout_s=60)
+            meshes[layout] = init_sharded_mesh(layout, timeout_s=60, device_type=device.type)
         rt = hf.pipeline(make_model(kind, torch.float32), schedule, optimizer=lambda ps: torch.optim.SGD(ps, lr=LR),
-                         sample_batch=batches[0], mesh=meshes[layout], options=RuntimeOptions(timeout_s=60))
+                         sample_batch=batches[0], mesh=meshes[layout], options=RuntimeOptions(timeout_s=60, device=device))
         losses, grads = [], None
         for step, batch in enumerate(batches):
             losses.append(rt.step(batch).loss)
             if step == 0:
                 grads = rt.gather_gradients()
-        out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict()}
+        out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict(), "state_bytes": all_ranks(rt.runtime.state_bytes())}
     return out if rank == 0 else None
+
+
+def all_ranks(value) -> list:
+    """``value`` of every rank, in rank order (collective)."""
+    values = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(values, value)
+    return values

@@ -1,5 +1,7 @@
-"""Sharded stages in the pipeline: every single-pipeline schedule family, each stage split by FSDP2
-(pp 2 x dp_shard 2) or by tensor parallelism (pp 2 x tp 2), trains the gpt as the unpipelined model.
+"""Sharded stages in the pipeline: every schedule family (DualPipe's two model copies too), each
+stage split by FSDP2 (pp 2 x dp_shard 2) or by tensor parallelism (pp 2 x tp 2), trains the gpt as
+the unpipelined model, with SGD and with AdamW; eight processes (HSDP, FSDP2 x TP) in one case
+of benchmarks/sharded_layouts.py, which runs the whole matrix.
 
 The runtime shards each stage (``PipelineRuntime(..., mesh=init_sharded_mesh(layout))``): the
 program's ``UNSHARD``/``RESHARD`` gather and free the stage's parameters, every backward runs with
@@ -7,7 +9,8 @@ gradient sync off, ``REDUCE_GRAD`` reduce-scatters (SUM) and divides once by the
 degree (the runner already scaled each microbatch's loss by ``1/m``). Loss, first-step gradients
 and the weights after the SGD steps, gathered whole, within 1e-5 relative of the one-process model:
 what differs is the order of fp32 sums (microbatches, shards, the row-parallel all-reduce), a few
-ulps on sums of at most a few hundred terms. One 4-process launch runs every case.
+ulps on sums of at most a few hundred terms; with AdamW, the bound its rounding allows
+(:func:`runtime_cases.adamw_allowed`). One 4-process launch runs every gpt case.
 """
 
 from __future__ import annotations
@@ -29,18 +32,46 @@ SINGLE_PIPELINE = [f.name for f in pipesched.families() if f.parameter_copies ==
 
 
 @pytest.mark.timeout(300)
-def test_every_single_pipeline_family_trains_sharded_stages_as_the_unpipelined_model():
-    from sharded_cases import pipelined_layouts
+def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_with_sgd_and_adamw():
+    from runtime_cases import adamw_allowed, adamw_rounding, relative_error, stepwise_reference
+    from sharded_cases import ADAMW_LR, pipelined_layouts
 
     runs = [(f"{name} {where}", pipesched.build_schedule(name, 2, MICROBATCHES), dims)
-            for name in SINGLE_PIPELINE for where, dims in LAYOUTS.items()]
+            for name in [*SINGLE_PIPELINE, "dualpipe"] for where, dims in LAYOUTS.items()]
+    runs += [(f"adamw zb-v {where}", pipesched.build_schedule("zb-v", 2, MICROBATCHES), dims, "adamw")
+             for where, dims in LAYOUTS.items()]
     results = spawn(pipelined_layouts, 4, (SIZE, BATCH, runs), timeout_s=240)[0]
-    assert set(results) == {label for label, _, _ in runs}
+    assert set(results) == {label for label, *_ in runs}
     # every rank holds the parameter, gradient and optimizer bytes the layout predicts (SGD: none)
     for label, got in results.items():
         for rank in got.pop("state_bytes"):
             assert rank["measured"] == rank["predicted"], (label, rank)
+    adamw = {label: results.pop(label) for label in list(results) if label.startswith("adamw")}
     assert_equal_to_reference(results, reference("gpt", SIZE, BATCH))
+    single, exact = (stepwise_reference("gpt", SIZE, BATCH, "adamw", ADAMW_LR, dtype) for dtype in (torch.float32, torch.float64))
+    steps = list(zip(single["step_grads"], exact["step_grads"]))
+    for label, got in adamw.items():
+        assert got["losses"] == pytest.approx(single["losses"], rel=1e-5), label
+        assert relative_error(got["grads"], single["step_grads"][0]) < 1e-5, label
+        for name, weight in single["params"].items():
+            rounding, sizes = adamw_rounding(steps, name)
+            assert ((got["params"][name] - weight).abs() <= adamw_allowed(weight, rounding, sizes, ADAMW_LR)).all(), (label, name)
+
+
+@pytest.mark.timeout(300)
+def test_eight_processes_hsdp_and_fsdp_with_tp_train_as_the_unpipelined_model():
+    """One launch of benchmarks/sharded_layouts.py's matrix (which runs 1f1b, zb-v, interleaved-zb,
+    dualpipev and dualpipe on the gpt, Llama and GPT-2 at both layouts): zb-v at pp 2 x
+    dp_replicate 2 x dp_shard 2 (HSDP: reduce-scatter over the shards, all-reduce over the
+    replicas) and DualPipe's two copies at pp 2 x dp_shard 2 x tp 2; 1e-5 relative as above."""
+    from sharded_cases import pipelined_layouts
+
+    runs = [("zb-v hsdp", pipesched.build_schedule("zb-v", 2, MICROBATCHES), (2, 2, 1)),
+            ("dualpipe fsdp x tp", pipesched.build_schedule("dualpipe", 2, MICROBATCHES), (1, 2, 2))]
+    results = spawn(pipelined_layouts, 8, (SIZE, 2 * BATCH, runs), timeout_s=240)[0]
+    for label, got in results.items():
+        assert all(rank["measured"] == rank["predicted"] for rank in got.pop("state_bytes")), label
+    assert_equal_to_reference(results, reference("gpt", SIZE, 2 * BATCH))
 
 
 def _hf_reference(kind: str, batches: list) -> dict:
@@ -66,15 +97,18 @@ def _hf_reference(kind: str, batches: list) -> dict:
 @pytest.mark.timeout(300)
 def test_hugging_face_llama_and_tied_gpt2_train_sharded_stages_as_the_model_in_one_process():
     """Llama under zb-v (a V, its weight gradients deferred to W), GPT-2 (its head the token
-    embedding, tied across the two ranks) under 1f1b, each at pp 2 x dp_shard 2 and pp 2 x tp 2
-    (GPT-2's attention stays whole under tensor parallelism, its MLP splits); 1e-5 relative as above."""
+    embedding) under 1f1b (tied across the two ranks) and zb-v (tied across two stages of rank 0,
+    each its own sharded copy), each at pp 2 x dp_shard 2 and pp 2 x tp 2 (GPT-2's attention stays
+    whole under tensor parallelism, its MLP splits); 1e-5 relative as above, bytes as predicted."""
     from hf_cases import make_batch
     from sharded_cases import hf_pipelined_layouts
 
     batches = [make_batch(step, 8, 16) for step in range(2)]
     runs = [(f"{kind} {name} {where}", kind, pipesched.build_schedule(name, 2, 2), dims)
-            for kind, names in (("llama", ("zb-v",)), ("gpt2", ("1f1b",)))
+            for kind, names in (("llama", ("zb-v",)), ("gpt2", ("1f1b", "zb-v")))
             for name in names for where, dims in LAYOUTS.items()]
     results = spawn(hf_pipelined_layouts, 4, (runs, batches), timeout_s=240)[0]
+    for label, got in results.items():
+        assert all(rank["measured"] == rank["predicted"] for rank in got.pop("state_bytes")), label
     for kind in ("llama", "gpt2"):
         assert_equal_to_reference({k: v for k, v in results.items() if k.startswith(kind)}, _hf_reference(kind, batches))

@@ -47,9 +47,6 @@ def check_layout(plan: Optional[Schedule], dp: int, batch_size: int, environ: Ma
             if value != 1:
                 raise ConfigError(f"{flag} needs a pipeline: the reference (--schedule none) is one process")
         return
-    if (dp_shard > 1 or tp > 1) and plan.pipelines > 1:
-        raise ConfigError(f"{plan.name} runs two model copies, which sharded stages do not support yet: "
-                          "use --dp for replicas, or a single-pipeline schedule such as dualpipev")
     check_batch_split(batch_size, dp * dp_shard, plan.microbatches)
     launched = torchrun_rank(environ)
     world = plan.ranks * dp * dp_shard * tp

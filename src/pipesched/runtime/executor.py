@@ -34,6 +34,7 @@ from ..ops import RECEIVES
 from ..schedule import Schedule
 from ..validate import validate
 from .comm import tied
+from .comm.tied_copies import check_alike, follow, follower_specs
 from .comm.agree import LossAgreement
 from .comm.agreement import StepChecks, agree_at_construction
 from .comm.mesh import PipelineMesh
@@ -109,17 +110,22 @@ class PipelineRuntime(StateAccess):
         self.stages: dict[int, Stage] = {
             s: build_stage(build_block, self.stage_ranges[s], s, options.seed, self.device) for s in owned
         }
-        self.tied = tied.share_on_rank(self.stages, options.tied)
+        tied.share_on_rank(self.stages, options.tied, per_stage=self.sharded is not None)
         self.meter = ActivationMeter()
         self.stash = WeightGradStash(hold=self.meter.hold)
         if schedule.split_backward:
             for stage in self.stages.values():
                 make_weight_grads_deferrable(stage, self.stash)
         self.state_specs = {s: param_specs(stage, options.tp_plan or {}) for s, stage in self.stages.items()}
+        self.follower_specs = follower_specs(self.stages, tied.held(self.stages, options.tied), self.state_specs)
         sharding = shard_stages(self.stages, self.sharded, options, self.meter.exclude) if self.sharded else {}
         self.tied = tied.held(self.stages, options.tied)  # sharding replaced the parameters
-        self.parameters = list({id(p): p for s in owned for p in self.stages[s].parameters()}.values())
-        self.meter.exclude(local_tensors(self.parameters + [b for s in owned for b in self.stages[s].buffers()]))
+        for g, copies in self.tied.items():
+            check_alike(copies, options.tied[g])
+        self.followers = [p for copies in self.tied.values() for p in copies[1:]]  # not the optimizer's
+        every = list({id(p): p for s in owned for p in self.stages[s].parameters()}.values())
+        self.parameters = [p for p in every if all(p is not q for q in self.followers)]
+        self.meter.exclude(local_tensors(every + [b for s in owned for b in self.stages[s].buffers()]))
         self.sizes = SizeLearner()
         self.optimizer = optimizer(self.parameters)
         self.program = lower(schedule, self.rank)
@@ -131,7 +137,8 @@ class PipelineRuntime(StateAccess):
         self.transport = Transport(self.program, groups, self.shapes.wire, self.device, options.timeout_s,
                                    host_staging=options.host_staging, global_rank=self.mesh.global_rank)
         self.reductions = ReductionPlan(schedule, self.stage_ranges, options.tied, self.stages, self.mesh,
-                                        options.overlap_grad_sync, options.timeout_s, sharded=self.sharded is not None)
+                                        options.overlap_grad_sync, options.timeout_s, sharded=self.sharded is not None,
+                                        copies=self.tied)
         self.broadcast_tied()
         self.streams = OverlapStreams(self.device, options.overlap_streams)
         self.engine = Engine(self.program, self.runners, self.transport, reductions=self.reductions,
@@ -177,6 +184,8 @@ class PipelineRuntime(StateAccess):
         # whose shapes changed (what the memory model's promise is checked on), or every step
         self.metering = self.options.meter_every_step or not self.sizes.done or reshaped
         self.optimizer.zero_grad(set_to_none=True)
+        for p in self.followers:  # FSDP would add this step's reduced gradients to the last's
+            p.grad = None
         return StepBatch(in_mbs, tgt_mbs, ctx_mbs), reshaped
 
     def _run_program(self, batch: StepBatch, clock) -> tuple[list, list]:
@@ -216,6 +225,7 @@ class PipelineRuntime(StateAccess):
                 self.parameters, self.options.clip_grad_norm, torch.tensor(grad_norm, dtype=torch.float64)
             )
         self.optimizer.step()
+        follow(self.tied)
         named = [(n, local_tensors([p])[0]) for n, p in self.named_parameters(unique=True)]  # a shard: this rank's piece
         check_weights(named, self.steps_done + 1, self.mesh.world_group, self.device)
 

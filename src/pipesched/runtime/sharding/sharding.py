@@ -153,13 +153,6 @@ def shard_stages(stages: dict, mesh: ShardedMesh, options, exclude: Callable[[It
         raise ConfigError("gradient clipping with sharded stages is not supported yet: leave out clip_grad_norm")
     if mesh.layout.tp > 1 and not options.tp_plan:
         raise ConfigError(f"tensor parallelism (tp={mesh.layout.tp}) needs a plan: RuntimeOptions(tp_plan=plan_for(...))")
-    holders: dict[int, int] = {}
-    for stage in stages.values():
-        for p in set(stage.parameters()):
-            holders[id(p)] = holders.get(id(p), 0) + 1
-    if any(count > 1 for count in holders.values()):
-        raise ConfigError("a weight tied across two stages of one rank (a V schedule's embedding and head) cannot be "
-                          "sharded yet: use a schedule that places them on different ranks, such as 1f1b")
     divisor = gradient_divisor(mesh.layout, 1)
     return {s: StageSharding(shard_stage(stage, mesh, options.tp_plan or {}, options.reshard_after_forward),
                              divisor, exclude)
