@@ -18,6 +18,7 @@ MICROBATCHES = 2
 MICROBATCH = 2  # samples per microbatch per data-parallel rank
 LR = 0.1  # SGD's, large enough that a wrong gradient moves the weights visibly
 ADAMW_LR = 0.01  # the pipelined gpt's AdamW (weight decay 0.01 on matrices, make_optimizer's)
+CLIP = 0.05  # well under the pipelined gpt's gradient norm: every step is clipped
 
 
 def build_stage(kind: str):
@@ -215,11 +216,11 @@ def suite(rank: int, world: int, cases: dict) -> dict:
 
 
 def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
-    """Each (label, schedule, (dp_replicate, dp_shard, tp)[, optimizer]) of ``job`` (size, batch,
+    """Each (label, schedule, (dp_replicate, dp_shard, tp)[, settings]) of ``job`` (size, batch,
     runs[, device]): the gpt pipelined by PipelineRuntime over that sharded layout for
-    runtime_cases.STEPS steps (SGD, or ``optimizer``: ``"adamw"`` at ``ADAMW_LR``) on the global
-    batch; rank 0 returns its losses, first-step gradients, final weights gathered whole, and
-    every rank's state bytes."""
+    runtime_cases.STEPS steps on the global batch, SGD or (``settings["optimizer"]``) AdamW at
+    ``ADAMW_LR``, gradients clipped to ``settings["clip"]`` if given; rank 0 returns its losses,
+    first-step gradients, final weights gathered whole, and every rank's state bytes."""
     from runtime_cases import STEPS
 
     from pipesched.runtime.executor import PipelineRuntime
@@ -237,17 +238,19 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
     device = torch.device(where[0] if where else "cpu")
     md = get_model("gpt", **size)
     meshes, out = {}, {}
-    for label, schedule, (replicas, shards, tp), *optimizer in runs:
+    for label, schedule, (replicas, shards, tp), *settings in runs:
+        settings = settings[0] if settings else {}
         layout = runtime_layout(schedule.ranks, replicas, shards, tp)
         if layout not in meshes:
             meshes[layout] = init_sharded_mesh(layout, timeout_s=60, device_type=device.type)
         mesh = meshes[layout]
         x0, _ = md.batch(0, batch, 3)
-        name = optimizer[0] if optimizer else "sgd"
+        name = settings.get("optimizer", "sgd")
         rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn,
                              make_optimizer(name, ADAMW_LR if name == "adamw" else 0.05),
                              x0[: batch // (layout.dp * schedule.microbatches)], mesh=mesh,
-                             options=RuntimeOptions(seed=3, timeout_s=60, tp_plan=plan_for("gpt"), device=device))
+                             options=RuntimeOptions(seed=3, timeout_s=60, tp_plan=plan_for("gpt"), device=device,
+                                                    clip_grad_norm=settings.get("clip")))
         losses, grads = [], None
         pp_rank = mesh.pipeline.pp_rank
         for step in range(STEPS):

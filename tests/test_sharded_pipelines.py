@@ -34,12 +34,14 @@ SINGLE_PIPELINE = [f.name for f in pipesched.families() if f.parameter_copies ==
 @pytest.mark.timeout(300)
 def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_with_sgd_and_adamw():
     from runtime_cases import adamw_allowed, adamw_rounding, relative_error, stepwise_reference
-    from sharded_cases import ADAMW_LR, pipelined_layouts
+    from sharded_cases import ADAMW_LR, CLIP, pipelined_layouts
 
     runs = [(f"{name} {where}", pipesched.build_schedule(name, 2, MICROBATCHES), dims)
             for name in [*SINGLE_PIPELINE, "dualpipe"] for where, dims in LAYOUTS.items()]
-    runs += [(f"adamw zb-v {where}", pipesched.build_schedule("zb-v", 2, MICROBATCHES), dims, "adamw")
+    runs += [(f"adamw zb-v {where}", pipesched.build_schedule("zb-v", 2, MICROBATCHES), dims, {"optimizer": "adamw"})
              for where, dims in LAYOUTS.items()]
+    runs += [(f"clipped {name} {where}", pipesched.build_schedule(name, 2, MICROBATCHES), dims, {"clip": CLIP})
+             for name, (where, dims) in zip(("dualpipe", "zb-v"), LAYOUTS.items())]
     results = spawn(pipelined_layouts, 4, (SIZE, BATCH, runs), timeout_s=240)[0]
     assert set(results) == {label for label, *_ in runs}
     # every rank holds the parameter, gradient and optimizer bytes the layout predicts (SGD: none)
@@ -47,7 +49,10 @@ def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_wi
         for rank in got.pop("state_bytes"):
             assert rank["measured"] == rank["predicted"], (label, rank)
     adamw = {label: results.pop(label) for label in list(results) if label.startswith("adamw")}
+    clipped = {label: results.pop(label) for label in list(results) if label.startswith("clipped")}
     assert_equal_to_reference(results, reference("gpt", SIZE, BATCH))
+    # clipped by the norm over every rank's pieces, each element once (DualPipe's copies, tp's replicated norms)
+    assert_clipped_like_reference(clipped, BATCH)
     single, exact = (stepwise_reference("gpt", SIZE, BATCH, "adamw", ADAMW_LR, dtype) for dtype in (torch.float32, torch.float64))
     steps = list(zip(single["step_grads"], exact["step_grads"]))
     for label, got in adamw.items():
@@ -58,20 +63,31 @@ def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_wi
             assert ((got["params"][name] - weight).abs() <= adamw_allowed(weight, rounding, sizes, ADAMW_LR)).all(), (label, name)
 
 
+def assert_clipped_like_reference(results: dict, batch: int) -> None:
+    """Each run within 1e-5 relative of the unpipelined model clipped to ``CLIP``, which clipping changed."""
+    from runtime_cases import relative_error
+    from sharded_cases import CLIP
+
+    want = reference("gpt", SIZE, batch, clip_grad_norm=CLIP)
+    assert_equal_to_reference(results, want)
+    assert relative_error(want["grads"], reference("gpt", SIZE, batch)["grads"]) > 100 * 1e-5  # clipping did act
+
+
 @pytest.mark.timeout(300)
 def test_eight_processes_hsdp_and_fsdp_with_tp_train_as_the_unpipelined_model():
     """One launch of benchmarks/sharded_layouts.py's matrix (which runs 1f1b, zb-v, interleaved-zb,
     dualpipev and dualpipe on the gpt, Llama and GPT-2 at both layouts): zb-v at pp 2 x
     dp_replicate 2 x dp_shard 2 (HSDP: reduce-scatter over the shards, all-reduce over the
-    replicas) and DualPipe's two copies at pp 2 x dp_shard 2 x tp 2; 1e-5 relative as above."""
-    from sharded_cases import pipelined_layouts
+    replicas) and DualPipe's two copies at pp 2 x dp_shard 2 x tp 2, both with gradients clipped
+    by the norm over all eight ranks' pieces; 1e-5 relative as above."""
+    from sharded_cases import CLIP, pipelined_layouts
 
-    runs = [("zb-v hsdp", pipesched.build_schedule("zb-v", 2, MICROBATCHES), (2, 2, 1)),
-            ("dualpipe fsdp x tp", pipesched.build_schedule("dualpipe", 2, MICROBATCHES), (1, 2, 2))]
+    runs = [("zb-v hsdp", pipesched.build_schedule("zb-v", 2, MICROBATCHES), (2, 2, 1), {"clip": CLIP}),
+            ("dualpipe fsdp x tp", pipesched.build_schedule("dualpipe", 2, MICROBATCHES), (1, 2, 2), {"clip": CLIP})]
     results = spawn(pipelined_layouts, 8, (SIZE, 2 * BATCH, runs), timeout_s=240)[0]
     for label, got in results.items():
         assert all(rank["measured"] == rank["predicted"] for rank in got.pop("state_bytes")), label
-    assert_equal_to_reference(results, reference("gpt", SIZE, 2 * BATCH))
+    assert_clipped_like_reference(results, 2 * BATCH)
 
 
 def _hf_reference(kind: str, batches: list) -> dict:

@@ -51,6 +51,7 @@ from .metering.observers import SizeLearner, StepResult, make_clock, step_result
 from .options import RuntimeOptions
 from .program.program import links, lower
 from .sharding.sharded_mesh import ShardedMesh
+from .sharding.sharded_norm import clip_local, global_grad_norm
 from .sharding.sharding import local_tensors, shard_stages
 from .sharding.tp_plans import param_specs
 from .stages import batch_context
@@ -132,7 +133,9 @@ class PipelineRuntime(StateAccess):
         self.runners = build_runners(self.stages, self.copies, loss_fn, schedule.microbatches, shapes=self.shapes,
                                      precision=self.precision, meter=self.meter, stash=self.stash,
                                      recompute=frozenset(self.recompute), sharding=sharding)
-        self.agreement = LossAgreement(schedule.microbatches, options.clip_grad_norm is not None, self.mesh, self.device)
+        # sharded stages: the norm from every rank's pieces (sharding/sharded_norm.py), not the pipeline's agreement
+        clipping = options.clip_grad_norm is not None
+        self.agreement = LossAgreement(schedule.microbatches, clipping and not self.sharded, self.mesh, self.device)
         groups = make_link_groups(links(schedule), options.timeout_s, self.mesh)
         self.transport = Transport(self.program, groups, self.shapes.wire, self.device, options.timeout_s,
                                    host_staging=options.host_staging, global_rank=self.mesh.global_rank)
@@ -166,6 +169,8 @@ class PipelineRuntime(StateAccess):
         losses, marks = self._run_program(batch, clock)
         self.reductions.finish()
         loss, skipped, grad_norm = self._agree(losses)
+        if self.sharded and self.options.clip_grad_norm is not None:
+            grad_norm = global_grad_norm(self.reductions.counted, self.sharded)
         if not skipped:
             self._update(grad_norm)
         if self.device.type == "cuda":  # the step ends when the device's work does
@@ -220,7 +225,9 @@ class PipelineRuntime(StateAccess):
     def _update(self, grad_norm: Optional[float]) -> None:
         """Clip (torch's own scaling, given the norm over every rank), step the optimizer, and
         stop every rank if a weight became non-finite."""
-        if self.agreement.clipping:
+        if self.sharded and self.options.clip_grad_norm is not None:
+            clip_local(self.parameters + self.followers, self.options.clip_grad_norm, grad_norm)
+        elif self.agreement.clipping:
             torch.nn.utils.clip_grads_with_norm_(
                 self.parameters, self.options.clip_grad_norm, torch.tensor(grad_norm, dtype=torch.float64)
             )

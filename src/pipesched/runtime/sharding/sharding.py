@@ -149,8 +149,6 @@ def shard_stages(stages: dict, mesh: ShardedMesh, options, exclude: Callable[[It
     ``reshard_after_forward``); returns each stage's :class:`StageSharding`, which divides its
     reduced gradients by the data-parallel degree (the runner already scales each microbatch's
     loss by ``1/m``: :func:`gradient_divisor` with one microbatch)."""
-    if options.clip_grad_norm is not None:
-        raise ConfigError("gradient clipping with sharded stages is not supported yet: leave out clip_grad_norm")
     if mesh.layout.tp > 1 and not options.tp_plan:
         raise ConfigError(f"tensor parallelism (tp={mesh.layout.tp}) needs a plan: RuntimeOptions(tp_plan=plan_for(...))")
     divisor = gradient_divisor(mesh.layout, 1)
