@@ -170,7 +170,7 @@ class PipelineRuntime(StateAccess):
         self.reductions.finish()
         loss, skipped, grad_norm = self._agree(losses)
         if self.sharded and self.options.clip_grad_norm is not None:
-            grad_norm = global_grad_norm(self.reductions.counted, self.sharded)
+            grad_norm = global_grad_norm(self.reductions.counted, self.sharded, self.device)
         if not skipped:
             self._update(grad_norm)
         if self.device.type == "cuda":  # the step ends when the device's work does

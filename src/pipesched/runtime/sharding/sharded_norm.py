@@ -39,16 +39,16 @@ def _counted_here(p: nn.Parameter, coordinates: dict[str, int]) -> bool:
 
 
 @torch.no_grad()
-def global_grad_norm(counted: Iterable[nn.Parameter], mesh: ShardedMesh) -> float:
-    """The whole model's gradient norm (collective over every rank of every pipeline)."""
+def global_grad_norm(counted: Iterable[nn.Parameter], mesh: ShardedMesh, device: torch.device) -> float:
+    """The whole model's gradient norm (collective over every rank of every pipeline; ``device``:
+    this rank's, where NCCL reduces)."""
     coordinates = {"dp_replicate": mesh.replicate_rank, "dp_shard": mesh.shard_rank, "tp": mesh.tp_rank}
     world_group = mesh.pipeline.world_group
     squares = torch.zeros((), dtype=torch.float64)
     for p in counted:
         if p.grad is not None and _counted_here(p, coordinates):
             squares += getattr(p.grad, "_local_tensor", p.grad).double().pow(2).sum().cpu()
-    device = "cpu" if dist.get_backend(world_group) == "gloo" else torch.device("cuda", torch.cuda.current_device())
-    squares = squares.to(device)
+    squares = squares.to("cpu" if dist.get_backend(world_group) == "gloo" else device)
     dist.all_reduce(squares, group=world_group)
     return float(squares) ** 0.5
 

@@ -22,7 +22,8 @@ size afterwards), so FSDP divides nothing and the one division is by the whole c
 token-weighted loss summed per microbatch, the step's global token count. Never both.
 
 A parameter shared by two blocks (GPT-2's tied embedding and head on one stage) is left to the
-stage's root group: a block's group would gather it for that block only.
+stage's root group: a block's group would gather it for that block only. Two stages of a rank
+never share one: the runtime gives each stage its own copy first (:mod:`..comm.tied_copies`).
 """
 
 from __future__ import annotations
