@@ -264,11 +264,11 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
 
 
 def hf_pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
-    """Each (label, model kind, schedule, (dp_replicate, dp_shard, tp)) of ``job`` (runs,
-    batches[, device]): a Hugging Face model pipelined by ``pipesched.hf.pipeline`` over the
-    sharded layout, fp32, SGD, on the batches; rank 0 returns the losses, first gradients,
-    final weights and every rank's state bytes."""
-    from hf_cases import make_model
+    """Each (label, model kind, schedule, (dp_replicate, dp_shard, tp)[, optimizer]) of ``job``
+    (runs, batches[, device]): a Hugging Face model pipelined by ``pipesched.hf.pipeline`` over the
+    sharded layout, fp32, SGD (or ``"adamw"``: hf_cases' AdamW), on the batches; rank 0 returns the
+    losses, first gradients, final weights and every rank's state bytes."""
+    from hf_cases import adamw, make_model
 
     import pipesched.hf as hf
     from pipesched.runtime.options import RuntimeOptions
@@ -280,11 +280,12 @@ def hf_pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
     runs, batches, *where = job
     device = torch.device(where[0] if where else "cpu")
     meshes, out = {}, {}
-    for label, kind, schedule, (replicas, shards, tp) in runs:
+    for label, kind, schedule, (replicas, shards, tp), *optimizer in runs:
         layout = runtime_layout(schedule.ranks, replicas, shards, tp)
         if layout not in meshes:
             meshes[layout] = init_sharded_mesh(layout, timeout_s=60, device_type=device.type)
-        rt = hf.pipeline(make_model(kind, torch.float32), schedule, optimizer=lambda ps: torch.optim.SGD(ps, lr=LR),
+        make_optimizer = adamw if optimizer == ["adamw"] else lambda ps: torch.optim.SGD(ps, lr=LR)
+        rt = hf.pipeline(make_model(kind, torch.float32), schedule, optimizer=make_optimizer,
                          sample_batch=batches[0], mesh=meshes[layout], options=RuntimeOptions(timeout_s=60, device=device))
         losses, grads = [], None
         for step, batch in enumerate(batches):

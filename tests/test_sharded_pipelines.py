@@ -115,7 +115,9 @@ def test_hugging_face_llama_and_tied_gpt2_train_sharded_stages_as_the_model_in_o
     """Llama under zb-v (a V, its weight gradients deferred to W), GPT-2 (its head the token
     embedding) under 1f1b (tied across the two ranks) and zb-v (tied across two stages of rank 0,
     each its own sharded copy), each at pp 2 x dp_shard 2 and pp 2 x tp 2 (GPT-2's attention stays
-    whole under tensor parallelism, its MLP splits); 1e-5 relative as above, bytes as predicted."""
+    whole under tensor parallelism, its MLP splits); 1e-5 relative as above, bytes as predicted.
+    GPT-2 under zb-v with AdamW too: the copy the optimizer does not step holds no state (bytes),
+    weights within AdamW's rounding bound of the model in one process."""
     from hf_cases import make_batch
     from sharded_cases import hf_pipelined_layouts
 
@@ -123,8 +125,25 @@ def test_hugging_face_llama_and_tied_gpt2_train_sharded_stages_as_the_model_in_o
     runs = [(f"{kind} {name} {where}", kind, pipesched.build_schedule(name, 2, 2), dims)
             for kind, names in (("llama", ("zb-v",)), ("gpt2", ("1f1b", "zb-v")))
             for name in names for where, dims in LAYOUTS.items()]
+    runs.append(("adamw gpt2 zb-v dp_shard 2", "gpt2", pipesched.build_schedule("zb-v", 2, 2), LAYOUTS["dp_shard 2"], "adamw"))
     results = spawn(hf_pipelined_layouts, 4, (runs, batches), timeout_s=240)[0]
     for label, got in results.items():
         assert all(rank["measured"] == rank["predicted"] for rank in got.pop("state_bytes")), label
+    _assert_within_adamw_bound(results.pop("adamw gpt2 zb-v dp_shard 2"), "gpt2", batches)
     for kind in ("llama", "gpt2"):
         assert_equal_to_reference({k: v for k, v in results.items() if k.startswith(kind)}, _hf_reference(kind, batches))
+
+
+def _assert_within_adamw_bound(got: dict, kind: str, batches: list) -> None:
+    """``got`` (hf_cases' AdamW on ``batches``) against the model in one process in fp32 and in float64."""
+    from hf_cases import LR, make_model
+    from hf_cases import reference as hf_reference
+    from runtime_cases import adamw_allowed, adamw_rounding, relative_error
+
+    single, exact = (hf_reference(make_model(kind, dtype), batches) for dtype in (torch.float32, torch.float64))
+    assert got["losses"] == pytest.approx(single["losses"], rel=1e-5)
+    assert relative_error(got["grads"], single["grads"]) < 1e-5
+    steps = list(zip(single["step_grads"], exact["step_grads"]))
+    for name, weight in single["params"].items():
+        rounding, sizes = adamw_rounding(steps, name)
+        assert ((got["params"][name] - weight).abs() <= adamw_allowed(weight, rounding, sizes, LR)).all(), name

@@ -68,8 +68,8 @@ def share_on_rank(stages: dict[int, nn.Module], tied: Sequence[Sequence[str]], p
                     f"tied parameters {list(names)} differ: {tuple(param.shape)} {param.dtype} against "
                     f"{tuple(other.shape)} {other.dtype}"
                 )
-            if s not in own:
-                own[s] = other.copy_(param) if per_stage else param
+            if s not in own:  # a copy of its own even where the blocks were built sharing one (a Hugging Face model's)
+                own[s] = nn.Parameter(param.detach().clone(), requires_grad=param.requires_grad) if per_stage else param
             setattr(module, attr, own[s])
 
 
