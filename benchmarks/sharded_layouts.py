@@ -7,7 +7,7 @@ Run: PYTHONPATH=src python benchmarks/sharded_layouts.py [--check] [--layouts ..
 One launch per layout runs every (model, schedule) of it: the built-in gpt through
 ``PipelineRuntime``, a Hugging Face Llama and GPT-2 (its head tied to its token embedding) through
 ``pipesched.hf.pipeline``, fp32, SGD, on the same batches as the model in one process
-(tests/sharded_cases.py's workers). dualpipe holds two model copies per rank pair; the V
+(tests/sharded_pipeline_cases.py's workers). dualpipe holds two model copies per rank pair; the V
 schedules (zb-v, dualpipev) put GPT-2's embedding and head, one tied weight, on two stages of
 rank 0, each stage its own sharded copy (src/pipesched/runtime/comm/tied_copies.py). The table
 gives each run's first loss, first-step gradients and final weights as the largest error relative
@@ -28,7 +28,12 @@ from time import perf_counter
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import pipesched  # noqa: E402
-from pipesched.runtime.launching.launch import rank_device, run_torchrun, spawn, under_torchrun  # noqa: E402
+from pipesched.runtime.launching.launch import (  # noqa: E402
+    rank_device,
+    run_torchrun,
+    spawn,
+    under_torchrun,
+)
 
 WORLD = 8
 LAYOUTS = {"hsdp": (2, 2, 1), "fsdp x tp": (1, 2, 2)}  # (dp_replicate, dp_shard, tp) at pp 2
@@ -41,7 +46,7 @@ TOL = 1e-5
 
 
 def runs_of(layouts, schedules, models) -> tuple[list, list]:
-    """(gpt runs, Hugging Face runs) as tests/sharded_cases.py's workers take them."""
+    """(gpt runs, Hugging Face runs) as tests/sharded_pipeline_cases.py's workers take them."""
     gpt = [(f"gpt {name} {where}", pipesched.build_schedule(name, 2, GPT_MICROBATCHES), LAYOUTS[where])
            for where in layouts for name in schedules if "gpt" in models]
     hf = [(f"{kind} {name} {where}", kind, pipesched.build_schedule(name, 2, HF_MICROBATCHES), LAYOUTS[where])
@@ -57,7 +62,7 @@ def hf_batches() -> list:
 
 def layout_worker(rank: int, world: int, job: tuple) -> dict:
     """Every run of ``job`` (gpt runs, Hugging Face runs) on this launch; rank 0 returns the results."""
-    from sharded_cases import hf_pipelined_layouts, pipelined_layouts
+    from sharded_pipeline_cases import hf_pipelined_layouts, pipelined_layouts
 
     gpt, hf = job
     device = str(rank_device())

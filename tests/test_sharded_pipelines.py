@@ -33,8 +33,13 @@ SINGLE_PIPELINE = [f.name for f in pipesched.families() if f.parameter_copies ==
 
 @pytest.mark.timeout(300)
 def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_with_sgd_and_adamw():
-    from runtime_cases import adamw_allowed, adamw_rounding, relative_error, stepwise_reference
-    from sharded_cases import ADAMW_LR, CLIP, pipelined_layouts
+    from runtime_cases import (
+        adamw_allowed,
+        adamw_rounding,
+        relative_error,
+        stepwise_reference,
+    )
+    from sharded_pipeline_cases import ADAMW_LR, CLIP, pipelined_layouts
 
     runs = [(f"{name} {where}", pipesched.build_schedule(name, 2, MICROBATCHES), dims)
             for name in [*SINGLE_PIPELINE, "dualpipe"] for where, dims in LAYOUTS.items()]
@@ -66,7 +71,7 @@ def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_wi
 def assert_clipped_like_reference(results: dict, batch: int) -> None:
     """Each run within 1e-5 relative of the unpipelined model clipped to ``CLIP``, which clipping changed."""
     from runtime_cases import relative_error
-    from sharded_cases import CLIP
+    from sharded_pipeline_cases import CLIP
 
     want = reference("gpt", SIZE, batch, clip_grad_norm=CLIP)
     assert_equal_to_reference(results, want)
@@ -80,7 +85,7 @@ def test_eight_processes_hsdp_and_fsdp_with_tp_train_as_the_unpipelined_model():
     dp_replicate 2 x dp_shard 2 (HSDP: reduce-scatter over the shards, all-reduce over the
     replicas) and DualPipe's two copies at pp 2 x dp_shard 2 x tp 2, both with gradients clipped
     by the norm over all eight ranks' pieces; 1e-5 relative as above."""
-    from sharded_cases import CLIP, pipelined_layouts
+    from sharded_pipeline_cases import CLIP, pipelined_layouts
 
     runs = [("zb-v hsdp", pipesched.build_schedule("zb-v", 2, MICROBATCHES), (2, 2, 1), {"clip": CLIP}),
             ("dualpipe fsdp x tp", pipesched.build_schedule("dualpipe", 2, MICROBATCHES), (1, 2, 2), {"clip": CLIP})]
@@ -119,7 +124,7 @@ def test_hugging_face_llama_and_tied_gpt2_train_sharded_stages_as_the_model_in_o
     GPT-2 under zb-v with AdamW too: the copy the optimizer does not step holds no state (bytes),
     weights within AdamW's rounding bound of the model in one process."""
     from hf_cases import make_batch
-    from sharded_cases import hf_pipelined_layouts
+    from sharded_pipeline_cases import hf_pipelined_layouts
 
     batches = [make_batch(step, 8, 16) for step in range(2)]
     runs = [(f"{kind} {name} {where}", kind, pipesched.build_schedule(name, 2, 2), dims)
