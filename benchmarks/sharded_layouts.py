@@ -9,12 +9,14 @@ One launch per layout runs every (model, schedule) of it: the built-in gpt throu
 ``pipesched.hf.pipeline``, fp32, SGD, on the same batches as the model in one process
 (tests/sharded_pipeline_cases.py's workers). dualpipe holds two model copies per rank pair; the V
 schedules (zb-v, dualpipev) put GPT-2's embedding and head, one tied weight, on two stages of
-rank 0, each stage its own sharded copy (src/pipesched/runtime/comm/tied_copies.py). The table
+rank 0 (dualpipe: each rank holds one copy's embedding and the other's head), each stage its own
+sharded copy (src/pipesched/runtime/comm/tied_copies.py). The table
 gives each run's first loss, first-step gradients and final weights as the largest error relative
 to the reference's largest entry, and (gpt) whether every rank's parameter, gradient and optimizer
 bytes equal the prediction. ``--check`` fails on any error of 1e-5 or more: what differs is the
 order of fp32 sums (microbatches, shards, replicas, the row-parallel all-reduce), a few ulps on
-sums of at most a few hundred terms. tests/test_sharded_pipelines.py runs one launch of this.
+sums of at most a few hundred terms. tests/test_sharded_pipelines.py runs one 8-process launch of
+the same workers (zb-v under HSDP, dualpipe under FSDP x TP, gradients clipped).
 """
 
 from __future__ import annotations
