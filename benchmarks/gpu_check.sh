@@ -15,7 +15,8 @@
 # against the halves run one after the other: equivalence and step time (benchmarks/dualpipe.py --streams).
 # With 4+ GPUs: sharded stages (FSDP2 x TP) against the unsharded model, and torch's pipelining
 # with FSDP2 stages timed (benchmarks/sharded_vs_torch.py --check), a sharded checkpoint resumed
-# at other layouts (benchmarks/checkpoint_layouts.py --check).
+# at other layouts (benchmarks/checkpoint_layouts.py --check); with 8+, the eight-process
+# layouts (benchmarks/sharded_layouts.py --check).
 # Exits non-zero if a check fails. Dry run of the script's logic on a CPU-only machine:
 # GPU_CHECK_ON_CPU=1 (gloo, CPU, small block; proves nothing about CUDA).
 set -euo pipefail
@@ -77,6 +78,14 @@ if [[ "$gpus" -ge 4 ]]; then
         | tee -a "$OUT" || status=1
 else
     echo "## Sharded stages: skipped (needs 4 GPUs for NCCL, $gpus here)" >> "$OUT"
+fi
+# eight-process sharded layouts (HSDP, FSDP2 x TP) under five schedules, gpt, Llama and GPT-2
+if [[ "$gpus" -ge 8 ]]; then
+    echo "## Sharded layouts, 8 ranks, NCCL" >> "$OUT"
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node 8 benchmarks/sharded_layouts.py --check \
+        | tee -a "$OUT" || status=1
+else
+    echo "## Sharded layouts: skipped (needs 8 GPUs for NCCL, $gpus here)" >> "$OUT"
 fi
 # overlapped F&B pairs with the forward half on a CUDA stream of its own, against the halves one
 # after the other: equivalence and step-time ratio (dualpipev on one rank needs no messages)

@@ -39,6 +39,42 @@ def assert_equal_to_reference(results: dict, ref: dict, tol: float = 1e-5) -> No
         assert relative_error(got["params"], ref["params"]) < tol, label
 
 
+def adamw_rounding(steps: list[tuple[dict, dict]], name: str) -> tuple[float, torch.Tensor]:
+    """For parameter ``name``, given each step's (fp32, float64) gradients of the model in one
+    process: fp32's largest rounding of its gradient, and every step's exact gradient sizes."""
+    rounding = max(float((fp32[name] - fp64[name]).abs().max()) for fp32, fp64 in steps)
+    return rounding, torch.stack([fp64[name].abs() for _, fp64 in steps])
+
+
+def adamw_allowed(weight: torch.Tensor, rounding: float, sizes: torch.Tensor, lr: float) -> torch.Tensor:
+    """How far AdamW's weights may land from the fp32 model's in one process after ``len(sizes)``
+    steps, per element: 1e-5 relative, plus what AdamW makes of a gradient's rounding. Its step
+    ``lr * m / (sqrt(v) + eps)`` weighs an element's gradient against its own size, so an element
+    whose exact gradient ``g`` (the smallest over the steps) is near the rounding ``n`` may step up
+    to ``lr * n / |g|`` differently each step, and one whose exact gradient is zero up to ``lr`` in
+    a direction rounding picks; no other summation order can match the model's there."""
+    return 1e-5 * weight.abs().max() + len(sizes) * lr * (rounding / sizes.amin(0)).clamp(max=1)
+
+
+def stepwise_reference(model: str, size: dict, batch: int, optimizer: str, lr: float, dtype: torch.dtype,
+                       seed: int = 3) -> dict:
+    """The unpipelined ``model`` in ``dtype`` (float64: exact, to fp32's eyes) trained as
+    :func:`reference` trains it: every loss, every step's gradients, the final weights."""
+    md = get_model(model, **size)
+    net = md.sequential(seed).to(dtype)
+    opt = make_optimizer(optimizer, lr)(list(net.parameters()))
+    losses, step_grads = [], []
+    for step in range(STEPS):
+        x, y = md.batch(step, batch, seed)
+        opt.zero_grad(set_to_none=True)
+        loss = md.loss_fn(net(x), y)
+        loss.backward()
+        losses.append(loss.item())
+        step_grads.append({n: p.grad.detach().clone() for n, p in net.named_parameters()})
+        opt.step()
+    return {"losses": losses, "step_grads": step_grads, "params": {k: v.detach().clone() for k, v in net.state_dict().items()}}
+
+
 def reference(model: str, size: dict, batch: int, seed: int = 3, clip_grad_norm=None, optimizer="sgd") -> dict:
     cfg = TrainConfig(model, None, STEPS, batch, RuntimeOptions(seed=seed, clip_grad_norm=clip_grad_norm),
                       model_size=size, want_params=True, want_grads=True, optimizer=optimizer)

@@ -30,7 +30,6 @@ import torch  # noqa: E402
 from hf_cases import (  # noqa: E402
     FAMILIES,
     LR,
-    STEPS,
     Float64Throughout,
     keyed_reference,
     make_batch,
@@ -39,7 +38,7 @@ from hf_cases import (  # noqa: E402
     padded_batches,
     reference,
 )
-from runtime_cases import relative_error  # noqa: E402
+from runtime_cases import adamw_allowed, adamw_rounding, relative_error  # noqa: E402
 
 import pipesched  # noqa: E402
 from pipesched.runtime.launching.launch import spawn  # noqa: E402
@@ -119,12 +118,9 @@ def test_fp32_with_adamw_is_as_close_to_exact_training_as_the_model_in_one_proce
     """fp32, three AdamW steps, against the single-process model in fp32 and in float64 (exact, to
     fp32's eyes). The loss and every gradient by name within 1e-5 relative of the fp32 model's,
     each gradient element as close to float64's as the fp32 model's (within twice its rounding,
-    measured per name). The weights within 1e-5 relative, except where AdamW amplifies that
-    rounding: its step ``lr * m / (sqrt(v) + eps)`` weighs an element's gradient against its own
-    size, so an element whose exact gradient ``g`` (the smallest over the steps) is near the
-    rounding ``n`` may step up to ``lr * n / |g|`` differently, and one whose exact gradient is zero
-    (GPT-2's key biases: softmax ignores ``q . b_k``, added to a whole row) up to ``lr`` in a
-    direction rounding picks; no other summation order can match the model's there."""
+    measured per name). The weights within the bound AdamW's rounding allows
+    (:func:`runtime_cases.adamw_allowed`): 1e-5 relative, more where an exact gradient is near its
+    rounding or zero (GPT-2's key biases: softmax ignores ``q . b_k``, added to a whole row)."""
     results = two_ranks[0]["runs"]
     for label, kind, *_ in FP32_RUNS:
         got = results[label]
@@ -135,11 +131,9 @@ def test_fp32_with_adamw_is_as_close_to_exact_training_as_the_model_in_one_proce
         noise = {}
         for name, weight in single["params"].items():
             steps = list(zip(single["step_grads"], exact["step_grads"]))
-            rounding = max(float((fp32[name] - fp64[name]).abs().max()) for fp32, fp64 in steps)
+            rounding, sizes = adamw_rounding(steps, name)
             assert (got["grads"][name] - exact["grads"][name]).abs().max() <= 2 * rounding, (label, name)
-            sizes = torch.stack([fp64[name].abs() for _, fp64 in steps])
-            allowed = 1e-5 * weight.abs().max() + STEPS * LR * (rounding / sizes.amin(0)).clamp(max=1)
-            assert ((got["params"][name] - weight).abs() <= allowed).all(), (label, name)
+            assert ((got["params"][name] - weight).abs() <= adamw_allowed(weight, rounding, sizes, LR)).all(), (label, name)
             # gradients zero to float64's rounding at every step, fp32's not zero: rounding noise
             noise[name] = (sizes.amax(0) < 1e-6 * rounding) & (torch.stack([fp32[name] for fp32, _ in steps]) != 0).any(0)
         if kind == "gpt2":  # the key thirds of each layer's query-key-value bias, and nothing else

@@ -91,8 +91,6 @@ def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resum
 REFUSED = [
     (["--model", "gpt", "--tp", "3"], "--tp 3 does not divide the 4 attention heads of --model gpt"),
     (["--model", "mlp", "--tp", "2"], "--model mlp has no tensor-parallel plan"),
-    (["--model", "gpt", "-s", "dualpipe", "--dp-shard", "2", "--batch-size", "32"], "runs two model copies"),
-    (["--model", "gpt", "--dp-shard", "2", "--clip-grad-norm", "1"], "--clip-grad-norm with --dp-shard or --tp"),
     (["--model", "gpt", "-s", "none", "--tp", "2"], "--tp needs a pipeline"),
     (["--model", "gpt", "--dp-shard", "0"], "--dp-shard must be at least 1"),
     (["--model", "gpt", "--dp-shard", "2", "--batch-size", "8"], "does not split into 8 equal microbatches on each of 2 replicas"),

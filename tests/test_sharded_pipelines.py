@@ -1,5 +1,7 @@
-"""Sharded stages in the pipeline: every single-pipeline schedule family, each stage split by FSDP2
-(pp 2 x dp_shard 2) or by tensor parallelism (pp 2 x tp 2), trains the gpt as the unpipelined model.
+"""Sharded stages in the pipeline: every schedule family (DualPipe's two model copies too), each
+stage split by FSDP2 (pp 2 x dp_shard 2) or by tensor parallelism (pp 2 x tp 2), trains the gpt as
+the unpipelined model, with SGD and with AdamW; eight processes (HSDP, FSDP2 x TP) in one case
+of benchmarks/sharded_layouts.py, which runs the whole matrix.
 
 The runtime shards each stage (``PipelineRuntime(..., mesh=init_sharded_mesh(layout))``): the
 program's ``UNSHARD``/``RESHARD`` gather and free the stage's parameters, every backward runs with
@@ -7,7 +9,8 @@ gradient sync off, ``REDUCE_GRAD`` reduce-scatters (SUM) and divides once by the
 degree (the runner already scaled each microbatch's loss by ``1/m``). Loss, first-step gradients
 and the weights after the SGD steps, gathered whole, within 1e-5 relative of the one-process model:
 what differs is the order of fp32 sums (microbatches, shards, the row-parallel all-reduce), a few
-ulps on sums of at most a few hundred terms. One 4-process launch runs every case.
+ulps on sums of at most a few hundred terms; with AdamW, the bound its rounding allows
+(:func:`runtime_cases.adamw_allowed`). One 4-process launch runs every gpt case.
 """
 
 from __future__ import annotations
@@ -29,26 +32,79 @@ SINGLE_PIPELINE = [f.name for f in pipesched.families() if f.parameter_copies ==
 
 
 @pytest.mark.timeout(300)
-def test_every_single_pipeline_family_trains_sharded_stages_as_the_unpipelined_model():
-    from sharded_cases import pipelined_layouts
+def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_with_sgd_and_adamw():
+    from runtime_cases import (
+        adamw_allowed,
+        adamw_rounding,
+        relative_error,
+        stepwise_reference,
+    )
+    from sharded_pipeline_cases import ADAMW_LR, CLIP, pipelined_layouts
 
     runs = [(f"{name} {where}", pipesched.build_schedule(name, 2, MICROBATCHES), dims)
-            for name in SINGLE_PIPELINE for where, dims in LAYOUTS.items()]
+            for name in [*SINGLE_PIPELINE, "dualpipe"] for where, dims in LAYOUTS.items()]
+    runs += [(f"adamw zb-v {where}", pipesched.build_schedule("zb-v", 2, MICROBATCHES), dims, {"optimizer": "adamw"})
+             for where, dims in LAYOUTS.items()]
+    runs += [(f"clipped {name} {where}", pipesched.build_schedule(name, 2, MICROBATCHES), dims, {"clip": CLIP})
+             for name, (where, dims) in zip(("dualpipe", "zb-v"), LAYOUTS.items())]
+    results = spawn(pipelined_layouts, 4, (SIZE, BATCH, runs), timeout_s=240)[0]
+    assert set(results) == {label for label, *_ in runs}
+    # every rank holds the parameter, gradient and optimizer bytes the layout predicts from the
+    # stages' shapes, and (single pipelines, SGD: no optimizer state) the advisor from the gpt's sizes
     from advised_bytes import advised_state_bytes
 
     from pipesched.balance import even_counts
     from pipesched.runtime.sharding.sharded_mesh import runtime_layout
 
-    results = spawn(pipelined_layouts, 4, (SIZE, BATCH, runs), timeout_s=240)[0]
-    assert set(results) == {label for label, _, _ in runs}
-    # every rank holds the parameter, gradient and optimizer bytes the layout predicts from the
-    # stages' shapes, and the advisor from the gpt's sizes (SGD: no optimizer state)
-    for label, schedule, (replicas, shards, tp) in runs:
-        layout, counts = runtime_layout(2, replicas, shards, tp), even_counts(SIZE["layers"] + 2, schedule.stages)
-        for rank, got in enumerate(results[label].pop("state_bytes")):
-            assert got["measured"] == got["predicted"], (label, rank, got)
-            assert got["measured"] == advised_state_bytes(SIZE, layout, schedule.placement, counts, rank, 0), (label, rank)
+    advised = {label: (schedule, dims) for label, schedule, dims, *options in runs
+               if not options and schedule.name in SINGLE_PIPELINE}
+    for label, got in results.items():
+        for rank, held in enumerate(got.pop("state_bytes")):
+            assert held["measured"] == held["predicted"], (label, rank, held)
+            if label in advised:
+                schedule, (replicas, shards, tp) = advised[label]
+                layout, counts = runtime_layout(2, replicas, shards, tp), even_counts(SIZE["layers"] + 2, schedule.stages)
+                assert held["measured"] == advised_state_bytes(SIZE, layout, schedule.placement, counts, rank, 0), (label, rank)
+    adamw = {label: results.pop(label) for label in list(results) if label.startswith("adamw")}
+    clipped = {label: results.pop(label) for label in list(results) if label.startswith("clipped")}
     assert_equal_to_reference(results, reference("gpt", SIZE, BATCH))
+    # clipped by the norm over every rank's pieces, each element once (DualPipe's copies, tp's replicated norms)
+    assert_clipped_like_reference(clipped, BATCH)
+    single, exact = (stepwise_reference("gpt", SIZE, BATCH, "adamw", ADAMW_LR, dtype) for dtype in (torch.float32, torch.float64))
+    steps = list(zip(single["step_grads"], exact["step_grads"]))
+    for label, got in adamw.items():
+        assert got["losses"] == pytest.approx(single["losses"], rel=1e-5), label
+        assert relative_error(got["grads"], single["step_grads"][0]) < 1e-5, label
+        for name, weight in single["params"].items():
+            rounding, sizes = adamw_rounding(steps, name)
+            assert ((got["params"][name] - weight).abs() <= adamw_allowed(weight, rounding, sizes, ADAMW_LR)).all(), (label, name)
+
+
+def assert_clipped_like_reference(results: dict, batch: int) -> None:
+    """Each run within 1e-5 relative of the unpipelined model clipped to ``CLIP``, which clipping changed."""
+    from runtime_cases import relative_error
+    from sharded_pipeline_cases import CLIP
+
+    want = reference("gpt", SIZE, batch, clip_grad_norm=CLIP)
+    assert_equal_to_reference(results, want)
+    assert relative_error(want["grads"], reference("gpt", SIZE, batch)["grads"]) > 100 * 1e-5  # clipping did act
+
+
+@pytest.mark.timeout(300)
+def test_eight_processes_hsdp_and_fsdp_with_tp_train_as_the_unpipelined_model():
+    """One launch of benchmarks/sharded_layouts.py's matrix (which runs 1f1b, zb-v, interleaved-zb,
+    dualpipev and dualpipe on the gpt, Llama and GPT-2 at both layouts): zb-v at pp 2 x
+    dp_replicate 2 x dp_shard 2 (HSDP: reduce-scatter over the shards, all-reduce over the
+    replicas) and DualPipe's two copies at pp 2 x dp_shard 2 x tp 2, both with gradients clipped
+    by the norm over all eight ranks' pieces; 1e-5 relative as above."""
+    from sharded_pipeline_cases import CLIP, pipelined_layouts
+
+    runs = [("zb-v hsdp", pipesched.build_schedule("zb-v", 2, MICROBATCHES), (2, 2, 1), {"clip": CLIP}),
+            ("dualpipe fsdp x tp", pipesched.build_schedule("dualpipe", 2, MICROBATCHES), (1, 2, 2), {"clip": CLIP})]
+    results = spawn(pipelined_layouts, 8, (SIZE, 2 * BATCH, runs), timeout_s=240)[0]
+    for label, got in results.items():
+        assert all(rank["measured"] == rank["predicted"] for rank in got.pop("state_bytes")), label
+    assert_clipped_like_reference(results, 2 * BATCH)
 
 
 def _hf_reference(kind: str, batches: list) -> dict:
@@ -74,15 +130,37 @@ def _hf_reference(kind: str, batches: list) -> dict:
 @pytest.mark.timeout(300)
 def test_hugging_face_llama_and_tied_gpt2_train_sharded_stages_as_the_model_in_one_process():
     """Llama under zb-v (a V, its weight gradients deferred to W), GPT-2 (its head the token
-    embedding, tied across the two ranks) under 1f1b, each at pp 2 x dp_shard 2 and pp 2 x tp 2
-    (GPT-2's attention stays whole under tensor parallelism, its MLP splits); 1e-5 relative as above."""
+    embedding) under 1f1b (tied across the two ranks) and zb-v (tied across two stages of rank 0,
+    each its own sharded copy), each at pp 2 x dp_shard 2 and pp 2 x tp 2 (GPT-2's attention stays
+    whole under tensor parallelism, its MLP splits); 1e-5 relative as above, bytes as predicted.
+    GPT-2 under zb-v with AdamW too: the copy the optimizer does not step holds no state (bytes),
+    weights within AdamW's rounding bound of the model in one process."""
     from hf_cases import make_batch
-    from sharded_cases import hf_pipelined_layouts
+    from sharded_pipeline_cases import hf_pipelined_layouts
 
     batches = [make_batch(step, 8, 16) for step in range(2)]
     runs = [(f"{kind} {name} {where}", kind, pipesched.build_schedule(name, 2, 2), dims)
-            for kind, names in (("llama", ("zb-v",)), ("gpt2", ("1f1b",)))
+            for kind, names in (("llama", ("zb-v",)), ("gpt2", ("1f1b", "zb-v")))
             for name in names for where, dims in LAYOUTS.items()]
+    runs.append(("adamw gpt2 zb-v dp_shard 2", "gpt2", pipesched.build_schedule("zb-v", 2, 2), LAYOUTS["dp_shard 2"], "adamw"))
     results = spawn(hf_pipelined_layouts, 4, (runs, batches), timeout_s=240)[0]
+    for label, got in results.items():
+        assert all(rank["measured"] == rank["predicted"] for rank in got.pop("state_bytes")), label
+    _assert_within_adamw_bound(results.pop("adamw gpt2 zb-v dp_shard 2"), "gpt2", batches)
     for kind in ("llama", "gpt2"):
         assert_equal_to_reference({k: v for k, v in results.items() if k.startswith(kind)}, _hf_reference(kind, batches))
+
+
+def _assert_within_adamw_bound(got: dict, kind: str, batches: list) -> None:
+    """``got`` (hf_cases' AdamW on ``batches``) against the model in one process in fp32 and in float64."""
+    from hf_cases import LR, make_model
+    from hf_cases import reference as hf_reference
+    from runtime_cases import adamw_allowed, adamw_rounding, relative_error
+
+    single, exact = (hf_reference(make_model(kind, dtype), batches) for dtype in (torch.float32, torch.float64))
+    assert got["losses"] == pytest.approx(single["losses"], rel=1e-5)
+    assert relative_error(got["grads"], single["grads"]) < 1e-5
+    steps = list(zip(single["step_grads"], exact["step_grads"]))
+    for name, weight in single["params"].items():
+        rounding, sizes = adamw_rounding(steps, name)
+        assert ((got["params"][name] - weight).abs() <= adamw_allowed(weight, rounding, sizes, LR)).all(), name

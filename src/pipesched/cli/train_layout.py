@@ -47,9 +47,6 @@ def check_layout(plan: Optional[Schedule], dp: int, batch_size: int, environ: Ma
             if value != 1:
                 raise ConfigError(f"{flag} needs a pipeline: the reference (--schedule none) is one process")
         return
-    if (dp_shard > 1 or tp > 1) and plan.pipelines > 1:
-        raise ConfigError(f"{plan.name} runs two model copies, which sharded stages do not support yet: "
-                          "use --dp for replicas, or a single-pipeline schedule such as dualpipev")
     check_batch_split(batch_size, dp * dp_shard, plan.microbatches)
     launched = torchrun_rank(environ)
     world = plan.ranks * dp * dp_shard * tp
@@ -59,12 +56,10 @@ def check_layout(plan: Optional[Schedule], dp: int, batch_size: int, environ: Ma
                           f"use --nproc-per-node x --nnodes = {world}")
 
 
-def check_sharding(model_def, dp_shard: int, tp: int, clip_grad_norm: Optional[float], held_out: bool) -> None:
+def check_sharding(model_def, dp_shard: int, tp: int, held_out: bool) -> None:
     """What sharded stages cannot do yet, and a model ``tp`` cannot split: one line each, before any rank starts."""
     if dp_shard == 1 and tp == 1:
         return
-    if clip_grad_norm is not None:
-        raise ConfigError("--clip-grad-norm with --dp-shard or --tp is not supported yet: leave out one of them")
     if held_out:
         raise ConfigError("held-out evaluation with --dp-shard or --tp is not supported yet: leave out --eval-every")
     if tp > 1 and model_def.tp_plan is None:

@@ -34,6 +34,7 @@ from ..ops import RECEIVES
 from ..schedule import Schedule
 from ..validate import validate
 from .comm import tied
+from .comm.tied_copies import check_alike, follow, follower_specs
 from .comm.agree import LossAgreement
 from .comm.agreement import StepChecks, agree_at_construction
 from .comm.mesh import PipelineMesh
@@ -50,6 +51,7 @@ from .metering.observers import SizeLearner, StepResult, make_clock, step_result
 from .options import RuntimeOptions
 from .program.program import links, lower
 from .sharding.sharded_mesh import ShardedMesh
+from .sharding.sharded_norm import clip_local, global_grad_norm
 from .sharding.sharding import local_tensors, shard_stages
 from .sharding.tp_plans import param_specs
 from .stages import batch_context
@@ -109,29 +111,37 @@ class PipelineRuntime(StateAccess):
         self.stages: dict[int, Stage] = {
             s: build_stage(build_block, self.stage_ranges[s], s, options.seed, self.device) for s in owned
         }
-        self.tied = tied.share_on_rank(self.stages, options.tied)
+        tied.share_on_rank(self.stages, options.tied, per_stage=self.sharded is not None)
         self.meter = ActivationMeter()
         self.stash = WeightGradStash(hold=self.meter.hold)
         if schedule.split_backward:
             for stage in self.stages.values():
                 make_weight_grads_deferrable(stage, self.stash)
         self.state_specs = {s: param_specs(stage, options.tp_plan or {}) for s, stage in self.stages.items()}
+        self.follower_specs = follower_specs(self.stages, tied.held(self.stages, options.tied), self.state_specs)
         sharding = shard_stages(self.stages, self.sharded, options, self.meter.exclude) if self.sharded else {}
         self.tied = tied.held(self.stages, options.tied)  # sharding replaced the parameters
-        self.parameters = list({id(p): p for s in owned for p in self.stages[s].parameters()}.values())
-        self.meter.exclude(local_tensors(self.parameters + [b for s in owned for b in self.stages[s].buffers()]))
+        for g, copies in self.tied.items():
+            check_alike(copies, options.tied[g])
+        self.followers = [p for copies in self.tied.values() for p in copies[1:]]  # not the optimizer's
+        every = list({id(p): p for s in owned for p in self.stages[s].parameters()}.values())
+        self.parameters = [p for p in every if all(p is not q for q in self.followers)]
+        self.meter.exclude(local_tensors(every + [b for s in owned for b in self.stages[s].buffers()]))
         self.sizes = SizeLearner()
         self.optimizer = optimizer(self.parameters)
         self.program = lower(schedule, self.rank)
         self.runners = build_runners(self.stages, self.copies, loss_fn, schedule.microbatches, shapes=self.shapes,
                                      precision=self.precision, meter=self.meter, stash=self.stash,
                                      recompute=frozenset(self.recompute), sharding=sharding)
-        self.agreement = LossAgreement(schedule.microbatches, options.clip_grad_norm is not None, self.mesh, self.device)
+        # sharded stages: the norm from every rank's pieces (sharding/sharded_norm.py), not the pipeline's agreement
+        clipping = options.clip_grad_norm is not None
+        self.agreement = LossAgreement(schedule.microbatches, clipping and not self.sharded, self.mesh, self.device)
         groups = make_link_groups(links(schedule), options.timeout_s, self.mesh)
         self.transport = Transport(self.program, groups, self.shapes.wire, self.device, options.timeout_s,
                                    host_staging=options.host_staging, global_rank=self.mesh.global_rank)
         self.reductions = ReductionPlan(schedule, self.stage_ranges, options.tied, self.stages, self.mesh,
-                                        options.overlap_grad_sync, options.timeout_s, sharded=self.sharded is not None)
+                                        options.overlap_grad_sync, options.timeout_s, sharded=self.sharded is not None,
+                                        copies=self.tied)
         self.broadcast_tied()
         self.streams = OverlapStreams(self.device, options.overlap_streams)
         self.engine = Engine(self.program, self.runners, self.transport, reductions=self.reductions,
@@ -159,6 +169,8 @@ class PipelineRuntime(StateAccess):
         losses, marks = self._run_program(batch, clock)
         self.reductions.finish()
         loss, skipped, grad_norm = self._agree(losses)
+        if self.sharded and self.options.clip_grad_norm is not None:
+            grad_norm = global_grad_norm(self.reductions.counted, self.sharded, self.device)
         if not skipped:
             self._update(grad_norm)
         if self.device.type == "cuda":  # the step ends when the device's work does
@@ -177,6 +189,8 @@ class PipelineRuntime(StateAccess):
         # whose shapes changed (what the memory model's promise is checked on), or every step
         self.metering = self.options.meter_every_step or not self.sizes.done or reshaped
         self.optimizer.zero_grad(set_to_none=True)
+        for p in self.followers:  # FSDP would add this step's reduced gradients to the last's
+            p.grad = None
         return StepBatch(in_mbs, tgt_mbs, ctx_mbs), reshaped
 
     def _run_program(self, batch: StepBatch, clock) -> tuple[list, list]:
@@ -211,11 +225,14 @@ class PipelineRuntime(StateAccess):
     def _update(self, grad_norm: Optional[float]) -> None:
         """Clip (torch's own scaling, given the norm over every rank), step the optimizer, and
         stop every rank if a weight became non-finite."""
-        if self.agreement.clipping:
+        if self.sharded and self.options.clip_grad_norm is not None:
+            clip_local(self.parameters + self.followers, self.options.clip_grad_norm, grad_norm)
+        elif self.agreement.clipping:
             torch.nn.utils.clip_grads_with_norm_(
                 self.parameters, self.options.clip_grad_norm, torch.tensor(grad_norm, dtype=torch.float64)
             )
         self.optimizer.step()
+        follow(self.tied)
         named = [(n, local_tensors([p])[0]) for n, p in self.named_parameters(unique=True)]  # a shard: this rank's piece
         check_weights(named, self.steps_done + 1, self.mesh.world_group, self.device)
 

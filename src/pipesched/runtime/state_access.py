@@ -3,7 +3,7 @@ count changes), the model's names, the whole model gathered, the bytes it holds.
 
 :class:`StateAccess` is :class:`~.executor.PipelineRuntime`'s half that reads and writes its
 state rather than stepping it; it reads the runtime's ``stages``, ``optimizer``, ``mesh``,
-``options``, ``sharded`` and ``state_specs``.
+``options``, ``sharded``, ``state_specs`` and ``follower_specs``.
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ class StateAccess:
             expected = rank_state_bytes(self.state_specs[s], layout, tp_rank, shard_rank, slots)
             for key in predicted:
                 predicted[key] += getattr(expected, key)
+        # a tied weight's other copies on this rank hold no optimizer state (comm/tied_copies.py)
+        predicted["optimizer"] -= rank_state_bytes(self.follower_specs, layout, tp_rank, shard_rank, slots).optimizer
         return {"measured": measured, "predicted": predicted}
 
     def module(self) -> nn.ModuleDict:

@@ -13,7 +13,9 @@ all-reduce runs over the holders in every replica and divides by the replicas, s
 all-reduce gives the copies' and holders' sum and the replicas' mean at once. Items whose
 holders are this rank alone and with one replica need nothing. Two holders on one rank (a V
 placement puts the first and last stage on rank 0) share one ``Parameter``, whose gradient
-already sums both.
+already sums both; on sharded stages each stage holds its own copy (:mod:`.tied`), whose
+reduced gradients are added into the first's before the item's all-reduce (or alone, when
+nothing else holds it) and given back after.
 
 An item's all-reduce starts at the last ``REDUCE_GRAD`` of this rank's program (:mod:`.program`)
 among the stages holding it (a ``REDUCE_GRAD`` names its stage; the plan knows which items that
@@ -46,6 +48,7 @@ from ...schedule import Schedule
 from ..program.program import lower
 from ..stages.copies import ModelCopies
 from .grad_sync import Reducer
+from .tied_copies import add_copies, give_copies
 
 ItemKey = tuple  # ("stage", model stage) or ("tied", group index)
 
@@ -112,7 +115,9 @@ class ReductionPlan:
     """This rank's reduce items, their process groups, when each starts, and what it counts."""
 
     def __init__(self, schedule: Schedule, stage_ranges: Sequence[range], tied: Sequence[Sequence[str]],
-                 stages: dict[int, nn.Module], mesh, overlap: bool, timeout_s: float, sharded: bool = False) -> None:
+                 stages: dict[int, nn.Module], mesh, overlap: bool, timeout_s: float, sharded: bool = False,
+                 copies: Optional[dict[int, list[nn.Parameter]]] = None) -> None:
+        """``copies``: each tied group's copies on this rank (:func:`.tied.held`), the first the optimizer's."""
         self.rank = rank = mesh.pp_rank
         self.mesh = mesh
         if schedule.pipelines > 1:
@@ -121,12 +126,14 @@ class ReductionPlan:
         self.sharded = sharded
         self.groups = _make_groups(layouts, mesh, timeout_s, sharded)
         tied_names = {n: g for g, names in enumerate(tied) for n in names}
+        others = {("tied", g): group[1:] for g, group in (copies or {}).items() if len(group) > 1}
+        followers = {id(p) for group in others.values() for p in group}
         params: dict[ItemKey, list[nn.Parameter]] = {}
         for s, stage in stages.items():
             for name, p in stage.global_named_parameters():
                 key = ("tied", tied_names[name]) if name in tied_names else ("stage", schedule.model_stage(s))
                 bucket = params.setdefault(key, [])
-                if p.requires_grad and all(p is not q for q in bucket):
+                if p.requires_grad and id(p) not in followers and all(p is not q for q in bucket):
                     bucket.append(p)
         self.counted: list[nn.Parameter] = []  # the parameters whose gradients this rank counts in the norm
         self.ready_at: dict[int, list] = {}  # stage -> items its REDUCE_GRAD completes (started there)
@@ -138,9 +145,9 @@ class ReductionPlan:
             if rank == lay.holders[0]:
                 self.counted.extend(params[lay.key])
             group = self.groups.get(lay.holders)
-            if group is None:
+            if group is None and lay.key not in others:
                 continue
-            item = (lay.key, params[lay.key], group, len(lay.holders) > 1)
+            item = (lay.key, params[lay.key], group, len(lay.holders) > 1, others.get(lay.key, ()))
             if overlap_of[lay.holders]:
                 self.ready_at.setdefault(lay.ready[rank][1], []).append(item)
             else:
@@ -156,16 +163,25 @@ class ReductionPlan:
 
     def reduce_grad(self, stage: int) -> None:
         """Stage ``stage``'s REDUCE_GRAD: start the items it completes."""
-        items = self.ready_at.get(stage)
-        if items:
-            for _key, params, group, zero_missing in items:
-                self.reducer.start(params, group, zero_missing)
+        for item in self.ready_at.get(stage, ()):
+            self._start(item)
+
+    def _start(self, item: tuple) -> None:
+        _key, params, group, zero_missing, others = item
+        if others:
+            add_copies(params[0], others)
+        if group is not None:
+            self.reducer.start(params, group, zero_missing)
 
     def finish(self) -> None:
-        """Start what waits for the step's end, then wait for every reduction of the step."""
-        for _key, params, group, zero_missing in self.at_end:
-            self.reducer.start(params, group, zero_missing)
+        """Start what waits for the step's end, then wait for every reduction of the step; the
+        other copies of a tied weight on this rank get the reduced gradient."""
+        for item in self.at_end:
+            self._start(item)
         self.reducer.finish()
+        for items in (*self.ready_at.values(), self.at_end):
+            for _key, params, _group, _zero, others in items:
+                give_copies(params[0], others)
 
     def broadcast_group(self, g: int) -> Optional[tuple[Any, int]]:
         """(process group, global source rank) that gives tied group ``g`` its value: its holders

@@ -8,6 +8,13 @@ and the weight guard see it once. Across ranks the copies start from the value o
 first name (broadcast from its lowest holder, at start and after loading a checkpoint), their
 gradients are summed by the reduction plan (:mod:`~pipesched.runtime.comm.reduction`), and every copy
 takes the same optimizer step, so they stay bitwise equal.
+
+Sharded stages cannot share one ``Parameter`` between two stages of a rank: FSDP2 makes each
+stage's parameters its own groups' (a parameter in two stages' groups would be gathered, freed and
+reduced by one of them only). There (``per_stage``) each stage holds its own copy, starting from
+the first's value, laid out alike (both sharded over the same mesh, neither split by tensor
+parallelism, or both alike). Only the first copy is the optimizer's; :mod:`.tied_copies` keeps
+the others equal to it.
 """
 
 from __future__ import annotations
@@ -20,14 +27,15 @@ from torch import nn
 
 from ...errors import ConfigError
 from .reduction import ReductionPlan, block_of
+from .tied_copies import follow
 
 
-def _locate(stages: dict[int, nn.Module], name: str) -> list[tuple[nn.Module, str]]:
-    """(module, attribute) of every place on this rank that holds parameter ``name``."""
+def _locate(stages: dict[int, nn.Module], name: str) -> list[tuple[int, nn.Module, str]]:
+    """(stage, module, attribute) of every place on this rank that holds parameter ``name``."""
     block, _, rest = name.partition(".")
     module_path, _, attr = rest.rpartition(".")
     places = []
-    for stage in stages.values():
+    for s, stage in stages.items():
         if block in stage.blocks:
             owner = stage.blocks[block]
             try:
@@ -36,55 +44,60 @@ def _locate(stages: dict[int, nn.Module], name: str) -> list[tuple[nn.Module, st
                 module = None
             if module is None or not isinstance(module._parameters.get(attr), nn.Parameter):
                 raise ConfigError(f"tied parameter {name!r} is not a parameter of block {block}")
-            places.append((module, attr))
+            places.append((s, module, attr))
     return places
 
 
-def share_on_rank(stages: dict[int, nn.Module], tied: Sequence[Sequence[str]]) -> dict[int, nn.Parameter]:
-    """Make each tied group one ``Parameter`` on this rank; returns it per group this rank holds."""
-    shared = {}
-    for g, names in enumerate(tied):
+@torch.no_grad()
+def share_on_rank(stages: dict[int, nn.Module], tied: Sequence[Sequence[str]], per_stage: bool = False) -> None:
+    """Make each tied group one ``Parameter`` on this rank, or with ``per_stage`` one per stage
+    holding it, each the first's value (see module doc)."""
+    for names in tied:
         for name in names:
             block_of(name)
         places = [place for name in names for place in _locate(stages, name)]
         if not places:
             continue
-        param = getattr(*places[0])
-        for module, attr in places[1:]:
+        first_stage, *place = places[0]
+        param = getattr(*place)
+        own = {first_stage: param}
+        for s, module, attr in places[1:]:
             other = getattr(module, attr)
             if other.shape != param.shape or other.dtype != param.dtype:
                 raise ConfigError(
                     f"tied parameters {list(names)} differ: {tuple(param.shape)} {param.dtype} against "
                     f"{tuple(other.shape)} {other.dtype}"
                 )
-            setattr(module, attr, param)
-        shared[g] = param
-    return shared
+            if s not in own:  # a copy of its own even where the blocks were built sharing one (a Hugging Face model's)
+                own[s] = nn.Parameter(param.detach().clone(), requires_grad=param.requires_grad) if per_stage else param
+            setattr(module, attr, own[s])
 
 
-def held(stages: dict[int, nn.Module], tied: Sequence[Sequence[str]]) -> dict[int, nn.Parameter]:
-    """The one ``Parameter`` of each tied group this rank holds, as the stages hold it now (after
-    :func:`share_on_rank`, and after sharding replaced the parameters)."""
+def held(stages: dict[int, nn.Module], tied: Sequence[Sequence[str]]) -> dict[int, list[nn.Parameter]]:
+    """The ``Parameter`` copies of each tied group this rank holds (one, or one per stage after
+    :func:`share_on_rank` ``per_stage``), the first's first, as the stages hold them now (after
+    sharding replaced the parameters)."""
     out = {}
     for g, names in enumerate(tied):
-        places = [place for name in names for place in _locate(stages, name)]
-        if places:
-            out[g] = getattr(*places[0])
+        copies = {id(p): p for p in (getattr(module, attr) for name in names for _, module, attr in _locate(stages, name))}
+        if copies:
+            out[g] = list(copies.values())
     return out
 
 
 @torch.no_grad()
-def broadcast(plan: ReductionPlan, shared: dict[int, nn.Parameter]) -> None:
+def broadcast(plan: ReductionPlan, shared: dict[int, list[nn.Parameter]]) -> None:
     """Give every copy of each tied group the value of the group's first name (collective over
-    each group's holders, every replica included; each group in order)."""
+    each group's holders, every replica included; each group in order), on this rank too."""
     for g in sorted(plan.tied_layouts):
         target = plan.broadcast_group(g)
         if target is None:
             continue
         group, src = target
-        param = shared[g]
+        param = shared[g][0]
         on_host = dist.get_backend(group) == "gloo" and param.device.type != "cpu"
         data = param.detach().cpu() if on_host else getattr(param.data, "_local_tensor", param.data)  # a shard's piece
         dist.broadcast(data, src=src, group=group)
         if on_host:
             param.copy_(data)
+    follow(shared)

@@ -22,7 +22,8 @@ size afterwards), so FSDP divides nothing and the one division is by the whole c
 token-weighted loss summed per microbatch, the step's global token count. Never both.
 
 A parameter shared by two blocks (GPT-2's tied embedding and head on one stage) is left to the
-stage's root group: a block's group would gather it for that block only.
+stage's root group: a block's group would gather it for that block only. Two stages of a rank
+never share one: the runtime gives each stage its own copy first (:mod:`..comm.tied_copies`).
 """
 
 from __future__ import annotations
@@ -172,17 +173,8 @@ def shard_stages(stages: dict, mesh: ShardedMesh, options, exclude: Callable[[It
     ``reshard_after_forward``); returns each stage's :class:`StageSharding`, which divides its
     reduced gradients by the data-parallel degree (the runner already scales each microbatch's
     loss by ``1/m``: :func:`gradient_divisor` with one microbatch)."""
-    if options.clip_grad_norm is not None:
-        raise ConfigError("gradient clipping with sharded stages is not supported yet: leave out clip_grad_norm")
     if mesh.layout.tp > 1 and not options.tp_plan:
         raise ConfigError(f"tensor parallelism (tp={mesh.layout.tp}) needs a plan: RuntimeOptions(tp_plan=plan_for(...))")
-    holders: dict[int, int] = {}
-    for stage in stages.values():
-        for p in set(stage.parameters()):
-            holders[id(p)] = holders.get(id(p), 0) + 1
-    if any(count > 1 for count in holders.values()):
-        raise ConfigError("a weight tied across two stages of one rank (a V schedule's embedding and head) cannot be "
-                          "sharded yet: use a schedule that places them on different ranks, such as 1f1b")
     divisor = gradient_divisor(mesh.layout, 1)
     return {s: StageSharding(shard_stage(stage, mesh, options.tp_plan or {}, options.reshard_after_forward),
                              divisor, exclude)

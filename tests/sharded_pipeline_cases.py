@@ -1,0 +1,98 @@
+"""Rank workers of tests/test_sharded_pipelines.py and benchmarks/sharded_layouts.py: whole
+pipelines over sharded layouts (spawned processes import this module by name)."""
+
+from __future__ import annotations
+
+import torch
+from sharded_cases import LR
+
+ADAMW_LR = 0.01  # the pipelined gpt's AdamW (weight decay 0.01 on matrices, make_optimizer's)
+CLIP = 0.05  # well under the pipelined gpt's gradient norm: every step is clipped
+
+
+def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
+    """Each (label, schedule, (dp_replicate, dp_shard, tp)[, settings]) of ``job`` (size, batch,
+    runs[, device]): the gpt pipelined by PipelineRuntime over that sharded layout for
+    runtime_cases.STEPS steps on the global batch, SGD or (``settings["optimizer"]``) AdamW at
+    ``ADAMW_LR``, gradients clipped to ``settings["clip"]`` if given; rank 0 returns its losses,
+    first-step gradients, final weights gathered whole, and every rank's state bytes."""
+    from runtime_cases import STEPS
+
+    from pipesched.runtime.executor import PipelineRuntime
+    from pipesched.runtime.options import RuntimeOptions
+    from pipesched.runtime.sharding.sharded_mesh import (
+        init_sharded_mesh,
+        runtime_layout,
+    )
+    from pipesched.runtime.sharding.tp_plans import plan_for
+    from pipesched.runtime.stages.copies import input_ranks, loss_ranks
+    from pipesched.runtime.training.models import get_model
+    from pipesched.runtime.training.optimizers import make_optimizer
+
+    size, batch, runs, *where = job
+    device = torch.device(where[0] if where else "cpu")
+    md = get_model("gpt", **size)
+    meshes, out = {}, {}
+    for label, schedule, (replicas, shards, tp), *settings in runs:
+        settings = settings[0] if settings else {}
+        layout = runtime_layout(schedule.ranks, replicas, shards, tp)
+        if layout not in meshes:
+            meshes[layout] = init_sharded_mesh(layout, timeout_s=60, device_type=device.type)
+        mesh = meshes[layout]
+        x0, _ = md.batch(0, batch, 3)
+        name = settings.get("optimizer", "sgd")
+        rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn,
+                             make_optimizer(name, ADAMW_LR if name == "adamw" else 0.05),
+                             x0[: batch // (layout.dp * schedule.microbatches)], mesh=mesh,
+                             options=RuntimeOptions(seed=3, timeout_s=60, tp_plan=plan_for("gpt"), device=device,
+                                                    clip_grad_norm=settings.get("clip")))
+        losses, grads = [], None
+        pp_rank = mesh.pipeline.pp_rank
+        for step in range(STEPS):
+            x, y = md.batch(step, batch, 3)
+            losses.append(rt.step(x if pp_rank in input_ranks(schedule) else None,
+                                  y if pp_rank in loss_ranks(schedule) else None).loss)
+            if step == 0:
+                grads = rt.gather_gradients()
+        out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict(), "state_bytes": all_ranks(rt.state_bytes())}
+    return out if rank == 0 else None
+
+
+def hf_pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
+    """Each (label, model kind, schedule, (dp_replicate, dp_shard, tp)[, optimizer]) of ``job``
+    (runs, batches[, device]): a Hugging Face model pipelined by ``pipesched.hf.pipeline`` over the
+    sharded layout, fp32, SGD (or ``"adamw"``: hf_cases' AdamW), on the batches; rank 0 returns the
+    losses, first gradients, final weights and every rank's state bytes."""
+    from hf_cases import adamw, make_model
+
+    import pipesched.hf as hf
+    from pipesched.runtime.options import RuntimeOptions
+    from pipesched.runtime.sharding.sharded_mesh import (
+        init_sharded_mesh,
+        runtime_layout,
+    )
+
+    runs, batches, *where = job
+    device = torch.device(where[0] if where else "cpu")
+    meshes, out = {}, {}
+    for label, kind, schedule, (replicas, shards, tp), *optimizer in runs:
+        layout = runtime_layout(schedule.ranks, replicas, shards, tp)
+        if layout not in meshes:
+            meshes[layout] = init_sharded_mesh(layout, timeout_s=60, device_type=device.type)
+        make_optimizer = adamw if optimizer == ["adamw"] else lambda ps: torch.optim.SGD(ps, lr=LR)
+        rt = hf.pipeline(make_model(kind, torch.float32), schedule, optimizer=make_optimizer,
+                         sample_batch=batches[0], mesh=meshes[layout], options=RuntimeOptions(timeout_s=60, device=device))
+        losses, grads = [], None
+        for step, batch in enumerate(batches):
+            losses.append(rt.step(batch).loss)
+            if step == 0:
+                grads = rt.gather_gradients()
+        out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict(), "state_bytes": all_ranks(rt.runtime.state_bytes())}
+    return out if rank == 0 else None
+
+
+def all_ranks(value) -> list:
+    """``value`` of every rank, in rank order (collective)."""
+    values = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(values, value)
+    return values
