@@ -28,6 +28,7 @@ from ..schedule import Schedule
 from ..zb_auto_plan import given_costs
 from . import app, fail, train_hf
 from . import options as opt
+from .gather_flags import gathers_asked, planned_gathers
 from .renamed import renamed
 from .train_data import DataFlags, data_options, say_how_text_is_read
 from .train_flags import (
@@ -71,6 +72,7 @@ def train(run: RunFlags = RunFlags(), sched: ScheduleFlags = ScheduleFlags(), ck
     checked = _checks_without_torch(run, sched, ckpt, out, loop, data_flags)
     model_def, plan, recompute, model_options = _model_and_plan(run, sched, out, data_flags, checked)
     check_sharding(model_def, sched.dp_shard, sched.tp, run.clip_grad_norm, data_flags.held_out)
+    plan = _gathers_placed(plan, sched, checked.choice.costs)
     if sched.dp_shard > 1 or sched.tp > 1:
         from .train_memory import check_sharded_stages
 
@@ -109,6 +111,9 @@ def _checks_without_torch(run: RunFlags, sched: ScheduleFlags, ckpt: CheckpointF
     for path, suffixes in ((out.save_params, [".pt", ".pth"]), (out.trace, [".json"]), (summary, [".json"])):
         if path is not None:
             check_output_path(path, suffixes)
+    if gathers_asked(sched.gather_plan, sched.gather_time, sched.gather_limit) and sched.dp_shard == 1 and sched.tp == 1:
+        raise ConfigError("--gather-plan, --gather-time and --gather-limit go with --dp-shard or --tp: "
+                          "whole stages gather nothing")
     limit, limit_bytes = opt.parse_memory_limit(sched.memory_limit, bytes_known=True)  # auto's profile measures sizes
     state_limit = None
     if limit_bytes is not None and (sched.dp_shard > 1 or sched.tp > 1) and (sched.csv is not None or sched.schedule.strip().lower() not in MEASURING):
@@ -200,6 +205,16 @@ def _write_results(run: RunFlags, ckpt: CheckpointFlags, out: OutputFlags, check
         typer.echo(f"wrote {report} (run report)")
     if run.model not in MODELS:  # hf:CONFIG.json
         train_hf.report_and_save(plan, model_def, result.params, out.save_hf)
+
+
+def _gathers_placed(plan: Optional[Schedule], sched: ScheduleFlags, costs) -> Optional[Schedule]:
+    """``plan`` gathering where ``--gather-plan`` places (timed with ``--costs``, else unit costs);
+    as it is when the flags leave torch's window (a CSV's own placement included)."""
+    if plan is None or not gathers_asked(sched.gather_plan, sched.gather_time, sched.gather_limit):
+        return plan
+    from ..runtime.program.program import placing_gathers
+
+    return placing_gathers(plan, planned_gathers(plan, costs, sched.gather_plan, sched.gather_time, sched.gather_limit))
 
 
 def _import_torch() -> None:
