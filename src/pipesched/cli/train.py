@@ -72,7 +72,6 @@ def train(run: RunFlags = RunFlags(), sched: ScheduleFlags = ScheduleFlags(), ck
     checked = _checks_without_torch(run, sched, ckpt, out, loop, data_flags)
     model_def, plan, recompute, model_options = _model_and_plan(run, sched, out, data_flags, checked)
     check_sharding(model_def, sched.dp_shard, sched.tp, run.clip_grad_norm, data_flags.held_out)
-    plan = _gathers_placed(plan, sched, checked.choice.costs)
     if sched.dp_shard > 1 or sched.tp > 1:
         from .train_memory import check_sharded_stages
 
@@ -132,7 +131,7 @@ def _model_and_plan(run: RunFlags, sched: ScheduleFlags, out: OutputFlags, data_
 
     choice, plan, recompute = checked.choice, None, sched.recompute
     if choice.measures is None:  # the schedule is known without measuring anything
-        plan, recompute = _resolved(resolve_schedule(choice, say=_say), sched, run.batch_size)
+        plan, recompute = _resolved(resolve_schedule(choice, say=_say), sched, run.batch_size, choice.costs)
     _import_torch()
     from ..runtime.stages.precision import parse_dtype
     from ..runtime.training.models import KNOWN, get_model, is_known
@@ -149,7 +148,7 @@ def _model_and_plan(run: RunFlags, sched: ScheduleFlags, out: OutputFlags, data_
             check_batch_split(run.batch_size, sched.dp * sched.dp_shard, sched.microbatches or 8)
             check_batch_fits(model_def, run.batch_size, run.seed)
         run_spec = RunSpec(run.model, run.batch_size // sched.dp, run.seed, run.dtype, run.timeout)  # one replica's batch
-        plan, recompute = _resolved(resolve_schedule(choice, run_spec, _say), sched, run.batch_size)
+        plan, recompute = _resolved(resolve_schedule(choice, run_spec, _say), sched, run.batch_size, choice.costs)
     if plan is not None:
         _check_block_counts(model_def, plan, checked.counts, run.model)
     if not measured:  # last but the folder: its meta inference imports torch's compiler (seconds of CPU)
@@ -235,10 +234,11 @@ def _check_block_counts(model_def, plan: Schedule, counts: Optional[tuple[int, .
         raise ConfigError(f"{plan.name} (ranks={plan.ranks}, chunks={plan.chunks}) on --model {model}: {err}") from None
 
 
-def _resolved(resolved: Resolved, sched: ScheduleFlags, batch_size: int) -> tuple[Optional[Schedule], Recomputed]:
-    """The schedule and the stages to recompute, once the layout is checked to take the batch."""
+def _resolved(resolved: Resolved, sched: ScheduleFlags, batch_size: int, costs) -> tuple[Optional[Schedule], Recomputed]:
+    """The schedule, gathering where ``--gather-plan`` places, and the stages to recompute, once
+    the layout is checked to take the batch."""
     check_layout(resolved.schedule, sched.dp, batch_size, dp_shard=sched.dp_shard, tp=sched.tp)
-    return resolved.schedule, resolved.recompute
+    return _gathers_placed(resolved.schedule, sched, costs), resolved.recompute
 
 
 def _run_to_the_end(cfg):
