@@ -43,8 +43,11 @@ def test_every_family_planned_passes_the_program_check_and_reads_back(ranks, g):
         check_programs(planned.programs)
         assert planned.step_time <= plan_programs(schedule, GatherCosts(_each(g, schedule.stages))).step_time
         text = csv_text(schedule, "compute_comms", planned.programs)
-        assert parse_csv(text).orders == schedule.orders  # the file's program is checked as it is read
+        read = parse_csv(text)  # the file's program is checked as it is read
+        assert read.orders == schedule.orders
         assert text.splitlines() == [",".join(p.cells()) for p in planned.programs]
+        # and pipesched's lowering of what it read keeps the file's gathers: its runtime runs them
+        assert [p.cells() for p in lower_all(read)] == [p.cells() for p in planned.programs], family.name
 
 
 def test_with_four_stages_a_rank_the_planned_gathers_hide_where_torchs_window_gathers_again():
@@ -96,3 +99,24 @@ def test_export_gather_plan_flags(tmp_path):
     planned = plan_programs(schedule, GatherCosts(_each(1.0, 8), _each(1.0, 8), 2), plan="auto")
     assert (tmp_path / "two.csv").read_bytes().decode() == csv_text(schedule, "compute_comms", planned.programs)
     assert parse_csv((tmp_path / "auto.csv").read_text()).orders == schedule.orders
+
+
+def test_train_runs_a_planned_csvs_gathers_as_written_and_refuses_them_broken_in_one_line(tmp_path):
+    """Refused before any rank starts: a compute_comms CSV computing a stage it has not gathered,
+    --gather-plan auto on a CSV that places its gathers already, and on whole stages."""
+    schedule = pipesched.build_schedule("interleaved-1f1b", 2, 4)
+    planned = plan_programs(schedule, GatherCosts(_each(1.0, 4), _each(1.0, 4), 1), plan="auto")
+    rows = [",".join(p.cells()) for p in planned.programs]
+    (tmp_path / "planned.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "bad.csv").write_text("\n".join([rows[0].replace("0UNSHARD,", "", 1), *rows[1:]]) + "\n")
+    train = ["train", "--model", "gpt", "-p", "2", "--batch-size", "8", "--steps", "1"]
+    cases = {
+        "not gathered": ([*train, "--csv", "{dir}/bad.csv", "--dp-shard", "2"], "rank 0 runs 0F0 while stage 0 is not gathered"),
+        "placed twice": ([*train, "--csv", "{dir}/planned.csv", "--dp-shard", "2", "--gather-plan", "auto", "--gather-time", "1"],
+                         "--gather-plan auto places the gathers, but planned places them already"),
+        "whole stages": ([*train, "-s", "interleaved-1f1b", "--gather-plan", "auto", "--gather-time", "1"],
+                         "--gather-plan, --gather-time and --gather-limit go with --dp-shard or --tp"),
+    }
+    for (label, (_, why)), outcome in zip(cases.items(), run_batch([argv for argv, _ in cases.values()], tmp_path)):
+        assert not problems(outcome), (label, outcome)
+        assert outcome.code == 2 and why in outcome.stderr and len(outcome.stderr.strip().splitlines()) == 1, (label, outcome.stderr)

@@ -10,10 +10,16 @@ degree (the runner already scaled each microbatch's loss by ``1/m``). Loss, firs
 and the weights after the SGD steps, gathered whole, within 1e-5 relative of the one-process model:
 what differs is the order of fp32 sums (microbatches, shards, the row-parallel all-reduce), a few
 ulps on sums of at most a few hundred terms; with AdamW, the bound its rounding allows
-(:func:`runtime_cases.adamw_allowed`). One 4-process launch runs every gpt case.
+(:func:`runtime_cases.adamw_allowed`). Every step of every case all-gathers a stage
+exactly where its program's ``UNSHARD``s say (FSDP's own hooks gather nothing more); one more
+case runs interleaved-1f1b as a ``compute_comms`` CSV whose gathers ``plan_programs`` placed
+within one stage a rank (each stage freed and gathered again within a step), the CSV's placement
+run as written. One 4-process launch runs every gpt case.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 
@@ -22,13 +28,47 @@ torch = pytest.importorskip("torch")
 from runtime_cases import assert_equal_to_reference, reference  # noqa: E402
 
 import pipesched  # noqa: E402
+from pipesched.ops import Op  # noqa: E402
 from pipesched.runtime.launching.launch import spawn  # noqa: E402
+from pipesched.runtime.program.planned_gathers import GatherCosts, plan_programs  # noqa: E402
+from pipesched.runtime.program.program import lower_all  # noqa: E402
+from pipesched.schedule_files import csv_text, parse_csv  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 SIZE = dict(layers=2, dim=16, heads=4, context=8)  # 4 blocks: one per stage at 2 ranks x 2 chunks
 BATCH, MICROBATCHES = 8, 4
 LAYOUTS = {"dp_shard 2": (1, 2, 1), "tp 2": (1, 1, 2)}  # (dp_replicate, dp_shard, tp)
 SINGLE_PIPELINE = [f.name for f in pipesched.families() if f.parameter_copies == 1]
+PLANNED = "interleaved-1f1b planned gathers dp_shard 2"
+
+
+def _assert_gathered_where_the_programs_say(results: dict, placed: Counter, windowed: Counter) -> None:
+    """FSDP all-gathers a stage's groups exactly where the program's UNSHARDs say, in every step
+    of every case; the planned case gathers as its CSV says (some stage freed and gathered again
+    within a step), not as the lowering's window of 3 would (each stage once a step)."""
+    for label, got in results.items():
+        seen = [stages for rank in got.pop("gathered") for stages in rank]
+        for unshards, gathers, groups in (counts for stages in seen for counts in stages.values()):
+            assert gathers == unshards * groups and (unshards * groups > 0 or "dp_shard" not in label), (label, seen)
+        if label == PLANNED:
+            assert all({s: unshards for s, (unshards, _, _) in stages.items()} == {s: placed[s] for s in stages}
+                       for stages in seen), seen
+    assert max(placed.values()) > 1 and max(windowed.values()) == 1
+
+
+def _planned_gathers_from_csv():
+    """interleaved-1f1b (2 stages a rank) gathering as ``export --format compute_comms
+    --gather-plan auto --gather-time 1 --gather-limit 1`` places it, read back from that CSV; and
+    the UNSHARDs per stage in a step of that plan and of the lowering's window of 3."""
+    schedule = pipesched.build_schedule("interleaved-1f1b", 2, MICROBATCHES)
+    each = {s: 1.0 for s in range(schedule.stages)}
+    chosen = plan_programs(schedule, GatherCosts(each, each, limit=1), plan="auto")
+    planned = parse_csv(csv_text(schedule, "compute_comms", chosen.programs))
+    return planned, _unshards(chosen.programs), _unshards(lower_all(schedule))
+
+
+def _unshards(programs) -> Counter:
+    return Counter(ins.stage for program in programs for ins in program.instructions if ins.op is Op.UNSHARD)
 
 
 @pytest.mark.timeout(300)
@@ -39,6 +79,7 @@ def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_wi
         relative_error,
         stepwise_reference,
     )
+    from gather_counts import counting_gathers
     from sharded_pipeline_cases import ADAMW_LR, CLIP, pipelined_layouts
 
     runs = [(f"{name} {where}", pipesched.build_schedule(name, 2, MICROBATCHES), dims)
@@ -47,7 +88,10 @@ def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_wi
              for where, dims in LAYOUTS.items()]
     runs += [(f"clipped {name} {where}", pipesched.build_schedule(name, 2, MICROBATCHES), dims, {"clip": CLIP})
              for name, (where, dims) in zip(("dualpipe", "zb-v"), LAYOUTS.items())]
-    results = spawn(pipelined_layouts, 4, (SIZE, BATCH, runs), timeout_s=240)[0]
+    planned, placed, windowed = _planned_gathers_from_csv()
+    runs.append((PLANNED, planned, LAYOUTS["dp_shard 2"]))
+    results = spawn(counting_gathers, 4, (pipelined_layouts, (SIZE, BATCH, runs), [label for label, *_ in runs]),
+                    timeout_s=240)[0]
     assert set(results) == {label for label, *_ in runs}
     # every rank holds the parameter, gradient and optimizer bytes the layout predicts from the
     # stages' shapes, and (single pipelines, SGD: no optimizer state) the advisor from the gpt's sizes
@@ -65,6 +109,7 @@ def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_wi
                 schedule, (replicas, shards, tp) = advised[label]
                 layout, counts = runtime_layout(2, replicas, shards, tp), even_counts(SIZE["layers"] + 2, schedule.stages)
                 assert held["measured"] == advised_state_bytes(SIZE, layout, schedule.placement, counts, rank, 0), (label, rank)
+    _assert_gathered_where_the_programs_say(results, placed, windowed)
     adamw = {label: results.pop(label) for label in list(results) if label.startswith("adamw")}
     clipped = {label: results.pop(label) for label in list(results) if label.startswith("clipped")}
     assert_equal_to_reference(results, reference("gpt", SIZE, BATCH))

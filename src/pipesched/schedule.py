@@ -54,7 +54,11 @@ class Schedule:
     stage runs (:func:`~pipesched.pipelines.infer_pipelines`).
 
     ``meta`` is the user's: who built the schedule and how (zb-auto's origin, interleaving's
-    group). Data derived from the programs (:attr:`program`, :attr:`derived`) lives in cached
+    group). ``gathers`` (None: the lowering's window) places each rank's FSDP ``UNSHARD`` and
+    ``RESHARD`` as ``(entry, op, stage)``: issued before the rank's ``entry``-th compute entry
+    (idle slots not counted; the entry count: after the last), as a ``compute_comms`` CSV or
+    :mod:`~pipesched.runtime.program.planned_gathers` placed them; it belongs to ``orders`` and is
+    neither compared nor hashed. Data derived from the programs (:attr:`program`, :attr:`derived`) lives in cached
     properties instead: they belong to this object alone, so a schedule made from another one
     (``dataclasses.replace``, or ``Schedule(..., meta=other.meta)`` with new orders) derives its
     own and never carries a stale copy.
@@ -67,6 +71,7 @@ class Schedule:
     name: str = "custom"
     pipelines: int = 1
     meta: dict = field(default_factory=dict, compare=False, hash=False)
+    gathers: Optional[tuple[tuple[tuple[int, Op, int], ...], ...]] = field(default=None, compare=False, hash=False)
 
     @property
     def stages(self) -> int:

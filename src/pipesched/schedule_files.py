@@ -12,9 +12,11 @@ its schedule; its communication must be that schedule's (every message sent afte
 computing it, received once, in its link's order, before the action using it; each stage
 reduced once after its last gradient) and must not be able to hang
 (:func:`~pipesched.runtime.program.program_check.check_programs`), or the file is refused naming what
-is wrong. ``UNSHARD``/``RESHARD`` cells name a stage of their rank, as ``REDUCE_GRAD`` does.
-pipesched runs its own lowering of the schedule, which for a file it wrote, or torch wrote
-without ``defer_pp_recv``, is the file's program.
+is wrong. ``UNSHARD``/``RESHARD`` cells name a stage of their rank, as ``REDUCE_GRAD`` does,
+and the schedule read carries where they are (:attr:`Schedule.gathers`): pipesched's runtime
+gathers there, as torch's does; its messages and reductions are pipesched's own lowering of the
+schedule, which for a file it wrote, or torch wrote without ``defer_pp_recv``, is the file's.
+A file without ``UNSHARD``/``RESHARD`` cells gathers by the lowering's window.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from .errors import ConfigError, CSVFormatError, ScheduleError
 from .ops import Op
 from .planning import MAX_ACTIONS_BUILT
 from .runtime.program.instructions import RankProgram
-from .runtime.program.program import assemble, lower_all
+from .runtime.program.program import assemble, lower_all, placing_gathers
 from .runtime.program.program_check import check_programs
 from .schedule import Schedule, csv_rows
 from .validate import validate
@@ -128,13 +130,15 @@ def _step(cell: str, where: str):
 
 
 def _checked_program(schedule: Schedule, steps: list[list]) -> Schedule:
-    """``schedule`` once the communication ``steps`` spell is checked to be its own."""
+    """``schedule`` once the communication ``steps`` spell is checked to be its own, carrying
+    the gathers they place."""
     validate(schedule)
     try:
-        check_programs([assemble(schedule, r, row) for r, row in enumerate(steps)])
+        programs = [assemble(schedule, r, row) for r, row in enumerate(steps)]
+        check_programs(programs)
     except ScheduleError as err:
         raise CSVFormatError(f"the compute_comms CSV's communication is not its schedule's: {err}") from None
-    return schedule
+    return placing_gathers(schedule, programs)
 
 
 def load_csv_file(path: Path, ranks: Optional[int] = None) -> Schedule:

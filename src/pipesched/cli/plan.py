@@ -8,7 +8,6 @@ from typing import Optional
 
 import typer
 
-from ..bounds import check_number
 from ..jsontext import json_text
 from ..compare import planned_work, simulate_all
 from ..errors import ConfigError
@@ -22,6 +21,7 @@ from ..simulate import simulate
 from . import app
 from . import options as opt
 from .activation_bytes import activation_share, measured_share
+from .gather_flags import GatherLimit, GatherPlan, GatherTime, gathers_asked, planned_gathers
 from .plan_print import print_compare, print_result, say_recompute
 from .progress import planning_progress
 from .tables import Column, print_table
@@ -64,18 +64,9 @@ def export(
         help="compute_only: the compute actions; compute_comms: each rank's program with its sends, receives and "
         "gradient reductions (torch's _load_csv(..., format=\"compute_comms\") runs it as written).",
     ),
-    gather_plan: str = typer.Option(
-        "torch", "--gather-plan",
-        help="With compute_comms, where each rank gathers its FSDP-sharded stages (UNSHARD/RESHARD): torch: "
-        "torch's window of the next 3 stages; auto: placed per rank from --costs and --gather-time, within --gather-limit.",
-    ),
-    gather_time: Optional[str] = typer.Option(
-        None, "--gather-time",
-        help="With --gather-plan auto: one stage's all-gather time in cost units (one value, or one per stage).",
-    ),
-    gather_limit: Optional[int] = typer.Option(
-        None, "--gather-limit", help="With --gather-plan auto: the most stages a rank may hold gathered at once."
-    ),
+    gather_plan: str = GatherPlan,
+    gather_time: Optional[str] = GatherTime,
+    gather_limit: Optional[int] = GatherLimit,
 ) -> None:
     """Write a schedule as a torch.distributed.pipelining CSV (compute-only, or with its communication)."""
     s = plan.setup()
@@ -96,7 +87,7 @@ def export(
 
         settings = settings_toml(schedule, str(output), microbatch_size, torchtitan_schedule)  # refuses a layout torchtitan lacks
     programs = None
-    if gather_plan != "torch" or gather_time is not None or gather_limit is not None:
+    if gathers_asked(gather_plan, gather_time, gather_limit):
         programs = _planned_gathers(schedule, s, csv_format, gather_plan, gather_time, gather_limit)
     text = csv_text(schedule, csv_format, programs)
     if output is None:
@@ -112,26 +103,10 @@ def export(
 def _planned_gathers(schedule: Schedule, s: opt.Setup, csv_format: str, plan: str, times: Optional[str],
                      limit: Optional[int]) -> tuple:
     """The programs ``export --gather-plan`` writes (each flag checked in one line)."""
-    from ..runtime.program.planned_gathers import GatherCosts, plan_programs
-
     if csv_format != "compute_comms":
         raise ConfigError("--gather-plan, --gather-time and --gather-limit need --format compute_comms: "
                           "a compute_only CSV holds no gathers")
-    if plan == "torch" and (times is not None or limit is not None):
-        raise ConfigError("--gather-time and --gather-limit go with --gather-plan auto (torch's window uses neither)")
-    values = opt.number_list("--gather-time", times) if times is not None else None
-    for value in values or ():
-        check_number("--gather-time", value, 0.0, 1e9)
-    if values is not None and len(values) not in (1, schedule.stages):
-        raise ConfigError(f"--gather-time takes one value or one per stage ({schedule.stages}), got {len(values)}")
-    if limit is not None and limit < 1:
-        raise ConfigError(f"--gather-limit must be at least 1 stage, got {limit}")
-    per_stage = None if values is None else {st: values[0 if len(values) == 1 else st] for st in range(schedule.stages)}
-    gathers = None if per_stage is None else GatherCosts(per_stage, {st: 1.0 for st in per_stage}, limit)
-    chosen = plan_programs(schedule, gathers, s.costs, plan)
-    typer.echo(f"gathers placed by {chosen.placement}: simulated step {chosen.step_time:.4g}, at most "
-               f"{max(chosen.peak_bytes):g} stages gathered at once on a rank", err=True)
-    return chosen.programs
+    return planned_gathers(schedule, s.costs, plan, times, limit)
 
 
 def schedule_from_flags(name: Optional[str], csv: Optional[Path], s: opt.Setup) -> Schedule:

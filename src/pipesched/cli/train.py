@@ -28,6 +28,7 @@ from ..schedule import Schedule
 from ..zb_auto_plan import given_costs
 from . import app, fail, train_hf
 from . import options as opt
+from .gather_flags import gathers_asked, planned_gathers
 from .renamed import renamed
 from .train_data import DataFlags, data_options, say_how_text_is_read
 from .train_flags import (
@@ -109,6 +110,9 @@ def _checks_without_torch(run: RunFlags, sched: ScheduleFlags, ckpt: CheckpointF
     for path, suffixes in ((out.save_params, [".pt", ".pth"]), (out.trace, [".json"]), (summary, [".json"])):
         if path is not None:
             check_output_path(path, suffixes)
+    if gathers_asked(sched.gather_plan, sched.gather_time, sched.gather_limit) and sched.dp_shard == 1 and sched.tp == 1:
+        raise ConfigError("--gather-plan, --gather-time and --gather-limit go with --dp-shard or --tp: "
+                          "whole stages gather nothing")
     limit, limit_bytes = opt.parse_memory_limit(sched.memory_limit, bytes_known=True)  # auto's profile measures sizes
     state_limit = None
     if limit_bytes is not None and (sched.dp_shard > 1 or sched.tp > 1) and (sched.csv is not None or sched.schedule.strip().lower() not in MEASURING):
@@ -127,7 +131,7 @@ def _model_and_plan(run: RunFlags, sched: ScheduleFlags, out: OutputFlags, data_
 
     choice, plan, recompute = checked.choice, None, sched.recompute
     if choice.measures is None:  # the schedule is known without measuring anything
-        plan, recompute = _resolved(resolve_schedule(choice, say=_say), sched, run.batch_size)
+        plan, recompute = _resolved(resolve_schedule(choice, say=_say), sched, run.batch_size, choice.costs)
     _import_torch()
     from ..runtime.stages.precision import parse_dtype
     from ..runtime.training.models import KNOWN, get_model, is_known
@@ -144,7 +148,7 @@ def _model_and_plan(run: RunFlags, sched: ScheduleFlags, out: OutputFlags, data_
             check_batch_split(run.batch_size, sched.dp * sched.dp_shard, sched.microbatches or 8)
             check_batch_fits(model_def, run.batch_size, run.seed)
         run_spec = RunSpec(run.model, run.batch_size // sched.dp, run.seed, run.dtype, run.timeout)  # one replica's batch
-        plan, recompute = _resolved(resolve_schedule(choice, run_spec, _say), sched, run.batch_size)
+        plan, recompute = _resolved(resolve_schedule(choice, run_spec, _say), sched, run.batch_size, choice.costs)
     if plan is not None:
         _check_block_counts(model_def, plan, checked.counts, run.model)
     if not measured:  # last but the folder: its meta inference imports torch's compiler (seconds of CPU)
@@ -202,6 +206,16 @@ def _write_results(run: RunFlags, ckpt: CheckpointFlags, out: OutputFlags, check
         train_hf.report_and_save(plan, model_def, result.params, out.save_hf)
 
 
+def _gathers_placed(plan: Optional[Schedule], sched: ScheduleFlags, costs) -> Optional[Schedule]:
+    """``plan`` gathering where ``--gather-plan`` places (timed with ``--costs``, else unit costs);
+    as it is when the flags leave torch's window (a CSV's own placement included)."""
+    if plan is None or not gathers_asked(sched.gather_plan, sched.gather_time, sched.gather_limit):
+        return plan
+    from ..runtime.program.program import placing_gathers
+
+    return placing_gathers(plan, planned_gathers(plan, costs, sched.gather_plan, sched.gather_time, sched.gather_limit))
+
+
 def _import_torch() -> None:
     """torch, or one line saying how to install it; the launch backend checked before any rank starts."""
     try:
@@ -220,10 +234,11 @@ def _check_block_counts(model_def, plan: Schedule, counts: Optional[tuple[int, .
         raise ConfigError(f"{plan.name} (ranks={plan.ranks}, chunks={plan.chunks}) on --model {model}: {err}") from None
 
 
-def _resolved(resolved: Resolved, sched: ScheduleFlags, batch_size: int) -> tuple[Optional[Schedule], Recomputed]:
-    """The schedule and the stages to recompute, once the layout is checked to take the batch."""
+def _resolved(resolved: Resolved, sched: ScheduleFlags, batch_size: int, costs) -> tuple[Optional[Schedule], Recomputed]:
+    """The schedule, gathering where ``--gather-plan`` places, and the stages to recompute, once
+    the layout is checked to take the batch."""
     check_layout(resolved.schedule, sched.dp, batch_size, dp_shard=sched.dp_shard, tp=sched.tp)
-    return resolved.schedule, resolved.recompute
+    return _gathers_placed(resolved.schedule, sched, costs), resolved.recompute
 
 
 def _run_to_the_end(cfg):

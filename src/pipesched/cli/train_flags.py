@@ -18,6 +18,7 @@ from ..bounds import DEFAULT_TIMEOUT_S
 from ..runtime.checkpoints.checkpoint_files import DEFAULT_KEEP
 from . import options as opt
 from . import train_hf
+from .gather_flags import GatherLimit, GatherPlan, GatherTime
 from .option_group import option_group
 from .renamed import deprecated_option as renamed_option
 from .train_layout import Dp, DpShard, Dtype, Tp
@@ -60,6 +61,9 @@ class ScheduleFlags:
     dp: int = 1
     dp_shard: int = 1
     tp: int = 1
+    gather_plan: str = "torch"
+    gather_time: Optional[str] = None
+    gather_limit: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,9 @@ schedule_options = option_group("sched", ScheduleFlags, (
     ("dp", int, Dp),
     ("dp_shard", int, DpShard),
     ("tp", int, Tp),
+    ("gather_plan", str, GatherPlan),
+    ("gather_time", Optional[str], GatherTime),
+    ("gather_limit", Optional[int], GatherLimit),
 ))
 
 checkpoint_options = option_group("ckpt", CheckpointFlags, (

@@ -4,7 +4,8 @@ and the checks that they cannot hang.
 - ``instructions``: ``Instruction`` (an ``Op`` on a stage and microbatch), ``Message``, ``RankProgram``;
 - ``passes``: lowering as a list of pure passes (torch's ``_add_unshard_reshard``,
   ``_add_reduce_grad``, ``_add_send_recv``), a new instruction's pass goes here;
-- ``program``: ``lower_all`` (the passes, cached per schedule), ``assemble`` (a program read from a CSV);
+- ``program``: ``lower_all`` (the passes, cached per schedule), ``assemble`` (a program read from a CSV),
+  ``placing_gathers`` (a schedule carrying a CSV's or a plan's gathers, which the lowering keeps);
 - ``program_check``: run the programs under the strictest transport rules and name what is wrong;
 - ``planned_gathers``: ``plan_programs``, each rank's ``UNSHARD``/``RESHARD`` by torch's window or
   placed from the costs (``advise.gather_plan``), timed by the simulator.

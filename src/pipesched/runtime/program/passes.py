@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 from ...actions import Action, sub_actions
 from ...dependencies import Output, consumer_stage, dependency, produced
-from ...errors import DeadlockError
+from ...errors import DeadlockError, ScheduleError
 from ...execution import crosses_ranks
 from ...ops import Op
 from ...schedule import Schedule
@@ -32,19 +32,46 @@ from .instructions import ACT, GRAD, Instruction, Message, message_tag
 Programs = tuple[tuple[Instruction, ...], ...]  # per rank, in order
 Pass = Callable[[Programs, Schedule], Programs]
 UNSHARD_WINDOW = 3  # torch's max_active_stages
+_GATHER_OPS = (Op.UNSHARD, Op.RESHARD)
 
 
 def compute_programs(schedule: Schedule) -> Programs:
-    """Every rank's compute instructions (an overlapped pair's halves in a row, ``half`` 1 and 2)."""
+    """Every rank's compute instructions (an overlapped pair's halves in a row, ``half`` 1 and 2),
+    with the ``UNSHARD``/``RESHARD`` the schedule places (:attr:`Schedule.gathers`), if it does."""
     programs = []
     for rank in range(schedule.ranks):
+        placed = schedule.gathers[rank] if schedule.gathers is not None else ()
+        entries = schedule.rank_entries(rank)
+        if any(not 0 <= e <= len(entries) for e, _, _ in placed):
+            raise ScheduleError(f"rank {rank}: the gathers are placed for another program "
+                                f"(an entry past the rank's {len(entries)} compute entries)")
+        before: dict[int, list[Instruction]] = {}
+        for e, op, stage in placed:
+            before.setdefault(e, []).append(Instruction(op, stage))
         out: list[Instruction] = []
-        for entry in schedule.rank_entries(rank):
+        for e, entry in enumerate(entries):
+            out.extend(before.get(e, ()))
             parts = sub_actions(entry)
             for half, action in enumerate(parts, start=1 if len(parts) == 2 else 0):
                 out.append(compute_instruction(action, half, schedule))
+        out.extend(before.get(len(entries), ()))
         programs.append(tuple(out))
     return tuple(programs)
+
+
+def gathers_placed(programs: Sequence[Sequence[Instruction]]) -> tuple[tuple[tuple[int, Op, int], ...], ...]:
+    """Where ``programs`` place their ``UNSHARD``/``RESHARD`` (:attr:`Schedule.gathers`: before
+    which compute entry), what :func:`compute_programs` puts back."""
+    out = []
+    for program in programs:
+        computed, placed = 0, []
+        for ins in program:
+            if ins.op in _GATHER_OPS:
+                placed.append((computed, ins.op, ins.stage))
+            elif ins.op.is_compute and ins.half != 2:
+                computed += 1
+        out.append(tuple(placed))
+    return tuple(out)
 
 
 def entries(program: Sequence[Instruction]) -> list[tuple[Instruction, ...]]:
@@ -62,7 +89,10 @@ def add_unshard_reshard(programs: Programs, schedule: Schedule, window: int = UN
     """Before each compute entry, UNSHARD the next ``window`` distinct stages of the rank's compute
     not yet gathered (in the order they come) after RESHARDing the gathered ones outside that window;
     every stage still gathered at the end is resharded (torch's pass, cell for cell: its
-    eviction walks a ``set`` of stage numbers, and so does this one)."""
+    eviction walks a ``set`` of stage numbers, and so does this one). A schedule that places its
+    gathers itself (a CSV's, a plan's: :attr:`Schedule.gathers`) keeps them as placed."""
+    if schedule.gathers is not None:
+        return programs
     return tuple(_unshard_reshard(program, window) for program in programs)
 
 

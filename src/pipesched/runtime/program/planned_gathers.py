@@ -128,6 +128,9 @@ def plan_programs(schedule: Schedule, gathers: Optional[GatherCosts] = None, cos
         raise ConfigError(f"--gather-plan {plan!r} is not known: use one of {', '.join(GATHER_PLANS)}")
     if plan == "auto" and gathers is None:
         raise ConfigError("--gather-plan auto needs each stage's all-gather time (--gather-time)")
+    if schedule.gathers is not None:
+        raise ConfigError(f"--gather-plan {plan} places the gathers, but {schedule.name} places them already "
+                          "(its UNSHARD/RESHARD cells): run it as it is, or give its compute_only CSV")
     validate(schedule)
     costs = as_costs(costs)
     gathers = gathers or GatherCosts({})

@@ -35,6 +35,7 @@ This module is pure Python (no torch): programs can be built, written and checke
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional, Sequence, Union
 
 from ...actions import Action, Overlap, Slot, sub_actions
@@ -42,7 +43,8 @@ from ...errors import ScheduleError
 from ...ops import SENDS, Op
 from ...schedule import Schedule
 from .instructions import Instruction, RankProgram
-from .passes import compute_instruction, lower_programs, needed_message, sent_message
+from .passes import compute_instruction, gathers_placed, lower_programs, needed_message, sent_message
+from .program_check import check_programs
 
 
 def lower(schedule: Schedule, rank: int) -> RankProgram:
@@ -53,12 +55,24 @@ def lower(schedule: Schedule, rank: int) -> RankProgram:
 
 def lower_all(schedule: Schedule) -> tuple[RankProgram, ...]:
     """Every rank's program, lowered by :data:`.passes.LOWERING` (module docstring); a schedule
-    whose ranks cannot all progress is a DeadlockError naming each stuck rank."""
+    whose ranks cannot all progress is a DeadlockError naming each stuck rank, gathers placed by
+    the schedule (:attr:`Schedule.gathers`) that break :func:`.program_check.check_programs`'
+    rules a ScheduleError."""
     cached = schedule.derived.get("programs")
     if cached is None:
-        programs = lower_programs(schedule)
-        cached = schedule.derived["programs"] = tuple(RankProgram(r, p) for r, p in enumerate(programs))
+        programs = tuple(RankProgram(r, p) for r, p in enumerate(lower_programs(schedule)))
+        if schedule.gathers is not None:  # placed elsewhere: checked, as a CSV's program is
+            check_programs(programs)
+        cached = schedule.derived["programs"] = programs
     return cached
+
+
+def placing_gathers(schedule: Schedule, programs: Sequence[RankProgram]) -> Schedule:
+    """``schedule`` carrying the ``UNSHARD``/``RESHARD`` placement of ``programs`` (one per rank:
+    a ``compute_comms`` CSV's, :func:`~.planned_gathers.plan_programs`'), so that its lowering,
+    and every runtime that runs it, gathers where they do; None in ``gathers`` if they place none."""
+    placed = gathers_placed([p.instructions for p in programs])
+    return replace(schedule, gathers=placed if any(placed) else None)
 
 
 def links(schedule: Schedule) -> list[tuple[int, int]]:
