@@ -44,6 +44,7 @@ from .engine.overlap_streams import OverlapStreams
 from .engine.shapes import ShapeBook, infer_boundary_shapes
 from .engine.split_backward import WeightGradStash, make_weight_grads_deferrable
 from .engine.stage_runner import build_runners
+from .engine.tied_sums import TiedSums
 from .guard import check_weights
 from .metering.memory_meter import ActivationMeter
 from .metering.observers import SizeLearner, StepResult, make_clock, step_result
@@ -125,7 +126,8 @@ class PipelineRuntime(StateAccess):
         self.program = lower(schedule, self.rank)
         self.runners = build_runners(self.stages, self.copies, loss_fn, schedule.microbatches, shapes=self.shapes,
                                      precision=self.precision, meter=self.meter, stash=self.stash,
-                                     recompute=frozenset(self.recompute), sharding=sharding)
+                                     recompute=frozenset(self.recompute), sharding=sharding,
+                                     tied_sums=None if self.sharded else TiedSums(self.stages, options.tied))
         self.agreement = LossAgreement(schedule.microbatches, options.clip_grad_norm is not None, self.mesh, self.device)
         groups = make_link_groups(links(schedule), options.timeout_s, self.mesh)
         self.transport = Transport(self.program, groups, self.shapes.wire, self.device, options.timeout_s,

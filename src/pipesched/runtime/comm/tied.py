@@ -24,10 +24,15 @@ from .reduction import ReductionPlan, block_of
 
 def _locate(stages: dict[int, nn.Module], name: str) -> list[tuple[nn.Module, str]]:
     """(module, attribute) of every place on this rank that holds parameter ``name``."""
+    return [place for _, place in locate_by_stage(stages, name)]
+
+
+def locate_by_stage(stages: dict[int, nn.Module], name: str) -> list[tuple[int, tuple[nn.Module, str]]]:
+    """(stage, (module, attribute)) of every place on this rank that holds parameter ``name``."""
     block, _, rest = name.partition(".")
     module_path, _, attr = rest.rpartition(".")
     places = []
-    for stage in stages.values():
+    for s, stage in stages.items():
         if block in stage.blocks:
             owner = stage.blocks[block]
             try:
@@ -36,7 +41,7 @@ def _locate(stages: dict[int, nn.Module], name: str) -> list[tuple[nn.Module, st
                 module = None
             if module is None or not isinstance(module._parameters.get(attr), nn.Parameter):
                 raise ConfigError(f"tied parameter {name!r} is not a parameter of block {block}")
-            places.append((module, attr))
+            places.append((s, (module, attr)))
     return places
 
 
