@@ -4,7 +4,10 @@ Every ``nn.Linear`` of a stage is routed through :class:`_DeferrableLinear`. Its
 returns the input gradient; while a :class:`WeightGradStash` is collecting (an ``I`` action), it
 stashes ``(input, output gradient)`` instead of computing the weight gradient, and ``W`` later
 computes ``dW = g^T x`` and ``db = sum(g)`` with one matmul per Linear. Outside collection (a full
-``B`` action) it returns the weight gradients at once, as ordinary autograd would.
+``B`` action) it returns the weight gradients at once, as ordinary autograd would. Both compute
+the product as autograd's own backward of the module does (:func:`weight_grad`), and ``W`` adds it
+to ``.grad`` as autograd accumulates, so a weight's gradient has the same bits under a split, a
+fused and a plain backward: a seed trains the same weights under every schedule.
 
 A module that is a Linear with its weight stored transposed (``y = x W + b``, ``W`` of shape
 ``(in, out)``: transformers' ``Conv1D``, GPT-2's projections) is deferred the same way once its
