@@ -124,10 +124,11 @@ class PipelineRuntime(StateAccess):
         self.sizes = SizeLearner()
         self.optimizer = optimizer(self.parameters)
         self.program = lower(schedule, self.rank)
+        self.tied_sums = None if self.sharded else TiedSums(self.stages, options.tied)
         self.runners = build_runners(self.stages, self.copies, loss_fn, schedule.microbatches, shapes=self.shapes,
                                      precision=self.precision, meter=self.meter, stash=self.stash,
                                      recompute=frozenset(self.recompute), sharding=sharding,
-                                     tied_sums=None if self.sharded else TiedSums(self.stages, options.tied))
+                                     tied_sums=self.tied_sums)
         self.agreement = LossAgreement(schedule.microbatches, options.clip_grad_norm is not None, self.mesh, self.device)
         groups = make_link_groups(links(schedule), options.timeout_s, self.mesh)
         self.transport = Transport(self.program, groups, self.shapes.wire, self.device, options.timeout_s,
@@ -179,6 +180,8 @@ class PipelineRuntime(StateAccess):
         # whose shapes changed (what the memory model's promise is checked on), or every step
         self.metering = self.options.meter_every_step or not self.sizes.done or reshaped
         self.optimizer.zero_grad(set_to_none=True)
+        if self.tied_sums is not None:
+            self.tied_sums.clear()
         return StepBatch(in_mbs, tgt_mbs, ctx_mbs), reshaped
 
     def _run_program(self, batch: StepBatch, clock) -> tuple[list, list]:

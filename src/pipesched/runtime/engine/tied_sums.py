@@ -43,7 +43,14 @@ class TiedSums:
             for s in order:
                 self._of_stage.setdefault(s, []).append(g)
         self._sums: list[dict[int, Optional[torch.Tensor]]] = [{} for _ in self._groups]
-        self._left: list[set[int]] = [set(order) for _, order in self._groups]
+        self._left: list[set[int]] = [set() for _ in self._groups]
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget what a step left (one cut short by an error): the next step starts from none."""
+        for g, (_, order) in enumerate(self._groups):
+            self._sums[g].clear()
+            self._left[g] = set(order)
 
     @contextmanager
     def stage(self, s: int) -> Iterator[None]:
