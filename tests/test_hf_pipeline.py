@@ -84,10 +84,13 @@ FAMILY_SCHEDULES = ("1f1b", "zb-v", "interleaved-zb", "dualpipev")
 FAMILY_RUNS = [(f"{kind} {FAMILY_SCHEDULES[i % 4]}", kind, pipesched.build_schedule(FAMILY_SCHEDULES[i % 4], 2, 4), {})
                for i, kind in enumerate(FAMILIES)]
 TWO_RANK_RUNS += FAMILY_RUNS
-# models that draw: GPT-2 with its default dropout, Mixtral with router noise (keyed draws)
-DRAWS = {"gpt2": {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}, "mixtral": {"router_jitter_noise": 0.1}}
+# models that draw: GPT-2 with its default dropout, Mixtral with router noise (keyed draws);
+# GPT-2 of 6 layers (8 blocks: 8 stages on 4 ranks), the same model and batches at 2 and 4 ranks
+DRAWS = {"gpt2": {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "n_layer": 6},
+         "mixtral": {"router_jitter_noise": 0.1}}
+DROPOUT_SCHEDULES = ("1f1b", "zb-v", "interleaved-zb")
 KEYED_RUNS = [(f"{kind} {name} keyed", kind, pipesched.build_schedule(name, 2, 4), {"config": DRAWS[kind]})
-              for kind, names in (("gpt2", ("1f1b", "zb-v", "interleaved-zb")), ("mixtral", ("1f1b", "zb-v")))
+              for kind, names in (("gpt2", DROPOUT_SCHEDULES), ("mixtral", ("1f1b", "zb-v")))
               for name in names]
 TWO_RANK_RUNS += KEYED_RUNS
 
@@ -157,7 +160,18 @@ def assert_like_keyed_reference(results: dict, batches: list, microbatches: int)
         assert relative_error(got["grads"], want["grads"]) < TOL, label
         assert relative_error(got["params"], want["params"]) < TOL, label
     # the draws are made: without them the model computes other gradients
-    assert relative_error(reference(make_model("gpt2"), batches)["grads"], refs["gpt2"]["grads"]) > 1e-2
+    undrawn = make_model("gpt2", n_layer=DRAWS["gpt2"]["n_layer"])
+    assert relative_error(reference(undrawn, batches)["grads"], refs["gpt2"]["grads"]) > 1e-2
+
+
+def assert_bitwise_equal(runs: list[dict]) -> None:
+    """The same losses and weights, bit for bit (labelled runs)."""
+    (first_label, first), *others = runs
+    for label, got in others:
+        assert got["losses"] == first["losses"], (label, first_label)
+        assert got["params"].keys() == first["params"].keys()
+        for name, want in first["params"].items():
+            assert torch.equal(got["params"][name], want), (label, first_label, name)
 
 
 @pytest.mark.timeout(300)
@@ -167,6 +181,9 @@ def test_dropout_and_router_noise_draw_alike_under_every_schedule(two_ranks):
     single-process reference does; the 4-rank test adds 4 ranks and 2 replicas."""
     results = two_ranks[0]["runs"]
     assert_like_keyed_reference({label: results[label] for label, *_ in KEYED_RUNS}, BATCHES, 4)
+    # a weight's gradient is computed by the same operations in the same order under every
+    # schedule (the split W as the fused B, a tied weight's two sums added once): the same bits
+    assert_bitwise_equal([(name, results[f"gpt2 {name} keyed"]) for name in DROPOUT_SCHEDULES])
 
 
 @pytest.mark.timeout(300)
@@ -216,7 +233,7 @@ def test_names_save_pretrained_weights_and_checkpoints_resume_under_another_sche
 
 
 @pytest.mark.timeout(240)
-def test_four_ranks_two_replicas_bf16_and_fp32():
+def test_four_ranks_two_replicas_bf16_and_fp32(two_ranks):
     from hf_cases import run_pipelines
 
     batches = [make_batch(step, 16, 16) for step in range(3)]
@@ -227,13 +244,20 @@ def test_four_ranks_two_replicas_bf16_and_fp32():
     runs += [(f"llama6 {name} fp32", "llama6", pipesched.build_schedule(name, 4, 4), fp32) for name in ("1f1b", "dualpipe")]
     bf16 = {"dp": 1, "model_dtype": torch.float32, "dtype": torch.bfloat16}
     runs += [(f"llama {name} bf16", "llama", pipesched.build_schedule(name, 4, 4), bf16) for name in ("zb-h1",)]
-    # GPT-2 with dropout on 4 ranks, and on 2 ranks x 2 replicas: the same 4 microbatches of 4
-    keyed = [("gpt2 1f1b keyed", "gpt2", pipesched.build_schedule("1f1b", 4, 4), {"dp": 1, "config": DRAWS["gpt2"]}),
-             ("gpt2 zb-v dp2 keyed", "gpt2", pipesched.build_schedule("zb-v", 2, 2), {"dp": 2, "config": DRAWS["gpt2"]})]
-    runs += keyed
-    results = spawn(run_pipelines, 4, {"runs": runs, "batches": batches}, timeout_s=200)[0]
+    # GPT-2 with dropout on 4 ranks, and on 2 ranks x 2 replicas: the 2-rank runs' 4 microbatches of 2
+    keyed = {"config": DRAWS["gpt2"], "batches": "two_rank_batches"}
+    four = [(f"gpt2 {name} keyed", "gpt2", pipesched.build_schedule(name, 4, 4), {"dp": 1, **keyed})
+            for name in DROPOUT_SCHEDULES]
+    runs += four + [("gpt2 zb-v dp2 keyed", "gpt2", pipesched.build_schedule("zb-v", 2, 2), {"dp": 2, **keyed})]
+    job = {"runs": runs, "batches": batches, "two_rank_batches": BATCHES}
+    results = spawn(run_pipelines, 4, job, timeout_s=200)[0]
     assert set(results) == {label for label, *_ in runs}
-    assert_like_keyed_reference({label: results[label] for label, *_ in keyed}, batches, 4)
+    # at 4 ranks the weights of every schedule are those at 2 ranks, bit for bit (a stage boundary
+    # moves no sum: every block computes the same, and the hidden state crosses ranks unchanged)
+    on_two = two_ranks[0]["runs"]
+    assert_bitwise_equal([(f"{name} on 2 ranks", on_two[f"gpt2 {name} keyed"]) for name in DROPOUT_SCHEDULES]
+                         + [(f"{label} on 4 ranks", results[label]) for label, *_ in four])
+    assert_like_keyed_reference({"gpt2 zb-v dp2 keyed": results["gpt2 zb-v dp2 keyed"]}, BATCHES, 4)
     exact = {k: v for k, v in results.items() if not k.endswith(("fp32", "bf16", "keyed"))}
     assert_like_reference(exact, batches)
     assert_like_reference({k: v for k, v in results.items() if k.endswith("fp32")}, batches, 1e-5, torch.float32)

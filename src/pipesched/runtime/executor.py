@@ -45,6 +45,7 @@ from .engine.overlap_streams import OverlapStreams
 from .engine.shapes import ShapeBook, infer_boundary_shapes
 from .engine.split_backward import WeightGradStash, make_weight_grads_deferrable
 from .engine.stage_runner import build_runners
+from .engine.tied_sums import TiedSums
 from .guard import check_weights
 from .metering.memory_meter import ActivationMeter
 from .metering.observers import SizeLearner, StepResult, make_clock, step_result
@@ -130,9 +131,11 @@ class PipelineRuntime(StateAccess):
         self.sizes = SizeLearner()
         self.optimizer = optimizer(self.parameters)
         self.program = lower(schedule, self.rank)
+        self.tied_sums = None if self.sharded else TiedSums(self.stages, options.tied)
         self.runners = build_runners(self.stages, self.copies, loss_fn, schedule.microbatches, shapes=self.shapes,
                                      precision=self.precision, meter=self.meter, stash=self.stash,
-                                     recompute=frozenset(self.recompute), sharding=sharding)
+                                     recompute=frozenset(self.recompute), sharding=sharding,
+                                     tied_sums=self.tied_sums)
         # sharded stages: the norm from every rank's pieces (sharding/sharded_norm.py), not the pipeline's agreement
         clipping = options.clip_grad_norm is not None
         self.agreement = LossAgreement(schedule.microbatches, clipping and not self.sharded, self.mesh, self.device)
@@ -191,6 +194,8 @@ class PipelineRuntime(StateAccess):
         self.optimizer.zero_grad(set_to_none=True)
         for p in self.followers:  # FSDP would add this step's reduced gradients to the last's
             p.grad = None
+        if self.tied_sums is not None:
+            self.tied_sums.clear()
         return StepBatch(in_mbs, tgt_mbs, ctx_mbs), reshaped
 
     def _run_program(self, batch: StepBatch, clock) -> tuple[list, list]:

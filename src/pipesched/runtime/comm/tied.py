@@ -30,7 +30,7 @@ from .reduction import ReductionPlan, block_of
 from .tied_copies import follow
 
 
-def _locate(stages: dict[int, nn.Module], name: str) -> list[tuple[int, nn.Module, str]]:
+def locate(stages: dict[int, nn.Module], name: str) -> list[tuple[int, nn.Module, str]]:
     """(stage, module, attribute) of every place on this rank that holds parameter ``name``."""
     block, _, rest = name.partition(".")
     module_path, _, attr = rest.rpartition(".")
@@ -55,7 +55,7 @@ def share_on_rank(stages: dict[int, nn.Module], tied: Sequence[Sequence[str]], p
     for names in tied:
         for name in names:
             block_of(name)
-        places = [place for name in names for place in _locate(stages, name)]
+        places = [place for name in names for place in locate(stages, name)]
         if not places:
             continue
         first_stage, *place = places[0]
@@ -79,7 +79,7 @@ def held(stages: dict[int, nn.Module], tied: Sequence[Sequence[str]]) -> dict[in
     sharding replaced the parameters)."""
     out = {}
     for g, names in enumerate(tied):
-        copies = {id(p): p for p in (getattr(module, attr) for name in names for _, module, attr in _locate(stages, name))}
+        copies = {id(p): p for p in (getattr(module, attr) for name in names for _, module, attr in locate(stages, name))}
         if copies:
             out[g] = list(copies.values())
     return out

@@ -4,7 +4,10 @@ Every ``nn.Linear`` of a stage is routed through :class:`_DeferrableLinear`. Its
 returns the input gradient; while a :class:`WeightGradStash` is collecting (an ``I`` action), it
 stashes ``(input, output gradient)`` instead of computing the weight gradient, and ``W`` later
 computes ``dW = g^T x`` and ``db = sum(g)`` with one matmul per Linear. Outside collection (a full
-``B`` action) it returns the weight gradients at once, as ordinary autograd would.
+``B`` action) it returns the weight gradients at once, as ordinary autograd would. Both compute
+the product as autograd's own backward of the module does (:func:`weight_grad`), and ``W`` adds it
+to ``.grad`` as autograd accumulates, so a weight's gradient has the same bits under a split, a
+fused and a plain backward: a seed trains the same weights under every schedule.
 
 A module that is a Linear with its weight stored transposed (``y = x W + b``, ``W`` of shape
 ``(in, out)``: transformers' ``Conv1D``, GPT-2's projections) is deferred the same way once its
@@ -88,11 +91,20 @@ class _DeferrableLinear(torch.autograd.Function):
                 ctx.stash.holders.extend((ctx.stash.hold(entry[1]), ctx.stash.hold(entry[2])))
             return grad_x, None, None, None, None
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
-        grad_w = g2.t().matmul(x.reshape(-1, x.shape[-1]))
-        if ctx.module._pipesched_transposed:
-            grad_w = grad_w.t()
+        grad_w = weight_grad(ctx.module, x.reshape(-1, x.shape[-1]), g2)
         grad_b = g2.sum(0) if ctx.has_bias else None
         return grad_x, grad_w, grad_b, None, None
+
+
+def weight_grad(module: nn.Module, x2: torch.Tensor, g2: torch.Tensor) -> torch.Tensor:
+    """One microbatch's weight gradient of ``module`` from its input and output gradient (rows):
+    the same ``mm`` autograd's ``addmm`` backward runs for the module's own forward, so the
+    fused ``B``, the ``W`` after an ``I`` and a schedule without the split (plain autograd) give
+    the same bits: ``g^T x`` for a Linear (its weight is ``addmm``'s transposed ``mat2``),
+    ``x^T g`` for a transposed Linear (its weight is ``mat2`` itself, ``(in, out)``)."""
+    if module._pipesched_transposed:
+        return x2.t().mm(g2)
+    return g2.t().mm(x2)
 
 
 def _deferrable_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -128,14 +140,11 @@ def apply_weight_grads(entries: list[Entry]) -> None:
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
         weight = module.weight
         if weight.requires_grad:  # a frozen Linear gets no gradient, as with ordinary autograd
-            x2 = x.reshape(-1, x.shape[-1])
-            left, right = (x2, g2) if module._pipesched_transposed else (g2, x2)  # (in, out): x^T g
+            grad = weight_grad(module, x.reshape(-1, x.shape[-1]), g2)
             if weight.grad is None:
-                weight.grad = left.t().matmul(right).to(weight.dtype)
-            elif g2.dtype == weight.dtype:
-                weight.grad.addmm_(left.t(), right)
-            else:  # computed in the autocast dtype, accumulated in the parameter's
-                weight.grad.add_(left.t().matmul(right))
+                weight.grad = grad.to(weight.dtype)  # from the autocast dtype, as autograd casts it
+            else:  # the product, then the sum, as autograd accumulates (a fused addmm_ rounds once, not twice)
+                weight.grad.add_(grad)
         bias = module.bias
         if bias is not None and bias.requires_grad:
             if bias.grad is None:

@@ -34,6 +34,7 @@ from ..stages.precision import Precision
 from .recompute import recomputed_forward
 from .shapes import ShapeBook
 from .split_backward import WeightGradStash, apply_weight_grads
+from .tied_sums import TiedSums
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -44,9 +45,10 @@ class StageRunner:
 
     def __init__(self, index: int, stage: Stage, *, model_stage: int, takes_inputs: bool, computes_loss: bool,
                  loss_fn: LossFn, microbatches: int, shapes: ShapeBook, precision: Precision,
-                 meter: ActivationMeter, stash: WeightGradStash, recompute: bool = False, sharding=None) -> None:
+                 meter: ActivationMeter, stash: WeightGradStash, recompute: bool = False, sharding=None,
+                 tied_sums: Optional[TiedSums] = None) -> None:
         self.index, self.module, self.model_stage = index, stage, model_stage
-        self.sharding = sharding
+        self.sharding, self.tied_sums = sharding, tied_sums
         self.takes_inputs, self.computes_loss = takes_inputs, computes_loss
         self.loss_fn, self.loss_scale = loss_fn, 1.0 / microbatches
         self.shapes, self.precision, self.meter, self.stash, self.recompute = shapes, precision, meter, stash, recompute
@@ -99,10 +101,11 @@ class StageRunner:
         else:
             pairs = [(t, g.to(t.dtype)) for t, g in zip(outs, output_grads) if t is not None]
             tensors, grads = [t for t, _ in pairs], [g for _, g in pairs]  # a bf16 wire gradient of an fp32 output
-        if split:
-            self._deferred[k] = self._collecting(tensors, grads)
-        elif tensors:
-            torch.autograd.backward(tensors, grads)
+        with self._own_sums():
+            if split:
+                self._deferred[k] = self._collecting(tensors, grads)
+            elif tensors:
+                torch.autograd.backward(tensors, grads)
         del outs, tensors, grads
         self._holds.pop(k)
         xs = self._inputs.pop(k)
@@ -115,7 +118,8 @@ class StageRunner:
         if self.sharding is not None:
             self.sharding.before_backward()
         entries, _holds = self._deferred.pop(k)
-        apply_weight_grads(entries)
+        with self._own_sums():
+            apply_weight_grads(entries)
 
     # -- a sharded stage's gathers and reduction (nothing to do on a whole stage) -------------
 
@@ -130,8 +134,14 @@ class StageRunner:
     def reduce_grad(self) -> None:
         if self.sharding is not None:
             self.sharding.reduce_grad()
+        if self.tied_sums is not None:
+            self.tied_sums.reduced(self.index)
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _own_sums(self):
+        """A backward's tied gradients go into this stage's own sums (:mod:`.tied_sums`)."""
+        return self.tied_sums.stage(self.index) if self.tied_sums is not None else nullcontext()
 
     def _compute(self, x, target, context, metering):
         """The stage on ``x`` (and the loss against ``target`` on a loss stage), its saved tensors
@@ -161,15 +171,17 @@ class StageRunner:
 
 def build_runners(stages: dict[int, Stage], copies, loss_fn: LossFn, microbatches: int, *, shapes: ShapeBook,
                   precision: Precision, meter: ActivationMeter, stash: WeightGradStash,
-                  recompute: frozenset = frozenset(), sharding: Optional[dict] = None) -> dict[int, StageRunner]:
+                  recompute: frozenset = frozenset(), sharding: Optional[dict] = None,
+                  tied_sums: Optional[TiedSums] = None) -> dict[int, StageRunner]:
     """A runner for each of ``stages`` (schedule stage -> module); ``copies``
     (:class:`~.copies.ModelCopies`) says which stage takes the inputs and which computes the loss;
-    ``sharding``: each sharded stage's :class:`~.sharding.StageSharding`."""
+    ``sharding``: each sharded stage's :class:`~.sharding.StageSharding`; ``tied_sums``: the rank's
+    tied weights held on several stages (:mod:`.tied_sums`)."""
     sharding = sharding or {}
     return {s: StageRunner(s, stage, model_stage=copies.model_stage(s), takes_inputs=copies.takes_inputs(s),
                            computes_loss=copies.computes_loss(s), loss_fn=loss_fn, microbatches=microbatches,
                            shapes=shapes, precision=precision, meter=meter, stash=stash, recompute=s in recompute,
-                           sharding=sharding.get(s))
+                           sharding=sharding.get(s), tied_sums=tied_sums)
             for s, stage in stages.items()}
 
 
