@@ -1,11 +1,9 @@
-"""Advice from measured costs: profile real ranks, rank the schedules, train with the choice."""
+"""Advice from measured costs: profile real ranks, rank the schedules, train with the choice
+(through the console script on a Hugging Face model: tests/test_hf_cli.py)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from conftest import concurrently, run_cli
 
 torch = pytest.importorskip("torch")
 
@@ -58,24 +56,6 @@ def test_profile_measures_every_stage_and_advice_respects_the_model_and_byte_lim
     assert tight.recommended.recompute == "all" and tight.recommended.peak_memory_bytes <= 0.8 * keep / 2
     with pytest.raises(NoCandidateFitsError, match="the leanest"):
         advise_from_profile(prof, limit_bytes=keep / 1000)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_cli_profile_and_train_auto():
-    # (its table at 80 columns, piped, is checked on a Hugging Face model: tests/test_hf_cli.py)
-    profiled = ["advise", "--profile", "--ranks", "2", "--microbatches", "4", "--batch-size", "16",
-                "--profile-steps", "2", "--memory-limit", "2"]
-    advised, trained = concurrently(lambda run: run(), [  # independent: side by side
-        lambda: run_cli(*profiled, "--json", timeout=480),
-        lambda: run_cli("train", "--model", "mlp", "--schedule", "auto", "--ranks", "2", "--microbatches", "4",
-                        "--batch-size", "16", "--steps", "2", "--memory-limit", "2", timeout=480),
-    ])
-    assert advised.returncode == 0, advised.stderr
-    rows = json.loads(advised.stdout)
-    assert rows[0]["fits"] and rows[0]["peak_memory"] <= 2
-    assert trained.returncode == 0, trained.stderr
-    assert "auto:" in trained.stderr and "fastest schedule within the limit" in trained.stderr
 
 
 def test_profile_refuses_bad_input_in_one_line(cli):

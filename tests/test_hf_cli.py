@@ -83,8 +83,9 @@ def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loa
 @pytest.mark.timeout(240)
 def test_advise_profiles_the_model_and_train_auto_trains_the_schedule_it_chooses(tmp_path, configs):
     """``advise --profile`` on a Llama config recommends a schedule and prints the command that
-    trains it on that model; ``train -s auto`` on (tied) GPT-2 profiles, chooses, trains and
-    checkpoints the tied weight once, under its group's first name."""
+    trains it on that model; ``train -s auto --memory-limit 2`` on (tied) GPT-2 profiles, chooses
+    the fastest schedule within the limit, trains and checkpoints the tied weight once, under its
+    group's first name."""
     from test_cli_tables import check_uncut, run_at_80
     from transformers import AutoModelForCausalLM
 
@@ -93,7 +94,8 @@ def test_advise_profiles_the_model_and_train_auto_trains_the_schedule_it_chooses
     small = ["--batch-size", "8", "--profile-steps", "2"]
     advise = ["advise", "--profile", "--model", f"hf:{configs['llama']}", "-p", "2", *small]
     train = ["train", "-s", "auto", "--model", f"hf:{configs['gpt2']}", "--ranks", "2", "--steps", "2",
-             "--batch-size", "8", "--checkpoint-dir", str(tmp_path / "ck"), "--summary", str(tmp_path / "run.json")]
+             "--batch-size", "8", "--memory-limit", "2", "--checkpoint-dir", str(tmp_path / "ck"),
+             "--summary", str(tmp_path / "run.json")]
     advice, trained = concurrently(lambda run: run(), [  # independent: side by side
         lambda: run_at_80(*advise),  # the table at 80 columns, piped: nothing cut, times in ms
         lambda: run_cli(*train, timeout=200),
@@ -109,6 +111,7 @@ def test_advise_profiles_the_model_and_train_auto_trains_the_schedule_it_chooses
     assert trained.returncode == 0, trained.stderr
     summary = json.loads((tmp_path / "run.json").read_text())
     chosen = re.search(r"^auto: (\S+) ", trained.stderr, re.M).group(1)  # what it chose, and why
+    assert "fastest schedule within the limit" in trained.stderr
     assert summary["schedule"] == chosen and len(summary["losses"]) == 2
     assert re.search(rf"^{chosen}: ranks=2 ", trained.stdout, re.M)  # the run's summary
     saved = checkpoint_names(tmp_path / "ck")
