@@ -22,9 +22,10 @@ def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resum
     """The sharded run's checkpoint (DCP: each rank's shards of the weights and AdamW's state under
     the unsplit model's names) loads into the one-process model bit for bit and resumes there, its
     steps 3 and 4 as the uninterrupted run's. A --memory-limit the layout's predicted weights,
-    gradients and optimizer state exceed is refused before any rank starts, naming the bytes."""
+    gradients, optimizer state and activations exceed is refused before any rank starts, naming
+    the bytes; the activations it predicts are the ones the run measures."""
     import pipesched
-    from pipesched.cli.train_memory import PARTS, STATE_SLOTS, rank_state, stage_specs
+    from pipesched.cli.train_memory import PARTS, STATE_SLOTS, activation_peaks, rank_state, stage_specs
     from pipesched.memory import format_bytes
     from pipesched.parallel_layout import ParallelLayout
     from pipesched.runtime.checkpoints import checkpoint
@@ -82,10 +83,19 @@ def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resum
     held = [rank_state(plan, stages, ParallelLayout(2, dp_shard=2), STATE_SLOTS["adamw"], r["rank"]) for r in got["memory"]]
     for rank, parts in zip(got["memory"], held):
         assert {k: parts[k] for k in rank["measured_state_bytes"]} == rank["measured_state_bytes"]
-    top = max(range(len(held)), key=lambda i: sum(held[i].values()))
+    # plus the activations at the schedule's peak, predicted before launch from one fake microbatch
+    # (16 samples / (2 shards x 8 microbatches)): the sizes the run measured on its first step, so
+    # the run's own prediction to the byte, and what it measured within the runtime's check (5%)
+    activations = activation_peaks(md, plan, None, 16, 2, 0, None, torch.float32)
+    for rank in got["memory"]:
+        assert activations[rank["rank"]] == rank["predicted_peak_activation_bytes"], rank
+        assert rank["measured_peak_activation_bytes"] == pytest.approx(activations[rank["rank"]], rel=0.05), rank
+    totals = [sum(parts.values()) + activations[r["rank"]] for parts, r in zip(held, got["memory"])]
+    top = max(range(len(held)), key=totals.__getitem__)
     most = held[top]
-    assert (f"holds up to {format_bytes(sum(most.values()))} per rank (pipeline rank {got['memory'][top]['rank']}) "
-            f"before any activation, the largest part {PARTS[max(most, key=most.get)]}") in refused.stderr, refused.stderr
+    assert (f"holds up to {format_bytes(totals[top])} per rank (pipeline rank {got['memory'][top]['rank']}) "
+            f"with {format_bytes(activations[got['memory'][top]['rank']])} of activations at the schedule's peak, "
+            f"the largest part of its state {PARTS[max(most, key=most.get)]}") in refused.stderr, refused.stderr
 
 
 REFUSED = [
@@ -94,6 +104,7 @@ REFUSED = [
     (["--model", "gpt", "-s", "none", "--tp", "2"], "--tp needs a pipeline"),
     (["--model", "gpt", "--dp-shard", "0"], "--dp-shard must be at least 1"),
     (["--model", "gpt", "--dp-shard", "2", "--batch-size", "8"], "does not split into 8 equal microbatches on each of 2 replicas"),
+    (["--model", "gpt", "--tp", "2", "--memory-limit", "1MiB"], "before any activation (not predicted under --tp: "),
 ]
 
 

@@ -11,8 +11,8 @@ and the weights after the SGD steps, gathered whole, within 1e-5 relative of the
 what differs is the order of fp32 sums (microbatches, shards, the row-parallel all-reduce), a few
 ulps on sums of at most a few hundred terms; with AdamW, the bound its rounding allows
 (:func:`runtime_cases.adamw_allowed`). The SGD runs of 1f1b, zb-v and dualpipe also evaluate
-held-out batches between two steps (forward only, each sharded stage gathered and freed): the one-process model's loss within
-1e-6. One 4-process launch runs every gpt case.
+held-out batches between two steps (forward only, each sharded stage gathered and freed): the
+one-process model's loss within 1e-6. One 4-process launch runs every gpt case.
 """
 
 from __future__ import annotations

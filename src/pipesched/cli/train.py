@@ -75,7 +75,8 @@ def train(run: RunFlags = RunFlags(), sched: ScheduleFlags = ScheduleFlags(), ck
         from .train_memory import check_sharded_stages
 
         check_sharded_stages(model_def, plan, checked.counts, sched.dp, sched.dp_shard, sched.tp, run.optimizer,
-                             checked.state_limit)
+                             checked.state_limit, batch_size=run.batch_size, seed=run.seed, recompute=recompute,
+                             dtype=checked.dtype)
     from .train_checks import check_checkpointing
 
     resume_from = check_checkpointing(ckpt.checkpoint_dir, ckpt.resume, run.steps, model_def, run.optimizer, run.lr)  # last: creates the folder
