@@ -11,8 +11,9 @@ parameters and its unsharded gradients (held until ``REDUCE_GRAD``). The activat
 the runtime's own, from the sizes it would measure on its first step, measured here on fake
 tensors (:mod:`pipesched.runtime.engine.sizes_ahead`): the summary's
 ``predicted_peak_activation_bytes``. Their sum per rank is what the limit is checked against.
-Under ``--tp``, and for Hugging Face models (whose fake run does not yet save what the real one
-does), the activations are not predicted, and the refusal says that its figure holds none.
+Under ``--tp``, and for Hugging Face models (whose fake run takes transformers' tracing path and
+saves more than the real one), the activations are not predicted, and the refusal says that its
+figure holds none.
 """
 
 from __future__ import annotations
@@ -94,9 +95,10 @@ def activation_peaks(model_def, plan: Schedule, counts: Optional[Sequence[int]],
 
 def _activations_unpredicted(model_def, tp: int) -> Optional[str]:
     """Why the activations of this run are not predicted before launch, or None where they are:
-    a tensor-parallel stage needs its process group; a Hugging Face model's fake run saves more
-    than its real one (a tiny Llama's middle stages: 2 KiB more per 16-token microbatch, measured
-    against the run; the cause is not found yet), so its figure would not be the run's."""
+    a tensor-parallel stage needs its process group; on fake tensors transformers takes its
+    tracing path (an explicit causal mask, keys and values repeated per head), which saves more
+    than the real run (a tiny Llama's middle stages: 2 KiB more per 16-token microbatch), so a
+    Hugging Face model's figure would not be the run's."""
     if tp > 1:
         return "under --tp: a tensor-parallel stage needs its process group"
     if model_def.name.startswith("hf:"):

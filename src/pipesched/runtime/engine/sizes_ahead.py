@@ -13,8 +13,10 @@ microbatch through the runtime's own :class:`~.stage_runner.StageRunner` (``F``,
 that crosses ranks arrives in a buffer of its own, as a received one does; one handed over on the
 same rank shares its sender's storage, as the engine hands it.
 
-What it cannot see: tensor parallelism (a DTensor needs a process group; the caller says so), and
-kernels chosen by a device other than the CPU (a CUDA attention kernel saves other tensors).
+What it cannot see: tensor parallelism (a DTensor needs a process group; the caller says so),
+kernels chosen by a device other than the CPU (a CUDA attention kernel saves other tensors), and
+code that branches on fake tensors (transformers' masks take their tracing path: the CLI predicts
+no activations for Hugging Face models).
 FSDP2 sharding changes no activation (the gathered parameters are excluded from the meter).
 """
 
