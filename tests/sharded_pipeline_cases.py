@@ -104,6 +104,20 @@ def hf_pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
     return out if rank == 0 else None
 
 
+def held_out_error(size: dict, evaluated: dict) -> float:
+    """How far a run's held-out loss (``pipelined_layouts``' ``"eval"``) is from the one-process
+    gpt's of ``size`` on the gathered weights it evaluated and the same batches."""
+    from contextlib import nullcontext
+
+    from pipesched.runtime.training.evaluation import evaluate_model
+    from pipesched.runtime.training.models import get_model
+
+    md = get_model("gpt", **size)
+    model = md.sequential(3)
+    model.load_state_dict(evaluated["params"])
+    return abs(evaluated["loss"] - evaluate_model(md, model, evaluated["batches"], nullcontext))
+
+
 def all_ranks(value) -> list:
     """``value`` of every rank, in rank order (collective)."""
     values = [None] * torch.distributed.get_world_size()
