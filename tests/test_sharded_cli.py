@@ -104,7 +104,6 @@ REFUSED = [
     (["--model", "gpt", "-s", "none", "--tp", "2"], "--tp needs a pipeline"),
     (["--model", "gpt", "--dp-shard", "0"], "--dp-shard must be at least 1"),
     (["--model", "gpt", "--dp-shard", "2", "--batch-size", "8"], "does not split into 8 equal microbatches on each of 2 replicas"),
-    (["--model", "gpt", "--tp", "2", "--memory-limit", "1MiB"], "before any activation (not predicted under --tp: "),
 ]
 
 
@@ -121,3 +120,25 @@ def test_layouts_that_cannot_run_are_refused_in_one_line_before_any_rank_starts(
     for (args, message), done in zip(rows, results):
         assert done.returncode == 2, (args, done.stderr)
         assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
+
+
+def test_under_tp_and_for_hugging_face_models_the_memory_limit_counts_no_activation_and_says_so(tmp_path):
+    """The refusal's figure holds the state alone under --tp (a tensor-parallel stage's fake run
+    would need its process group) and for a Hugging Face model (on fake tensors transformers
+    takes its tracing path, which saves more), and its message says so; checked in process (the
+    CLI turns the ConfigError into its one line, exit 2, as for every refusal above)."""
+    from transformers import LlamaConfig
+
+    import pipesched
+    from pipesched.cli.train_memory import check_sharded_stages
+    from pipesched.errors import ConfigError
+    from pipesched.runtime.training.models import get_model
+
+    plan = pipesched.build_schedule("1f1b", 2, 8)
+    with pytest.raises(ConfigError, match=r"before any activation \(not predicted under --tp: "):
+        check_sharded_stages(get_model("gpt"), plan, None, 1, 1, 2, "sgd", 2**20, batch_size=16, seed=0)
+    LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2).to_json_file(tmp_path / "config.json")
+    with pytest.raises(ConfigError, match=r"before any activation \(not predicted for Hugging Face models yet\)"):
+        check_sharded_stages(get_model(f"hf:{tmp_path / 'config.json'}"), plan, None, 1, 2, 1, "sgd", 1024,
+                             batch_size=16, seed=0)
