@@ -8,6 +8,9 @@ from sharded_cases import LR
 
 ADAMW_LR = 0.01  # the pipelined gpt's AdamW (weight decay 0.01 on matrices, make_optimizer's)
 CLIP = 0.05  # well under the pipelined gpt's gradient norm: every step is clipped
+EVAL_BATCHES = 2  # held-out batches of a run's evaluation
+# the schedules evaluated: a fused backward, a V whose weight gradients wait for W, two model copies
+EVALUATED = ("1f1b", "zb-v", "dualpipe")
 
 
 def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
@@ -15,7 +18,9 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
     runs[, device]): the gpt pipelined by PipelineRuntime over that sharded layout for
     runtime_cases.STEPS steps on the global batch, SGD or (``settings["optimizer"]``) AdamW at
     ``ADAMW_LR``, gradients clipped to ``settings["clip"]`` if given; rank 0 returns its losses,
-    first-step gradients, final weights gathered whole, and every rank's state bytes."""
+    first-step gradients, final weights gathered whole, and every rank's state bytes. A run of an
+    ``EVALUATED`` schedule without settings also evaluates ``EVAL_BATCHES`` held-out batches (steps
+    no run reads) after its first step, and returns the loss, the batches and the weights evaluated."""
     from runtime_cases import STEPS
 
     from pipesched.runtime.executor import PipelineRuntime
@@ -26,6 +31,7 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
     )
     from pipesched.runtime.sharding.tp_plans import plan_for
     from pipesched.runtime.stages.copies import input_ranks, loss_ranks
+    from pipesched.runtime.training.evaluation import evaluate_pipeline
     from pipesched.runtime.training.models import get_model
     from pipesched.runtime.training.optimizers import make_optimizer
 
@@ -47,6 +53,7 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
                              options=RuntimeOptions(seed=3, timeout_s=60, tp_plan=plan_for("gpt"), device=device,
                                                     clip_grad_norm=settings.get("clip")))
         losses, grads = [], None
+        evaluated = {} if schedule.name in EVALUATED and not settings else None
         pp_rank = mesh.pipeline.pp_rank
         for step in range(STEPS):
             x, y = md.batch(step, batch, 3)
@@ -54,7 +61,13 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
                                   y if pp_rank in loss_ranks(schedule) else None).loss)
             if step == 0:
                 grads = rt.gather_gradients()
+                if evaluated is not None:
+                    held_out = [md.batch(STEPS + i, batch, 3) for i in range(EVAL_BATCHES)]
+                    evaluated = {"loss": evaluate_pipeline(rt, md.batch_context, held_out), "batches": held_out,
+                                 "params": rt.gather_state_dict()}
         out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict(), "state_bytes": all_ranks(rt.state_bytes())}
+        if evaluated is not None:
+            out[label]["eval"] = evaluated
     return out if rank == 0 else None
 
 
@@ -89,6 +102,20 @@ def hf_pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
                 grads = rt.gather_gradients()
         out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict(), "state_bytes": all_ranks(rt.runtime.state_bytes())}
     return out if rank == 0 else None
+
+
+def held_out_error(size: dict, evaluated: dict) -> float:
+    """How far a run's held-out loss (``pipelined_layouts``' ``"eval"``) is from the one-process
+    gpt's of ``size`` on the gathered weights it evaluated and the same batches."""
+    from contextlib import nullcontext
+
+    from pipesched.runtime.training.evaluation import evaluate_model
+    from pipesched.runtime.training.models import get_model
+
+    md = get_model("gpt", **size)
+    model = md.sequential(3)
+    model.load_state_dict(evaluated["params"])
+    return abs(evaluated["loss"] - evaluate_model(md, model, evaluated["batches"], nullcontext))
 
 
 def all_ranks(value) -> list:

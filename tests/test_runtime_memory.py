@@ -3,8 +3,9 @@
 The runtime counts the activation bytes a rank holds (saved tensors by storage, W stashes, stage
 inputs, recomputed activations while a backward rebuilds them); the prediction is
 :mod:`pipesched.memory` replaying the rank's actions with the per-stage sizes measured on the
-first step. Recomputation (activation checkpointing) trains exactly like the unpipelined model,
-also with a split backward (I then W), and holds less.
+first step, which are also measured before launch, on fake tensors, to the byte. Recomputation
+(activation checkpointing) trains exactly like the unpipelined model, also with a split backward
+(I then W), and holds less.
 """
 
 from __future__ import annotations
@@ -56,6 +57,19 @@ def test_measured_activation_bytes_match_the_prediction_and_recompute_holds_less
     assert all(one[0] < plain[0] for one, plain in zip(results["dualpipe recompute 0"], results["dualpipe"]))
     # the W stash is not recomputed: zb-h1's last rank, which holds stashes for long, keeps them
     assert results["zb-h1 recompute"][1][0] > 0.9 * results["zb-h1"][1][0]
+    # and before any rank starts, the same prediction from the same sizes measured in one process
+    # on fake tensors (runtime/engine/sizes_ahead.py: what train --memory-limit adds up)
+    from pipesched.memory import recompute_stages
+    from pipesched.runtime.engine.sizes_ahead import rank_peaks_ahead, stage_sizes_ahead
+    from pipesched.runtime.training.models import get_model
+
+    md = get_model("mlp", **SIZE)
+    x, y = md.batch(0, 12, 3)
+    for label, schedule, recompute in runs:
+        size = 12 // schedule.microbatches
+        sizes = stage_sizes_ahead(md.build_block, md.num_blocks, schedule, md.loss_fn, (x[:size], y[:size]),
+                                  recompute=recompute_stages(recompute, schedule))
+        assert rank_peaks_ahead(schedule, sizes) == [predicted for _, predicted, _ in results[label]], label
 
 
 def test_by_default_the_meter_counts_the_first_step_and_each_step_whose_shapes_change():

@@ -22,9 +22,10 @@ def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resum
     """The sharded run's checkpoint (DCP: each rank's shards of the weights and AdamW's state under
     the unsplit model's names) loads into the one-process model bit for bit and resumes there, its
     steps 3 and 4 as the uninterrupted run's. A --memory-limit the layout's predicted weights,
-    gradients and optimizer state exceed is refused before any rank starts, naming the bytes."""
+    gradients, optimizer state and activations exceed is refused before any rank starts, naming
+    the bytes; the activations it predicts are the ones the run measures."""
     import pipesched
-    from pipesched.cli.train_memory import PARTS, STATE_SLOTS, rank_state, stage_specs
+    from pipesched.cli.train_memory import PARTS, STATE_SLOTS, activation_peaks, rank_state, stage_specs
     from pipesched.memory import format_bytes
     from pipesched.parallel_layout import ParallelLayout
     from pipesched.runtime.checkpoints import checkpoint
@@ -82,10 +83,19 @@ def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resum
     held = [rank_state(plan, stages, ParallelLayout(2, dp_shard=2), STATE_SLOTS["adamw"], r["rank"]) for r in got["memory"]]
     for rank, parts in zip(got["memory"], held):
         assert {k: parts[k] for k in rank["measured_state_bytes"]} == rank["measured_state_bytes"]
-    top = max(range(len(held)), key=lambda i: sum(held[i].values()))
+    # plus the activations at the schedule's peak, predicted before launch from one fake microbatch
+    # (16 samples / (2 shards x 8 microbatches)): the sizes the run measured on its first step, so
+    # the run's own prediction to the byte, and what it measured within the runtime's check (5%)
+    activations = activation_peaks(md, plan, None, 16, 2, 0, None, torch.float32)
+    for rank in got["memory"]:
+        assert activations[rank["rank"]] == rank["predicted_peak_activation_bytes"], rank
+        assert rank["measured_peak_activation_bytes"] == pytest.approx(activations[rank["rank"]], rel=0.05), rank
+    totals = [sum(parts.values()) + activations[r["rank"]] for parts, r in zip(held, got["memory"])]
+    top = max(range(len(held)), key=totals.__getitem__)
     most = held[top]
-    assert (f"holds up to {format_bytes(sum(most.values()))} per rank (pipeline rank {got['memory'][top]['rank']}) "
-            f"before any activation, the largest part {PARTS[max(most, key=most.get)]}") in refused.stderr, refused.stderr
+    assert (f"holds up to {format_bytes(totals[top])} per rank (pipeline rank {got['memory'][top]['rank']}) "
+            f"with {format_bytes(activations[got['memory'][top]['rank']])} of activations at the schedule's peak, "
+            f"the largest part of its state {PARTS[max(most, key=most.get)]}") in refused.stderr, refused.stderr
 
 
 REFUSED = [
@@ -110,3 +120,25 @@ def test_layouts_that_cannot_run_are_refused_in_one_line_before_any_rank_starts(
     for (args, message), done in zip(rows, results):
         assert done.returncode == 2, (args, done.stderr)
         assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
+
+
+def test_under_tp_and_for_hugging_face_models_the_memory_limit_counts_no_activation_and_says_so(tmp_path):
+    """The refusal's figure holds the state alone under --tp (a tensor-parallel stage's fake run
+    would need its process group) and for a Hugging Face model (on fake tensors transformers
+    takes its tracing path, which saves more), and its message says so; checked in process (the
+    CLI turns the ConfigError into its one line, exit 2, as for every refusal above)."""
+    from transformers import LlamaConfig
+
+    import pipesched
+    from pipesched.cli.train_memory import check_sharded_stages
+    from pipesched.errors import ConfigError
+    from pipesched.runtime.training.models import get_model
+
+    plan = pipesched.build_schedule("1f1b", 2, 8)
+    with pytest.raises(ConfigError, match=r"before any activation \(not predicted under --tp: "):
+        check_sharded_stages(get_model("gpt"), plan, None, 1, 1, 2, "sgd", 2**20, batch_size=16, seed=0)
+    LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2).to_json_file(tmp_path / "config.json")
+    with pytest.raises(ConfigError, match=r"before any activation \(not predicted for Hugging Face models yet\)"):
+        check_sharded_stages(get_model(f"hf:{tmp_path / 'config.json'}"), plan, None, 1, 2, 1, "sgd", 1024,
+                             batch_size=16, seed=0)

@@ -71,12 +71,13 @@ def train(run: RunFlags = RunFlags(), sched: ScheduleFlags = ScheduleFlags(), ck
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
     checked = _checks_without_torch(run, sched, ckpt, out, loop, data_flags)
     model_def, plan, recompute, model_options = _model_and_plan(run, sched, out, data_flags, checked)
-    check_sharding(model_def, sched.dp_shard, sched.tp, data_flags.held_out)
+    check_sharding(model_def, sched.dp_shard, sched.tp)
     if sched.dp_shard > 1 or sched.tp > 1:
         from .train_memory import check_sharded_stages
 
         check_sharded_stages(model_def, plan, checked.counts, sched.dp, sched.dp_shard, sched.tp, run.optimizer,
-                             checked.state_limit)
+                             checked.state_limit, batch_size=run.batch_size, seed=run.seed, recompute=recompute,
+                             dtype=checked.dtype)
     from .train_checks import check_checkpointing
 
     resume_from = check_checkpointing(ckpt.checkpoint_dir, ckpt.resume, run.steps, model_def, run.optimizer, run.lr)  # last: creates the folder

@@ -56,12 +56,10 @@ def check_layout(plan: Optional[Schedule], dp: int, batch_size: int, environ: Ma
                           f"use --nproc-per-node x --nnodes = {world}")
 
 
-def check_sharding(model_def, dp_shard: int, tp: int, held_out: bool) -> None:
+def check_sharding(model_def, dp_shard: int, tp: int) -> None:
     """What sharded stages cannot do yet, and a model ``tp`` cannot split: one line each, before any rank starts."""
     if dp_shard == 1 and tp == 1:
         return
-    if held_out:
-        raise ConfigError("held-out evaluation with --dp-shard or --tp is not supported yet: leave out --eval-every")
     if tp > 1 and model_def.tp_plan is None:
         raise ConfigError(f"--tp {tp}: --model {model_def.name} has no tensor-parallel plan (gpt and Hugging Face models have)")
     for heads in model_def.heads:

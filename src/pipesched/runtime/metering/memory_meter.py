@@ -5,7 +5,9 @@ Counted: every tensor autograd saves for a backward (through
 tensors stashed for ``W``, and the stage inputs held from a forward to its backward. Parameters
 are not activations and are left out. Tensors are counted by the bytes of their storage they
 span, each byte once however many views or holders share it, so a Linear's saved input and the
-same input in the W stash count once.
+same input in the W stash count once. A storage is known by its identity (``_cdata``, the
+address of torch's ``StorageImpl``), not by its data pointer: fake tensors have none, and they
+are metered as real ones are (:mod:`pipesched.runtime.engine.sizes_ahead`).
 
 A recomputed stage (activation checkpointing) saves nothing in its forward; while
 ``torch.utils.checkpoint`` rebuilds it in the backward, :meth:`ActivationMeter.recomputation`
@@ -76,7 +78,7 @@ class ActivationMeter:
     """Bytes held now and their peak since the last :meth:`reset_peak`."""
 
     def __init__(self, exclude: list[torch.Tensor] = ()) -> None:
-        self._excluded = {t.untyped_storage().data_ptr() for t in exclude}
+        self._excluded = {t.untyped_storage()._cdata for t in exclude}
         # storage -> [bytes counted, {span: holders}]
         self._held: dict[int, list] = {}
         self.current = 0
@@ -87,7 +89,7 @@ class ActivationMeter:
         def pack(tensor: torch.Tensor):
             if type(tensor) is not torch.Tensor and hasattr(tensor, "_local_tensor"):
                 return tensor  # a sharded weight (DTensor) that autograd keeps: a parameter, not an activation
-            storage = tensor.untyped_storage().data_ptr()
+            storage = tensor.untyped_storage()._cdata
             if storage in excluded:
                 return tensor
             # a tensor with a history is held as an alias without it: holding the original would
@@ -98,13 +100,13 @@ class ActivationMeter:
 
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
         """Never count ``tensors``' storages from now on (weights a sharded stage gathered)."""
-        self._excluded.update(t.untyped_storage().data_ptr() for t in tensors)
+        self._excluded.update(t.untyped_storage()._cdata for t in tensors)
 
     def hold(self, tensor: torch.Tensor) -> Claim:
         """Count ``tensor`` (a sharded one's local piece: what this rank holds) until the returned
         claim is dropped."""
         tensor = getattr(tensor, "_local_tensor", tensor)
-        return self._claim(tensor, tensor.untyped_storage().data_ptr())
+        return self._claim(tensor, tensor.untyped_storage()._cdata)
 
     def reset_peak(self) -> None:
         self.peak = self.current
@@ -120,7 +122,7 @@ class ActivationMeter:
         if tensor._is_view():
             return
         storage = tensor.untyped_storage()
-        key = storage.data_ptr()
+        key = storage._cdata
         if key in self._held or key in self._excluded:
             return
         span = _span(tensor)

@@ -9,6 +9,13 @@ or optimizer), so it can run between any two steps; the outputs cross ranks as p
 step's transport but runs only every ``--eval-every`` steps. Every stage is put in eval mode
 (dropout off) for it and back after.
 
+A sharded stage (FSDP2, tensor parallelism: :mod:`~pipesched.runtime.sharding`) is gathered
+before its forward and freed after it, by the same ``UNSHARD``/``RESHARD`` its runner does in a
+step, and nothing is reduced (no gradients). Every rank of a stage runs the forward: the shards
+of a data-parallel group on their own share of the batch, the ``tp`` ranks of a stage on the same
+share (their row-parallel all-reduces need each other), so only ``tp`` coordinate 0 counts its
+loss into the mean.
+
 The loss of a batch is the loss function's mean over the whole shard, so with equal shards the
 mean over replicas and batches is the one-process model's mean loss over the same batches
 (:func:`evaluate_model`), up to the order of float sums.
@@ -45,6 +52,7 @@ def evaluate_pipeline(runtime, batch_context: Callable[[torch.Tensor], Optional[
     mesh, placement, rank = runtime.mesh, runtime.schedule.placement, runtime.rank
     length = runtime.copies.length  # the first model copy's stages: 0 .. length - 1
     device = runtime.device
+    counts = runtime.sharded is None or runtime.sharded.tp_rank == 0  # tp ranks compute the same loss
     total = 0.0
     with _eval_mode(runtime.stages.values()), torch.no_grad():
         for inputs, targets in batches:
@@ -57,9 +65,9 @@ def evaluate_pipeline(runtime, batch_context: Callable[[torch.Tensor], Optional[
                     continue
                 if s > 0 and placement[s - 1] != rank:
                     value = _receive(mesh.global_rank(placement[s - 1]), device)
-                with runtime.precision.autocast():
-                    value = runtime.stages[s](placed(value, device), context)
-                    if s == length - 1:
+                value = _forward(runtime, s, placed(value, device), context)
+                if s == length - 1 and counts:
+                    with runtime.precision.autocast():
                         total += runtime.loss_fn(value, mesh.shard(targets).to(device)).item()
                 if s < length - 1 and placement[s + 1] != rank:
                     _send(value, mesh.global_rank(placement[s + 1]))
@@ -68,6 +76,22 @@ def evaluate_pipeline(runtime, batch_context: Callable[[torch.Tensor], Optional[
     summed = torch.tensor([total], dtype=torch.float64, device=reduce_on)
     dist.all_reduce(summed, group=mesh.world_group)
     return summed.item() / (mesh.dp * len(batches))
+
+
+def _forward(runtime, s: int, value, context):
+    """Stage ``s``'s forward on ``value``: a sharded stage gathered for it and freed after."""
+    runner = runtime.runners[s]
+    sharding = runner.sharding
+    if sharding is None:
+        with runtime.precision.autocast():
+            return runtime.stages[s](value, context)
+    sharding.unshard()
+    sharding.ready()
+    try:
+        with runtime.precision.autocast(), sharding.forward():
+            return runtime.stages[s](value, context)
+    finally:
+        sharding.reshard()
 
 
 @contextmanager
