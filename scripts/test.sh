@@ -13,4 +13,8 @@ if ! command -v chromium >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v 
              && timeout 300 apt-get install -y -q chromium >/dev/null 2>&1; }; } \
         || echo "pipesched: could not install chromium; the browser test will skip" >&2
 fi
-exec "$PY" -m pytest -q "$@"
+# Two test files at a time (pytest-xdist; PIPESCHED_TEST_WORKERS to change it, 0 for none): most
+# tests are one process and leave a second core idle. A file stays on one worker (--dist
+# loadfile), so a module's shared launch runs once.
+WORKERS="${PIPESCHED_TEST_WORKERS:-2}"
+exec "$PY" -m pytest -q -n "$WORKERS" --dist loadfile "$@"
