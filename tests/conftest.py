@@ -20,6 +20,12 @@ SRC = ROOT / "src"
 # command's start (0.46 s -> 0.24 s). The tests' children cache the bytecode in the checkout's
 # __pycache__ folders (git ignores them) instead; this process keeps its own setting.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+# pytest-xdist's workers (scripts/test.sh runs two) start with COLUMNS=80 and LINES=24 set: the
+# commands the tests run see a plain pytest run's environment instead (each test that needs a
+# width sets it: cli_env's 160, test_cli_tables' 80)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 T = TypeVar("T")
 R = TypeVar("R")
