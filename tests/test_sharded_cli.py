@@ -109,13 +109,18 @@ REFUSED = [
 
 @pytest.mark.timeout(300)
 def test_layouts_that_cannot_run_are_refused_in_one_line_before_any_rank_starts(tmp_path):
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, Phi3Config
 
     # every matrix and norm of this Llama has 4 rows: 8 shards leave 4 ranks of a stage nothing to hold
     LlamaConfig(vocab_size=4, hidden_size=4, intermediate_size=4, num_hidden_layers=2, num_attention_heads=1,
                 num_key_value_heads=1, head_dim=4).to_json_file(tmp_path / "config.json")
+    # Phi-3 fuses q/k/v and gate/up: Llama's plan would split its o_proj and down_proj alone
+    Phi3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=4, pad_token_id=0).to_json_file(tmp_path / "phi3.json")
     rows = [*REFUSED, (["--model", f"hf:{tmp_path / 'config.json'}", "--dp-shard", "8", "--batch-size", "128"],
-                       "dp_shard=8 cuts stage 0 into more shards than it has elements to give")]
+                       "dp_shard=8 cuts stage 0 into more shards than it has elements to give"),
+            (["--model", f"hf:{tmp_path / 'phi3.json'}", "--tp", "2", "--batch-size", "8"],
+             "has no tensor-parallel plan")]
     results = concurrently(lambda row: run_cli("train", "--ranks", "2", *row[0]), rows)
     for (args, message), done in zip(rows, results):
         assert done.returncode == 2, (args, done.stderr)
@@ -127,7 +132,7 @@ def test_under_tp_and_for_hugging_face_models_the_memory_limit_counts_no_activat
     would need its process group) and for a Hugging Face model (on fake tensors transformers
     takes its tracing path, which saves more), and its message says so; checked in process (the
     CLI turns the ConfigError into its one line, exit 2, as for every refusal above)."""
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, Phi3Config
 
     import pipesched
     from pipesched.cli.train_memory import check_sharded_stages

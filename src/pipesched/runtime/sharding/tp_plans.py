@@ -22,7 +22,7 @@ crosses a stage boundary is unchanged. Norms, embeddings and the head stay repli
 from __future__ import annotations
 
 from functools import partial
-from typing import Iterator
+from typing import Iterator, Optional
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -53,13 +53,21 @@ GPT2_PLAN: Plan = {"mlp.c_fc": "colwise", "mlp.c_proj": "rowwise"}
 HEAD_COUNTS = ("attn.heads",)  # attributes (by name suffix) holding a head count that tp divides
 
 
-def plan_for(model_name: str) -> Plan:
-    """The plan of ``"gpt"``, or of a Hugging Face ``*ForCausalLM`` class name."""
+# the Hugging Face classes LLAMA_PLAN fits: their attention and MLP carry exactly its module names
+# and nothing between a column-wise and its row-wise partner needs the whole width (others fuse
+# q/k/v or gate/up, name their parts otherwise, or normalise the whole projection, as OLMo 2's
+# q_norm does: they have no plan yet, and --tp is refused for them)
+LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+def plan_for(model_name: str) -> Optional[Plan]:
+    """The plan of ``"gpt"``, or of a Hugging Face ``*ForCausalLM`` class name; None for a model
+    no plan is known to fit."""
     if model_name == "gpt":
         return GPT_PLAN
     if model_name == "GPT2LMHeadModel":
         return GPT2_PLAN
-    return LLAMA_PLAN
+    return LLAMA_PLAN if model_name in LLAMA_LIKE else None
 
 
 def _matches(name: str, suffix: str) -> bool:
