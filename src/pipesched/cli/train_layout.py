@@ -62,7 +62,7 @@ def check_sharding(model_def, dp_shard: int, tp: int) -> None:
         return
     if tp > 1 and model_def.tp_plan is None:
         raise ConfigError(f"--tp {tp}: --model {model_def.name} has no tensor-parallel plan (gpt, and of the Hugging Face "
-                          "families GPT-2, Llama, Mistral, Qwen2 and Qwen3 have: docs/layouts.md)")
+                          "families GPT-2, Llama, Mistral and Qwen2 have: docs/layouts.md)")
     for heads in model_def.heads:
         if heads % tp:
             raise ConfigError(f"--tp {tp} does not divide the {heads} attention heads of --model {model_def.name}")

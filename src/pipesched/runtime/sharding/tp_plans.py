@@ -11,7 +11,7 @@ crosses a stage boundary is unchanged. Norms, embeddings and the head stay repli
 - ``gpt`` (the built-in model): ``attn.qkv`` holds each head's q, k and v rows together
   (:class:`~pipesched.runtime.training.models.CausalSelfAttention`), so a column-wise split hands each rank
   whole heads; ``attn.heads`` is divided by ``tp``.
-- Llama-likes (Llama, Mistral, Qwen2/3): transformers' own plan; their attention reads the head
+- Llama-likes (Llama, Mistral, Qwen2: LLAMA_LIKE below): transformers' own plan; their attention reads the head
   count from the projections' width, so nothing else changes (``tp`` must divide the key-value heads).
 - GPT-2: the MLP (``c_fc`` / ``c_proj``, Conv1D: weights stored transposed). Its fused ``c_attn``
   holds all q, then all k, then all v: a split by heads would need an interleaved placement
@@ -54,10 +54,12 @@ HEAD_COUNTS = ("attn.heads",)  # attributes (by name suffix) holding a head coun
 
 
 # the Hugging Face classes LLAMA_PLAN fits: their attention and MLP carry exactly its module names
-# and nothing between a column-wise and its row-wise partner needs the whole width (others fuse
-# q/k/v or gate/up, name their parts otherwise, or normalise the whole projection, as OLMo 2's
-# q_norm does: they have no plan yet, and --tp is refused for them)
-LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# and hold no parameter of their own between a column-wise projection and its row-wise partner.
+# Others have no plan yet, and --tp is refused for them: Phi-3 and GPT-NeoX fuse q/k/v, Falcon
+# names its parts otherwise, OLMo 2 normalises the whole q and k projections, and Qwen3's and
+# Gemma 3's per-head q/k norms would each see only their rank's heads: a replicated weight's
+# gradient left partial (measured: Qwen3's q_norm 1.2e-4 off after 3 SGD steps at tp 2).
+LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 
 def plan_for(model_name: str) -> Optional[Plan]:
