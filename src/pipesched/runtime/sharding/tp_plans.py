@@ -11,7 +11,7 @@ crosses a stage boundary is unchanged. Norms, embeddings and the head stay repli
 - ``gpt`` (the built-in model): ``attn.qkv`` holds each head's q, k and v rows together
   (:class:`~pipesched.runtime.training.models.CausalSelfAttention`), so a column-wise split hands each rank
   whole heads; ``attn.heads`` is divided by ``tp``.
-- Llama-likes (Llama, Mistral, Qwen2: LLAMA_LIKE below): transformers' own plan; their attention reads the head
+- Llama-likes (Llama, Mistral, Qwen2, Gemma, Gemma 2, Granite, StarCoder2, Mixtral: LLAMA_LIKE below): transformers' own plan; their attention reads the head
   count from the projections' width, so nothing else changes (``tp`` must divide the key-value heads).
 - GPT-2: the MLP (``c_fc`` / ``c_proj``, Conv1D: weights stored transposed). Its fused ``c_attn``
   holds all q, then all k, then all v: a split by heads would need an interleaved placement
@@ -59,7 +59,10 @@ HEAD_COUNTS = ("attn.heads",)  # attributes (by name suffix) holding a head coun
 # names its parts otherwise, OLMo 2 normalises the whole q and k projections, and Qwen3's and
 # Gemma 3's per-head q/k norms would each see only their rank's heads: a replicated weight's
 # gradient left partial (measured: Qwen3's q_norm 1.2e-4 off after 3 SGD steps at tp 2).
-LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+# Each one exact at tp 2 (benchmarks/tp_families.py --check: Starcoder2's MLP and Mixtral's experts
+# carry other names and stay whole).
+LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
+              "GraniteForCausalLM", "Starcoder2ForCausalLM", "MixtralForCausalLM")
 
 
 def plan_for(model_name: str) -> Optional[Plan]:
