@@ -21,26 +21,15 @@ crosses a stage boundary is unchanged. Norms, embeddings and the head stay repli
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Iterator, Optional
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import (
-    Replicate,
-    Shard,
-    distribute_module,
-    distribute_tensor,
-)
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    RowwiseParallel,
-    parallelize_module,
-)
+from torch.distributed.tensor.parallel import parallelize_module
 
 from ...errors import ConfigError
 from ...sharded_bytes import ParamSpec, tp_dims
-from ..engine.split_backward import TRANSPOSED_LINEARS
+from .tp_styles import is_transposed, style_for
 
 Plan = dict[str, str]
 
@@ -87,55 +76,16 @@ def planned_modules(module: nn.Module, plan: Plan) -> Iterator[tuple[str, nn.Mod
                 yield name, sub, style
 
 
-def _is_transposed(module: nn.Module) -> bool:
-    return isinstance(module, tuple(TRANSPOSED_LINEARS))
-
-
 def param_specs(module: nn.Module, plan: Plan) -> list[ParamSpec]:
     """Every parameter of ``module`` once (tied ones once), with the dim ``plan`` splits: the
     input of :func:`~pipesched.sharded_bytes.rank_state_bytes`."""
     split: dict[int, int] = {}
     for _, sub, style in planned_modules(module, plan):
-        weight_dim, bias_dim = tp_dims(style, _is_transposed(sub))
+        weight_dim, bias_dim = tp_dims(style, is_transposed(sub))
         split[id(sub.weight)] = weight_dim
         if getattr(sub, "bias", None) is not None and bias_dim is not None:
             split[id(sub.bias)] = bias_dim
     return [ParamSpec(tuple(p.shape), split.get(id(p)), p.element_size()) for p in module.parameters()]
-
-
-class _TransposedStyle:
-    """A style for a Linear whose weight is stored ``(in, out)`` (transformers' Conv1D): the
-    same split as its parent style, on the other weight dim."""
-
-    def _partition_linear_fn(self, name, module, device_mesh):
-        weight_dim, bias_dim = tp_dims(self.STYLE, transposed=True)
-        for pname, placement in (("weight", Shard(weight_dim)), ("bias", Shard(bias_dim) if bias_dim is not None else Replicate())):
-            param = getattr(module, pname, None)
-            if param is not None:
-                module.register_parameter(pname, nn.Parameter(
-                    distribute_tensor(param, device_mesh, [placement], src_data_rank=self.src_data_rank),
-                    requires_grad=param.requires_grad))
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        if self.STYLE == "rowwise":
-            self.desired_input_layouts = (Shard(-1),)
-        return distribute_module(
-            module, device_mesh, self._partition_linear_fn,
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
-
-
-class TransposedColwise(_TransposedStyle, ColwiseParallel):
-    STYLE = "colwise"
-
-
-class TransposedRowwise(_TransposedStyle, RowwiseParallel):
-    STYLE = "rowwise"
-
-
-STYLES = {("colwise", False): ColwiseParallel, ("rowwise", False): RowwiseParallel,
-          ("colwise", True): TransposedColwise, ("rowwise", True): TransposedRowwise}
 
 
 def apply_tp(module: nn.Module, plan: Plan, tp_mesh: DeviceMesh) -> int:
@@ -151,7 +101,7 @@ def apply_tp(module: nn.Module, plan: Plan, tp_mesh: DeviceMesh) -> int:
     for name, sub, attr in counts:
         if getattr(sub, attr) % tp:
             raise ConfigError(f"tensor parallelism tp={tp} does not divide the {getattr(sub, attr)} heads of {name}")
-    styles = {name: STYLES[style, _is_transposed(sub)]() for name, sub, style in planned_modules(module, plan)}
+    styles = {name: style_for(style, sub) for name, sub, style in planned_modules(module, plan)}
     parallelize_module(module, tp_mesh, styles)
     for name, sub, attr in counts:
         setattr(sub, attr, getattr(sub, attr) // tp)
