@@ -133,3 +133,15 @@ def test_a_compute_only_order_with_torchs_reductions_reads_as_its_compute_action
     schedule = pipesched.build_schedule("1f1b", 2, 3)
     rows = [row + ",0REDUCE_GRAD" if r == 0 else row + ",1REDUCE_GRAD" for r, row in enumerate(schedule.to_csv().splitlines())]
     assert parse_csv("\n".join(rows) + "\n").orders == schedule.orders
+
+
+def test_a_compute_only_order_keeps_the_gathers_it_places_and_refuses_them_misplaced():
+    schedule = pipesched.build_schedule("1f1b", 2, 3)
+    rows = [f"{r}UNSHARD,{row},{r}RESHARD" for r, row in enumerate(schedule.to_csv().splitlines())]
+    read = parse_csv("\n".join(rows) + "\n")
+    assert read.orders == schedule.orders
+    # each rank gathers its stage before its first action and frees it after its last, as written
+    assert [p.cells()[0] for p in lower_all(read)] == ["0UNSHARD", "1UNSHARD"]
+    assert all(p.cells()[-1].endswith("RESHARD") for p in lower_all(read))
+    with pytest.raises(CSVFormatError, match="rank 1 runs 1F0 while stage 1 is not gathered"):
+        parse_csv("\n".join([rows[0], rows[1].replace("1UNSHARD,", "")]) + "\n")

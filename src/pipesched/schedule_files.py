@@ -13,7 +13,8 @@ computing it, received once, in its link's order, before the action using it; ea
 reduced once after its last gradient) and must not be able to hang
 (:func:`~pipesched.runtime.program.program_check.check_programs`), or the file is refused naming what
 is wrong. ``UNSHARD``/``RESHARD`` cells name a stage of their rank, as ``REDUCE_GRAD`` does,
-and the schedule read carries where they are (:attr:`Schedule.gathers`): pipesched's runtime
+and the schedule read carries where they are (:attr:`Schedule.gathers`; in a ``compute_only``
+file too, checked the same way): pipesched's runtime
 gathers there, as torch's does; its messages and reductions are pipesched's own lowering of the
 schedule, which for a file it wrote, or torch wrote without ``defer_pp_recv``, is the file's.
 A file without ``UNSHARD``/``RESHARD`` cells gathers by the lowering's window.
@@ -33,7 +34,7 @@ from .ops import Op
 from .planning import MAX_ACTIONS_BUILT
 from .runtime.program.instructions import RankProgram
 from .runtime.program.program import assemble, lower_all, placing_gathers
-from .runtime.program.program_check import check_programs
+from .runtime.program.program_check import check_programs, gathered_peak
 from .schedule import Schedule, csv_rows
 from .validate import validate
 
@@ -69,8 +70,9 @@ def csv_text(schedule: Schedule, format: str = "compute_only",
 
 def parse_csv(text: str, name: str = "csv") -> Schedule:
     """A schedule from CSV text of either format: a file with a SEND or RECV cell is a program
-    (checked); elsewhere REDUCE_GRAD, UNSHARD and RESHARD cells compute nothing and are dropped
-    (torch's order of a single-stage schedule holds REDUCE_GRAD)."""
+    (checked); elsewhere REDUCE_GRAD cells compute nothing and are dropped (torch's order of a
+    single-stage schedule holds them: the lowering places its own), while UNSHARD and RESHARD
+    cells, checked as a program's are, stay where the file puts them (:attr:`Schedule.gathers`)."""
     rows = csv_rows(text)
     ops = {match.group(2) for row in rows for cell in row if (match := _COMM_RE.match(cell))}
     if ops & _TRANSFERS:
@@ -80,9 +82,7 @@ def parse_csv(text: str, name: str = "csv") -> Schedule:
         csv.writer(buffer).writerows([[cell for cell in row if not _COMM_RE.match(cell)] for row in rows])
         text = buffer.getvalue()
     schedule = Schedule.from_csv(text, name=name)
-    if ops:
-        _check_dropped(rows, schedule)
-    return schedule
+    return _with_gathers(rows, schedule) if ops else schedule
 
 
 def _from_program_rows(rows: list[list[str]], name: str) -> Schedule:
@@ -97,15 +97,21 @@ def _where(row: int, col: int) -> str:
     return f"row {row + 1} (rank {row}), cell {col + 1}"
 
 
-def _check_dropped(rows: list[list[str]], schedule: Schedule) -> None:
-    """The REDUCE_GRAD, UNSHARD and RESHARD cells of a compute-only file, dropped, still follow a
-    program's rules (:func:`_step`'s, and :func:`assemble`'s: a stage of their rank)."""
+def _with_gathers(rows: list[list[str]], schedule: Schedule) -> Schedule:
+    """``schedule`` (a compute-only file's actions) carrying the file's UNSHARD/RESHARD cells where
+    they stand. Each rank's row is first checked as a program's would be: every cell by
+    :func:`_step`'s and :func:`assemble`'s rules (a stage of its rank), and its gathers by
+    :func:`gathered_peak`'s (each stage computed only while gathered)."""
+    programs = []
     for r, row in enumerate(rows):
-        cells = [step for col, cell in enumerate(row) if _COMM_RE.match(cell) and (step := _step(cell, _where(r, col)))]
+        steps = [step for col, cell in enumerate(row) if (step := _step(cell, _where(r, col)))]
         try:
-            assemble(schedule, r, cells)
+            program = assemble(schedule, r, steps)
+            gathered_peak(program, {})
         except ScheduleError as err:
             raise CSVFormatError(f"{err}") from None
+        programs.append(program)
+    return placing_gathers(schedule, programs)
 
 
 def _step(cell: str, where: str):
