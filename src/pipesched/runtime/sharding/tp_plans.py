@@ -39,6 +39,14 @@ LLAMA_PLAN: Plan = {
     "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise",
 }
 GPT2_PLAN: Plan = {"mlp.c_fc": "colwise", "mlp.c_proj": "rowwise"}
+QWEN2_MOE_PLAN: Plan = {**LLAMA_PLAN, "mlp.shared_expert.gate_proj": "colwise", "mlp.shared_expert.up_proj": "colwise",
+                        "mlp.shared_expert.down_proj": "rowwise"}
+DEEPSEEK_V3_PLAN: Plan = {
+    "self_attn.q_proj": "colwise", "self_attn.q_b_proj": "colwise", "self_attn.kv_b_proj": "colwise",
+    "self_attn.o_proj": "rowwise", "self_attn": "rope_key", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise",
+    "mlp.down_proj": "rowwise", "mlp.shared_experts.gate_proj": "colwise", "mlp.shared_experts.up_proj": "colwise",
+    "mlp.shared_experts.down_proj": "rowwise",
+}
 HEAD_COUNTS = ("attn.heads",)  # attributes (by name suffix) holding a head count that tp divides
 
 
@@ -52,6 +60,7 @@ HEAD_COUNTS = ("attn.heads",)  # attributes (by name suffix) holding a head coun
 # carry other names and stay whole).
 LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
               "GraniteForCausalLM", "Starcoder2ForCausalLM", "MixtralForCausalLM")
+OTHER_PLANS = {"Qwen2MoeForCausalLM": QWEN2_MOE_PLAN, "DeepseekV3ForCausalLM": DEEPSEEK_V3_PLAN}
 
 
 def plan_for(model_name: str) -> Optional[Plan]:
@@ -61,7 +70,7 @@ def plan_for(model_name: str) -> Optional[Plan]:
         return GPT_PLAN
     if model_name == "GPT2LMHeadModel":
         return GPT2_PLAN
-    return LLAMA_PLAN if model_name in LLAMA_LIKE else None
+    return LLAMA_PLAN if model_name in LLAMA_LIKE else OTHER_PLANS.get(model_name)
 
 
 def _matches(name: str, suffix: str) -> bool:
@@ -82,6 +91,8 @@ def param_specs(module: nn.Module, plan: Plan) -> list[ParamSpec]:
     split: dict[int, int] = {}
     for _, sub, style in planned_modules(module, plan):
         weight_dim, bias_dim = tp_dims(style, is_transposed(sub))
+        if weight_dim is None:  # a style that splits no weight of its module
+            continue
         split[id(sub.weight)] = weight_dim
         if getattr(sub, "bias", None) is not None and bias_dim is not None:
             split[id(sub.bias)] = bias_dim
