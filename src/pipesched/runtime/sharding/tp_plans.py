@@ -1,8 +1,8 @@
 """Tensor-parallel plans of the models pipesched splits, and the styles that apply them.
 
 A plan maps a module-name suffix (matched at a dot boundary: ``"attn.qkv"`` matches
-``"blocks.2.attn.qkv"``) to ``"colwise"`` or ``"rowwise"`` (:data:`~pipesched.sharded_bytes.TP_STYLES`),
-Megatron's pairing: the projections that fan out (attention q/k/v, the MLP's first layer or
+``"blocks.2.attn.qkv"``) to ``"colwise"`` or ``"rowwise"`` (:data:`~pipesched.sharded_bytes.TP_STYLES`;
+DeepSeek-V3's attention also ``"rope_key"``, below), Megatron's pairing: the projections that fan out (attention q/k/v, the MLP's first layer or
 gate/up) split their output features, the ones that fan back in (attention output, MLP down)
 their input features and all-reduce. Between them each rank computes its ``heads / tp`` heads and
 ``hidden / tp`` MLP columns; what enters and leaves a block is a plain replicated tensor, so what
@@ -13,6 +13,18 @@ crosses a stage boundary is unchanged. Norms, embeddings and the head stay repli
   whole heads; ``attn.heads`` is divided by ``tp``.
 - Llama-likes (Llama, Mistral, Qwen2, Gemma, Gemma 2, Granite, StarCoder2, Mixtral: LLAMA_LIKE below): transformers' own plan; their attention reads the head
   count from the projections' width, so nothing else changes (``tp`` must divide the key-value heads).
+- Qwen2-MoE: Llama's plan, plus its shared expert (``mlp.shared_expert``, an MLP) split the same
+  way; the router, the routed experts and ``shared_expert_gate`` (one output, on the whole input,
+  scaling the shared expert's all-reduced output) stay whole on every rank, as Mixtral's experts
+  do: their inputs are whole, so are their gradients, and both ``tp`` ranks route alike.
+- DeepSeek-V3 (multi-head latent attention): the low-rank ``q_a_proj`` / ``kv_a_proj_with_mqa``
+  and their norms see the whole hidden state and stay whole; ``q_b_proj`` (or ``q_proj``) and
+  ``kv_b_proj`` fan out to the heads column-wise (the attention reshapes with ``-1`` heads),
+  ``o_proj`` row-wise; the dense layers' MLP and the MoE layers' ``shared_experts`` as Llama's
+  MLP, router and routed experts whole. The rotary key that ``kv_a_proj_with_mqa`` hands every
+  head directly would leave that weight's gradient partial (measured at tp 2: gradients 4.3e-4
+  off, weights 4.7e-5 after 2 SGD steps): ``"rope_key"`` (:class:`~.tp_styles.SharedRopeKey`)
+  sums it over ``tp``.
 - GPT-2: the MLP (``c_fc`` / ``c_proj``, Conv1D: weights stored transposed). Its fused ``c_attn``
   holds all q, then all k, then all v: a split by heads would need an interleaved placement
   (``_StridedShard``) that FSDP2 cannot shard again in torch 2.13 (checked: the gathered weight
