@@ -1,14 +1,15 @@
-"""Which Hugging Face families train exactly under tensor parallelism with Llama's plan.
+"""Which Hugging Face families train exactly under tensor parallelism with their plans (Llama's,
+or Qwen2-MoE's and DeepSeek-V3's own: ``runtime/sharding/tp_plans.py``).
 
-For each family (a tiny random config, ``tests/hf_cases.make_config``; Qwen2 and Mistral built
-here), two runs through the console script, side by side: ``train --ranks 2 --tp 2 -s 1f1b``
+For each family (a tiny random config, ``tests/hf_cases.make_config``: DeepSeek-V3 and Qwen2-MoE
+their real configs shrunk; Qwen2 and Mistral built here), two runs through the console script, side by side: ``train --ranks 2 --tp 2 -s 1f1b``
 (4 processes) and the one-process reference (``-s none``), 3 SGD steps at lr 0.05 in fp32 on the
 same batches. Prints the largest relative difference of the losses and of the final weights
 (each tensor's largest difference over its largest entry); ``--check`` exits 1 if either is over
 1e-5 (fp32 sums in another order across the ``tp`` ranks and the microbatches: a few ulps of
 each product, well under 1e-5 at this size). A family whose plan does not fit is refused by
-``train`` in one line (``tp_plans.LLAMA_LIKE`` lists those it fits); this script is how a family
-earns its place there.
+``train`` in one line (``tp_plans.LLAMA_LIKE`` lists those Llama's fits, ``tp_plans.OTHER_PLANS``
+the others); this script is how a family earns its place there.
 
     PYTHONPATH=src:tests python benchmarks/tp_families.py [--check] [--families gemma,granite]
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = ["llama", "mistral", "qwen2", "gemma", "gemma2", "granite", "starcoder2", "mixtral"]
+FAMILIES = ["llama", "mistral", "qwen2", "gemma", "gemma2", "granite", "starcoder2", "mixtral", "deepseek-v3", "qwen2-moe"]
 BOUND = 1e-5
 COMMON = ["--batch-size", "8", "--steps", "3", "--lr", "0.05", "--optimizer", "sgd"]
 

@@ -64,9 +64,30 @@ def labelled_tokens(kind: str, target: torch.Tensor) -> int:
     return int((target[:, 1:] != -100).sum()) if kind != "gpt" else 0
 
 
+def routing_margins(stage) -> list[float]:
+    """Hooks every mixture-of-experts router of ``stage`` (a module whose class name ends in
+    "router", returning its logits first, as Qwen2-MoE's and DeepSeek-V3's do) so that each of its
+    forwards appends to the returned list the smallest gap, over the tokens, between the logits of
+    the last expert chosen and of the first left out: what an input would have to move by to
+    route a token elsewhere. Both routers choose by a monotone function of the logits (softmax;
+    sigmoid plus a bias that is zero here and not trained) in one expert group."""
+    margins: list[float] = []
+
+    def gap(router, _args, out) -> None:
+        top = out[0].detach().topk(router.top_k + 1, dim=-1).values
+        margins.append(float((top[:, -2] - top[:, -1]).min()))
+
+    for module in stage.modules():
+        if type(module).__name__.lower().endswith("router"):
+            module.register_forward_hook(gap)
+    return margins
+
+
 def reference(stage, kind: str, batches) -> dict:
-    """The unsharded stage on each whole batch with SGD: gradients and weights after each step."""
+    """The unsharded stage on each whole batch with SGD: gradients and weights after each step,
+    and the smallest routing margin seen (None without routers)."""
     stage = copy.deepcopy(stage)
+    margins = routing_margins(stage)
     optimizer = torch.optim.SGD(stage.parameters(), lr=LR)
     grads, weights = [], []
     for x, y in batches:
@@ -76,7 +97,7 @@ def reference(stage, kind: str, batches) -> dict:
         grads.append({n: p.grad.clone() for n, p in stage.named_parameters()})
         optimizer.step()
         weights.append({n: p.detach().clone() for n, p in stage.named_parameters()})
-    return {"grads": grads, "weights": weights}
+    return {"grads": grads, "weights": weights, "routing_margin": min(margins, default=None)}
 
 
 def gathered(tensors: dict) -> dict:
@@ -173,6 +194,7 @@ def run_case(layout_sizes: dict, kinds: list, device: str = "cpu", timeout_s: fl
             "split_vs_fused": largest_difference(split["grads"], fused["grads"][:1]),
             "deferred": split["deferred"],
             "largest_grad": max(float(g.abs().max()) for step in want["grads"] for g in step.values()),
+            "routing_margin": want["routing_margin"],
             "specs": param_specs(stage, plan),
             "bytes": split["bytes"],
             "gathered_bytes": split["gathered_bytes"],

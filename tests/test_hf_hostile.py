@@ -211,3 +211,14 @@ def test_the_parameter_count_from_two_small_builds_is_the_whole_models():
         held = sum(p.numel() for p in {id(p): p for p in whole.parameters()}.values())  # a tied weight once
         predicted = parameter_count(data, 5, lambda d: meta_model(AutoConfig.for_model(**d)))
         assert predicted == held, kind
+
+
+def test_a_window_of_0_that_its_flag_turns_off_is_accepted_and_a_used_one_refused():
+    from pipesched.errors import ConfigError
+    from pipesched.hf.config_checks import check_sizes
+
+    data = make_config("qwen2-moe").to_dict()  # transformers writes sliding_window 0 when unused
+    assert data["sliding_window"] == 0 and data["use_sliding_window"] is False
+    check_sizes(data, "qwen2-moe")
+    with pytest.raises(ConfigError, match="sliding_window must be from 1"):
+        check_sizes({**data, "use_sliding_window": True}, "qwen2-moe")

@@ -37,6 +37,9 @@ SIZES: dict[str, tuple[int, int]] = {
     "num_local_experts": (1, 1024), "num_experts": (1, 1024), "num_experts_per_tok": (1, 1024),
 }
 OPTIONAL = {"n_inner", "head_dim", "sliding_window", "num_key_value_heads"}  # null: the model's default
+# field -> the flag whose false says the field is unused: transformers then writes a window of 0
+# into Qwen2-MoE's config (Qwen2MoeConfig: ``sliding_window if use_sliding_window else 0``)
+UNUSED_WHEN_OFF = {"sliding_window": "use_sliding_window"}
 LAYERS = ("num_hidden_layers", "n_layer")
 
 
@@ -45,6 +48,8 @@ def check_sizes(data: dict, where: str) -> None:
     heads that do not divide what they split."""
     for field, (low, high) in SIZES.items():
         if field not in data or (data[field] is None and field in OPTIONAL):
+            continue
+        if field in UNUSED_WHEN_OFF and data.get(UNUSED_WHEN_OFF[field]) is False and data[field] == 0:
             continue
         value = data[field]
         if type(value) is not int:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from functools import partial
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from ...sharded_bytes import tp_dims
 from ..engine.split_backward import TRANSPOSED_LINEARS
@@ -56,8 +57,31 @@ class TransposedRowwise(_TransposedStyle, RowwiseParallel):
     STYLE = "rowwise"
 
 
+class SharedRopeKey(ParallelStyle):
+    """DeepSeek's multi-head latent attention (transformers' ``DeepseekV3Attention``), its heads
+    split by ``q_b_proj`` / ``kv_b_proj`` column-wise: ``kv_a_proj_with_mqa`` stays whole and
+    outputs the key-value latent, then one rotary key (its last ``qk_rope_head_dim`` columns)
+    that every head uses. The latent reaches the heads through ``kv_b_proj``, whose input
+    gradient torch's column-wise style sums over ``tp``; the rotary key skips it and is expanded
+    to this rank's heads only, so its gradient, and ``kv_a_proj_with_mqa``'s weight gradient with
+    it, would hold this rank's heads' share alone. This style passes the rotary key through
+    unchanged forward and sums its gradient over ``tp`` backward (Megatron's ``f``), as a DTensor
+    replicated on the ``tp`` mesh whose gradient arrives partial."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        start = module.kv_lora_rank
+
+        def shared_key(_linear, _args, out: torch.Tensor) -> torch.Tensor:
+            key = DTensor.from_local(out[..., start:], device_mesh, [Replicate()], run_check=False)
+            return torch.cat([out[..., :start], key.to_local(grad_placements=[Partial()])], dim=-1)
+
+        module.kv_a_proj_with_mqa.register_forward_hook(shared_key)
+        return module
+
+
 STYLES = {("colwise", False): ColwiseParallel, ("rowwise", False): RowwiseParallel,
-          ("colwise", True): TransposedColwise, ("rowwise", True): TransposedRowwise}
+          ("colwise", True): TransposedColwise, ("rowwise", True): TransposedRowwise,
+          ("rope_key", False): SharedRopeKey}
 
 
 def style_for(style: str, module: nn.Module):
