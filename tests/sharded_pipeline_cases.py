@@ -18,7 +18,8 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
     runs[, device]): the gpt pipelined by PipelineRuntime over that sharded layout for
     runtime_cases.STEPS steps on the global batch, SGD or (``settings["optimizer"]``) AdamW at
     ``ADAMW_LR``, gradients clipped to ``settings["clip"]`` if given; rank 0 returns its losses,
-    first-step gradients, final weights gathered whole, and every rank's state bytes. A run of an
+    first-step gradients, final weights gathered whole, every rank's state bytes and its first
+    step's (pipeline rank, measured, predicted) peak activation bytes. A run of an
     ``EVALUATED`` schedule without settings also evaluates ``EVAL_BATCHES`` held-out batches (steps
     no run reads) after its first step, and returns the loss, the batches and the weights evaluated."""
     from runtime_cases import STEPS
@@ -57,15 +58,18 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
         pp_rank = mesh.pipeline.pp_rank
         for step in range(STEPS):
             x, y = md.batch(step, batch, 3)
-            losses.append(rt.step(x if pp_rank in input_ranks(schedule) else None,
-                                  y if pp_rank in loss_ranks(schedule) else None).loss)
+            result = rt.step(x if pp_rank in input_ranks(schedule) else None,
+                             y if pp_rank in loss_ranks(schedule) else None)
+            losses.append(result.loss)
             if step == 0:
                 grads = rt.gather_gradients()
+                activations = (pp_rank, result.peak_activation_bytes, rt.predicted_peak_activation_bytes())
                 if evaluated is not None:
                     held_out = [md.batch(STEPS + i, batch, 3) for i in range(EVAL_BATCHES)]
                     evaluated = {"loss": evaluate_pipeline(rt, md.batch_context, held_out), "batches": held_out,
                                  "params": rt.gather_state_dict()}
-        out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict(), "state_bytes": all_ranks(rt.state_bytes())}
+        out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict(), "state_bytes": all_ranks(rt.state_bytes()),
+                      "activations": all_ranks(activations)}
         if evaluated is not None:
             out[label]["eval"] = evaluated
     return out if rank == 0 else None

@@ -1,6 +1,7 @@
 """``pipesched train --model hf:CONFIG.json`` through the real entry point: a Hugging Face causal
 LM from its config trains under a zero-bubble schedule with sharded stages as the single-process
-model does, writes a folder ``from_pretrained`` loads and checkpoints under the model's own names; ``advise
+model does, writes a folder ``from_pretrained`` loads and checkpoints under the model's own names,
+fits the ``--memory-limit`` its predicted bytes (activations too) fill and is refused a byte below; ``advise
 --profile`` and ``train -s auto`` choose a schedule for it; bad input is one line and exit 2
 before any rank starts."""
 
@@ -16,6 +17,9 @@ from conftest import concurrently, run_cli
 pytest.importorskip("transformers")
 import torch  # noqa: E402
 from hf_cases import make_config  # noqa: E402
+
+import pipesched  # noqa: E402
+from pipesched.memory import format_bytes  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -44,6 +48,8 @@ def configs(tmp_path_factory) -> dict:
 def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loads(tmp_path, configs):
     from transformers import AutoModelForCausalLM
 
+    from pipesched.cli.train_memory import STATE_SLOTS, activation_peaks, rank_state, stage_specs
+    from pipesched.parallel_layout import ParallelLayout
     from pipesched.runtime.training.models import get_model
 
     data = tmp_path / "data.bytes"  # neither a token file nor text: its bytes are the token ids (modulo 64)
@@ -51,15 +57,31 @@ def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loa
     out = tmp_path / "saved"
     args = ["--model", f"hf:{configs['llama']}", "--data", str(data), "--steps", "3", "--batch-size", "8",
             "-m", "4", "--optimizer", "adamw", "--lr", "1e-3", "--summary", str(tmp_path / "run.json")]
-    # sharded (each stage FSDP2-split over 2 ranks): --save-hf and the checkpoint gather the shards whole
-    run = run_cli("train", *args, "-s", "zb-v", "--ranks", "2", "--dp-shard", "2", "--save-hf", str(out),
-                  "--checkpoint-dir", str(tmp_path / "ck"), timeout=200)
+    # sharded (each stage FSDP2-split over 2 ranks): --save-hf and the checkpoint gather the shards whole;
+    # --memory-limit at the bytes the layout is predicted to hold at most runs, a byte less is refused
+    md, plan = get_model(f"hf:{configs['llama']}", data=str(data)), pipesched.build_schedule("zb-v", 2, 4)
+    stages, slots = stage_specs(md, plan, None, 1), STATE_SLOTS["adamw"]
+    state = [sum(rank_state(plan, stages, ParallelLayout(2, dp_shard=2), slots, r).values()) for r in range(2)]
+    activations = activation_peaks(md, plan, None, 8, 2, 0, None, torch.float32)
+    total, top = max((state[r] + activations[r], r) for r in range(2))
+    layout = [*args, "-s", "zb-v", "--ranks", "2", "--dp-shard", "2"]
+    run, refused = concurrently(lambda extra: run_cli("train", *layout, *extra, timeout=200), [
+        ["--memory-limit", f"{total:.0f}B", "--save-hf", str(out), "--checkpoint-dir", str(tmp_path / "ck")],
+        ["--memory-limit", f"{total - 1:.0f}B"]])
     assert run.returncode == 0, run.stderr
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert (f"holds up to {format_bytes(total)} per rank (pipeline rank {top}) with {format_bytes(activations[top])} "
+            "of activations at the schedule's peak") in refused.stderr, refused.stderr
+    # the activations predicted before launch, on fake tensors (masks from the batch's real
+    # values: SDPA's causal kernel on grouped keys, as the run), are the run's own prediction to
+    # the byte, and what it measured within the runtime's 5% check
+    for rank in json.loads((tmp_path / "run.json").read_text())["memory"]:
+        assert rank["predicted_peak_activation_bytes"] == activations[rank["rank"]], rank
+        assert rank["measured_peak_activation_bytes"] == pytest.approx(activations[rank["rank"]], rel=0.05), rank
     assert checkpoint_names(tmp_path / "ck") == model_names(AutoModelForCausalLM.from_config(make_config("llama")))
     assert "W deferred 99." in run.stdout  # the share of the weight-gradient work the split backward deferred
     losses = json.loads((tmp_path / "run.json").read_text())["losses"]
     # the single-process model: the same blocks (block i seeded seed + i), the same batches
-    md = get_model(f"hf:{configs['llama']}", data=str(data))
     model = md.sequential(0)
     # AdamW's default decay on the matrices only, not on biases and norms (as the transformers Trainer)
     matrices = [p for p in model.parameters() if p.ndim >= 2]

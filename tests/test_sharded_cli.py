@@ -6,6 +6,7 @@ prediction, and its checkpoint resumes in one process; layouts that cannot run (
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -127,23 +128,35 @@ def test_layouts_that_cannot_run_are_refused_in_one_line_before_any_rank_starts(
         assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
 
 
-def test_under_tp_and_for_hugging_face_models_the_memory_limit_counts_no_activation_and_says_so(tmp_path):
-    """The refusal's figure holds the state alone under --tp (a tensor-parallel stage's fake run
-    would need its process group) and for a Hugging Face model (on fake tensors transformers
-    takes its tracing path, which saves more), and its message says so; checked in process (the
-    CLI turns the ConfigError into its one line, exit 2, as for every refusal above)."""
-    from transformers import LlamaConfig, Phi3Config
+def test_under_tp_and_for_hugging_face_models_the_memory_limit_counts_activations_and_says_when_it_cannot(tmp_path):
+    """The refusal's figure holds the activations predicted on fake tensors under --tp (each
+    stage parallelised on a fake mesh, which leaves no process group behind) and for a Hugging
+    Face Llama (the runs' own predictions to the byte: tests/test_sharded_pipelines.py,
+    tests/test_hf_cli.py); a mixture of experts, whose layers fail on fake tensors, is refused on
+    its state alone and says so. Checked in process (the CLI turns the ConfigError into its one
+    line, exit 2, as for every refusal above)."""
+    import torch.distributed as dist
+    from hf_cases import make_config
+    from transformers import LlamaConfig
 
     import pipesched
-    from pipesched.cli.train_memory import check_sharded_stages
+    from pipesched.cli.train_memory import activation_peaks, check_sharded_stages
     from pipesched.errors import ConfigError
+    from pipesched.memory import format_bytes
     from pipesched.runtime.training.models import get_model
 
     plan = pipesched.build_schedule("1f1b", 2, 8)
-    with pytest.raises(ConfigError, match=r"before any activation \(not predicted under --tp: "):
-        check_sharded_stages(get_model("gpt"), plan, None, 1, 1, 2, "sgd", 2**20, batch_size=16, seed=0)
     LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2).to_json_file(tmp_path / "config.json")
-    with pytest.raises(ConfigError, match=r"before any activation \(not predicted for Hugging Face models yet\)"):
-        check_sharded_stages(get_model(f"hf:{tmp_path / 'config.json'}"), plan, None, 1, 2, 1, "sgd", 1024,
+    make_config("mixtral").to_json_file(tmp_path / "mixtral.json")
+    for model, dp_shard, tp in (("gpt", 1, 2), (f"hf:{tmp_path / 'config.json'}", 2, 1), (f"hf:{tmp_path / 'config.json'}", 1, 2)):
+        md = get_model(model)
+        peaks = activation_peaks(md, plan, None, 16, dp_shard, 0, None, torch.float32, tp)
+        assert not dist.is_initialized()
+        either = "|".join(re.escape(format_bytes(p)) for p in peaks)  # the rank holding the most in all
+        with pytest.raises(ConfigError, match=rf"with ({either}) of activations at the schedule's peak"):
+            check_sharded_stages(md, plan, None, 1, dp_shard, tp, "sgd", 1024, batch_size=16, seed=0)
+    with pytest.raises(ConfigError, match=rf"before any activation \(not predicted for --model hf:.*mixtral.json, "
+                                          "which fails on fake tensors: "):
+        check_sharded_stages(get_model(f"hf:{tmp_path / 'mixtral.json'}"), plan, None, 1, 2, 1, "sgd", 1024,
                              batch_size=16, seed=0)

@@ -16,7 +16,9 @@ case runs interleaved-1f1b as a ``compute_comms`` CSV whose gathers ``plan_progr
 within one stage a rank (each stage freed and gathered again within a step), the CSV's placement
 run as written. The SGD runs of 1f1b, zb-v and dualpipe also evaluate held-out batches between
 two steps (forward only, each sharded stage gathered and freed): the one-process model's loss
-within 1e-6. One 4-process launch runs every gpt case.
+within 1e-6. Under tp the first step's peak activations of 1f1b, zb-v, interleaved-zb and dualpipe
+(and of the eight-process dp_shard x tp) are what ``train --memory-limit`` predicts before launch.
+One 4-process launch runs every gpt case.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ BATCH, MICROBATCHES = 8, 4
 LAYOUTS = {"dp_shard 2": (1, 2, 1), "tp 2": (1, 1, 2)}  # (dp_replicate, dp_shard, tp)
 SINGLE_PIPELINE = [f.name for f in pipesched.families() if f.parameter_copies == 1]
 PLANNED = "interleaved-1f1b planned gathers dp_shard 2"
+# tp's activations predicted before launch: a fused backward, a V (I then W), interleaved, two model copies
+PREDICTED = ("1f1b", "zb-v", "interleaved-zb", "dualpipe")
 
 
 def _assert_gathered_where_the_programs_say(results: dict, placed: Counter, windowed: Counter) -> None:
@@ -112,6 +116,7 @@ def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_wi
                 layout, counts = runtime_layout(2, replicas, shards, tp), even_counts(SIZE["layers"] + 2, schedule.stages)
                 assert held["measured"] == advised_state_bytes(SIZE, layout, schedule.placement, counts, rank, 0), (label, rank)
     _assert_gathered_where_the_programs_say(results, placed, windowed)
+    _assert_activations_predicted_before_launch(results, runs, BATCH, [f"{name} tp 2" for name in PREDICTED])
     adamw = {label: results.pop(label) for label in list(results) if label.startswith("adamw")}
     clipped = {label: results.pop(label) for label in list(results) if label.startswith("clipped")}
     _assert_held_out_loss_is_the_one_process_models(results)
@@ -152,7 +157,32 @@ def test_eight_processes_hsdp_and_fsdp_with_tp_train_as_the_unpipelined_model():
     results = spawn(pipelined_layouts, 8, (SIZE, 2 * BATCH, runs), timeout_s=240)[0]
     for label, got in results.items():
         assert all(rank["measured"] == rank["predicted"] for rank in got.pop("state_bytes")), label
+    _assert_activations_predicted_before_launch(results, runs, 2 * BATCH, ["dualpipe fsdp x tp"])
     assert_clipped_like_reference(results, 2 * BATCH)
+
+
+def _assert_activations_predicted_before_launch(results: dict, runs: list, batch: int, labels: list) -> None:
+    """The first step's peak activation bytes of every rank of the runs ``labels`` name, as
+    ``train --memory-limit`` predicts them before any rank starts (cli/train_memory.py: one
+    microbatch through each stage on fake tensors, under tp each stage parallelised on a fake mesh
+    of tp ranks): the runtime's own prediction from the sizes it measured, to the byte (the same
+    meter on the same tensors' shapes, a tp rank's local pieces), and what it measured within the
+    runtime's 5% check (tests/test_runtime_memory.py). Pops every run's ``activations``."""
+    from pipesched.cli.train_memory import activation_peaks
+    from pipesched.runtime.stages.copies import ModelCopies
+    from pipesched.runtime.stages.partition import block_counts
+    from pipesched.runtime.training.models import get_model
+
+    md = get_model("gpt", **SIZE)
+    ranks = {label: got.pop("activations") for label, got in results.items()}
+    for label, schedule, (replicas, shards, tp), *_ in runs:
+        if label in labels:
+            counts = block_counts(md.num_blocks, ModelCopies(schedule).length)  # the runtime's default
+            predicted = activation_peaks(md, schedule, counts, batch, replicas * shards, 3, None, torch.float32, tp)
+            for pp_rank, measured, run_predicted in ranks[label]:
+                assert predicted[pp_rank] == run_predicted, (label, pp_rank, predicted, ranks[label])
+                assert measured == pytest.approx(run_predicted, rel=0.05), (label, pp_rank)
+    assert all(ranks[label] for label in labels)
 
 
 def _hf_reference(kind: str, batches: list) -> dict:

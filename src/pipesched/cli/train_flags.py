@@ -119,8 +119,11 @@ schedule_options = option_group("sched", ScheduleFlags, (
                                                  "512MiB; zb-auto then measures the sizes and may recompute); with "
                                                  "another named schedule in M_B (the V family builds to it, the "
                                                  "others check it); with --dp-shard or --tp in bytes, the weights, "
-                                                 "gradients and optimizer state each rank is predicted to hold "
-                                                 "(refused before any rank starts if they do not fit).")),
+                                                 "gradients, optimizer state, gather window and peak activations "
+                                                 "each rank is predicted to hold (activations on fake tensors, "
+                                                 "under --tp on a fake mesh; not for a model that fails on them, "
+                                                 "which the refusal says), refused before any rank starts if they "
+                                                 "do not fit.")),
     ("recompute_input", Optional[float], opt.RecomputeInput),
     ("ranks", int, opt.Ranks),
     ("microbatches", Optional[int], typer.Option(None, "--microbatches", "-m", help="Microbatches per step (default 8; a CSV brings its own).")),

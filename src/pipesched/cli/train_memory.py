@@ -10,15 +10,19 @@ its sharded parameters, gradients and optimizer state plus, inside a step, each 
 parameters and its unsharded gradients (held until ``REDUCE_GRAD``). The activation prediction is
 the runtime's own, from the sizes it would measure on its first step, measured here on fake
 tensors (:mod:`pipesched.runtime.engine.sizes_ahead`): the summary's
-``predicted_peak_activation_bytes``. Their sum per rank is what the limit is checked against.
-Under ``--tp``, and for Hugging Face models (whose fake run takes transformers' tracing path and
-saves more than the real one), the activations are not predicted, and the refusal says that its
-figure holds none.
+``predicted_peak_activation_bytes``, to the byte, for the gpt and Hugging Face models alike (whose
+blocks build their masks from the batch's real values, :mod:`pipesched.hf.blocks`), and under
+``--tp`` too: each stage parallelised by the model's plan on a fake mesh in this process
+(:mod:`pipesched.runtime.sharding.fake_mesh`, gone before any rank starts). Their sum per rank is
+what the limit is checked against. A model whose layers fail on fake tensors (a mixture of experts,
+whose routing reads values) has no activations predicted, and the refusal says its figure holds none.
 """
 
 from __future__ import annotations
 
 from typing import Optional, Sequence
+
+import typer
 
 from ..errors import ConfigError
 from ..layout_refusals import check_stage_shards
@@ -73,37 +77,54 @@ def rank_state(plan: Schedule, stages: list[list[ParamSpec]], layout: ParallelLa
 
 
 def activation_peaks(model_def, plan: Schedule, counts: Optional[Sequence[int]], batch_size: int, data_ranks: int,
-                     seed: int, recompute, dtype) -> list[float]:
+                     seed: int, recompute, dtype, tp: int = 1) -> list[float]:
     """Each pipeline rank's peak activation bytes, as the run will predict them from its first
     step's sizes (:mod:`pipesched.runtime.engine.sizes_ahead`): its first microbatch cut from the
     first batch as the runtime cuts it (``data_ranks`` shards of ``batch_size``, each in the
     schedule's microbatches: a view of the batch, as the runtime's); ``recompute``: the run's
-    setting (``RuntimeOptions.recompute``)."""
+    setting (``RuntimeOptions.recompute``); at ``tp > 1`` each stage parallelised by the model's
+    plan on a fake mesh of ``tp`` ranks (:mod:`pipesched.runtime.sharding.fake_mesh`), a ``tp``
+    rank's pieces."""
+    from contextlib import nullcontext
+
     from ..memory import recompute_stages
     from ..runtime.engine.sizes_ahead import rank_peaks_ahead, stage_sizes_ahead
+    from ..runtime.sharding.fake_mesh import fake_tp_mesh
+    from ..runtime.sharding.tp_plans import apply_tp
     from ..runtime.stages.copies import balanced_block_counts
 
     x, y = model_def.batch(0, batch_size, seed)
     context = model_def.batch_context(x)
     size = batch_size // (data_ranks * plan.microbatches)
-    sizes = stage_sizes_ahead(model_def.build_block, model_def.num_blocks, plan, model_def.loss_fn, (x[:size], y[:size]),
-                              counts=counts or balanced_block_counts(model_def.block_costs, plan),
-                              recompute=recompute_stages(recompute, plan), dtype=dtype,
-                              context=None if context is None else {k: t[:size] for k, t in context.items()})
+    with fake_tp_mesh(tp) if tp > 1 else nullcontext() as mesh:
+        sizes = stage_sizes_ahead(model_def.build_block, model_def.num_blocks, plan, model_def.loss_fn,
+                                  (x[:size], y[:size]), counts=counts or balanced_block_counts(model_def.block_costs, plan),
+                                  recompute=recompute_stages(recompute, plan), dtype=dtype,
+                                  context=None if context is None else {k: t[:size] for k, t in context.items()},
+                                  shard=None if mesh is None else lambda stage: apply_tp(stage, model_def.tp_plan, mesh))
     return rank_peaks_ahead(plan, sizes)
 
 
-def _activations_unpredicted(model_def, tp: int) -> Optional[str]:
-    """Why the activations of this run are not predicted before launch, or None where they are:
-    a tensor-parallel stage needs its process group; on fake tensors transformers takes its
-    tracing path (an explicit causal mask, keys and values repeated per head), which saves more
-    than the real run (a tiny Llama's middle stages: 2 KiB more per 16-token microbatch), so a
-    Hugging Face model's figure would not be the run's."""
-    if tp > 1:
-        return "under --tp: a tensor-parallel stage needs its process group"
-    if model_def.name.startswith("hf:"):
-        return "for Hugging Face models yet"
-    return None
+def _predicted_activations(model_def, plan: Schedule, counts: Optional[Sequence[int]], batch_size: int,
+                           data_ranks: int, seed: int, recompute, dtype, tp: int) -> tuple[list[float], Optional[str]]:
+    """:func:`activation_peaks`, or zeros and why not: a model whose layers cannot run on fake
+    tensors (a mixture of experts reads its routing's values, or runs a kernel whose fake
+    implementation refuses the dtype) is left unpredicted, and its refusal says so."""
+    import logging
+
+    import torch
+
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")  # logs each failing op's traceback
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
+    try:
+        return activation_peaks(model_def, plan, counts, batch_size, data_ranks, seed, recompute,
+                                dtype or torch.float32, tp), None
+    except RuntimeError as err:  # torch's data-dependent and unsupported-operator errors on fake tensors
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return [0.0] * plan.ranks, f"for --model {model_def.name}, which fails on fake tensors: {first[:120]}"
+    finally:
+        fake_log.setLevel(level)
 
 
 def check_sharded_stages(model_def, plan: Schedule, counts: Optional[Sequence[int]], dp: int, dp_shard: int, tp: int,
@@ -111,7 +132,7 @@ def check_sharded_stages(model_def, plan: Schedule, counts: Optional[Sequence[in
                          dtype=None) -> None:
     """Refuse, in one line, a sharded layout under which some rank would hold no element of a
     stage (:func:`pipesched.layout_refusals.check_stage_shards`), or whose predicted weights,
-    gradients, optimizer state and activations (where predicted: :func:`_activations_unpredicted`)
+    gradients, optimizer state and activations (where predicted: :func:`_predicted_activations`)
     exceed ``limit`` bytes on some rank (``--memory-limit``)."""
     layout = ParallelLayout(plan.ranks, dp, dp_shard, tp)
     stages = stage_specs(model_def, plan, counts, tp)
@@ -120,18 +141,15 @@ def check_sharded_stages(model_def, plan: Schedule, counts: Optional[Sequence[in
         return
     slots = STATE_SLOTS[optimizer]
     held = [rank_state(plan, stages, layout, slots, rank) for rank in range(plan.ranks)]
-    unpredicted = _activations_unpredicted(model_def, tp)
-    if unpredicted is None:
-        import torch
-
-        activations = activation_peaks(model_def, plan, counts, batch_size, dp * dp_shard, seed, recompute,
-                                       dtype or torch.float32)
-    else:
-        activations = [0.0] * plan.ranks
+    activations, unpredicted = _predicted_activations(model_def, plan, counts, batch_size, dp * dp_shard, seed,
+                                                      recompute, dtype, tp)
     rank = max(range(plan.ranks), key=lambda r: sum(held[r].values()) + activations[r])
     parts = held[rank]
     total = sum(parts.values()) + activations[rank]
     if total <= limit:
+        if unpredicted is not None:
+            typer.echo(f"pipesched: warning: --memory-limit counted no activations (not predicted {unpredicted})",
+                       err=True)
         return
     part = max(parts, key=parts.get)
     counted = (f"with {format_bytes(activations[rank])} of activations at the schedule's peak" if unpredicted is None

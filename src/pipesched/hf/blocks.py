@@ -8,7 +8,12 @@ the side inputs of the microbatch being computed (its ``context`` argument, whic
 passes: :mod:`pipesched.runtime.stages.batch_context`): no mask or table is ever sent, so none needs a
 gradient message. The mask is chosen by the layer's own type (full or
 sliding-window attention, ``config.layer_types[index]``), never by its position in a stage, and
-built with transformers' own ``create_causal_mask`` / ``create_sliding_window_causal_mask``.
+built with transformers' own ``create_causal_mask`` / ``create_sliding_window_causal_mask``,
+from real tensors even where the hidden state is fake (the activations ``train --memory-limit``
+predicts on fake tensors, :mod:`pipesched.runtime.engine.sizes_ahead`): transformers reads the
+positions' and the padding's values to choose the mask (none and SDPA's causal kernel with grouped
+keys, or an explicit mask and keys repeated per head), and takes a fake tensor for a traced one,
+whose values it cannot read, so a mask built on fake tensors would not be the run's.
 Whatever a block draws (dropout, router noise) it draws keyed by its index and the microbatch
 (:mod:`.randomness`), so the schedule never changes it.
 
@@ -23,6 +28,7 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .architectures import Architecture
 from .randomness import keyed_draws
@@ -108,10 +114,11 @@ class LayerBlock(nn.Module):
             return torch.empty_like(hidden)  # MoE routing read values, which meta has not)
         layer, rotary = self._parts
         side = context or {}
-        positions = position_ids(side, hidden)
         make_mask = create_sliding_window_causal_mask if self.layer_type == "sliding_attention" else create_causal_mask
-        mask = make_mask(config=self.config, inputs_embeds=hidden, attention_mask=side.get("attention_mask"),
-                         cache=None, position_ids=positions)
+        with unset_fake_temporarily():  # the batch's values choose the mask (module doc)
+            positions = position_ids(side, hidden)
+            mask = make_mask(config=self.config, inputs_embeds=hidden, attention_mask=side.get("attention_mask"),
+                             cache=None, position_ids=positions)
         extra = {}
         if rotary is not None:
             by_type = (self.layer_type,) if self.rotary_by_layer_type else ()

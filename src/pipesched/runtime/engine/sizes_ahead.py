@@ -13,11 +13,17 @@ microbatch through the runtime's own :class:`~.stage_runner.StageRunner` (``F``,
 that crosses ranks arrives in a buffer of its own, as a received one does; one handed over on the
 same rank shares its sender's storage, as the engine hands it.
 
-What it cannot see: tensor parallelism (a DTensor needs a process group; the caller says so),
-kernels chosen by a device other than the CPU (a CUDA attention kernel saves other tensors), and
-code that branches on fake tensors (transformers' masks take their tracing path: the CLI predicts
-no activations for Hugging Face models).
+Tensor parallelism: the caller's ``shard`` parallelises each stage on a fake mesh
+(:mod:`pipesched.runtime.sharding.fake_mesh`), and what autograd saves is then tp rank 0's local
+pieces, as the run's meter counts them. The batch context stays real (not fake): Hugging Face
+blocks build their masks from its values (:mod:`pipesched.hf.blocks`), as the run does.
 FSDP2 sharding changes no activation (the gathered parameters are excluded from the meter).
+What it cannot see: kernels chosen by a device other than the CPU (a CUDA attention kernel saves
+other tensors), and code that reads the values of a fake tensor (a mixture of experts' routing,
+whose saved sizes depend on it: torch raises, and the caller says that nothing was predicted).
+Sizes depend on the values of the batch context (padding, packed documents) only through the
+first microbatch's: where another microbatch of the first step builds a larger mask, the run's
+sizes, the largest of its microbatches', are larger.
 """
 
 from __future__ import annotations
@@ -48,9 +54,12 @@ _CPU = torch.device("cpu")
 def stage_sizes_ahead(build_block: BlockBuilder, num_blocks: int, schedule: Schedule, loss_fn: Callable,
                       microbatch: tuple[torch.Tensor, torch.Tensor], *, counts: Optional[Sequence[int]] = None,
                       recompute: frozenset = frozenset(), dtype: torch.dtype = torch.float32,
-                      context: Optional[dict] = None) -> dict[int, StageMemory]:
+                      context: Optional[dict] = None, shard: Optional[Callable[[nn.Module], object]] = None
+                      ) -> dict[int, StageMemory]:
     """Every stage's sizes for one ``microbatch`` (inputs, targets) and its batch ``context``, as
-    the runtime measures them on its first step (module doc)."""
+    the runtime measures them on its first step (module doc). ``shard``, if given, is applied to
+    each stage on fake tensors as the run applies tensor parallelism to it (after the split
+    backward's Linears, as :func:`~pipesched.runtime.sharding.sharding.shard_stage` comes after them)."""
     copies = ModelCopies(schedule)
     model_ranges = stage_block_ranges(num_blocks, copies.length, counts)
     precision = Precision(dtype, "cpu")
@@ -62,15 +71,17 @@ def stage_sizes_ahead(build_block: BlockBuilder, num_blocks: int, schedule: Sche
     on_meta = [{i: copy.deepcopy(meta_block(build_block, i)) for i in r} for r in copies.stage_ranges(model_ranges)]
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         stages = {s: Stage(s, {i: _on_fake_cpu(b) for i, b in blocks.items()}) for s, blocks in enumerate(on_meta)}
-        meter = ActivationMeter([t for stage in stages.values() for t in (*stage.parameters(), *stage.buffers())])
+        meter = ActivationMeter()
         stash = WeightGradStash(hold=meter.hold)
-        if schedule.split_backward:
-            for stage in stages.values():
+        for stage in stages.values():
+            if schedule.split_backward:
                 make_weight_grads_deferrable(stage, stash)
+            if shard is not None:
+                shard(stage)
+        meter.exclude(t for stage in stages.values() for t in (*stage.parameters(), *stage.buffers()))
         runners = build_runners(stages, copies, loss_fn, schedule.microbatches, shapes=shapes, precision=precision,
                                 meter=meter, stash=stash, recompute=recompute)
-        x, y = mode.from_tensor(x), mode.from_tensor(y)
-        context = None if context is None else {k: mode.from_tensor(t) for k, t in context.items()}
+        x, y = mode.from_tensor(x), mode.from_tensor(y)  # the context stays real: its values choose masks
         learner = SizeLearner()
 
         def observed(action, run, *args):

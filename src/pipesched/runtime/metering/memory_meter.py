@@ -3,7 +3,9 @@
 Counted: every tensor autograd saves for a backward (through
 ``torch.autograd.graph.saved_tensors_hooks``: released when the backward frees its graph), the
 tensors stashed for ``W``, and the stage inputs held from a forward to its backward. Parameters
-are not activations and are left out. Tensors are counted by the bytes of their storage they
+are not activations and are left out. Under tensor parallelism autograd saves DTensors (a split
+Linear's input, replicated or sharded): each counts its local piece, what the rank holds, and a
+weight's (its storage excluded) nothing. Tensors are counted by the bytes of their storage they
 span, each byte once however many views or holders share it, so a Linear's saved input and the
 same input in the W stash count once. A storage is known by its identity (``_cdata``, the
 address of torch's ``StorageImpl``), not by its data pointer: fake tensors have none, and they
@@ -26,7 +28,7 @@ span, is a dictionary lookup). Python bookkeeping only; no device sync.
 from __future__ import annotations
 
 import weakref
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -42,6 +44,11 @@ def _span(tensor: torch.Tensor) -> tuple[int, int]:
         return start, start
     extent = 1 + sum((n - 1) * abs(st) for n, st in zip(tensor.shape, tensor.stride()))
     return start, start + extent * item
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of ``tensor``: a DTensor's local piece, else the tensor itself."""
+    return getattr(tensor, "_local_tensor", tensor)
 
 
 def _union(spans: dict[tuple[int, int], int]) -> int:
@@ -77,8 +84,8 @@ def _unpack(packed):
 class ActivationMeter:
     """Bytes held now and their peak since the last :meth:`reset_peak`."""
 
-    def __init__(self, exclude: list[torch.Tensor] = ()) -> None:
-        self._excluded = {t.untyped_storage()._cdata for t in exclude}
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
+        self._excluded = {_local(t).untyped_storage()._cdata for t in exclude}
         # storage -> [bytes counted, {span: holders}]
         self._held: dict[int, list] = {}
         self.current = 0
@@ -87,25 +94,25 @@ class ActivationMeter:
         excluded, claim = self._excluded, self._claim
 
         def pack(tensor: torch.Tensor):
-            if type(tensor) is not torch.Tensor and hasattr(tensor, "_local_tensor"):
-                return tensor  # a sharded weight (DTensor) that autograd keeps: a parameter, not an activation
-            storage = tensor.untyped_storage()._cdata
-            if storage in excluded:
+            local = tensor if type(tensor) is torch.Tensor else _local(tensor)  # a DTensor: its local piece
+            storage = local.untyped_storage()._cdata
+            if storage in excluded:  # a weight (a sharded one's piece too): not an activation
                 return tensor
             # a tensor with a history is held as an alias without it: holding the original would
             # tie it to its own graph in a cycle, and the executor swaps a stage output's data
-            return claim(tensor if tensor.is_leaf else tensor.detach(), storage)
+            return claim(tensor if tensor.is_leaf else tensor.detach(), storage, local)
 
         self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, _unpack)
 
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Never count ``tensors``' storages from now on (weights a sharded stage gathered)."""
-        self._excluded.update(t.untyped_storage()._cdata for t in tensors)
+        """Never count ``tensors``' storages (a DTensor's local piece's) from now on: weights, those
+        a sharded stage gathered too."""
+        self._excluded.update(_local(t).untyped_storage()._cdata for t in tensors)
 
     def hold(self, tensor: torch.Tensor) -> Claim:
         """Count ``tensor`` (a sharded one's local piece: what this rank holds) until the returned
         claim is dropped."""
-        tensor = getattr(tensor, "_local_tensor", tensor)
+        tensor = _local(tensor)
         return self._claim(tensor, tensor.untyped_storage()._cdata)
 
     def reset_peak(self) -> None:
@@ -134,10 +141,12 @@ class ActivationMeter:
         ``torch.utils.checkpoint``'s ``context_fn``: the recomputation's context)."""
         return _CountRebuilt(self)
 
-    def _claim(self, tensor: torch.Tensor, storage: int) -> Claim:
+    def _claim(self, tensor: torch.Tensor, storage: int, local: Optional[torch.Tensor] = None) -> Claim:
+        """Hold ``tensor``, counting the span of ``storage`` that ``local`` (a DTensor's local
+        piece; the tensor itself by default) covers."""
         claim = Claim.__new__(Claim)
         claim.meter, claim.tensor, claim.storage = self, tensor, storage
-        claim.span = span = _span(tensor)
+        claim.span = span = _span(tensor if local is None else local)
         self._add(storage, span)
         return claim
 

@@ -7,7 +7,9 @@
 - ``sharding``: ``shard_stage`` (TP, then ``fully_shard`` per block and stage) and a sharded
   stage's part in the program (``StageSharding``: UNSHARD, RESHARD, no-sync backwards, REDUCE_GRAD);
 - ``sharded_measure``: the bytes a rank holds, measured (the prediction is
-  :mod:`pipesched.sharded_bytes`'s).
+  :mod:`pipesched.sharded_bytes`'s);
+- ``fake_mesh``: a tensor-parallel mesh on torch's fake process group, in one process: a stage
+  parallelised on it before launch, on fake tensors, saves what a ``tp`` rank's saves.
 
 Imports torch, the planning core, and of the runtime ``comm`` (the mesh) and ``engine`` (the
 split backward's Linears).
