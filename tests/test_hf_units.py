@@ -176,3 +176,14 @@ def test_a_registration_that_leaves_a_step_out_is_refused_in_one_line(monkeypatc
         with pytest.raises(ConfigError, match=f"^pipesched.hf cannot split {name} as declared: on a twin of its "
                                               f"config \\(a few layers, small widths\\) {where}"):
             hf.pipeline(config, schedule, optimizer=torch.optim.SGD, sample_batch=make_batch(0, 8, 16))
+
+
+def test_a_classification_heads_dropout_does_not_refuse_the_causal_model():
+    import transformers as tf
+
+    from pipesched.hf.randomness import random_settings
+
+    # GPT-NeoX's and Falcon's real configs set classifier_dropout=0.1 for their token classifiers,
+    # which a *ForCausalLM never builds; the causal model's own dropouts still count
+    assert random_settings(tf.GPTNeoXConfig()) == []
+    assert random_settings(tf.GPTNeoXConfig(hidden_dropout=0.1)) == ["hidden_dropout=0.1"]

@@ -72,10 +72,12 @@ def keyed_draws(context: dict, block: int, like: torch.Tensor) -> Iterator[None]
 
 def random_settings(config) -> list[str]:
     """The config's settings that make a forward draw (dropout, router jitter) and are not zero:
-    ``["resid_pdrop=0.1", ...]`` (``summary_*``: a sequence-classification head's, never run here)."""
+    ``["resid_pdrop=0.1", ...]``. ``summary_*`` and ``classifier_*`` belong to a classification
+    head (GPT-2's sequence summary; GPT-NeoX's and Falcon's token classifiers, whose configs set
+    ``classifier_dropout=0.1``), never run here."""
     found = []
     for name, value in sorted(vars(config).items()):
-        drawing = name.endswith(("dropout", "pdrop", "jitter_noise")) and not name.startswith("summary_")
+        drawing = name.endswith(("dropout", "pdrop", "jitter_noise")) and not name.startswith(("summary_", "classifier_"))
         if drawing and isinstance(value, (int, float)) and value > 0:
             found.append(f"{name}={value}")
     return found
