@@ -42,7 +42,10 @@ from .parallel_layout import ParallelLayout
 
 # style -> (weight dim, bias dim) split by tensor parallelism, for a Linear's (out, in) weight;
 # a transposed Linear (GPT-2's Conv1D, weight (in, out)) splits the other weight dim
-TP_STYLES = {"colwise": (0, 0), "rowwise": (1, None)}
+TP_STYLES = {"colwise": (0, 0), "rowwise": (1, None),
+             # q/k norms between the two (runtime/sharding/tp_styles.py HeadsNorm): one weight for every
+             # head, replicated; or a weight row per head or channel, split with the heads
+             "head_norm": (None, None), "head_norm_heads_first": (None, None), "split_norm": (0, None)}
 STEP_BYTES = 4  # AdamW's step counter, a float32 scalar tensor per parameter
 MASTER_BYTES = 4  # FSDP2 keeps the sharded parameter (and so its gradient and Adam's moments) in fp32
 ADAM_SLOTS = 2  # Adam's and AdamW's two moments per parameter
@@ -104,8 +107,8 @@ def _fields(b: StateBytes) -> tuple[int, ...]:
     return b.params, b.grads, b.optimizer, b.gathered_params, b.unsharded_grads
 
 
-def tp_dims(style: str, transposed: bool = False) -> tuple[int, Optional[int]]:
-    """(weight dim, bias dim) that tensor-parallel ``style`` splits (bias None: replicated)."""
+def tp_dims(style: str, transposed: bool = False) -> tuple[Optional[int], Optional[int]]:
+    """(weight dim, bias dim) that tensor-parallel ``style`` splits (None: replicated)."""
     weight, bias = TP_STYLES[style]
     return (1 - weight if transposed else weight), bias
 
