@@ -43,7 +43,10 @@ from .parallel_layout import ParallelLayout
 # style -> (weight dim, bias dim) split by tensor parallelism, for a Linear's (out, in) weight;
 # a transposed Linear (GPT-2's Conv1D, weight (in, out)) splits the other weight dim; "rope_key"
 # (DeepSeek's latent attention, runtime/sharding/tp_styles.py) splits nothing, it sums a gradient
-TP_STYLES = {"colwise": (0, 0), "rowwise": (1, None), "rope_key": (None, None)}
+TP_STYLES = {"colwise": (0, 0), "rowwise": (1, None), "rope_key": (None, None),
+             # q/k norms between the two (runtime/sharding/tp_styles.py HeadsNorm): one weight for every
+             # head, replicated; or a weight row per head or channel, split with the heads
+             "head_norm": (None, None), "head_norm_heads_first": (None, None), "split_norm": (0, None)}
 STEP_BYTES = 4  # AdamW's step counter, a float32 scalar tensor per parameter
 MASTER_BYTES = 4  # FSDP2 keeps the sharded parameter (and so its gradient and Adam's moments) in fp32
 ADAM_SLOTS = 2  # Adam's and AdamW's two moments per parameter

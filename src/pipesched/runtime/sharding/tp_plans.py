@@ -1,12 +1,14 @@
 """Tensor-parallel plans of the models pipesched splits, and the styles that apply them.
 
 A plan maps a module-name suffix (matched at a dot boundary: ``"attn.qkv"`` matches
-``"blocks.2.attn.qkv"``) to ``"colwise"`` or ``"rowwise"`` (:data:`~pipesched.sharded_bytes.TP_STYLES`;
-DeepSeek-V3's attention also ``"rope_key"``, below), Megatron's pairing: the projections that fan out (attention q/k/v, the MLP's first layer or
+``"blocks.2.attn.qkv"``) to a style, ``"colwise"``, ``"rowwise"``, a q/k norm's or DeepSeek-V3's
+``"rope_key"`` (:data:`~pipesched.sharded_bytes.TP_STYLES`; below), Megatron's pairing: the
+projections that fan out (attention q/k/v, the MLP's first layer or
 gate/up) split their output features, the ones that fan back in (attention output, MLP down)
 their input features and all-reduce. Between them each rank computes its ``heads / tp`` heads and
 ``hidden / tp`` MLP columns; what enters and leaves a block is a plain replicated tensor, so what
-crosses a stage boundary is unchanged. Norms, embeddings and the head stay replicated.
+crosses a stage boundary is unchanged. Norms (but the q/k norms between the projections, below),
+embeddings and the head stay replicated.
 
 - ``gpt`` (the built-in model): ``attn.qkv`` holds each head's q, k and v rows together
   (:class:`~pipesched.runtime.training.models.CausalSelfAttention`), so a column-wise split hands each rank
@@ -25,6 +27,10 @@ crosses a stage boundary is unchanged. Norms, embeddings and the head stay repli
   head directly would leave that weight's gradient partial (measured at tp 2: gradients 4.3e-4
   off, weights 4.7e-5 after 2 SGD steps): ``"rope_key"`` (:class:`~.tp_styles.SharedRopeKey`)
   sums it over ``tp``.
+- Qwen3, Qwen3-MoE, Gemma 3, Cohere, OLMo 2 (QK_NORM_PLANS below): Llama's plan, and their q/k
+  norms, which sit between the split projections, computed on DTensors
+  (:class:`~.tp_styles.HeadsNorm`): each rank normalises its own heads (OLMo 2's mean over the
+  whole projection all-reduced), and a weight shared by the heads has its gradient summed over ``tp``.
 - GPT-2: the MLP (``c_fc`` / ``c_proj``, Conv1D: weights stored transposed). Its fused ``c_attn``
   holds all q, then all k, then all v: a split by heads would need an interleaved placement
   (``_StridedShard``) that FSDP2 cannot shard again in torch 2.13 (checked: the gathered weight
@@ -64,15 +70,41 @@ HEAD_COUNTS = ("attn.heads",)  # attributes (by name suffix) holding a head coun
 
 # the Hugging Face classes LLAMA_PLAN fits: their attention and MLP carry exactly its module names
 # and hold no parameter of their own between a column-wise projection and its row-wise partner.
-# Others have no plan yet, and --tp is refused for them: Phi-3 and GPT-NeoX fuse q/k/v, Falcon
-# names its parts otherwise, OLMo 2 normalises the whole q and k projections, and Qwen3's and
-# Gemma 3's per-head q/k norms would each see only their rank's heads: a replicated weight's
-# gradient left partial (measured: Qwen3's q_norm 1.2e-4 off after 3 SGD steps at tp 2).
+# Those with q/k norms there have QK_NORM_PLANS below: under LLAMA_PLAN alone a plain replicated
+# norm weight sees only its rank's heads and its gradient stays partial (measured: Qwen3's q_norm
+# 1.2e-4 off after 3 SGD steps at tp 2). Others have no plan yet, and --tp is refused for them:
+# Phi-3 and GPT-NeoX fuse q/k/v, Falcon names its parts otherwise.
 # Each one exact at tp 2 (benchmarks/tp_families.py --check: Starcoder2's MLP and Mixtral's experts
 # carry other names and stay whole).
 LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
               "GraniteForCausalLM", "Starcoder2ForCausalLM", "MixtralForCausalLM")
 OTHER_PLANS = {"Qwen2MoeForCausalLM": QWEN2_MOE_PLAN, "DeepseekV3ForCausalLM": DEEPSEEK_V3_PLAN}
+
+
+def _with_qk_norms(style: str) -> Plan:
+    """Llama's plan, the q/k norms between its projections in ``style`` (tp_styles.HeadsNorm)."""
+    return {**LLAMA_PLAN, "self_attn.q_norm": style, "self_attn.k_norm": style}
+
+
+# the Hugging Face classes with q/k norms between the split projections: Llama's plan (their other
+# names are Llama's) and the norms on DTensors, so their weights' gradients are summed over tp
+# (tp_styles.HeadsNorm; each exact at tp 2, benchmarks/tp_families.py --check):
+# - Qwen3, Qwen3-MoE (experts whole, as Mixtral's): RMSNorm of one head's width on the
+#   (batch, seq, heads, head_dim) view, one weight for every head: replicated;
+# - Gemma 3: the same norms (weight 1 + w) after the transpose to (batch, heads, seq, head_dim);
+# - Cohere: with use_qk_norm, LayerNorms over head_dim whose weight is (heads, head_dim): split with
+#   the heads (without, the plan's norms match nothing and Llama's plan is what is left);
+# - OLMo 2: RMSNorms over the whole q and k projections, (heads * head_dim) weights: split with
+#   the channels, the mean of the squares over every head all-reduced by DTensor.
+QK_NORM_PLANS: dict[str, Plan] = {
+    "Qwen3ForCausalLM": _with_qk_norms("head_norm"), "Qwen3MoeForCausalLM": _with_qk_norms("head_norm"),
+    "Gemma3ForCausalLM": _with_qk_norms("head_norm_heads_first"),
+    "CohereForCausalLM": _with_qk_norms("split_norm"), "Olmo2ForCausalLM": _with_qk_norms("split_norm"),
+}
+
+
+# every Hugging Face class with a plan, by its name
+HF_PLANS: dict[str, Plan] = {**dict.fromkeys(LLAMA_LIKE, LLAMA_PLAN), **OTHER_PLANS, **QK_NORM_PLANS}
 
 
 def plan_for(model_name: str) -> Optional[Plan]:
@@ -82,7 +114,7 @@ def plan_for(model_name: str) -> Optional[Plan]:
         return GPT_PLAN
     if model_name == "GPT2LMHeadModel":
         return GPT2_PLAN
-    return LLAMA_PLAN if model_name in LLAMA_LIKE else OTHER_PLANS.get(model_name)
+    return HF_PLANS.get(model_name)
 
 
 def _matches(name: str, suffix: str) -> bool:

@@ -5,6 +5,14 @@ and the kind of Linear into torch's style object. torch's own ``ColwiseParallel`
 ``RowwiseParallel`` serve ``nn.Linear``; transformers' ``Conv1D`` stores its weight ``(in, out)``,
 so its styles split the other weight dim (:func:`~pipesched.sharded_bytes.tp_dims` says which, for
 the byte model too).
+
+A q/k norm between a column-wise projection and its row-wise partner sees only this rank's heads.
+Left a plain tensor, its weight's gradient would be this rank's heads' share only (partial on each
+rank, and nothing sums it). :class:`HeadsNorm` runs the norm on DTensors instead: its input is
+this rank's slice of the heads (``Shard(heads_dim)``) and its weight a DTensor, so DTensor's
+autograd sums a replicated weight's gradient over ``tp`` (torchtitan's ``SequenceParallel`` for
+Qwen3's norms, with the heads as the sharded dim), and a reduction across the heads (OLMo 2's
+mean over the whole projection) all-reduces.
 """
 
 from __future__ import annotations
@@ -77,11 +85,43 @@ class SharedRopeKey(ParallelStyle):
 
         module.kv_a_proj_with_mqa.register_forward_hook(shared_key)
         return module
+class HeadsNorm(ParallelStyle):
+    """A norm whose input holds this rank's heads on dim ``heads_dim`` (the column-wise
+    projection's local output, viewed or not): computed on DTensors (input ``Shard(heads_dim)``,
+    weight replicated or, when it holds one row per head or per channel, ``Shard(0)``), the
+    output handed on as this rank's local slice, as the projection's was."""
+
+    def __init__(self, heads_dim: int, split_weight: bool) -> None:
+        super().__init__()
+        self.heads_dim = heads_dim
+        self.weight_placement = Shard(0) if split_weight else Replicate()
+
+    def _partition(self, name, module, device_mesh):
+        for pname, param in list(module.named_parameters(recurse=False)):
+            module.register_parameter(pname, nn.Parameter(
+                distribute_tensor(param, device_mesh, [self.weight_placement]), requires_grad=param.requires_grad))
+
+    def _prepare_input(self, module, inputs, device_mesh):
+        return (DTensor.from_local(inputs[0], device_mesh, [Shard(self.heads_dim)], run_check=False), *inputs[1:])
+
+    @staticmethod
+    def _prepare_output(module, output, device_mesh):
+        return output.to_local()
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(module, device_mesh, self._partition, self._prepare_input, self._prepare_output)
 
 
 STYLES = {("colwise", False): ColwiseParallel, ("rowwise", False): RowwiseParallel,
           ("colwise", True): TransposedColwise, ("rowwise", True): TransposedRowwise,
-          ("rope_key", False): SharedRopeKey}
+          ("rope_key", False): SharedRopeKey,
+          # (batch, seq, heads, head_dim), one weight for every head: Qwen3's q/k norms
+          ("head_norm", False): partial(HeadsNorm, 2, split_weight=False),
+          # (batch, heads, seq, head_dim), after the transpose: Gemma 3's
+          ("head_norm_heads_first", False): partial(HeadsNorm, 1, split_weight=False),
+          # a weight row per head (Cohere's (heads, head_dim) on (batch, seq, heads, head_dim)) or per
+          # channel (OLMo 2's (heads * head_dim) on the whole (batch, seq, heads * head_dim) projection)
+          ("split_norm", False): partial(HeadsNorm, 2, split_weight=True)}
 
 
 def style_for(style: str, module: nn.Module):
