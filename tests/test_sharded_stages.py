@@ -19,6 +19,10 @@ its gradient, so the weights differ by lr x that plus a rounding of each update.
 backward (``I`` then ``W``) computes each weight gradient with the same matmul as the fused
 ``B`` and only adds the second microbatch's product in another way (``addmm_`` into ``.grad``),
 a reordering of one sum of at most half the terms.
+
+Tensor parallelism's guard (runtime/sharding/tp_guard.py) finds no partial gradient after the
+first step of any case (fused and split), and refuses Qwen3 under Llama's plan (its per-head q/k
+norms between the split projections) on every rank, once, at dp_shard 2 x tp 2.
 """
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ outside that region (embeddings, the norms between blocks, the head, GPT-2's who
 computes its gradient from tensors that are the same on every ``tp`` rank: the batch, and what a
 row-wise all-reduce returns (each element reduced once and copied: the same bits on every rank).
 Its gradient is then the same on every ``tp`` rank, up to the order of sums in a nondeterministic
-kernel (CUDA atomics). So the guard
-compares, once, after the first step's reductions and before its optimizer step, the gradients
-of every parameter that is not split over ``tp`` (a plain tensor or FSDP's DTensor over the data
-dimensions only; a DTensor on the ``tp`` mesh, e.g. a ``Replicate`` norm weight fed a sharded
-input, has its partial gradients summed by DTensor) across the ``tp`` group, by fingerprint:
+kernel (CUDA atomics). So the guard compares, once, after the first step's reductions and before
+its optimizer step, the gradients of every parameter that is not split over ``tp`` (a plain
+tensor or FSDP's DTensor over the data dimensions only; a DTensor on the ``tp`` mesh, e.g. a
+``Replicate`` norm weight fed a sharded input, has its partial gradients summed by DTensor)
+across the ``tp`` group, by fingerprint:
 
 - each rank projects the gradient (its local FSDP shard: the same elements on every ``tp`` rank
   of a data coordinate) on ``PROJECTIONS`` pseudo-random Gaussian vectors, the same on every rank,
