@@ -154,12 +154,64 @@ def sharded_run(stage, plan, kind, batches, mesh, optimizer_cls, split: bool, re
                 apply_weight_grads(entries)  # the W
         out["unsharded_grad_bytes"] = gathered_bytes(stage, grads=True)
         reduce_grad(stage, divisor)
+        out.setdefault("partial", partial_gradients(stage, mesh))  # the first step's, as the runtime's guard
         reshard(stage)
         out["grads"].append(gathered({n: p.grad for n, p in stage.named_parameters()}))
         optimizer.step()
         out["weights"].append(gathered({n: p.detach() for n, p in stage.named_parameters()}))
     out["bytes"] = held_bytes(stage, optimizer)
     return out
+
+
+def partial_gradients(stage, mesh) -> list[str]:
+    """The parameters of ``stage`` tensor parallelism left whole whose gradients differ across its
+    ``tp`` group (:mod:`pipesched.runtime.sharding.tp_guard`; collective over the group)."""
+    from pipesched.runtime.sharding.tp_guard import disagreeing, replicated_over_tp
+
+    device = next(stage.parameters()).device
+    return disagreeing(replicated_over_tp(stage.named_parameters()), mesh.tp_mesh.get_group(), device)
+
+
+def refused_plan(mesh, device: str) -> dict:
+    """Qwen3 under Llama's plan (its per-head q/k norms sit between the split projections), one
+    step on the sharded stage: what the tp guard raised on this rank (None: nothing), and for
+    each parameter it named, how far apart this ``tp`` group's gradients are (``||g_a - g_b||``
+    over the largest ``||g||``)."""
+    import torch.distributed as dist
+
+    from pipesched.runtime.sharding.sharding import (
+        gradient_divisor,
+        no_sync_backward,
+        reduce_grad,
+        shard_stage,
+        unshard,
+        wait,
+    )
+    from pipesched.runtime.sharding.tp_guard import PartialGradients, check_tp_gradients
+    from pipesched.runtime.sharding.tp_plans import LLAMA_PLAN
+
+    stage, _ = build_stage("qwen3")
+    stage.to(device)
+    shard_stage(stage, mesh, LLAMA_PLAN)
+    x, y = (t.to(device) for t in step_batch("qwen3", 0, mesh.layout.dp * MICROBATCHES * MICROBATCH))
+    wait(unshard(stage))
+    for xm, ym in zip(mesh.pipeline.shard(x).chunk(MICROBATCHES), mesh.pipeline.shard(y).chunk(MICROBATCHES)):
+        no_sync_backward(stage)
+        summed_loss("qwen3", stage(xm), ym).backward()
+    reduce_grad(stage, labelled_tokens("qwen3", y) or gradient_divisor(mesh.layout, MICROBATCHES))
+    try:
+        check_tp_gradients(stage.named_parameters(), mesh, torch.device(device))
+        said = None
+    except PartialGradients as err:
+        said = str(err)
+    group, apart = mesh.tp_mesh.get_group(), {}
+    for name, p in stage.named_parameters():
+        if name.rpartition(".")[0].endswith(("q_norm", "k_norm")):
+            local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            every = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(every, local.contiguous(), group=group)
+            apart[name] = float((every[0] - every[1]).norm() / max(g.norm() for g in every))
+    return {"said": said, "apart": apart}
 
 
 def largest_difference(got: list[dict], want: list[dict]) -> float:
@@ -199,7 +251,10 @@ def run_case(layout_sizes: dict, kinds: list, device: str = "cpu", timeout_s: fl
             "bytes": split["bytes"],
             "gathered_bytes": split["gathered_bytes"],
             "unsharded_grad_bytes": split["unsharded_grad_bytes"],
+            "partial": fused["partial"] + split["partial"],
         }
+    if layout.tp > 1 and not resharded:
+        out["refused"] = refused_plan(mesh, device)
     return out
 
 

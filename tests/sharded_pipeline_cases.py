@@ -76,10 +76,11 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
 
 
 def hf_pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
-    """Each (label, model kind, schedule, (dp_replicate, dp_shard, tp)[, optimizer]) of ``job``
+    """Each (label, model kind, schedule, (dp_replicate, dp_shard, tp)[, settings]) of ``job``
     (runs, batches[, device]): a Hugging Face model pipelined by ``pipesched.hf.pipeline`` over the
-    sharded layout, fp32, SGD (or ``"adamw"``: hf_cases' AdamW), on the batches; rank 0 returns the
-    losses, first gradients, final weights and every rank's state bytes."""
+    sharded layout, fp32, SGD (or, ``settings["optimizer"]`` ``"adamw"``, hf_cases' AdamW), on the
+    batches; rank 0 returns the losses, first gradients, final weights and every rank's state bytes.
+    A run whose settings give a ``tp_plan`` the tp guard refuses returns :func:`refused_step`'s."""
     from hf_cases import adamw, make_model
 
     import pipesched.hf as hf
@@ -92,13 +93,18 @@ def hf_pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
     runs, batches, *where = job
     device = torch.device(where[0] if where else "cpu")
     meshes, out = {}, {}
-    for label, kind, schedule, (replicas, shards, tp), *optimizer in runs:
+    for label, kind, schedule, (replicas, shards, tp), *settings in runs:
+        settings = settings[0] if settings else {}
         layout = runtime_layout(schedule.ranks, replicas, shards, tp)
         if layout not in meshes:
             meshes[layout] = init_sharded_mesh(layout, timeout_s=60, device_type=device.type)
-        make_optimizer = adamw if optimizer == ["adamw"] else lambda ps: torch.optim.SGD(ps, lr=LR)
+        make_optimizer = adamw if settings.get("optimizer") == "adamw" else lambda ps: torch.optim.SGD(ps, lr=LR)
+        options = RuntimeOptions(timeout_s=60, device=device, tp_plan=settings.get("tp_plan"))
         rt = hf.pipeline(make_model(kind, torch.float32), schedule, optimizer=make_optimizer,
-                         sample_batch=batches[0], mesh=meshes[layout], options=RuntimeOptions(timeout_s=60, device=device))
+                         sample_batch=batches[0], mesh=meshes[layout], options=options)
+        if "tp_plan" in settings:
+            out[label] = refused_step(rt, batches[0])
+            continue
         losses, grads = [], None
         for step, batch in enumerate(batches):
             losses.append(rt.step(batch).loss)
@@ -106,6 +112,22 @@ def hf_pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
                 grads = rt.gather_gradients()
         out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict(), "state_bytes": all_ranks(rt.runtime.state_bytes())}
     return out if rank == 0 else None
+
+
+def refused_step(rt, batch: dict) -> dict:
+    """One step of ``rt`` (a ``pipesched.hf`` pipeline) whose plan the tp guard refuses: what each
+    rank raised (None: nothing), and whether the gathered weights after it are those before it."""
+    from pipesched.runtime.sharding.tp_guard import PartialGradients
+
+    before = rt.gather_state_dict()
+    try:
+        rt.step(batch)
+        said = None
+    except PartialGradients as err:
+        said = str(err)
+    after = rt.gather_state_dict()
+    unchanged = before is None or all(torch.equal(before[name], after[name]) for name in before)  # None: not rank 0
+    return {"said": all_ranks(said), "unchanged": unchanged}
 
 
 def held_out_error(size: dict, evaluated: dict) -> float:

@@ -46,6 +46,7 @@ SINGLE_PIPELINE = [f.name for f in pipesched.families() if f.parameter_copies ==
 PLANNED = "interleaved-1f1b planned gathers dp_shard 2"
 # tp's activations predicted before launch: a fused backward, a V (I then W), interleaved, two model copies
 PREDICTED = ("1f1b", "zb-v", "interleaved-zb", "dualpipe")
+REFUSED = "qwen3 under llama's plan zb-v tp 2"
 
 
 def _assert_gathered_where_the_programs_say(results: dict, placed: Counter, windowed: Counter) -> None:
@@ -212,21 +213,39 @@ def test_hugging_face_llama_and_tied_gpt2_train_sharded_stages_as_the_model_in_o
     each its own sharded copy), each at pp 2 x dp_shard 2 and pp 2 x tp 2 (GPT-2's attention stays
     whole under tensor parallelism, its MLP splits); 1e-5 relative as above, bytes as predicted.
     GPT-2 under zb-v with AdamW too: the copy the optimizer does not step holds no state (bytes),
-    weights within AdamW's rounding bound of the model in one process."""
+    weights within AdamW's rounding bound of the model in one process. Qwen3 under zb-v, given
+    Llama's plan, is refused on its first step (every run before it passed tensor parallelism's guard)."""
     from hf_cases import make_batch
     from sharded_pipeline_cases import hf_pipelined_layouts
+
+    from pipesched.runtime.sharding.tp_plans import LLAMA_PLAN
 
     batches = [make_batch(step, 8, 16) for step in range(2)]
     runs = [(f"{kind} {name} {where}", kind, pipesched.build_schedule(name, 2, 2), dims)
             for kind, names in (("llama", ("zb-v",)), ("gpt2", ("1f1b", "zb-v")))
             for name in names for where, dims in LAYOUTS.items()]
-    runs.append(("adamw gpt2 zb-v dp_shard 2", "gpt2", pipesched.build_schedule("zb-v", 2, 2), LAYOUTS["dp_shard 2"], "adamw"))
+    runs.append(("adamw gpt2 zb-v dp_shard 2", "gpt2", pipesched.build_schedule("zb-v", 2, 2), LAYOUTS["dp_shard 2"],
+                 {"optimizer": "adamw"}))
+    runs.append((REFUSED, "qwen3", pipesched.build_schedule("zb-v", 2, 2), LAYOUTS["tp 2"], {"tp_plan": LLAMA_PLAN}))
     results = spawn(hf_pipelined_layouts, 4, (runs, batches), timeout_s=240)[0]
+    _assert_refused_on_every_rank_before_any_weight_changed(results.pop(REFUSED))
     for label, got in results.items():
         assert all(rank["measured"] == rank["predicted"] for rank in got.pop("state_bytes")), label
     _assert_within_adamw_bound(results.pop("adamw gpt2 zb-v dp_shard 2"), "gpt2", batches)
     for kind in ("llama", "gpt2"):
         assert_equal_to_reference({k: v for k, v in results.items() if k.startswith(kind)}, _hf_reference(kind, batches))
+
+
+def _assert_refused_on_every_rank_before_any_weight_changed(refused: dict) -> None:
+    """Qwen3 under Llama's plan through ``pipesched.hf.pipeline`` (a user's own plan): its per-head q/k
+    norms sit between the split projections. The runtime's first update stops every rank with
+    the same line naming them (each pipeline rank holds 2 of the 4 layers: the names of both),
+    and the weights are those before the step (tensor parallelism's guard, tp_guard.py)."""
+    said = set(refused["said"])
+    assert len(said) == 1 and refused["unchanged"], refused
+    line = said.pop()
+    assert line.startswith("tensor parallelism (tp=2): 8 parameters the plan leaves replicated got different gradients "
+                           "on the tp ranks (self_attn.k_norm.weight x4, self_attn.q_norm.weight x4; the first: "), line
 
 
 def _assert_within_adamw_bound(got: dict, kind: str, batches: list) -> None:

@@ -35,6 +35,10 @@ token goes to another expert only if the gap between the last logit chosen and t
 is smaller than that, which would show as a gross error, not a rounding one. The smallest gap
 over every token of the reference run (``routing_margin``) is checked to exceed
 ``ROUTER_NORM x GRAD_TOLERANCE`` (measured about 2e-4).
+
+Tensor parallelism's guard (runtime/sharding/tp_guard.py) finds no partial gradient after the
+first step of any case (fused and split), and refuses Qwen3 under Llama's plan (its per-head q/k
+norms between the split projections) on every rank, once, at dp_shard 2 x tp 2.
 """
 
 from __future__ import annotations
@@ -134,6 +138,33 @@ def test_held_bytes_are_the_predicted_ones(ranks, label, kind):
             assert measured[what] == pytest.approx(figure, rel=0.02), what
         assert case["gathered_bytes"] == pytest.approx(predicted.gathered_params, rel=0.02)
         assert case["unsharded_grad_bytes"] == pytest.approx(predicted.unsharded_grads, rel=0.02)
+
+
+@pytest.mark.parametrize("label, kind", RUNS)
+def test_the_tp_guard_finds_no_partial_gradient_under_a_correct_plan(ranks, label, kind):
+    # every gradient tensor parallelism leaves whole agrees across tp after the first step, fused and split
+    for _, case in each_rank(ranks, label, kind):
+        assert case["partial"] == []
+
+
+def test_the_tp_guard_refuses_a_plan_that_leaves_per_head_norms_between_the_splits(ranks):
+    """Qwen3 under Llama's plan: each of its 4 layers' q_norm and k_norm, named in one line, the
+    same on every rank; the tp ranks' gradients of each differ by more than half the gradient,
+    the premise of the guard's chance of missing one (tp_guard.py: 0.1 ** 16)."""
+    refusing = [label for label, (sizes, _) in CASES.items()
+                if sizes.get("tp", 1) > 1 and not sizes.get("reshard_after_forward")]
+    assert refusing  # (sharded_cases.run_case: once, at a tp layout without resharding)
+    for label in refusing:
+        refused = [ranks[r]["cases"][label]["refused"] for r in sorted(ranks)]
+        said = {case["said"] for case in refused}
+        assert len(said) == 1, said
+        line = said.pop()
+        named = "(self_attn.k_norm.weight x4, self_attn.q_norm.weight x4;"
+        assert line.startswith("tensor parallelism (tp=2): 8 parameters the plan leaves replicated got different "
+                               f"gradients on the tp ranks {named}"), line
+        assert "stopped before any weight changed" in line and "\n" not in line
+        for case in refused:
+            assert len(case["apart"]) == 8 and min(case["apart"].values()) > 0.5, case["apart"]
 
 
 def test_a_head_count_tp_does_not_divide_is_refused_before_anything_is_split():

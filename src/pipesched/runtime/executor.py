@@ -54,6 +54,7 @@ from .program.program import links, lower
 from .sharding.sharded_mesh import ShardedMesh
 from .sharding.sharded_norm import clip_local, global_grad_norm
 from .sharding.sharding import local_tensors, shard_stages
+from .sharding.tp_guard import TpGuard
 from .sharding.tp_plans import param_specs
 from .stages import batch_context
 from .stages.boundary import Value
@@ -109,9 +110,8 @@ class PipelineRuntime(StateAccess):
         owned = [s for s, r in enumerate(schedule.placement) if r == self.rank]
         self.checks = StepChecks(loss_fn, self.shapes, self.mesh, any(map(self.copies.takes_inputs, owned)),
                                  any(map(self.copies.computes_loss, owned)))
-        self.stages: dict[int, Stage] = {
-            s: build_stage(build_block, self.stage_ranges[s], s, options.seed, self.device) for s in owned
-        }
+        self.stages: dict[int, Stage] = {s: build_stage(build_block, self.stage_ranges[s], s, options.seed, self.device)
+                                         for s in owned}
         tied.share_on_rank(self.stages, options.tied, per_stage=self.sharded is not None)
         self.meter = ActivationMeter()
         self.stash = WeightGradStash(hold=self.meter.hold)
@@ -151,6 +151,7 @@ class PipelineRuntime(StateAccess):
                              precision=self.precision, meter=self.meter, streams=self.streams)
         self.transport.connect()
         self.steps_done = 0
+        self.tp_guard = TpGuard(self.sharded, self.device)  # checks the first update's gradients under tp
         self.metering = True  # whether this step's saved tensors are counted (see step)
 
     # -- one step --------------------------------------------------------------------------
@@ -228,14 +229,14 @@ class PipelineRuntime(StateAccess):
         return loss, True, grad_norm
 
     def _update(self, grad_norm: Optional[float]) -> None:
-        """Clip (torch's own scaling, given the norm over every rank), step the optimizer, and
-        stop every rank if a weight became non-finite."""
+        """Clip (torch's own scaling, given the norm over every rank), step the optimizer, and stop every
+        rank if a weight became non-finite, or first (under tp) if a gradient is partial (:mod:`.sharding.tp_guard`)."""
+        self.tp_guard.before_update(self.named_parameters(unique=True))
         if self.sharded and self.options.clip_grad_norm is not None:
             clip_local(self.parameters + self.followers, self.options.clip_grad_norm, grad_norm)
         elif self.agreement.clipping:
-            torch.nn.utils.clip_grads_with_norm_(
-                self.parameters, self.options.clip_grad_norm, torch.tensor(grad_norm, dtype=torch.float64)
-            )
+            torch.nn.utils.clip_grads_with_norm_(self.parameters, self.options.clip_grad_norm,
+                                                 torch.tensor(grad_norm, dtype=torch.float64))
         self.optimizer.step()
         follow(self.tied)
         named = [(n, local_tensors([p])[0]) for n, p in self.named_parameters(unique=True)]  # a shard: this rank's piece

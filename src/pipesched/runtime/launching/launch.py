@@ -201,10 +201,19 @@ def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeo
     except BaseException as err:  # reported to the parent as one line (DCP's errors are BaseExceptions)
         if isinstance(err, SystemExit) and not err.code:
             raise
-        results.put(("error" if _is_consequence(err) else "cause", rank, _one_line(err)))
+        kind, line = failure_report(err)
+        results.put((kind, rank, line))
         results.close()
         results.join_thread()
         os._exit(1)  # skip the group's teardown: its peers may be gone
+
+
+def failure_report(err: BaseException) -> tuple[str, str]:
+    """What a failed rank tells the launcher (:func:`~.rank_watch.collect`): its kind, ``"refused"``
+    (bad input: one of pipesched's own errors), ``"error"`` (another rank's failure echoed) or
+    ``"cause"`` (a failure of its own), and the failure in one line."""
+    kind = "refused" if isinstance(err, PipeschedError) else "error" if _is_consequence(err) else "cause"
+    return kind, _one_line(err)
 
 
 CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "timed out", "Timed out")
@@ -234,7 +243,8 @@ def spawn(worker: Worker, world: int, payload: Any, timeout_s: float = DEFAULT_T
     """Run ``worker(rank, world, payload)`` in ``world`` local processes; return each rank's result.
 
     ``worker`` must be importable (defined at module level): processes are spawned, not forked.
-    Raises DistributedRunError naming every rank that failed, RunStopped on SIGTERM or SIGHUP
+    Raises DistributedRunError naming every rank that failed (:class:`~.rank_watch.RanksRefused`,
+    a ConfigError, when the only cause was bad input a rank refused), RunStopped on SIGTERM or SIGHUP
     and KeyboardInterrupt on Ctrl-C (every rank stopped first). The calling thread must live
     until this returns (it does: it waits here), since on Linux the ranks die with it.
     """

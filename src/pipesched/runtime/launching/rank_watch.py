@@ -3,7 +3,10 @@
 After the first failure the others get a short grace to report why they stopped (a dead peer
 makes their receives fail at once), then they are stopped: one second when the failure was the
 rank's own (a misuse, a full disk), which the others only echo; at once when those left are
-stopped by a signal and cannot answer. :mod:`.launch` starts the ranks and calls :func:`collect`.
+stopped by a signal and cannot answer. Bad input the ranks refused (pipesched's own errors, raised
+on a rank), with nothing else failing of its own, is :class:`RanksRefused`, a ConfigError (the CLI's
+exit 2); any other failure a :class:`DistributedRunError` (exit 1). :mod:`.launch` starts the ranks
+and calls :func:`collect`.
 """
 
 from __future__ import annotations
@@ -16,11 +19,17 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ...errors import RunFailure
+from ...errors import ConfigError, RunFailure
 
 
 class DistributedRunError(RunFailure):
     """One or more ranks failed; the message names each rank and why."""
+
+
+class RanksRefused(ConfigError):
+    """Ranks refused the run as bad input (a :class:`~pipesched.errors.PipeschedError` raised on a
+    rank, e.g. a tensor-parallel plan that leaves gradients partial), and nothing else failed of its
+    own: the CLI says it in one line and exits 2, as for bad input refused before the ranks start."""
 
 
 FAILURE_GRACE_S = 10.0  # after a rank fails, how long the others get to say why they stopped
@@ -37,18 +46,22 @@ def collect(procs: list, results, timeout_s: float) -> dict[int, Any]:
     done: dict[int, Any] = {}
     errors: dict[int, str] = {}
     causes: set[int] = set()  # ranks whose failure is their own
+    refused: set[int] = set()  # ... of which those that refused bad input
+    lost: set[int] = set()  # ranks that died or went silent
     echoes: set[int] = set()  # ranks that reported a peer's failure (gone, silent)
     heard: dict[int, float] = {}  # when each rank last reported progress
     failed_at: Optional[float] = None
     while len(done) + len(errors) < world:
-        _drain(results, done, errors, causes, echoes, heard, wait=0.1)
+        _drain(results, done, errors, causes, echoes, heard, refused, wait=0.1)
         if world == 1 and 0 in heard and not done and not errors and time.monotonic() - heard[0] > timeout_s:
             errors[0] = f"rank 0 timed out after {timeout_s:g}s without progress (it has no peer to wait for) and was stopped"
+            lost.add(0)
         for rank, p in enumerate(procs):
             if rank not in done and rank not in errors and p.exitcode is not None:
-                _drain(results, done, errors, causes, echoes, heard, wait=0.2)
+                _drain(results, done, errors, causes, echoes, heard, refused, wait=0.2)
                 if rank not in done and rank not in errors:
                     errors[rank] = f"rank {rank} died ({_exit_text(p.exitcode)})"
+                    lost.add(rank)
         if errors and failed_at is None:
             failed_at = time.monotonic()
         if failed_at is None:
@@ -63,7 +76,8 @@ def collect(procs: list, results, timeout_s: float) -> dict[int, Any]:
         for rank in echoes:
             errors[rank] = f"rank {rank} was stopped after the failure"
     if errors:
-        raise DistributedRunError(_failure_text(errors))
+        only_refused = refused and causes == refused and not lost  # the others only echo it or were stopped
+        raise (RanksRefused if only_refused else DistributedRunError)(_failure_text(errors))
     return {rank: pickle.loads(blob) for rank, blob in done.items()}
 
 
@@ -90,7 +104,8 @@ def _failure_text(errors: dict[int, str]) -> str:
     return "; ".join(parts)
 
 
-def _drain(results, done: dict, errors: dict, causes: set, echoes: set, heard: dict, wait: float) -> None:
+def _drain(results, done: dict, errors: dict, causes: set, echoes: set, heard: dict, refused: set,
+           wait: float) -> None:
     try:
         kind, rank, value = results.get(timeout=wait)
     except queue.Empty:
@@ -101,7 +116,9 @@ def _drain(results, done: dict, errors: dict, causes: set, echoes: set, heard: d
         else:
             (done if kind == "ok" else errors)[rank] = value
             if kind != "ok":
-                (causes if kind == "cause" else echoes).add(rank)
+                (echoes if kind == "error" else causes).add(rank)
+                if kind == "refused":
+                    refused.add(rank)
         try:
             kind, rank, value = results.get_nowait()
         except queue.Empty:

@@ -6,6 +6,8 @@
 - ``tp_styles``: the ``parallelize_module`` style object behind each style name a plan uses;
 - ``sharding``: ``shard_stage`` (TP, then ``fully_shard`` per block and stage) and a sharded
   stage's part in the program (``StageSharding``: UNSHARD, RESHARD, no-sync backwards, REDUCE_GRAD);
+- ``tp_guard``: a plan that leaves a replicated parameter's gradient partial (different on the
+  ``tp`` ranks), refused on every rank before the first update;
 - ``sharded_measure``: the bytes a rank holds, measured (the prediction is
   :mod:`pipesched.sharded_bytes`'s);
 - ``fake_mesh``: a tensor-parallel mesh on torch's fake process group, in one process: a stage
