@@ -92,6 +92,9 @@ def make_config(kind: str, **extra):
     elif kind == "qwen3-moe":  # layer 1 dense (mlp_only_layers), the others 4 experts, 2 per token
         config = tf.Qwen3MoeConfig(**small, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
                                    mlp_only_layers=[1], experts_implementation="eager")
+    elif kind == "falcon-grouped":  # Falcon 40B's layout: q/k/v rows grouped by key-value head (2 of 4)
+        config = family_config("falcon")
+        config.new_decoder_architecture, config.num_kv_heads = True, 2
     elif kind.partition("/")[0] in FAMILIES:  # "gemma2/6": Gemma 2 of 6 layers
         name, _, layers = kind.partition("/")
         config = family_config(name, int(layers) if layers else None)

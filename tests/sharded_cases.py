@@ -38,7 +38,7 @@ def build_stage(kind: str):
     prepare_split_backward()
     model = make_model(kind, torch.float32)
     blocks = model_blocks(model, architecture_of(model))
-    return Stage(0, dict(enumerate(blocks))), plan_for(type(model).__name__)
+    return Stage(0, dict(enumerate(blocks))), plan_for(type(model).__name__, model.config)
 
 
 def step_batch(kind: str, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,8 +4,9 @@ One launch of 4 gloo processes (tests/sharded_cases.py) runs every case: the bui
 tiny Hugging Face Llama and GPT-2 (tied head) in fp32, each the whole model as one stage trained
 by 2 microbatches a step, with gradient sync off for every backward and one ``reduce_grad`` at
 the end of the step, at pp 2 x dp_shard 2, pp 2 x tp 2, dp_shard 2 x tp 2 and (GPT-2) HSDP
-dp_replicate 2 x dp_shard 2. At pp 2 each pipeline position runs its own copy of the stage on
-its own device mesh.
+dp_replicate 2 x dp_shard 2; at dp_shard 2 x tp 2 also the families whose plans split fused
+projections (GPT-NeoX; Falcon in its multi-query and its grouped layout; Phi-3). At pp 2 each pipeline
+position runs its own copy of the stage on its own device mesh.
 
 Tolerances. The sharded step computes the same products as the reference and only sums them in
 another order: per microbatch and data-parallel rank, then across ranks (and, under tensor
@@ -43,7 +44,7 @@ MODELS = ["gpt", "llama", "gpt2"]
 ALL_CASES = {
     "pp 2 x dp_shard 2": (dict(pp=2, dp_shard=2), MODELS),
     "pp 2 x tp 2": (dict(pp=2, tp=2), MODELS),
-    "dp_shard 2 x tp 2": (dict(pp=1, dp_shard=2, tp=2), MODELS),
+    "dp_shard 2 x tp 2": (dict(pp=1, dp_shard=2, tp=2), [*MODELS, "gpt-neox", "falcon", "falcon-grouped", "phi3"]),
     "dp_replicate 2 x dp_shard 2": (dict(pp=1, dp_replicate=2, dp_shard=2), ["gpt2"]),
     "dp_shard 2 x tp 2, resharded after forward": (dict(pp=1, dp_shard=2, tp=2, reshard_after_forward=True), ["gpt"]),
 }

@@ -97,9 +97,10 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
     costs = tuple(block_costs(blocks, config, context))
     return ModelDef(f"{PREFIX}{config_path}", source.num_blocks, source, loss, batch, costs, tied_groups(source),
                     checkpoint_name=model_name, eval_batch=eval_batch if held_out is not None else None,
-                    tp_plan=plan_for(type(source.skeleton).__name__),
+                    tp_plan=plan_for(type(source.skeleton).__name__, config),
                     heads=tuple(h for h in (getattr(config, "num_attention_heads", None),
-                                            getattr(config, "num_key_value_heads", None)) if h),
+                                            getattr(config, "num_key_value_heads", None),
+                                            getattr(config, "num_kv_heads", None)) if h),
                     context=side)
 
 

@@ -10,12 +10,15 @@ the byte model too).
 from __future__ import annotations
 
 from functools import partial
+from typing import Optional
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+from torch.distributed.tensor.placement_types import _StridedShard
 
+from ...errors import ConfigError
 from ...sharded_bytes import tp_dims
 from ..engine.split_backward import TRANSPOSED_LINEARS
 
@@ -56,8 +59,64 @@ class TransposedRowwise(_TransposedStyle, RowwiseParallel):
     STYLE = "rowwise"
 
 
+class RowwiseOwnedOutput(RowwiseParallel):
+    """Row-wise, returning a tensor of its own: torch's returns a view of the reduced DTensor's,
+    which autograd forbids modifying in place, and Falcon adds its attention's output into its
+    MLP's in place (a copy: the same bits)."""
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        return RowwiseParallel._prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh).clone()
+
+
+STYLE_FUSED3 = "colwise_fused3"  # the fused styles split alike (sharded_bytes.TP_STYLES)
+
+
+class FusedColwise(_TransposedStyle, ColwiseParallel):
+    """Column-wise over a Linear fusing ``parts`` projections of equal width (Phi-3's q|k|v and
+    gate|up, each ``chunk``-ed or sliced apart by the module's forward): each rank holds the same
+    slice of every part (``_StridedShard``), so its output is its heads' q, k and v (its columns'
+    gate and up) in the module's order, and the gathered weight keeps transformers' layout (what
+    checkpoints save). FSDP then shards the input features (:func:`fsdp_placement`)."""
+
+    STYLE = "colwise"
+
+    def __init__(self, parts: int) -> None:
+        super().__init__()
+        self.parts = parts
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        tp = device_mesh.size()
+        for pname, dim in zip(("weight", "bias"), tp_dims(STYLE_FUSED3, is_transposed(module))):
+            param = getattr(module, pname, None)
+            if param is None:
+                continue
+            if dim is not None and param.shape[dim] % (self.parts * tp):
+                raise ConfigError(f"tensor parallelism tp={tp} does not divide the {param.shape[dim] // self.parts} "
+                                  f"outputs of each of the {self.parts} projections {name} fuses")
+            placement = Replicate() if dim is None else _StridedShard(dim, split_factor=self.parts)
+            module.register_parameter(pname, nn.Parameter(
+                distribute_tensor(param, device_mesh, [placement], src_data_rank=self.src_data_rank),
+                requires_grad=param.requires_grad))
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        return outputs.to_local()  # this rank's slice of every part, as the forward reads it
+
+
+def fsdp_placement(param: nn.Parameter) -> Optional[Shard]:
+    """FSDP2's ``shard_placement_fn``: dim 1 for a weight :class:`FusedColwise` split
+    (torch 2.13's FSDP2 cannot shard a ``_StridedShard`` dim again: the gathered weight comes back
+    wrong), its default (dim 0) for the others."""
+    placements = getattr(param, "placements", ())
+    return Shard(1) if param.ndim > 1 and any(isinstance(p, _StridedShard) and p.dim == 0 for p in placements) else None
+
+
 STYLES = {("colwise", False): ColwiseParallel, ("rowwise", False): RowwiseParallel,
-          ("colwise", True): TransposedColwise, ("rowwise", True): TransposedRowwise}
+          ("colwise", True): TransposedColwise, ("rowwise", True): TransposedRowwise,
+          ("rowwise_owned", False): RowwiseOwnedOutput,
+          ("colwise_fused2", False): partial(FusedColwise, 2), ("colwise_fused3", False): partial(FusedColwise, 3),
+          ("colwise_fused3", True): partial(FusedColwise, 3)}
 
 
 def style_for(style: str, module: nn.Module):
