@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 FAMILIES = ["llama", "mistral", "qwen2", "gemma", "gemma2", "granite", "starcoder2", "mixtral", "gpt-neox", "falcon",
-            "falcon-grouped", "phi3"]
+            "falcon-grouped", "phi3", "gpt2"]
 BOUND = 1e-5
 COMMON = ["--batch-size", "8", "--steps", "3", "--lr", "0.05", "--optimizer", "sgd"]
 

@@ -102,6 +102,14 @@ def test_the_split_backward_equals_the_fused_one(ranks, label, kind):
         assert case["split_vs_fused"] <= SPLIT_TOLERANCE
 
 
+@pytest.mark.parametrize("kind", ["phi3", "gpt2"])
+def test_a_checkpoint_of_interleaved_pieces_loads_into_the_sharded_and_the_whole_model(ranks, kind):
+    # Phi-3's q|k|v and GPT-2's c_attn, each rank the same slice of each part: DCP places no
+    # such piece, so checkpoints write them gathered along tp; weights and AdamW moments come back bitwise
+    for _, case in each_rank(ranks, "dp_shard 2 x tp 2", "checkpoint"):
+        assert case[kind] == 0.0
+
+
 @pytest.mark.parametrize("label, kind", RUNS)
 def test_held_bytes_are_the_predicted_ones(ranks, label, kind):
     layout = layout_of(label)
