@@ -1,4 +1,4 @@
-"""Which Hugging Face families train exactly under tensor parallelism with Llama's plan.
+"""Which Hugging Face families train exactly under tensor parallelism with their plans.
 
 For each family (a tiny random config, ``tests/hf_cases.make_config``; Qwen2 and Mistral built
 here), two runs through the console script, side by side: ``train --ranks 2 --tp 2 -s 1f1b``
@@ -7,8 +7,8 @@ same batches. Prints the largest relative difference of the losses and of the fi
 (each tensor's largest difference over its largest entry); ``--check`` exits 1 if either is over
 1e-5 (fp32 sums in another order across the ``tp`` ranks and the microbatches: a few ulps of
 each product, well under 1e-5 at this size). A family whose plan does not fit is refused by
-``train`` in one line (``tp_plans.LLAMA_LIKE`` lists those it fits); this script is how a family
-earns its place there.
+``train`` in one line (``tp_plans.plan_for`` gives none); this script is how a family earns its
+plan ("falcon-grouped": Falcon's 40B layout, q/k/v grouped by key-value head).
 
     PYTHONPATH=src:tests python benchmarks/tp_families.py [--check] [--families gemma,granite]
 """
