@@ -4,7 +4,9 @@ A plan names a style per sub-module (``"colwise"``, ``"rowwise"``); :data:`STYLE
 and the kind of Linear into torch's style object. torch's own ``ColwiseParallel`` /
 ``RowwiseParallel`` serve ``nn.Linear``; transformers' ``Conv1D`` stores its weight ``(in, out)``,
 so its styles split the other weight dim (:func:`~pipesched.sharded_bytes.tp_dims` says which, for
-the byte model too).
+the byte model too). ``"rowwise_owned"`` returns a tensor of its own (Falcon adds into it in
+place); ``"colwise_fused2"`` / ``"colwise_fused3"`` split a Linear (or Conv1D) fusing equal
+projections so each rank holds a slice of every one (:class:`FusedColwise`).
 """
 
 from __future__ import annotations
