@@ -9,7 +9,6 @@ batch (the reference) and returns how far the gathered gradients and weights are
 from __future__ import annotations
 
 import copy
-import shutil
 
 import torch
 import torch.nn.functional as F
@@ -143,35 +142,6 @@ def sharded_run(stage, plan, kind, batches, mesh, optimizer_cls, split: bool, re
     return out
 
 
-def checkpoint_round_trip(template, plan, mesh, trained) -> float:
-    """The largest difference of the weights and AdamW moments of ``trained`` (a sharded stage
-    and its optimizer) from those of a checkpoint of it loaded into a fresh sharded copy and into
-    the unsharded ``template`` (what one process reads): 0 when DCP placed every piece."""
-    import os
-    import tempfile
-
-    from pipesched.runtime.checkpoints import checkpoint
-    from pipesched.runtime.sharding.sharding import full_tensor, shard_stage
-
-    stage, optimizer = trained
-    folder = os.path.join(tempfile.gettempdir(), f"pipesched-sharded-{os.getppid()}")
-    path = checkpoint.save(folder, 1, stage, optimizer)
-    sharded = copy.deepcopy(template)
-    shard_stage(sharded, mesh, plan)
-    whole = copy.deepcopy(template)
-    worst = 0.0
-    for model in (sharded, whole):
-        again = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        checkpoint.load(path, model, again)
-        for p, q in zip(stage.parameters(), model.parameters()):
-            pairs = [(p, q)] + [(optimizer.state[p][k], again.state[q][k]) for k in ("exp_avg", "exp_avg_sq")]
-            worst = max(worst, *(float((full_tensor(a.detach()) - full_tensor(b.detach())).abs().max()) for a, b in pairs))
-    torch.distributed.barrier()  # every rank has read it
-    if torch.distributed.get_rank() == 0:
-        shutil.rmtree(folder, ignore_errors=True)
-    return worst
-
-
 def largest_difference(got: list[dict], want: list[dict]) -> float:
     return max(float((g[n] - w[n]).abs().max()) for g, w in zip(got, want) for n in w)
 
@@ -199,6 +169,8 @@ def run_case(layout_sizes: dict, kinds: list, device: str = "cpu", timeout_s: fl
         fused = sharded_run(copy.deepcopy(stage), plan, kind, batches, mesh, torch.optim.SGD, False, resharded)
         split = sharded_run(copy.deepcopy(stage), plan, kind, batches[:1], mesh, torch.optim.AdamW, True, resharded)
         if any(style.startswith("colwise_fused") for style in plan.values()):  # interleaved pieces
+            from sharded_checkpoint_case import checkpoint_round_trip
+
             out.setdefault("checkpoint", {})[kind] = checkpoint_round_trip(stage, plan, mesh, split["trained"])
         out[kind] = {
             "grad_error": largest_difference(fused["grads"], want["grads"]),
