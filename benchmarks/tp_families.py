@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 FAMILIES = ["llama", "mistral", "qwen2", "gemma", "gemma2", "granite", "starcoder2", "mixtral", "deepseek-v3", "qwen2-moe",
-            "qwen3", "qwen3-moe", "gemma3", "cohere", "cohere-qk", "olmo2"]
+            "qwen3", "qwen3-moe", "gemma3", "cohere", "cohere-qk", "olmo2", "gpt-neox", "falcon", "falcon-grouped", "phi3",
+            "gpt2"]
 BOUND = 1e-5
 COMMON = ["--batch-size", "8", "--steps", "3", "--lr", "0.05", "--optimizer", "sgd"]
 
@@ -80,7 +81,7 @@ def main() -> None:
         for kind in args.families.split(","):
             losses, weights = compare(Path(tmp), kind)
             worst = max(worst, losses, weights)
-            print(f"{kind:12s} losses {losses:.1e}  weights {weights:.1e}", flush=True)
+            print(f"{kind:15s} losses {losses:.1e}  weights {weights:.1e}", flush=True)
     if args.check and worst > BOUND:
         raise SystemExit(f"over {BOUND:g}: {worst:.1e}")
 

@@ -95,6 +95,9 @@ def make_config(kind: str, **extra):
     elif kind == "cohere-qk":  # Cohere with Command R+'s per-head q/k norms (weights (heads, head_dim))
         config = family_config("cohere")
         config.use_qk_norm = True
+    elif kind == "falcon-grouped":  # Falcon 40B's layout: q/k/v rows grouped by key-value head (2 of 4)
+        config = family_config("falcon")
+        config.new_decoder_architecture, config.num_kv_heads = True, 2
     elif kind.partition("/")[0] in FAMILIES:  # "gemma2/6": Gemma 2 of 6 layers
         name, _, layers = kind.partition("/")
         config = family_config(name, int(layers) if layers else None)

@@ -38,7 +38,7 @@ def build_stage(kind: str):
     prepare_split_backward()
     model = make_model(kind, torch.float32)
     blocks = model_blocks(model, architecture_of(model))
-    return Stage(0, dict(enumerate(blocks))), plan_for(type(model).__name__)
+    return Stage(0, dict(enumerate(blocks))), plan_for(type(model).__name__, model.config)
 
 
 def step_batch(kind: str, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,6 +160,7 @@ def sharded_run(stage, plan, kind, batches, mesh, optimizer_cls, split: bool, re
         optimizer.step()
         out["weights"].append(gathered({n: p.detach() for n, p in stage.named_parameters()}))
     out["bytes"] = held_bytes(stage, optimizer)
+    out["trained"] = stage, optimizer
     return out
 
 
@@ -240,6 +241,10 @@ def run_case(layout_sizes: dict, kinds: list, device: str = "cpu", timeout_s: fl
         want = reference(stage, kind, batches)
         fused = sharded_run(copy.deepcopy(stage), plan, kind, batches, mesh, torch.optim.SGD, False, resharded)
         split = sharded_run(copy.deepcopy(stage), plan, kind, batches[:1], mesh, torch.optim.AdamW, True, resharded)
+        if any(style.startswith("colwise_fused") for style in plan.values()):  # interleaved pieces
+            from sharded_checkpoint_case import checkpoint_round_trip
+
+            out.setdefault("checkpoint", {})[kind] = checkpoint_round_trip(stage, plan, mesh, split["trained"])
         out[kind] = {
             "grad_error": largest_difference(fused["grads"], want["grads"]),
             "weight_error": largest_difference(fused["weights"], want["weights"]),

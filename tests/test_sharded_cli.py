@@ -115,9 +115,9 @@ def test_layouts_that_cannot_run_are_refused_in_one_line_before_any_rank_starts(
     # every matrix and norm of this Llama has 4 rows: 8 shards leave 4 ranks of a stage nothing to hold
     LlamaConfig(vocab_size=4, hidden_size=4, intermediate_size=4, num_hidden_layers=2, num_attention_heads=1,
                 num_key_value_heads=1, head_dim=4).to_json_file(tmp_path / "config.json")
-    # Phi-3 fuses q/k/v and gate/up: Llama's plan would split its o_proj and down_proj alone
+    # Phi-3 with fewer key-value heads fuses q, k and v of unequal widths: no plan splits it
     Phi3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=4, pad_token_id=0).to_json_file(tmp_path / "phi3.json")
+               num_key_value_heads=2, pad_token_id=0).to_json_file(tmp_path / "phi3.json")
     rows = [*REFUSED, (["--model", f"hf:{tmp_path / 'config.json'}", "--dp-shard", "8", "--batch-size", "128"],
                        "dp_shard=8 cuts stage 0 into more shards than it has elements to give"),
             (["--model", f"hf:{tmp_path / 'phi3.json'}", "--tp", "2", "--batch-size", "8"],

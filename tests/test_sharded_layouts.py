@@ -33,6 +33,16 @@ def test_a_colwise_weight_is_divided_by_tp_then_by_dp_shard():
     assert held.gathered_params == held.unsharded_grads == 4 * 4 * 4  # the tp piece, gathered
 
 
+def test_an_interleaved_weight_is_sharded_by_fsdp_on_its_input_features():
+    # Phi-3's fused q|k|v (FSDP_DIMS): tp takes 3 of 6 rows, FSDP then half of the 4 columns
+    # (on its rows it would pad 3 rows to 2 + 2, and the second shard would hold one)
+    layout = ParallelLayout(pp=1, dp_shard=2, tp=2)
+    fused = [ParamSpec((6, 4), tp_dim=0, fsdp_dim=1)]
+    first, second = (rank_state_bytes(fused, layout, 0, s, slots=2) for s in range(2))
+    assert first.params == second.params == 3 * 2 * 4
+    assert first.optimizer == second.optimizer == 2 * 3 * 2 * 4 + 4
+
+
 def test_fsdp_pads_every_shard_to_the_first_one_and_the_optimizer_holds_only_its_piece():
     layout = ParallelLayout(pp=1, dp_shard=2)
     bias = [ParamSpec((3,))]

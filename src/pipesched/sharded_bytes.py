@@ -11,7 +11,8 @@ How a parameter is cut (what ``parallelize_module`` then ``fully_shard`` do in t
 - tensor parallelism splits one dimension ``tp`` ways (a column-wise Linear its output rows, a
   row-wise Linear its input columns; :data:`TP_STYLES`), or none (norms, embeddings, the head:
   replicated on every ``tp`` rank);
-- FSDP then splits dim 0 of the tensor-parallel piece ``dp_shard`` ways.
+- FSDP then splits dim 0 of the tensor-parallel piece ``dp_shard`` ways (dim 1 for the
+  interleaved pieces of :data:`FSDP_DIMS`).
 
 Both cut as ``torch.chunk`` does: pieces of ``ceil(n / k)`` rows, the last ones shorter or empty,
 so a rank's share depends on its coordinates. FSDP keeps each sharded parameter in a buffer
@@ -46,7 +47,12 @@ from .parallel_layout import ParallelLayout
 TP_STYLES = {"colwise": (0, 0), "rowwise": (1, None), "rope_key": (None, None),
              # q/k norms between the two (runtime/sharding/tp_styles.py HeadsNorm): one weight for every
              # head, replicated; or a weight row per head or channel, split with the heads
-             "head_norm": (None, None), "head_norm_heads_first": (None, None), "split_norm": (0, None)}
+             "head_norm": (None, None), "head_norm_heads_first": (None, None), "split_norm": (0, None),
+             "rowwise_owned": (1, None), "colwise_fused2": (0, None), "colwise_fused3": (0, None)}
+# styles whose weight FSDP shards on another dim than 0: a Linear fusing equal projections (Phi-3's
+# q|k|v, gate|up) splits each one's rows (an interleaved placement, ``_StridedShard``), which
+# torch 2.13's FSDP2 cannot shard again on the same dim; it shards the input features instead
+FSDP_DIMS = {"colwise_fused2": 1, "colwise_fused3": 1}
 STEP_BYTES = 4  # AdamW's step counter, a float32 scalar tensor per parameter
 MASTER_BYTES = 4  # FSDP2 keeps the sharded parameter (and so its gradient and Adam's moments) in fp32
 ADAM_SLOTS = 2  # Adam's and AdamW's two moments per parameter
@@ -63,6 +69,7 @@ class ParamSpec:
     shape: tuple[int, ...]
     tp_dim: Optional[int] = None
     element_bytes: int = 4
+    fsdp_dim: int = 0  # the dim FSDP splits (:data:`FSDP_DIMS`; it splits a dim other than 0 only evenly)
 
 
 @dataclass(frozen=True)
@@ -133,9 +140,10 @@ def shard_elements(spec: ParamSpec, layout: ParallelLayout, tp_rank: int, shard_
     piece = tp_piece(spec, layout.tp, tp_rank)
     if not piece:  # a scalar is not split
         return 1, 1
-    rest = prod(piece[1:])
-    held = chunk_rows(piece[0], layout.dp_shard, shard_rank) * rest
-    return held, -(-piece[0] // layout.dp_shard) * rest
+    rows = piece[spec.fsdp_dim]
+    rest = prod(piece[:spec.fsdp_dim] + piece[spec.fsdp_dim + 1:])
+    held = chunk_rows(rows, layout.dp_shard, shard_rank) * rest
+    return held, -(-rows // layout.dp_shard) * rest
 
 
 def rank_state_bytes(specs: Iterable[ParamSpec], layout: ParallelLayout, tp_rank: int = 0, shard_rank: int = 0,

@@ -61,8 +61,8 @@ def check_sharding(model_def, dp_shard: int, tp: int) -> None:
     if dp_shard == 1 and tp == 1:
         return
     if tp > 1 and model_def.tp_plan is None:
-        raise ConfigError(f"--tp {tp}: --model {model_def.name} has no tensor-parallel plan (the gpt, GPT-2 and the "
-                          "Hugging Face families docs/layouts.md lists have one)")
+        raise ConfigError(f"--tp {tp}: --model {model_def.name} has no tensor-parallel plan (docs/layouts.md lists "
+                          "the models that have one, and why the others have none)")
     for heads in model_def.heads:
         if heads % tp:
             raise ConfigError(f"--tp {tp} does not divide the {heads} attention heads of --model {model_def.name}")

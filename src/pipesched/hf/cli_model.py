@@ -35,6 +35,7 @@ from .config_file import read_config
 from .pipeline import model_name, tied_groups
 from .randomness import random_settings
 from .split import block_costs
+from .splitting import prepare_split_backward
 
 PREFIX = "hf:"
 DEFAULT_CONTEXT = 64  # tokens per sample, or the model's positions if fewer
@@ -57,6 +58,7 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
     from transformers.loss.loss_utils import ForCausalLMLoss
 
     config = read_config(config_path)
+    prepare_split_backward()  # in every rank: GPT-2's Conv1D is a Linear to the tp styles and the split backward
     drawing = random_settings(config)
     if drawing:
         raise ConfigError(f"--model {PREFIX}{config_path} draws ({', '.join(drawing)}), which train cannot key: "
@@ -97,9 +99,10 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
     costs = tuple(block_costs(blocks, config, context))
     return ModelDef(f"{PREFIX}{config_path}", source.num_blocks, source, loss, batch, costs, tied_groups(source),
                     checkpoint_name=model_name, eval_batch=eval_batch if held_out is not None else None,
-                    tp_plan=plan_for(type(source.skeleton).__name__),
+                    tp_plan=plan_for(type(source.skeleton).__name__, config),
                     heads=tuple(h for h in (getattr(config, "num_attention_heads", None),
-                                            getattr(config, "num_key_value_heads", None)) if h),
+                                            getattr(config, "num_key_value_heads", None),
+                                            getattr(config, "num_kv_heads", None)) if h),
                     context=side)
 
 

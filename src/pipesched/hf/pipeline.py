@@ -162,7 +162,7 @@ def pipeline(
     from ..runtime.executor import PipelineRuntime
     from ..runtime.options import RuntimeOptions
     from ..runtime.sharding.sharded_mesh import ShardedMesh
-    from ..runtime.sharding.tp_plans import HF_PLANS, plan_for
+    from ..runtime.sharding.tp_plans import plan_for
     from .splitting import prepare_split_backward
 
     source = BlockSource(model, weights)
@@ -184,10 +184,10 @@ def pipeline(
                       sample_context={k: v[:one] for k, v in context.items()})
     if sharded and options.tp_plan is None:
         family = type(source.skeleton).__name__
-        plan = plan_for(family)
+        plan = plan_for(family, config)
         if plan is None and mesh.layout.tp > 1:
             raise ConfigError(f"tensor parallelism (tp={mesh.layout.tp}): {family} has no tensor-parallel plan "
-                              f"(the gpt, GPT-2 and {', '.join(HF_PLANS)} have): leave tp at 1")
+                              "(docs/layouts.md lists those that have one, and why the others have none): leave tp at 1")
         options = replace(options, tp_plan=plan)
     prepare_split_backward()
     runtime = PipelineRuntime(source, source.num_blocks, schedule, loss, optimizer, ids[:one], options=options, mesh=mesh)

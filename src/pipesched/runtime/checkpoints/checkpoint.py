@@ -59,6 +59,7 @@ from .checkpoint_files import (  # noqa: F401  (where checkpoints live: part of 
     step_dir,
 )
 from .checkpoint_names import model_shapes, same_name, tied_view  # noqa: F401  (part of this module's API)
+from .checkpoint_strided import portable, restored
 from .checkpoint_writes import reason, writer
 
 PathLike = Union[str, Path]
@@ -192,7 +193,7 @@ def save(directory: PathLike, step: int, model: nn.Module, optimizer: torch.opti
     error = None
     try:
         with _quiet_without_group():
-            _dcp().save(training_state(model, optimizer), checkpoint_id=str(partial), storage_writer=writer(partial), no_dist=not dist.is_initialized())
+            _dcp().save(portable(training_state(model, optimizer)), checkpoint_id=str(partial), storage_writer=writer(partial), no_dist=not dist.is_initialized())
     except BaseException as err:  # DCP's CheckpointException is a BaseException
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise
@@ -237,6 +238,7 @@ def load(path: PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     world = dist.get_world_size() if dist.is_initialized() else 1
     if saved_world(path) != world:
         del state["rng"]
+    live, state = state, portable(state)
     try:
         with _quiet_without_group():
             _dcp().load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
@@ -244,6 +246,7 @@ def load(path: PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> 
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise
         raise CheckpointUnreadable(f"{_step_name(path)}could not read {path}: {reason(err)}") from None
+    state = restored(state, live)
     model.load_state_dict(state["model"])
     _dcp().state_dict.set_optimizer_state_dict(model, optimizer, state["optim"], options=_optim_options())
     for rng in state.get("rng", {}).values():

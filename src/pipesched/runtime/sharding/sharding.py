@@ -42,6 +42,7 @@ from ...errors import ConfigError
 from ...parallel_layout import ParallelLayout
 from .sharded_mesh import ShardedMesh
 from .tp_plans import Plan, apply_tp
+from .tp_styles import fsdp_placement
 
 
 def stage_blocks(module: nn.Module) -> list[nn.Module]:
@@ -66,8 +67,8 @@ def shard_stage(module: nn.Module, mesh: ShardedMesh, plan: Plan, reshard_after_
     all-gather per microbatch); True frees it after each forward, for memory."""
     apply_tp(module, plan, mesh.tp_mesh)
     for block in _own_blocks(stage_blocks(module)):
-        fully_shard(block, mesh=mesh.dp_mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(module, mesh=mesh.dp_mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=mesh.dp_mesh, reshard_after_forward=reshard_after_forward, shard_placement_fn=fsdp_placement)
+    fully_shard(module, mesh=mesh.dp_mesh, reshard_after_forward=reshard_after_forward, shard_placement_fn=fsdp_placement)
     for sub in fsdp_modules(module):
         sub.set_force_sum_reduction_for_comms(True)  # SUM collectives (with a factor: no PREMUL_SUM)
         sub.set_gradient_divide_factor(1.0)  # and no division: reduce_grad divides once

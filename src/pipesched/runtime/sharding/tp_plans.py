@@ -1,9 +1,9 @@
 """Tensor-parallel plans of the models pipesched splits, and the styles that apply them.
 
 A plan maps a module-name suffix (matched at a dot boundary: ``"attn.qkv"`` matches
-``"blocks.2.attn.qkv"``) to a style, ``"colwise"``, ``"rowwise"``, a q/k norm's or DeepSeek-V3's
-``"rope_key"`` (:data:`~pipesched.sharded_bytes.TP_STYLES`; below), Megatron's pairing: the
-projections that fan out (attention q/k/v, the MLP's first layer or
+``"blocks.2.attn.qkv"``) to a style (:data:`~pipesched.sharded_bytes.TP_STYLES`, built by
+:mod:`.tp_styles`), and ``"owner.attribute"`` to :data:`HEADS`: a head count (or width) the module's
+forward reads, divided by ``tp`` once split. The styles follow Megatron's pairing: the projections that fan out (attention q/k/v, the MLP's first layer or
 gate/up) split their output features, the ones that fan back in (attention output, MLP down)
 their input features and all-reduce. Between them each rank computes its ``heads / tp`` heads and
 ``hidden / tp`` MLP columns; what enters and leaves a block is a plain replicated tensor, so what
@@ -31,27 +31,49 @@ embeddings and the head stay replicated.
   norms, which sit between the split projections, computed on DTensors
   (:class:`~.tp_styles.HeadsNorm`): each rank normalises its own heads (OLMo 2's mean over the
   whole projection all-reduced), and a weight shared by the heads has its gradient summed over ``tp``.
-- GPT-2: the MLP (``c_fc`` / ``c_proj``, Conv1D: weights stored transposed). Its fused ``c_attn``
-  holds all q, then all k, then all v: a split by heads would need an interleaved placement
-  (``_StridedShard``) that FSDP2 cannot shard again in torch 2.13 (checked: the gathered weight
-  comes back wrong), so its attention stays replicated across ``tp``.
+- GPT-2: the MLP (``c_fc`` / ``c_proj``, Conv1D: weights stored transposed), and its fused
+  ``c_attn`` (all q, then all k, then all v) as Phi-3's below, ``num_heads`` and ``split_size``
+  divided.
+- GPT-NeoX: ``query_key_value``'s rows are laid out per head (each head's q, k, v together; the
+  forward views them with ``-1`` heads), so a column-wise split hands each rank whole heads, as
+  for the gpt; its parallel residual and partial rotary act per head or outside the pair.
+- Falcon: with ``new_decoder_architecture`` (40B, 180B) the fused rows are grouped by key-value
+  head (a group's queries, then its k and v), without it and without multi-query (RW) per head:
+  a column-wise split hands each rank whole groups, and its ``num_heads`` and ``num_kv_heads`` are
+  divided (``tp`` must divide the key-value heads). The multi-query layout (7B: all queries, then
+  one k and one v) and ALiBi (slopes built for every head outside the attention) keep the
+  attention whole on every ``tp`` rank and split only the MLP. Falcon adds the attention's output
+  into the MLP's in place: its MLP's row-wise output is a tensor of its own (``rowwise_owned``).
+- Phi-3 and GPT-2's attention fuse equal projections one after the other (q | k | v, gate | up;
+  Phi-3's forward slices them with sizes from its config, GPT-2's ``split``-s by ``split_size``):
+  ``colwise_fused3`` / ``colwise_fused2`` give each rank the same slice of every projection
+  (``_StridedShard``), so the gathered weight keeps transformers' layout; FSDP2 shards those
+  weights on their other dim (torch 2.13's cannot shard a ``_StridedShard`` dim again: GPT-2's
+  ``c_attn`` bias, 1-D, trained 1.2e-2 off at dp_shard 2 x tp 2), and a fused bias stays whole on
+  every ``tp`` rank. Phi-3
+  reads its query heads from the config every layer shares: each attention gets its own copy,
+  divided. Phi-3 with fewer key-value than query heads (q, k and v of unequal widths) has no
+  plan. DCP cannot place an interleaved piece: checkpoints gather them along ``tp`` first
+  (:mod:`~pipesched.runtime.checkpoints.checkpoint_strided`).
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+import copy
+from typing import Any, Iterator, Optional
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import parallelize_module
 
 from ...errors import ConfigError
-from ...sharded_bytes import ParamSpec, tp_dims
+from ...sharded_bytes import FSDP_DIMS, ParamSpec, tp_dims
 from .tp_styles import is_transposed, style_for
 
 Plan = dict[str, str]
 
-GPT_PLAN: Plan = {"attn.qkv": "colwise", "attn.proj": "rowwise", "fc1": "colwise", "fc2": "rowwise"}
+HEADS = "heads"  # a plan entry "owner.attribute": HEADS names a head count that tp divides once split
+GPT_PLAN: Plan = {"attn.qkv": "colwise", "attn.proj": "rowwise", "fc1": "colwise", "fc2": "rowwise", "attn.heads": HEADS}
 LLAMA_PLAN: Plan = {
     "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
     "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise",
@@ -65,7 +87,16 @@ DEEPSEEK_V3_PLAN: Plan = {
     "mlp.down_proj": "rowwise", "mlp.shared_experts.gate_proj": "colwise", "mlp.shared_experts.up_proj": "colwise",
     "mlp.shared_experts.down_proj": "rowwise",
 }
-HEAD_COUNTS = ("attn.heads",)  # attributes (by name suffix) holding a head count that tp divides
+GPT2_PLAN: Plan = {"mlp.c_fc": "colwise", "mlp.c_proj": "rowwise", "attn.c_attn": "colwise_fused3", "attn.c_proj": "rowwise",
+                   "attn.num_heads": HEADS, "attn.split_size": HEADS}
+NEOX_PLAN: Plan = {"attention.query_key_value": "colwise", "attention.dense": "rowwise",
+                   "mlp.dense_h_to_4h": "colwise", "mlp.dense_4h_to_h": "rowwise"}
+PHI3_PLAN: Plan = {"self_attn.qkv_proj": "colwise_fused3", "self_attn.o_proj": "rowwise", "mlp.gate_up_proj": "colwise_fused2",
+                   "mlp.down_proj": "rowwise", "self_attn.num_key_value_heads": HEADS,
+                   "self_attn.config.num_attention_heads": HEADS}
+FALCON_MLP_PLAN: Plan = {"mlp.dense_h_to_4h": "colwise", "mlp.dense_4h_to_h": "rowwise_owned"}
+FALCON_PLAN: Plan = {**FALCON_MLP_PLAN, "self_attention.query_key_value": "colwise", "self_attention.dense": "rowwise",
+                     "self_attention.num_heads": HEADS, "self_attention.num_kv_heads": HEADS}
 
 
 # the Hugging Face classes LLAMA_PLAN fits: their attention and MLP carry exactly its module names
@@ -107,14 +138,27 @@ QK_NORM_PLANS: dict[str, Plan] = {
 HF_PLANS: dict[str, Plan] = {**dict.fromkeys(LLAMA_LIKE, LLAMA_PLAN), **OTHER_PLANS, **QK_NORM_PLANS}
 
 
-def plan_for(model_name: str) -> Optional[Plan]:
-    """The plan of ``"gpt"``, or of a Hugging Face ``*ForCausalLM`` class name; None for a model
-    no plan is known to fit."""
+def plan_for(model_name: str, config: Any = None) -> Optional[Plan]:
+    """The plan of ``"gpt"``, or of a Hugging Face ``*ForCausalLM`` class name (and its ``config``:
+    Falcon's plan depends on its layout); None for a model no plan is known to fit."""
     if model_name == "gpt":
         return GPT_PLAN
     if model_name == "GPT2LMHeadModel":
         return GPT2_PLAN
+    if model_name == "GPTNeoXForCausalLM":
+        return NEOX_PLAN
+    if model_name == "Phi3ForCausalLM":  # q, k and v of equal widths: each rank holds a slice of each
+        return PHI3_PLAN if config is not None and config.num_key_value_heads == config.num_attention_heads else None
+    if model_name == "FalconForCausalLM":
+        return FALCON_PLAN if _falcon_heads_split(config) else FALCON_MLP_PLAN
     return HF_PLANS.get(model_name)
+
+
+def _falcon_heads_split(config: Any) -> bool:
+    """Whether Falcon's attention splits by heads: its fused rows grouped by key-value head, and
+    rotary positions (ALiBi's slopes are built for every head, outside the attention)."""
+    grouped = getattr(config, "new_decoder_architecture", False) or not getattr(config, "multi_query", True)
+    return grouped and not getattr(config, "alibi", True)
 
 
 def _matches(name: str, suffix: str) -> bool:
@@ -125,7 +169,7 @@ def planned_modules(module: nn.Module, plan: Plan) -> Iterator[tuple[str, nn.Mod
     """(name, sub-module, style) of every sub-module of ``module`` the plan splits."""
     for name, sub in module.named_modules():
         for suffix, style in plan.items():
-            if _matches(name, suffix):
+            if style != HEADS and _matches(name, suffix):
                 yield name, sub, style
 
 
@@ -133,14 +177,16 @@ def param_specs(module: nn.Module, plan: Plan) -> list[ParamSpec]:
     """Every parameter of ``module`` once (tied ones once), with the dim ``plan`` splits: the
     input of :func:`~pipesched.sharded_bytes.rank_state_bytes`."""
     split: dict[int, int] = {}
+    fsdp: dict[int, int] = {}
     for _, sub, style in planned_modules(module, plan):
         weight_dim, bias_dim = tp_dims(style, is_transposed(sub))
         if weight_dim is None:  # a style that splits no weight of its module
             continue
         split[id(sub.weight)] = weight_dim
+        fsdp[id(sub.weight)] = FSDP_DIMS.get(style, 0)
         if getattr(sub, "bias", None) is not None and bias_dim is not None:
             split[id(sub.bias)] = bias_dim
-    return [ParamSpec(tuple(p.shape), split.get(id(p)), p.element_size()) for p in module.parameters()]
+    return [ParamSpec(tuple(p.shape), split.get(id(p)), p.element_size(), fsdp.get(id(p), 0)) for p in module.parameters()]
 
 
 def apply_tp(module: nn.Module, plan: Plan, tp_mesh: DeviceMesh) -> int:
@@ -151,13 +197,30 @@ def apply_tp(module: nn.Module, plan: Plan, tp_mesh: DeviceMesh) -> int:
     tp = tp_mesh.size()
     if tp == 1:
         return 0
-    counts = [(name, sub, attr) for name, sub in module.named_modules() for owner, _, attr in
-              (suffix.rpartition(".") for suffix in HEAD_COUNTS) if _matches(name, owner) and hasattr(sub, attr)]
-    for name, sub, attr in counts:
-        if getattr(sub, attr) % tp:
-            raise ConfigError(f"tensor parallelism tp={tp} does not divide the {getattr(sub, attr)} heads of {name}")
+    counts = list(_head_counts(module, plan))
+    for name, sub, held, attr in counts:
+        if getattr(getattr(sub, held) if held else sub, attr) % tp:
+            raise ConfigError(f"tensor parallelism tp={tp} does not divide the "
+                              f"{getattr(getattr(sub, held) if held else sub, attr)} heads of {name}")
     styles = {name: style_for(style, sub) for name, sub, style in planned_modules(module, plan)}
     parallelize_module(module, tp_mesh, styles)
-    for name, sub, attr in counts:
-        setattr(sub, attr, getattr(sub, attr) // tp)
+    for name, sub, held, attr in counts:
+        if held:  # an object other modules share (Phi-3's config): this module's own copy
+            setattr(sub, held, copy.copy(getattr(sub, held)))
+        owner = getattr(sub, held) if held else sub
+        setattr(owner, attr, getattr(owner, attr) // tp)
     return len(styles)
+
+
+def _head_counts(module: nn.Module, plan: Plan) -> Iterator[tuple[str, nn.Module, str, str]]:
+    """(module name, module, held object or "", attribute) of each head count the plan's HEADS
+    entries name: ``"attn.heads"`` an attribute of a module, ``"self_attn.config.num_attention_heads"``
+    one of an object the module holds."""
+    for suffix in (suffix for suffix, style in plan.items() if style == HEADS):
+        owner, _, attr = suffix.rpartition(".")
+        held_owner, _, held = owner.rpartition(".")
+        for name, sub in module.named_modules():
+            if _matches(name, owner) and hasattr(sub, attr):
+                yield name, sub, "", attr
+            elif held_owner and _matches(name, held_owner) and hasattr(getattr(sub, held, None), attr):
+                yield name, sub, held, attr

@@ -13,18 +13,25 @@ this rank's slice of the heads (``Shard(heads_dim)``) and its weight a DTensor, 
 autograd sums a replicated weight's gradient over ``tp`` (torchtitan's ``SequenceParallel`` for
 Qwen3's norms, with the heads as the sharded dim), and a reduction across the heads (OLMo 2's
 mean over the whole projection) all-reduces.
+
+``"rowwise_owned"`` returns a tensor of its own (Falcon adds into it in
+place); ``"colwise_fused2"`` / ``"colwise_fused3"`` split a Linear (or Conv1D) fusing equal
+projections so each rank holds a slice of every one (:class:`FusedColwise`).
 """
 
 from __future__ import annotations
 
 from functools import partial
+from typing import Optional
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
+from torch.distributed.tensor.placement_types import _StridedShard
 
+from ...errors import ConfigError
 from ...sharded_bytes import tp_dims
 from ..engine.split_backward import TRANSPOSED_LINEARS
 
@@ -110,6 +117,57 @@ class HeadsNorm(ParallelStyle):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         return distribute_module(module, device_mesh, self._partition, self._prepare_input, self._prepare_output)
+class RowwiseOwnedOutput(RowwiseParallel):
+    """Row-wise, returning a tensor of its own: torch's returns a view of the reduced DTensor's,
+    which autograd forbids modifying in place, and Falcon adds its attention's output into its
+    MLP's in place (a copy: the same bits)."""
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        return RowwiseParallel._prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh).clone()
+
+
+STYLE_FUSED3 = "colwise_fused3"  # the fused styles split alike (sharded_bytes.TP_STYLES)
+
+
+class FusedColwise(_TransposedStyle, ColwiseParallel):
+    """Column-wise over a Linear fusing ``parts`` projections of equal width (Phi-3's q|k|v and
+    gate|up, each ``chunk``-ed or sliced apart by the module's forward): each rank holds the same
+    slice of every part (``_StridedShard``), so its output is its heads' q, k and v (its columns'
+    gate and up) in the module's order, and the gathered weight keeps transformers' layout (what
+    checkpoints save). FSDP then shards the input features (:func:`fsdp_placement`)."""
+
+    STYLE = "colwise"
+
+    def __init__(self, parts: int) -> None:
+        super().__init__()
+        self.parts = parts
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        tp = device_mesh.size()
+        for pname, dim in zip(("weight", "bias"), tp_dims(STYLE_FUSED3, is_transposed(module))):
+            param = getattr(module, pname, None)
+            if param is None:
+                continue
+            if dim is not None and param.shape[dim] % (self.parts * tp):
+                raise ConfigError(f"tensor parallelism tp={tp} does not divide the {param.shape[dim] // self.parts} "
+                                  f"outputs of each of the {self.parts} projections {name} fuses")
+            placement = Replicate() if dim is None else _StridedShard(dim, split_factor=self.parts)
+            module.register_parameter(pname, nn.Parameter(
+                distribute_tensor(param, device_mesh, [placement], src_data_rank=self.src_data_rank),
+                requires_grad=param.requires_grad))
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        return outputs.to_local()  # this rank's slice of every part, as the forward reads it
+
+
+def fsdp_placement(param: nn.Parameter) -> Optional[Shard]:
+    """FSDP2's ``shard_placement_fn``: dim 1 for a weight :class:`FusedColwise` split
+    (torch 2.13's FSDP2 cannot shard a ``_StridedShard`` dim again: the gathered weight comes back
+    wrong), its default (dim 0) for the others."""
+    placements = getattr(param, "placements", ())
+    return Shard(1) if param.ndim > 1 and any(isinstance(p, _StridedShard) and p.dim == 0 for p in placements) else None
 
 
 STYLES = {("colwise", False): ColwiseParallel, ("rowwise", False): RowwiseParallel,
@@ -121,7 +179,10 @@ STYLES = {("colwise", False): ColwiseParallel, ("rowwise", False): RowwiseParall
           ("head_norm_heads_first", False): partial(HeadsNorm, 1, split_weight=False),
           # a weight row per head (Cohere's (heads, head_dim) on (batch, seq, heads, head_dim)) or per
           # channel (OLMo 2's (heads * head_dim) on the whole (batch, seq, heads * head_dim) projection)
-          ("split_norm", False): partial(HeadsNorm, 2, split_weight=True)}
+          ("split_norm", False): partial(HeadsNorm, 2, split_weight=True),
+          ("rowwise_owned", False): RowwiseOwnedOutput,
+          ("colwise_fused2", False): partial(FusedColwise, 2), ("colwise_fused3", False): partial(FusedColwise, 3),
+          ("colwise_fused3", True): partial(FusedColwise, 3)}
 
 
 def style_for(style: str, module: nn.Module):
