@@ -139,7 +139,7 @@ def test_hand_edited_manifests_and_entries_naming_devices_fifos_or_outside_files
         if label == "link":
             (step / "zero").symlink_to("/dev/zero")
         folders[label] = ck
-    results = run_batch([["checkpoint", "verify", str(ck)] for ck in folders.values()], tmp_path, bound_s=10)
+    results = run_batch([["checkpoint", "verify", str(ck)] for ck in folders.values()], tmp_path, bound_s=10, warm=("torch",))
     for (label, (_, why)), result in zip(cases.items(), results):
         assert result.code == 1, (label, result.stderr)
         assert not result.stderr and len(result.stdout.splitlines()) == 1, (label, result.stdout)

@@ -108,7 +108,8 @@ def test_hostile_configs_data_weights_and_save_folders_are_refused_in_one_line_a
         "save into others": (["--model", f"hf:{llama}", "--save-hf", str(full)], "holds 'notes.txt', which is not"),
         "save read-only": (["--model", f"hf:{llama}", "--save-hf", "/proc/pipesched/out"], "does not accept new files"),
     }
-    outcomes = run_batch([[*TRAIN, *args] for args, _ in cases.values()], tmp_path, bound_s=10)
+    outcomes = run_batch([[*TRAIN, *args] for args, _ in cases.values()], tmp_path, bound_s=10,
+                         warm=("torch", "transformers"))
     for (label, (_, why)), outcome in zip(cases.items(), outcomes):
         lines = outcome.stderr.strip().splitlines()
         assert outcome.code == 2 and len(lines) == 1 and not outcome.stdout, (label, outcome)
