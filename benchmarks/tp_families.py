@@ -29,7 +29,7 @@ import torch
 
 FAMILIES = ["llama", "mistral", "qwen2", "gemma", "gemma2", "granite", "starcoder2", "mixtral", "deepseek-v3", "qwen2-moe",
             "qwen3", "qwen3-moe", "gemma3", "cohere", "cohere-qk", "olmo2", "gpt-neox", "falcon", "falcon-grouped", "phi3",
-            "gpt2"]
+            "phi3-gqa", "gpt2"]
 BOUND = 1e-5
 COMMON = ["--batch-size", "8", "--steps", "3", "--lr", "0.05", "--optimizer", "sgd"]
 

@@ -98,6 +98,9 @@ def make_config(kind: str, **extra):
     elif kind == "falcon-grouped":  # Falcon 40B's layout: q/k/v rows grouped by key-value head (2 of 4)
         config = family_config("falcon")
         config.new_decoder_architecture, config.num_kv_heads = True, 2
+    elif kind == "phi3-gqa":  # Phi-3 with fewer key-value heads (2 of 4): q|k|v of unequal widths
+        config = family_config("phi3")
+        config.num_key_value_heads = 2
     elif kind.partition("/")[0] in FAMILIES:  # "gemma2/6": Gemma 2 of 6 layers
         name, _, layers = kind.partition("/")
         config = family_config(name, int(layers) if layers else None)

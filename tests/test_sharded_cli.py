@@ -115,13 +115,13 @@ def test_layouts_that_cannot_run_are_refused_in_one_line_before_any_rank_starts(
     # every matrix and norm of this Llama has 4 rows: 8 shards leave 4 ranks of a stage nothing to hold
     LlamaConfig(vocab_size=4, hidden_size=4, intermediate_size=4, num_hidden_layers=2, num_attention_heads=1,
                 num_key_value_heads=1, head_dim=4).to_json_file(tmp_path / "config.json")
-    # Phi-3 with fewer key-value heads fuses q, k and v of unequal widths: no plan splits it
+    # Phi-3's fused q|k|v and gate|up: FSDP2 shards their 32 input features, only evenly
     Phi3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, pad_token_id=0).to_json_file(tmp_path / "phi3.json")
+               num_key_value_heads=4, pad_token_id=0).to_json_file(tmp_path / "phi3.json")
     rows = [*REFUSED, (["--model", f"hf:{tmp_path / 'config.json'}", "--dp-shard", "8", "--batch-size", "128"],
                        "dp_shard=8 cuts stage 0 into more shards than it has elements to give"),
-            (["--model", f"hf:{tmp_path / 'phi3.json'}", "--tp", "2", "--batch-size", "8"],
-             "has no tensor-parallel plan")]
+            (["--model", f"hf:{tmp_path / 'phi3.json'}", "--tp", "2", "--dp-shard", "3", "--batch-size", "24"],
+             "dp_shard=3 does not divide the 32 input features of a fused projection in stage 0")]
     results = concurrently(lambda row: run_cli("train", "--ranks", "2", *row[0]), rows)
     for (args, message), done in zip(rows, results):
         assert done.returncode == 2, (args, done.stderr)

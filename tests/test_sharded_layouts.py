@@ -34,13 +34,30 @@ def test_a_colwise_weight_is_divided_by_tp_then_by_dp_shard():
 
 
 def test_an_interleaved_weight_is_sharded_by_fsdp_on_its_input_features():
-    # Phi-3's fused q|k|v (FSDP_DIMS): tp takes 3 of 6 rows, FSDP then half of the 4 columns
+    # Phi-3's fused q|k|v (FUSED_STYLES): tp takes 3 of 6 rows, FSDP then half of the 4 columns
     # (on its rows it would pad 3 rows to 2 + 2, and the second shard would hold one)
     layout = ParallelLayout(pp=1, dp_shard=2, tp=2)
     fused = [ParamSpec((6, 4), tp_dim=0, fsdp_dim=1)]
     first, second = (rank_state_bytes(fused, layout, 0, s, slots=2) for s in range(2))
     assert first.params == second.params == 3 * 2 * 4
     assert first.optimizer == second.optimizer == 2 * 3 * 2 * 4 + 4
+
+
+def test_a_fused_weights_input_features_dp_shard_does_not_divide_are_refused():
+    from pipesched.runtime.sharding.tp_plans import PHI3_PLAN, param_specs
+    from torch import nn
+
+    # torch 2.13's FSDP2 shards a dim other than 0 only evenly (it raises inside every rank)
+    block = nn.Module()
+    block.self_attn = nn.Module()
+    block.self_attn.qkv_proj = nn.Linear(6, 18, bias=False)
+    stage = param_specs(block, PHI3_PLAN)
+    assert [s.fsdp_dim for s in stage] == [1]  # the input features
+    check_stage_shards(ParallelLayout(pp=1, dp_shard=2, tp=2), [stage])
+    with pytest.raises(ConfigError, match="dp_shard=4 does not divide the 6 input features of a fused projection "
+                                          "in stage 0") as err:
+        check_stage_shards(ParallelLayout(pp=1, dp_shard=4, tp=2), [stage])
+    assert "\n" not in str(err.value)
 
 
 def test_fsdp_pads_every_shard_to_the_first_one_and_the_optimizer_holds_only_its_piece():

@@ -5,8 +5,8 @@ tiny Hugging Face Llama and GPT-2 (tied head) in fp32, each the whole model as o
 by 2 microbatches a step, with gradient sync off for every backward and one ``reduce_grad`` at
 the end of the step, at pp 2 x dp_shard 2, pp 2 x tp 2, dp_shard 2 x tp 2 and (GPT-2) HSDP
 dp_replicate 2 x dp_shard 2; at dp_shard 2 x tp 2 also the families whose q/k norms sit between
-the split projections (``QK_NORM_MODELS``) and DeepSeek-V3 and Qwen2-MoE (their families' shrunk
-configs). At pp 2 each pipeline position runs its own copy of the stage on its own device mesh.
+the split projections (``QK_NORM_MODELS``), those that fuse or rename their projections
+(``FUSED_MODELS``), and DeepSeek-V3 and Qwen2-MoE (their families' shrunk configs). At pp 2 each pipeline position runs its own copy of the stage on its own device mesh.
 
 Tolerances. The sharded step computes the same products as the reference and only sums them in
 another order: per microbatch and data-parallel rank, then across ranks (and, under tensor
@@ -61,13 +61,16 @@ MODELS = ["gpt", "llama", "gpt2"]
 # the families with q/k norms between the split projections (tp_plans.QK_NORM_PLANS), one per style
 # of norm and Qwen3-MoE (experts whole): the norms' weight gradients summed over tp
 QK_NORM_MODELS = ["qwen3", "qwen3-moe", "gemma3", "cohere-qk", "olmo2"]
+# the families that fuse or rename their projections; Falcon's multi-query layout and Phi-3 with fewer
+# key-value heads split only their MLP
+FUSED_MODELS = ["gpt-neox", "falcon", "falcon-grouped", "phi3", "phi3-gqa"]
 # every case (benchmarks/sharded_vs_torch.py --check runs them all); the suite runs the ones the
 # whole pipelines do not (tests/test_sharded_pipelines.py trains every schedule family at
 # pp 2 x dp_shard 2 and pp 2 x tp 2 through the runtime: the gpt, Llama and tied GPT-2)
 ALL_CASES = {
     "pp 2 x dp_shard 2": (dict(pp=2, dp_shard=2), MODELS),
     "pp 2 x tp 2": (dict(pp=2, tp=2), MODELS),
-    "dp_shard 2 x tp 2": (dict(pp=1, dp_shard=2, tp=2), MODELS + QK_NORM_MODELS + ["deepseek-v3", "qwen2-moe", "gpt-neox", "falcon", "falcon-grouped", "phi3"]),
+    "dp_shard 2 x tp 2": (dict(pp=1, dp_shard=2, tp=2), MODELS + QK_NORM_MODELS + FUSED_MODELS + ["deepseek-v3", "qwen2-moe"]),
     "dp_replicate 2 x dp_shard 2": (dict(pp=1, dp_replicate=2, dp_shard=2), ["gpt2"]),
     "dp_shard 2 x tp 2, resharded after forward": (dict(pp=1, dp_shard=2, tp=2, reshard_after_forward=True), ["gpt"]),
 }

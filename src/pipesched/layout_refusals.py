@@ -4,6 +4,9 @@
   heads, the key-value heads or the hidden size (:meth:`ParallelLayout.check`);
 - ``dp_shard`` cuts a stage into more shards than it has elements to give: some rank would hold
   no element of any of the stage's parameters (FSDP shards dim 0 of each, :mod:`.sharded_bytes`);
+- ``dp_shard`` does not divide the dim FSDP shards a fused projection on (Phi-3's and GPT-2's
+  interleaved pieces: their input features, :data:`~.sharded_bytes.FUSED_STYLES`), which torch 2.13's
+  FSDP2 shards only evenly (it raises inside every rank otherwise);
 - a gradient reduction the backend cannot run: gloo has no ``PREMUL_SUM``, which FSDP2 picks for
   fp32/bf16 gradients as soon as a divide factor other than the shard count is set (torch 2.13
   ``_get_gradient_divide_factors``); sharded stages force SUM reductions and divide once
@@ -23,8 +26,15 @@ COLLECTIVE_DIVIDED_DTYPES = ("float32", "bfloat16")
 
 
 def check_stage_shards(layout: ParallelLayout, stages: Sequence[Sequence[ParamSpec]]) -> None:
-    """Refuse a layout under which some rank of some stage would hold none of its parameters."""
+    """Refuse a layout under which some rank of some stage would hold none of its parameters, or
+    that cuts a fused projection's input features unevenly."""
     for index, specs in enumerate(stages):
+        uneven = sorted({s.shape[s.fsdp_dim] for s in specs if s.fsdp_dim and s.shape[s.fsdp_dim] % layout.dp_shard})
+        if uneven:
+            raise ConfigError(
+                f"dp_shard={layout.dp_shard} does not divide the {uneven[0]} input features of a fused projection "
+                f"in stage {index}, which FSDP2 shards there only evenly: use a dp_shard that divides {uneven[0]}"
+            )
         empty = empty_shards(specs, layout)
         if empty:
             rows = max((s.shape[0] if s.shape else 1) for s in specs) if specs else 0

@@ -12,7 +12,7 @@ How a parameter is cut (what ``parallelize_module`` then ``fully_shard`` do in t
   row-wise Linear its input columns; :data:`TP_STYLES`), or none (norms, embeddings, the head:
   replicated on every ``tp`` rank);
 - FSDP then splits dim 0 of the tensor-parallel piece ``dp_shard`` ways (dim 1 for the
-  interleaved pieces of :data:`FSDP_DIMS`).
+  interleaved pieces of :data:`FUSED_STYLES`: the other dim).
 
 Both cut as ``torch.chunk`` does: pieces of ``ceil(n / k)`` rows, the last ones shorter or empty,
 so a rank's share depends on its coordinates. FSDP keeps each sharded parameter in a buffer
@@ -49,10 +49,11 @@ TP_STYLES = {"colwise": (0, 0), "rowwise": (1, None), "rope_key": (None, None),
              # head, replicated; or a weight row per head or channel, split with the heads
              "head_norm": (None, None), "head_norm_heads_first": (None, None), "split_norm": (0, None),
              "rowwise_owned": (1, None), "colwise_fused2": (0, None), "colwise_fused3": (0, None)}
-# styles whose weight FSDP shards on another dim than 0: a Linear fusing equal projections (Phi-3's
-# q|k|v, gate|up) splits each one's rows (an interleaved placement, ``_StridedShard``), which
-# torch 2.13's FSDP2 cannot shard again on the same dim; it shards the input features instead
-FSDP_DIMS = {"colwise_fused2": 1, "colwise_fused3": 1}
+# styles whose weight FSDP shards on the dim tensor parallelism leaves whole: a Linear fusing equal
+# projections (Phi-3's q|k|v, gate|up; GPT-2's Conv1D q|k|v) splits each one's output features (an
+# interleaved placement, ``_StridedShard``), which torch 2.13's FSDP2 cannot shard again; it shards
+# the input features instead (dim 1 of a Linear's weight, dim 0 of a Conv1D's)
+FUSED_STYLES = frozenset({"colwise_fused2", "colwise_fused3"})
 STEP_BYTES = 4  # AdamW's step counter, a float32 scalar tensor per parameter
 MASTER_BYTES = 4  # FSDP2 keeps the sharded parameter (and so its gradient and Adam's moments) in fp32
 ADAM_SLOTS = 2  # Adam's and AdamW's two moments per parameter
@@ -69,7 +70,7 @@ class ParamSpec:
     shape: tuple[int, ...]
     tp_dim: Optional[int] = None
     element_bytes: int = 4
-    fsdp_dim: int = 0  # the dim FSDP splits (:data:`FSDP_DIMS`; it splits a dim other than 0 only evenly)
+    fsdp_dim: int = 0  # the dim FSDP splits (:data:`FUSED_STYLES`; it splits a dim other than 0 only evenly)
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,9 @@ embeddings and the head stay replicated.
   ``c_attn`` bias, 1-D, trained 1.2e-2 off at dp_shard 2 x tp 2), and a fused bias stays whole on
   every ``tp`` rank. Phi-3
   reads its query heads from the config every layer shares: each attention gets its own copy,
-  divided. Phi-3 with fewer key-value than query heads (q, k and v of unequal widths) has no
-  plan. DCP cannot place an interleaved piece: checkpoints gather them along ``tp`` first
+  divided. Phi-3 with fewer key-value than query heads (q, k and v of unequal widths, which no
+  interleaved placement splits) keeps its attention whole on every ``tp`` rank, as Falcon's
+  multi-query layout does, and splits only its MLP. DCP cannot place an interleaved piece: checkpoints gather them along ``tp`` first
   (:mod:`~pipesched.runtime.checkpoints.checkpoint_strided`).
 """
 
@@ -67,7 +68,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import parallelize_module
 
 from ...errors import ConfigError
-from ...sharded_bytes import FSDP_DIMS, ParamSpec, tp_dims
+from ...sharded_bytes import FUSED_STYLES, ParamSpec, tp_dims
 from .tp_styles import is_transposed, style_for
 
 Plan = dict[str, str]
@@ -91,9 +92,9 @@ GPT2_PLAN: Plan = {"mlp.c_fc": "colwise", "mlp.c_proj": "rowwise", "attn.c_attn"
                    "attn.num_heads": HEADS, "attn.split_size": HEADS}
 NEOX_PLAN: Plan = {"attention.query_key_value": "colwise", "attention.dense": "rowwise",
                    "mlp.dense_h_to_4h": "colwise", "mlp.dense_4h_to_h": "rowwise"}
-PHI3_PLAN: Plan = {"self_attn.qkv_proj": "colwise_fused3", "self_attn.o_proj": "rowwise", "mlp.gate_up_proj": "colwise_fused2",
-                   "mlp.down_proj": "rowwise", "self_attn.num_key_value_heads": HEADS,
-                   "self_attn.config.num_attention_heads": HEADS}
+PHI3_MLP_PLAN: Plan = {"mlp.gate_up_proj": "colwise_fused2", "mlp.down_proj": "rowwise"}
+PHI3_PLAN: Plan = {**PHI3_MLP_PLAN, "self_attn.qkv_proj": "colwise_fused3", "self_attn.o_proj": "rowwise",
+                   "self_attn.num_key_value_heads": HEADS, "self_attn.config.num_attention_heads": HEADS}
 FALCON_MLP_PLAN: Plan = {"mlp.dense_h_to_4h": "colwise", "mlp.dense_4h_to_h": "rowwise_owned"}
 FALCON_PLAN: Plan = {**FALCON_MLP_PLAN, "self_attention.query_key_value": "colwise", "self_attention.dense": "rowwise",
                      "self_attention.num_heads": HEADS, "self_attention.num_kv_heads": HEADS}
@@ -103,9 +104,8 @@ FALCON_PLAN: Plan = {**FALCON_MLP_PLAN, "self_attention.query_key_value": "colwi
 # and hold no parameter of their own between a column-wise projection and its row-wise partner.
 # Those with q/k norms there have QK_NORM_PLANS below: under LLAMA_PLAN alone a plain replicated
 # norm weight sees only its rank's heads and its gradient stays partial (measured: Qwen3's q_norm
-# 1.2e-4 off after 3 SGD steps at tp 2). Others have no plan yet, and --tp is refused for them:
-# Phi-3 and GPT-NeoX fuse q/k/v, Falcon names its parts otherwise.
-# Each one exact at tp 2 (benchmarks/tp_families.py --check: Starcoder2's MLP and Mixtral's experts
+# 1.2e-4 off after 3 SGD steps at tp 2); GPT-NeoX, Falcon and Phi-3 name and fuse theirs
+# otherwise (plan_for). Each one exact at tp 2 (benchmarks/tp_families.py --check: Starcoder2's MLP and Mixtral's experts
 # carry other names and stay whole).
 LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
               "GraniteForCausalLM", "Starcoder2ForCausalLM", "MixtralForCausalLM")
@@ -148,7 +148,8 @@ def plan_for(model_name: str, config: Any = None) -> Optional[Plan]:
     if model_name == "GPTNeoXForCausalLM":
         return NEOX_PLAN
     if model_name == "Phi3ForCausalLM":  # q, k and v of equal widths: each rank holds a slice of each
-        return PHI3_PLAN if config is not None and config.num_key_value_heads == config.num_attention_heads else None
+        equal = config is not None and config.num_key_value_heads == config.num_attention_heads
+        return PHI3_PLAN if equal else PHI3_MLP_PLAN  # fewer kv heads: no placement splits q|k|v, attention whole
     if model_name == "FalconForCausalLM":
         return FALCON_PLAN if _falcon_heads_split(config) else FALCON_MLP_PLAN
     return HF_PLANS.get(model_name)
@@ -183,7 +184,7 @@ def param_specs(module: nn.Module, plan: Plan) -> list[ParamSpec]:
         if weight_dim is None:  # a style that splits no weight of its module
             continue
         split[id(sub.weight)] = weight_dim
-        fsdp[id(sub.weight)] = FSDP_DIMS.get(style, 0)
+        fsdp[id(sub.weight)] = 1 - weight_dim if style in FUSED_STYLES else 0
         if getattr(sub, "bias", None) is not None and bias_dim is not None:
             split[id(sub.bias)] = bias_dim
     return [ParamSpec(tuple(p.shape), split.get(id(p)), p.element_size(), fsdp.get(id(p), 0)) for p in module.parameters()]
