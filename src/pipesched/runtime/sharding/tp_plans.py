@@ -200,9 +200,9 @@ def apply_tp(module: nn.Module, plan: Plan, tp_mesh: DeviceMesh) -> int:
         return 0
     counts = list(_head_counts(module, plan))
     for name, sub, held, attr in counts:
-        if getattr(getattr(sub, held) if held else sub, attr) % tp:
-            raise ConfigError(f"tensor parallelism tp={tp} does not divide the "
-                              f"{getattr(getattr(sub, held) if held else sub, attr)} heads of {name}")
+        heads = getattr(getattr(sub, held) if held else sub, attr)
+        if heads % tp:
+            raise ConfigError(f"tensor parallelism tp={tp} does not divide the {heads} heads of {name}")
     styles = {name: style_for(style, sub) for name, sub, style in planned_modules(module, plan)}
     parallelize_module(module, tp_mesh, styles)
     for name, sub, held, attr in counts:

@@ -41,6 +41,14 @@ def is_transposed(module: nn.Module) -> bool:
     return isinstance(module, tuple(TRANSPOSED_LINEARS))
 
 
+def place_parameter(module: nn.Module, pname: str, device_mesh: DeviceMesh, placement, src_data_rank=0) -> None:
+    """Replace ``module``'s parameter ``pname`` by a DTensor of it placed on ``device_mesh``
+    (each rank keeping its piece of the whole, as torch's own styles do)."""
+    param = getattr(module, pname)
+    module.register_parameter(pname, nn.Parameter(
+        distribute_tensor(param, device_mesh, [placement], src_data_rank=src_data_rank), requires_grad=param.requires_grad))
+
+
 class _TransposedStyle:
     """A style for a Linear whose weight is stored ``(in, out)`` (transformers' Conv1D): the
     same split as its parent style, on the other weight dim."""
@@ -48,11 +56,8 @@ class _TransposedStyle:
     def _partition_linear_fn(self, name, module, device_mesh):
         weight_dim, bias_dim = tp_dims(self.STYLE, transposed=True)
         for pname, placement in (("weight", Shard(weight_dim)), ("bias", Shard(bias_dim) if bias_dim is not None else Replicate())):
-            param = getattr(module, pname, None)
-            if param is not None:
-                module.register_parameter(pname, nn.Parameter(
-                    distribute_tensor(param, device_mesh, [placement], src_data_rank=self.src_data_rank),
-                    requires_grad=param.requires_grad))
+            if getattr(module, pname, None) is not None:
+                place_parameter(module, pname, device_mesh, placement, self.src_data_rank)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if self.STYLE == "rowwise":
@@ -92,6 +97,8 @@ class SharedRopeKey(ParallelStyle):
 
         module.kv_a_proj_with_mqa.register_forward_hook(shared_key)
         return module
+
+
 class HeadsNorm(ParallelStyle):
     """A norm whose input holds this rank's heads on dim ``heads_dim`` (the column-wise
     projection's local output, viewed or not): computed on DTensors (input ``Shard(heads_dim)``,
@@ -104,9 +111,8 @@ class HeadsNorm(ParallelStyle):
         self.weight_placement = Shard(0) if split_weight else Replicate()
 
     def _partition(self, name, module, device_mesh):
-        for pname, param in list(module.named_parameters(recurse=False)):
-            module.register_parameter(pname, nn.Parameter(
-                distribute_tensor(param, device_mesh, [self.weight_placement]), requires_grad=param.requires_grad))
+        for pname, _ in list(module.named_parameters(recurse=False)):
+            place_parameter(module, pname, device_mesh, self.weight_placement)
 
     def _prepare_input(self, module, inputs, device_mesh):
         return (DTensor.from_local(inputs[0], device_mesh, [Shard(self.heads_dim)], run_check=False), *inputs[1:])
@@ -117,6 +123,8 @@ class HeadsNorm(ParallelStyle):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         return distribute_module(module, device_mesh, self._partition, self._prepare_input, self._prepare_output)
+
+
 class RowwiseOwnedOutput(RowwiseParallel):
     """Row-wise, returning a tensor of its own: torch's returns a view of the reduced DTensor's,
     which autograd forbids modifying in place, and Falcon adds its attention's output into its
@@ -153,9 +161,7 @@ class FusedColwise(_TransposedStyle, ColwiseParallel):
                 raise ConfigError(f"tensor parallelism tp={tp} does not divide the {param.shape[dim] // self.parts} "
                                   f"outputs of each of the {self.parts} projections {name} fuses")
             placement = Replicate() if dim is None else _StridedShard(dim, split_factor=self.parts)
-            module.register_parameter(pname, nn.Parameter(
-                distribute_tensor(param, device_mesh, [placement], src_data_rank=self.src_data_rank),
-                requires_grad=param.requires_grad))
+            place_parameter(module, pname, device_mesh, placement, self.src_data_rank)
 
     @staticmethod
     def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
