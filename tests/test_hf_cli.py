@@ -200,7 +200,7 @@ def test_what_the_command_refuses_is_refused_by_the_model_it_builds(configs, tmp
     for args, options, message in cases:
         with pytest.raises(ConfigError, match=message):
             get_model(*args, **options)
-    with pytest.raises(ConfigError, match="--save-hf only apply to --model hf:CONFIG.json"):
+    with pytest.raises(ConfigError, match="--save-hf only applies to --model hf:CONFIG.json"):
         hf_model_options("gpt", None, None, tmp_path)
 
 

@@ -54,7 +54,8 @@ class DataFlags:
         if given and not model.startswith(HF_PREFIX):
             flags = {"context": "--seq-len", "tokenizer": "--tokenizer", "eval_data": "--eval-data", "eval_share": "--eval-share",
                      "packing": "--packing"}
-            raise ConfigError(f"{' and '.join(flags[k] for k in given)} only apply to --model hf:CONFIG.json")
+            raise ConfigError(f"{' and '.join(flags[k] for k in given)} only {'apply' if len(given) > 1 else 'applies'} "
+                              "to --model hf:CONFIG.json")
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in given.items()}
 
     @property

@@ -26,7 +26,8 @@ def hf_model_options(model: str, data: Optional[Path], weights: Optional[Path], 
              if value is not None}
     if not model.startswith(HF_PREFIX):
         if given:
-            raise ConfigError(f"{' and '.join(given)} only apply to --model hf:CONFIG.json (a Hugging Face causal LM)")
+            raise ConfigError(f"{' and '.join(given)} only {'apply' if len(given) > 1 else 'applies'} to --model "
+                              "hf:CONFIG.json (a Hugging Face causal LM)")
         return {}
     if save_hf is not None:
         from ..hf.save_folder import check_save_folder
