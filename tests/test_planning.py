@@ -1,8 +1,9 @@
-"""The planning-work estimate bounds the real work, its time per action matches real builds,
+"""The planning-work estimate bounds the real work, its time per action is in proportion to real builds,
 and only plans predicted above about a minute are refused, naming a size that fits."""
 
 from __future__ import annotations
 
+import gc
 import re
 import resource
 import subprocess
@@ -125,23 +126,58 @@ def test_simulate_zb_v_on_64_ranks_and_512_microbatches_takes_seconds():
     assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) < 5  # CPU seconds
 
 
-# one family of each kind of planning, at a size of a fraction of a second to a few seconds
-RATE_CASES = [("1f1b", 32, 256, None), ("interleaved-zb", 16, 64, SKEWED), ("v-min", 16, 64, SKEWED),
+def _cpu_seconds(plan) -> float:
+    """The best of three CPU times of ``plan()``, with this process's objects frozen out of the
+    garbage collector: a full collection here scans everything earlier tests left alive (torch,
+    models), which the console script never holds. One such collection made a 0.03 s build take
+    0.15 s here and 0.26 s in CI; a noisy neighbour's cache misses are not the planner's either."""
+    taken = []
+    for _ in range(3):
+        gc.collect()
+        gc.freeze()
+        try:
+            started = time.process_time()
+            plan()
+            taken.append(time.process_time() - started)
+        finally:
+            gc.unfreeze()
+    return min(taken)
+
+
+def _taken_over_predicted(name, ranks, microbatches, costs) -> float:
+    taken = _cpu_seconds(lambda: simulate(build_schedule(name, ranks, microbatches, costs=costs), costs))
+    return taken / planning_seconds(get_family(name), ranks, microbatches, None)
+
+
+PROJECT_MACHINE_SPEED = 0.3  # the fixture's figure on the project's machine, at its highest
+
+
+@pytest.fixture(scope="module")
+def machine_speed() -> float:
+    """This machine's CPU time per predicted second for the simplest kind of planning (1f1b's
+    construction). The rates were measured on the project's 2-core machine, where it is 0.2-0.3;
+    ``benchmarks/planning_rates.py --check`` holds them to that machine. Here they are checked
+    against each other, and a stated time against this machine's speed, so the test holds on a
+    slower machine too."""
+    return _taken_over_predicted("1f1b", 32, 256, None)
+
+
+# one family of each other kind of planning, at a size of a fraction of a second to a few seconds
+RATE_CASES = [("interleaved-zb", 16, 64, SKEWED), ("v-min", 16, 64, SKEWED),
               ("zb-auto", 8, 32, SKEWED)]  # zb-auto at 8 x 32 runs its exact refinement (MILP)
 
 
 @pytest.mark.parametrize("name, ranks, microbatches, costs", RATE_CASES)
-def test_the_time_per_action_of_each_kind_of_planning_matches_a_real_build(name, ranks, microbatches, costs):
-    family = get_family(name)
-    predicted = planning_seconds(family, ranks, microbatches, None)
-    started = time.process_time()
-    simulate(build_schedule(name, ranks, microbatches, costs=costs), costs)
-    taken = time.process_time() - started
-    assert predicted / 8 <= taken <= 1.5 * predicted, (family.planning, taken, predicted)
+def test_each_kind_of_planning_is_charged_in_proportion_to_its_real_time(name, ranks, microbatches, costs,
+                                                                          machine_speed):
+    # measured on the project's machine: 0.9x (search), 1.2x (greedy), 1.9x (zb-auto's MILP, C code)
+    # the construction's ratio; a rate an order of magnitude off would misjudge what fits
+    relative = _taken_over_predicted(name, ranks, microbatches, costs) / machine_speed
+    assert 1 / 8 <= relative <= 4, (get_family(name).planning, relative)
 
 
 @pytest.mark.parametrize("name, ranks, costs", [("1f1b", 64, None), ("interleaved-zb", 8, SKEWED), ("zb-v", 8, SKEWED)])
-def test_a_refusal_names_a_size_that_finishes_within_its_stated_time(name, ranks, costs, monkeypatch):
+def test_a_refusal_names_a_size_that_finishes_within_its_stated_time(name, ranks, costs, monkeypatch, machine_speed):
     monkeypatch.setattr(planning, "MAX_PLANNING_SECONDS", 1.0)  # a one-second budget: the same rule, faster
     with pytest.raises(ConfigError) as refused:
         build_schedule(name, ranks, 100_000, costs=costs)
@@ -149,12 +185,10 @@ def test_a_refusal_names_a_size_that_finishes_within_its_stated_time(name, ranks
     stated = re.search(r"or fewer \(about ([\d.]+) (ms|s)\)", message)
     assert stated, message
     seconds = float(stated.group(1)) / (1000 if stated.group(2) == "ms" else 1)
-    taken = []
-    for _ in range(3):  # the best of three: a noisy neighbour's cache misses are not the planner's
-        started = time.process_time()
-        simulate(build_schedule(name, ranks, _named_size(message), costs=costs), costs)
-        taken.append(time.process_time() - started)
-    assert min(taken) <= 1.25 * seconds
+    size = _named_size(message)
+    taken = _cpu_seconds(lambda: simulate(build_schedule(name, ranks, size, costs=costs), costs))
+    # within the stated time on the project's machine; on a slower one, in proportion to its speed
+    assert taken <= 1.25 * seconds * max(1.0, machine_speed / PROJECT_MACHINE_SPEED)
 
 
 def test_no_microbatch_count_fits_when_the_ranks_alone_are_too_many():

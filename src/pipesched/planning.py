@@ -16,8 +16,9 @@ and placements (interleaved, zb-auto's seeds) simulates each candidate; the V fa
 list scheduler scans its ranks for every action it places; zb-auto's exact refinement (a MILP,
 small instances only) is counted in its search width. Those rates were measured in CPU seconds on
 this project's 2-core machine (``python benchmarks/planning_rates.py``; benchmarks/RESULTS.md,
-"Planning bound in seconds") and rounded up, so the time stated is an upper estimate;
-tests/test_planning.py checks them against real builds. A request predicted above
+"Planning bound in seconds") and rounded up, so the time stated is an upper estimate there
+(``planning_rates.py --check`` holds them to it); tests/test_planning.py checks that they are in
+proportion to real builds on any machine. A request predicted above
 :data:`MAX_PLANNING_SECONDS` is refused up front, in one line naming the largest size that fits
 and its predicted time. One schedule also holds a few hundred bytes per action: above
 :data:`MAX_ACTIONS_HELD` actions in one schedule (some GB) it is refused on memory alone.
