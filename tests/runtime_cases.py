@@ -193,11 +193,14 @@ def nonfinite_run(rank: int, world: int, job: tuple) -> list:
     return [result.skipped, unchanged]
 
 
-def rank_setup(rank: int, world: int, _job) -> tuple[int, bool]:
-    """What a spawned rank runs with: its compute threads and whether freed memory is kept."""
+def rank_setup(rank: int, world: int, _job) -> tuple[int, bool, str]:
+    """What a spawned rank runs with: its compute threads, whether freed memory is kept, and the
+    store it joined."""
+    import os
+
     from pipesched.runtime.launching import launch
 
-    return torch.get_num_threads(), launch.memory_kept
+    return torch.get_num_threads(), launch.memory_kept, os.environ["MASTER_PORT"]
 
 
 class StridedOutput(nn.Module):

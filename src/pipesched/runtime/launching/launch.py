@@ -1,6 +1,8 @@
 """Start the ranks: spawn local processes (gloo, one thread each) or join torchrun's group.
 
-Local runs pick a free port on 127.0.0.1, start one process per rank (one compute thread each,
+Local runs host the group's rendezvous store in the launcher, on a port the store binds itself
+(no port is looked up and bound later: another run on the host cannot take it in between, nor
+can a rank join another run's store), start one process per rank (one compute thread each,
 freed memory kept for the next step) and watch them: when one fails or dies, the others are
 expected to fail on their own within the timeout (their receives raise, naming the rank and
 action they waited on); whatever is still alive 10 seconds later is killed (one second when the
@@ -19,7 +21,6 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
-import socket
 import threading
 import traceback
 from contextlib import contextmanager
@@ -78,32 +79,31 @@ def under_torchrun() -> bool:
     return torchrun_rank() is not None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 JOIN_TIMEOUT_S = 120.0
 
 
-def init_group(rank: int, world: int, backend: str, timeout_s: float, *, host_store: bool = False) -> None:
+def init_group(rank: int, world: int, backend: str, timeout_s: float, *, spawned: bool = False) -> None:
     """Join the process group; ``timeout_s`` bounds every wait for a peer once joined.
 
-    ``host_store`` (local ranks we spawned): rank 0 hosts the rendezvous store itself, and joining
-    waits at least ``JOIN_TIMEOUT_S``: our ranks start seconds apart on a loaded machine (each
-    imports torch), which a short ``--timeout`` meant for a silent peer must not turn into a
-    failed start. Under torchrun its agent hosts the store, and its rendezvous bounds the join.
+    ``spawned`` (local ranks we started): the launcher hosts the store (:func:`_hosted_store`) at
+    ``MASTER_ADDR:MASTER_PORT``, and joining waits at least ``JOIN_TIMEOUT_S``: our ranks start
+    seconds apart on a loaded machine (each imports torch), which a short ``--timeout`` meant for
+    a silent peer must not turn into a failed start. Under torchrun its agent hosts the store, and
+    its rendezvous bounds the join.
     """
     timeout = timedelta(seconds=timeout_s)
-    if not host_store:
+    if not spawned:
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
         return
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=rank == 0,
-        timeout=timedelta(seconds=max(timeout_s, JOIN_TIMEOUT_S)),
-    )
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=max(timeout_s, JOIN_TIMEOUT_S)))
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
+def _hosted_store() -> dist.TCPStore:
+    """The rendezvous store of one local run, hosted by the launcher on a port it binds itself
+    (port 0: the system's choice, held until the run ends)."""
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
 def run_torchrun(worker: Worker, payload: Any, timeout_s: float) -> Any:
@@ -193,7 +193,7 @@ def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeo
     if os.environ.get("PIPESCHED_KEEP_FREED_MEMORY", "1") != "0":
         keep_freed_memory()
     try:
-        init_group(rank, world, "gloo", timeout_s, host_store=True)
+        init_group(rank, world, "gloo", timeout_s, spawned=True)
         _progress_to = lambda: results.put(("alive", rank, None))  # noqa: E731
         # plain pickle: tensors travel as bytes, not as shared-memory handles that die with us
         results.put(("ok", rank, pickle.dumps(worker(rank, world, payload))))
@@ -248,25 +248,11 @@ def spawn(worker: Worker, world: int, payload: Any, timeout_s: float = DEFAULT_T
     and KeyboardInterrupt on Ctrl-C (every rank stopped first). The calling thread must live
     until this returns (it does: it waits here), since on Linux the ranks die with it.
     """
-    for _ in range(PORT_TRIES - 1):
-        try:
-            return _spawn_on(_free_port(), worker, world, payload, timeout_s)
-        except DistributedRunError as err:
-            # the free port was taken between our look and rank 0's bind (another process on this
-            # host): the group never formed and no worker ran, so another port is tried
-            if "EADDRINUSE" not in str(err):
-                raise
-    return _spawn_on(_free_port(), worker, world, payload, timeout_s)
-
-
-PORT_TRIES = 3  # free ports tried before a taken one is reported
-
-
-def _spawn_on(port: int, worker: Worker, world: int, payload: Any, timeout_s: float) -> dict[int, Any]:
+    store = _hosted_store()  # lives until every rank is done
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=_child, args=(r, world, port, worker, payload, timeout_s, results, os.getpid()), daemon=True)
+        ctx.Process(target=_child, args=(r, world, store.port, worker, payload, timeout_s, results, os.getpid()), daemon=True)
         for r in range(world)
     ]
     with stop_on_termination():
