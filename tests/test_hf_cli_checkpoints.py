@@ -20,7 +20,10 @@ def test_moe_folders_transformers_wrote_train_and_resave_as_transformers_stores_
     """A Mixtral and a Qwen3-MoE folder written by transformers' own ``save_pretrained`` (experts
     stored one by one) train from ``--hf-weights`` on 2 ranks and resave with ``--save-hf`` in the
     same layout; transformers loads that folder with the logits of the folder's model trained the
-    same step in one process (transformers' model itself, SGD, the command's batch).
+    same step in one process (transformers' model itself, SGD, the command's batch). The
+    activations predicted before launch on fake tensors (the experts' grouped matmul answered as
+    the CPU kernel allocates: pipesched/runtime/engine/fake_kernels.py) are the run's own
+    prediction to the byte.
 
     fp32 both ways, the pipeline's sums in another order (2 microbatches, 2 ranks): the losses
     within 1e-5 relative, the logits (about 0.5) within 1e-5, a hundred times fp32's rounding of
@@ -28,6 +31,8 @@ def test_moe_folders_transformers_wrote_train_and_resave_as_transformers_stores_
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
+    import pipesched
+    from pipesched.cli.train_memory import activation_peaks
     from pipesched.runtime.training.models import get_model
 
     kinds = ("mixtral", "qwen3-moe")
@@ -46,6 +51,9 @@ def test_moe_folders_transformers_wrote_train_and_resave_as_transformers_stores_
         md = get_model(f"hf:{tmp_path / kind / 'config.json'}", weights=str(tmp_path / kind), context=16)
         model = AutoModelForCausalLM.from_pretrained(tmp_path / kind)
         before = AutoModelForCausalLM.from_pretrained(tmp_path / kind)
+        predicted = activation_peaks(md, pipesched.build_schedule("1f1b", 2, 2), None, 4, 1, 0, None, torch.float32)
+        for rank in json.loads((tmp_path / f"{kind}.json").read_text())["memory"]:
+            assert rank["predicted_peak_activation_bytes"] == predicted[rank["rank"]], (kind, rank)
         x, y = md.batch(0, 4, 0)
         loss = model(input_ids=x, labels=y).loss
         loss.backward()

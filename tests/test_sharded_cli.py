@@ -131,9 +131,10 @@ def test_layouts_that_cannot_run_are_refused_in_one_line_before_any_rank_starts(
 def test_under_tp_and_for_hugging_face_models_the_memory_limit_counts_activations_and_says_when_it_cannot(tmp_path):
     """The refusal's figure holds the activations predicted on fake tensors under --tp (each
     stage parallelised on a fake mesh, which leaves no process group behind) and for a Hugging
-    Face Llama (the runs' own predictions to the byte: tests/test_sharded_pipelines.py,
-    tests/test_hf_cli.py); a mixture of experts, whose layers fail on fake tensors, is refused on
-    its state alone and says so. Checked in process (the CLI turns the ConfigError into its one
+    Face Llama and Mixtral (the runs' own predictions to the byte: tests/test_sharded_pipelines.py,
+    tests/test_hf_cli.py, tests/test_hf_cli_checkpoints.py); a model whose layers fail on fake
+    tensors (Mixtral's experts in transformers' eager loop, which picks tokens by value) is
+    refused on its state alone and says so. Checked in process (the CLI turns the ConfigError into its one
     line, exit 2, as for every refusal above)."""
     import torch.distributed as dist
     from hf_cases import make_config
@@ -149,14 +150,16 @@ def test_under_tp_and_for_hugging_face_models_the_memory_limit_counts_activation
     LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2).to_json_file(tmp_path / "config.json")
     make_config("mixtral").to_json_file(tmp_path / "mixtral.json")
-    for model, dp_shard, tp in (("gpt", 1, 2), (f"hf:{tmp_path / 'config.json'}", 2, 1), (f"hf:{tmp_path / 'config.json'}", 1, 2)):
+    make_config("mixtral", experts_implementation="eager").to_json_file(tmp_path / "eager.json")
+    hf_llama, mixtral = f"hf:{tmp_path / 'config.json'}", f"hf:{tmp_path / 'mixtral.json'}"
+    for model, dp_shard, tp in (("gpt", 1, 2), (hf_llama, 2, 1), (hf_llama, 1, 2), (mixtral, 2, 1), (mixtral, 1, 2)):
         md = get_model(model)
         peaks = activation_peaks(md, plan, None, 16, dp_shard, 0, None, torch.float32, tp)
         assert not dist.is_initialized()
         either = "|".join(re.escape(format_bytes(p)) for p in peaks)  # the rank holding the most in all
         with pytest.raises(ConfigError, match=rf"with ({either}) of activations at the schedule's peak"):
             check_sharded_stages(md, plan, None, 1, dp_shard, tp, "sgd", 1024, batch_size=16, seed=0)
-    with pytest.raises(ConfigError, match=rf"before any activation \(not predicted for --model hf:.*mixtral.json, "
-                                          "which fails on fake tensors: "):
-        check_sharded_stages(get_model(f"hf:{tmp_path / 'mixtral.json'}"), plan, None, 1, 2, 1, "sgd", 1024,
+    with pytest.raises(ConfigError, match=rf"before any activation \(not predicted for --model hf:.*eager.json, "
+                                          "which fails on fake tensors: aten.nonzero"):
+        check_sharded_stages(get_model(f"hf:{tmp_path / 'eager.json'}"), plan, None, 1, 2, 1, "sgd", 1024,
                              batch_size=16, seed=0)

@@ -14,8 +14,9 @@ tensors (:mod:`pipesched.runtime.engine.sizes_ahead`): the summary's
 blocks build their masks from the batch's real values, :mod:`pipesched.hf.blocks`), and under
 ``--tp`` too: each stage parallelised by the model's plan on a fake mesh in this process
 (:mod:`pipesched.runtime.sharding.fake_mesh`, gone before any rank starts). Their sum per rank is
-what the limit is checked against. A model whose layers fail on fake tensors (a mixture of experts,
-whose routing reads values) has no activations predicted, and the refusal says its figure holds none.
+what the limit is checked against (mixtures of experts too: :mod:`pipesched.runtime.engine.fake_kernels`).
+A model whose layers fail on fake tensors (experts in transformers' eager loop, which picks each
+expert's tokens by value) has no activations predicted, and the refusal says its figure holds none.
 """
 
 from __future__ import annotations
@@ -108,8 +109,8 @@ def activation_peaks(model_def, plan: Schedule, counts: Optional[Sequence[int]],
 def _predicted_activations(model_def, plan: Schedule, counts: Optional[Sequence[int]], batch_size: int,
                            data_ranks: int, seed: int, recompute, dtype, tp: int) -> tuple[list[float], Optional[str]]:
     """:func:`activation_peaks`, or zeros and why not: a model whose layers cannot run on fake
-    tensors (a mixture of experts reads its routing's values, or runs a kernel whose fake
-    implementation refuses the dtype) is left unpredicted, and its refusal says so."""
+    tensors (code that reads a tensor's values, a kernel whose fake implementation refuses what
+    the CPU runs) is left unpredicted, and its refusal says so."""
     import logging
 
     import torch

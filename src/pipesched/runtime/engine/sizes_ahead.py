@@ -18,9 +18,12 @@ Tensor parallelism: the caller's ``shard`` parallelises each stage on a fake mes
 pieces, as the run's meter counts them. The batch context stays real (not fake): Hugging Face
 blocks build their masks from its values (:mod:`pipesched.hf.blocks`), as the run does.
 FSDP2 sharding changes no activation (the gathered parameters are excluded from the meter).
-What it cannot see: kernels chosen by a device other than the CPU (a CUDA attention kernel saves
-other tensors), and code that reads the values of a fake tensor (a mixture of experts' routing,
-whose saved sizes depend on it: torch raises, and the caller says that nothing was predicted).
+A kernel whose fake implementation refuses what the CPU runs (the grouped matmul of
+transformers' experts, bf16 only) is answered as the CPU kernel allocates
+(:mod:`.fake_kernels`), so mixtures of experts are predicted too. What it cannot see: kernels
+chosen by a device other than the CPU (a CUDA attention kernel saves other tensors), and code
+that reads the values of a fake tensor (an expert loop that picks each expert's tokens by value:
+torch raises, and the caller says that nothing was predicted).
 Sizes depend on the values of the batch context (padding, packed documents) only through the
 first microbatch's: where another microbatch of the first step builds a larger mask, the run's
 sizes, the largest of its microbatches', are larger.
@@ -44,6 +47,7 @@ from ..program.program import lower
 from ..stages.copies import ModelCopies
 from ..stages.partition import BlockBuilder, Stage, meta_block, stage_block_ranges
 from ..stages.precision import Precision
+from .fake_kernels import FakeKernels
 from .shapes import ShapeBook, infer_boundary_shapes
 from .split_backward import WeightGradStash, make_weight_grads_deferrable
 from .stage_runner import build_runners
@@ -69,7 +73,7 @@ def stage_sizes_ahead(build_block: BlockBuilder, num_blocks: int, schedule: Sche
     kinds = {s: {a[1] for r in range(schedule.ranks) for a in schedule.rank_actions(r) if a[0] == s}
              for s in range(schedule.stages)}
     on_meta = [{i: copy.deepcopy(meta_block(build_block, i)) for i in r} for r in copies.stage_ranges(model_ranges)]
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, FakeKernels():
         stages = {s: Stage(s, {i: _on_fake_cpu(b) for i, b in blocks.items()}) for s, blocks in enumerate(on_meta)}
         meter = ActivationMeter()
         stash = WeightGradStash(hold=meter.hold)
