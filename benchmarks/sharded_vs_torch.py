@@ -1,7 +1,8 @@
 """Sharded stages at pp 2 x dp_shard 2: torch's own pipelining with FSDP2 stages, timed, and
-(``--check``) the exactness cases of tests/test_sharded_stages.py on this launch's backend.
+(``--check``) the exactness cases of tests/test_sharded_stages.py on this launch's backend: its
+4-rank cases, then (locally, or under a torchrun of 8) its 8-rank ones (HSDP x tp).
 
-Run: PYTHONPATH=src python benchmarks/sharded_vs_torch.py [--rounds N] [--check]   (4 local gloo processes)
+Run: PYTHONPATH=src python benchmarks/sharded_vs_torch.py [--rounds N] [--check]   (4 local gloo processes; 8 for the 8-rank check)
      torchrun --nproc-per-node 4 benchmarks/sharded_vs_torch.py [--check]           (NCCL, one GPU per rank)
 
 The torch side is what a torch user writes: the built-in gpt's blocks cut into the same stages
@@ -166,18 +167,24 @@ def timing_table(result: dict) -> list[str]:
     return lines
 
 
+def check_cases(world: int) -> dict:
+    """tests/test_sharded_stages.py's exactness cases of a launch of ``world`` ranks."""
+    from test_sharded_stages import ALL_CASES, EIGHT_RANK_CASES
+
+    return {4: ALL_CASES, 8: EIGHT_RANK_CASES}.get(world, {})
+
+
 def check_worker(rank: int, world: int, _payload=None) -> dict:
-    """The exactness cases of tests/test_sharded_stages.py on this launch's device and backend."""
+    """The exactness cases of ``world`` ranks on this launch's device and backend."""
     from sharded_cases import several_layouts
-    from test_sharded_stages import ALL_CASES
 
     parts = [None] * world
-    dist.all_gather_object(parts, several_layouts(rank, world, ALL_CASES, str(rank_device())))
+    dist.all_gather_object(parts, several_layouts(rank, world, check_cases(world), str(rank_device())))
     return dict(enumerate(parts))
 
 
 def check_table(ranks: dict) -> list[str]:
-    from test_sharded_stages import ALL_CASES, GRAD_TOLERANCE, layout_of
+    from test_sharded_stages import GRAD_TOLERANCE, layout_of
 
     from pipesched.sharded_bytes import rank_state_bytes
 
@@ -187,7 +194,7 @@ def check_table(ranks: dict) -> list[str]:
     for r, cases in sorted(ranks.items()):
         for label, case in cases.items():
             tp_rank, shard_rank = case["coordinates"]
-            for kind in ALL_CASES[label][1]:
+            for kind in check_cases(len(ranks))[label][1]:
                 c = case[kind]
                 p = rank_state_bytes(c["specs"], layout_of(label), tp_rank, shard_rank)
                 ratio = sum(c["bytes"].values()) / (p.params + p.grads + p.optimizer)
@@ -204,14 +211,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--check", action="store_true", help="also run the exactness cases")
     args = parser.parse_args()
-    jobs = ([(check_worker, None, check_table)] if args.check else []) + [(bench_worker, args.rounds, timing_table)]
-    for worker, payload, table in jobs:
+    checks = [(check_worker, None, check_table, world) for world in (4, 8)] if args.check else []
+    for worker, payload, table, world in [*checks, (bench_worker, args.rounds, timing_table, 4)]:
         if under_torchrun():
+            if world != int(os.environ["WORLD_SIZE"]):
+                continue  # a torchrun launch runs the jobs of its own size
             result = run_torchrun(worker, payload, 600)
             if int(os.environ["RANK"]) != 0:
                 continue
         else:
-            result = spawn(worker, 4, payload, timeout_s=900)[0]
+            result = spawn(worker, world, payload, timeout_s=900)[0]
         lines = table(result)
         print("\n".join(lines) + "\n", flush=True)
         if any(line.startswith("FAILED") for line in lines):

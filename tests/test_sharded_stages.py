@@ -74,6 +74,12 @@ ALL_CASES = {
     "dp_replicate 2 x dp_shard 2": (dict(pp=1, dp_replicate=2, dp_shard=2), ["gpt2"]),
     "dp_shard 2 x tp 2, resharded after forward": (dict(pp=1, dp_shard=2, tp=2, reshard_after_forward=True), ["gpt"]),
 }
+# 8 ranks, outside the suite's 4-process launch (benchmarks/sharded_vs_torch.py --check runs them
+# in a launch of their own): HSDP x tp over the fused and interleaved styles
+EIGHT_RANK_CASES = {
+    "dp_replicate 2 x dp_shard 2 x tp 2": (dict(pp=1, dp_replicate=2, dp_shard=2, tp=2),
+                                           ["gpt2", "phi3", "gpt-neox", "falcon-grouped"]),
+}
 CASES = {label: case for label, case in ALL_CASES.items() if not label.startswith("pp 2")}
 RUNS = [(label, kind) for label, (_, kinds) in CASES.items() for kind in kinds]
 
@@ -92,7 +98,8 @@ def layout_of(label: str):
     """The ParallelLayout of case ``label``."""
     from pipesched.runtime.sharding.sharded_mesh import runtime_layout
 
-    return runtime_layout(**{k: v for k, v in ALL_CASES[label][0].items() if k != "reshard_after_forward"})
+    sizes = {**ALL_CASES, **EIGHT_RANK_CASES}[label][0]
+    return runtime_layout(**{k: v for k, v in sizes.items() if k != "reshard_after_forward"})
 
 
 def each_rank(ranks, label, kind):
