@@ -210,3 +210,28 @@ def test_a_recomputed_stage_keeps_its_blocks_inputs_and_rebuilds_one_block_at_a_
     assert extra == stored_keep // 4 - one_input  # one block rebuilt at a time, its input already held
     assert left == 0
     assert all(torch.equal(a, b) for a, b in zip(grads, stored_grads))
+
+
+def test_sizes_learned_apart_combine_as_one_learner_over_them_all_would_learn_them_at_most():
+    from pipesched.memory import StageMemory
+    from pipesched.ops import Op
+    from pipesched.runtime.metering.observers import SizeLearner, largest_sizes
+
+    def learned(*observations):
+        learner = SizeLearner()
+        for action, before, after, high in observations:
+            learner.observe(action, before, after, high)
+        return learner.sizes
+
+    # stage 0 fused (F, B); stage 1 split (F, I): a plain microbatch, and one keeping more (a mask)
+    plain = learned(((0, Op.F, 0), 0, 10, 10), ((0, Op.B, 0), 10, 0, 14),
+                    ((1, Op.F, 0), 0, 8, 8), ((1, Op.I, 0), 8, 3, 9))
+    masked = learned(((0, Op.F, 0), 0, 16, 16), ((0, Op.B, 0), 16, 0, 18),
+                     ((1, Op.F, 0), 0, 12, 12), ((1, Op.I, 0), 12, 4, 12))
+    together = learned(((0, Op.F, 0), 0, 10, 10), ((0, Op.F, 1), 10, 26, 26), ((0, Op.B, 0), 26, 16, 30),
+                       ((1, Op.F, 0), 0, 8, 8), ((1, Op.F, 1), 8, 20, 20), ((1, Op.I, 0), 20, 15, 21))
+    combined = largest_sizes([plain, masked])
+    assert combined[0] == together[0] == StageMemory(keep=16, stash=0, backward_extra=4)  # no I: no stash
+    # the one learner's stash (the plain I's change on the masked keep) and at most that
+    assert combined[1] == StageMemory(keep=12, stash=7, backward_extra=0, input_backward_extra=1)
+    assert together[1].stash <= combined[1].stash

@@ -80,30 +80,51 @@ def rank_state(plan: Schedule, stages: list[list[ParamSpec]], layout: ParallelLa
 def activation_peaks(model_def, plan: Schedule, counts: Optional[Sequence[int]], batch_size: int, data_ranks: int,
                      seed: int, recompute, dtype, tp: int = 1) -> list[float]:
     """Each pipeline rank's peak activation bytes, as the run will predict them from its first
-    step's sizes (:mod:`pipesched.runtime.engine.sizes_ahead`): its first microbatch cut from the
-    first batch as the runtime cuts it (``data_ranks`` shards of ``batch_size``, each in the
-    schedule's microbatches: a view of the batch, as the runtime's); ``recompute``: the run's
-    setting (``RuntimeOptions.recompute``); at ``tp > 1`` each stage parallelised by the model's
-    plan on a fake mesh of ``tp`` ranks (:mod:`pipesched.runtime.sharding.fake_mesh`), a ``tp``
-    rank's pieces."""
+    step's sizes, the largest over its microbatches (:mod:`pipesched.runtime.engine.sizes_ahead`):
+    the first batch cut into microbatches as the runtime cuts it (``data_ranks`` shards of
+    ``batch_size``, each in the schedule's microbatches: views of the batch, as the runtime's), one
+    of each kind the model tells apart (``ModelDef.sizes_key``: a Hugging Face model's packed
+    documents, whose explicit mask attention saves) predicted, the largest sizes kept
+    (:func:`~pipesched.runtime.metering.observers.largest_sizes`); ``recompute``: the run's setting
+    (``RuntimeOptions.recompute``); at ``tp > 1`` each stage parallelised by the model's plan on a
+    fake mesh of ``tp`` ranks (:mod:`pipesched.runtime.sharding.fake_mesh`), a ``tp`` rank's pieces."""
     from contextlib import nullcontext
 
     from ..memory import recompute_stages
     from ..runtime.engine.sizes_ahead import rank_peaks_ahead, stage_sizes_ahead
+    from ..runtime.metering.observers import largest_sizes
     from ..runtime.sharding.fake_mesh import fake_tp_mesh
     from ..runtime.sharding.tp_plans import apply_tp
     from ..runtime.stages.copies import balanced_block_counts
 
     x, y = model_def.batch(0, batch_size, seed)
-    context = model_def.batch_context(x)
     size = batch_size // (data_ranks * plan.microbatches)
-    with fake_tp_mesh(tp) if tp > 1 else nullcontext() as mesh:
-        sizes = stage_sizes_ahead(model_def.build_block, model_def.num_blocks, plan, model_def.loss_fn,
-                                  (x[:size], y[:size]), counts=counts or balanced_block_counts(model_def.block_costs, plan),
-                                  recompute=recompute_stages(recompute, plan), dtype=dtype,
-                                  context=None if context is None else {k: t[:size] for k, t in context.items()},
-                                  shard=None if mesh is None else lambda stage: apply_tp(stage, model_def.tp_plan, mesh))
-    return rank_peaks_ahead(plan, sizes)
+    learned = []
+    for piece, context in _microbatch_kinds(model_def, x, size):
+        with fake_tp_mesh(tp) if tp > 1 else nullcontext() as mesh:
+            learned.append(stage_sizes_ahead(
+                model_def.build_block, model_def.num_blocks, plan, model_def.loss_fn, (x[piece], y[piece]),
+                counts=counts or balanced_block_counts(model_def.block_costs, plan),
+                recompute=recompute_stages(recompute, plan), dtype=dtype, context=context,
+                shard=None if mesh is None else lambda stage: apply_tp(stage, model_def.tp_plan, mesh)))
+    return rank_peaks_ahead(plan, largest_sizes(learned))
+
+
+def _microbatch_kinds(model_def, x, size: int) -> list[tuple[slice, Optional[dict]]]:
+    """The first microbatch of each kind in the batch ``x`` (cut into microbatches of ``size``) and
+    its batch context: kinds told apart by ``ModelDef.sizes_key``, else by the context's values
+    (a model without a context: one kind)."""
+    context = model_def.batch_context(x)
+    if context is None:
+        return [(slice(0, size), None)]
+    kinds: dict = {}
+    for start in range(0, len(x), size):
+        piece = slice(start, start + size)
+        part = {k: t[piece] for k, t in context.items()}
+        key = (model_def.sizes_key(part) if model_def.sizes_key is not None
+               else tuple(t.numpy().tobytes() for t in part.values()))
+        kinds.setdefault(key, (piece, part))
+    return list(kinds.values())
 
 
 def _predicted_activations(model_def, plan: Schedule, counts: Optional[Sequence[int]], batch_size: int,

@@ -103,7 +103,7 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
                     heads=tuple(h for h in (getattr(config, "num_attention_heads", None),
                                             getattr(config, "num_key_value_heads", None),
                                             getattr(config, "num_kv_heads", None)) if h),
-                    context=side)
+                    context=side, sizes_key=None if side is None else packed_documents)
 
 
 def _document_context(stream: TokenStream, held_out: Optional[TokenStream], tokenizer: Optional[Path], config):
@@ -116,6 +116,15 @@ def _document_context(stream: TokenStream, held_out: Optional[TokenStream], toke
     eos = eos_ids(None if tokenizer is None else tokenizer_eos(str(tokenizer)), getattr(config, "eos_token_id", None),
                   "--data")
     return lambda ids: {"position_ids": document_positions(ids, eos)}
+
+
+def packed_documents(context: dict) -> bool:
+    """Whether transformers finds more than one document in a row of these positions (its own
+    ``find_packed_sequence_indices``): it then builds an explicit block-diagonal mask, which
+    attention saves, where it otherwise runs SDPA's causal kernel without one."""
+    from transformers.masking_utils import find_packed_sequence_indices
+
+    return find_packed_sequence_indices(context["position_ids"]) is not None
 
 
 @lru_cache(maxsize=2)

@@ -24,9 +24,9 @@ transformers' experts, bf16 only) is answered as the CPU kernel allocates
 chosen by a device other than the CPU (a CUDA attention kernel saves other tensors), and code
 that reads the values of a fake tensor (an expert loop that picks each expert's tokens by value:
 torch raises, and the caller says that nothing was predicted).
-Sizes depend on the values of the batch context (padding, packed documents) only through the
-first microbatch's: where another microbatch of the first step builds a larger mask, the run's
-sizes, the largest of its microbatches', are larger.
+Sizes depend on the values of the batch context (packed documents choose another mask) only
+through the one microbatch given; the caller runs one of each kind and keeps the largest
+(``pipesched.cli.train_memory.activation_peaks``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ once per run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -81,3 +81,18 @@ class SizeLearner:
             seen = replace(seen, stash=max(seen.stash, after - before + seen.keep),
                            input_backward_extra=max(seen.input_backward_extra or 0, high - before))
         self.sizes[s] = seen
+
+
+def largest_sizes(learned: Sequence[dict[int, StageMemory]]) -> dict[int, StageMemory]:
+    """Each stage's sizes over microbatches learned apart (one :class:`SizeLearner` each), as one
+    learner over them all would learn them at most: the largest of each size, and a stash of the
+    largest ``I`` change on top of the largest ``keep`` (a learner adds the ``keep`` seen so far)."""
+    out: dict[int, StageMemory] = {}
+    for s in sorted({s for sizes in learned for s in sizes}):
+        seen = [sizes[s] for sizes in learned if s in sizes]
+        split = [m for m in seen if m.input_backward_extra is not None]  # an I was learned
+        keep = max(m.keep for m in seen)
+        out[s] = StageMemory(keep=keep, stash=max(m.stash - m.keep for m in split) + keep if split else 0.0,
+                             backward_extra=max(m.backward_extra for m in seen),
+                             input_backward_extra=max(m.input_backward_extra for m in split) if split else None)
+    return out

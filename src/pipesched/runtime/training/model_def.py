@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Hashable, Optional
 
 import torch
 from torch import nn
@@ -35,6 +35,10 @@ class ModelDef:
     # the batch context of a batch's inputs, what every block reads besides its input
     # (runtime.stages.batch_context; hf: models' --packing documents: the position ids); None: none
     context: Optional[Callable[[torch.Tensor], dict]] = None
+    # what of a microbatch's batch context decides the sizes of what its blocks save: microbatches
+    # with equal keys are predicted once before launch (train_memory.activation_peaks); None:
+    # every microbatch whose context differs in value is predicted
+    sizes_key: Optional[Callable[[dict], Hashable]] = None
 
     def batch_context(self, inputs: torch.Tensor) -> Optional[dict]:
         """The context of a batch with these ``inputs`` (the same on every rank: it depends on them alone)."""
