@@ -12,8 +12,9 @@ on a model the ranks train without complaint. One such kernel matters today:
 (torch's rule for the 2D/3D layouts) and its strides (the last dim padded to 16 bytes, as ATen's
 ``create_grouped_gemm_output_tensor`` pads it: a CPU rank holds and saves that span), in the
 output dtype. It sits below autograd, which has already saved the call's own inputs, so what is
-metered is what the CPU run holds (checked to the byte against the runs' own measurements for
-Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3: tests/test_sharded_cli.py).
+metered is what the CPU run holds: the runs' own figures to the byte for Mixtral, Qwen2-MoE,
+Qwen3-MoE and DeepSeek-V3 (docs/layouts.md), Mixtral and Qwen3-MoE in the suite
+(tests/test_hf_cli_checkpoints.py).
 """
 
 from __future__ import annotations
