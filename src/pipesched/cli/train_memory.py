@@ -99,14 +99,13 @@ def activation_peaks(model_def, plan: Schedule, counts: Optional[Sequence[int]],
 
     x, y = model_def.batch(0, batch_size, seed)
     size = batch_size // (data_ranks * plan.microbatches)
-    learned = []
-    for piece, context in _microbatch_kinds(model_def, x, size):
-        with fake_tp_mesh(tp) if tp > 1 else nullcontext() as mesh:
-            learned.append(stage_sizes_ahead(
-                model_def.build_block, model_def.num_blocks, plan, model_def.loss_fn, (x[piece], y[piece]),
-                counts=counts or balanced_block_counts(model_def.block_costs, plan),
-                recompute=recompute_stages(recompute, plan), dtype=dtype, context=context,
-                shard=None if mesh is None else lambda stage: apply_tp(stage, model_def.tp_plan, mesh)))
+    with fake_tp_mesh(tp) if tp > 1 else nullcontext() as mesh:
+        learned = [stage_sizes_ahead(
+            model_def.build_block, model_def.num_blocks, plan, model_def.loss_fn, (x[piece], y[piece]),
+            counts=counts or balanced_block_counts(model_def.block_costs, plan),
+            recompute=recompute_stages(recompute, plan), dtype=dtype, context=context,
+            shard=None if mesh is None else lambda stage: apply_tp(stage, model_def.tp_plan, mesh))
+            for piece, context in _microbatch_kinds(model_def, x, size)]
     return rank_peaks_ahead(plan, largest_sizes(learned))
 
 

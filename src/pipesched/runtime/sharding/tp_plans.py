@@ -79,7 +79,6 @@ LLAMA_PLAN: Plan = {
     "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
     "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise",
 }
-GPT2_PLAN: Plan = {"mlp.c_fc": "colwise", "mlp.c_proj": "rowwise"}
 QWEN2_MOE_PLAN: Plan = {**LLAMA_PLAN, "mlp.shared_expert.gate_proj": "colwise", "mlp.shared_expert.up_proj": "colwise",
                         "mlp.shared_expert.down_proj": "rowwise"}
 DEEPSEEK_V3_PLAN: Plan = {
