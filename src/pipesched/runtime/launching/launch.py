@@ -90,7 +90,14 @@ def init_group(rank: int, world: int, backend: str, timeout_s: float, *, spawned
     seconds apart on a loaded machine (each imports torch), which a short ``--timeout`` meant for
     a silent peer must not turn into a failed start. Under torchrun its agent hosts the store, and
     its rendezvous bounds the join.
+
+    Every group, this one and each ``new_group`` after it, is left only once all its ranks have
+    joined it (torch's store-based barrier, ``TORCH_DIST_INIT_BARRIER=1``, unless set otherwise).
+    Without it a rank with nothing to say to a peer may finish and close its connections while
+    that peer is still connecting; gloo then fails the peer's join with "Connection closed by
+    peer" (one two-rank run in 24 side by side on a loaded 2-core machine).
     """
+    os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "1")
     timeout = timedelta(seconds=timeout_s)
     if not spawned:
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
