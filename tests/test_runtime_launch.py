@@ -21,7 +21,7 @@ pytestmark = pytest.mark.torch
 def test_spawned_ranks_use_one_thread_keep_freed_memory_and_join_their_own_runs_store():
     glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     # two runs at once, as the suite's workers and users' side-by-side runs start them; their
-    # ranks stop right after joining, which failed a peer's join 1 run in 30 before every group
+    # ranks stop right after joining, which failed a peer's join in 7 of 216 runs before every group
     # waited for all its ranks to join (benchmarks/join_race.py runs it hundreds of times)
     runs = concurrently(lambda _: spawn(rank_setup, 2, None, timeout_s=60), range(2), workers=2)
     for results in runs:

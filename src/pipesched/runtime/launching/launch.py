@@ -95,7 +95,7 @@ def init_group(rank: int, world: int, backend: str, timeout_s: float, *, spawned
     joined it (torch's store-based barrier, ``TORCH_DIST_INIT_BARRIER=1``, unless set otherwise).
     Without it a rank with nothing to say to a peer may finish and close its connections while
     that peer is still connecting; gloo then fails the peer's join with "Connection closed by
-    peer" (one two-rank run in 24 side by side on a loaded 2-core machine).
+    peer" (7 of 216 two-rank runs side by side on a loaded 2-core machine; benchmarks/join_race.py).
     """
     os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "1")
     timeout = timedelta(seconds=timeout_s)
