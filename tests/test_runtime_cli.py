@@ -67,6 +67,17 @@ def test_without_torch_the_command_says_how_to_install_it():
     )
 
 
+def test_a_hugging_face_model_without_transformers_says_how_to_install_it(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    code = ("import sys; sys.modules['transformers'] = None; from pipesched.cli import main; "
+            f"main(['train', '--model', 'hf:{config}'])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"pipesched: error: --model hf:{config} needs Hugging Face transformers: pip install 'pipesched[hf]'")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_torch_csv_runs_and_matches_the_reference_with_adamw_and_clipping(tmp_path):

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...errors import ConfigError
 from .datasets import random_regression_batch, text_batch, text_vocabulary
 from .model_def import ModelDef
 
@@ -133,6 +134,10 @@ def get_model(name: str, **size) -> ModelDef:
     """A model by name (``mlp``, ``gpt``, or ``hf:CONFIG.json``); ``size`` overrides its
     dimensions (for ``hf:``, ``data``, ``weights`` and ``context``: :mod:`pipesched.hf.cli_model`)."""
     if name.startswith(HF_PREFIX):
+        try:
+            import transformers  # noqa: F401  (imported for hf_model_def in any case)
+        except ImportError:
+            raise ConfigError(f"--model {name} needs Hugging Face transformers: pip install 'pipesched[hf]'") from None
         from ...hf.cli_model import hf_model_def
 
         return hf_model_def(name[len(HF_PREFIX):], **size)
