@@ -58,7 +58,7 @@ def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loa
     args = ["--model", f"hf:{configs['llama']}", "--data", str(data), "--steps", "3", "--batch-size", "8",
             "-m", "4", "--optimizer", "adamw", "--lr", "1e-3", "--summary", str(tmp_path / "run.json")]
     # sharded (each stage FSDP2-split over 2 ranks): --save-hf and the checkpoint gather the shards whole;
-    # --memory-limit at the bytes the layout is predicted to hold at most runs, a byte less is refused
+    # --rank-memory-limit at the bytes the layout is predicted to hold at most runs, a byte less is refused
     md, plan = get_model(f"hf:{configs['llama']}", data=str(data)), pipesched.build_schedule("zb-v", 2, 4)
     stages, slots = stage_specs(md, plan, None, 1), STATE_SLOTS["adamw"]
     state = [sum(rank_state(plan, stages, ParallelLayout(2, dp_shard=2), slots, r).values()) for r in range(2)]
@@ -66,8 +66,8 @@ def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loa
     total, top = max((state[r] + activations[r], r) for r in range(2))
     layout = [*args, "-s", "zb-v", "--ranks", "2", "--dp-shard", "2"]
     run, refused = concurrently(lambda extra: run_cli("train", *layout, *extra, timeout=200), [
-        ["--memory-limit", f"{total:.0f}B", "--save-hf", str(out), "--checkpoint-dir", str(tmp_path / "ck")],
-        ["--memory-limit", f"{total - 1:.0f}B"]])
+        ["--rank-memory-limit", f"{total:.0f}B", "--save-hf", str(out), "--checkpoint-dir", str(tmp_path / "ck")],
+        ["--rank-memory-limit", f"{total - 1:.0f}B"]])
     assert run.returncode == 0, run.stderr
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert (f"holds up to {format_bytes(total)} per rank (pipeline rank {top}) with {format_bytes(activations[top])} "

@@ -144,6 +144,7 @@ def test_under_tp_and_for_hugging_face_models_the_memory_limit_counts_activation
     from pipesched.cli.train_memory import activation_peaks, check_sharded_stages
     from pipesched.errors import ConfigError
     from pipesched.memory import format_bytes
+    from pipesched.parallel_layout import ParallelLayout
     from pipesched.runtime.training.models import get_model
 
     plan = pipesched.build_schedule("1f1b", 2, 8)
@@ -158,8 +159,8 @@ def test_under_tp_and_for_hugging_face_models_the_memory_limit_counts_activation
         assert not dist.is_initialized()
         either = "|".join(re.escape(format_bytes(p)) for p in peaks)  # the rank holding the most in all
         with pytest.raises(ConfigError, match=rf"with ({either}) of activations at the schedule's peak"):
-            check_sharded_stages(md, plan, None, 1, dp_shard, tp, "sgd", 1024, batch_size=16, seed=0)
+            check_sharded_stages(md, plan, None, ParallelLayout(2, 1, dp_shard, tp), "sgd", 1024, batch_size=16, seed=0)
     with pytest.raises(ConfigError, match=rf"before any activation \(not predicted for --model hf:.*eager.json, "
                                           "which fails on fake tensors: aten.nonzero"):
-        check_sharded_stages(get_model(f"hf:{tmp_path / 'eager.json'}"), plan, None, 1, 2, 1, "sgd", 1024,
+        check_sharded_stages(get_model(f"hf:{tmp_path / 'eager.json'}"), plan, None, ParallelLayout(2, 1, 2, 1), "sgd", 1024,
                              batch_size=16, seed=0)

@@ -83,9 +83,11 @@ MAX_LIMIT_MB = 1e9  # a limit above this many microbatches' activations is no li
 MAX_LIMIT_BYTES = 2.0**60  # 1 EiB per rank
 
 
-def parse_memory_limit(text: Optional[str], bytes_known: bool) -> tuple[Optional[float], Optional[float]]:
-    """``--memory-limit`` as (M_B units, bytes): a plain number is M_B, a size with a unit
-    (``40GiB``, ``512MiB``) bytes, accepted only where the activation size is known."""
+def parse_memory_limit(text: Optional[str], bytes_known: bool,
+                       flag: str = "--memory-limit") -> tuple[Optional[float], Optional[float]]:
+    """``--memory-limit`` (or ``flag``, a limit of the same form) as (M_B units, bytes): a plain
+    number is M_B, a size with a unit (``40GiB``, ``512MiB``) bytes, accepted only where the
+    activation size is known."""
     from ..memory import parse_size
 
     if text is None:
@@ -93,11 +95,11 @@ def parse_memory_limit(text: Optional[str], bytes_known: bool) -> tuple[Optional
     try:
         size = parse_size(text)
     except ValueError as err:
-        raise ConfigError(f"--memory-limit {err}") from None
+        raise ConfigError(f"{flag} {err}") from None
     value = size if size is not None else float(text)
     most = MAX_LIMIT_BYTES if size is not None else MAX_LIMIT_MB
     if not (math.isfinite(value) and 0 < value <= most):
-        raise ConfigError(f"--memory-limit must be a finite number above 0, at most {most:g} "
+        raise ConfigError(f"{flag} must be a finite number above 0, at most {most:g} "
                           f"{'bytes' if size is not None else 'M_B'}, got {text}")
     if size is None:
         return value, None

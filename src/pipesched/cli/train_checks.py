@@ -23,16 +23,36 @@ FLOAT32_MAX = 3.4028234663852886e38
 MAX_SEED = 2**32 - 1
 
 
-def check_numbers(lr: float, timeout: float, seed: int, clip_grad_norm: Optional[float]) -> None:
-    """The numeric options: finite, positive where they must be, inside the ranges torch takes."""
+# the numeric options' rules past a least whole number, each (label, value): the label is the
+# flag, or the key and file a run file gave it in (run_config.py declares which option takes which)
+def check_lr(label: str, lr: float) -> None:
     if not (math.isfinite(lr) and 0 < lr <= FLOAT32_MAX):
-        raise ConfigError(f"--lr must be a finite number above 0 (at most {FLOAT32_MAX:.3g}, float32's largest), got {lr:g}")
+        raise ConfigError(f"{label} must be a finite number above 0 (at most {FLOAT32_MAX:.3g}, float32's largest), got {lr:g}")
+
+
+def check_timeout(label: str, timeout: float) -> None:
     if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
-        raise ConfigError(f"--timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S} (a year), got {timeout:g}")
+        raise ConfigError(f"{label} must be a number of seconds above 0 and at most {MAX_TIMEOUT_S} (a year), got {timeout:g}")
+
+
+def check_seed(label: str, seed: int) -> None:
     if not 0 <= seed <= MAX_SEED:
-        raise ConfigError(f"--seed must be a whole number from 0 to {MAX_SEED}, got {seed}")
-    if clip_grad_norm is not None and not (math.isfinite(clip_grad_norm) and clip_grad_norm > 0):
-        raise ConfigError(f"--clip-grad-norm must be a finite number above 0, got {clip_grad_norm:g}")
+        raise ConfigError(f"{label} must be a whole number from 0 to {MAX_SEED}, got {seed}")
+
+
+def check_positive(label: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{label} must be a finite number above 0, got {value:g}")
+
+
+def check_share(label: str, share: float) -> None:
+    if not (math.isfinite(share) and 0 < share < 1):
+        raise ConfigError(f"{label} must be above 0 and below 1 (the share of --data held out), got {share:g}")
+
+
+def check_weight_decay(label: str, value: float) -> None:
+    if not (math.isfinite(value) and 0 <= value < 1):
+        raise ConfigError(f"{label} must be from 0 to below 1, got {value:g}")
 
 
 def check_batch_fits(model_def, batch_size: int, seed: int) -> None:
@@ -56,7 +76,7 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.3g} GiB"
 
 
-def check_checkpoint_flags(directory: Optional[Path], every: Optional[int], keep: int, resume: bool) -> None:
+def check_checkpoint_flags(directory: Optional[Path], every: Optional[int], resume: bool) -> None:
     """The checkpoint options on their own (the folder is checked by :func:`check_checkpointing`)."""
     if directory is not None:
         from ..runtime.checkpoints.folder_lock import (
@@ -69,10 +89,6 @@ def check_checkpoint_flags(directory: Optional[Path], every: Optional[int], keep
             raise ConfigError("--checkpoint-every needs --checkpoint-dir (where to write the checkpoints)")
         if resume:
             raise ConfigError("--resume needs --checkpoint-dir (the folder of the run to continue)")
-    if every is not None and every < 1:
-        raise ConfigError(f"--checkpoint-every must be at least 1 (steps), got {every}")
-    if keep < 1:
-        raise ConfigError(f"--checkpoint-keep must be at least 1, got {keep}")
 
 
 def check_checkpointing(directory: Optional[Path], resume: bool, steps: int, model_def, optimizer: str,

@@ -1,4 +1,5 @@
-"""``pipesched train``'s Hugging Face options: ``--data``, ``--hf-weights``, ``--save-hf`` (with ``--model hf:...``)."""
+"""``pipesched train``'s Hugging Face options: ``--data``, ``--hf-weights``, ``--save-hf`` (with ``--model hf:...``;
+declared in :mod:`.run_config`)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,6 @@ from typing import Optional
 import typer
 
 from ..errors import ConfigError
-
-Data = typer.Option(None, "--data", help="With --model hf:CONFIG.json: the training text, its bytes as token ids "
-                    "(modulo the vocabulary), or a .npy of token ids (default: the shipped text).")
-Weights = typer.Option(None, "--hf-weights", help="With --model hf:CONFIG.json: read the weights from this folder "
-                       "of safetensors (default: random init).")
-SaveHf = typer.Option(None, "--save-hf", help="With --model hf:CONFIG.json: write the trained model to this folder, "
-                      "as from_pretrained loads it.")
-
 
 def hf_model_options(model: str, data: Optional[Path], weights: Optional[Path], save_hf: Optional[Path]) -> dict:
     """What ``get_model`` takes besides the name: the data and weights of an ``hf:`` model

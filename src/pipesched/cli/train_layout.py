@@ -8,21 +8,9 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-import typer
-
 from ..environment import torchrun_rank
 from ..errors import ConfigError
 from ..schedule import Schedule
-
-DP_HELP = "Data-parallel replicas of the pipeline: --ranks x --dp processes, each replica on its shard of --batch-size."
-DTYPE_HELP = "fp32, or bf16: fp32 weights and optimizer state, bf16 compute (autocast) and stage-boundary tensors."
-Dp = typer.Option(1, "--dp", help=DP_HELP)
-DpShard = typer.Option(1, "--dp-shard", help="FSDP2 shards inside every stage: parameters, gradients and optimizer "
-                       "state split N ways, gathered for compute (docs/layouts.md); each shard reads its own share of --batch-size.")
-Tp = typer.Option(1, "--tp", help="Tensor-parallel ranks inside every stage: attention heads and MLP columns split N ways "
-                  "(gpt and Hugging Face models; docs/layouts.md).")
-Dtype = typer.Option("fp32", "--dtype", help=DTYPE_HELP)
-
 
 def check_batch_split(batch_size: int, dp: int, microbatches: int) -> None:
     """Raise ConfigError unless ``batch_size`` splits into ``dp`` shards of ``microbatches`` equal microbatches."""

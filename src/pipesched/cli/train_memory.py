@@ -1,6 +1,6 @@
 """``pipesched train``'s checks of a sharded layout (``--dp-shard``, ``--tp``) against its stages'
 parameter shapes, before any rank starts: no rank of a stage left without an element to hold
-(:func:`pipesched.layout_refusals.check_stage_shards`), and with ``--memory-limit SIZE`` the bytes
+(:func:`pipesched.layout_refusals.check_stage_shards`), and with ``--rank-memory-limit SIZE`` the bytes
 each rank is predicted to hold for its stages' weights, gradients, optimizer state and activations.
 
 The state prediction is :func:`pipesched.sharded_bytes.largest_rank_state_bytes`, the one every
@@ -148,35 +148,34 @@ def _predicted_activations(model_def, plan: Schedule, counts: Optional[Sequence[
         fake_log.setLevel(level)
 
 
-def check_sharded_stages(model_def, plan: Schedule, counts: Optional[Sequence[int]], dp: int, dp_shard: int, tp: int,
+def check_sharded_stages(model_def, plan: Schedule, counts: Optional[Sequence[int]], layout: ParallelLayout,
                          optimizer: str, limit: Optional[float], *, batch_size: int, seed: int, recompute=None,
                          dtype=None) -> None:
     """Refuse, in one line, a sharded layout under which some rank would hold no element of a
     stage (:func:`pipesched.layout_refusals.check_stage_shards`), or whose predicted weights,
     gradients, optimizer state and activations (where predicted: :func:`_predicted_activations`)
-    exceed ``limit`` bytes on some rank (``--memory-limit``)."""
-    layout = ParallelLayout(plan.ranks, dp, dp_shard, tp)
-    stages = stage_specs(model_def, plan, counts, tp)
+    exceed ``limit`` bytes on some rank (``--rank-memory-limit``)."""
+    stages = stage_specs(model_def, plan, counts, layout.tp)
     check_stage_shards(layout, stages)
     if limit is None:
         return
     slots = STATE_SLOTS[optimizer]
     held = [rank_state(plan, stages, layout, slots, rank) for rank in range(plan.ranks)]
-    activations, unpredicted = _predicted_activations(model_def, plan, counts, batch_size, dp * dp_shard, seed,
-                                                      recompute, dtype, tp)
+    activations, unpredicted = _predicted_activations(model_def, plan, counts, batch_size, layout.dp, seed,
+                                                      recompute, dtype, layout.tp)
     rank = max(range(plan.ranks), key=lambda r: sum(held[r].values()) + activations[r])
     parts = held[rank]
     total = sum(parts.values()) + activations[rank]
     if total <= limit:
         if unpredicted is not None:
-            typer.echo(f"pipesched: warning: --memory-limit counted no activations (not predicted {unpredicted})",
+            typer.echo(f"pipesched: warning: --rank-memory-limit counted no activations (not predicted {unpredicted})",
                        err=True)
         return
     part = max(parts, key=parts.get)
     counted = (f"with {format_bytes(activations[rank])} of activations at the schedule's peak" if unpredicted is None
                else f"before any activation (not predicted {unpredicted})")
     raise ConfigError(
-        f"--memory-limit {format_bytes(limit)}: --ranks {plan.ranks} x --dp-shard {dp_shard} x --tp {tp} holds up to "
+        f"--rank-memory-limit {format_bytes(limit)}: --ranks {plan.ranks} x --dp-shard {layout.dp_shard} x --tp {layout.tp} holds up to "
         f"{format_bytes(total)} per rank (pipeline rank {rank}) {counted}, the largest part of its state "
         f"{PARTS[part]} ({format_bytes(parts[part])}): use a larger --dp-shard or --tp, more --ranks, or a larger limit"
     )

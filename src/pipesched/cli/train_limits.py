@@ -1,0 +1,52 @@
+"""``pipesched train``'s memory limits, one meaning per flag: ``--memory-limit`` the activations
+per rank in M_B (as in every command that plans), ``--activation-limit`` the same in bytes (auto
+and zb-auto measure the sizes), ``--rank-memory-limit`` all a sharded rank is predicted to hold.
+
+A size given to ``--memory-limit`` (its old second and third meanings) still works for one
+release, as the flag its case now has, with a one-line warning.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from ..errors import ConfigError
+from ..resolve import MEASURING
+from . import options as opt
+from .run_config import RunConfig
+
+
+def memory_limits(cfg: RunConfig) -> tuple[Optional[float], Optional[float], Optional[float]]:
+    """(activations in M_B, activations in bytes, a sharded rank's bytes), each None where not given."""
+    s = cfg.schedule
+    limit, size = opt.parse_memory_limit(s.memory_limit, bytes_known=True)
+    activation, rank = s.activation_limit, s.rank_memory_limit
+    if size is not None:  # a size: the meaning it had by the layout and schedule
+        measuring = s.csv is None and s.schedule.strip().lower() in MEASURING
+        if cfg.layout.sharded and not measuring:
+            rank = _moved(s.memory_limit, "--rank-memory-limit", rank)
+        else:
+            activation = _moved(s.memory_limit, "--activation-limit", activation)
+    if limit is not None and activation is not None:
+        raise ConfigError("--memory-limit and --activation-limit both limit the activations: give one")
+    if rank is not None and not cfg.layout.sharded:
+        raise ConfigError("--rank-memory-limit goes with --dp-shard or --tp (a whole stage's memory is not predicted)")
+    return limit, _bytes("--activation-limit", activation), _bytes("--rank-memory-limit", rank)
+
+
+def _moved(text: str, new: str, new_value: Optional[str]) -> str:
+    """``--memory-limit SIZE`` as ``new`` (refused with ``new`` given too), saying so on stderr."""
+    if new_value is not None:
+        raise ConfigError(f"--memory-limit {text} is the old spelling of {new} {text}: give {new} alone")
+    typer.echo(f"pipesched: warning: train --memory-limit with a size is deprecated and goes in the next release: "
+               f"use {new} {text} (--memory-limit takes M_B)", err=True)
+    return text
+
+
+def _bytes(flag: str, text: Optional[str]) -> Optional[float]:
+    limit, size = opt.parse_memory_limit(text, bytes_known=True, flag=flag)
+    if limit is not None:
+        raise ConfigError(f"{flag} {text}: give a size with a unit, e.g. 40GiB (--memory-limit takes M_B)")
+    return size
