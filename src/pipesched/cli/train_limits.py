@@ -23,12 +23,19 @@ def memory_limits(cfg: RunConfig) -> tuple[Optional[float], Optional[float], Opt
     s = cfg.schedule
     limit, size = opt.parse_memory_limit(s.memory_limit, bytes_known=True)
     activation, rank = s.activation_limit, s.rank_memory_limit
+    measuring = s.csv is None and s.schedule.strip().lower() in MEASURING
     if size is not None:  # a size: the meaning it had by the layout and schedule
-        measuring = s.csv is None and s.schedule.strip().lower() in MEASURING
         if cfg.layout.sharded and not measuring:
             rank = _moved(s.memory_limit, "--rank-memory-limit", rank)
-        else:
+        elif measuring:
             activation = _moved(s.memory_limit, "--activation-limit", activation)
+        else:
+            raise ConfigError(f"--memory-limit {s.memory_limit}: a size in bytes needs --schedule auto or zb-auto "
+                              "(--activation-limit: they measure the activations) or a sharded layout (--dp-shard, "
+                              "--tp: --rank-memory-limit); with another schedule give M_B units, e.g. --memory-limit 2")
+    if activation is not None and not measuring:
+        raise ConfigError("--activation-limit needs --schedule auto or zb-auto (they measure the activations); with "
+                          "another schedule give --memory-limit in M_B units, e.g. --memory-limit 2")
     if limit is not None and activation is not None:
         raise ConfigError("--memory-limit and --activation-limit both limit the activations: give one")
     if rank is not None and not cfg.layout.sharded:
