@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import typing
 from dataclasses import MISSING, Field, field, fields
-from pathlib import Path
 from typing import Callable, Optional
 
 import typer
 
 from ..errors import ConfigError
+from .renamed import deprecated_option, renamed
 
 Check = Callable[[str, object], None]  # (label, value): raises ConfigError naming the label
 
@@ -28,12 +28,17 @@ def option(default: object, help: str, *, short: tuple[str, ...] = (), least: Op
     return field(default=default, metadata={"help": help, "short": short, "least": least, "check": check})
 
 
-def shared(declaration: typer.models.OptionInfo, *, least: Optional[int] = None, check: Optional[Check] = None,
-           in_file: bool = True) -> Field:
-    """A field declaring an option another command declared first: its default and help are that
-    declaration's (``in_file=False``: a deprecated spelling, never written to a run file)."""
-    return field(default=declaration.default,
-                 metadata={"declared": declaration, "least": least, "check": check, "in_file": in_file})
+def shared(declaration: typer.models.OptionInfo, *, least: Optional[int] = None, check: Optional[Check] = None) -> Field:
+    """A field declaring an option another command declared first: its default and help are that declaration's."""
+    return field(default=declaration.default, metadata={"declared": declaration, "least": least, "check": check})
+
+
+def old_spelling(of: str, old_flag: str) -> Field:
+    """A field for the old spelling of the field ``of`` (hidden, warned about, never in a run
+    file): the run takes its value as ``of``'s."""
+    new_flag = "--" + of.replace("_", "-")
+    return field(default=None, metadata={"declared": deprecated_option(old_flag, new_flag), "renamed_to": of,
+                                         "in_file": False})
 
 
 def flag(f: Field) -> str:
@@ -43,8 +48,19 @@ def flag(f: Field) -> str:
 
 
 def in_file(f: Field) -> bool:
-    """Whether the option has a key in a run file (a deprecated spelling has none)."""
+    """Whether the option has a key in a run file (an old spelling has none)."""
     return f.metadata.get("in_file", True)
+
+
+def with_old_spellings(command: str, section: type, values: dict[str, object]) -> dict[str, object]:
+    """``values`` of ``section`` with each old spelling given moved to its new name (warned about)."""
+    moved = dict(values)
+    for f in fields(section):
+        new = f.metadata.get("renamed_to")
+        if new is not None:
+            moved[new] = renamed(command, flag(f), "--" + new.replace("_", "-"), moved[f.name], moved[new])
+            moved[f.name] = None
+    return moved
 
 
 def value_type(section: type, f: Field) -> type:
@@ -77,8 +93,3 @@ def check_value(f: Field, label: str, value: object) -> None:
     check = f.metadata.get("check")
     if check is not None:
         check(label, value)
-
-
-def as_path(value: object) -> object:
-    """A path as a run file writes it (text), anything else as it is."""
-    return str(value) if isinstance(value, Path) else value

@@ -14,9 +14,8 @@ from ..bounds import DEFAULT_TIMEOUT_S
 from ..parallel_layout import ParallelLayout
 from ..runtime.checkpoints.checkpoint_files import DEFAULT_KEEP
 from . import options as opt
-from .declared import option, shared
+from .declared import old_spelling, option, shared
 from .gather_flags import GatherLimit, GatherPlan, GatherTime
-from .renamed import deprecated_option
 from .train_checks import check_lr, check_positive, check_seed, check_share, check_timeout, check_weight_decay
 
 WITH_HF = "With --model hf:CONFIG.json: "
@@ -155,7 +154,7 @@ class OutputsSection:
     trace: Optional[Path] = option(None, "Write the measured timeline of every step (.json).")
     summary: Optional[Path] = option(None, "Write the run's summary (.json): losses, median step, activation "
                                      "bytes per rank.")
-    old_json_path: Optional[Path] = shared(deprecated_option("--json", "--summary"), in_file=False)
+    old_json_path: Optional[Path] = old_spelling("summary", "--json")
     log_every: int = option(1, "Steps per logging interval (metrics, plain progress lines).", least=1)
     metrics: Optional[Path] = option(None, "Append each logging interval's metrics to this file (.jsonl): loss, "
                                      "lr, grad norm, tokens/s, MFU, step time, peak memory per rank, eval loss.")

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import typer
 
-from .declared import check_value, flag, typer_options
+from .declared import check_value, flag, typer_options, with_old_spellings
 from .run_config import SECTIONS, RunConfig
 from .run_file import read_run_file, run_text
 
@@ -64,5 +64,5 @@ def resolved(given: dict[str, object], from_file: dict[str, object], left_out: C
             else:
                 values[f.name] = given[f.name]
                 check_value(f, flag(f), values[f.name])
-        sections[name] = section(**values)
+        sections[name] = section(**with_old_spellings("train", section, values))
     return RunConfig(**sections)

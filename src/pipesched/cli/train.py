@@ -29,7 +29,6 @@ from ..zb_auto_plan import given_costs
 from . import app, fail, train_hf
 from . import options as opt
 from .gather_flags import gathers_asked, planned_gathers
-from .renamed import renamed
 from .run_config import RunConfig, ScheduleSection
 from .run_options import run_options
 from .train_data import check_data, data_model_options, say_how_text_is_read
@@ -42,11 +41,10 @@ TORCH_MISSING = "pipesched train needs PyTorch: pip install 'pipesched[torch]' (
 
 @dataclass
 class _Checked:
-    """What the checks without torch settled: the schedule choice, the loop, the summary's path."""
+    """What the checks without torch settled: the schedule choice, the loop, the stages' block counts."""
 
     choice: ScheduleChoice
     loop: object
-    summary: Optional[Path]
     counts: Optional[tuple[int, ...]]
     dtype: object = None  # the torch dtype, once torch is imported
     state_limit: Optional[float] = None  # --rank-memory-limit in bytes (train_memory.py)
@@ -88,14 +86,13 @@ def _checks_without_torch(cfg: RunConfig) -> _Checked:
     torchrun_rank()  # a partial torchrun environment left in a shell: refused, not waited on
     if cfg.training.verbose:  # every rank reads it (hf.config_file.quiet_transformers): set before any starts
         os.environ["PIPESCHED_VERBOSE"] = "1"
-    summary = renamed("train", "--json", "--summary", out.old_json_path, out.summary)
     check_checkpoint_flags(ckpt.checkpoint_dir, ckpt.checkpoint_every, ckpt.resume)
     planning_costs = given_costs(sched.schedule, sched.csv, sched.costs, sched.comm)
     if cfg.optimizer.optimizer not in OPTIMIZERS:
         raise ConfigError(f"--optimizer {cfg.optimizer.optimizer!r} is not known: use one of {', '.join(OPTIMIZERS)}")
     loop_run = loop_options(cfg)
     check_data(cfg.data, cfg.evaluation)
-    for path, suffixes in ((out.save_params, [".pt", ".pth"]), (out.trace, [".json"]), (summary, [".json"])):
+    for path, suffixes in ((out.save_params, [".pt", ".pth"]), (out.trace, [".json"]), (out.summary, [".json"])):
         if path is not None:
             check_output_path(path, suffixes)
     if gathers_asked(sched.gather_plan, sched.gather_time, sched.gather_limit) and not cfg.layout.sharded:
@@ -106,7 +103,7 @@ def _checks_without_torch(cfg: RunConfig) -> _Checked:
         opt.check_recompute_input(sched.recompute_input, limit if limit_bytes is None else limit_bytes)
     choice = ScheduleChoice(sched.schedule, cfg.layout.ranks, sched.microbatches, sched.chunks, sched.csv, limit,
                             limit_bytes, sched.recompute_input, planning_costs, sched.recompute)
-    return _Checked(choice, loop_run, summary, _parse_counts(sched.stage_blocks), state_limit=state_limit)
+    return _Checked(choice, loop_run, _parse_counts(sched.stage_blocks), state_limit=state_limit)
 
 
 def _model_and_plan(cfg: RunConfig, checked: _Checked):
@@ -176,7 +173,7 @@ def _write_results(cfg: RunConfig, checked: _Checked, plan, model_def, result) -
 
         newest = latest(ckpt.checkpoint_dir)
     try:
-        write_outputs(plan, result, out.save_params, out.trace, checked.summary, None if newest is None else str(newest))
+        write_outputs(plan, result, out.save_params, out.trace, out.summary, None if newest is None else str(newest))
     except OutputsLost as err:
         _say(f"pipesched: error: {err}")
         raise typer.Exit(code=1) from None
