@@ -172,3 +172,23 @@ def test_a_run_file_with_steps_overridden_trains_bitwise_like_the_same_flags(tmp
     assert len(json.loads(b_summary.read_text())["losses"]) == 2
     a, b = torch.load(a_params, weights_only=True), torch.load(b_params, weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+ADVISE = ["advise", "-p", "2", "--microbatch-size", "1", "--global-batch", "8", "--schedules", "1f1b,zb-h1", "--json"]
+
+
+def test_advise_reads_its_model_description_from_a_file_and_flags_override_it(tmp_path):
+    """``advise --config`` with ``--hidden`` overriding the file advises what the same description
+    as flags does, to the byte of its JSON (the same numbers go into the same search)."""
+    path = tmp_path / "model.toml"
+    path.write_text("[model]\nlayers = 8\nhidden = 512\nseq_len = 512\ngpu_memory = 80\n")
+    from_file, from_flags = concurrently(lambda argv: pipesched(*ADVISE, *argv), [
+        ["--config", str(path), "--hidden", "256"],
+        ["--layers", "8", "--hidden", "256", "--seq-len", "512", "--gpu-memory", "80"]])
+    assert from_file.returncode == 0 and from_file.stdout == from_flags.stdout, from_file.stderr
+    path.write_text("[model]\nlayers = 0\n")
+    assert one_line_error(pipesched(*ADVISE, "--config", str(path))).endswith(
+        f"{path}: [model] layers must be a whole number from 1 to 100000, got 0")
+    path.write_text("[model]\nlayer = 8\n")
+    assert one_line_error(pipesched(*ADVISE, "--config", str(path))).endswith(
+        f"{path}: unknown key [model] layer (did you mean [model] layers?)")

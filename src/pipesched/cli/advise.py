@@ -58,7 +58,7 @@ Limits = tuple[Optional[float], Optional[float]]  # --memory-limit in M_B, or in
 def advise_cmd(ctx: typer.Context, ranks: int = opt.Ranks, *, search: SearchFlags, model: ModelFlags,
                profile: ProfileFlags, scope: ScopeFlags, layout: LayoutFlags) -> None:
     """Search every schedule, chunk count and microbatch count; recommend the fastest that fits."""
-    model = model.renamed()
+    model = model.resolved()  # --config's model description, --dtype's old spelling
     typed = {**by_flag(search, SEARCH_OPTIONS), **by_flag(model, MODEL_OPTIONS), **by_flag(profile, PROFILE_OPTIONS),
              **by_flag(scope, SCOPE_OPTIONS), **by_flag(layout, LAYOUT_OPTIONS)}
     # before any work: each of these sizes the search or enters the cost model

@@ -1,13 +1,15 @@
 """``pipesched advise``'s ways of costing a model besides ``--costs``: a model description and
 its hardware (:class:`ModelFlags`, turned into the cost model by :func:`transformer_costs`), or
 ``--profile``, which measures a model (:class:`ProfileFlags`). Each is declared as one group
-(:func:`option_group`); typer's declaration is the one place a flag's default is written, the
-constants below the one place of a default applied where the flag was left out.
+(:func:`option_group`): the description on its dataclass's fields (:mod:`.declared`), so that
+``--config FILE.toml`` reads it as a run file's ``[model]`` table; the profile's as typer's
+declarations. The constants below are the one place of a default applied where a flag was left out.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import Field, dataclass, fields
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -15,9 +17,10 @@ import typer
 from ..advise.estimate import DEFAULT_TFLOPS, Hardware, TransformerCosts
 from ..advise.transformer import ATTENTION_KERNELS, DTYPE_BYTES, TransformerSpec
 from ..errors import ConfigError
+from . import options as opt
 from .advise_flags import SearchFlags, or_default
+from .declared import old_spelling, option, typer_options, with_old_spellings
 from .option_group import option_group
-from .renamed import deprecated_option, renamed
 
 ACTIVATION_DTYPE = "bf16"  # --activation-dtype left out
 ATTENTION = "flash"  # --attention left out
@@ -25,33 +28,50 @@ PROFILED_MODEL, PROFILED_BATCH, PROFILED_STEPS = "mlp", 64, 4  # --model, --batc
 PROFILED_MICROBATCHES = 8  # --microbatches left out with --profile
 
 
+def _model(flag: str, help: str) -> Field:
+    """A field of the model description: not given by default, ``flag``'s range (:data:`options.RANGES`)."""
+    return option(None, help, check=opt.in_range(flag))
+
+
 @dataclass(frozen=True)
 class ModelFlags:
-    """The model description and the hardware it runs on, as typed (None: not given)."""
+    """The model description and the hardware it runs on, as typed (None: not given), or read
+    from the ``[model]`` table of ``--config FILE.toml`` (each key a flag's name, dashes as underscores)."""
 
-    layers: Optional[int]
-    hidden: Optional[int]
-    seq_len: Optional[int]
-    heads: Optional[int]
-    vocab: Optional[int]
-    attention: Optional[str]
-    dtype: Optional[str]
-    gpu_memory: Optional[float]
-    bandwidth: Optional[float]
-    flops: Optional[float]
-    old_dtype: Optional[str]  # --dtype: the old spelling of --activation-dtype
+    layers: Optional[int] = _model("--layers", "Model: transformer layers L.")
+    hidden: Optional[int] = _model("--hidden", "Model: hidden size h.")
+    seq_len: Optional[int] = _model("--seq-len", "Model: sequence length s.")
+    heads: Optional[int] = _model("--heads", "Model: attention heads a (default h/64).")
+    vocab: Optional[int] = _model("--vocab", "Model: vocabulary V (adds embedding and head).")
+    attention: Optional[str] = option(None, f"Model: {ATTENTION} (default; SDPA keeps no score matrix) or eager "
+                                      "(keeps a*s*s per sequence).")
+    activation_dtype: Optional[str] = option(None, f"Model: activation precision, {ACTIVATION_DTYPE} (default), "
+                                             "fp16 or fp32.")
+    gpu_memory: Optional[float] = _model("--gpu-memory", "GB per device: sets the memory limit.")
+    bandwidth: Optional[float] = _model("--bandwidth", "GB/s between neighbouring ranks: sets comm.")
+    flops: Optional[float] = _model("--flops", f"Effective TFLOP/s per device (default {DEFAULT_TFLOPS:g}).")
+    old_dtype: Optional[str] = old_spelling("activation_dtype", "--dtype")
+    config: Optional[Path] = option(None, "Read the model description (and its hardware) from this TOML file: its "
+                                    "table named model, e.g. layers = 32 (docs/advise.md); flags given as well "
+                                    "override it.", in_file=False)
 
-    def renamed(self) -> ModelFlags:
-        """The flags with ``--dtype`` (the old spelling, with a warning) read as ``--activation-dtype``."""
-        return replace(self, dtype=renamed("advise", "--dtype", "--activation-dtype", self.old_dtype, self.dtype),
-                       old_dtype=None)
+    def resolved(self) -> ModelFlags:
+        """The description: ``--dtype`` (the old spelling, with a warning) read as
+        ``--activation-dtype``, then each flag not given taken from ``--config``'s file."""
+        values = with_old_spellings("advise", ModelFlags, {f.name: getattr(self, f.name) for f in fields(self)})
+        if self.config is not None:
+            from .run_file import read_run_file
+
+            from_file = read_run_file(self.config, {"model": ModelFlags})
+            values.update({name: value for name, value in from_file.items() if values[name] is None})
+        return ModelFlags(**{**values, "config": None})
 
     def given(self) -> dict[str, object]:
         """Every flag of the description (flag -> value; None: not given), in the order a
         refusal names them."""
         return {"--layers": self.layers, "--hidden": self.hidden, "--seq-len": self.seq_len, "--heads": self.heads,
                 "--vocab": self.vocab, "--gpu-memory": self.gpu_memory, "--bandwidth": self.bandwidth,
-                "--flops": self.flops, "--attention": self.attention, "--activation-dtype": self.dtype}
+                "--flops": self.flops, "--attention": self.attention, "--activation-dtype": self.activation_dtype}
 
     @property
     def described(self) -> bool:
@@ -74,23 +94,7 @@ class ProfileFlags:
                 or_default(self.profile_steps, PROFILED_STEPS))
 
 
-MODEL_OPTIONS: tuple[tuple[str, object, object], ...] = (
-    ("layers", Optional[int], typer.Option(None, "--layers", help="Model: transformer layers L.")),
-    ("hidden", Optional[int], typer.Option(None, "--hidden", help="Model: hidden size h.")),
-    ("seq_len", Optional[int], typer.Option(None, "--seq-len", help="Model: sequence length s.")),
-    ("heads", Optional[int], typer.Option(None, "--heads", help="Model: attention heads a (default h/64).")),
-    ("vocab", Optional[int], typer.Option(None, "--vocab", help="Model: vocabulary V (adds embedding and head).")),
-    ("attention", Optional[str], typer.Option(
-        None, "--attention",
-        help=f"Model: {ATTENTION} (default; SDPA keeps no score matrix) or eager (keeps a*s*s per sequence).")),
-    ("dtype", Optional[str], typer.Option(
-        None, "--activation-dtype", help=f"Model: activation precision, {ACTIVATION_DTYPE} (default), fp16 or fp32.")),
-    ("gpu_memory", Optional[float], typer.Option(None, "--gpu-memory", help="GB per device: sets the memory limit.")),
-    ("bandwidth", Optional[float], typer.Option(None, "--bandwidth", help="GB/s between neighbouring ranks: sets comm.")),
-    ("flops", Optional[float], typer.Option(
-        None, "--flops", help=f"Effective TFLOP/s per device (default {DEFAULT_TFLOPS:g}).")),
-    ("old_dtype", Optional[str], deprecated_option("--dtype", "--activation-dtype")),
-)
+MODEL_OPTIONS = typer_options(ModelFlags)
 PROFILE_OPTIONS: tuple[tuple[str, object, object], ...] = (
     ("profile", bool, typer.Option(
         False, "--profile", help="Measure the costs: run a few steps of --model on --ranks local ranks.")),
@@ -130,7 +134,7 @@ def transformer_costs(model: ModelFlags, ranks: int, search: SearchFlags, memory
             raise ConfigError(f"{flag} cannot be combined with a model description (the model gives the costs)")
     if (memory_limit is not None or limit_bytes is not None) and model.gpu_memory is not None:
         raise ConfigError("give --memory-limit (activations) or --gpu-memory (GB, all of a device), not both")
-    dtype = model.dtype if model.dtype is not None else ACTIVATION_DTYPE  # an empty value is refused below
+    dtype = model.activation_dtype if model.activation_dtype is not None else ACTIVATION_DTYPE  # an empty value is refused below
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"--activation-dtype {dtype!r} is not known: use one of {', '.join(DTYPE_BYTES)}")
     attention = model.attention if model.attention is not None else ATTENTION

@@ -22,10 +22,12 @@ Check = Callable[[str, object], None]  # (label, value): raises ConfigError nami
 
 
 def option(default: object, help: str, *, short: tuple[str, ...] = (), least: Optional[int] = None,
-           check: Optional[Check] = None) -> Field:
+           check: Optional[Check] = None, in_file: bool = True) -> Field:
     """A field declaring one option: ``least`` the smallest whole number it takes, ``check`` any
-    other rule (both applied to a flag's value and to a run file's alike)."""
-    return field(default=default, metadata={"help": help, "short": short, "least": least, "check": check})
+    other rule (both applied to a flag's value and to a run file's alike); ``in_file=False``: a
+    flag with no key in a file (``--config`` itself)."""
+    return field(default=default, metadata={"help": help, "short": short, "least": least, "check": check,
+                                            "in_file": in_file})
 
 
 def shared(declaration: typer.models.OptionInfo, *, least: Optional[int] = None, check: Optional[Check] = None) -> Field:

@@ -1,7 +1,7 @@
-"""A group of a command's options given to it as one dataclass (``pipesched train``'s loop options).
+"""A group of a command's options given to it as one dataclass (``pipesched advise``'s search options).
 
 typer reads a command's options from its signature; :func:`option_group` puts a group's options
-in the place of one parameter (say ``loop: LoopFlags``) and hands the command the dataclass of
+in the place of one parameter (say ``search: SearchFlags``) and hands the command the dataclass of
 their values, so the command's own signature stays short and the group is declared, checked and
 documented in its own module.
 """

@@ -233,8 +233,14 @@ def check_ranges(values: dict[str, object]) -> None:
     ``--workers``: 1 to this machine's CPUs); None means not given. NaN is outside every range."""
     for flag, value in values.items():
         if value is not None:
-            low, high = (1, os.cpu_count() or 1) if flag == "--workers" else RANGES[flag]
-            check_number(flag, value, low, high, whole=isinstance(low, int))
+            in_range(flag)(flag, value)
+
+
+def in_range(flag: str) -> Callable[[str, object], None]:
+    """The check of ``flag``'s range (:func:`check_ranges`), for a value named ``label``: the flag,
+    or the key and file a ``--config`` file gave it in."""
+    low, high = (1, os.cpu_count() or 1) if flag == "--workers" else RANGES[flag]
+    return lambda label, value: check_number(label, value, low, high, whole=isinstance(low, int))
 
 
 def recompute_limit(s: Setup) -> Optional[float]:

@@ -1,4 +1,5 @@
-"""A run file: ``pipesched train --config run.toml`` reads one, ``--print-config`` writes one.
+"""A run file: ``pipesched train --config run.toml`` reads one, ``--print-config`` writes one
+(``advise --config`` reads its model description the same way).
 
 One table per section of :class:`~.run_config.RunConfig`, each key a field (a flag's long name
 without its dashes). Reading refuses, in one line naming the key and the file, a key no section
@@ -28,13 +29,14 @@ else:  # pragma: no cover - the tomli backport reads the same TOML 1.0
 TYPE_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false", Path: "a path (a string)"}
 
 
-def keyed_fields() -> dict[str, tuple[type, Field]]:
-    """Every key a run file may hold, as ``section.key``, with its section and field."""
-    return {f"{name}.{f.name}": (section, f) for name, section in SECTIONS.items() for f in fields(section) if in_file(f)}
+def keyed_fields(sections: dict[str, type]) -> dict[str, tuple[type, Field]]:
+    """Every key a file of ``sections`` may hold, as ``section.key``, with its section and field."""
+    return {f"{name}.{f.name}": (section, f) for name, section in sections.items() for f in fields(section) if in_file(f)}
 
 
-def read_run_file(path: Path) -> dict[str, object]:
-    """The values ``path`` sets, by field name (one line naming the file and key for a mistake)."""
+def read_run_file(path: Path, sections: dict[str, type] = SECTIONS) -> dict[str, object]:
+    """The values ``path`` sets, by field name, one table per entry of ``sections`` (one line
+    naming the file and key for a mistake)."""
     try:
         with open(path, "rb") as handle:
             tables = tomllib.load(handle)
@@ -42,12 +44,12 @@ def read_run_file(path: Path) -> dict[str, object]:
         raise ConfigError(f"--config {path}: cannot read it ({err.strerror})") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"--config {path}: not a TOML file ({err})") from None
-    known = keyed_fields()
+    known = keyed_fields(sections)
     values: dict[str, object] = {}
     for table, keys in tables.items():
         if not isinstance(keys, dict):
             raise ConfigError(f"{path}: {table} = ... stands outside any table: "
-                              f"write it under one of {', '.join(f'[{name}]' for name in SECTIONS)}")
+                              f"write it under one of {', '.join(f'[{name}]' for name in sections)}")
         for key, value in keys.items():
             where = f"{table}.{key}"
             if where not in known:

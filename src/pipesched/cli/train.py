@@ -1,6 +1,7 @@
 """``pipesched train``: run a schedule for real on local processes or under torchrun.
 
-The command runs in named phases, one function each: :func:`_checks_without_torch` (every
+Its options are the run's one declaration (:class:`~.run_config.RunConfig`: flags, or a
+``--config`` file they override, resolved by :mod:`.run_options`). The command runs in named phases, one function each: :func:`_checks_without_torch` (every
 option that needs no torch: importing it costs seconds, so a plain mistake is refused at once),
 :func:`_model_and_plan` (torch imported, the model built, the schedule resolved, measured
 first where it must be), :func:`_config` (the run as one ``TrainConfig``, its runtime settings one
