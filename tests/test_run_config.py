@@ -192,3 +192,17 @@ def test_advise_reads_its_model_description_from_a_file_and_flags_override_it(tm
     path.write_text("[model]\nlayer = 8\n")
     assert one_line_error(pipesched(*ADVISE, "--config", str(path))).endswith(
         f"{path}: unknown key [model] layer (did you mean [model] layers?)")
+
+
+def test_the_sample_in_the_docs_is_the_example_file_that_runs_and_reads_as_a_run():
+    """docs/training.md shows docs/examples/run.toml (part of it): the same values, and the file
+    is a run ``--config`` takes."""
+    root = SRC.parent
+    shown = (root / "docs" / "training.md").read_text().split("```toml\n", 1)[1].split("```", 1)[0]
+    example = tomllib.loads((root / "docs" / "examples" / "run.toml").read_text())
+    for table, keys in tomllib.loads(shown).items():
+        assert keys.items() <= example[table].items(), table
+    printed = pipesched("train", "--config", str(root / "docs" / "examples" / "run.toml"), "--print-config")
+    assert printed.returncode == 0, printed.stderr
+    resolved = tomllib.loads(printed.stdout)
+    assert all(keys.items() <= resolved[table].items() for table, keys in example.items())

@@ -38,15 +38,19 @@ def shared(declaration: typer.models.OptionInfo, *, least: Optional[int] = None,
 def old_spelling(of: str, old_flag: str) -> Field:
     """A field for the old spelling of the field ``of`` (hidden, warned about, never in a run
     file): the run takes its value as ``of``'s."""
-    new_flag = "--" + of.replace("_", "-")
-    return field(default=None, metadata={"declared": deprecated_option(old_flag, new_flag), "renamed_to": of,
+    return field(default=None, metadata={"declared": deprecated_option(old_flag, dashed(of)), "renamed_to": of,
                                          "in_file": False})
+
+
+def dashed(name: str) -> str:
+    """The flag of the field ``name`` (``clip_grad_norm``: ``--clip-grad-norm``)."""
+    return "--" + name.replace("_", "-")
 
 
 def flag(f: Field) -> str:
     """The option's long name on the command line."""
     declared = f.metadata.get("declared")
-    return declared.param_decls[0] if declared is not None else "--" + f.name.replace("_", "-")
+    return declared.param_decls[0] if declared is not None else dashed(f.name)
 
 
 def in_file(f: Field) -> bool:
@@ -60,7 +64,7 @@ def with_old_spellings(command: str, section: type, values: dict[str, object]) -
     for f in fields(section):
         new = f.metadata.get("renamed_to")
         if new is not None:
-            moved[new] = renamed(command, flag(f), "--" + new.replace("_", "-"), moved[f.name], moved[new])
+            moved[new] = renamed(command, flag(f), dashed(new), moved[f.name], moved[new])
             moved[f.name] = None
     return moved
 
