@@ -1,7 +1,7 @@
 """``pipesched train --dp-shard N --tp N`` through the console script: a sharded run trains as the
 one-process run does, its summary holds the bytes each rank measured beside the layout's
 prediction, and its checkpoint resumes in one process; layouts that cannot run (or cannot fit
-``--memory-limit``) are refused in one line (exit 2) before any rank starts."""
+``--rank-memory-limit``) are refused in one line (exit 2) before any rank starts."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ SHARDED = [*GPT, "-s", "zb-v", "--dp-shard", "2", "--steps", "2"]
 def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resumes_in_one_process(tmp_path):
     """The sharded run's checkpoint (DCP: each rank's shards of the weights and AdamW's state under
     the unsplit model's names) loads into the one-process model bit for bit and resumes there, its
-    steps 3 and 4 as the uninterrupted run's. A --memory-limit the layout's predicted weights,
+    steps 3 and 4 as the uninterrupted run's. A --rank-memory-limit the layout's predicted weights,
     gradients, optimizer state and activations exceed is refused before any rank starts, naming
     the bytes; the activations it predicts are the ones the run measures."""
     import pipesched
@@ -39,7 +39,7 @@ def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resum
         [*SHARDED, "--summary", str(tmp_path / "sharded.json"), "--checkpoint-dir", str(tmp_path / "ck"),
          "--save-params", str(tmp_path / "sharded.pt")],
         [*GPT, "-s", "none", "--steps", "4", "--summary", str(tmp_path / "whole.json")],
-        [*SHARDED, "--memory-limit", "1MiB"],
+        [*SHARDED, "--rank-memory-limit", "1MiB"],
     ])
     assert sharded.returncode == 0, sharded.stderr
     assert whole.returncode == 0, whole.stderr
