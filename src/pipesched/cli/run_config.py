@@ -110,6 +110,11 @@ class LayoutSection:
         """Whether stages are split inside (FSDP shards or tensor parallelism)."""
         return self.of(1).sharded
 
+    @property
+    def data_ranks(self) -> int:
+        """How many ways each global batch is split (replicas x shards)."""
+        return self.of(1).dp
+
 
 @dataclass(frozen=True)
 class DataSection:

@@ -57,7 +57,7 @@ def train(cfg: RunConfig) -> None:
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
     checked = _checks_without_torch(cfg)
     model_def, plan, recompute, model_options = _model_and_plan(cfg, checked)
-    check_sharding(model_def, cfg.layout.dp_shard, cfg.layout.tp)
+    check_sharding(model_def, cfg.layout)
     run = cfg.training
     if cfg.layout.sharded:
         from .train_memory import check_sharded_stages
@@ -129,7 +129,7 @@ def _model_and_plan(cfg: RunConfig, checked: _Checked):
     measured = choice.profiles()
     if choice.measures is not None:  # the schedule needs the model (zb-auto), measured by processes first
         if measured:
-            check_batch_split(run.batch_size, layout.dp * layout.dp_shard, cfg.schedule.microbatches or 8)
+            check_batch_split(run.batch_size, layout.data_ranks, cfg.schedule.microbatches or 8)
             check_batch_fits(model_def, run.batch_size, run.seed)
         run_spec = RunSpec(model, run.batch_size // layout.dp, run.seed, cfg.model.dtype, run.timeout)  # one replica's batch
         plan, recompute = _resolved(resolve_schedule(choice, run_spec, _say), cfg, choice.costs)
@@ -223,8 +223,7 @@ def _check_block_counts(model_def, plan: Schedule, counts: Optional[tuple[int, .
 def _resolved(resolved: Resolved, cfg: RunConfig, costs) -> tuple[Optional[Schedule], Recomputed]:
     """The schedule, gathering where ``--gather-plan`` places, and the stages to recompute, once
     the layout is checked to take the batch."""
-    layout = cfg.layout
-    check_layout(resolved.schedule, layout.dp, cfg.training.batch_size, dp_shard=layout.dp_shard, tp=layout.tp)
+    check_layout(resolved.schedule, cfg.layout, cfg.training.batch_size)
     return _gathers_placed(resolved.schedule, cfg.schedule, costs), resolved.recompute
 
 

@@ -11,6 +11,7 @@ from typing import Mapping, Optional
 from ..environment import torchrun_rank
 from ..errors import ConfigError
 from ..schedule import Schedule
+from .run_config import LayoutSection
 
 def check_batch_split(batch_size: int, dp: int, microbatches: int) -> None:
     """Raise ConfigError unless ``batch_size`` splits into ``dp`` shards of ``microbatches`` equal microbatches."""
@@ -22,31 +23,30 @@ def check_batch_split(batch_size: int, dp: int, microbatches: int) -> None:
         )
 
 
-def check_layout(plan: Optional[Schedule], dp: int, batch_size: int, environ: Mapping[str, str] = os.environ,
-                 dp_shard: int = 1, tp: int = 1) -> None:
-    """Raise ConfigError unless ``dp`` replicas x ``dp_shard`` shards x ``tp`` tensor-parallel ranks
-    of ``plan`` can run ``batch_size`` samples per step here: the batch splits into (dp x dp_shard)
-    x microbatches, and torchrun started exactly P x D x S x T ranks."""
-    for flag, value in (("--dp-shard", dp_shard), ("--tp", tp)):
-        if value < 1:
-            raise ConfigError(f"{flag} must be at least 1, got {value}")
+def check_layout(plan: Optional[Schedule], layout: LayoutSection, batch_size: int,
+                 environ: Mapping[str, str] = os.environ) -> None:
+    """Raise ConfigError unless ``layout`` of ``plan`` can run ``batch_size`` samples per step
+    here: the batch splits into (dp x dp_shard) x microbatches, and torchrun started exactly the
+    layout's P x D x S x T ranks."""
     if plan is None:
-        for flag, value in (("--dp", dp), ("--dp-shard", dp_shard), ("--tp", tp)):
+        for flag, value in (("--dp", layout.dp), ("--dp-shard", layout.dp_shard), ("--tp", layout.tp)):
             if value != 1:
                 raise ConfigError(f"{flag} needs a pipeline: the reference (--schedule none) is one process")
         return
-    check_batch_split(batch_size, dp * dp_shard, plan.microbatches)
+    whole = layout.of(plan.ranks)
+    check_batch_split(batch_size, whole.dp, plan.microbatches)
     launched = torchrun_rank(environ)
-    world = plan.ranks * dp * dp_shard * tp
-    if launched is not None and launched.world != world:
-        layout = f"--ranks {plan.ranks} x --dp {dp}" + (f" x --dp-shard {dp_shard} x --tp {tp}" if world != plan.ranks * dp else "")
-        raise ConfigError(f"torchrun started {launched.world} processes but {layout} needs {world}: "
-                          f"use --nproc-per-node x --nnodes = {world}")
+    if launched is not None and launched.world != whole.world:
+        named = f"--ranks {plan.ranks} x --dp {layout.dp}" + (
+            f" x --dp-shard {layout.dp_shard} x --tp {layout.tp}" if layout.sharded else "")
+        raise ConfigError(f"torchrun started {launched.world} processes but {named} needs {whole.world}: "
+                          f"use --nproc-per-node x --nnodes = {whole.world}")
 
 
-def check_sharding(model_def, dp_shard: int, tp: int) -> None:
+def check_sharding(model_def, layout: LayoutSection) -> None:
     """What sharded stages cannot do yet, and a model ``tp`` cannot split: one line each, before any rank starts."""
-    if dp_shard == 1 and tp == 1:
+    tp = layout.tp
+    if not layout.sharded:
         return
     if tp > 1 and model_def.tp_plan is None:
         raise ConfigError(f"--tp {tp}: --model {model_def.name} has no tensor-parallel plan (docs/layouts.md lists "
