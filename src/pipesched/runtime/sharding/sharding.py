@@ -183,7 +183,7 @@ def shard_stages(stages: dict, mesh: ShardedMesh, options, exclude: Callable[[It
 
 
 class StageSharding:
-    """A sharded stage's part in its rank's program: the all-gathers ``UNSHARD`` starts and the
+    """A sharded stage's part in its rank's program (a :class:`~..engine.stage_runner.StagePart`): the all-gathers ``UNSHARD`` starts and the
     stage's next compute waits for, ``RESHARD``, gradient sync off before every backward, and the
     ``REDUCE_GRAD`` that reduce-scatters and divides once by ``divisor``. The gathered
     parameters are excluded from the activation meter (``exclude``): they are weights, not
@@ -207,9 +207,12 @@ class StageSharding:
         """Around the stage's forward (recomputed ones included): :func:`outputs_left_unmodified`."""
         return outputs_left_unmodified()
 
-    def before_backward(self) -> None:
+    @contextmanager
+    def backward(self) -> Iterator[None]:
+        """Around each backward: the parameters gathered, gradient sync off (:func:`no_sync_backward`)."""
         self.ready()
         no_sync_backward(self.stage)
+        yield
 
     def reshard(self) -> None:
         self.ready()  # a gather still in flight completes before its memory is freed
