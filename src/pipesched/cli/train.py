@@ -163,11 +163,11 @@ def _config(run: RunFlags, sched: ScheduleFlags, ckpt: CheckpointFlags, out: Out
     from ..runtime.options import RuntimeOptions
     from ..runtime.training.train import TrainConfig
 
-    options = RuntimeOptions(seed=run.seed, block_counts=checked.counts, timeout_s=run.timeout,
+    options = RuntimeOptions(seed=run.seed, timeout_s=run.timeout,
                              skip_nonfinite=run.skip_nonfinite, clip_grad_norm=run.clip_grad_norm, recompute=recompute,
                              dtype=checked.dtype, meter_every_step=out.trace is not None)  # a trace draws every step
     return TrainConfig(
-        run.model, plan, run.steps, run.batch_size, options, lr=run.lr, optimizer=run.optimizer,
+        run.model, plan, run.steps, run.batch_size, options, block_counts=checked.counts, lr=run.lr, optimizer=run.optimizer,
         model_size=model_options, want_params=out.save_params is not None or out.save_hf is not None,
         show_progress=True, checkpoint_dir=None if ckpt.checkpoint_dir is None else str(ckpt.checkpoint_dir),
         checkpoint_every=ckpt.checkpoint_every, checkpoint_keep=ckpt.checkpoint_keep,

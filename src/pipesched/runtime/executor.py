@@ -24,7 +24,7 @@ step count changes only here and through :meth:`~PipelineRuntime.load_checkpoint
 from __future__ import annotations
 
 from time import perf_counter
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -50,16 +50,16 @@ from .engine.stage_runner import build_runners
 from .guard import check_weights
 from .metering.memory_meter import ActivationMeter
 from .metering.observers import SizeLearner, StepResult, make_clock, step_result
-from .options import RuntimeOptions
+from .options import RuntimeOptions, runtime_arguments
 from .program.program import links, lower
 from .sharding.sharded_mesh import ShardedMesh
 from .sharding.sharding import local_tensors
 from .sharding.tp_plans import param_specs
 from .stages import batch_context
-from .stages.boundary import Value
 from .stages.copies import ModelCopies
-from .stages.partition import BlockBuilder, Stage, build_stage, stage_block_ranges
+from .stages.partition import Stage, build_stage
 from .stages.precision import Precision
+from .stages.staged_model import StagedModel
 from .state_access import StateAccess
 from .strategy import choose_strategy
 
@@ -73,19 +73,23 @@ class NonFiniteLoss(RunFailure):
 class PipelineRuntime(StateAccess):
     """The stages of one rank, their optimizer, and the engine that runs the schedule's steps.
 
-    Call on every rank of an initialised process group with the same arguments.
-    ``sample_input`` is one microbatch's input (only its shape and dtype matter, unless the
-    blocks cannot run on ``meta``: then one real forward of it infers the shapes). ``options``
-    (:class:`~.options.RuntimeOptions`) holds every setting; ``mesh`` (default: the whole world is
+    Call on every rank of an initialised process group with the same arguments. ``model``
+    (:class:`~.stages.staged_model.StagedModel`) is the blocks and their facts (block counts, tied
+    weights, a sample input and context, a tensor-parallel plan); ``options``
+    (:class:`~.options.RuntimeOptions`) holds the run's knobs; ``mesh`` (default: the whole world is
     one pipeline) places this rank among data-parallel replicas, or, a
     :class:`~.sharding.sharded_mesh.ShardedMesh`, shards the stages inside (FSDP2, tensor parallelism).
     """
 
-    def __init__(self, build_block: BlockBuilder, num_blocks: int, schedule: Schedule, loss_fn: LossFn,
-                 optimizer: OptimizerFactory, sample_input: Value, *, options: RuntimeOptions = RuntimeOptions(),
+    def __init__(self, model: StagedModel, schedule: Schedule, loss_fn: LossFn, optimizer: OptimizerFactory,
+                 *older: Any, options: RuntimeOptions = RuntimeOptions(),
                  mesh: Union[PipelineMesh, ShardedMesh, None] = None) -> None:
+        """``older``: what the deprecated form ``(build_block, num_blocks, schedule, loss_fn,
+        optimizer, sample_input)`` gives past its fourth argument (:func:`~.options.runtime_arguments`)."""
+        model, schedule, loss_fn, optimizer, options = runtime_arguments(model, schedule, loss_fn, optimizer, older,
+                                                                         options)
         validate(schedule)
-        self.options = options
+        self.model, self.options = model, options
         self.schedule = schedule
         self.recompute = recompute_stages(options.recompute, schedule)
         self.device = options.torch_device
@@ -97,32 +101,31 @@ class PipelineRuntime(StateAccess):
         self.precision = Precision(options.dtype, self.device.type)
         self.loss_fn = loss_fn
         self.copies = ModelCopies(schedule)
-        agree_at_construction(self.mesh.world_group, build_block, num_blocks, schedule, self.copies.length, options,
-                              sample_input)
-        model_ranges = stage_block_ranges(num_blocks, self.copies.length, options.block_counts)
+        agree_at_construction(self.mesh.world_group, model, schedule, self.copies.length, options)
+        model_ranges = model.stage_ranges(self.copies.length)
         self.stage_ranges = self.copies.stage_ranges(model_ranges)
         # shapes first, from blocks no runtime has prepared yet (where the builder builds them)
         self.shapes = ShapeBook(
-            lambda sample, context: infer_boundary_shapes(build_block, model_ranges, sample, context,
+            lambda sample, context: infer_boundary_shapes(model.build_block, model_ranges, sample, context,
                                                           seed=options.seed, device=self.device),
-            schedule, self.copies, self.precision.wire_dtype, sample_input, options.sample_context)
+            schedule, self.copies, self.precision.wire_dtype, model.sample_input, model.sample_context)
         owned = [s for s, r in enumerate(schedule.placement) if r == self.rank]
         self.checks = StepChecks(loss_fn, self.shapes, self.mesh, any(map(self.copies.takes_inputs, owned)),
                                  any(map(self.copies.computes_loss, owned)))
-        self.stages: dict[int, Stage] = {s: build_stage(build_block, self.stage_ranges[s], s, options.seed, self.device)
-                                         for s in owned}
-        self.strategy.tie(self.stages, options.tied)
+        self.stages: dict[int, Stage] = {s: build_stage(model.build_block, self.stage_ranges[s], s, options.seed,
+                                                        self.device) for s in owned}
+        self.strategy.tie(self.stages, model.tied)
         self.meter = ActivationMeter()
         self.stash = WeightGradStash(hold=self.meter.hold)
         if schedule.split_backward:
             for stage in self.stages.values():
                 make_weight_grads_deferrable(stage, self.stash)
-        self.state_specs = {s: param_specs(stage, options.tp_plan or {}) for s, stage in self.stages.items()}
-        self.follower_specs = follower_specs(self.stages, tied.held(self.stages, options.tied), self.state_specs)
-        parts = self.strategy.lay_out(self.stages, options, self.meter.exclude)
-        self.tied = tied.held(self.stages, options.tied)  # sharding replaced the parameters
+        self.state_specs = {s: param_specs(stage, model.tp_plan or {}) for s, stage in self.stages.items()}
+        self.follower_specs = follower_specs(self.stages, tied.held(self.stages, model.tied), self.state_specs)
+        parts = self.strategy.lay_out(self.stages, model, options, self.meter.exclude)
+        self.tied = tied.held(self.stages, model.tied)  # sharding replaced the parameters
         for g, copies in self.tied.items():
-            check_alike(copies, options.tied[g])
+            check_alike(copies, model.tied[g])
         self.followers = [p for copies in self.tied.values() for p in copies[1:]]  # not the optimizer's
         every = list({id(p): p for s in owned for p in self.stages[s].parameters()}.values())
         self.parameters = [p for p in every if all(p is not q for q in self.followers)]
@@ -139,7 +142,7 @@ class PipelineRuntime(StateAccess):
         groups = make_link_groups(links(schedule), options.timeout_s, self.mesh)
         self.transport = Transport(self.program, groups, self.shapes.wire, self.device, options.timeout_s,
                                    host_staging=options.host_staging, global_rank=self.mesh.global_rank)
-        self.reductions = ReductionPlan(schedule, self.stage_ranges, options.tied, self.stages, self.mesh,
+        self.reductions = ReductionPlan(schedule, self.stage_ranges, model.tied, self.stages, self.mesh,
                                         options.overlap_grad_sync, options.timeout_s,
                                         replicas=self.strategy.replicas_reduced, copies=self.tied)
         self.broadcast_tied()

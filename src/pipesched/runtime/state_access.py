@@ -3,7 +3,7 @@ count changes), the model's names, the whole model gathered, the bytes it holds.
 
 :class:`StateAccess` is :class:`~.executor.PipelineRuntime`'s half that reads and writes its
 state rather than stepping it; it reads the runtime's ``stages``, ``optimizer``, ``mesh``,
-``options``, ``strategy`` (its layout and coordinates), ``state_specs`` and ``follower_specs``.
+``model`` (its tied groups), ``strategy`` (its layout and coordinates), ``state_specs`` and ``follower_specs``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class StateAccess:
 
     def checkpoint_module(self, rename: Callable[[str], str] = same_name) -> nn.Module:
         """What a checkpoint holds of this rank (:func:`~.checkpoint_names.tied_view`)."""
-        return checkpoint.tied_view(self.module(), self.options.tied, rename)
+        return checkpoint.tied_view(self.module(), self.model.tied, rename)
 
     def state_bytes(self) -> dict[str, dict[str, int]]:
         """This rank's parameters, gradients and optimizer state in bytes: ``measured`` (the

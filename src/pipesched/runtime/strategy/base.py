@@ -27,6 +27,7 @@ from torch import nn
 from ...parallel_layout import ParallelLayout
 from ..comm.mesh import PipelineMesh
 from ..engine.stage_runner import StagePart
+from ..stages.staged_model import StagedModel
 
 
 class StageStrategy(ABC):
@@ -50,10 +51,11 @@ class StageStrategy(ABC):
         """Share each tied group's parameter among the stages of this rank that hold it (:mod:`..comm.tied`)."""
 
     @abstractmethod
-    def lay_out(self, stages: dict[int, nn.Module], options,
+    def lay_out(self, stages: dict[int, nn.Module], model: StagedModel, options,
                 exclude: Callable[[Iterable[torch.Tensor]], None]) -> dict[int, StagePart]:
         """Each stage's part in the program, after laying the stages out as the strategy holds
-        them (``options``: the runtime's; ``exclude``: the activation meter's, for weights)."""
+        them (``model``: their facts; ``options``: the runtime's; ``exclude``: the activation
+        meter's, for weights)."""
 
     def start_step(self) -> None:
         """Before a step's first action: forget what the last one left."""

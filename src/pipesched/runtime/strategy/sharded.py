@@ -22,6 +22,7 @@ from ..sharding.sharded_mesh import ShardedMesh
 from ..sharding.sharded_norm import clip_local, global_grad_norm
 from ..sharding.sharding import StageSharding, shard_stages
 from ..sharding.tp_guard import TpGuard
+from ..stages.staged_model import StagedModel
 from .base import StageStrategy
 
 
@@ -40,9 +41,9 @@ class ShardedStages(StageStrategy):
     def tie(self, stages: dict[int, nn.Module], tied_groups: Sequence[Sequence[str]]) -> None:
         tied.share_on_rank(stages, tied_groups, per_stage=True)
 
-    def lay_out(self, stages: dict[int, nn.Module], options,
+    def lay_out(self, stages: dict[int, nn.Module], model: StagedModel, options,
                 exclude: Callable[[Iterable[torch.Tensor]], None]) -> dict[int, StageSharding]:
-        return shard_stages(stages, self.sharded, options, exclude)
+        return shard_stages(stages, self.sharded, model.tp_plan, options.reshard_after_forward, exclude)
 
     def grad_norm(self, counted: Sequence[nn.Parameter], agreed: Optional[float]) -> float:
         return global_grad_norm(counted, self.sharded, self.device)

@@ -18,6 +18,7 @@ from ...parallel_layout import ParallelLayout
 from ..comm import tied
 from ..comm.mesh import PipelineMesh
 from ..engine.tied_sums import TiedSums, WholeStage, whole_parts
+from ..stages.staged_model import StagedModel
 from .base import StageStrategy
 
 
@@ -38,9 +39,9 @@ class WholeStages(StageStrategy):
     def tie(self, stages: dict[int, nn.Module], tied_groups: Sequence[Sequence[str]]) -> None:
         tied.share_on_rank(stages, tied_groups)
 
-    def lay_out(self, stages: dict[int, nn.Module], options,
+    def lay_out(self, stages: dict[int, nn.Module], model: StagedModel, options,
                 exclude: Callable[[Iterable[torch.Tensor]], None]) -> dict[int, WholeStage]:
-        self.sums = TiedSums(stages, options.tied)
+        self.sums = TiedSums(stages, model.tied)
         return whole_parts(stages, self.sums)
 
     def start_step(self) -> None:
