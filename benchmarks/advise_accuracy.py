@@ -49,6 +49,7 @@ def turns_worker(rank: int, world: int, job: tuple) -> list[list[list[float]]]:
     import torch.distributed as dist
 
     from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
+    from pipesched.runtime.stages.staged_model import StagedModel
     from pipesched.runtime.launching.launch import rank_device
     from pipesched.runtime.training.optimizers import make_optimizer
 
@@ -59,9 +60,10 @@ def turns_worker(rank: int, world: int, job: tuple) -> list[list[list[float]]]:
     for schedule, recompute in settings:
         blocks = tuple(balanced_block_counts(md.block_costs, schedule))
         runtimes.append(PipelineRuntime(
-            md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05),
-            x0[: BATCH // schedule.microbatches],
-            options=RuntimeOptions(seed=0, block_counts=blocks, device=rank_device(), tied=md.tied,
+            StagedModel(md.build_block, md.num_blocks, x0[: BATCH // schedule.microbatches], block_counts=blocks,
+                        tied=md.tied),
+            schedule, md.loss_fn, make_optimizer("sgd", 0.05),
+            options=RuntimeOptions(seed=0, device=rank_device(),
                                    recompute="all" if recompute != "none" else None)))
     batches = [md.batch(i, BATCH, 0) for i in range(4)]
     times = [[[] for _ in range(rounds)] for _ in runtimes]

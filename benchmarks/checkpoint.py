@@ -18,6 +18,7 @@ import torch
 import pipesched
 from pipesched.runtime.checkpoints import checkpoint_files
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
+from pipesched.runtime.stages.staged_model import StagedModel
 from pipesched.runtime.launching.launch import spawn
 from pipesched.runtime.training.models import get_model
 from pipesched.runtime.training.train import make_optimizer
@@ -30,8 +31,8 @@ def _measure(rank: int, world: int, job: tuple) -> dict:
     md = get_model("mlp")
     schedule = pipesched.build_schedule(name, world, MICROBATCHES)
     x, y = md.batch(0, BATCH, 0)
-    rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("adamw", 1e-3),
-                         x[: BATCH // MICROBATCHES],
+    rt = PipelineRuntime(StagedModel(md.build_block, md.num_blocks, x[: BATCH // MICROBATCHES]),
+                         schedule, md.loss_fn, make_optimizer("adamw", 1e-3),
                          options=RuntimeOptions(timeout_s=120))
     steps, saves, loads, guards, starts, verifies = [], [], [], [], [], []
     for i in range(REPEATS):

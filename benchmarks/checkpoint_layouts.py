@@ -47,6 +47,7 @@ import torch.distributed as dist
 import pipesched
 from pipesched.runtime.checkpoints import checkpoint
 from pipesched.runtime.executor import PipelineRuntime
+from pipesched.runtime.stages.staged_model import StagedModel
 from pipesched.runtime.launching.launch import (
     rank_device,
     run_torchrun,
@@ -72,10 +73,11 @@ def _runtime(layout: tuple, optimizer: str, mesh) -> PipelineRuntime:
     md = get_model("gpt", **SIZE)
     pp, _, tp = layout
     x0, _ = md.batch(0, BATCH, SEED)
-    return PipelineRuntime(md.build_block, md.num_blocks, pipesched.build_schedule("1f1b", pp, MICROBATCHES), md.loss_fn,
-                           make_optimizer(optimizer, LR[optimizer]), x0[: BATCH // (layout[1] * MICROBATCHES)], mesh=mesh,
-                           options=RuntimeOptions(seed=SEED, timeout_s=300, device=rank_device(),
-                                                  tp_plan=md.tp_plan if tp > 1 else None))
+    model = StagedModel(md.build_block, md.num_blocks, x0[: BATCH // (layout[1] * MICROBATCHES)],
+                        tp_plan=md.tp_plan if tp > 1 else None)
+    return PipelineRuntime(model, pipesched.build_schedule("1f1b", pp, MICROBATCHES), md.loss_fn,
+                           make_optimizer(optimizer, LR[optimizer]), mesh=mesh,
+                           options=RuntimeOptions(seed=SEED, timeout_s=300, device=rank_device()))
 
 
 def layout_run(layout: tuple, folder: Path, load: Optional[Path]) -> dict:

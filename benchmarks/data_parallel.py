@@ -79,6 +79,7 @@ def overlap_worker(rank: int, world: int, job: tuple) -> dict:
     from pipesched.runtime.comm.latency import measure_latency
     from pipesched.runtime.comm.mesh import init_pipeline_mesh
     from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
+    from pipesched.runtime.stages.staged_model import StagedModel
     from pipesched.runtime.training.models import get_model
     from pipesched.runtime.training.train import make_optimizer
 
@@ -89,8 +90,8 @@ def overlap_worker(rank: int, world: int, job: tuple) -> dict:
     x0, _ = md.batch(0, OVERLAP_BATCH, 0)
     sample = x0[: OVERLAP_BATCH // (2 * MICROBATCHES)]
     runtimes = {
-        overlap: PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.01),
-                                 sample, mesh=mesh,
+        overlap: PipelineRuntime(StagedModel(md.build_block, md.num_blocks, sample),
+                                 schedule, md.loss_fn, make_optimizer("sgd", 0.01), mesh=mesh,
                                  options=RuntimeOptions(overlap_grad_sync=overlap, timeout_s=300))
         for overlap in (True, False)
     }

@@ -31,6 +31,7 @@ import torch
 import pipesched
 from pipesched.errors import ConfigError
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
+from pipesched.runtime.stages.staged_model import StagedModel
 from pipesched.runtime.launching.launch import (
     rank_device,
     run_torchrun,
@@ -50,10 +51,10 @@ BATCH, MICROBATCHES, SEED, LR, TOL = 64, 8, 0, 0.05, 1e-5
 def _runtime(md, schedule, overlap_streams=False, overlap_grad_sync=True) -> PipelineRuntime:
     x0, _ = md.batch(0, BATCH, SEED)
     return PipelineRuntime(
-        md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", LR),
-        x0[: BATCH // schedule.microbatches],
+        StagedModel(md.build_block, md.num_blocks, x0[: BATCH // schedule.microbatches],
+                    block_counts=balanced_block_counts(md.block_costs, schedule)),
+        schedule, md.loss_fn, make_optimizer("sgd", LR),
         options=RuntimeOptions(seed=SEED, device=rank_device(), timeout_s=300,
-                               block_counts=balanced_block_counts(md.block_costs, schedule),
                                overlap_streams=overlap_streams, overlap_grad_sync=overlap_grad_sync),
     )
 

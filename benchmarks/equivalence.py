@@ -20,6 +20,7 @@ import torch
 import pipesched
 from pipesched.errors import ConfigError
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
+from pipesched.runtime.stages.staged_model import StagedModel
 from pipesched.runtime.launching.launch import (
     rank_device,
     run_torchrun,
@@ -70,8 +71,8 @@ def worker(rank: int, world: int, dp: int) -> list:
             continue
         x0, _ = md.batch(0, BATCH, SEED)
         rt = PipelineRuntime(
-            md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
-            x0[: BATCH // (dp * MICROBATCHES)], mesh=mesh,
+            StagedModel(md.build_block, md.num_blocks, x0[: BATCH // (dp * MICROBATCHES)]),
+            schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR), mesh=mesh,
             options=RuntimeOptions(seed=SEED, device=device, timeout_s=120),
         )
         x, y = md.batch(0, BATCH, SEED)

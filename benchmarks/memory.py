@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 import pipesched
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
+from pipesched.runtime.stages.staged_model import StagedModel
 from pipesched.runtime.launching.launch import (
     rank_device,
     run_torchrun,
@@ -64,9 +65,10 @@ TIMED_MICROBATCH = 8
 def _runtime(md, schedule, recompute=None, microbatch=MICROBATCH) -> PipelineRuntime:
     x0, _ = md.batch(0, microbatch * schedule.microbatches, 0)
     return PipelineRuntime(
-        md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05), x0[:microbatch],
-        options=RuntimeOptions(block_counts=balanced_block_counts(md.block_costs, schedule),
-                               recompute=recompute, timeout_s=600, device=rank_device(),
+        StagedModel(md.build_block, md.num_blocks, x0[:microbatch],
+                    block_counts=balanced_block_counts(md.block_costs, schedule)),
+        schedule, md.loss_fn, make_optimizer("sgd", 0.05),
+        options=RuntimeOptions(recompute=recompute, timeout_s=600, device=rank_device(),
                                meter_every_step=True),  # the meter counts every step measured here
     )
 

@@ -29,6 +29,7 @@ from torch import nn
 import pipesched
 from pipesched.runtime.comm.latency import measure_latency
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
+from pipesched.runtime.stages.staged_model import StagedModel
 from pipesched.runtime.launching.launch import (
     rank_device,
     run_torchrun,
@@ -92,10 +93,10 @@ def _torch_runner(md, name: str, schedule: pipesched.Schedule, rank: int):
 def _ours_runner(md, schedule: pipesched.Schedule, timelines: list):
     x0, _ = md.batch(0, BATCH, SEED)
     rt = PipelineRuntime(
-        md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
-        x0[: BATCH // MICROBATCHES],
-        options=RuntimeOptions(seed=SEED, device=rank_device(),
-                               block_counts=balanced_block_counts(md.block_costs, schedule)),
+        StagedModel(md.build_block, md.num_blocks, x0[: BATCH // MICROBATCHES],
+                    block_counts=balanced_block_counts(md.block_costs, schedule)),
+        schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
+        options=RuntimeOptions(seed=SEED, device=rank_device()),
     )
 
     def step(x, y) -> float:

@@ -105,14 +105,15 @@ def torch_runner(md, name: str, cls_name: str, mesh, device):
 def our_runner(md, name: str, mesh, device):
     """step(x, y) -> (seconds, the step's loss on the last stage's ranks, else None) for pipesched."""
     from pipesched.runtime.executor import PipelineRuntime
+    from pipesched.runtime.stages.staged_model import StagedModel
     from pipesched.runtime.options import RuntimeOptions
 
     schedule = pipesched.build_schedule(name, LAYOUT["pp"], MICROBATCHES)
     x0, _ = md.batch(0, BATCH, SEED)
-    rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn,
-                         lambda ps: torch.optim.AdamW(ps, lr=LR), x0[: BATCH // (LAYOUT["dp_shard"] * MICROBATCHES)],
-                         options=RuntimeOptions(seed=SEED, device=device,
-                                                block_counts=balanced_block_counts(md.block_costs, schedule)),
+    model = StagedModel(md.build_block, md.num_blocks, x0[: BATCH // (LAYOUT["dp_shard"] * MICROBATCHES)],
+                        block_counts=balanced_block_counts(md.block_costs, schedule))
+    rt = PipelineRuntime(model, schedule, md.loss_fn, lambda ps: torch.optim.AdamW(ps, lr=LR),
+                         options=RuntimeOptions(seed=SEED, device=device),
                          mesh=mesh)
     last = schedule.placement[-1] == mesh.pipeline.pp_rank
 

@@ -36,6 +36,7 @@ import pipesched
 from pipesched.costs import UNIT
 from pipesched.memory import schedule_recompute
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
+from pipesched.runtime.stages.staged_model import StagedModel
 from pipesched.runtime.launching.launch import spawn
 from pipesched.runtime.stages.copies import balanced_block_counts
 from pipesched.runtime.training.models import get_model
@@ -50,9 +51,10 @@ def bench_worker(rank: int, world: int, job: tuple) -> dict:
     x0, _ = md.batch(0, BATCH, SEED)
     runtimes = {
         label: PipelineRuntime(
-            md.build_block, md.num_blocks, plan, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
-            x0[: BATCH // MICROBATCHES],
-            options=RuntimeOptions(seed=SEED, block_counts=balanced_block_counts(md.block_costs, plan),
+            StagedModel(md.build_block, md.num_blocks, x0[: BATCH // MICROBATCHES],
+                        block_counts=balanced_block_counts(md.block_costs, plan)),
+            plan, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=LR),
+            options=RuntimeOptions(seed=SEED,
                                    recompute=None if schedule_recompute(plan) is None else schedule_recompute(plan).spec()),
         )
         for label, plan in plans.items()

@@ -20,7 +20,7 @@ def counting_gathers(rank: int, world: int, job: tuple):
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
     from pipesched.runtime.engine.engine import Engine
-    from pipesched.runtime.sharding.sharding import fsdp_modules
+    from pipesched.runtime.sharding.sharding import StageSharding, fsdp_modules
 
     worker, payload, labels = job
     runs: list[list[dict]] = []  # per engine in the order built, per step
@@ -33,8 +33,8 @@ def counting_gathers(rank: int, world: int, job: tuple):
         runs.append(engine.counted_steps)
 
     def run(engine, *args, **kwargs):
-        groups = {s: [g for m in fsdp_modules(r.sharding.stage) for g in m._get_fsdp_state()._fsdp_param_groups]
-                  for s, r in engine.runners.items() if r.sharding is not None}
+        groups = {s: [g for m in fsdp_modules(r.part.stage) for g in m._get_fsdp_state()._fsdp_param_groups]
+                  for s, r in engine.runners.items() if isinstance(r.part, StageSharding)}
         seen["stage_of"] = {id(g): s for s, gs in groups.items() for g in gs}
         seen["unshards"].clear()
         seen["gathers"].clear()

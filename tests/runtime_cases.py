@@ -11,6 +11,7 @@ from torch import nn
 
 from pipesched.runtime.checkpoints import checkpoint
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
+from pipesched.runtime.stages.staged_model import StagedModel
 from pipesched.runtime.stages.copies import input_ranks, loss_ranks
 from pipesched.runtime.training.models import get_model
 from pipesched.runtime.training.train import (
@@ -94,8 +95,8 @@ def run_schedules(rank: int, world: int, job: tuple) -> dict:
         torch.manual_seed(1234 + rank)  # different global RNG per rank: seeding per block must not care
         x0, _ = md.batch(0, batch, 3)
         rt = PipelineRuntime(
-            md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(optimizer, 0.05),
-            x0[: batch // schedule.microbatches],
+            StagedModel(md.build_block, md.num_blocks, x0[: batch // schedule.microbatches]),
+            schedule, md.loss_fn, make_optimizer(optimizer, 0.05),
             options=RuntimeOptions(seed=3, timeout_s=60, host_staging=label.endswith("host-staged"),
                                    clip_grad_norm=clip_grad_norm, recompute=recompute),
         )
@@ -120,8 +121,8 @@ def measure_memory(rank: int, world: int, job: tuple) -> dict:
     out = {}
     for label, schedule, recompute in runs:
         x0, _ = md.batch(0, batch, 3)
-        rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05),
-                             x0[: batch // schedule.microbatches],
+        rt = PipelineRuntime(StagedModel(md.build_block, md.num_blocks, x0[: batch // schedule.microbatches]),
+                             schedule, md.loss_fn, make_optimizer("sgd", 0.05),
                              options=RuntimeOptions(seed=3, timeout_s=60, recompute=recompute, meter_every_step=True))
         measured = max(rt.step(*md.batch(step, batch, 3)).peak_activation_bytes for step in range(STEPS))
         parts = [None] * world
@@ -136,8 +137,9 @@ def metered_steps(rank: int, world: int, job: tuple) -> list:
     schedule, size = job
     md = get_model("mlp", **size)
     x0, _ = md.batch(0, 8, 3)
-    rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05),
-                         x0[: 8 // schedule.microbatches], options=RuntimeOptions(seed=3, timeout_s=60))
+    rt = PipelineRuntime(StagedModel(md.build_block, md.num_blocks, x0[: 8 // schedule.microbatches]),
+                         schedule, md.loss_fn, make_optimizer("sgd", 0.05),
+                         options=RuntimeOptions(seed=3, timeout_s=60))
     return [rt.step(*md.batch(step, size, 3)).peak_activation_bytes for step, size in enumerate((8, 8, 16, 16))]
 
 
@@ -169,8 +171,8 @@ def faulty_run(rank: int, world: int, job: tuple) -> None:
     os.environ["RANK"] = str(rank)
     loss = nn.functional.mse_loss
     rt = PipelineRuntime(
-        lambda i: Saboteur(mode), 4, schedule, loss, lambda ps: torch.optim.SGD(ps, lr=0.1),
-        torch.zeros(2, 8),
+        StagedModel(lambda i: Saboteur(mode), 4, torch.zeros(2, 8)),
+        schedule, loss, lambda ps: torch.optim.SGD(ps, lr=0.1),
         options=RuntimeOptions(timeout_s=timeout_s),
     )
     for _ in range(4):
@@ -183,8 +185,8 @@ def nonfinite_run(rank: int, world: int, job: tuple) -> list:
     x, y = md.batch(0, 8, 0)
     x[5] = float("inf")  # microbatch 2 of 4 (two samples each)
     rt = PipelineRuntime(
-        md.build_block, md.num_blocks, schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.1),
-        x[:2],
+        StagedModel(md.build_block, md.num_blocks, x[:2]),
+        schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.1),
         options=RuntimeOptions(timeout_s=60, skip_nonfinite=skip),
     )
     before = [p.detach().clone() for p in rt.parameters]
@@ -222,8 +224,8 @@ def strided_run(rank: int, world: int, job) -> list:
     """Two steps of ``job``'s schedule over StridedOutput blocks; the losses."""
     schedule, batch = job
     x, y = torch.randn(batch, 8, generator=torch.Generator().manual_seed(0)), torch.zeros(batch, 8)
-    rt = PipelineRuntime(strided_blocks, 4, schedule, nn.functional.mse_loss,
-                         lambda ps: torch.optim.SGD(ps, lr=0.1), x[: batch // schedule.microbatches],
+    rt = PipelineRuntime(StagedModel(strided_blocks, 4, x[: batch // schedule.microbatches]),
+                         schedule, nn.functional.mse_loss, lambda ps: torch.optim.SGD(ps, lr=0.1),
                          options=RuntimeOptions(seed=5))
     return [rt.step(x, y).loss for _ in range(2)]
 
@@ -271,8 +273,9 @@ def ids_alongside_run(rank: int, world: int, job: tuple) -> dict:
     runs, batch = job
     out = {}
     for label, schedule, dtype in runs:
-        rt = PipelineRuntime(ids_alongside_block, 5, schedule, tied_loss, lambda ps: torch.optim.SGD(ps, lr=0.05),
-                             ids_batch(0, batch)[0][: batch // schedule.microbatches],
+        sample = ids_batch(0, batch)[0][: batch // schedule.microbatches]
+        rt = PipelineRuntime(StagedModel(ids_alongside_block, 5, sample),
+                             schedule, tied_loss, lambda ps: torch.optim.SGD(ps, lr=0.05),
                              options=RuntimeOptions(seed=3, timeout_s=60, dtype=dtype,
                                                     recompute="all" if "recomputed" in label else None))
         out[label] = _losses_grads_params(rt, lambda step: ids_batch(step, batch))
@@ -298,8 +301,8 @@ def nonfinite_weights_run(rank: int, world: int, schedule) -> None:
     """One step with a NaN learning rate: every parameter becomes NaN after the optimizer step."""
     md = get_model("mlp", blocks=3, dim=8, hidden=16)
     x, y = md.batch(0, 8, 0)
-    rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn,
-                         lambda ps: torch.optim.SGD(ps, lr=float("nan")), x[:2],
+    rt = PipelineRuntime(StagedModel(md.build_block, md.num_blocks, x[:2]),
+                         schedule, md.loss_fn, lambda ps: torch.optim.SGD(ps, lr=float("nan")),
                          options=RuntimeOptions(timeout_s=60))
     rt.step(x, y)
 
@@ -315,8 +318,8 @@ def checkpoint_crash_run(rank: int, world: int, job: tuple) -> None:
 
     directory, schedule = job
     md = get_model("mlp", **CHECKPOINT_MODEL)
-    rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("adamw", 0.01),
-                         md.batch(0, 8, 0)[0][:2],
+    rt = PipelineRuntime(StagedModel(md.build_block, md.num_blocks, md.batch(0, 8, 0)[0][:2]),
+                         schedule, md.loss_fn, make_optimizer("adamw", 0.01),
                          options=RuntimeOptions(timeout_s=60))
     rt.step(*md.batch(0, 8, 0))
     rt.save_checkpoint(directory)
@@ -346,8 +349,8 @@ def run_data_parallel(rank: int, world: int, job: tuple) -> dict:
         mesh = init_pipeline_mesh(schedule.ranks, dp)
         x0, _ = md.batch(0, batch, 3)
         rt = PipelineRuntime(
-            md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("sgd", 0.05),
-            x0[: batch // (dp * schedule.microbatches)], mesh=mesh,
+            StagedModel(md.build_block, md.num_blocks, x0[: batch // (dp * schedule.microbatches)]),
+            schedule, md.loss_fn, make_optimizer("sgd", 0.05), mesh=mesh,
             options=RuntimeOptions(seed=3, timeout_s=60, dtype=dtype, clip_grad_norm=clip, skip_nonfinite=True),
         )
         losses, grads = [], None
@@ -383,8 +386,9 @@ def copies_checkpoint_run(rank: int, world: int, job: tuple) -> tuple:
     md = get_model("mlp", **CHECKPOINT_MODEL)
 
     def fresh() -> PipelineRuntime:
-        return PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer("adamw", 0.01),
-                               md.batch(0, 8, 0)[0][: 8 // schedule.microbatches],
+        sample = md.batch(0, 8, 0)[0][: 8 // schedule.microbatches]
+        return PipelineRuntime(StagedModel(md.build_block, md.num_blocks, sample),
+                               schedule, md.loss_fn, make_optimizer("adamw", 0.01),
                                options=RuntimeOptions(timeout_s=60))
 
     whole = fresh()
@@ -449,8 +453,9 @@ def prebuilt_run(rank: int, world: int, schedules: list) -> dict:
     out = {}
     for label, schedule in schedules:
         build_block, n = sequential_builder(prebuilt_model())
-        rt = PipelineRuntime(build_block, n, schedule, nn.functional.mse_loss, lambda ps: torch.optim.SGD(ps, lr=0.05),
-                             torch.zeros(8 // schedule.microbatches, 16), options=RuntimeOptions(timeout_s=60))
+        rt = PipelineRuntime(StagedModel(build_block, n, torch.zeros(8 // schedule.microbatches, 16)),
+                             schedule, nn.functional.mse_loss, lambda ps: torch.optim.SGD(ps, lr=0.05),
+                             options=RuntimeOptions(timeout_s=60))
         out[label] = _losses_grads_params(rt, prebuilt_batch)
     return out
 
@@ -507,9 +512,10 @@ def tied_run(rank: int, world: int, job: tuple) -> dict:
     out = {}
 
     def runtime(schedule):
-        return PipelineRuntime(tied_block, TIED_BLOCKS, schedule, tied_loss, lambda ps: torch.optim.SGD(ps, lr=0.05),
-                               tied_batch(0, batch)[0][: batch // (dp * schedule.microbatches)],
-                               options=RuntimeOptions(seed=3, timeout_s=60, tied=TIED),
+        sample = tied_batch(0, batch)[0][: batch // (dp * schedule.microbatches)]
+        return PipelineRuntime(StagedModel(tied_block, TIED_BLOCKS, sample, tied=TIED),
+                               schedule, tied_loss, lambda ps: torch.optim.SGD(ps, lr=0.05),
+                               options=RuntimeOptions(seed=3, timeout_s=60),
                                mesh=init_pipeline_mesh(schedule.ranks, dp))
 
     for (saved, resumed), folder in resumes[0] if resumes else ():
@@ -598,9 +604,9 @@ def context_run(rank: int, world: int, job: tuple) -> dict:
     for label, schedule, recompute in runs:
         x0, _, ctx0 = context_batch(0, batch)
         mb = batch // schedule.microbatches
-        rt = PipelineRuntime(masked_block, 4, schedule, nn.functional.mse_loss, lambda ps: torch.optim.SGD(ps, lr=0.05),
-                             x0[:mb], options=RuntimeOptions(seed=3, timeout_s=60, recompute=recompute,
-                                                             sample_context={k: v[:mb] for k, v in ctx0.items()}))
+        rt = PipelineRuntime(StagedModel(masked_block, 4, x0[:mb], sample_context={k: v[:mb] for k, v in ctx0.items()}),
+                             schedule, nn.functional.mse_loss, lambda ps: torch.optim.SGD(ps, lr=0.05),
+                             options=RuntimeOptions(seed=3, timeout_s=60, recompute=recompute))
         losses, grads = [], None
         for step in range(STEPS):
             x, y, ctx = context_batch(step, batch)
@@ -625,9 +631,9 @@ def misuse_run(rank: int, world: int, schedule) -> list:
     x, y = md.batch(0, 8, 0)
     sgd = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
 
-    def build(loss=md.loss_fn, **options):
-        return PipelineRuntime(md.build_block, md.num_blocks, schedule, loss, sgd, x[:2],
-                               options=RuntimeOptions(**{"timeout_s": 60, **options}))
+    def build(loss=md.loss_fn, block_counts=None, **options):
+        return PipelineRuntime(StagedModel(md.build_block, md.num_blocks, x[:2], block_counts=block_counts),
+                               schedule, loss, sgd, options=RuntimeOptions(**{"timeout_s": 60, **options}))
 
     said = []
 

@@ -26,6 +26,7 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
 
     from pipesched.runtime.executor import PipelineRuntime
     from pipesched.runtime.options import RuntimeOptions
+    from pipesched.runtime.stages.staged_model import StagedModel
     from pipesched.runtime.sharding.sharded_mesh import (
         init_sharded_mesh,
         runtime_layout,
@@ -48,11 +49,10 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
         mesh = meshes[layout]
         x0, _ = md.batch(0, batch, 3)
         name = settings.get("optimizer", "sgd")
-        rt = PipelineRuntime(md.build_block, md.num_blocks, schedule, md.loss_fn,
-                             make_optimizer(name, ADAMW_LR if name == "adamw" else 0.05),
-                             x0[: batch // (layout.dp * schedule.microbatches)], mesh=mesh,
-                             options=RuntimeOptions(seed=3, timeout_s=60, tp_plan=plan_for("gpt"), device=device,
-                                                    clip_grad_norm=settings.get("clip")))
+        sample = x0[: batch // (layout.dp * schedule.microbatches)]
+        rt = PipelineRuntime(StagedModel(md.build_block, md.num_blocks, sample, tp_plan=plan_for("gpt")),
+                             schedule, md.loss_fn, make_optimizer(name, ADAMW_LR if name == "adamw" else 0.05), mesh=mesh,
+                             options=RuntimeOptions(seed=3, timeout_s=60, device=device, clip_grad_norm=settings.get("clip")))
         losses, grads = [], None
         evaluated = {} if schedule.name in EVALUATED and not settings else None
         pp_rank = mesh.pipeline.pp_rank
@@ -99,9 +99,9 @@ def hf_pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
         if layout not in meshes:
             meshes[layout] = init_sharded_mesh(layout, timeout_s=60, device_type=device.type)
         make_optimizer = adamw if settings.get("optimizer") == "adamw" else lambda ps: torch.optim.SGD(ps, lr=LR)
-        options = RuntimeOptions(timeout_s=60, device=device, tp_plan=settings.get("tp_plan"))
+        options = RuntimeOptions(timeout_s=60, device=device)
         rt = hf.pipeline(make_model(kind, torch.float32), schedule, optimizer=make_optimizer,
-                         sample_batch=batches[0], mesh=meshes[layout], options=options)
+                         sample_batch=batches[0], mesh=meshes[layout], options=options, tp_plan=settings.get("tp_plan"))
         if "tp_plan" in settings:
             out[label] = refused_step(rt, batches[0])
             continue

@@ -135,11 +135,12 @@ def test_a_runtime_whose_waits_would_never_end_is_refused(timeout_s):
     import torch
 
     from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
+    from pipesched.runtime.stages.staged_model import StagedModel
 
     with pytest.raises(ConfigError, match="timeout_s must be a finite number"):
-        PipelineRuntime(lambda i: torch.nn.Linear(2, 2), 2, build_schedule("1f1b", 2, 4),
-                        lambda out, target: out.sum(), lambda ps: torch.optim.SGD(ps, lr=0.1),
-                        torch.zeros(1, 2), options=RuntimeOptions(timeout_s=timeout_s))
+        PipelineRuntime(StagedModel(lambda i: torch.nn.Linear(2, 2), 2, torch.zeros(1, 2)),
+                        build_schedule("1f1b", 2, 4), lambda out, target: out.sum(), lambda ps: torch.optim.SGD(ps, lr=0.1),
+                        options=RuntimeOptions(timeout_s=timeout_s))
 
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}

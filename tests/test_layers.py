@@ -32,6 +32,7 @@ LAYERS = [
     ("runtime sharding", ["runtime.sharding"]),
     ("runtime checkpoints", ["runtime.checkpoints"]),
     ("runtime launching", ["runtime.launching"]),
+    ("runtime strategy", ["runtime.strategy"]),  # whole or sharded stages, chosen once
     # PipelineRuntime and its options, training/ on top; pipesched.hf: Hugging Face models on the
     # runtime; data: their token streams
     ("runtime", ["runtime", "hf", "data"]),

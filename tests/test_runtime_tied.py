@@ -1,7 +1,7 @@
 """Parameters tied across stages (an embedding and a head that are one weight) train exactly.
 
 The model's first block is an embedding, its last a head whose weight is the embedding's
-(``RuntimeOptions(tied=(("0.weight", "5.weight"),))``). Under every placement the tie can take
+(``StagedModel(..., tied=(("0.weight", "5.weight"),))``). Under every placement the tie can take
 (first and last stage on two ranks: 1f1b, interleaved; on one rank: the V of zb-v; in both model
 copies: dualpipe) and with data-parallel replicas, the loss, every gradient and the parameters
 after three SGD steps equal the unpipelined tied model's, and every rank's copy of the weight

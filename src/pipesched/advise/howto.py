@@ -33,14 +33,13 @@ def guidance(c: Candidate, pp: int, dp: int = 1, train: Optional[str] = None) ->
         lines.append(f"Train it: {train}")
     world = pp * dp
     mesh = f", mesh=init_pipeline_mesh(pp={pp}, dp={dp})" if dp > 1 else ""
-    settings = ["block_counts=COUNTS"] if c.layers_per_stage else []
-    settings += ['recompute="all"'] if c.recompute != "none" else []
-    options = f", options=RuntimeOptions({', '.join(settings)})" if settings else ""
+    counts = ", block_counts=COUNTS" if c.layers_per_stage else ""
+    options = ', options=RuntimeOptions(recompute="all")' if c.recompute != "none" else ""
     lines += [
         "Run it on your own model (docs/runtime.md, docs/data-parallel.md), on every rank:",
         f"  schedule = {build_call(c, pp)}",
-        f"  runtime = PipelineRuntime(build_block, num_blocks, schedule, loss_fn, optimizer, sample_input"
-        f"{options}{mesh})",
+        f"  runtime = PipelineRuntime(StagedModel(build_block, num_blocks, sample_input{counts}), schedule, loss_fn, "
+        f"optimizer{options}{mesh})",
     ]
     if c.layers_per_stage:
         lines.append("  COUNTS: your blocks per stage, split as the layers per stage above")

@@ -147,11 +147,12 @@ def _config(cfg: RunConfig, checked: _Checked, plan: Optional[Schedule], recompu
     from ..runtime.training.train import TrainConfig
 
     run, ckpt, out, layout = cfg.training, cfg.checkpoint, cfg.outputs, cfg.layout
-    options = RuntimeOptions(seed=run.seed, block_counts=checked.counts, timeout_s=run.timeout,
+    options = RuntimeOptions(seed=run.seed, timeout_s=run.timeout,
                              skip_nonfinite=run.skip_nonfinite, clip_grad_norm=run.clip_grad_norm, recompute=recompute,
                              dtype=checked.dtype, meter_every_step=out.trace is not None)  # a trace draws every step
     return TrainConfig(
-        cfg.model.model, plan, run.steps, run.batch_size, options, lr=cfg.optimizer.lr, optimizer=cfg.optimizer.optimizer,
+        cfg.model.model, plan, run.steps, run.batch_size, options, block_counts=checked.counts,
+        lr=cfg.optimizer.lr, optimizer=cfg.optimizer.optimizer,
         model_size=model_options, want_params=out.save_params is not None or out.save_hf is not None,
         show_progress=True, checkpoint_dir=None if ckpt.checkpoint_dir is None else str(ckpt.checkpoint_dir),
         checkpoint_every=ckpt.checkpoint_every, checkpoint_keep=ckpt.checkpoint_keep,

@@ -141,6 +141,7 @@ def pipeline(
     weights: Union[str, Path, None] = None,
     layers_per_stage: Optional[Sequence[int]] = None,
     options=None,
+    tp_plan: Optional[dict] = None,
 ) -> HFPipeline:
     """Pipeline a ``*ForCausalLM`` (built the same way on every rank; each rank then keeps only
     its stages' modules) or a transformers config (each rank materialises only its own modules,
@@ -150,11 +151,12 @@ def pipeline(
     ``sample_batch``: a batch as :meth:`HFPipeline.step` takes it (only its shapes are used).
     ``layers_per_stage`` (one count per stage of one model copy) overrides the balanced split.
     ``options``: the runtime's :class:`~pipesched.runtime.options.RuntimeOptions` (``device``,
-    ``timeout_s``, ``clip_grad_norm``, ``recompute``, ``dtype``, ...); its seed, block counts,
-    tied groups and sample context are set here. ``mesh``: a
+    ``timeout_s``, ``clip_grad_norm``, ``recompute``, ``dtype``, ...); its seed is set here, and the
+    model's facts (block counts, tied groups, sample context) are the
+    :class:`~pipesched.runtime.stages.staged_model.StagedModel` built here. ``mesh``: a
     :class:`~pipesched.runtime.comm.mesh.PipelineMesh` (replicas), or a
     :class:`~pipesched.runtime.sharding.sharded_mesh.ShardedMesh` (FSDP and tensor parallelism inside the
-    stages; the family's tensor-parallel plan is taken unless ``options`` gives one).
+    stages; the family's tensor-parallel plan is taken unless ``tp_plan`` gives one).
     """
     from dataclasses import replace
 
@@ -163,6 +165,7 @@ def pipeline(
     from ..runtime.options import RuntimeOptions
     from ..runtime.sharding.sharded_mesh import ShardedMesh
     from ..runtime.sharding.tp_plans import plan_for
+    from ..runtime.stages.staged_model import StagedModel
     from .splitting import prepare_split_backward
 
     source = BlockSource(model, weights)
@@ -180,16 +183,16 @@ def pipeline(
     loss = StepNormalisedLoss(config.vocab_size, schedule.microbatches, replicas)
     context = step_context(sample_batch, seed, 0)
     one = ids.shape[0] // shares
-    options = replace(options or RuntimeOptions(), seed=seed, block_counts=counts, tied=tied_groups(source),
-                      sample_context={k: v[:one] for k, v in context.items()})
-    if sharded and options.tp_plan is None:
+    options = replace(options or RuntimeOptions(), seed=seed)
+    if sharded and tp_plan is None and options.tp_plan is None:  # (RuntimeOptions' tp_plan: deprecated)
         family = type(source.skeleton).__name__
-        plan = plan_for(family, config)
-        if plan is None and mesh.layout.tp > 1:
+        tp_plan = plan_for(family, config)
+        if tp_plan is None and mesh.layout.tp > 1:
             raise ConfigError(f"tensor parallelism (tp={mesh.layout.tp}): {family} has no tensor-parallel plan "
                               "(docs/layouts.md lists those that have one, and why the others have none): leave tp at 1")
-        options = replace(options, tp_plan=plan)
+    staged = StagedModel(source, source.num_blocks, ids[:one], block_counts=counts, tied=tied_groups(source),
+                         sample_context={k: v[:one] for k, v in context.items()}, tp_plan=tp_plan)
     prepare_split_backward()
-    runtime = PipelineRuntime(source, source.num_blocks, schedule, loss, optimizer, ids[:one], options=options, mesh=mesh)
+    runtime = PipelineRuntime(staged, schedule, loss, optimizer, options=options, mesh=mesh)
     source.release_others()
     return HFPipeline(runtime, source, loss, seed)

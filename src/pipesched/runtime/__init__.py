@@ -15,6 +15,7 @@ _HOME = {  # exported name -> the module that defines it
     "balanced_block_counts": "stages.copies",
     "PipelineRuntime": "executor",
     "RuntimeOptions": "options",
+    "StagedModel": "stages.staged_model",
     "StepResult": "metering.observers",
     "DistributedRunError": "launching.launch",
     "spawn": "launching.launch",

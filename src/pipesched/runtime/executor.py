@@ -6,9 +6,11 @@ accumulate over the step, and each rank steps its optimizer once per step, after
 action and after the step's loss is known to be finite on every rank; a step that leaves a
 parameter non-finite stops every rank.
 
-**Prepare** (the constructor): infer the boundary shapes (before any block is prepared), build
-this rank's stages, tie shared parameters, route Linears through the split backward, make the
-optimizer, the links and the reduction plan, broadcast tied weights, open the links.
+**Prepare** (the constructor): choose the stages' strategy, whole or sharded, from the mesh
+(:mod:`.strategy`: everything the two differ in, asked of it, no mode tested here), infer the
+boundary shapes (before any block is prepared), build this rank's stages, tie shared parameters,
+route Linears through the split backward, lay the stages out, make the optimizer, the links and
+the reduction plan, broadcast tied weights, open the links.
 
 **A step**, in named phases, one method each: :meth:`~PipelineRuntime._prepare` (split the batch,
 its context and targets; shapes changed?), :meth:`~PipelineRuntime._run_program` (the engine,
@@ -22,7 +24,7 @@ step count changes only here and through :meth:`~PipelineRuntime.load_checkpoint
 from __future__ import annotations
 
 from time import perf_counter
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -45,23 +47,21 @@ from .engine.overlap_streams import OverlapStreams
 from .engine.shapes import ShapeBook, infer_boundary_shapes
 from .engine.split_backward import WeightGradStash, make_weight_grads_deferrable
 from .engine.stage_runner import build_runners
-from .engine.tied_sums import TiedSums
 from .guard import check_weights
 from .metering.memory_meter import ActivationMeter
 from .metering.observers import SizeLearner, StepResult, make_clock, step_result
-from .options import RuntimeOptions
+from .options import RuntimeOptions, runtime_arguments
 from .program.program import links, lower
 from .sharding.sharded_mesh import ShardedMesh
-from .sharding.sharded_norm import clip_local, global_grad_norm
-from .sharding.sharding import local_tensors, shard_stages
-from .sharding.tp_guard import TpGuard
+from .sharding.sharding import local_tensors
 from .sharding.tp_plans import param_specs
 from .stages import batch_context
-from .stages.boundary import Value
 from .stages.copies import ModelCopies
-from .stages.partition import BlockBuilder, Stage, build_stage, stage_block_ranges
+from .stages.partition import Stage, build_stage
 from .stages.precision import Precision
+from .stages.staged_model import StagedModel
 from .state_access import StateAccess
+from .strategy import choose_strategy
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -73,57 +73,59 @@ class NonFiniteLoss(RunFailure):
 class PipelineRuntime(StateAccess):
     """The stages of one rank, their optimizer, and the engine that runs the schedule's steps.
 
-    Call on every rank of an initialised process group with the same arguments.
-    ``sample_input`` is one microbatch's input (only its shape and dtype matter, unless the
-    blocks cannot run on ``meta``: then one real forward of it infers the shapes). ``options``
-    (:class:`~.options.RuntimeOptions`) holds every setting; ``mesh`` (default: the whole world is
-    one pipeline) places this rank among data-parallel replicas.
+    Call on every rank of an initialised process group with the same arguments. ``model``
+    (:class:`~.stages.staged_model.StagedModel`) is the blocks and their facts (block counts, tied
+    weights, a sample input and context, a tensor-parallel plan); ``options``
+    (:class:`~.options.RuntimeOptions`) holds the run's knobs; ``mesh`` (default: the whole world is
+    one pipeline) places this rank among data-parallel replicas, or, a
+    :class:`~.sharding.sharded_mesh.ShardedMesh`, shards the stages inside (FSDP2, tensor parallelism).
     """
 
-    def __init__(self, build_block: BlockBuilder, num_blocks: int, schedule: Schedule, loss_fn: LossFn,
-                 optimizer: OptimizerFactory, sample_input: Value, *,
-                 options: RuntimeOptions = RuntimeOptions(), mesh: Optional[PipelineMesh] = None) -> None:
+    def __init__(self, model: StagedModel, schedule: Schedule, loss_fn: LossFn, optimizer: OptimizerFactory,
+                 *older: Any, options: RuntimeOptions = RuntimeOptions(),
+                 mesh: Union[PipelineMesh, ShardedMesh, None] = None) -> None:
+        """``older``: what the deprecated form ``(build_block, num_blocks, schedule, loss_fn,
+        optimizer, sample_input)`` gives past its fourth argument (:func:`~.options.runtime_arguments`)."""
+        model, schedule, loss_fn, optimizer, options = runtime_arguments(model, schedule, loss_fn, optimizer, older,
+                                                                         options)
         validate(schedule)
-        self.options = options
+        self.model, self.options = model, options
         self.schedule = schedule
         self.recompute = recompute_stages(options.recompute, schedule)
-        self.sharded = mesh if isinstance(mesh, ShardedMesh) else None  # FSDP / TP inside the stages
-        if self.sharded is not None:
-            mesh = self.sharded.pipeline
-        self.mesh = mesh if mesh is not None else PipelineMesh.whole_world(options.timeout_s)
+        self.device = options.torch_device
+        self.strategy = choose_strategy(mesh, options.timeout_s, self.device)
+        self.mesh = self.strategy.mesh
         self.rank = self.mesh.pp_rank
         if self.mesh.pp != schedule.ranks:
             raise ConfigError(f"the schedule has {schedule.ranks} ranks but the pipeline {self.mesh.pp}")
-        self.device = options.torch_device
         self.precision = Precision(options.dtype, self.device.type)
         self.loss_fn = loss_fn
         self.copies = ModelCopies(schedule)
-        agree_at_construction(self.mesh.world_group, build_block, num_blocks, schedule, self.copies.length, options,
-                              sample_input)
-        model_ranges = stage_block_ranges(num_blocks, self.copies.length, options.block_counts)
+        agree_at_construction(self.mesh.world_group, model, schedule, self.copies.length, options)
+        model_ranges = model.stage_ranges(self.copies.length)
         self.stage_ranges = self.copies.stage_ranges(model_ranges)
         # shapes first, from blocks no runtime has prepared yet (where the builder builds them)
         self.shapes = ShapeBook(
-            lambda sample, context: infer_boundary_shapes(build_block, model_ranges, sample, context,
+            lambda sample, context: infer_boundary_shapes(model.build_block, model_ranges, sample, context,
                                                           seed=options.seed, device=self.device),
-            schedule, self.copies, self.precision.wire_dtype, sample_input, options.sample_context)
+            schedule, self.copies, self.precision.wire_dtype, model.sample_input, model.sample_context)
         owned = [s for s, r in enumerate(schedule.placement) if r == self.rank]
         self.checks = StepChecks(loss_fn, self.shapes, self.mesh, any(map(self.copies.takes_inputs, owned)),
                                  any(map(self.copies.computes_loss, owned)))
-        self.stages: dict[int, Stage] = {s: build_stage(build_block, self.stage_ranges[s], s, options.seed, self.device)
-                                         for s in owned}
-        tied.share_on_rank(self.stages, options.tied, per_stage=self.sharded is not None)
+        self.stages: dict[int, Stage] = {s: build_stage(model.build_block, self.stage_ranges[s], s, options.seed,
+                                                        self.device) for s in owned}
+        self.strategy.tie(self.stages, model.tied)
         self.meter = ActivationMeter()
         self.stash = WeightGradStash(hold=self.meter.hold)
         if schedule.split_backward:
             for stage in self.stages.values():
                 make_weight_grads_deferrable(stage, self.stash)
-        self.state_specs = {s: param_specs(stage, options.tp_plan or {}) for s, stage in self.stages.items()}
-        self.follower_specs = follower_specs(self.stages, tied.held(self.stages, options.tied), self.state_specs)
-        sharding = shard_stages(self.stages, self.sharded, options, self.meter.exclude) if self.sharded else {}
-        self.tied = tied.held(self.stages, options.tied)  # sharding replaced the parameters
+        self.state_specs = {s: param_specs(stage, model.tp_plan or {}) for s, stage in self.stages.items()}
+        self.follower_specs = follower_specs(self.stages, tied.held(self.stages, model.tied), self.state_specs)
+        parts = self.strategy.lay_out(self.stages, model, options, self.meter.exclude)
+        self.tied = tied.held(self.stages, model.tied)  # sharding replaced the parameters
         for g, copies in self.tied.items():
-            check_alike(copies, options.tied[g])
+            check_alike(copies, model.tied[g])
         self.followers = [p for copies in self.tied.values() for p in copies[1:]]  # not the optimizer's
         every = list({id(p): p for s in owned for p in self.stages[s].parameters()}.values())
         self.parameters = [p for p in every if all(p is not q for q in self.followers)]
@@ -131,27 +133,24 @@ class PipelineRuntime(StateAccess):
         self.sizes = SizeLearner()
         self.optimizer = optimizer(self.parameters)
         self.program = lower(schedule, self.rank)
-        self.tied_sums = None if self.sharded else TiedSums(self.stages, options.tied)
         self.runners = build_runners(self.stages, self.copies, loss_fn, schedule.microbatches, shapes=self.shapes,
                                      precision=self.precision, meter=self.meter, stash=self.stash,
-                                     recompute=frozenset(self.recompute), sharding=sharding,
-                                     tied_sums=self.tied_sums)
-        # sharded stages: the norm from every rank's pieces (sharding/sharded_norm.py), not the pipeline's agreement
+                                     recompute=frozenset(self.recompute), parts=parts)
         clipping = options.clip_grad_norm is not None
-        self.agreement = LossAgreement(schedule.microbatches, clipping and not self.sharded, self.mesh, self.device)
+        self.agreement = LossAgreement(schedule.microbatches, clipping and self.strategy.norm_in_agreement, self.mesh,
+                                       self.device)
         groups = make_link_groups(links(schedule), options.timeout_s, self.mesh)
         self.transport = Transport(self.program, groups, self.shapes.wire, self.device, options.timeout_s,
                                    host_staging=options.host_staging, global_rank=self.mesh.global_rank)
-        self.reductions = ReductionPlan(schedule, self.stage_ranges, options.tied, self.stages, self.mesh,
-                                        options.overlap_grad_sync, options.timeout_s, sharded=self.sharded is not None,
-                                        copies=self.tied)
+        self.reductions = ReductionPlan(schedule, self.stage_ranges, model.tied, self.stages, self.mesh,
+                                        options.overlap_grad_sync, options.timeout_s,
+                                        replicas=self.strategy.replicas_reduced, copies=self.tied)
         self.broadcast_tied()
         self.streams = OverlapStreams(self.device, options.overlap_streams)
         self.engine = Engine(self.program, self.runners, self.transport, reductions=self.reductions,
                              precision=self.precision, meter=self.meter, streams=self.streams)
         self.transport.connect()
         self.steps_done = 0
-        self.tp_guard = TpGuard(self.sharded, self.device)  # checks the first update's gradients under tp
         self.metering = True  # whether this step's saved tensors are counted (see step)
 
     # -- one step --------------------------------------------------------------------------
@@ -173,8 +172,8 @@ class PipelineRuntime(StateAccess):
         losses, marks = self._run_program(batch, clock)
         self.reductions.finish()
         loss, skipped, grad_norm = self._agree(losses)
-        if self.sharded and self.options.clip_grad_norm is not None:
-            grad_norm = global_grad_norm(self.reductions.counted, self.sharded, self.device)
+        if self.options.clip_grad_norm is not None:
+            grad_norm = self.strategy.grad_norm(self.reductions.counted, grad_norm)
         if not skipped:
             self._update(grad_norm)
         if self.device.type == "cuda":  # the step ends when the device's work does
@@ -195,8 +194,7 @@ class PipelineRuntime(StateAccess):
         self.optimizer.zero_grad(set_to_none=True)
         for p in self.followers:  # FSDP would add this step's reduced gradients to the last's
             p.grad = None
-        if self.tied_sums is not None:
-            self.tied_sums.clear()
+        self.strategy.start_step()
         return StepBatch(in_mbs, tgt_mbs, ctx_mbs), reshaped
 
     def _run_program(self, batch: StepBatch, clock) -> tuple[list, list]:
@@ -230,13 +228,11 @@ class PipelineRuntime(StateAccess):
 
     def _update(self, grad_norm: Optional[float]) -> None:
         """Clip (torch's own scaling, given the norm over every rank), step the optimizer, and stop every
-        rank if a weight became non-finite, or first (under tp) if a gradient is partial (:mod:`.sharding.tp_guard`)."""
-        self.tp_guard.before_update(self.named_parameters(unique=True))
-        if self.sharded and self.options.clip_grad_norm is not None:
-            clip_local(self.parameters + self.followers, self.options.clip_grad_norm, grad_norm)
-        elif self.agreement.clipping:
-            torch.nn.utils.clip_grads_with_norm_(self.parameters, self.options.clip_grad_norm,
-                                                 torch.tensor(grad_norm, dtype=torch.float64))
+        rank if a weight became non-finite, or first if the strategy's check of the gradients fails
+        (under tp: a partial gradient, :mod:`.sharding.tp_guard`)."""
+        self.strategy.before_update(self.named_parameters(unique=True))
+        if self.options.clip_grad_norm is not None:
+            self.strategy.clip(self.parameters + self.followers, self.options.clip_grad_norm, grad_norm)
         self.optimizer.step()
         follow(self.tied)
         named = [(n, local_tensors([p])[0]) for n, p in self.named_parameters(unique=True)]  # a shard: this rank's piece

@@ -1,15 +1,23 @@
-"""The settings of a PipelineRuntime, in one frozen value instead of loose parameters."""
+"""The run knobs of a PipelineRuntime, in one frozen value instead of loose parameters.
+
+The model's facts (block counts, tied weights, a sample context, a tensor-parallel plan) are the
+model's value's (:class:`~.stages.staged_model.StagedModel`). ``RuntimeOptions`` still takes them
+as keywords, deprecated: :func:`runtime_arguments` moves them onto the model, warning once per
+runtime, as it does the older positional form of ``PipelineRuntime``.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence, Union
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 
 from ..bounds import DEFAULT_TIMEOUT_S
 from ..errors import ConfigError
 from .comm.mesh import check_timeout
+from .stages.staged_model import FACTS, StagedModel
 
 
 @dataclass(frozen=True)
@@ -17,7 +25,6 @@ class RuntimeOptions:
     """How a :class:`~pipesched.runtime.executor.PipelineRuntime` runs (the same on every rank).
 
     - ``seed``: block ``i`` is built after ``torch.manual_seed(seed + i)``.
-    - ``block_counts``: blocks per stage of one model copy (default: even).
     - ``device``: where this rank computes (default: the CPU).
     - ``timeout_s``: how long a rank waits for a message or a collective.
     - ``skip_nonfinite``: skip a step whose loss is NaN or infinite instead of raising.
@@ -30,23 +37,18 @@ class RuntimeOptions:
     - ``overlap_grad_sync``: start each gradient reduction as soon as its last gradient is done
       (False: all after the step's last action).
     - ``overlap_streams``: on CUDA, an overlapped pair's forward half on a stream of its own.
-    - ``tied``: groups of parameter names (as ``named_parameters()`` yields them, the unpipelined
-      model's) that are one weight, e.g. ``(("0.wte.weight", "5.head.weight"),)``; the first
-      name's initial value is the group's.
-    - ``sample_context``: one microbatch's batch context (:mod:`~pipesched.runtime.stages.batch_context`)
-      for shape inference, when the blocks read one.
-    - ``tp_plan``: with tensor parallelism (a :class:`~.sharded_mesh.ShardedMesh` whose ``tp`` is
-      above 1), which sub-modules split column- or row-wise (:mod:`.tp_plans`: ``plan_for(name)``).
     - ``reshard_after_forward``: a sharded stage frees its gathered parameters after each forward
       and gathers them again for the backward (memory for time); False (default, torchtitan's
       under pipelining) keeps them gathered from its ``UNSHARD`` to its ``RESHARD``.
     - ``meter_every_step``: count activation bytes on every step. By default the meter counts the
       first step and each step whose batch shapes change (what the memory model's prediction is
       checked against); its saved-tensor hooks cost a few percent of a small model's step.
+
+    Deprecated: ``block_counts``, ``tied``, ``sample_context`` and ``tp_plan``, the model's facts
+    (:class:`~.stages.staged_model.StagedModel`'s now).
     """
 
     seed: int = 0
-    block_counts: Optional[Sequence[int]] = None
     device: Optional[Union[str, torch.device]] = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     skip_nonfinite: bool = False
@@ -57,25 +59,51 @@ class RuntimeOptions:
     dtype: torch.dtype = torch.float32
     overlap_grad_sync: bool = True
     overlap_streams: bool = False
-    tied: Sequence[Sequence[str]] = field(default_factory=tuple)
-    sample_context: Optional[dict] = None
     meter_every_step: bool = False
-    tp_plan: Optional[dict] = None
     reshard_after_forward: bool = False
+    # deprecated: the model's facts (StagedModel's), moved onto it by runtime_arguments
+    block_counts: Optional[Sequence[int]] = None
+    tied: Optional[Sequence[Sequence[str]]] = None
+    sample_context: Optional[dict] = None
+    tp_plan: Optional[dict] = None
 
     def __post_init__(self) -> None:
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             raise ConfigError(f"the gradient norm to clip to must be above 0, got {self.clip_grad_norm:g}")
         check_timeout(self.timeout_s)  # finite, above 0: every wait and collective is bounded by it
-        tied = tuple(tuple(group) for group in self.tied)
-        for group in tied:
-            if len(group) < 2 or len(set(group)) != len(group):
-                raise ConfigError(f"a tied group names two or more distinct parameters, got {list(group)}")
-        names = [n for group in tied for n in group]
-        if len(set(names)) != len(names):
-            raise ConfigError("a parameter is named in two tied groups: merge them into one")
-        object.__setattr__(self, "tied", tied)
+
+    @property
+    def model_facts(self) -> dict[str, Any]:
+        """The deprecated model facts these options were given (name -> value)."""
+        return {name: getattr(self, name) for name in FACTS if getattr(self, name) is not None}
 
     @property
     def torch_device(self) -> torch.device:
         return torch.device(self.device) if self.device is not None else torch.device("cpu")
+
+
+def runtime_arguments(model: Any, schedule: Any, loss_fn: Any, optimizer: Any, older: tuple,
+                      options: RuntimeOptions) -> tuple[StagedModel, Any, Any, Any, RuntimeOptions]:
+    """``PipelineRuntime``'s (model, schedule, loss function, optimizer factory, options): as given,
+    or from the older form ``(build_block, num_blocks, schedule, loss_fn, optimizer, sample_input)``;
+    model facts given to the options move onto the model. Either older way warns (DeprecationWarning)."""
+    if not isinstance(model, StagedModel):
+        if len(older) != 2:
+            raise TypeError("PipelineRuntime takes (model, schedule, loss_fn, optimizer): model a StagedModel")
+        warnings.warn("PipelineRuntime(build_block, num_blocks, schedule, loss_fn, optimizer, sample_input) is "
+                      "deprecated: pass StagedModel(build_block, num_blocks, sample_input) first, then the schedule, "
+                      "the loss function and the optimizer", DeprecationWarning, stacklevel=3)
+        (build_block, num_blocks, schedule, loss_fn), (optimizer, sample_input) = (model, schedule, loss_fn, optimizer), older
+        model = StagedModel(build_block, num_blocks, sample_input)
+    elif older:
+        raise TypeError(f"PipelineRuntime takes 4 positional arguments, {4 + len(older)} were given")
+    facts = options.model_facts
+    if facts:
+        both = [name for name in facts if getattr(model, name) != getattr(StagedModel, name)]
+        if both:
+            raise ConfigError(f"{', '.join(both)} given twice, to the model and to RuntimeOptions: give them to the model")
+        warnings.warn(f"RuntimeOptions({', '.join(facts)}=...) is deprecated: the model's facts are "
+                      "StagedModel's (StagedModel(build_block, num_blocks, sample_input, ...))", DeprecationWarning,
+                      stacklevel=3)
+        model, options = replace(model, **facts), replace(options, **dict.fromkeys(facts))
+    return model, schedule, loss_fn, optimizer, options

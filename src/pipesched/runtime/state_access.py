@@ -3,7 +3,7 @@ count changes), the model's names, the whole model gathered, the bytes it holds.
 
 :class:`StateAccess` is :class:`~.executor.PipelineRuntime`'s half that reads and writes its
 state rather than stepping it; it reads the runtime's ``stages``, ``optimizer``, ``mesh``,
-``options``, ``sharded``, ``state_specs`` and ``follower_specs``.
+``model`` (its tied groups), ``strategy`` (its layout and coordinates), ``state_specs`` and ``follower_specs``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import nn
 
-from ..parallel_layout import ParallelLayout
 from ..sharded_bytes import rank_state_bytes
 from .checkpoints import checkpoint
 from .checkpoints.checkpoint_names import same_name
@@ -42,14 +41,13 @@ class StateAccess:
 
     def checkpoint_module(self, rename: Callable[[str], str] = same_name) -> nn.Module:
         """What a checkpoint holds of this rank (:func:`~.checkpoint_names.tied_view`)."""
-        return checkpoint.tied_view(self.module(), self.options.tied, rename)
+        return checkpoint.tied_view(self.module(), self.model.tied, rename)
 
     def state_bytes(self) -> dict[str, dict[str, int]]:
         """This rank's parameters, gradients and optimizer state in bytes: ``measured`` (the
         storages it holds) and ``predicted`` (:func:`pipesched.sharded_bytes.rank_state_bytes`
         from the stages' parameter shapes and the layout; between steps, gradients kept)."""
-        layout = self.sharded.layout if self.sharded else ParallelLayout(self.mesh.pp, self.mesh.dp)
-        tp_rank, shard_rank = (self.sharded.tp_rank, self.sharded.shard_rank) if self.sharded else (0, 0)
+        layout, tp_rank, shard_rank = self.strategy.layout, self.strategy.tp_rank, self.strategy.shard_rank
         slots = optimizer_slots(self.optimizer)
         measured = {"params": 0, "grads": 0, "optimizer": 0}
         predicted = dict(measured)

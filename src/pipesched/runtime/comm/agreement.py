@@ -29,7 +29,7 @@ import torch.distributed as dist
 from ...errors import ConfigError
 from ...schedule import Schedule
 from ..stages.boundary import Boundary, Value
-from ..stages.partition import stage_block_ranges
+from ..stages.staged_model import StagedModel
 from .p2p import PeerFailure
 
 
@@ -62,8 +62,7 @@ def _model_term(build_block: Callable[[int], torch.nn.Module], num_blocks: int) 
     return f"{num_blocks} blocks, {tensors} state tensors, #{sha.hexdigest()[:10]}"
 
 
-def agree_at_construction(group: Any, build_block: Callable[[int], torch.nn.Module], num_blocks: int,
-                          schedule: Schedule, stages: int, options: Any, sample_input: Value) -> None:
+def agree_at_construction(group: Any, model: StagedModel, schedule: Schedule, stages: int, options: Any) -> None:
     """Refuse (RanksDisagree, on every rank) arguments that differ across the ranks of ``group``;
     ``stages`` is the number of stages of one model copy, ``options`` the RuntimeOptions.
     Collective: one all-gather. What one rank refuses by itself (invalid block counts) is
@@ -71,19 +70,19 @@ def agree_at_construction(group: Any, build_block: Callable[[int], torch.nn.Modu
     refused: Optional[ConfigError] = None
     counts = None
     try:
-        counts = str(tuple(len(r) for r in stage_block_ranges(num_blocks, stages, options.block_counts)))
+        counts = str(tuple(len(r) for r in model.stage_ranges(stages)))
     except ConfigError as err:
         refused = err
     every: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, {
         "the schedule": _schedule_term(schedule),
-        "block_counts": counts or f"{tuple(options.block_counts or ())} (refused: {refused})",
+        "block_counts": counts or f"{tuple(model.block_counts or ())} (refused: {refused})",
         "seed": str(options.seed),
         "dtype": str(options.dtype).replace("torch.", ""),
         "clip_grad_norm": str(options.clip_grad_norm),
-        "tied parameters": str(options.tied),
-        "sample_input": _described(sample_input),
-        "the model": _model_term(build_block, num_blocks),
+        "tied parameters": str(model.tied),
+        "sample_input": _described(model.sample_input),
+        "the model": _model_term(model.build_block, model.num_blocks),
     }, group=group)
     _refuse_differences(every)
     if refused is not None:

@@ -11,7 +11,9 @@ Every parameter of this rank belongs to one **reduce item**: the tied group it i
 else its model stage. An item's *holders* are the pipeline ranks holding any copy of it; its
 all-reduce runs over the holders in every replica and divides by the replicas, so one
 all-reduce gives the copies' and holders' sum and the replicas' mean at once. Items whose
-holders are this rank alone and with one replica need nothing. Two holders on one rank (a V
+holders are this rank alone and with one replica need nothing. How many replicas one all-reduce
+spans is the runtime strategy's (``replicas``): every one for whole stages, one for sharded
+stages, whose gradients FSDP reduced over the data-parallel ranks already. Two holders on one rank (a V
 placement puts the first and last stage on rank 0) share one ``Parameter``, whose gradient
 already sums both; on sharded stages each stage holds its own copy (:mod:`.tied`), whose
 reduced gradients are added into the first's before the item's all-reduce (or alone, when
@@ -115,16 +117,20 @@ class ReductionPlan:
     """This rank's reduce items, their process groups, when each starts, and what it counts."""
 
     def __init__(self, schedule: Schedule, stage_ranges: Sequence[range], tied: Sequence[Sequence[str]],
-                 stages: dict[int, nn.Module], mesh, overlap: bool, timeout_s: float, sharded: bool = False,
+                 stages: dict[int, nn.Module], mesh, overlap: bool, timeout_s: float, replicas: Optional[int] = None,
                  copies: Optional[dict[int, list[nn.Parameter]]] = None) -> None:
-        """``copies``: each tied group's copies on this rank (:func:`.tied.held`), the first the optimizer's."""
+        """``replicas``: how many of ``mesh``'s replicas each all-reduce spans and divides by, all
+        (the default) or 1; ``copies``: each tied group's copies on this rank (:func:`.tied.held`),
+        the first the optimizer's."""
         self.rank = rank = mesh.pp_rank
         self.mesh = mesh
+        self.replicas = replicas = mesh.dp if replicas is None else replicas
+        if replicas not in (1, mesh.dp):
+            raise ValueError(f"a reduction spans one replica or all {mesh.dp}, not {replicas}")
         if schedule.pipelines > 1:
             ModelCopies(schedule).copy_groups()  # refuses a rank holding two copies of a model stage
         layouts = item_layouts(schedule, stage_ranges, tied)
-        self.sharded = sharded
-        self.groups = _make_groups(layouts, mesh, timeout_s, sharded)
+        self.groups = _make_groups(layouts, mesh, timeout_s, replicas)
         tied_names = {n: g for g, names in enumerate(tied) for n in names}
         others = {("tied", g): group[1:] for g, group in (copies or {}).items() if len(group) > 1}
         followers = {id(p) for group in others.values() for p in group}
@@ -154,7 +160,7 @@ class ReductionPlan:
                 self.at_end.append(item)
         for items in self.ready_at.values():
             items.sort(key=lambda item: item[0])
-        self.reducer = Reducer(1 if sharded else mesh.dp)  # sharded: FSDP divided by the data ranks
+        self.reducer = Reducer(replicas)
         self.tied_layouts = {lay.key[1]: lay for lay in layouts if lay.key[0] == "tied"}
 
     @property
@@ -185,33 +191,33 @@ class ReductionPlan:
 
     def broadcast_group(self, g: int) -> Optional[tuple[Any, int]]:
         """(process group, global source rank) that gives tied group ``g`` its value: its holders
-        in every replica, from the lowest holder of its first name in replica 0; None when this rank holds none of
-        it or no other rank does."""
+        in the replicas its reductions span, from the lowest holder of its first name in the first of
+        them; None when this rank holds none of it or no other rank does."""
         lay = self.tied_layouts[g]
         if self.rank not in lay.holders:
             return None
         group = self.groups.get(lay.holders)
         if group is None or lay.holders == (self.rank,) and self.mesh.dp == 1:
             return None
-        row = self.mesh.grid[self.mesh.dp_rank] if self.sharded else self.mesh.grid[0]
-        return group, row[lay.source]
+        first_row = self.mesh.grid[self.mesh.dp_rank - self.mesh.dp_rank % self.replicas]
+        return group, first_row[lay.source]
 
 
-def _make_groups(layouts: Sequence[ItemLayout], mesh, timeout_s: float, sharded: bool) -> dict[tuple[int, ...], Any]:
-    """One process group per distinct set of holders that needs a reduction: over every replica,
-    or, for ``sharded`` stages (FSDP reduced over the data-parallel ranks already, and each holds
-    its own shard), over the holders of one data rank. Creating a group takes the whole world:
-    every rank creates every group, in one order; a single holder's group is the data-parallel one
-    (None for sharded stages: nothing left to reduce)."""
+def _make_groups(layouts: Sequence[ItemLayout], mesh, timeout_s: float, replicas: int) -> dict[tuple[int, ...], Any]:
+    """One process group per distinct set of holders that needs a reduction: over every replica
+    (``replicas`` all of them), or over the holders of one data rank (``replicas`` 1: sharded
+    stages, each holding its own shard). Creating a group takes the whole world: every rank
+    creates every group, in one order; a single holder's group is the data-parallel one (None
+    with one replica: nothing left to reduce)."""
     groups: dict[tuple[int, ...], Any] = {}
     mine = mesh.grid[mesh.dp_rank]
     for holders in sorted({lay.holders for lay in layouts}):
         if len(holders) == 1:
-            if mesh.dp > 1 and holders[0] == mesh.pp_rank:
+            if replicas > 1 and holders[0] == mesh.pp_rank:
                 groups[holders] = mesh.dp_group
             continue
         for grid in mesh.grids:
-            for rows in ([row] for row in grid) if sharded else (grid,):
+            for rows in (grid,) if replicas > 1 else ([row] for row in grid):
                 made = dist.new_group([row[r] for row in rows for r in holders], timeout=timedelta(seconds=timeout_s))
                 if mesh.pp_rank in holders and (mine in rows):
                     groups[holders] = made

@@ -5,7 +5,8 @@
   actions hand each other, deallocation, loss scaling, recomputation, autocast;
 - ``shapes``: every edge's boundary per microbatch shape, inferred on meta, cached;
 - ``split_backward``: Linears whose weight gradients wait for ``W``;
-- ``tied_sums``: a tied weight held on two stages of a rank, each stage's gradient summed apart;
+- ``tied_sums``: a tied weight held on two stages of a rank, each stage's gradient summed apart,
+  and a whole stage's part in the program (``WholeStage``);
 - ``recompute``: block-by-block activation recomputation;
 - ``overlap_streams``: an overlapped pair's forward half on a CUDA stream of its own;
 - ``local_transport``: several ranks' engines in one process (in-memory links, threads).

@@ -9,7 +9,8 @@ over the program; each handler is short and does one thing:
   compute, and hand the output on (to the ``SEND`` after it, or in memory);
 - ``SEND_F``/``SEND_B`` send what the compute before produced; ``RECV_F``/``RECV_B`` post a receive;
 - ``REDUCE_GRAD`` starts the reductions a stage's final gradients complete (:mod:`.reduction`);
-- ``UNSHARD``/``RESHARD`` gather and free a sharded stage's parameters (no-ops on whole stages).
+- ``UNSHARD``/``RESHARD`` gather and free a sharded stage's parameters (no-ops on whole stages:
+  each stage's :class:`~.stage_runner.StagePart` says).
 
 The engine is built from its parts (program, runners, transport, reductions, streams, meter) and
 holds no runtime: :mod:`.local_transport` runs several ranks' engines in one process. The clock:
@@ -148,14 +149,14 @@ class Engine:
         self.transport.post(ins.message)
 
     def _reduce_grad(self, ins: Instruction, step: _Step) -> None:
-        self.runners[ins.stage].reduce_grad()  # a sharded stage's reduce-scatter (whole: nothing)
+        self.runners[ins.stage].part.reduce_grad()  # a sharded stage's reduce-scatter (whole: its tied sums)
         self.reductions.reduce_grad(ins.stage)
 
     def _unshard(self, ins: Instruction, step: _Step) -> None:
-        self.runners[ins.stage].unshard()  # starts the all-gathers; the stage's compute waits for them
+        self.runners[ins.stage].part.unshard()  # starts the all-gathers; the stage's compute waits for them
 
     def _reshard(self, ins: Instruction, step: _Step) -> None:
-        self.runners[ins.stage].reshard()
+        self.runners[ins.stage].part.reshard()
 
     # -- what every compute does around its runner's call ------------------------------------
 

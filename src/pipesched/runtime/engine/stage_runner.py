@@ -12,9 +12,11 @@ It also owns the rules that go with them:
   over the step's microbatches does;
 - **recomputation** and **autocast** of the stage's forward (:mod:`.recompute`, :mod:`.precision`);
 - the microbatch's **batch context**, an argument of every call (:mod:`.batch_context`);
-- a **sharded** stage's part (``sharding``, :class:`~.sharding.StageSharding`): its compute waits
-  for the all-gather its ``UNSHARD`` started, its backwards run with gradient sync off, its
-  ``REDUCE_GRAD`` reduce-scatters. A whole stage has none: those instructions do nothing.
+- the stage's **part** (:class:`StagePart`), what depends on how the stage is laid out, chosen
+  once with the runtime's strategy (:mod:`~pipesched.runtime.strategy`): a sharded stage's
+  compute waits for the all-gather its ``UNSHARD`` started, its backwards run with gradient sync
+  off, its ``REDUCE_GRAD`` reduce-scatters (:class:`~..sharding.sharding.StageSharding`); a whole
+  stage gathers nothing and sums its share of a tied weight apart (:class:`~.tied_sums.WholeStage`).
 
 Tensors cross between runners as flat entry lists (:mod:`.boundary`): a received message, or the
 detached outputs of a stage on the same rank.
@@ -22,8 +24,8 @@ detached outputs of a stage on the same rank.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Callable, Optional
+from contextlib import AbstractContextManager, nullcontext
+from typing import Callable, Optional, Protocol
 
 import torch
 
@@ -34,9 +36,32 @@ from ..stages.precision import Precision
 from .recompute import recomputed_forward
 from .shapes import ShapeBook
 from .split_backward import WeightGradStash, apply_weight_grads
-from .tied_sums import TiedSums
+from .tied_sums import whole_parts
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class StagePart(Protocol):
+    """What a stage's compute and its program's ``UNSHARD``, ``RESHARD`` and ``REDUCE_GRAD`` do
+    that depends on the stage's layout, whole or sharded (one implementation each)."""
+
+    def unshard(self) -> None:
+        """``UNSHARD``: start gathering the stage's parameters."""
+
+    def ready(self) -> None:
+        """Before a compute: the parameters the stage computes with are there."""
+
+    def reshard(self) -> None:
+        """``RESHARD``: free the gathered parameters."""
+
+    def forward(self) -> AbstractContextManager:
+        """Around the stage's forward (a recomputed one's too)."""
+
+    def backward(self) -> AbstractContextManager:
+        """Around each backward (``B``, ``I``, ``W``) of the stage."""
+
+    def reduce_grad(self) -> None:
+        """``REDUCE_GRAD``: the stage's last backward of the step is done."""
 
 
 class StageRunner:
@@ -45,10 +70,8 @@ class StageRunner:
 
     def __init__(self, index: int, stage: Stage, *, model_stage: int, takes_inputs: bool, computes_loss: bool,
                  loss_fn: LossFn, microbatches: int, shapes: ShapeBook, precision: Precision,
-                 meter: ActivationMeter, stash: WeightGradStash, recompute: bool = False, sharding=None,
-                 tied_sums: Optional[TiedSums] = None) -> None:
-        self.index, self.module, self.model_stage = index, stage, model_stage
-        self.sharding, self.tied_sums = sharding, tied_sums
+                 meter: ActivationMeter, stash: WeightGradStash, part: StagePart, recompute: bool = False) -> None:
+        self.index, self.module, self.model_stage, self.part = index, stage, model_stage, part
         self.takes_inputs, self.computes_loss = takes_inputs, computes_loss
         self.loss_fn, self.loss_scale = loss_fn, 1.0 / microbatches
         self.shapes, self.precision, self.meter, self.stash, self.recompute = shapes, precision, meter, stash, recompute
@@ -78,8 +101,7 @@ class StageRunner:
         self._holds[k] = [self.meter.hold(t) for t in xs]
         self.input_bytes = sum(h.nbytes for h in self._holds[k])
         self._inputs[k] = xs
-        if self.sharding is not None:
-            self.sharding.ready()
+        self.part.ready()
         y = self._compute(x, target, context, metering)
         if self.computes_loss:
             self._outputs[k] = [y * self.loss_scale]
@@ -93,15 +115,13 @@ class StageRunner:
         """Microbatch ``k``'s backward from the gradients of its outputs (None on a loss stage):
         ``B`` (``split`` False) or ``I`` (True: the Linears' weight halves stashed for :meth:`weight`).
         Returns the stage input's gradients (None on a first stage)."""
-        if self.sharding is not None:
-            self.sharding.before_backward()
         outs = self._outputs.pop(k)
         if self.computes_loss:
             tensors, grads = outs, None
         else:
             pairs = [(t, g.to(t.dtype)) for t, g in zip(outs, output_grads) if t is not None]
             tensors, grads = [t for t, _ in pairs], [g for _, g in pairs]  # a bf16 wire gradient of an fp32 output
-        with self._own_sums():
+        with self.part.backward():
             if split:
                 self._deferred[k] = self._collecting(tensors, grads)
             elif tensors:
@@ -115,41 +135,18 @@ class StageRunner:
 
     def weight(self, k: int) -> None:
         """Microbatch ``k``'s ``W``: the weight gradients its ``I`` stashed."""
-        if self.sharding is not None:
-            self.sharding.before_backward()
         entries, _holds = self._deferred.pop(k)
-        with self._own_sums():
+        with self.part.backward():
             apply_weight_grads(entries)
 
-    # -- a sharded stage's gathers and reduction (nothing to do on a whole stage) -------------
-
-    def unshard(self) -> None:
-        if self.sharding is not None:
-            self.sharding.unshard()
-
-    def reshard(self) -> None:
-        if self.sharding is not None:
-            self.sharding.reshard()
-
-    def reduce_grad(self) -> None:
-        if self.sharding is not None:
-            self.sharding.reduce_grad()
-        if self.tied_sums is not None:
-            self.tied_sums.reduced(self.index)
-
     # -- helpers -----------------------------------------------------------------------------
-
-    def _own_sums(self):
-        """A backward's tied gradients go into this stage's own sums (:mod:`.tied_sums`)."""
-        return self.tied_sums.stage(self.index) if self.tied_sums is not None else nullcontext()
 
     def _compute(self, x, target, context, metering):
         """The stage on ``x`` (and the loss against ``target`` on a loss stage), its saved tensors
         counted on a metered step; a recomputed stage keeps only its blocks' inputs and is rebuilt
         one block at a time (counted) when its backward needs it."""
         meter = self.meter if metering else None
-        sharded = self.sharding.forward() if self.sharding is not None else nullcontext()
-        with meter.saved_tensors() if meter is not None else nullcontext(), self.precision.autocast(), sharded:
+        with meter.saved_tensors() if meter is not None else nullcontext(), self.precision.autocast(), self.part.forward():
             if self.recompute:
                 y = recomputed_forward(self.module, x, meter, context)
             else:
@@ -171,17 +168,16 @@ class StageRunner:
 
 def build_runners(stages: dict[int, Stage], copies, loss_fn: LossFn, microbatches: int, *, shapes: ShapeBook,
                   precision: Precision, meter: ActivationMeter, stash: WeightGradStash,
-                  recompute: frozenset = frozenset(), sharding: Optional[dict] = None,
-                  tied_sums: Optional[TiedSums] = None) -> dict[int, StageRunner]:
+                  recompute: frozenset = frozenset(), parts: Optional[dict[int, StagePart]] = None) -> dict[int, StageRunner]:
     """A runner for each of ``stages`` (schedule stage -> module); ``copies``
     (:class:`~.copies.ModelCopies`) says which stage takes the inputs and which computes the loss;
-    ``sharding``: each sharded stage's :class:`~.sharding.StageSharding`; ``tied_sums``: the rank's
-    tied weights held on several stages (:mod:`.tied_sums`)."""
-    sharding = sharding or {}
+    ``parts``: each stage's :class:`StagePart`, the runtime strategy's (default: whole stages
+    sharing no tied weight)."""
+    parts = parts if parts is not None else whole_parts(stages)
     return {s: StageRunner(s, stage, model_stage=copies.model_stage(s), takes_inputs=copies.takes_inputs(s),
                            computes_loss=copies.computes_loss(s), loss_fn=loss_fn, microbatches=microbatches,
-                           shapes=shapes, precision=precision, meter=meter, stash=stash, recompute=s in recompute,
-                           sharding=sharding.get(s), tied_sums=tied_sums)
+                           shapes=shapes, precision=precision, meter=meter, stash=stash, part=parts[s],
+                           recompute=s in recompute)
             for s, stage in stages.items()}
 
 

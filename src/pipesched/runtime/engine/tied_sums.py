@@ -14,11 +14,12 @@ the group's stages on this rank, the sums are added in the group's order (its fi
 stage first): what the all-reduce of two holders' sums computes (``a + b == b + a`` exactly).
 
 Only whole stages: a sharded stage's gradients are FSDP's (its unsharded parameters') to hold.
+So a whole stage's part in its rank's program (:class:`WholeStage`) is its share of these sums.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Iterator, Optional, Sequence
 
 import torch
@@ -90,3 +91,36 @@ class TiedSums:
                 else:
                     param.grad.add_(share)
             left.update(order)
+
+
+class WholeStage:
+    """A whole stage's :class:`~.stage_runner.StagePart`: nothing to gather, free or reduce-scatter
+    (its replicas' all-reduce is the reduction plan's); its backwards go into its own share of
+    the rank's tied weights (``sums``), added at its ``REDUCE_GRAD``."""
+
+    def __init__(self, index: int, sums: TiedSums) -> None:
+        self.index, self.sums = index, sums
+
+    def unshard(self) -> None:
+        """Nothing to gather: a whole stage holds its parameters."""
+
+    def ready(self) -> None:
+        """Nothing to wait for."""
+
+    def reshard(self) -> None:
+        """Nothing to free."""
+
+    def forward(self) -> AbstractContextManager:
+        return nullcontext()
+
+    def backward(self) -> AbstractContextManager:
+        return self.sums.stage(self.index)
+
+    def reduce_grad(self) -> None:
+        self.sums.reduced(self.index)
+
+
+def whole_parts(stages: dict[int, nn.Module], sums: Optional[TiedSums] = None) -> dict[int, WholeStage]:
+    """Each of ``stages``' part as a whole stage, sharing ``sums`` (default: no tied weight)."""
+    sums = sums if sums is not None else TiedSums(stages, ())
+    return {s: WholeStage(s, sums) for s in stages}

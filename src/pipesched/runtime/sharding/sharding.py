@@ -169,21 +169,21 @@ def local_tensors(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return [getattr(t, "_local_tensor", t) for t in tensors]
 
 
-def shard_stages(stages: dict, mesh: ShardedMesh, options, exclude: Callable[[Iterable[torch.Tensor]], None]) -> dict:
-    """Shard every stage of this rank (:func:`shard_stage`, with ``options``' ``tp_plan`` and
-    ``reshard_after_forward``); returns each stage's :class:`StageSharding`, which divides its
+def shard_stages(stages: dict, mesh: ShardedMesh, plan: Optional[Plan], reshard_after_forward: bool,
+                 exclude: Callable[[Iterable[torch.Tensor]], None]) -> dict:
+    """Shard every stage of this rank (:func:`shard_stage`, by the model's tensor-parallel ``plan``);
+    returns each stage's :class:`StageSharding`, which divides its
     reduced gradients by the data-parallel degree (the runner already scales each microbatch's
     loss by ``1/m``: :func:`gradient_divisor` with one microbatch)."""
-    if mesh.layout.tp > 1 and not options.tp_plan:
-        raise ConfigError(f"tensor parallelism (tp={mesh.layout.tp}) needs a plan: RuntimeOptions(tp_plan=plan_for(...))")
+    if mesh.layout.tp > 1 and not plan:
+        raise ConfigError(f"tensor parallelism (tp={mesh.layout.tp}) needs a plan: StagedModel(..., tp_plan=plan_for(...))")
     divisor = gradient_divisor(mesh.layout, 1)
-    return {s: StageSharding(shard_stage(stage, mesh, options.tp_plan or {}, options.reshard_after_forward),
-                             divisor, exclude)
+    return {s: StageSharding(shard_stage(stage, mesh, plan or {}, reshard_after_forward), divisor, exclude)
             for s, stage in stages.items()}
 
 
 class StageSharding:
-    """A sharded stage's part in its rank's program: the all-gathers ``UNSHARD`` starts and the
+    """A sharded stage's part in its rank's program (a :class:`~..engine.stage_runner.StagePart`): the all-gathers ``UNSHARD`` starts and the
     stage's next compute waits for, ``RESHARD``, gradient sync off before every backward, and the
     ``REDUCE_GRAD`` that reduce-scatters and divides once by ``divisor``. The gathered
     parameters are excluded from the activation meter (``exclude``): they are weights, not
@@ -207,9 +207,12 @@ class StageSharding:
         """Around the stage's forward (recomputed ones included): :func:`outputs_left_unmodified`."""
         return outputs_left_unmodified()
 
-    def before_backward(self) -> None:
+    @contextmanager
+    def backward(self) -> Iterator[None]:
+        """Around each backward: the parameters gathered, gradient sync off (:func:`no_sync_backward`)."""
         self.ready()
         no_sync_backward(self.stage)
+        yield
 
     def reshard(self) -> None:
         self.ready()  # a gather still in flight completes before its memory is freed

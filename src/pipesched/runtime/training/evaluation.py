@@ -52,7 +52,7 @@ def evaluate_pipeline(runtime, batch_context: Callable[[torch.Tensor], Optional[
     mesh, placement, rank = runtime.mesh, runtime.schedule.placement, runtime.rank
     length = runtime.copies.length  # the first model copy's stages: 0 .. length - 1
     device = runtime.device
-    counts = runtime.sharded is None or runtime.sharded.tp_rank == 0  # tp ranks compute the same loss
+    counts = runtime.strategy.tp_rank == 0  # tp ranks compute the same loss
     total = 0.0
     with _eval_mode(runtime.stages.values()), torch.no_grad():
         for inputs, targets in batches:
@@ -79,19 +79,16 @@ def evaluate_pipeline(runtime, batch_context: Callable[[torch.Tensor], Optional[
 
 
 def _forward(runtime, s: int, value, context):
-    """Stage ``s``'s forward on ``value``: a sharded stage gathered for it and freed after."""
-    runner = runtime.runners[s]
-    sharding = runner.sharding
-    if sharding is None:
-        with runtime.precision.autocast():
-            return runtime.stages[s](value, context)
-    sharding.unshard()
-    sharding.ready()
+    """Stage ``s``'s forward on ``value``: a sharded stage gathered for it and freed after (its
+    :class:`~..engine.stage_runner.StagePart`'s; a whole stage's do nothing)."""
+    part = runtime.runners[s].part
+    part.unshard()
+    part.ready()
     try:
-        with runtime.precision.autocast(), sharding.forward():
+        with runtime.precision.autocast(), part.forward():
             return runtime.stages[s](value, context)
     finally:
-        sharding.reshard()
+        part.reshard()
 
 
 @contextmanager

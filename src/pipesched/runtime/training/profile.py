@@ -159,8 +159,8 @@ def profile(
     others = [(build_schedule(name, ranks, microbatches, chunks), field_name) for name, chunks, field_name in FITTED
               if ranks > 1 and md.num_blocks >= chunks * ranks]  # each stage needs a block
     blocks = tuple(balanced_block_counts(md.block_costs, schedule))  # as the run splits them
-    options = RuntimeOptions(seed=seed, timeout_s=timeout_s, block_counts=blocks, dtype=parse_dtype(dtype))
-    result = run(TrainConfig(model, schedule, steps, batch_size, options, model_size=size,
+    options = RuntimeOptions(seed=seed, timeout_s=timeout_s, dtype=parse_dtype(dtype))
+    result = run(TrainConfig(model, schedule, steps, batch_size, options, block_counts=blocks, model_size=size,
                              alongside=tuple(s for s, _ in others)))
     steps_measured = result.timelines[1:]
     measured = median_costs(steps_measured)

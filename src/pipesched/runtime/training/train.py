@@ -26,6 +26,7 @@ from ..launching.launch import rank_device, report_progress, stop_on_termination
 from ..metering.timeline import Timeline
 from ..options import RuntimeOptions
 from ..stages.copies import balanced_block_counts
+from ..stages.staged_model import StagedModel
 from ..stages.precision import Precision, dtype_name
 from .evaluation import evaluate_model, evaluate_pipeline
 from .interval_bubble import IntervalBubble
@@ -45,9 +46,10 @@ class TrainConfig:
     schedule: Optional[Schedule]  # None: the single-process reference
     steps: int
     batch_size: int
-    # how the runtime runs (seed of the weights and the data, block counts, timeout, dtype,
-    # clipping, recomputation, ...): one value, the runtime's own
+    # how the runtime runs (seed of the weights and the data, timeout, dtype, clipping,
+    # recomputation, ...): one value, the runtime's own
     options: RuntimeOptions = RuntimeOptions()
+    block_counts: Optional[tuple[int, ...]] = None  # blocks per stage of one model copy (None: balanced by cost)
     lr: float = 0.05
     optimizer: str = "sgd"  # one of optimizers.OPTIMIZERS
     model_size: dict = field(default_factory=dict)
@@ -161,7 +163,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     md = cfg.model_def()
     schedule = cfg.schedule
     mesh = _mesh(cfg)
-    runtime = _runtime(cfg, md, schedule, cfg.options.block_counts, mesh)
+    runtime = _runtime(cfg, md, schedule, cfg.block_counts, mesh)
     first = 0
     if cfg.resume_from is not None:
         first = runtime.load_checkpoint(cfg.resume_from, md.checkpoint_name)
@@ -222,16 +224,12 @@ def _runtime(cfg: TrainConfig, md: ModelDef, schedule: Schedule, counts: Optiona
     None: balanced by the model's block costs)."""
     x0, _ = md.batch(0, cfg.batch_size, cfg.options.seed)
     one = x0[: cfg.batch_size // (cfg.data_ranks * schedule.microbatches)]  # a microbatch
-    plan = {"tp_plan": md.tp_plan} if cfg.tp > 1 else {}
-    if md.context is not None:
-        plan["sample_context"] = md.batch_context(one)
-    return PipelineRuntime(
-        md.build_block, md.num_blocks, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr, cfg.loop.weight_decay),
-        one,
-        options=replace(cfg.options, block_counts=counts or balanced_block_counts(md.block_costs, schedule),
-                        device=rank_device(), tied=md.tied, **plan),
-        mesh=mesh,
-    )
+    model = StagedModel(md.build_block, md.num_blocks, one,
+                        block_counts=counts or balanced_block_counts(md.block_costs, schedule), tied=md.tied,
+                        sample_context=md.batch_context(one) if md.context is not None else None,
+                        tp_plan=md.tp_plan if cfg.tp > 1 else None)
+    return PipelineRuntime(model, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr, cfg.loop.weight_decay),
+                           options=replace(cfg.options, device=rank_device()), mesh=mesh)
 
 
 def _mesh(cfg: TrainConfig):

@@ -1,0 +1,54 @@
+"""Whole stages: plain modules, each held whole by its rank; replicas all-reduce (as DDP does).
+
+A tied weight held by two stages of a rank is one ``Parameter``, each stage's share of its
+gradient summed apart (:mod:`..engine.tied_sums`); the reduction plan's all-reduces span every
+replica and divide by their count; with clipping, the loss agreement's one all-reduce over the
+pipeline also sums the gradients' squares (:mod:`..comm.agree`), and torch's own
+``clip_grads_with_norm_`` scales them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ...parallel_layout import ParallelLayout
+from ..comm import tied
+from ..comm.mesh import PipelineMesh
+from ..engine.tied_sums import TiedSums, WholeStage, whole_parts
+from ..stages.staged_model import StagedModel
+from .base import StageStrategy
+
+
+class WholeStages(StageStrategy):
+    """Whole stages over ``mesh``'s pipelines and replicas."""
+
+    norm_in_agreement = True
+
+    def __init__(self, mesh: PipelineMesh) -> None:
+        self.mesh = mesh
+        self.layout = ParallelLayout(mesh.pp, mesh.dp)
+        self.sums: Optional[TiedSums] = None  # the rank's tied weights held on several stages
+
+    @property
+    def replicas_reduced(self) -> int:
+        return self.mesh.dp
+
+    def tie(self, stages: dict[int, nn.Module], tied_groups: Sequence[Sequence[str]]) -> None:
+        tied.share_on_rank(stages, tied_groups)
+
+    def lay_out(self, stages: dict[int, nn.Module], model: StagedModel, options,
+                exclude: Callable[[Iterable[torch.Tensor]], None]) -> dict[int, WholeStage]:
+        self.sums = TiedSums(stages, model.tied)
+        return whole_parts(stages, self.sums)
+
+    def start_step(self) -> None:
+        self.sums.clear()  # a step cut short by an error left its sums
+
+    def grad_norm(self, counted: Sequence[nn.Parameter], agreed: Optional[float]) -> float:
+        return agreed
+
+    def clip(self, params: Sequence[nn.Parameter], max_norm: float, norm: float) -> None:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.tensor(norm, dtype=torch.float64))
