@@ -162,7 +162,7 @@ def pipeline(
     from ..runtime.executor import PipelineRuntime
     from ..runtime.options import RuntimeOptions
     from ..runtime.sharding.sharded_mesh import ShardedMesh
-    from ..runtime.sharding.tp_plans import plan_for
+    from ..runtime.sharding.model_plans import plan_for
     from .splitting import prepare_split_backward
 
     source = BlockSource(model, weights)
