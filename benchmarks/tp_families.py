@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = ["llama", "mistral", "qwen2", "gemma", "gemma2", "granite", "starcoder2", "mixtral", "deepseek-v3", "qwen2-moe",
+FAMILIES = ["llama", "helium", "mistral", "qwen2", "gemma", "gemma2", "granite", "starcoder2", "mixtral", "deepseek-v3", "qwen2-moe",
             "qwen3", "qwen3-moe", "gemma3", "cohere", "cohere-qk", "olmo2", "gpt-neox", "falcon", "falcon-grouped", "phi3",
             "phi3-gqa", "gpt2"]
 BOUND = 1e-5
@@ -45,6 +45,8 @@ def config(kind: str):
         return tf.Qwen2Config(**small)
     if kind == "mistral":
         return tf.MistralConfig(**small, sliding_window=4)
+    if kind == "helium":  # Llama-like, split through the fallback: no entry of its own anywhere in pipesched
+        return tf.HeliumConfig(**small, head_dim=8)
     return make_config(kind)
 
 

@@ -84,6 +84,7 @@ def train(run: RunFlags = RunFlags(), sched: ScheduleFlags = ScheduleFlags(), ck
     cfg = _config(run, sched, ckpt, out, checked, plan, recompute, model_options, resume_from)
     if run.model.startswith("hf:"):  # after every check: a refusal stays one line
         say_how_text_is_read(run.model, out.data, data_flags.tokenizer)
+        train_hf.say_what_the_folder_gave(model_def)
     result = _run_to_the_end(cfg)
     if result is not None:  # None: a torchrun rank other than 0
         _write_results(run, ckpt, out, checked, plan, model_def, result)

@@ -39,6 +39,8 @@ class ModelDef:
     # with equal keys are predicted once before launch (train_memory.activation_peaks); None:
     # every microbatch whose context differs in value is predicted
     sizes_key: Optional[Callable[[dict], Hashable]] = None
+    # the folder of the tokenizer its text is read with (hf: models; --save-hf writes it beside the model)
+    tokenizer: Optional[str] = None
 
     def batch_context(self, inputs: torch.Tensor) -> Optional[dict]:
         """The context of a batch with these ``inputs`` (the same on every rank: it depends on them alone)."""
