@@ -1,0 +1,88 @@
+"""``pipesched train --model hf:FOLDER`` through the console script: a Hugging Face folder is a
+whole model. The run takes the folder's config, the tokenizer beside it and its weights, and says
+which in one line (a folder with no weights: that it initialises them); ``--save-hf`` writes the
+tokenizer beside the trained model, so transformers loads the folder whole and generates."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import concurrently, run_cli
+
+pytest.importorskip("transformers")
+import torch  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+WORDS = "the quick brown fox jumps over the lazy dog while a cat sat on the mat and ran far away".split()
+
+
+def _tokenizer(folder) -> None:
+    """A word-level tokenizer built here (no download): 19 ids, end of sequence ``</s>``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {word: i for i, word in enumerate(["<unk>", "</s>", *dict.fromkeys(WORDS)])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece()  # words joined by spaces
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>").save_pretrained(str(folder))
+
+
+@pytest.fixture
+def folders(tmp_path, monkeypatch):
+    """``whole``: config, tokenizer and weights (a model initialised here, not as pipesched
+    initialises); ``bare``: the same config and tokenizer, no weights; text documents as .jsonl."""
+    from hf_cases import make_config
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("PIPESCHED_CACHE_DIR", str(tmp_path / "cache"))  # the tokenized stream
+    config = make_config("llama", eos_token_id=1, bos_token_id=None, pad_token_id=0)
+    torch.manual_seed(1234)
+    AutoModelForCausalLM.from_config(config).save_pretrained(str(tmp_path / "whole"))
+    config.save_pretrained(str(tmp_path / "bare"))
+    for name in ("whole", "bare"):
+        _tokenizer(tmp_path / name)
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": " ".join(WORDS[i:] + WORDS[:i])}) + "\n" for i in range(len(WORDS))))
+    return tmp_path / "whole", tmp_path / "bare", data
+
+
+def test_a_folder_gives_its_config_tokenizer_and_weights_and_saves_what_transformers_loads_whole(tmp_path, folders):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipesched.runtime.training.models import get_model
+
+    whole, bare, data = folders
+    common = ["train", "-s", "none", "--data", str(data), "--batch-size", "4", "--lr", "0.01", "--optimizer", "sgd"]
+    runs = [[*common, "--model", f"hf:{whole}", "--steps", "2", "--summary", str(tmp_path / "whole.json"),
+             "--save-hf", str(tmp_path / "saved")],
+            [*common, "--model", f"hf:{bare}", "--steps", "1"],
+            [*common, "--model", f"hf:{bare}", "--steps", "1", "--hf-weights", str(whole)]]
+    with_weights, without, given = concurrently(lambda args: run_cli(*args, timeout=300), runs, workers=3)
+    for done in (with_weights, without, given):
+        assert done.returncode == 0, done.stderr
+    assert f"pipesched: hf:{whole}: its config, its tokenizer and its weights (1 safetensors file(s))" in with_weights.stderr
+    assert f"pipesched: hf:{bare}: its config, its tokenizer and no weights, so it initialises them at random" in without.stderr
+    assert f"pipesched: hf:{bare}: its config, its tokenizer and the weights of {str(whole)!r}" in given.stderr
+
+    # the first step's loss is that of the folder's weights on the first batch, read through its
+    # tokenizer: the same fp32 model on the same ids, its sums in the same order but for the
+    # blocks run one by one (a few ulps of a loss near 4; another model's loss differs by 1e-2 and more)
+    md = get_model(f"hf:{whole}", data=str(data), weights=str(whole))
+    ids, labels = md.batch(0, 4, 0)
+    model = AutoModelForCausalLM.from_pretrained(str(whole))
+    with torch.no_grad():
+        first = model(input_ids=ids, labels=labels).loss.item()
+    losses = json.loads((tmp_path / "whole.json").read_text())["losses"]
+    assert losses[0] == pytest.approx(first, rel=1e-5)
+
+    saved = tmp_path / "saved"
+    assert (saved / "tokenizer.json").is_file() and (saved / "tokenizer_config.json").is_file()
+    tokenizer = AutoTokenizer.from_pretrained(str(saved), local_files_only=True)
+    prompt = tokenizer("the quick brown fox", return_tensors="pt").input_ids
+    assert prompt[0].tolist() == AutoTokenizer.from_pretrained(str(whole))("the quick brown fox").input_ids
+    trained = AutoModelForCausalLM.from_pretrained(str(saved), local_files_only=True)
+    out = trained.generate(prompt, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert out.shape == (1, prompt.shape[1] + 3) and torch.equal(out[:, :prompt.shape[1]], prompt)
