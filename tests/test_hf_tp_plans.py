@@ -35,16 +35,13 @@ def _config(kind: str):
     return make_config(kind)
 
 
-def _names(config) -> tuple[str, list[str]]:
-    """The model's class name and every module name (and, for head counts, ``module.attribute``)."""
-    from pipesched.hf.build import meta_model
-
-    model = meta_model(config)
+def _names(model) -> list[str]:
+    """Every module name of ``model`` (and, for head counts, ``module.attribute``)."""
     names = []
     for name, module in model.named_modules():
         names += [name, *(f"{name}.{attr}" for attr in vars(module) if not attr.startswith("_"))]
         names += [f"{name}.config.{attr}" for attr in ("num_attention_heads",) if hasattr(module, "config")]
-    return type(model).__name__, names
+    return names
 
 
 def _reason_holds(why, key: str, style: str, declared: dict) -> bool:
@@ -63,17 +60,25 @@ def _reason_holds(why, key: str, style: str, declared: dict) -> bool:
 
 def test_every_family_takes_transformers_plan_but_where_an_override_says_why_it_differs():
     from pipesched.runtime.sharding.model_plans import OVERRIDES, WHOLE, Why, declared_plan, overrides_for, plan_for
-    from pipesched.runtime.sharding.tp_plans import HEADS, _matches
+    from pipesched.hf.build import meta_model
+    from pipesched.runtime.sharding.tp_plans import HEADS, _head_counts, _matches
     from pipesched.sharded_bytes import TP_STYLES
 
     used = set()
     for kind in KINDS:
         config = _config(kind)
-        name, modules = _names(config)
+        model = meta_model(config)
+        name, modules = type(model).__name__, _names(model)
         declared, overrides = declared_plan(config), overrides_for(name, config)
         plan = plan_for(name, config)
         assert plan, kind
         assert set(plan.values()) <= set(TP_STYLES) | {HEADS}, kind
+        # each head count divided once: by its module, or through the object its module holds (Phi-3's
+        # config, shared by every layer until apply_tp gives each attention its own copy), never both
+        counts = list(_head_counts(model, plan))
+        direct = [(id(sub), attr) for _, sub, held, attr in counts if not held]
+        through = {(id(getattr(sub, held)), attr) for _, sub, held, attr in counts if held}
+        assert len(direct) == len(set(direct)) and not through & set(direct), kind
         if not overrides:  # transformers' plan, as it is
             assert plan == declared, kind
             continue

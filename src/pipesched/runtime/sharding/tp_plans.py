@@ -94,12 +94,18 @@ def apply_tp(module: nn.Module, plan: Plan, tp_mesh: DeviceMesh) -> int:
 def _head_counts(module: nn.Module, plan: Plan) -> Iterator[tuple[str, nn.Module, str, str]]:
     """(module name, module, held object or "", attribute) of each head count the plan's HEADS
     entries name: ``"attn.heads"`` an attribute of a module, ``"self_attn.config.num_attention_heads"``
-    one of an object the module holds."""
+    one of an object (not a module) the module holds."""
     for suffix in (suffix for suffix, style in plan.items() if style == HEADS):
         owner, _, attr = suffix.rpartition(".")
         held_owner, _, held = owner.rpartition(".")
         for name, sub in module.named_modules():
             if _matches(name, owner) and hasattr(sub, attr):
                 yield name, sub, "", attr
-            elif held_owner and _matches(name, held_owner) and hasattr(getattr(sub, held, None), attr):
+            elif held_owner and _matches(name, held_owner) and _shared_holder(getattr(sub, held, None), attr):
                 yield name, sub, held, attr
+
+
+def _shared_holder(held: object, attr: str) -> bool:
+    """Whether ``held`` is an object other than a module (a module's counts are its own: matched
+    by its name) that holds ``attr``."""
+    return not isinstance(held, nn.Module) and hasattr(held, attr)
