@@ -15,41 +15,24 @@ import torch  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
-WORDS = "the quick brown fox jumps over the lazy dog while a cat sat on the mat and ran far away".split()
-
-
-def _tokenizer(folder) -> None:
-    """A word-level tokenizer built here (no download): 19 ids, end of sequence ``</s>``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {word: i for i, word in enumerate(["<unk>", "</s>", *dict.fromkeys(WORDS)])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece()  # words joined by spaces
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>").save_pretrained(str(folder))
-
 
 @pytest.fixture
 def folders(tmp_path, monkeypatch):
-    """``whole``: config, tokenizer and weights (a model initialised here, not as pipesched
-    initialises); ``bare``: the same config and tokenizer, no weights; text documents as .jsonl."""
-    from hf_cases import make_config
-    from transformers import AutoModelForCausalLM
+    """``whole``: config, tokenizer (tests/tokenizer_cases.py) and weights (a model initialised
+    here, not as pipesched initialises); ``bare``: the same config and tokenizer, no weights; and
+    text documents as .jsonl."""
+    from tokenizer_cases import model_folder, shipped_documents, write_jsonl
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     monkeypatch.setenv("PIPESCHED_CACHE_DIR", str(tmp_path / "cache"))  # the tokenized stream
-    config = make_config("llama", eos_token_id=1, bos_token_id=None, pad_token_id=0)
+    whole, bare = model_folder(tmp_path / "whole"), model_folder(tmp_path / "bare")
     torch.manual_seed(1234)
-    AutoModelForCausalLM.from_config(config).save_pretrained(str(tmp_path / "whole"))
-    config.save_pretrained(str(tmp_path / "bare"))
-    for name in ("whole", "bare"):
-        _tokenizer(tmp_path / name)
-    data = tmp_path / "docs.jsonl"
-    data.write_text("".join(json.dumps({"text": " ".join(WORDS[i:] + WORDS[:i])}) + "\n" for i in range(len(WORDS))))
-    return tmp_path / "whole", tmp_path / "bare", data
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(whole))).save_pretrained(str(whole))
+    return whole, bare, write_jsonl(tmp_path / "docs.jsonl", shipped_documents())
 
 
 def test_a_folder_gives_its_config_tokenizer_and_weights_and_saves_what_transformers_loads_whole(tmp_path, folders):
+    from tokenizer_cases import shipped_documents
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipesched.runtime.training.models import get_model
@@ -81,8 +64,9 @@ def test_a_folder_gives_its_config_tokenizer_and_weights_and_saves_what_transfor
     saved = tmp_path / "saved"
     assert (saved / "tokenizer.json").is_file() and (saved / "tokenizer_config.json").is_file()
     tokenizer = AutoTokenizer.from_pretrained(str(saved), local_files_only=True)
-    prompt = tokenizer("the quick brown fox", return_tensors="pt").input_ids
-    assert prompt[0].tolist() == AutoTokenizer.from_pretrained(str(whole))("the quick brown fox").input_ids
+    text = shipped_documents()[0]
+    prompt = tokenizer(text, return_tensors="pt").input_ids
+    assert prompt[0].tolist() == AutoTokenizer.from_pretrained(str(whole))(text).input_ids
     trained = AutoModelForCausalLM.from_pretrained(str(saved), local_files_only=True)
     out = trained.generate(prompt, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
     assert out.shape == (1, prompt.shape[1] + 3) and torch.equal(out[:, :prompt.shape[1]], prompt)
