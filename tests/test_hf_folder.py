@@ -39,16 +39,29 @@ def test_a_folder_gives_its_config_tokenizer_and_weights_and_saves_what_transfor
 
     whole, bare, data = folders
     common = ["train", "-s", "none", "--data", str(data), "--batch-size", "4", "--lr", "0.01", "--optimizer", "sgd"]
+    from safetensors.torch import save_file
+    from tokenizer_cases import model_folder
+
+    hostile = model_folder(tmp_path / "hostile")  # its weights file holds a bool tensor
+    save_file({"lm_head.weight": torch.zeros(2, 2, dtype=torch.bool)}, str(hostile / "model.safetensors"))
     runs = [[*common, "--model", f"hf:{whole}", "--steps", "2", "--summary", str(tmp_path / "whole.json"),
              "--save-hf", str(tmp_path / "saved")],
             [*common, "--model", f"hf:{bare}", "--steps", "1"],
-            [*common, "--model", f"hf:{bare}", "--steps", "1", "--hf-weights", str(whole)]]
-    with_weights, without, given = concurrently(lambda args: run_cli(*args, timeout=300), runs, workers=3)
+            [*common, "--model", f"hf:{bare}", "--steps", "1", "--hf-weights", str(whole)],
+            [*common, "--model", f"hf:{hostile}", "--steps", "1"]]
+    with_weights, without, given, refused = concurrently(lambda args: run_cli(*args, timeout=300), runs, workers=3)
     for done in (with_weights, without, given):
         assert done.returncode == 0, done.stderr
-    assert f"pipesched: hf:{whole}: its config, its tokenizer and its weights (1 safetensors file(s))" in with_weights.stderr
-    assert f"pipesched: hf:{bare}: its config, its tokenizer and no weights, so it initialises them at random" in without.stderr
-    assert f"pipesched: hf:{bare}: its config, its tokenizer and the weights of {str(whole)!r}" in given.stderr
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"pipesched: error: the weights of hf:{hostile}: 'lm_head.weight' in {hostile / 'model.safetensors'} is BOOL, "
+        "not a floating-point tensor: a weight cannot be read from it"], refused.stderr
+    said = {done: [line for line in done.stderr.splitlines() if line.startswith("pipesched: hf:")]
+            for done in (with_weights, without, given)}
+    assert said[with_weights] == [f"pipesched: hf:{whole}: its config, its tokenizer and its weights "
+                                  "(1 safetensors file(s))"]
+    assert said[without] == [f"pipesched: hf:{bare}: its config, its tokenizer and no weights, "
+                             "so it initialises them at random"]
+    assert said[given] == [f"pipesched: hf:{bare}: its config, its tokenizer and the weights of {str(whole)!r}"]
 
     # the first step's loss is that of the folder's weights on the first batch, read through its
     # tokenizer: the same fp32 model on the same ids, its sums in the same order but for the

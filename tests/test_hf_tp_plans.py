@@ -137,8 +137,8 @@ def test_helium_trains_under_tp_as_in_one_process_and_starcoder2_splits_its_mlp(
     for done in concurrently(lambda args: run_cli(*args, timeout=540), runs, workers=2):
         assert done.returncode == 0, done.stderr
     for kind in ("helium", "starcoder2"):
-        (got, want), (got_w, want_w) = ([json.loads((tmp_path / f"{kind}-{x}.json").read_text()) for x in ("tp", "one")],
-                                        [torch.load(tmp_path / f"{kind}-{x}.pt") for x in ("tp", "one")])
+        got, want = (json.loads((tmp_path / f"{kind}-{x}.json").read_text()) for x in ("tp", "one"))
+        got_w, want_w = (torch.load(tmp_path / f"{kind}-{x}.pt") for x in ("tp", "one"))
         assert got["losses"] == pytest.approx(want["losses"], rel=1e-5), kind
         assert got_w.keys() == want_w.keys()
         for name in want_w:

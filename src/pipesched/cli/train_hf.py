@@ -40,12 +40,14 @@ def hf_model_options(model: str, data: Optional[Path], weights: Optional[Path], 
         from ..hf.save_folder import check_save_folder
 
         check_save_folder(save_hf)
+    named = "--hf-weights"
     if weights is None:
         weights = _folder_weights(model[len(HF_PREFIX):])
+        named = f"the weights of {model}"
     if weights is not None:
         from ..hf.weights_index import narrowed
 
-        note = narrowed(weights)
+        note = narrowed(weights, named)
         if note:
             typer.echo(f"pipesched: {note}", err=True)
     return {k: str(v) for k, v in (("data", data), ("weights", weights)) if v is not None}

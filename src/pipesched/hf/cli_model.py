@@ -66,7 +66,9 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
         raise ConfigError(f"--model {PREFIX}{config_path} draws ({', '.join(drawing)}), which train cannot key: "
                           "set them to 0 in the config, or train with pipesched.hf.pipeline, whose dropout and "
                           "router noise do not depend on the schedule")
-    source = BlockSource(config, weights, weights_argument="--hf-weights {!r}")
+    own = weights is not None and Path(config_path).is_dir() and Path(weights) == Path(config_path)  # hf:FOLDER's
+    named = f"the weights of {PREFIX}{{}}" if own else "--hf-weights {!r}"
+    source = BlockSource(config, weights, weights_argument=named)
     vocab = config.vocab_size
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if context is not None and limit is not None and context > limit:

@@ -145,7 +145,8 @@ def overrides_for(model_name: str, config: Any) -> list[Override]:
 def untranslated(model_name: str, config: Any) -> Plan:
     """transformers' entries for ``config`` that pipesched cannot apply and no override replaces."""
     replaced = {key for o in overrides_for(model_name, config) for key in o.entries}
-    return {key: style for key, style in declared_plan(config).items() if style not in TRANSLATED and key not in replaced}
+    declared = declared_plan(config).items()
+    return {key: style for key, style in declared if style not in TRANSLATED and key not in replaced}
 
 
 def plan_for(model_name: str, config: Any = None) -> Optional[Plan]:
