@@ -162,7 +162,7 @@ def pipeline(
     from ..runtime.executor import PipelineRuntime
     from ..runtime.options import RuntimeOptions
     from ..runtime.sharding.sharded_mesh import ShardedMesh
-    from ..runtime.sharding.model_plans import plan_for
+    from ..runtime.sharding.model_plans import plan_for, untranslated
     from .splitting import prepare_split_backward
 
     source = BlockSource(model, weights)
@@ -186,8 +186,12 @@ def pipeline(
         family = type(source.skeleton).__name__
         plan = plan_for(family, config)
         if plan is None and mesh.layout.tp > 1:
-            raise ConfigError(f"tensor parallelism (tp={mesh.layout.tp}): {family} has no tensor-parallel plan "
-                              "(docs/layouts.md lists those that have one, and why the others have none): leave tp at 1")
+            lacking = untranslated(family, config)
+            why = (f"its config's base_model_tp_plan has styles pipesched cannot apply ({lacking})" if lacking
+                   else "its config declares none")
+            raise ConfigError(f"tensor parallelism (tp={mesh.layout.tp}): {family} has no tensor-parallel plan: "
+                              f"{why} (docs/layouts.md says which plans apply, and why): give options.tp_plan, "
+                              "or leave tp at 1")
         options = replace(options, tp_plan=plan)
     prepare_split_backward()
     runtime = PipelineRuntime(source, source.num_blocks, schedule, loss, optimizer, ids[:one], options=options, mesh=mesh)
