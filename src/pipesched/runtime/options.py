@@ -36,7 +36,7 @@ class RuntimeOptions:
     - ``sample_context``: one microbatch's batch context (:mod:`~pipesched.runtime.stages.batch_context`)
       for shape inference, when the blocks read one.
     - ``tp_plan``: with tensor parallelism (a :class:`~.sharded_mesh.ShardedMesh` whose ``tp`` is
-      above 1), which sub-modules split column- or row-wise (:mod:`.tp_plans`: ``plan_for(name)``).
+      above 1), which sub-modules split column- or row-wise (:mod:`.sharding.model_plans`: ``plan_for(name, config)``).
     - ``reshard_after_forward``: a sharded stage frees its gathered parameters after each forward
       and gathers them again for the backward (memory for time); False (default, torchtitan's
       under pipelining) keeps them gathered from its ``UNSHARD`` to its ``RESHARD``.
