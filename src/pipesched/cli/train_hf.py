@@ -41,8 +41,7 @@ def hf_model_options(model: str, data: Optional[Path], weights: Optional[Path], 
 
         check_save_folder(save_hf)
     named = "--hf-weights"
-    if weights is None:
-        weights = _folder_weights(model[len(HF_PREFIX):])
+    if weights is None and (weights := _folder_weights(model[len(HF_PREFIX):])) is not None:
         named = f"the weights of {model}"
     if weights is not None:
         from ..hf.weights_index import narrowed

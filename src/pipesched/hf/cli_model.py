@@ -1,4 +1,5 @@
-"""``pipesched train --model hf:CONFIG.json`` (or ``hf:FOLDER``): a Hugging Face causal LM as one of train's models.
+"""``pipesched train --model hf:CONFIG.json`` (or ``hf:FOLDER``): a Hugging Face causal LM as
+one of train's models.
 
 The model is its blocks (:mod:`.blocks`, each built from the config on the rank that owns it,
 randomly initialised, block ``i`` after ``torch.manual_seed(seed + i)``, or read from
