@@ -3,8 +3,8 @@
 overrides).
 
 For each family (a tiny random config, ``tests/hf_cases.make_config``: DeepSeek-V3, Qwen2-MoE and
-the q/k-norm families their real configs shrunk; Qwen2, Mistral and Helium built here, Helium a
-Llama-like with no entry of its own in pipesched; ``cohere-qk``: Cohere with its per-head q/k norms),
+the q/k-norm families their real configs shrunk; ``helium``: a Llama-like with no entry of its own
+in pipesched; Qwen2 and Mistral built here; ``cohere-qk``: Cohere with its per-head q/k norms),
 two runs through the console script, side by side:
 ``train --ranks 2 --tp 2 -s 1f1b`` (4 processes) and the one-process reference (``-s none``),
 3 SGD steps at lr 0.05 in fp32 on the same batches. Prints the largest relative difference of the
@@ -47,8 +47,6 @@ def config(kind: str):
         return tf.Qwen2Config(**small)
     if kind == "mistral":
         return tf.MistralConfig(**small, sliding_window=4)
-    if kind == "helium":  # Llama-like, split through the fallback: no entry of its own anywhere in pipesched
-        return tf.HeliumConfig(**small, head_dim=8)
     return make_config(kind)
 
 

@@ -14,6 +14,7 @@ from conftest import concurrently, run_cli
 
 pytest.importorskip("transformers")
 import torch  # noqa: E402
+from hf_cases import make_config  # noqa: E402
 
 pytestmark = [pytest.mark.torch]
 
@@ -22,17 +23,6 @@ KINDS = ["llama", "gpt2", "qwen3", "qwen3-moe", "mixtral", "cohere", "cohere-qk"
          "phi3-gqa", "gemma", "gemma2", "gemma3", "olmo2", "qwen2-moe", "gpt-neox", "starcoder2", "granite",
          "deepseek-v3", "helium"]
 GATHERING = {"colwise_gather_output", "rowwise_split_input"}  # transformers' styles that compute a block whole
-
-
-def _config(kind: str):
-    import transformers as tf
-    from hf_cases import make_config
-
-    if kind == "helium":  # Llama-like: split through architectures' fallback, and in no table of pipesched's
-        return tf.HeliumConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=32,
-                               use_cache=False, bos_token_id=0, eos_token_id=1, pad_token_id=2)
-    return make_config(kind)
 
 
 def _names(model) -> list[str]:
@@ -66,7 +56,7 @@ def test_every_family_takes_transformers_plan_but_where_an_override_says_why_it_
 
     used = set()
     for kind in KINDS:
-        config = _config(kind)
+        config = make_config(kind)
         model = meta_model(config)
         name, modules = type(model).__name__, _names(model)
         declared, overrides = declared_plan(config), overrides_for(name, config)
@@ -98,7 +88,7 @@ def test_every_family_takes_transformers_plan_but_where_an_override_says_why_it_
 def test_a_config_that_declares_a_style_pipesched_lacks_has_no_plan_and_its_own_declaration_is_read():
     from pipesched.runtime.sharding.model_plans import plan_for, untranslated
 
-    config = _config("helium")
+    config = make_config("helium")
     config.base_model_tp_plan = {**config.base_model_tp_plan, "layers.*.self_attn.q_norm": "sequence_parallel"}
     assert plan_for("HeliumForCausalLM", config) is None
     assert untranslated("HeliumForCausalLM", config) == {"layers.*.self_attn.q_norm": "sequence_parallel"}
@@ -129,7 +119,7 @@ def test_helium_trains_under_tp_as_in_one_process_and_starcoder2_splits_its_mlp(
 
     runs = []
     for kind in ("helium", "starcoder2"):
-        _config(kind).to_json_file(tmp_path / f"{kind}.json")
+        make_config(kind).to_json_file(tmp_path / f"{kind}.json")
         for label, args in (("tp", ["--ranks", "2", "--tp", "2", "-s", "1f1b"]), ("one", ["-s", "none"])):
             runs.append([*TRAIN, "--model", f"hf:{tmp_path / kind}.json", *args,
                          "--summary", str(tmp_path / f"{kind}-{label}.json"),
