@@ -100,6 +100,7 @@ def make_config(kind: str, **extra):
     elif kind == "falcon-grouped":  # Falcon 40B's layout: q/k/v rows grouped by key-value head (2 of 4)
         config = family_config("falcon")
         config.new_decoder_architecture, config.num_kv_heads = True, 2
+        config.num_key_value_heads = 2  # what FalconConfig derives from the two, once, when built
     elif kind == "phi3-gqa":  # Phi-3 with fewer key-value heads (2 of 4): q|k|v of unequal widths
         config = family_config("phi3")
         config.num_key_value_heads = 2
