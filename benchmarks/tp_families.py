@@ -1,16 +1,18 @@
 """Which Hugging Face families train exactly under tensor parallelism with their plans
-(``runtime/sharding/tp_plans.py``: Llama's, the q/k-norm families', Qwen2-MoE's and DeepSeek-V3's).
+(``runtime/sharding/model_plans.py``: each config's declared ``base_model_tp_plan`` and pipesched's
+overrides).
 
 For each family (a tiny random config, ``tests/hf_cases.make_config``: DeepSeek-V3, Qwen2-MoE and
-the q/k-norm families their real configs shrunk; Qwen2 and Mistral built here; ``cohere-qk``:
-Cohere with its per-head q/k norms), two runs through the console script, side by side:
+the q/k-norm families their real configs shrunk; ``helium``: a Llama-like with no entry of its own
+in pipesched; Qwen2 and Mistral built here; ``cohere-qk``: Cohere with its per-head q/k norms),
+two runs through the console script, side by side:
 ``train --ranks 2 --tp 2 -s 1f1b`` (4 processes) and the one-process reference (``-s none``),
 3 SGD steps at lr 0.05 in fp32 on the same batches. Prints the largest relative difference of the
 losses and of the final weights (each tensor's largest difference over its largest entry);
 ``--check`` exits 1 if either is over 1e-5 (fp32 sums in another order across the ``tp`` ranks and
 the microbatches: a few ulps of each product, well under 1e-5 at this size). A family whose plan
-does not fit is refused by ``train`` in one line (``tp_plans.plan_for`` knows the families with a
-plan); this script is how a family earns its place there.
+does not fit is refused by ``train`` in one line (``model_plans.plan_for``: a config that declares
+no plan, or a style pipesched cannot apply); this script is how an override earns its place.
 
     PYTHONPATH=src:tests python benchmarks/tp_families.py [--check] [--families gemma,granite]
 """
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = ["llama", "mistral", "qwen2", "gemma", "gemma2", "granite", "starcoder2", "mixtral", "deepseek-v3", "qwen2-moe",
+FAMILIES = ["llama", "helium", "mistral", "qwen2", "gemma", "gemma2", "granite", "starcoder2", "mixtral", "deepseek-v3", "qwen2-moe",
             "qwen3", "qwen3-moe", "gemma3", "cohere", "cohere-qk", "olmo2", "gpt-neox", "falcon", "falcon-grouped", "phi3",
             "phi3-gqa", "gpt2"]
 BOUND = 1e-5

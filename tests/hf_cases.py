@@ -92,12 +92,15 @@ def make_config(kind: str, **extra):
     elif kind == "qwen3-moe":  # layer 1 dense (mlp_only_layers), the others 4 experts, 2 per token
         config = tf.Qwen3MoeConfig(**small, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
                                    mlp_only_layers=[1], experts_implementation="eager")
+    elif kind == "helium":  # Llama-like: split through architectures' fallback, in no table of pipesched's
+        config = tf.HeliumConfig(**small, head_dim=8, bos_token_id=0, eos_token_id=1, pad_token_id=2)
     elif kind == "cohere-qk":  # Cohere with Command R+'s per-head q/k norms (weights (heads, head_dim))
         config = family_config("cohere")
         config.use_qk_norm = True
     elif kind == "falcon-grouped":  # Falcon 40B's layout: q/k/v rows grouped by key-value head (2 of 4)
         config = family_config("falcon")
         config.new_decoder_architecture, config.num_kv_heads = True, 2
+        config.num_key_value_heads = 2  # what FalconConfig derives from the two, once, when built
     elif kind == "phi3-gqa":  # Phi-3 with fewer key-value heads (2 of 4): q|k|v of unequal widths
         config = family_config("phi3")
         config.num_key_value_heads = 2

@@ -21,7 +21,7 @@ LR = 0.1  # SGD's, large enough that a wrong gradient moves the weights visibly
 
 def build_stage(kind: str):
     """(stage, plan) of a tiny fp32 model, the whole model as one stage, on the CPU."""
-    from pipesched.runtime.sharding.tp_plans import plan_for
+    from pipesched.runtime.sharding.model_plans import plan_for
     from pipesched.runtime.stages.partition import Stage, build_stage
 
     if kind == "gpt":
@@ -189,11 +189,11 @@ def refused_plan(mesh, device: str) -> dict:
         wait,
     )
     from pipesched.runtime.sharding.tp_guard import PartialGradients, check_tp_gradients
-    from pipesched.runtime.sharding.tp_plans import LLAMA_PLAN
+    from transformers import LlamaConfig
 
     stage, _ = build_stage("qwen3")
     stage.to(device)
-    shard_stage(stage, mesh, LLAMA_PLAN)
+    shard_stage(stage, mesh, dict(LlamaConfig.base_model_tp_plan))  # Llama's: q/k norms left plain
     x, y = (t.to(device) for t in step_batch("qwen3", 0, mesh.layout.dp * MICROBATCHES * MICROBATCH))
     wait(unshard(stage))
     for xm, ym in zip(mesh.pipeline.shard(x).chunk(MICROBATCHES), mesh.pipeline.shard(y).chunk(MICROBATCHES)):

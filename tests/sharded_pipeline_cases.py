@@ -31,7 +31,7 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
         init_sharded_mesh,
         runtime_layout,
     )
-    from pipesched.runtime.sharding.tp_plans import plan_for
+    from pipesched.runtime.sharding.model_plans import plan_for
     from pipesched.runtime.stages.copies import input_ranks, loss_ranks
     from pipesched.runtime.training.evaluation import evaluate_pipeline
     from pipesched.runtime.training.models import get_model

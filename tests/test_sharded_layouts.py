@@ -44,14 +44,14 @@ def test_an_interleaved_weight_is_sharded_by_fsdp_on_its_input_features():
 
 
 def test_a_fused_weights_input_features_dp_shard_does_not_divide_are_refused():
-    from pipesched.runtime.sharding.tp_plans import PHI3_PLAN, param_specs
+    from pipesched.runtime.sharding.tp_plans import param_specs
     from torch import nn
 
     # torch 2.13's FSDP2 shards a dim other than 0 only evenly (it raises inside every rank)
     block = nn.Module()
     block.self_attn = nn.Module()
     block.self_attn.qkv_proj = nn.Linear(6, 18, bias=False)
-    stage = param_specs(block, PHI3_PLAN)
+    stage = param_specs(block, {"self_attn.qkv_proj": "colwise_fused3"})  # Phi-3's q|k|v
     assert [s.fsdp_dim for s in stage] == [1]  # the input features
     check_stage_shards(ParallelLayout(pp=1, dp_shard=2, tp=2), [stage])
     with pytest.raises(ConfigError, match="dp_shard=4 does not divide the 6 input features of a fused projection "

@@ -218,7 +218,7 @@ def test_hugging_face_llama_and_tied_gpt2_train_sharded_stages_as_the_model_in_o
     from hf_cases import make_batch
     from sharded_pipeline_cases import hf_pipelined_layouts
 
-    from pipesched.runtime.sharding.tp_plans import LLAMA_PLAN
+    from transformers import LlamaConfig
 
     batches = [make_batch(step, 8, 16) for step in range(2)]
     runs = [(f"{kind} {name} {where}", kind, pipesched.build_schedule(name, 2, 2), dims)
@@ -226,7 +226,8 @@ def test_hugging_face_llama_and_tied_gpt2_train_sharded_stages_as_the_model_in_o
             for name in names for where, dims in LAYOUTS.items()]
     runs.append(("adamw gpt2 zb-v dp_shard 2", "gpt2", pipesched.build_schedule("zb-v", 2, 2), LAYOUTS["dp_shard 2"],
                  {"optimizer": "adamw"}))
-    runs.append((REFUSED, "qwen3", pipesched.build_schedule("zb-v", 2, 2), LAYOUTS["tp 2"], {"tp_plan": LLAMA_PLAN}))
+    runs.append((REFUSED, "qwen3", pipesched.build_schedule("zb-v", 2, 2), LAYOUTS["tp 2"],
+                 {"tp_plan": dict(LlamaConfig.base_model_tp_plan)}))
     results = spawn(hf_pipelined_layouts, 4, (runs, batches), timeout_s=240)[0]
     _assert_refused_on_every_rank_before_any_weight_changed(results.pop(REFUSED))
     for label, got in results.items():

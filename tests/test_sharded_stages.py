@@ -58,7 +58,7 @@ SPLIT_TOLERANCE = TERMS // 2 * U * LARGEST_GRAD
 ROUTER_NORM = 2.0
 
 MODELS = ["gpt", "llama", "gpt2"]
-# the families with q/k norms between the split projections (tp_plans.QK_NORM_PLANS), one per style
+# the families with q/k norms between the split projections (model_plans.OVERRIDES), one per style
 # of norm and Qwen3-MoE (experts whole): the norms' weight gradients summed over tp
 QK_NORM_MODELS = ["qwen3", "qwen3-moe", "gemma3", "cohere-qk", "olmo2"]
 # the families that fuse or rename their projections; Falcon's multi-query layout and Phi-3 with fewer

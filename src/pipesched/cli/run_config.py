@@ -28,7 +28,7 @@ class ModelSection:
     dtype: str = option("fp32", "fp32, or bf16: fp32 weights and optimizer state, bf16 compute (autocast) and "
                         "stage-boundary tensors.")
     hf_weights: Optional[Path] = option(None, WITH_HF + "read the weights from this folder of safetensors "
-                                        "(default: random init).")
+                                        "(default: hf:FOLDER's own, else random init).")
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,8 @@ class CheckpointSection:
 @dataclass(frozen=True)
 class OutputsSection:
     save_params: Optional[Path] = option(None, "Write the trained state_dict (.pt), unpipelined names.")
-    save_hf: Optional[Path] = option(None, WITH_HF + "write the trained model to this folder, as from_pretrained "
-                                     "loads it.")
+    save_hf: Optional[Path] = option(None, WITH_HF + "write the trained model and its tokenizer to this "
+                                     "folder, as from_pretrained loads them.")
     trace: Optional[Path] = option(None, "Write the measured timeline of every step (.json).")
     summary: Optional[Path] = option(None, "Write the run's summary (.json): losses, median step, activation "
                                      "bytes per rank.")

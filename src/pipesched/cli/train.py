@@ -73,6 +73,7 @@ def train(cfg: RunConfig) -> None:
     train_config = _config(cfg, checked, plan, recompute, model_options, resume_from)
     if cfg.model.model.startswith("hf:"):  # after every check: a refusal stays one line
         say_how_text_is_read(cfg.model.model, cfg.data.data, cfg.data.tokenizer)
+        train_hf.say_what_the_folder_gave(model_def)
     result = _run_to_the_end(train_config)
     if result is not None:  # None: a torchrun rank other than 0
         _write_results(cfg, checked, plan, model_def, result)

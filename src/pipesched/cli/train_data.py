@@ -50,8 +50,9 @@ def say_how_text_is_read(model: str, data: Optional[Path], tokenizer: Optional[P
     the shipped text, the default, is read so silently)."""
     from ..data.token_files import TOKEN_SUFFIXES
     from ..data.tokenize_text import find_tokenizer
+    from ..hf.config_file import model_folder
 
-    folder = Path(model.split(":", 1)[1]).parent
+    folder = model_folder(model.split(":", 1)[1])
     if data is not None and not str(data).endswith(TOKEN_SUFFIXES) and find_tokenizer(
             None if tokenizer is None else str(tokenizer), folder) is None:
         typer.echo(f"pipesched: no tokenizer.json in {str(folder)!r}: reading --data as bytes "

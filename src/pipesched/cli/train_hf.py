@@ -1,5 +1,12 @@
 """``pipesched train``'s Hugging Face options: ``--data``, ``--hf-weights``, ``--save-hf`` (with ``--model hf:...``;
-declared in :mod:`.run_config`)."""
+declared in :mod:`.run_config`).
+
+``hf:FOLDER`` is a whole model: its config, the tokenizer beside it (:mod:`pipesched.hf.cli_model`)
+and, unless ``--hf-weights`` names others, its ``*.safetensors`` weights; the run says which it
+took, and that it initialises the weights when the folder has none. ``--save-hf`` writes the
+run's tokenizer beside the trained model, so the folder loads whole (``AutoTokenizer`` and
+``AutoModelForCausalLM``, or ``hf:`` again).
+"""
 
 from __future__ import annotations
 
@@ -26,13 +33,45 @@ def hf_model_options(model: str, data: Optional[Path], weights: Optional[Path], 
         from ..hf.save_folder import check_save_folder
 
         check_save_folder(save_hf)
+    named = "--hf-weights"
+    if weights is None and (weights := _folder_weights(model[len(HF_PREFIX):])) is not None:
+        named = f"the weights of {model}"
     if weights is not None:
         from ..hf.weights_index import narrowed
 
-        note = narrowed(weights)
+        note = narrowed(weights, named)
         if note:
             typer.echo(f"pipesched: {note}", err=True)
     return {k: str(v) for k, v in (("data", data), ("weights", weights)) if v is not None}
+
+
+def _folder_weights(spec: str) -> Optional[Path]:
+    """``hf:FOLDER``'s own weights: the folder, when it holds ``*.safetensors`` (None otherwise)."""
+    from ..hf.weights_index import weight_files
+
+    folder = Path(spec)
+    return folder if folder.is_dir() and weight_files(folder) else None
+
+
+def say_what_the_folder_gave(model_def) -> None:
+    """For ``hf:FOLDER``: one line on stderr saying which of its config, tokenizer and weights the
+    run takes (a folder with no weights: initialised at random)."""
+    from ..hf.weights_index import weight_files
+
+    folder = Path(model_def.name.split(":", 1)[1])
+    if not folder.is_dir():
+        return
+    tokenizer = model_def.tokenizer
+    said_tokenizer = ("its tokenizer" if tokenizer is not None and Path(tokenizer) == folder else
+                      f"the tokenizer of {tokenizer!r}" if tokenizer is not None else "no tokenizer")
+    weights = model_def.build_block.weights
+    if weights is None:
+        said_weights = "no weights, so it initialises them at random"
+    elif weights.folder == folder:
+        said_weights = f"its weights ({len(weight_files(folder))} safetensors file(s))"
+    else:
+        said_weights = f"the weights of {str(weights.folder)!r}"
+    typer.echo(f"pipesched: hf:{folder}: its config, {said_tokenizer} and {said_weights}", err=True)
 
 
 def report_and_save(plan, model_def, params: Optional[dict], save_hf: Optional[Path]) -> None:
@@ -49,12 +88,20 @@ def report_and_save(plan, model_def, params: Optional[dict], save_hf: Optional[P
     if save_hf is not None and params is not None:
         from ..hf.pipeline import model_name
         from ..hf.save_folder import SaveLost, save_into
-        from ..hf.saving import write_pretrained
+        from ..hf.saving import write_pretrained, write_tokenizer
 
         state = {model_name(k): v for k, v in params.items()}
+        tokenizer = model_def.tokenizer
+
+        def write(folder: Path) -> None:
+            write_pretrained(config, state, folder)
+            if tokenizer is not None:
+                write_tokenizer(Path(tokenizer), folder)
+
         try:
-            save_into(lambda folder: write_pretrained(config, state, folder), save_hf)
+            save_into(write, save_hf)
         except SaveLost as err:
             typer.echo(f"pipesched: error: {err}", err=True)
             raise typer.Exit(code=1) from None
-        typer.echo(f"wrote {save_hf} (from_pretrained loads it)")
+        typer.echo(f"wrote {save_hf} (from_pretrained loads the model and its tokenizer)" if tokenizer is not None else
+                   f"wrote {save_hf} (from_pretrained loads it; no tokenizer: the run read no text through one)")

@@ -1,10 +1,12 @@
-"""``pipesched train --model hf:CONFIG.json``: a Hugging Face causal LM as one of train's models.
+"""``pipesched train --model hf:CONFIG.json`` (or ``hf:FOLDER``): a Hugging Face causal LM as
+one of train's models.
 
 The model is its blocks (:mod:`.blocks`, each built from the config on the rank that owns it,
 randomly initialised, block ``i`` after ``torch.manual_seed(seed + i)``, or read from
-``--hf-weights DIR``), trained on windows of ``--seq-len`` tokens of a token stream
+``--hf-weights DIR``, which ``hf:FOLDER`` fills with the folder when it holds weights:
+:mod:`pipesched.cli.train_hf`), trained on windows of ``--seq-len`` tokens of a token stream
 (:mod:`pipesched.data.streams`): ``--data`` a token file, text through the tokenizer of the
-config's folder (or ``--tokenizer DIR``), or without one a file's bytes modulo the vocabulary;
+model's folder (or ``--tokenizer DIR``), or without one a file's bytes modulo the vocabulary;
 by default the text shipped with pipesched; with ``--packing documents`` the batch context
 restarts the position ids at every document (:mod:`pipesched.data.packing`). ``--eval-data``
 or ``--eval-share`` holds out what :meth:`~pipesched.runtime.training.model_def.ModelDef.eval_batch`
@@ -28,10 +30,10 @@ from ..data.packing import document_positions, eos_ids
 from ..data.streams import TokenStream, eval_windows, open_stream, train_windows
 from ..data.tokenize_text import find_tokenizer, load_tokenizer
 from ..errors import ConfigError
-from ..runtime.sharding.tp_plans import plan_for
+from ..runtime.sharding.model_plans import plan_for
 from ..runtime.training.model_def import ModelDef
 from .build import BlockSource
-from .config_file import read_config
+from .config_file import model_folder, read_config
 from .pipeline import model_name, tied_groups
 from .randomness import random_settings
 from .split import block_costs
@@ -52,8 +54,9 @@ def token_stream(data: Optional[str], vocab_size: int, tokenizer: Optional[str] 
 def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional[str] = None,
                  context: Optional[int] = None, tokenizer: Optional[str] = None, eval_data: Optional[str] = None,
                  eval_share: Optional[float] = None, packing: str = "across") -> ModelDef:
-    """The ModelDef of ``--model hf:CONFIG.json`` (see the module's docstring); ``tokenizer``: the
-    folder of text data's tokenizer (default: the config's, where it holds tokenizer.json);
+    """The ModelDef of ``--model hf:CONFIG.json`` or ``hf:FOLDER`` (see the module's docstring);
+    ``tokenizer``: the folder of text data's tokenizer (default: the model's folder, where it holds
+    tokenizer.json);
     ``packing``: whether a window's documents see each other (:mod:`pipesched.data.packing`)."""
     from transformers.loss.loss_utils import ForCausalLMLoss
 
@@ -64,13 +67,15 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
         raise ConfigError(f"--model {PREFIX}{config_path} draws ({', '.join(drawing)}), which train cannot key: "
                           "set them to 0 in the config, or train with pipesched.hf.pipeline, whose dropout and "
                           "router noise do not depend on the schedule")
-    source = BlockSource(config, weights, weights_argument="--hf-weights {!r}")
+    own = weights is not None and Path(config_path).is_dir() and Path(weights) == Path(config_path)  # hf:FOLDER's
+    named = f"the weights of {PREFIX}{{}}" if own else "--hf-weights {!r}"
+    source = BlockSource(config, weights, weights_argument=named)
     vocab = config.vocab_size
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if context is not None and limit is not None and context > limit:
         raise ConfigError(f"--seq-len {context} is beyond the model's {limit} positions (max_position_embeddings)")
     context = context or min(DEFAULT_CONTEXT, limit or DEFAULT_CONTEXT)
-    folder = find_tokenizer(tokenizer, Path(config_path).parent)
+    folder = find_tokenizer(tokenizer, model_folder(config_path))
     tokenizer = None if folder is None else str(folder)
     stream = token_stream(data, vocab, tokenizer)
     held_out = None
@@ -103,7 +108,7 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
                     heads=tuple(h for h in (getattr(config, "num_attention_heads", None),
                                             getattr(config, "num_key_value_heads", None),
                                             getattr(config, "num_kv_heads", None)) if h),
-                    context=side, sizes_key=None if side is None else packed_documents)
+                    context=side, sizes_key=None if side is None else packed_documents, tokenizer=tokenizer)
 
 
 def _document_context(stream: TokenStream, held_out: Optional[TokenStream], tokenizer: Optional[Path], config):

@@ -34,6 +34,13 @@ def quiet_transformers() -> None:
     warnings.filterwarnings("ignore", module=r"transformers(\.|$)")
 
 
+def model_folder(spec: Union[str, Path]) -> Path:
+    """The folder of ``hf:SPEC``: ``SPEC`` itself when it is a folder (its config, tokenizer and
+    weights together), else the folder of the config file it names."""
+    path = Path(spec)
+    return path if path.is_dir() else path.parent
+
+
 def read_config(path: Union[str, Path]):
     """A transformers config from a ``config.json`` file (or a folder holding one), checked;
     ConfigError (one line) when it cannot be read, split or held."""

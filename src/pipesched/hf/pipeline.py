@@ -164,7 +164,7 @@ def pipeline(
     from ..runtime.executor import PipelineRuntime
     from ..runtime.options import RuntimeOptions
     from ..runtime.sharding.sharded_mesh import ShardedMesh
-    from ..runtime.sharding.tp_plans import plan_for
+    from ..runtime.sharding.model_plans import plan_for, untranslated
     from ..runtime.stages.staged_model import StagedModel
     from .splitting import prepare_split_backward
 
@@ -188,8 +188,12 @@ def pipeline(
         family = type(source.skeleton).__name__
         tp_plan = plan_for(family, config)
         if tp_plan is None and mesh.layout.tp > 1:
-            raise ConfigError(f"tensor parallelism (tp={mesh.layout.tp}): {family} has no tensor-parallel plan "
-                              "(docs/layouts.md lists those that have one, and why the others have none): leave tp at 1")
+            lacking = untranslated(family, config)
+            why = (f"its config's base_model_tp_plan has styles pipesched cannot apply ({lacking})" if lacking
+                   else "its config declares none")
+            raise ConfigError(f"tensor parallelism (tp={mesh.layout.tp}): {family} has no tensor-parallel plan: "
+                              f"{why} (docs/layouts.md says which plans apply, and why): give tp_plan, "
+                              "or leave tp at 1")
     staged = StagedModel(source, source.num_blocks, ids[:one], block_counts=counts, tied=tied_groups(source),
                          sample_context={k: v[:one] for k, v in context.items()}, tp_plan=tp_plan)
     prepare_split_backward()

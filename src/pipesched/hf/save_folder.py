@@ -1,7 +1,7 @@
 """``--save-hf DIR``: checked before any rank starts, written so that the trained model is never lost.
 
 Up front, ``DIR`` must be a new folder, or one that holds a previous save and nothing else (its
-config, generation config, safetensors and their index: transformers removes the shard-named
+config, generation config, safetensors and their index, tokenizer files: transformers removes the shard-named
 files it did not write, so anything else there could be lost), and the nearest existing folder
 must accept new files. After training the model is written into a fresh temporary folder next
 to ``DIR`` (or in the system's temporary folder when that fails), given the usual file mode,
@@ -21,8 +21,10 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..outfiles import _umask, check_output_folder
 
-SAVED_NAMES = re.compile(
-    r"^(config\.json|generation_config\.json|model\.safetensors(\.index\.json)?|model-\d+-of-\d+\.safetensors)$"
+SAVED_NAMES = re.compile(  # the model's files, and those a tokenizer's save_pretrained may write
+    r"^(config\.json|generation_config\.json|model\.safetensors(\.index\.json)?|model-\d+-of-\d+\.safetensors"
+    r"|tokenizer(_config)?\.json|special_tokens_map\.json|added_tokens\.json|chat_template\.(jinja|json)"
+    r"|vocab\.(json|txt)|merges\.txt|tokenizer\.model)$"
 )
 
 

@@ -43,6 +43,13 @@ def write_pretrained(config, state: dict, directory: PathLike) -> None:
     model.save_pretrained(str(directory))
 
 
+def write_tokenizer(source: Path, directory: PathLike) -> None:
+    """Write the tokenizer of folder ``source`` into ``directory`` as ``AutoTokenizer`` saves it."""
+    from ..data.tokenize_text import load_tokenizer
+
+    load_tokenizer(source).save_pretrained(str(directory))
+
+
 def save_checkpoint(runtime, directory: PathLike, keep: int = DEFAULT_KEEP) -> Path:
     """Checkpoint the run after its ``steps_done`` steps under the model's names (collective)."""
     from .pipeline import model_name

@@ -48,12 +48,13 @@ def weight_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*.safetensors") if p.is_file()) if folder.is_dir() else []
 
 
-def narrowed(folder: Path) -> str:
-    """A line naming what reading ``folder`` rounds (float64 tensors read as float32), or ""."""
-    _, dtypes = index_weights(weight_files(folder))
+def narrowed(folder: Path, named: str = "--hf-weights") -> str:
+    """A line naming what reading ``folder`` rounds (float64 tensors read as float32), or ""
+    (errors and the line name the folder as ``named``)."""
+    _, dtypes = index_weights(weight_files(folder), named)
     names = sorted(k for k, d in dtypes.items() if d in NARROWED)
     if not names:
         return ""
     which = f"{names[0]!r} and {len(names) - 1} more are" if len(names) > 1 else f"{names[0]!r} is"
-    return (f"--hf-weights: {which} float64, read into float32 weights "
+    return (f"{named}: {which} float64, read into float32 weights "
             "(rounded to float32's precision)")

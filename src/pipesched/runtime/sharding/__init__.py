@@ -2,7 +2,8 @@
 
 - ``sharded_mesh``: the process groups of a ``ParallelLayout`` (pp x dp_replicate x dp_shard x tp),
   a torch ``DeviceMesh`` per pipeline position;
-- ``tp_plans``: which sub-modules tensor parallelism splits column- or row-wise (gpt, Hugging Face);
+- ``tp_plans``: what a tensor-parallel plan is and how it splits a stage's sub-modules column- or row-wise;
+- ``model_plans``: which plan each model gets (gpt's; a Hugging Face config's declared plan and pipesched's overrides);
 - ``tp_styles``: the ``parallelize_module`` style object behind each style name a plan uses;
 - ``sharding``: ``shard_stage`` (TP, then ``fully_shard`` per block and stage) and a sharded
   stage's part in the program (``StageSharding``: UNSHARD, RESHARD, no-sync backwards, REDUCE_GRAD);

@@ -34,7 +34,7 @@ class StagedModel:
     - ``sample_context``: one microbatch's batch context (:mod:`~pipesched.runtime.stages.batch_context`)
       for shape inference, when the blocks read one.
     - ``tp_plan``: with tensor parallelism (a ``ShardedMesh`` whose ``tp`` is above 1), which
-      sub-modules split column- or row-wise (:mod:`~pipesched.runtime.sharding.tp_plans`: ``plan_for(name)``).
+      sub-modules split column- or row-wise (:mod:`~pipesched.runtime.sharding.model_plans`: ``plan_for(name, config)``).
     """
 
     build_block: BlockBuilder

@@ -28,7 +28,7 @@ class ModelDef:
     checkpoint_name: Callable[[str], str] = same_name
     # held-out batch ``index`` of ``size`` samples, the same at every evaluation (None: no held-out data)
     eval_batch: Optional[Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]] = None
-    # which of its modules tensor parallelism splits column- or row-wise (runtime.tp_plans; None:
+    # which of its modules tensor parallelism splits column- or row-wise (runtime.sharding.model_plans; None:
     # the model has no plan, and tensor parallelism is refused for it)
     tp_plan: Optional[dict] = None
     heads: tuple[int, ...] = ()  # the head counts (attention, key-value) tensor parallelism must divide
@@ -39,6 +39,8 @@ class ModelDef:
     # with equal keys are predicted once before launch (train_memory.activation_peaks); None:
     # every microbatch whose context differs in value is predicted
     sizes_key: Optional[Callable[[dict], Hashable]] = None
+    # the folder of the tokenizer its text is read with (hf: models; --save-hf writes it beside the model)
+    tokenizer: Optional[str] = None
 
     def batch_context(self, inputs: torch.Tensor) -> Optional[dict]:
         """The context of a batch with these ``inputs`` (the same on every rank: it depends on them alone)."""
