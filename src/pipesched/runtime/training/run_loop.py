@@ -63,7 +63,7 @@ class LoopHooks:
         norm is the step's (clipping computes it) or, where metrics are written, measured here."""
         norm = result.grad_norm
         if self.cfg.options.clip_grad_norm is None and self.cfg.loop.watched:
-            norm = runtime.strategy.grad_norm(runtime.reductions.counted, None)
+            norm = runtime.grad_norm()
         if self.metrics.bubble is not None:
             self.metrics.bubble.add(result.spans)
         self.after_step(runtime.steps_done, result.loss, result.step_time, norm, result.skipped)
