@@ -23,7 +23,8 @@ LAUNCHES = {
     # below 1 M_B only a recomputing schedule fits (docs/automatic.md)
     "zb-auto dp_shard 2": ["-s", "zb-auto", "-m", "4", "--memory-limit", "0.8", "--recompute-input", "0.1",
                            "--dp-shard", "2"],
-    # the leanest schedule that stores its activations needs more; the leanest recomputing one 1.07 MiB
+    # the gpt's profiled sizes leave two candidates within 1.1 MiB, interleaved-1f1b and
+    # interleaved-zb at 3 chunks, both recomputing every stage (advise_from_profile's fitting ones)
     "auto tp 2": ["-s", "auto", "--memory-limit", "1.1MiB", "--tp", "2"],
     "hsdp": ["-s", "1f1b", "-m", "4", "--dp", "2", "--dp-shard", "2"],
     "one process": ["-s", "none"],
