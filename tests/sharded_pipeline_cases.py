@@ -17,9 +17,10 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
     """Each (label, schedule, (dp_replicate, dp_shard, tp)[, settings]) of ``job`` (size, batch,
     runs[, device]): the gpt pipelined by PipelineRuntime over that sharded layout for
     runtime_cases.STEPS steps on the global batch, SGD or (``settings["optimizer"]``) AdamW at
-    ``ADAMW_LR``, gradients clipped to ``settings["clip"]`` if given; rank 0 returns its losses,
-    first-step gradients, final weights gathered whole, every rank's state bytes and its first
-    step's (pipeline rank, measured, predicted) peak activation bytes. A run of an
+    ``ADAMW_LR``, gradients clipped to ``settings["clip"]`` if given, the stages
+    ``settings["recompute"]`` names recomputed; rank 0 returns its losses, first-step gradients
+    and the runtime's gradient norm of them, final weights gathered whole, every rank's state
+    bytes and its first step's (pipeline rank, measured, predicted) peak activation bytes. A run of an
     ``EVALUATED`` schedule without settings also evaluates ``EVAL_BATCHES`` held-out batches (steps
     no run reads) after its first step, and returns the loss, the batches and the weights evaluated."""
     from runtime_cases import STEPS
@@ -52,7 +53,8 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
         sample = x0[: batch // (layout.dp * schedule.microbatches)]
         rt = PipelineRuntime(StagedModel(md.build_block, md.num_blocks, sample, tp_plan=plan_for("gpt")),
                              schedule, md.loss_fn, make_optimizer(name, ADAMW_LR if name == "adamw" else 0.05), mesh=mesh,
-                             options=RuntimeOptions(seed=3, timeout_s=60, device=device, clip_grad_norm=settings.get("clip")))
+                             options=RuntimeOptions(seed=3, timeout_s=60, device=device, clip_grad_norm=settings.get("clip"),
+                                                    recompute=settings.get("recompute")))
         losses, grads = [], None
         evaluated = {} if schedule.name in EVALUATED and not settings else None
         pp_rank = mesh.pipeline.pp_rank
@@ -62,13 +64,13 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
                              y if pp_rank in loss_ranks(schedule) else None)
             losses.append(result.loss)
             if step == 0:
-                grads = rt.gather_gradients()
+                grads, grad_norm = rt.gather_gradients(), rt.grad_norm()
                 activations = (pp_rank, result.peak_activation_bytes, rt.predicted_peak_activation_bytes())
                 if evaluated is not None:
                     held_out = [md.batch(STEPS + i, batch, 3) for i in range(EVAL_BATCHES)]
                     evaluated = {"loss": evaluate_pipeline(rt, md.batch_context, held_out), "batches": held_out,
                                  "params": rt.gather_state_dict()}
-        out[label] = {"losses": losses, "grads": grads, "params": rt.gather_state_dict(), "state_bytes": all_ranks(rt.state_bytes()),
+        out[label] = {"losses": losses, "grads": grads, "grad_norm": grad_norm, "params": rt.gather_state_dict(), "state_bytes": all_ranks(rt.state_bytes()),
                       "activations": all_ranks(activations)}
         if evaluated is not None:
             out[label]["eval"] = evaluated

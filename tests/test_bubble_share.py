@@ -45,3 +45,16 @@ def test_time_between_actions_is_measured_and_not_simulated():
     assert figures["simulated_bubble_share"] == simulated_bubble(schedule, costs) == simulate(schedule, costs).bubble_ratio
     assert figures["bubble_share"] == pytest.approx(sum(idle_shares([late])) / 2, abs=1e-15)
     assert 0 <= figures["simulated_bubble_share"] < figures["bubble_share"] <= 1
+
+
+def test_a_recomputed_backward_timed_below_its_forward_still_simulates():
+    """A recomputed stage's ``I`` less the forward it reran is what the simulator takes; on a busy
+    host ``F`` can take longer than that ``I`` (seen under auto's interleaved-zb, recomputing
+    every stage): the backward counts as nothing, held at the costs' floor, not a negative cost."""
+    from pipesched.costs import COST_RANGE
+
+    schedule = build_schedule("zb-v", 2, 4)
+    step = as_measured(simulate(schedule, Costs(F=2.0, B=1.0, W=1.0)))
+    every = frozenset(range(schedule.stages))
+    assert interval_costs(schedule, [step], 0.0, every).B == COST_RANGE[0]
+    assert 0 <= bubble_figures(schedule, [step], 0.0, every)["simulated_bubble_share"] <= 1

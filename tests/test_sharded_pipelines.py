@@ -47,6 +47,8 @@ PLANNED = "interleaved-1f1b planned gathers dp_shard 2"
 # tp's activations predicted before launch: a fused backward, a V (I then W), interleaved, two model copies
 PREDICTED = ("1f1b", "zb-v", "interleaved-zb", "dualpipe")
 REFUSED = "qwen3 under llama's plan zb-v tp 2"
+# recomputation under each layout: a fused backward and a V (I then W), every stage or one
+RECOMPUTED = [("1f1b", "dp_shard 2", "all"), ("1f1b", "tp 2", [1]), ("zb-v", "dp_shard 2", [0]), ("zb-v", "tp 2", "all")]
 
 
 def _assert_gathered_where_the_programs_say(results: dict, placed: Counter, windowed: Counter) -> None:
@@ -95,6 +97,8 @@ def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_wi
              for where, dims in LAYOUTS.items()]
     runs += [(f"clipped {name} {where}", pipesched.build_schedule(name, 2, MICROBATCHES), dims, {"clip": CLIP})
              for name, (where, dims) in zip(("dualpipe", "zb-v"), LAYOUTS.items())]
+    runs += [(f"recompute {stages} {name} {where}", pipesched.build_schedule(name, 2, MICROBATCHES), LAYOUTS[where],
+              {"recompute": stages}) for name, where, stages in RECOMPUTED]
     planned, placed, windowed = _planned_gathers_from_csv()
     runs.append((PLANNED, planned, LAYOUTS["dp_shard 2"]))
     results = spawn(counting_gathers, 4, (pipelined_layouts, (SIZE, BATCH, runs), [label for label, *_ in runs]),
@@ -118,10 +122,15 @@ def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_wi
                 assert held["measured"] == advised_state_bytes(SIZE, layout, schedule.placement, counts, rank, 0), (label, rank)
     _assert_gathered_where_the_programs_say(results, placed, windowed)
     _assert_activations_predicted_before_launch(results, runs, BATCH, [f"{name} tp 2" for name in PREDICTED])
+    assert_grad_norm_is_the_gradients(results)
     adamw = {label: results.pop(label) for label in list(results) if label.startswith("adamw")}
     clipped = {label: results.pop(label) for label in list(results) if label.startswith("clipped")}
+    assert_recomputed_as_stored(results, {f"recompute {stages} {name} {where}": f"{name} {where}"
+                                          for name, where, stages in RECOMPUTED})
     _assert_held_out_loss_is_the_one_process_models(results)
-    assert_equal_to_reference(results, reference("gpt", SIZE, BATCH))
+    want = reference("gpt", SIZE, BATCH)
+    assert_equal_to_reference(results, want)
+    assert_grad_norm_is_the_models(results, want)
     # clipped by the norm over every rank's pieces, each element once (DualPipe's copies, tp's replicated norms)
     assert_clipped_like_reference(clipped, BATCH)
     single, exact = (stepwise_reference("gpt", SIZE, BATCH, "adamw", ADAMW_LR, dtype) for dtype in (torch.float32, torch.float64))
@@ -132,6 +141,45 @@ def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_wi
         for name, weight in single["params"].items():
             rounding, sizes = adamw_rounding(steps, name)
             assert ((got["params"][name] - weight).abs() <= adamw_allowed(weight, rounding, sizes, ADAMW_LR)).all(), (label, name)
+
+
+def gradient_norm(grads: dict) -> float:
+    """The norm of a whole model's gradients (one tensor per name), summed in float64."""
+    return float(sum(g.double().pow(2).sum() for g in grads.values())) ** 0.5
+
+
+def assert_grad_norm_is_the_gradients(results: dict) -> None:
+    """The runtime's gradient norm (``PipelineRuntime.grad_norm``: what --metrics logs and clipping
+    scales by, from every rank's pieces) is the norm of the first step's gradients gathered whole:
+    every element counted once, whatever the layout shards or replicates (tp's whole norms,
+    HSDP's replicas, DualPipe's copies). Both sum the same fp32 squares in float64, in another
+    order: at most n float64 roundings of a sum of n positive terms, n * 2**-53 relative."""
+    for label, got in results.items():
+        n = sum(g.numel() for g in got["grads"].values())
+        assert got["grad_norm"] == pytest.approx(gradient_norm(got["grads"]), rel=n * 2.0**-53), label
+
+
+def assert_grad_norm_is_the_models(results: dict, want: dict) -> None:
+    """Each run's gradient norm is the unpipelined model's within the distance of their gradients
+    (the triangle inequality: | ||g|| - ||g'|| | <= ||g - g'||), which assert_equal_to_reference
+    bounds by fp32's summation order; plus the float64 rounding above."""
+    model = gradient_norm(want["grads"])
+    n = sum(g.numel() for g in want["grads"].values())
+    for label, got in results.items():
+        apart = gradient_norm({name: got["grads"][name] - g for name, g in want["grads"].items()})
+        assert abs(got["grad_norm"] - model) <= apart + n * 2.0**-53 * model, label
+
+
+def assert_recomputed_as_stored(results: dict, stored: dict) -> None:
+    """Each recomputed run (popped from ``results``) is its run without recomputation bit for bit:
+    losses, first-step gradients, their norm and the final weights. The rebuilt forward is the
+    same kernels on the same inputs (under FSDP2 the weights its pre-backward hook gathered, under
+    tp the same collectives), and the backward sums the same terms in the same order."""
+    for label, plain in stored.items():
+        got, want = results.pop(label), results[plain]
+        assert got["losses"] == want["losses"] and got["grad_norm"] == want["grad_norm"], label
+        for name in ("grads", "params"):
+            assert all(torch.equal(got[name][n], t) for n, t in want[name].items()), (label, name)
 
 
 def assert_clipped_like_reference(results: dict, batch: int) -> None:
@@ -150,15 +198,20 @@ def test_eight_processes_hsdp_and_fsdp_with_tp_train_as_the_unpipelined_model():
     dualpipev and dualpipe on the gpt, Llama and GPT-2 at both layouts): zb-v at pp 2 x
     dp_replicate 2 x dp_shard 2 (HSDP: reduce-scatter over the shards, all-reduce over the
     replicas) and DualPipe's two copies at pp 2 x dp_shard 2 x tp 2, both with gradients clipped
-    by the norm over all eight ranks' pieces; 1e-5 relative as above."""
+    by the norm over all eight ranks' pieces; 1e-5 relative as above. The HSDP run recomputing
+    every stage is the one storing them, bit for bit."""
     from sharded_pipeline_cases import CLIP, pipelined_layouts
 
-    runs = [("zb-v hsdp", pipesched.build_schedule("zb-v", 2, MICROBATCHES), (2, 2, 1), {"clip": CLIP}),
+    zb_v = pipesched.build_schedule("zb-v", 2, MICROBATCHES)
+    runs = [("zb-v hsdp", zb_v, (2, 2, 1), {"clip": CLIP}),
+            ("recompute all zb-v hsdp", zb_v, (2, 2, 1), {"clip": CLIP, "recompute": "all"}),
             ("dualpipe fsdp x tp", pipesched.build_schedule("dualpipe", 2, MICROBATCHES), (1, 2, 2), {"clip": CLIP})]
     results = spawn(pipelined_layouts, 8, (SIZE, 2 * BATCH, runs), timeout_s=240)[0]
     for label, got in results.items():
         assert all(rank["measured"] == rank["predicted"] for rank in got.pop("state_bytes")), label
     _assert_activations_predicted_before_launch(results, runs, 2 * BATCH, ["dualpipe fsdp x tp"])
+    assert_grad_norm_is_the_gradients(results)
+    assert_recomputed_as_stored(results, {"recompute all zb-v hsdp": "zb-v hsdp"})
     assert_clipped_like_reference(results, 2 * BATCH)
 
 

@@ -3,7 +3,8 @@ count changes), the model's names, the whole model gathered, the bytes it holds.
 
 :class:`StateAccess` is :class:`~.executor.PipelineRuntime`'s half that reads and writes its
 state rather than stepping it; it reads the runtime's ``stages``, ``optimizer``, ``mesh``,
-``model`` (its tied groups), ``strategy`` (its layout and coordinates), ``state_specs`` and ``follower_specs``.
+``model`` (its tied groups), ``strategy`` (its layout and coordinates), ``state_specs``, ``follower_specs``
+and ``reductions``.
 """
 
 from __future__ import annotations
@@ -75,6 +76,11 @@ class StateAccess:
                     continue
                 seen.add(id(p))
                 yield name, p
+
+    def grad_norm(self) -> float:
+        """The whole model's norm of this step's reduced gradients, the same on every rank
+        (collective): every rank's pieces, each element once (what --metrics logs)."""
+        return self.strategy.grad_norm(self.reductions.counted, None)
 
     def gather_state_dict(self, dst: int = 0) -> Optional[dict[str, torch.Tensor]]:
         """The full model's state dict on rank ``dst`` (None elsewhere), unpipelined names."""

@@ -2,7 +2,7 @@
 
 Every microbatch's loss is computed on its pipeline's last stage; one all-reduce over the
 pipeline gives every rank all of them and, with clipping, the squares of every gradient (each
-weight counted once: see :class:`~.reduction.ReductionPlan.counted`), and with data-parallel
+weight counted once: see :class:`~.reduction.ReductionPlan.counted`, and :mod:`.grad_norm`), and with data-parallel
 replicas one all-gather over the replicas turns their rows into the global batch's.
 
 Without clipping nothing in the all-reduce waits for the gradients, so it is issued as soon as
@@ -20,6 +20,8 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from .grad_norm import local_squares
 
 
 class LossAgreement:
@@ -50,9 +52,7 @@ class LossAgreement:
             else:
                 info[present] = values
         if self.clipping:
-            grads = [p.grad for p in counted if p.grad is not None]
-            if grads:
-                info[self.m] = sum(g.detach().double().pow(2).sum() for g in grads).to(info.device)
+            info[self.m] = local_squares(counted).to(info.device)
         self.info = info
         self.work = dist.all_reduce(info, group=self.mesh.pp_group, async_op=True)
 

@@ -7,6 +7,14 @@ the blocks one at a time, last first, so it holds the block inputs plus one bloc
 never the whole stage's. RNG state is preserved per region (checkpoint's default), so dropout
 draws the same masks when a block is rebuilt.
 
+The stage runs through its own call (:meth:`~..stages.partition.Stage.forward` with each block
+checkpointed), not block by block from here: a sharded stage is FSDP2's root module, whose
+forward hook starts the state its blocks' groups share (their communication context, which the
+stage's ``REDUCE_GRAD`` finalises); the blocks' own FSDP hooks are inside each region, and
+FSDP2 leaves a rebuild's to its pre-backward hook, which already gathered the block's weights.
+A recomputed stage thus computes on sharded (``dp_shard``, HSDP) and tensor-parallel stages
+the gradients it computes without recomputation.
+
 With a split backward the rebuilt tensors a Linear stashes for ``W`` outlive the rebuild: the
 stash is the same with or without recomputation (see :mod:`.split_backward`).
 """
@@ -29,11 +37,14 @@ def recomputed_forward(stage: Stage, x: Value, meter: Optional[ActivationMeter],
     checkpoint keeps it, and the tensors a rebuild creates until they are freed. ``x`` and the blocks' values may be
     tuples or dicts of tensors (a :class:`~.boundary.Boundary`'s), each entry counted. ``context``
     (the microbatch's batch context) goes to every block that takes one, in the rebuild too."""
-    blocks = stage.chain
+    last = stage.chain[-1][0]
     counted = {} if meter is None else {"context_fn": lambda: (nullcontext(), meter.recomputation())}
-    for i, (block, takes) in enumerate(blocks):
-        x = checkpoint(run_block, block, x, context, takes, use_reentrant=False, **counted)
-        if meter is not None and i < len(blocks) - 1:
-            for t in flat(x):
+
+    def checkpointed(block, x: Value, context: Optional[dict], takes: bool) -> Value:
+        y = checkpoint(run_block, block, x, context, takes, use_reentrant=False, **counted)
+        if meter is not None and block is not last:
+            for t in flat(y):
                 meter.count_until_freed(t)
-    return x
+        return y
+
+    return stage(x, context, run=checkpointed)

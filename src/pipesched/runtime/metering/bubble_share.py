@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
-from ...costs import Costs
+from ...costs import COST_RANGE, Costs
 from ...ops import Op
 from ...placement import stages_by_rank
 from ...schedule import Schedule
@@ -48,7 +48,9 @@ def interval_costs(schedule: Schedule, steps: Sequence[Timeline], comm: float,
     module's docstring); ``comm``: the p2p latency in seconds. A stage the runtime recomputed
     (``recomputed``) reran its forward inside its ``I`` or ``B``: taken out, as the simulator adds
     it back for the stages the schedule carries as recomputed (zb-auto's choice, which the
-    runtime recomputes)."""
+    runtime recomputes). A busy host can time a stage's ``F`` above its recomputing backward: that
+    backward is then taken as nothing and the costs held at their floor, so the figures stay a
+    simulation's (never an invalid cost that stops the run)."""
     measured = mean_costs(steps)
     placement, copies = schedule.placement, schedule.pipelines
     held = [max(1, len(s)) for s in stages_by_rank(placement, schedule.ranks)]
@@ -56,7 +58,7 @@ def interval_costs(schedule: Schedule, steps: Sequence[Timeline], comm: float,
     shares: list[dict[Op, list[float]]] = [{} for _ in range(length)]
     for (stage, kind), seconds in measured.items():
         if stage in recomputed and kind.is_backward:
-            seconds -= measured[(stage, Op.F)]
+            seconds = max(seconds - measured[(stage, Op.F)], 0.0)
         shares[stage % length].setdefault(kind, []).append(MS * seconds * held[placement[stage]] / copies)
     per_stage = [{kind: statistics.fmean(v) for kind, v in stage.items()} for stage in shares]
     totals = [stage[Op.F] + statistics.fmean(_backwards(stage)) for stage in per_stage]
@@ -67,8 +69,9 @@ def interval_costs(schedule: Schedule, steps: Sequence[Timeline], comm: float,
         return statistics.fmean(values) if values else 0.0
 
     full, split = mean(Op.B), any(Op.I in stage for stage in per_stage)
-    return Costs(F=mean(Op.F), B=mean(Op.I) if split else full / 2, W=mean(Op.W) if split else full / 2,
-                 comm=MS * comm, stage_multipliers=tuple(factors), full_backward=full or None)
+    backward, weight = (mean(Op.I), mean(Op.W)) if split else (full / 2, full / 2)
+    return Costs(F=mean(Op.F), B=max(backward, COST_RANGE[0]), W=max(weight, COST_RANGE[0]), comm=MS * comm,
+                 stage_multipliers=tuple(factors), full_backward=max(full, COST_RANGE[0]) if full else None)
 
 
 def _backwards(stage: dict) -> list[float]:

@@ -19,6 +19,7 @@ from ...balance import balanced_counts, even_counts  # noqa: F401  (copies.py ta
 from ...errors import ConfigError
 
 BlockBuilder = Callable[[int], nn.Module]
+BlockRun = Callable[[nn.Module, object, Optional[dict], bool], object]  # (block, x, context, takes) -> y
 
 
 def build_block_seeded(build_block: BlockBuilder, index: int, seed: int) -> nn.Module:
@@ -74,9 +75,13 @@ class Stage(nn.Module):
         self.blocks = nn.ModuleDict({str(i): b for i, b in blocks.items()})
         self.chain = [(block, takes_context(block)) for block in self.blocks.values()]
 
-    def forward(self, x: torch.Tensor, context: Optional[dict] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, context: Optional[dict] = None, run: Optional[BlockRun] = None) -> torch.Tensor:
+        """The blocks in order, each by ``run`` (default :func:`run_block`). Recomputation passes
+        one that checkpoints each block (:mod:`~..engine.recompute`): through the stage's own call,
+        so what hooks the stage (FSDP2's root, whose forward starts its groups' state) runs
+        as on any forward."""
         for block, takes in self.chain:
-            x = run_block(block, x, context, takes)
+            x = (run or run_block)(block, x, context, takes)
         return x
 
     def global_named_parameters(self):

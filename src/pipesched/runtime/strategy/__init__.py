@@ -33,7 +33,7 @@ def choose_strategy(mesh: Union[PipelineMesh, ShardedMesh, None], timeout_s: flo
     :class:`~..comm.mesh.PipelineMesh` (None: the whole world is one pipeline, ``timeout_s`` its groups')."""
     if isinstance(mesh, ShardedMesh):
         return ShardedStages(mesh, device)
-    return WholeStages(mesh if mesh is not None else PipelineMesh.whole_world(timeout_s))
+    return WholeStages(mesh if mesh is not None else PipelineMesh.whole_world(timeout_s), device)
 
 
 __all__ = ["StageStrategy", "choose_strategy"]

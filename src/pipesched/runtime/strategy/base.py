@@ -63,7 +63,9 @@ class StageStrategy(ABC):
     @abstractmethod
     def grad_norm(self, counted: Sequence[nn.Parameter], agreed: Optional[float]) -> float:
         """The whole model's gradient norm (collective): ``counted`` the reduction plan's
-        parameters of this rank, ``agreed`` the loss agreement's norm (where it sums one)."""
+        parameters of this rank, ``agreed`` the loss agreement's norm (where it sums one; None:
+        measured here, as the metrics do without clipping). Every layout's is
+        :func:`~..comm.grad_norm.pieces_norm` of its pieces, each element once."""
 
     @abstractmethod
     def clip(self, params: Sequence[nn.Parameter], max_norm: float, norm: float) -> None:

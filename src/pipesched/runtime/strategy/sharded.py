@@ -5,9 +5,9 @@ FSDP2 makes each stage's parameters its own groups'); each stage is sharded as t
 and its part in the program gathers, frees and reduce-scatters
 (:class:`~..sharding.sharding.StageSharding`); FSDP reduced the data-parallel ranks' gradients
 already, so the reduction plan's all-reduces span one replica's holders; the gradient norm is
-summed from every rank's pieces over the whole world and clipping scales each piece
-(:mod:`..sharding.sharded_norm`); under tensor parallelism the first update checks that no
-gradient the plan leaves replicated is partial (:mod:`..sharding.tp_guard`).
+summed from every rank's pieces over the whole world (:mod:`..comm.grad_norm`) and clipping
+scales each piece (:mod:`..sharding.sharded_norm`); under tensor parallelism the first update
+checks that no gradient the plan leaves replicated is partial (:mod:`..sharding.tp_guard`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from ..comm import tied
+from ..comm.grad_norm import pieces_norm
 from ..sharding.sharded_mesh import ShardedMesh
-from ..sharding.sharded_norm import clip_local, global_grad_norm
+from ..sharding.sharded_norm import clip_local
 from ..sharding.sharding import StageSharding, shard_stages
 from ..sharding.tp_guard import TpGuard
 from ..stages.staged_model import StagedModel
@@ -46,7 +47,8 @@ class ShardedStages(StageStrategy):
         return shard_stages(stages, self.sharded, model.tp_plan, options.reshard_after_forward, exclude)
 
     def grad_norm(self, counted: Sequence[nn.Parameter], agreed: Optional[float]) -> float:
-        return global_grad_norm(counted, self.sharded, self.device)
+        coordinates = {"dp_replicate": self.sharded.replicate_rank, "dp_shard": self.shard_rank, "tp": self.tp_rank}
+        return pieces_norm(counted, coordinates, self.mesh.world_group, self.device)
 
     def clip(self, params: Sequence[nn.Parameter], max_norm: float, norm: float) -> None:
         clip_local(params, max_norm, norm)

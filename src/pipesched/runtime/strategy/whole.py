@@ -4,7 +4,8 @@ A tied weight held by two stages of a rank is one ``Parameter``, each stage's sh
 gradient summed apart (:mod:`..engine.tied_sums`); the reduction plan's all-reduces span every
 replica and divide by their count; with clipping, the loss agreement's one all-reduce over the
 pipeline also sums the gradients' squares (:mod:`..comm.agree`), and torch's own
-``clip_grads_with_norm_`` scales them.
+``clip_grads_with_norm_`` scales them; without clipping the norm (for the metrics) is summed
+over the world from the first replica's gradients (:mod:`..comm.grad_norm`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import nn
 
 from ...parallel_layout import ParallelLayout
 from ..comm import tied
+from ..comm.grad_norm import pieces_norm
 from ..comm.mesh import PipelineMesh
 from ..engine.tied_sums import TiedSums, WholeStage, whole_parts
 from ..stages.staged_model import StagedModel
@@ -23,12 +25,12 @@ from .base import StageStrategy
 
 
 class WholeStages(StageStrategy):
-    """Whole stages over ``mesh``'s pipelines and replicas."""
+    """Whole stages over ``mesh``'s pipelines and replicas (``device``: this rank's, where NCCL reduces)."""
 
     norm_in_agreement = True
 
-    def __init__(self, mesh: PipelineMesh) -> None:
-        self.mesh = mesh
+    def __init__(self, mesh: PipelineMesh, device: torch.device) -> None:
+        self.mesh, self.device = mesh, device
         self.layout = ParallelLayout(mesh.pp, mesh.dp)
         self.sums: Optional[TiedSums] = None  # the rank's tied weights held on several stages
 
@@ -48,7 +50,9 @@ class WholeStages(StageStrategy):
         self.sums.clear()  # a step cut short by an error left its sums
 
     def grad_norm(self, counted: Sequence[nn.Parameter], agreed: Optional[float]) -> float:
-        return agreed
+        if agreed is not None:
+            return agreed
+        return pieces_norm(counted, {"dp": self.mesh.dp_rank}, self.mesh.world_group, self.device)
 
     def clip(self, params: Sequence[nn.Parameter], max_norm: float, norm: float) -> None:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.tensor(norm, dtype=torch.float64))

@@ -63,14 +63,13 @@ class LoopHooks:
         norm is the step's (clipping computes it) or, where metrics are written, measured here."""
         norm = result.grad_norm
         if self.cfg.options.clip_grad_norm is None and self.cfg.loop.watched:
-            norm = whole_grad_norm(runtime.reductions.counted, runtime.mesh.pp_group, runtime.device)
+            norm = runtime.grad_norm()
         if self.metrics.bubble is not None:
             self.metrics.bubble.add(result.spans)
         self.after_step(runtime.steps_done, result.loss, result.step_time, norm, result.skipped)
 
     def close(self) -> None:
         self.metrics.close()
-
 
 
 def make_hooks(cfg, md, optimizer: torch.optim.Optimizer, first_step: int, evaluate: Optional[Evaluate], *,
@@ -88,19 +87,3 @@ def make_hooks(cfg, md, optimizer: torch.optim.Optimizer, first_step: int, evalu
     metrics = MetricsLog(cfg, first_step, cfg.batch_size * tokens_per_sample, flops, peak, writer, gather_memory, display,
                          bubble if cfg.loop.watched else None)
     return LoopHooks(cfg, md, optimizer, first_step, evaluate, metrics)
-
-
-def whole_grad_norm(parameters, group=None, device: Optional[torch.device] = None) -> float:
-    """The gradient norm of ``parameters`` (each counted by one rank of ``group``), over ``group``'s
-    ranks (None: this process alone); call it after the step's gradients are final. Gloo reduces
-    host memory, NCCL ``device``'s."""
-    import torch.distributed as dist
-
-    on = torch.device("cpu") if group is None or dist.get_backend(group) == "gloo" else device
-    squares = torch.zeros((), dtype=torch.float64, device=on)
-    for p in parameters:
-        if p.grad is not None:
-            squares += p.grad.detach().double().pow(2).sum().to(on)
-    if group is not None:
-        dist.all_reduce(squares, group=group)
-    return squares.item() ** 0.5

@@ -18,6 +18,7 @@ import torch
 
 from ...schedule import Schedule
 from ..checkpoints import checkpoint
+from ..comm.grad_norm import pieces_norm
 from ..comm.latency import measure_latency
 from ..comm.mesh import init_pipeline_mesh
 from ..executor import PipelineRuntime
@@ -35,7 +36,7 @@ from .metrics import gather_peaks, own_peak_memory
 from .models import ModelDef, get_model
 from .optimizers import make_optimizer
 from .run_gather import gather_memory, gather_timelines
-from .run_loop import LoopRecord, make_hooks, whole_grad_norm
+from .run_loop import LoopRecord, make_hooks
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ def train_reference(cfg: TrainConfig) -> TrainResult:
         with precision.autocast():
             loss = md.loss_fn(md.forward(model, x), y)
         loss.backward()
-        grad_norm = whole_grad_norm(model.parameters()) if cfg.loop.watched else float("nan")
+        norm = pieces_norm(model.parameters()) if cfg.loop.watched else float("nan")
         if cfg.options.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.options.clip_grad_norm)
         if step == 0 and cfg.want_grads:
@@ -142,7 +143,7 @@ def train_reference(cfg: TrainConfig) -> TrainResult:
             raise NonFiniteWeights(step + 1, bad)
         times.append(perf_counter() - t0)
         losses.append(loss.item())
-        hooks.after_step(step + 1, losses[-1], times[-1], grad_norm)
+        hooks.after_step(step + 1, losses[-1], times[-1], norm)
         if cfg.checkpoint_due(step + 1):
             checkpoint.save(cfg.checkpoint_dir, step + 1, saved, optimizer, cfg.checkpoint_keep)
     hooks.close()
