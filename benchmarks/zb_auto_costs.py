@@ -38,7 +38,7 @@ from pipesched.memory import schedule_recompute
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
 from pipesched.runtime.launching.launch import spawn
 from pipesched.runtime.stages.copies import balanced_block_counts
-from pipesched.runtime.training.models import get_model
+from pipesched.training.models import get_model
 
 BATCH, MICROBATCHES, SEED, LR = 64, 8, 0, 0.05  # train's defaults
 

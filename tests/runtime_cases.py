@@ -12,8 +12,8 @@ from torch import nn
 from pipesched.runtime.checkpoints import checkpoint
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
 from pipesched.runtime.stages.copies import input_ranks, loss_ranks
-from pipesched.runtime.training.models import get_model
-from pipesched.runtime.training.train import (
+from pipesched.training.models import get_model
+from pipesched.training.train import (
     TrainConfig,
     make_optimizer,
     train_reference,

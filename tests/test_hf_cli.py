@@ -48,9 +48,9 @@ def configs(tmp_path_factory) -> dict:
 def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loads(tmp_path, configs):
     from transformers import AutoModelForCausalLM
 
-    from pipesched.cli.train_memory import STATE_SLOTS, activation_peaks, rank_state, stage_specs
+    from pipesched.training.launch_checks import STATE_SLOTS, activation_peaks, rank_state, stage_specs
     from pipesched.parallel_layout import ParallelLayout
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.models import get_model
 
     data = tmp_path / "data.bytes"  # neither a token file nor text: its bytes are the token ids (modulo 64)
     data.write_bytes(bytes(range(256)) * 8)
@@ -183,7 +183,7 @@ def test_what_the_command_refuses_is_refused_by_the_model_it_builds(configs, tmp
     from pipesched import hf
     from pipesched.cli.train_hf import hf_model_options
     from pipesched.errors import ConfigError
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.models import get_model
 
     gpt2 = hf.init_model(make_config("gpt2"))
     gpt2.save_pretrained(tmp_path / "gpt2")  # weights of another config than Llama's
@@ -249,7 +249,7 @@ def test_weights_are_read_by_name_and_a_tied_head_from_its_embedding(configs, tm
     """A folder save_pretrained wrote (GPT-2's holds its tied head once, as the embedding) loads
     into the blocks built from the config, every entry equal."""
     from pipesched import hf
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.models import get_model
 
     torch.manual_seed(3)
     gpt2 = hf.init_model(make_config("gpt2"), seed=3)
@@ -273,7 +273,7 @@ def test_moe_folders_transformers_wrote_load_by_its_own_conversion_and_save_back
 
     from pipesched import hf
     from pipesched.hf.saving import write_pretrained
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.models import get_model
 
     config = make_config(kind)
     config.to_json_file(str(tmp_path / "config.json"))

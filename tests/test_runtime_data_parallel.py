@@ -135,7 +135,7 @@ def test_auto_checks_the_replica_split_before_profiling():
 
 def test_the_run_summary_records_the_replicas_and_the_dtype():
     from pipesched.cli.train_report import summary
-    from pipesched.runtime.training.train import TrainResult
+    from pipesched.training.train import TrainResult
 
     result = TrainResult([1.0, 0.5], [0.1, 0.1], [], dp=2, dtype="bf16")
     got = summary(pipesched.build_schedule("zb-v", 2, 4), result)

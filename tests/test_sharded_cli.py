@@ -26,14 +26,14 @@ def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resum
     gradients, optimizer state and activations exceed is refused before any rank starts, naming
     the bytes; the activations it predicts are the ones the run measures."""
     import pipesched
-    from pipesched.cli.train_memory import PARTS, STATE_SLOTS, activation_peaks, rank_state, stage_specs
+    from pipesched.training.launch_checks import PARTS, STATE_SLOTS, activation_peaks, rank_state, stage_specs
     from pipesched.memory import format_bytes
     from pipesched.parallel_layout import ParallelLayout
     from pipesched.runtime.checkpoints import checkpoint
     from pipesched.runtime.options import RuntimeOptions
-    from pipesched.runtime.training.models import get_model
-    from pipesched.runtime.training.optimizers import make_optimizer
-    from pipesched.runtime.training.train import TrainConfig, train_reference
+    from pipesched.training.models import get_model
+    from pipesched.training.optimizers import make_optimizer
+    from pipesched.training.train import TrainConfig, train_reference
 
     sharded, whole, refused = concurrently(lambda args: run_cli("train", *args, timeout=240), [
         [*SHARDED, "--summary", str(tmp_path / "sharded.json"), "--checkpoint-dir", str(tmp_path / "ck"),
@@ -141,11 +141,11 @@ def test_under_tp_and_for_hugging_face_models_the_memory_limit_counts_activation
     from transformers import LlamaConfig
 
     import pipesched
-    from pipesched.cli.train_memory import activation_peaks, check_sharded_stages
+    from pipesched.training.launch_checks import activation_peaks, check_sharded_stages
     from pipesched.errors import ConfigError
     from pipesched.memory import format_bytes
     from pipesched.parallel_layout import ParallelLayout
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.models import get_model
 
     plan = pipesched.build_schedule("1f1b", 2, 8)
     LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,

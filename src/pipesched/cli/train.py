@@ -24,7 +24,7 @@ from ..errors import ConfigError, RunFailure
 from ..memory import Recomputed
 from ..outfiles import check_output_path
 from ..resolve import Resolved, RunSpec, ScheduleChoice, resolve_schedule
-from ..runtime.training.optimizers import OPTIMIZERS
+from ..training.optimizers import OPTIMIZERS
 from ..schedule import Schedule
 from ..zb_auto_plan import given_costs
 from . import app, fail, train_hf
@@ -60,7 +60,7 @@ def train(cfg: RunConfig) -> None:
     check_sharding(model_def, cfg.layout)
     run = cfg.training
     if cfg.layout.sharded:
-        from .train_memory import check_sharded_stages
+        from ..training.launch_checks import check_sharded_stages
 
         check_sharded_stages(model_def, plan, checked.counts, cfg.layout.of(plan.ranks), cfg.optimizer.optimizer,
                              checked.state_limit, batch_size=run.batch_size, seed=run.seed, recompute=recompute,
@@ -118,7 +118,7 @@ def _model_and_plan(cfg: RunConfig, checked: _Checked):
         plan, recompute = _resolved(resolve_schedule(choice, say=_say), cfg, choice.costs)
     _import_torch()
     from ..runtime.stages.precision import parse_dtype
-    from ..runtime.training.models import KNOWN, get_model, is_known
+    from ..training.models import KNOWN, get_model, is_known
 
     if not is_known(model):
         raise ConfigError(f"--model {model!r} is not known: use {KNOWN}")
@@ -144,7 +144,7 @@ def _config(cfg: RunConfig, checked: _Checked, plan: Optional[Schedule], recompu
             resume_from):
     """The run as one ``TrainConfig`` (its runtime settings one ``RuntimeOptions``, the dtype parsed once)."""
     from ..runtime.options import RuntimeOptions
-    from ..runtime.training.train import TrainConfig
+    from ..training.train import TrainConfig
 
     run, ckpt, out, layout = cfg.training, cfg.checkpoint, cfg.outputs, cfg.layout
     options = RuntimeOptions(seed=run.seed, block_counts=checked.counts, timeout_s=run.timeout,
@@ -163,7 +163,7 @@ def _config(cfg: RunConfig, checked: _Checked, plan: Optional[Schedule], recompu
 def _write_results(cfg: RunConfig, checked: _Checked, plan, model_def, result) -> None:
     """The summary on the terminal, then the files the run was asked to write (one line, exit 1, if
     one cannot be written: the trained weights are kept where it says)."""
-    from ..runtime.training.models import MODELS
+    from ..training.models import MODELS
     from .train_report import OutputsLost, print_summary, write_outputs
 
     ckpt, out = cfg.checkpoint, cfg.outputs
@@ -230,7 +230,7 @@ def _resolved(resolved: Resolved, cfg: RunConfig, costs) -> tuple[Optional[Sched
 def _run_to_the_end(cfg):
     """Run ``cfg``; a failed or stopped run is one line on stderr and a non-zero exit."""
     from ..runtime.launching.launch import RunStopped
-    from ..runtime.training.train import run
+    from ..training.train import run
 
     resumable = f" ({cfg.checkpoint_dir} holds what to --resume from)" if cfg.checkpoint_dir else ""
     try:

@@ -7,7 +7,7 @@ randomly initialised, block ``i`` after ``torch.manual_seed(seed + i)``, or read
 config's folder (or ``--tokenizer DIR``), or without one a file's bytes modulo the vocabulary;
 by default the text shipped with pipesched; with ``--packing documents`` the batch context
 restarts the position ids at every document (:mod:`pipesched.data.packing`). ``--eval-data``
-or ``--eval-share`` holds out what :meth:`~pipesched.runtime.training.model_def.ModelDef.eval_batch`
+or ``--eval-share`` holds out what :meth:`~pipesched.training.model_def.ModelDef.eval_batch`
 reads. The labels are the windows themselves (the model shifts them), so every token counts
 and the mean loss of equal microbatches is the model's loss on the whole batch.
 Every mistake (a config it cannot read or split, or that draws: dropout, router noise, which
@@ -29,7 +29,7 @@ from ..data.streams import TokenStream, eval_windows, open_stream, train_windows
 from ..data.tokenize_text import find_tokenizer, load_tokenizer
 from ..errors import ConfigError
 from ..runtime.sharding.tp_plans import plan_for
-from ..runtime.training.model_def import ModelDef
+from ..training.model_def import ModelDef
 from .build import BlockSource
 from .config_file import read_config
 from .pipeline import model_name, tied_groups

@@ -11,7 +11,7 @@ crosses a stage boundary is unchanged. Norms (but the q/k norms between the proj
 embeddings and the head stay replicated.
 
 - ``gpt`` (the built-in model): ``attn.qkv`` holds each head's q, k and v rows together
-  (:class:`~pipesched.runtime.training.models.CausalSelfAttention`), so a column-wise split hands each rank
+  (:class:`~pipesched.training.models.CausalSelfAttention`), so a column-wise split hands each rank
   whole heads; ``attn.heads`` is divided by ``tp``.
 - Llama-likes (Llama, Mistral, Qwen2, Gemma, Gemma 2, Granite, StarCoder2, Mixtral: LLAMA_LIKE below): transformers' own plan; their attention reads the head
   count from the projections' width, so nothing else changes (``tp`` must divide the key-value heads).

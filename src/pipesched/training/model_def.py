@@ -9,7 +9,7 @@ from typing import Callable, Hashable, Optional
 import torch
 from torch import nn
 
-from ..checkpoints.checkpoint_names import same_name
+from ..runtime.checkpoints.checkpoint_names import same_name
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class ModelDef:
         """The one-process model (:meth:`sequential`) on a batch, every block given its context."""
         if self.context is None:
             return model(inputs)
-        from ..stages.partition import run_block
+        from ..runtime.stages.partition import run_block
 
         context, x = self.context(inputs), inputs
         for block in model:
@@ -58,7 +58,7 @@ class ModelDef:
     def sequential(self, seed: int) -> nn.Sequential:
         """The whole model in one process (the reference), block i seeded as a stage builds it,
         each tied group one parameter (the first name's)."""
-        from ..stages.partition import build_block_seeded
+        from ..runtime.stages.partition import build_block_seeded
 
         model = nn.Sequential(*(build_block_seeded(self.build_block, i, seed) for i in range(self.num_blocks)))
         for first, *others in self.tied:
