@@ -48,7 +48,8 @@ def configs(tmp_path_factory) -> dict:
 def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loads(tmp_path, configs):
     from transformers import AutoModelForCausalLM
 
-    from pipesched.training.launch_checks import STATE_SLOTS, activation_peaks, rank_state, stage_specs
+    from pipesched.training.launch_checks import activation_peaks, rank_state, stage_specs, state_slots
+    from pipesched.training.optimizers import make_optimizer
     from pipesched.parallel_layout import ParallelLayout
     from pipesched.training.models import get_model
 
@@ -60,7 +61,7 @@ def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loa
     # sharded (each stage FSDP2-split over 2 ranks): --save-hf and the checkpoint gather the shards whole;
     # --rank-memory-limit at the bytes the layout is predicted to hold at most runs, a byte less is refused
     md, plan = get_model(f"hf:{configs['llama']}", data=str(data)), pipesched.build_schedule("zb-v", 2, 4)
-    stages, slots = stage_specs(md, plan, None, 1), STATE_SLOTS["adamw"]
+    stages, slots = stage_specs(md, plan, None, 1), state_slots(make_optimizer("adamw", 1e-3))
     state = [sum(rank_state(plan, stages, ParallelLayout(2, dp_shard=2), slots, r).values()) for r in range(2)]
     activations = activation_peaks(md, plan, None, 8, 2, 0, None, torch.float32)
     total, top = max((state[r] + activations[r], r) for r in range(2))

@@ -33,7 +33,7 @@ from .gather_flags import gathers_asked, planned_gathers
 from .run_config import RunConfig, ScheduleSection
 from .run_options import run_options
 from .train_data import check_data, data_model_options, say_how_text_is_read
-from .train_layout import check_batch_split, check_layout, check_sharding
+from .train_layout import check_batch_split, check_layout
 from .train_limits import memory_limits
 from .train_loop import loop_options
 
@@ -48,7 +48,7 @@ class _Checked:
     loop: object
     counts: Optional[tuple[int, ...]]
     dtype: object = None  # the torch dtype, once torch is imported
-    state_limit: Optional[float] = None  # --rank-memory-limit in bytes (train_memory.py)
+    state_limit: Optional[float] = None  # --rank-memory-limit in bytes (training/launch_checks.py)
 
 
 @app.command("train")
@@ -57,14 +57,14 @@ def train(cfg: RunConfig) -> None:
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
     checked = _checks_without_torch(cfg)
     model_def, plan, recompute, model_options = _model_and_plan(cfg, checked)
-    check_sharding(model_def, cfg.layout)
     run = cfg.training
-    if cfg.layout.sharded:
-        from ..training.launch_checks import check_sharded_stages
+    if cfg.layout.sharded:  # the checks pipesched.hf.pipeline makes too
+        from ..training.launch_checks import check_sharded_stages, state_slots
+        from ..training.optimizers import make_optimizer
 
-        check_sharded_stages(model_def, plan, checked.counts, cfg.layout.of(plan.ranks), cfg.optimizer.optimizer,
-                             checked.state_limit, batch_size=run.batch_size, seed=run.seed, recompute=recompute,
-                             dtype=checked.dtype)
+        slots = state_slots(make_optimizer(cfg.optimizer.optimizer, cfg.optimizer.lr))
+        check_sharded_stages(model_def, plan, checked.counts, cfg.layout.of(plan.ranks), slots, checked.state_limit,
+                             batch_size=run.batch_size, seed=run.seed, recompute=recompute, dtype=checked.dtype)
     from .train_checks import check_checkpointing
 
     ckpt = cfg.checkpoint

@@ -32,7 +32,7 @@ from ..runtime.sharding.tp_plans import plan_for
 from ..training.model_def import ModelDef
 from .build import BlockSource
 from .config_file import read_config
-from .pipeline import model_name, tied_groups
+from .pipeline import head_counts, model_name, tied_groups
 from .randomness import random_settings
 from .split import block_costs
 from .splitting import prepare_split_backward
@@ -100,9 +100,7 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
     return ModelDef(f"{PREFIX}{config_path}", source.num_blocks, source, loss, batch, costs, tied_groups(source),
                     checkpoint_name=model_name, eval_batch=eval_batch if held_out is not None else None,
                     tp_plan=plan_for(type(source.skeleton).__name__, config),
-                    heads=tuple(h for h in (getattr(config, "num_attention_heads", None),
-                                            getattr(config, "num_key_value_heads", None),
-                                            getattr(config, "num_kv_heads", None)) if h),
+                    heads=head_counts(config),
                     context=side, sizes_key=None if side is None else packed_documents)
 
 

@@ -36,7 +36,7 @@ class ModelDef:
     # (runtime.stages.batch_context; hf: models' --packing documents: the position ids); None: none
     context: Optional[Callable[[torch.Tensor], dict]] = None
     # what of a microbatch's batch context decides the sizes of what its blocks save: microbatches
-    # with equal keys are predicted once before launch (train_memory.activation_peaks); None:
+    # with equal keys are predicted once before launch (launch_checks.activation_peaks); None:
     # every microbatch whose context differs in value is predicted
     sizes_key: Optional[Callable[[dict], Hashable]] = None
 
