@@ -1,5 +1,6 @@
 """The Python API refuses what ``pipesched train`` refuses, in the same words: the checks before
-launch (a ``tp`` that does not divide the heads, a rank memory limit the layout exceeds) are one
+launch (a batch that does not split into the microbatches, a ``tp`` that does not divide the
+heads, a rank memory limit the layout exceeds) are one
 module, :mod:`pipesched.training.launch_checks`, that ``train`` and ``pipesched.hf.pipeline`` both call.
 
 The API's refusals come before any process group is used, so they are checked here in one
@@ -33,8 +34,8 @@ def _mesh(layout: ParallelLayout) -> ShardedMesh:
     return ShardedMesh(layout, None, pipeline, (), 0, 0, 0)
 
 
-def _api_refusal(layout: ParallelLayout, **limit) -> str:
-    ids = torch.zeros(BATCH, SEQ, dtype=torch.long)
+def _api_refusal(layout: ParallelLayout, batch: int = BATCH, **limit) -> str:
+    ids = torch.zeros(batch, SEQ, dtype=torch.long)
     with pytest.raises(ConfigError) as refused:
         pipesched.hf.pipeline(LlamaConfig(**CONFIG), pipesched.build_schedule("1f1b", layout.pp, 4),
                               optimizer=make_optimizer("adamw", 1e-3), sample_batch={"input_ids": ids, "labels": ids},
@@ -48,9 +49,11 @@ def test_pipeline_refuses_what_train_refuses_in_the_same_words(tmp_path):
     model = f"hf:{tmp_path / 'config.json'}"
     train = ["train", "--model", model, "-s", "1f1b", "--ranks", "2", "-m", "4", "--batch-size", str(BATCH),
              "--optimizer", "adamw", "--lr", "1e-3"]
-    heads, memory = concurrently(lambda extra: run_cli(*train, *extra, timeout=200), [
-        ["--tp", "3"], ["--dp-shard", "2", "--rank-memory-limit", "1KiB"]])
-    cases = [(heads, _api_refusal(ParallelLayout(2, tp=3)), "tp=3 does not divide the 4 attention heads of "),
+    split, heads, memory = concurrently(lambda extra: run_cli(*train, *extra, timeout=200), [
+        ["--dp-shard", "2", "--batch-size", "12"], ["--tp", "3"], ["--dp-shard", "2", "--rank-memory-limit", "1KiB"]])
+    cases = [(split, _api_refusal(ParallelLayout(2, dp_shard=2), batch=12),
+              "a batch of 12 does not split into 4 equal microbatches on each of 2 replicas: use a multiple of 8"),
+             (heads, _api_refusal(ParallelLayout(2, tp=3)), "tp=3 does not divide the 4 attention heads of "),
              (memory, _api_refusal(ParallelLayout(2, dp_shard=2), rank_memory_limit=1024),
               "a rank memory limit of 1 KiB: ranks=2 x dp_shard=2 x tp=1 holds up to ")]
     for done, api, words in cases:

@@ -33,7 +33,8 @@ from .gather_flags import gathers_asked, planned_gathers
 from .run_config import RunConfig, ScheduleSection
 from .run_options import run_options
 from .train_data import check_data, data_model_options, say_how_text_is_read
-from .train_layout import check_batch_split, check_layout
+from ..training.launch_checks import check_batch_split
+from .train_layout import check_layout
 from .train_limits import memory_limits
 from .train_loop import loop_options
 

@@ -11,16 +11,8 @@ from typing import Mapping, Optional
 from ..environment import torchrun_rank
 from ..errors import ConfigError
 from ..schedule import Schedule
+from ..training.launch_checks import check_batch_split
 from .run_config import LayoutSection
-
-def check_batch_split(batch_size: int, dp: int, microbatches: int) -> None:
-    """Raise ConfigError unless ``batch_size`` splits into ``dp`` shards of ``microbatches`` equal microbatches."""
-    m = microbatches
-    if batch_size % (dp * m):
-        raise ConfigError(
-            f"--batch-size {batch_size} does not split into {m} equal microbatches"
-            + (f" on each of {dp} replicas" if dp > 1 else "") + f": use a multiple of {dp * m}"
-        )
 
 
 def check_layout(plan: Optional[Schedule], layout: LayoutSection, batch_size: int,

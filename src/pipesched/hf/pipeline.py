@@ -19,7 +19,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..schedule import Schedule
-from ..training.launch_checks import check_sharded_stages, state_slots
+from ..training.launch_checks import check_batch_split, check_sharded_stages, state_slots
 from ..training.model_def import ModelDef
 from .build import BlockSource
 from .loss import StepNormalisedLoss
@@ -201,9 +201,7 @@ def pipeline(
     replicas = (mesh.pipeline if sharded else mesh or PipelineMesh.whole_world()).dp
     shares = schedule.microbatches * replicas
     ids = sample_batch["input_ids"]
-    if ids.shape[0] % shares:
-        raise ConfigError(f"a batch of {ids.shape[0]} does not split into {schedule.microbatches} microbatches "
-                          f"on each of {replicas} replicas")
+    check_batch_split(ids.shape[0], replicas, schedule.microbatches)
     blocks = [source.meta_block(i) for i in range(source.num_blocks)]
     costs = block_costs(blocks, config, ids.shape[1])
     counts = stage_block_counts(schedule, costs, layers_per_stage)

@@ -50,6 +50,14 @@ def state_slots(optimizer: Callable) -> int:
     return sum(1 for value in made.state[param].values() if torch.is_tensor(value) and value.shape == param.shape)
 
 
+def check_batch_split(batch_size: int, dp: int, microbatches: int) -> None:
+    """Raise ConfigError unless ``batch_size`` splits into ``dp`` shards of ``microbatches`` equal microbatches."""
+    m = microbatches
+    if batch_size % (dp * m):
+        raise ConfigError(f"a batch of {batch_size} does not split into {m} equal microbatches"
+                          + (f" on each of {dp} replicas" if dp > 1 else "") + f": use a multiple of {dp * m}")
+
+
 def check_tp(model_def, tp: int) -> None:
     """A model ``tp`` cannot split: it has no tensor-parallel plan, or ``tp`` does not divide its heads."""
     if tp == 1:
