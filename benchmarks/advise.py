@@ -107,8 +107,8 @@ def guide_cases() -> list[str]:
 def measured(rounds: int = 3, steps: int = 6, top: int = 6) -> list[str]:
     from pipesched.advise.search import objective_option
     from pipesched.registry import get_family
-    from pipesched.runtime.training.profile import advise_from_profile, profile
-    from pipesched.runtime.training.train import TrainConfig, run
+    from pipesched.training.profile import advise_from_profile, profile
+    from pipesched.training.train import TrainConfig, run
 
     p, m, batch = 2, 8, 64
     prof = profile("mlp", p, m, batch, steps=5)

@@ -29,8 +29,8 @@ from pipesched.advise.search import objective_option
 from pipesched.registry import build_schedule, get_family
 from pipesched.runtime.launching.launch import spawn
 from pipesched.runtime.stages.copies import balanced_block_counts
-from pipesched.runtime.training.models import get_model
-from pipesched.runtime.training.profile import advise_from_profile, profile
+from pipesched.training.models import get_model
+from pipesched.training.profile import advise_from_profile, profile
 
 RANKS, MICROBATCHES, BATCH, LIMIT = 2, 8, 64, 2.0  # the docs' example: advise --profile -p 2 -m 8 --memory-limit 2
 NEAR = 0.05
@@ -51,7 +51,7 @@ def turns_worker(rank: int, world: int, job: tuple) -> list[list[list[float]]]:
     from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
     from pipesched.runtime.stages.staged_model import StagedModel
     from pipesched.runtime.launching.launch import rank_device
-    from pipesched.runtime.training.optimizers import make_optimizer
+    from pipesched.training.optimizers import make_optimizer
 
     model, settings, steps, rounds = job
     md = get_model(model)

@@ -20,8 +20,8 @@ from pipesched.runtime.checkpoints import checkpoint_files
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
 from pipesched.runtime.stages.staged_model import StagedModel
 from pipesched.runtime.launching.launch import spawn
-from pipesched.runtime.training.models import get_model
-from pipesched.runtime.training.train import make_optimizer
+from pipesched.training.models import get_model
+from pipesched.training.train import make_optimizer
 
 BATCH, MICROBATCHES, REPEATS = 64, 8, 5
 

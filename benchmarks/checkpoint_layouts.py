@@ -56,9 +56,9 @@ from pipesched.runtime.launching.launch import (
 )
 from pipesched.runtime.options import RuntimeOptions
 from pipesched.runtime.sharding.sharded_mesh import init_sharded_mesh, runtime_layout
-from pipesched.runtime.training.models import get_model
-from pipesched.runtime.training.optimizers import make_optimizer
-from pipesched.runtime.training.train import TrainConfig, run
+from pipesched.training.models import get_model
+from pipesched.training.optimizers import make_optimizer
+from pipesched.training.train import TrainConfig, run
 
 SIZE = dict(layers=2, dim=32, heads=4, context=16)  # 4 blocks: one per rank at pp 4
 BATCH, MICROBATCHES, SEED, STEPS, SAVED_AFTER = 16, 4, 0, 4, 2

@@ -80,8 +80,8 @@ def overlap_worker(rank: int, world: int, job: tuple) -> dict:
     from pipesched.runtime.comm.mesh import init_pipeline_mesh
     from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
     from pipesched.runtime.stages.staged_model import StagedModel
-    from pipesched.runtime.training.models import get_model
-    from pipesched.runtime.training.train import make_optimizer
+    from pipesched.training.models import get_model
+    from pipesched.training.train import make_optimizer
 
     name, rounds = job
     md = get_model("mlp", **OVERLAP_MODEL)

@@ -39,8 +39,8 @@ from pipesched.runtime.launching.launch import (
     under_torchrun,
 )
 from pipesched.runtime.stages.copies import balanced_block_counts
-from pipesched.runtime.training.models import get_model
-from pipesched.runtime.training.train import make_optimizer
+from pipesched.training.models import get_model
+from pipesched.training.train import make_optimizer
 
 SCHEDULES = ("dualpipe", "dualpipev", "zb-v")
 SUM_AT_END = "dualpipe, sum after the last action"

@@ -28,7 +28,7 @@ from pipesched.runtime.launching.launch import (
     under_torchrun,
 )
 from pipesched.runtime.stages.partition import build_block_seeded
-from pipesched.runtime.training.models import get_model
+from pipesched.training.models import get_model
 
 SIZE = dict(blocks=7, dim=64, hidden=128)
 BATCH, MICROBATCHES, STEPS, SEED, LR, TOL = 16, 4, 3, 3, 0.05, 1e-5

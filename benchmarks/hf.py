@@ -28,7 +28,7 @@ import pipesched
 from pipesched.runtime.launching.launch import spawn
 from pipesched.runtime.stages.copies import balanced_block_counts
 from pipesched.runtime.stages.partition import build_block_seeded, stage_block_ranges
-from pipesched.runtime.training.models import get_model
+from pipesched.training.models import get_model
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "interleaved-zb", "v-half", "dualpipev", "dualpipe"]
 TORCH = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B",

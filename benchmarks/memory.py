@@ -46,8 +46,8 @@ from pipesched.runtime.launching.launch import (
     under_torchrun,
 )
 from pipesched.runtime.stages.copies import balanced_block_counts
-from pipesched.runtime.training.models import get_model
-from pipesched.runtime.training.train import make_optimizer
+from pipesched.training.models import get_model
+from pipesched.training.train import make_optimizer
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min", "dualpipe")
 ORDER = ("v-min", "v-half", "zb-v", "1f1b", "zb-h1", "zb-h2", "gpipe")

@@ -25,7 +25,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from pipesched.runtime.metering.memory_meter import ActivationMeter
-from pipesched.runtime.training.models import ResidualMLP
+from pipesched.training.models import ResidualMLP
 
 SIZES = ((256, 1024, 8), (512, 2048, 8), (1024, 4096, 8), (1024, 4096, 64))  # (width, hidden, samples)
 BLOCKS = 4

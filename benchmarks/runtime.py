@@ -43,7 +43,7 @@ from pipesched.runtime.metering.timeline import (
 )
 from pipesched.runtime.stages.copies import balanced_block_counts
 from pipesched.runtime.stages.partition import build_block_seeded, stage_block_ranges
-from pipesched.runtime.training.models import get_model
+from pipesched.training.models import get_model
 
 PAIRS = [  # ours, torch's class
     ("1f1b", "Schedule1F1B"),

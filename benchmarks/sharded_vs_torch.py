@@ -46,7 +46,7 @@ from pipesched.runtime.launching.launch import (  # noqa: E402
 from pipesched.runtime.sharding.sharded_mesh import init_sharded_mesh, runtime_layout  # noqa: E402
 from pipesched.runtime.stages.copies import balanced_block_counts  # noqa: E402
 from pipesched.runtime.stages.partition import build_stage, stage_block_ranges  # noqa: E402
-from pipesched.runtime.training.models import gpt_model  # noqa: E402
+from pipesched.training.models import gpt_model  # noqa: E402
 
 LAYOUT = dict(pp=2, dp_shard=2)
 SIZE = dict(layers=6, dim=64, heads=4, context=32)

@@ -23,7 +23,7 @@ from pipesched.runtime.engine.split_backward import (
     apply_weight_grads,
     make_weight_grads_deferrable,
 )
-from pipesched.runtime.training.models import TransformerBlock
+from pipesched.training.models import TransformerBlock
 
 
 def measure(device: str = "cpu", dim: int = 128, heads: int = 4, context: int = 32, batch: int = 8,

@@ -39,7 +39,7 @@ from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
 from pipesched.runtime.stages.staged_model import StagedModel
 from pipesched.runtime.launching.launch import spawn
 from pipesched.runtime.stages.copies import balanced_block_counts
-from pipesched.runtime.training.models import get_model
+from pipesched.training.models import get_model
 
 BATCH, MICROBATCHES, SEED, LR = 64, 8, 0, 0.05  # train's defaults
 

@@ -24,14 +24,14 @@ STATES = ("params", "grads", "optimizer")
 
 def gpt_spec(layers: int, dim: int, heads: int, context: int) -> TransformerSpec:
     """The gpt of these sizes as the advisor describes a transformer."""
-    from pipesched.runtime.training.datasets import text_vocabulary
+    from pipesched.training.datasets import text_vocabulary
 
     return TransformerSpec(layers, dim, context, 1, heads=heads, vocab=len(text_vocabulary()), ends="gpt")
 
 
 def gpt_defaults() -> dict:
     """``pipesched train --model gpt``'s sizes (gpt_model's defaults)."""
-    from pipesched.runtime.training.models import gpt_model
+    from pipesched.training.models import gpt_model
 
     return {name: p.default for name, p in inspect.signature(gpt_model).parameters.items()}
 

@@ -13,8 +13,8 @@ from pipesched.runtime.checkpoints import checkpoint
 from pipesched.runtime.executor import PipelineRuntime, RuntimeOptions
 from pipesched.runtime.stages.staged_model import StagedModel
 from pipesched.runtime.stages.copies import input_ranks, loss_ranks
-from pipesched.runtime.training.models import get_model
-from pipesched.runtime.training.train import (
+from pipesched.training.models import get_model
+from pipesched.training.train import (
     TrainConfig,
     make_optimizer,
     train_reference,

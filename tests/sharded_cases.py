@@ -25,7 +25,7 @@ def build_stage(kind: str):
     from pipesched.runtime.stages.partition import Stage, build_stage
 
     if kind == "gpt":
-        from pipesched.runtime.training.models import gpt_model
+        from pipesched.training.models import gpt_model
 
         md = gpt_model(layers=2, dim=32, heads=4, context=16)
         return build_stage(md.build_block, range(md.num_blocks), 0, 0, torch.device("cpu")), plan_for("gpt")
@@ -43,7 +43,7 @@ def build_stage(kind: str):
 
 def step_batch(kind: str, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     if kind == "gpt":
-        from pipesched.runtime.training.datasets import text_batch
+        from pipesched.training.datasets import text_batch
 
         return text_batch(step, size, 0, 16)
     from hf_cases import make_batch

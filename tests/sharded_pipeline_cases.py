@@ -34,9 +34,9 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
     )
     from pipesched.runtime.sharding.model_plans import plan_for
     from pipesched.runtime.stages.copies import input_ranks, loss_ranks
-    from pipesched.runtime.training.evaluation import evaluate_pipeline
-    from pipesched.runtime.training.models import get_model
-    from pipesched.runtime.training.optimizers import make_optimizer
+    from pipesched.training.evaluation import evaluate_pipeline
+    from pipesched.training.models import get_model
+    from pipesched.training.optimizers import make_optimizer
 
     size, batch, runs, *where = job
     device = torch.device(where[0] if where else "cpu")
@@ -137,8 +137,8 @@ def held_out_error(size: dict, evaluated: dict) -> float:
     gpt's of ``size`` on the gathered weights it evaluated and the same batches."""
     from contextlib import nullcontext
 
-    from pipesched.runtime.training.evaluation import evaluate_model
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.evaluation import evaluate_model
+    from pipesched.training.models import get_model
 
     md = get_model("gpt", **size)
     model = md.sequential(3)

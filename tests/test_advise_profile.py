@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from pipesched import build_schedule, simulate  # noqa: E402
 from pipesched.advise.search import NoCandidateFitsError  # noqa: E402
-from pipesched.runtime.training.profile import (  # noqa: E402
+from pipesched.training.profile import (  # noqa: E402
     FITTED,
     advise_from_profile,
     fitted_cost,

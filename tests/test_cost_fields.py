@@ -21,7 +21,7 @@ from pipesched.advise import advise
 from pipesched.advise.costmodel import ScaledCosts
 from pipesched.advise.howto import build_call, export_command
 from pipesched.registry import get_family
-from pipesched.runtime.training.profile import fitted_cost
+from pipesched.training.profile import fitted_cost
 
 
 def _durations(schedule, costs) -> dict[str, float]:

@@ -48,9 +48,10 @@ def configs(tmp_path_factory) -> dict:
 def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loads(tmp_path, configs):
     from transformers import AutoModelForCausalLM
 
-    from pipesched.cli.train_memory import STATE_SLOTS, activation_peaks, rank_state, stage_specs
+    from pipesched.training.launch_checks import activation_peaks, rank_state, stage_specs, state_slots
+    from pipesched.training.optimizers import make_optimizer
     from pipesched.parallel_layout import ParallelLayout
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.models import get_model
 
     data = tmp_path / "data.bytes"  # neither a token file nor text: its bytes are the token ids (modulo 64)
     data.write_bytes(bytes(range(256)) * 8)
@@ -60,7 +61,7 @@ def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loa
     # sharded (each stage FSDP2-split over 2 ranks): --save-hf and the checkpoint gather the shards whole;
     # --rank-memory-limit at the bytes the layout is predicted to hold at most runs, a byte less is refused
     md, plan = get_model(f"hf:{configs['llama']}", data=str(data)), pipesched.build_schedule("zb-v", 2, 4)
-    stages, slots = stage_specs(md, plan, None, 1), STATE_SLOTS["adamw"]
+    stages, slots = stage_specs(md, plan, None, 1), state_slots(make_optimizer("adamw", 1e-3))
     state = [sum(rank_state(plan, stages, ParallelLayout(2, dp_shard=2), slots, r).values()) for r in range(2)]
     activations = activation_peaks(md, plan, None, 8, 2, 0, None, torch.float32)
     total, top = max((state[r] + activations[r], r) for r in range(2))
@@ -183,7 +184,7 @@ def test_what_the_command_refuses_is_refused_by_the_model_it_builds(configs, tmp
     from pipesched import hf
     from pipesched.cli.train_hf import hf_model_options
     from pipesched.errors import ConfigError
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.models import get_model
 
     gpt2 = hf.init_model(make_config("gpt2"))
     gpt2.save_pretrained(tmp_path / "gpt2")  # weights of another config than Llama's
@@ -249,7 +250,7 @@ def test_weights_are_read_by_name_and_a_tied_head_from_its_embedding(configs, tm
     """A folder save_pretrained wrote (GPT-2's holds its tied head once, as the embedding) loads
     into the blocks built from the config, every entry equal."""
     from pipesched import hf
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.models import get_model
 
     torch.manual_seed(3)
     gpt2 = hf.init_model(make_config("gpt2"), seed=3)
@@ -273,7 +274,7 @@ def test_moe_folders_transformers_wrote_load_by_its_own_conversion_and_save_back
 
     from pipesched import hf
     from pipesched.hf.saving import write_pretrained
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.models import get_model
 
     config = make_config(kind)
     config.to_json_file(str(tmp_path / "config.json"))

@@ -32,8 +32,8 @@ def test_moe_folders_transformers_wrote_train_and_resave_as_transformers_stores_
     from transformers import AutoModelForCausalLM
 
     import pipesched
-    from pipesched.cli.train_memory import activation_peaks
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.launch_checks import activation_peaks
+    from pipesched.training.models import get_model
 
     kinds = ("mixtral", "qwen3-moe")
     for kind in kinds:

@@ -35,7 +35,7 @@ def test_a_folder_gives_its_config_tokenizer_and_weights_and_saves_what_transfor
     from tokenizer_cases import shipped_documents
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.models import get_model
 
     whole, bare, data = folders
     common = ["train", "-s", "none", "--data", str(data), "--batch-size", "4", "--lr", "0.01", "--optimizer", "sgd"]

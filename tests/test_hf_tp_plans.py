@@ -115,7 +115,7 @@ def test_helium_trains_under_tp_as_in_one_process_and_starcoder2_splits_its_mlp(
     import pipesched
     from pipesched.cli.train_memory import rank_state, stage_specs
     from pipesched.parallel_layout import ParallelLayout
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.models import get_model
 
     runs = []
     for kind in ("helium", "starcoder2"):

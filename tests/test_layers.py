@@ -14,7 +14,7 @@ PACKAGE = SRC / "pipesched"
 
 # Lowest first. A module may import from its own layer and the layers below, never above.
 LAYERS = [
-    ("core", ["errors", "ops", "parallel_layout", "sharded_bytes", "layout_refusals", "actions", "placement", "pipelines", "costs", "dependencies", "execution", "memory",
+    ("core", ["errors", "ops", "gather_plan", "parallel_layout", "sharded_bytes", "layout_refusals", "actions", "placement", "pipelines", "costs", "dependencies", "execution", "memory",
               "schedule", "ranking", "outfiles",
               "balance", "bounds", "jsontext", "units", "environment"]),
     ("model", ["validate", "simulate", "planning"]),
@@ -33,9 +33,12 @@ LAYERS = [
     ("runtime checkpoints", ["runtime.checkpoints"]),
     ("runtime launching", ["runtime.launching"]),
     ("runtime strategy", ["runtime.strategy"]),  # whole or sharded stages, chosen once
-    # PipelineRuntime and its options, training/ on top; pipesched.hf: Hugging Face models on the
-    # runtime; data: their token streams
-    ("runtime", ["runtime", "hf", "data"]),
+    ("runtime", ["runtime"]),  # PipelineRuntime and its options: a library that knows no application
+    # the application's lowest part: what a model is to it and the checks before launch, which
+    # pipesched.hf.pipeline calls as train does
+    ("launch checks", ["training.model_def", "training.launch_checks"]),
+    ("runtime users", ["hf", "data"]),  # Hugging Face models on the runtime; their token streams
+    ("application", ["training"]),  # pipesched train: the job, its models, data, loop, metrics, profile
     ("run resolution", ["resolve", "zb_auto_plan", "schedule_files"]),
     ("cli", ["cli", "__main__"]),
 ]

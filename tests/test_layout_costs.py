@@ -7,7 +7,7 @@ import pytest
 from pipesched import build_schedule, simulate
 from pipesched.advise.estimate import Hardware, TransformerCosts
 from pipesched.advise.fabric import ACROSS, WITHIN, Fabric, Link, all_gather_time, all_reduce_time, reduce_scatter_time
-from pipesched.advise.gather_plan import gather_plan
+from pipesched.gather_plan import gather_plan
 from pipesched.advise.layout_costs import LayoutCosts
 from pipesched.advise.sharded_step import layout_step
 from pipesched.advise.transformer import TransformerSpec

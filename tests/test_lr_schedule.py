@@ -13,9 +13,9 @@ from conftest import concurrently, run_cli
 torch = pytest.importorskip("torch")
 
 from pipesched.runtime.checkpoints import checkpoint
-from pipesched.runtime.training.loop_options import LoopOptions  # noqa: E402
-from pipesched.runtime.training.optimizers import make_optimizer  # noqa: E402
-from pipesched.runtime.training.train import TrainConfig, train_reference  # noqa: E402
+from pipesched.training.loop_options import LoopOptions  # noqa: E402
+from pipesched.training.optimizers import make_optimizer  # noqa: E402
+from pipesched.training.train import TrainConfig, train_reference  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

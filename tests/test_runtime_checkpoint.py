@@ -15,8 +15,8 @@ import pipesched  # noqa: E402
 from pipesched.runtime.checkpoints import checkpoint
 from pipesched.runtime.guard import NonFiniteWeights  # noqa: E402
 from pipesched.runtime.launching.launch import DistributedRunError, spawn  # noqa: E402
-from pipesched.runtime.training.models import get_model  # noqa: E402
-from pipesched.runtime.training.train import (  # noqa: E402
+from pipesched.training.models import get_model  # noqa: E402
+from pipesched.training.train import (  # noqa: E402
     TrainConfig,
     make_optimizer,
     train_reference,

@@ -25,8 +25,8 @@ torch = pytest.importorskip("torch")
 
 from pipesched.runtime.checkpoints import checkpoint
 from pipesched.runtime.checkpoints.folder_lock import LOCK_FILE, FolderLock  # noqa: E402
-from pipesched.runtime.training.models import get_model  # noqa: E402
-from pipesched.runtime.training.optimizers import make_optimizer  # noqa: E402
+from pipesched.training.models import get_model  # noqa: E402
+from pipesched.training.optimizers import make_optimizer  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
 

@@ -24,7 +24,7 @@ def _one_line_error(result, *fragments):
 
 BAD_INPUT = [
     (["--model", "gpt", "--schedule", "interleaved-1f1b", "--ranks", "4", "--chunks", "2"], ["8 stages", "6 blocks"]),
-    (["--schedule", "1f1b", "--ranks", "2", "--microbatches", "8", "--batch-size", "30"], ["--batch-size 30", "8"]),
+    (["--schedule", "1f1b", "--ranks", "2", "--microbatches", "8", "--batch-size", "30"], ["a batch of 30", "8 equal microbatches"]),
     (["--schedule", "zb-v", "--ranks", "2", "--chunks", "3"], ["zb-v needs chunks=2"]),
     (["--model", "resnet"], ["--model 'resnet'"]),
     (["--schedule", "no-such"], ["unknown schedule"]),

@@ -61,7 +61,7 @@ def test_measured_activation_bytes_match_the_prediction_and_recompute_holds_less
     # on fake tensors (runtime/engine/sizes_ahead.py: what train --memory-limit adds up)
     from pipesched.memory import recompute_stages
     from pipesched.runtime.engine.sizes_ahead import rank_peaks_ahead, stage_sizes_ahead
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.models import get_model
 
     md = get_model("mlp", **SIZE)
     x, y = md.batch(0, 12, 3)
@@ -142,7 +142,7 @@ def test_the_advisors_transformer_bytes_match_the_runtimes_gpt_layer_on_cpu():
         make_weight_grads_deferrable,
     )
     from pipesched.runtime.metering.memory_meter import ActivationMeter
-    from pipesched.runtime.training.models import TransformerBlock
+    from pipesched.training.models import TransformerBlock
 
     b, s, h, a = 2, 64, 128, 4
     block = TransformerBlock(h, a)
@@ -186,7 +186,7 @@ def test_a_recomputed_stage_keeps_its_blocks_inputs_and_rebuilds_one_block_at_a_
     from pipesched.runtime.engine.recompute import recomputed_forward
     from pipesched.runtime.metering.memory_meter import ActivationMeter
     from pipesched.runtime.stages.partition import Stage
-    from pipesched.runtime.training.models import ResidualMLP
+    from pipesched.training.models import ResidualMLP
 
     torch.manual_seed(0)
     stage = Stage(0, {i: ResidualMLP(16, 64) for i in range(4)})

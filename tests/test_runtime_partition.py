@@ -15,7 +15,7 @@ from pipesched.runtime.stages.partition import (  # noqa: E402
     build_stage,
     stage_block_ranges,
 )
-from pipesched.runtime.training.models import get_model  # noqa: E402
+from pipesched.training.models import get_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -17,7 +17,7 @@ from pipesched.runtime.engine.split_backward import (  # noqa: E402
     apply_weight_grads,
     make_weight_grads_deferrable,
 )
-from pipesched.runtime.training.models import TransformerBlock  # noqa: E402
+from pipesched.training.models import TransformerBlock  # noqa: E402
 
 pytestmark = pytest.mark.torch
 MATMULS = {"mm", "addmm", "bmm", "matmul"}

@@ -26,14 +26,14 @@ def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resum
     gradients, optimizer state and activations exceed is refused before any rank starts, naming
     the bytes; the activations it predicts are the ones the run measures."""
     import pipesched
-    from pipesched.cli.train_memory import PARTS, STATE_SLOTS, activation_peaks, rank_state, stage_specs
+    from pipesched.training.launch_checks import PARTS, activation_peaks, rank_state, stage_specs, state_slots
     from pipesched.memory import format_bytes
     from pipesched.parallel_layout import ParallelLayout
     from pipesched.runtime.checkpoints import checkpoint
     from pipesched.runtime.options import RuntimeOptions
-    from pipesched.runtime.training.models import get_model
-    from pipesched.runtime.training.optimizers import make_optimizer
-    from pipesched.runtime.training.train import TrainConfig, train_reference
+    from pipesched.training.models import get_model
+    from pipesched.training.optimizers import make_optimizer
+    from pipesched.training.train import TrainConfig, train_reference
 
     sharded, whole, refused = concurrently(lambda args: run_cli("train", *args, timeout=240), [
         [*SHARDED, "--summary", str(tmp_path / "sharded.json"), "--checkpoint-dir", str(tmp_path / "ck"),
@@ -81,7 +81,7 @@ def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resum
     # optimizer: each rank's summary), plus the gathered parameters and unsharded gradients of a step
     plan = pipesched.build_schedule("zb-v", 2, 8)
     stages = stage_specs(md, plan, None, tp=1)
-    held = [rank_state(plan, stages, ParallelLayout(2, dp_shard=2), STATE_SLOTS["adamw"], r["rank"]) for r in got["memory"]]
+    held = [rank_state(plan, stages, ParallelLayout(2, dp_shard=2), state_slots(make_optimizer("adamw", 1e-3)), r["rank"]) for r in got["memory"]]
     for rank, parts in zip(got["memory"], held):
         assert {k: parts[k] for k in rank["measured_state_bytes"]} == rank["measured_state_bytes"]
     # plus the activations at the schedule's peak, predicted before launch from one fake microbatch
@@ -100,8 +100,8 @@ def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resum
 
 
 REFUSED = [
-    (["--model", "gpt", "--tp", "3"], "--tp 3 does not divide the 4 attention heads of --model gpt"),
-    (["--model", "mlp", "--tp", "2"], "--model mlp has no tensor-parallel plan"),
+    (["--model", "gpt", "--tp", "3"], "tp=3 does not divide the 4 attention heads of gpt"),
+    (["--model", "mlp", "--tp", "2"], "tp=2: mlp has no tensor-parallel plan"),
     (["--model", "gpt", "-s", "none", "--tp", "2"], "--tp needs a pipeline"),
     (["--model", "gpt", "--dp-shard", "0"], "--dp-shard must be at least 1"),
     (["--model", "gpt", "--dp-shard", "2", "--batch-size", "8"], "does not split into 8 equal microbatches on each of 2 replicas"),
@@ -141,11 +141,11 @@ def test_under_tp_and_for_hugging_face_models_the_memory_limit_counts_activation
     from transformers import LlamaConfig
 
     import pipesched
-    from pipesched.cli.train_memory import activation_peaks, check_sharded_stages
+    from pipesched.training.launch_checks import activation_peaks, check_sharded_stages
     from pipesched.errors import ConfigError
     from pipesched.memory import format_bytes
     from pipesched.parallel_layout import ParallelLayout
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.models import get_model
 
     plan = pipesched.build_schedule("1f1b", 2, 8)
     LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -159,8 +159,8 @@ def test_under_tp_and_for_hugging_face_models_the_memory_limit_counts_activation
         assert not dist.is_initialized()
         either = "|".join(re.escape(format_bytes(p)) for p in peaks)  # the rank holding the most in all
         with pytest.raises(ConfigError, match=rf"with ({either}) of activations at the schedule's peak"):
-            check_sharded_stages(md, plan, None, ParallelLayout(2, 1, dp_shard, tp), "sgd", 1024, batch_size=16, seed=0)
-    with pytest.raises(ConfigError, match=rf"before any activation \(not predicted for --model hf:.*eager.json, "
+            check_sharded_stages(md, plan, None, ParallelLayout(2, 1, dp_shard, tp), 0, 1024, batch_size=16, seed=0)
+    with pytest.raises(ConfigError, match=rf"before any activation \(not predicted for hf:.*eager.json, "
                                           "which fails on fake tensors: aten.nonzero"):
-        check_sharded_stages(get_model(f"hf:{tmp_path / 'eager.json'}"), plan, None, ParallelLayout(2, 1, 2, 1), "sgd", 1024,
+        check_sharded_stages(get_model(f"hf:{tmp_path / 'eager.json'}"), plan, None, ParallelLayout(2, 1, 2, 1), 0, 1024,
                              batch_size=16, seed=0)

@@ -217,15 +217,15 @@ def test_eight_processes_hsdp_and_fsdp_with_tp_train_as_the_unpipelined_model():
 
 def _assert_activations_predicted_before_launch(results: dict, runs: list, batch: int, labels: list) -> None:
     """The first step's peak activation bytes of every rank of the runs ``labels`` name, as
-    ``train --memory-limit`` predicts them before any rank starts (cli/train_memory.py: one
+    ``train --memory-limit`` predicts them before any rank starts (training/launch_checks.py: one
     microbatch through each stage on fake tensors, under tp each stage parallelised on a fake mesh
     of tp ranks): the runtime's own prediction from the sizes it measured, to the byte (the same
     meter on the same tensors' shapes, a tp rank's local pieces), and what it measured within the
     runtime's 5% check (tests/test_runtime_memory.py). Pops every run's ``activations``."""
-    from pipesched.cli.train_memory import activation_peaks
+    from pipesched.training.launch_checks import activation_peaks
     from pipesched.runtime.stages.copies import ModelCopies
     from pipesched.runtime.stages.partition import block_counts
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.models import get_model
 
     md = get_model("gpt", **SIZE)
     ranks = {label: got.pop("activations") for label, got in results.items()}

@@ -188,7 +188,7 @@ def test_the_tp_guard_refuses_a_plan_that_leaves_per_head_norms_between_the_spli
 def test_a_head_count_tp_does_not_divide_is_refused_before_anything_is_split():
     from pipesched.errors import ConfigError
     from pipesched.runtime.sharding.tp_plans import GPT_PLAN, apply_tp
-    from pipesched.runtime.training.models import TransformerBlock
+    from pipesched.training.models import TransformerBlock
 
     class TwoWays:  # a tp mesh of 2, as far as the refusal reads it
         def size(self) -> int:

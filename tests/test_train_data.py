@@ -27,7 +27,7 @@ from tokenizer_cases import (  # noqa: E402
 
 from pipesched.data.streams import TokenStream, eval_windows, train_windows  # noqa: E402
 from pipesched.data.token_files import open_token_file  # noqa: E402
-from pipesched.runtime.training.models import get_model  # noqa: E402
+from pipesched.training.models import get_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -110,7 +110,7 @@ def test_activations_are_predicted_for_the_microbatch_kind_that_holds_the_most(f
     activations predicted before launch (on fake tensors, one microbatch of each kind) are the
     run's own prediction to the byte (before: the first microbatch's alone, 8% short)."""
     import pipesched
-    from pipesched.cli.train_memory import activation_peaks
+    from pipesched.training.launch_checks import activation_peaks
     from pipesched.hf.cli_model import packed_documents
 
     config = folder["model"] / "config.json"

@@ -10,10 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipesched.runtime.training.loop_options import LoopOptions  # noqa: E402
-from pipesched.runtime.training.model_flops import flops_per_token, parameter_count  # noqa: E402
-from pipesched.runtime.training.models import get_model  # noqa: E402
-from pipesched.runtime.training.train import TrainConfig, train_reference  # noqa: E402
+from pipesched.training.loop_options import LoopOptions  # noqa: E402
+from pipesched.training.model_flops import flops_per_token, parameter_count  # noqa: E402
+from pipesched.training.models import get_model  # noqa: E402
+from pipesched.training.train import TrainConfig, train_reference  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -97,8 +97,8 @@ def test_every_layout_trains_the_same_batches_to_the_same_weights(runs):
 
 
 def test_the_held_out_loss_is_the_one_process_models_on_the_same_batches(runs):
-    from pipesched.runtime.training.evaluation import evaluate_model
-    from pipesched.runtime.training.models import get_model
+    from pipesched.training.evaluation import evaluate_model
+    from pipesched.training.models import get_model
 
     for name, data_kind, tolerance in (("A", "jsonl", 1e-6), ("C", "parquet", 4e-6)):
         md = get_model(f"hf:{runs['model'] / 'config.json'}", data=str(runs["data"][data_kind]), context=SEQ,

@@ -17,7 +17,7 @@ from pipesched import build_schedule, simulate  # noqa: E402
 from pipesched.cli import main  # noqa: E402
 from pipesched.costs import UNIT, Costs  # noqa: E402
 from pipesched.memory import StageMemory  # noqa: E402
-from pipesched.runtime.training.profile import Profile  # noqa: E402
+from pipesched.training.profile import Profile  # noqa: E402
 from pipesched.zb_auto_plan import ZbAutoInputs  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -35,8 +35,8 @@ ARGS = ["train", "--model", "mlp", "--ranks", "2", "--microbatches", "4", "--bat
 def planned(monkeypatch):
     """Run ``pipesched ARGS -s SCHEDULE ...`` in process; returns (profile calls, the costs of each zb-auto
     planned, the plan the run got, stderr)."""
-    import pipesched.runtime.training.profile as profile_module
-    import pipesched.runtime.training.train as runtime_train
+    import pipesched.training.profile as profile_module
+    import pipesched.training.train as runtime_train
     import pipesched.zb_auto_plan as zb_auto_plan
 
     profiles, planner, runs = [], [], []

@@ -12,7 +12,7 @@ from runtime_cases import STEPS  # the reference's
 
 from pipesched.runtime.stages.copies import balanced_block_counts
 from pipesched.runtime.stages.partition import build_stage, stage_block_ranges
-from pipesched.runtime.training.models import get_model
+from pipesched.training.models import get_model
 from pipesched.schedule_files import csv_text
 
 SEED, LR = 3, 0.05  # the reference's

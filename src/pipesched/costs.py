@@ -5,7 +5,7 @@ Bubble paper's convention), so a rank holding ``k`` stages pays ``F/k`` per stag
 is the input-gradient backward (action ``I``); a full backward (action ``B``) costs ``B + W``,
 or ``full_backward`` where given: one fused pass need not cost what its two halves cost apart
 (on CPU ranks 1F1B measured 0.97-1.02x ZB-H1's step where B + W priced it 1.06-1.13x; a
-profile measures it: :mod:`pipesched.runtime.training.profile`).
+profile measures it: :mod:`pipesched.training.profile`).
 ``comm`` is a latency on every dependency that crosses ranks; it does not occupy either rank.
 ``stage_overhead`` is the part of every ``F``, ``I`` and ``B`` that does not shrink with a stage's
 share of the layers (receiving and sending its boundary, building its autograd graph, the
@@ -14,7 +14,7 @@ engine's bookkeeping): a stage holding ``1/k`` of a rank's share runs ``F`` in
 microbatch. ``F``, ``B`` and ``W`` are what the share costs as one stage, ``stage_overhead``
 included, so a schedule with one stage per rank is the same with it or without; 0 (the default)
 divides them evenly. (With stage multipliers ``m``: ``F m / k + stage_overhead (1 - 1/k)``.)
-``W`` moves no boundary and has none. A profile (:mod:`pipesched.runtime.training.profile`) measures it
+``W`` moves no boundary and has none. A profile (:mod:`pipesched.training.profile`) measures it
 from a two-chunk layout that takes turns with its one.
 ``overlap`` prices an overlapped forward and backward (DualPipe's F&B): the pair takes
 ``max(F, B) + overlap * min(F, B)`` of its two halves' costs. 1 (the default) is what the

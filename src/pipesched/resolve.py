@@ -4,7 +4,7 @@ One place for ``pipesched train`` and the Python API (:func:`resolve_schedule`):
 for the ranks and microbatches, a CSV (either of torch's formats: :mod:`pipesched.schedule_files`)
 is read and validated, ``none`` is the single-process reference (no schedule). ``auto`` and
 ``zb-auto`` measure the model first: a short ZB-H1 profile on local ranks
-(:mod:`pipesched.runtime.training.profile`), in the run's dtype and with its timeout (bf16 halves the
+(:mod:`pipesched.training.profile`), in the run's dtype and with its timeout (bf16 halves the
 activation bytes an advisor or a byte limit sees, and changes the times). ``auto`` then lets
 the advisor choose; ``zb-auto`` plans for the measured costs (or given ones) and sizes
 (:mod:`pipesched.zb_auto_plan`). The stages to recompute come with the schedule: the run's
@@ -38,7 +38,7 @@ from .zb_auto_plan import (
 )
 
 if TYPE_CHECKING:
-    from .runtime.training.profile import Profile
+    from .training.profile import Profile
 
 DEFAULT_MICROBATCHES = 8
 MEASURING = ("auto", "zb-auto")
@@ -151,7 +151,7 @@ def recompute_of(schedule: Optional[Schedule], given: Optional[Recomputed], say:
 
 def _auto(choice: ScheduleChoice, run: RunSpec, say: Say) -> Resolved:
     """Profile, let the advisor choose, say what it chose and why."""
-    from .runtime.training.profile import auto_schedule
+    from .training.profile import auto_schedule
 
     schedule, advice, prof = auto_schedule(
         run.model, choice.ranks, choice.microbatches or DEFAULT_MICROBATCHES, run.batch_size, choice.memory_limit,
@@ -168,7 +168,7 @@ def _auto(choice: ScheduleChoice, run: RunSpec, say: Say) -> Resolved:
 
 def _zb_auto(choice: ScheduleChoice, run: RunSpec, say: Say) -> Resolved:
     """zb-auto planned for the measured (or given) costs and sizes of the run's model."""
-    from .runtime.training.models import get_model
+    from .training.models import get_model
 
     m = choice.microbatches or DEFAULT_MICROBATCHES
     prof = (zb_auto_profile(run.model, choice.ranks, m, run.batch_size, run.seed, run.dtype, run.timeout_s)

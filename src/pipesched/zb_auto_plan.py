@@ -1,7 +1,7 @@
 """What a run's ``zb-auto`` plans with: costs and a memory limit, from one profile (torch-free).
 
 zb-auto exists to place F, I and W from their real durations, so ``train`` profiles the model
-first (a few ZB-H1 steps on the same ranks: :func:`pipesched.runtime.training.profile.profile`) and
+first (a few ZB-H1 steps on the same ranks: :func:`pipesched.training.profile.profile`) and
 plans with the measured costs, as ``-s auto`` does for the advisor. ``--costs F,B,W`` (and
 ``--comm C``, the grammar of ``simulate`` and ``compare``) plans with given costs instead and
 skips the profile unless the memory limit needs the measured sizes (``--costs 1,1,1``: the unit
@@ -29,7 +29,7 @@ from .schedules.choose import best_schedule
 from .simulate import simulate
 
 if TYPE_CHECKING:
-    from .runtime.training.profile import Profile
+    from .training.profile import Profile
 
 Say = Callable[[str], None]  # where a line for the user goes
 
@@ -90,7 +90,7 @@ def zb_auto_profile(model: str, ranks: int, microbatches: int, batch_size: int, 
                     timeout_s: float = DEFAULT_TIMEOUT_S) -> "Profile":
     """The profile zb-auto plans from: the run's model, ranks, microbatches, one replica's batch,
     dtype and timeout."""
-    from .runtime.training.profile import profile
+    from .training.profile import profile
 
     return profile(model, ranks, microbatches, batch_size, steps=PROFILE_STEPS, seed=seed, dtype=dtype,
                    timeout_s=timeout_s)

@@ -85,7 +85,7 @@ if FULL_DISK_UNDER:
 if REMOVE_AFTER_RUN:
     import shutil
 
-    from pipesched.runtime.training import train
+    from pipesched.training import train
 
     original_run = train.run
 

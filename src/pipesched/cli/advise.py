@@ -168,7 +168,7 @@ def _profiled(ranks: int, search: SearchFlags, model: ModelFlags, run: tuple[str
     chosen = options["families"] if options["families"] is not None else registered_families()
     check_search_size(ranks, batch_plan(ranks, microbatches), chosen, options["max_chunks"])  # before any rank starts
     try:
-        from ..runtime.training.profile import advise_from_profile, profile
+        from ..training.profile import advise_from_profile, profile
     except ImportError:
         raise ConfigError("--profile needs PyTorch: pip install 'pipesched[torch]'") from None
     model_name, batch_size, steps = run

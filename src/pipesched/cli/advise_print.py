@@ -45,7 +45,7 @@ def train_command(c: Candidate, pp: int, dp: int, csv: str, model: str, batch_si
     """``pipesched train`` running the exported ``csv`` on built-in ``model``, or None when the
     model's blocks do not split into the schedule's stages (train would refuse it)."""
     from ..runtime.stages.partition import block_counts
-    from ..runtime.training.models import get_model
+    from ..training.models import get_model
 
     if batch_size % (dp * c.microbatches):
         return None  # train refuses a batch that does not split into the microbatches

@@ -84,7 +84,7 @@ def _train_tour(console: Console, steps: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ..runtime.training.train import TrainConfig, run
+    from ..training.train import TrainConfig, run
 
     runs = {}
     for name in ("none", "1f1b", "zb-v"):

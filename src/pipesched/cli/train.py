@@ -24,7 +24,7 @@ from ..errors import ConfigError, RunFailure
 from ..memory import Recomputed
 from ..outfiles import check_output_path
 from ..resolve import Resolved, RunSpec, ScheduleChoice, resolve_schedule
-from ..runtime.training.optimizers import OPTIMIZERS
+from ..training.optimizers import OPTIMIZERS
 from ..schedule import Schedule
 from ..zb_auto_plan import given_costs
 from . import app, fail, train_hf
@@ -33,7 +33,8 @@ from .gather_flags import gathers_asked, planned_gathers
 from .run_config import RunConfig, ScheduleSection
 from .run_options import run_options
 from .train_data import check_data, data_model_options, say_how_text_is_read
-from .train_layout import check_batch_split, check_layout, check_sharding
+from ..training.launch_checks import check_batch_split
+from .train_layout import check_layout
 from .train_limits import memory_limits
 from .train_loop import loop_options
 
@@ -48,7 +49,7 @@ class _Checked:
     loop: object
     counts: Optional[tuple[int, ...]]
     dtype: object = None  # the torch dtype, once torch is imported
-    state_limit: Optional[float] = None  # --rank-memory-limit in bytes (train_memory.py)
+    state_limit: Optional[float] = None  # --rank-memory-limit in bytes (training/launch_checks.py)
 
 
 @app.command("train")
@@ -57,14 +58,14 @@ def train(cfg: RunConfig) -> None:
     """Train a model with a pipeline schedule on real processes (gloo on CPU, NCCL under torchrun on GPUs)."""
     checked = _checks_without_torch(cfg)
     model_def, plan, recompute, model_options = _model_and_plan(cfg, checked)
-    check_sharding(model_def, cfg.layout)
     run = cfg.training
-    if cfg.layout.sharded:
-        from .train_memory import check_sharded_stages
+    if cfg.layout.sharded:  # the checks pipesched.hf.pipeline makes too
+        from ..training.launch_checks import check_sharded_stages, state_slots
+        from ..training.optimizers import make_optimizer
 
-        check_sharded_stages(model_def, plan, checked.counts, cfg.layout.of(plan.ranks), cfg.optimizer.optimizer,
-                             checked.state_limit, batch_size=run.batch_size, seed=run.seed, recompute=recompute,
-                             dtype=checked.dtype)
+        slots = state_slots(make_optimizer(cfg.optimizer.optimizer, cfg.optimizer.lr))
+        check_sharded_stages(model_def, plan, checked.counts, cfg.layout.of(plan.ranks), slots, checked.state_limit,
+                             batch_size=run.batch_size, seed=run.seed, recompute=recompute, dtype=checked.dtype)
     from .train_checks import check_checkpointing
 
     ckpt = cfg.checkpoint
@@ -119,7 +120,7 @@ def _model_and_plan(cfg: RunConfig, checked: _Checked):
         plan, recompute = _resolved(resolve_schedule(choice, say=_say), cfg, choice.costs)
     _import_torch()
     from ..runtime.stages.precision import parse_dtype
-    from ..runtime.training.models import KNOWN, get_model, is_known
+    from ..training.models import KNOWN, get_model, is_known
 
     if not is_known(model):
         raise ConfigError(f"--model {model!r} is not known: use {KNOWN}")
@@ -145,7 +146,7 @@ def _config(cfg: RunConfig, checked: _Checked, plan: Optional[Schedule], recompu
             resume_from):
     """The run as one ``TrainConfig`` (its runtime settings one ``RuntimeOptions``, the dtype parsed once)."""
     from ..runtime.options import RuntimeOptions
-    from ..runtime.training.train import TrainConfig
+    from ..training.train import TrainConfig
 
     run, ckpt, out, layout = cfg.training, cfg.checkpoint, cfg.outputs, cfg.layout
     options = RuntimeOptions(seed=run.seed, timeout_s=run.timeout,
@@ -165,7 +166,7 @@ def _config(cfg: RunConfig, checked: _Checked, plan: Optional[Schedule], recompu
 def _write_results(cfg: RunConfig, checked: _Checked, plan, model_def, result) -> None:
     """The summary on the terminal, then the files the run was asked to write (one line, exit 1, if
     one cannot be written: the trained weights are kept where it says)."""
-    from ..runtime.training.models import MODELS
+    from ..training.models import MODELS
     from .train_report import OutputsLost, print_summary, write_outputs
 
     ckpt, out = cfg.checkpoint, cfg.outputs
@@ -232,7 +233,7 @@ def _resolved(resolved: Resolved, cfg: RunConfig, costs) -> tuple[Optional[Sched
 def _run_to_the_end(cfg):
     """Run ``cfg``; a failed or stopped run is one line on stderr and a non-zero exit."""
     from ..runtime.launching.launch import RunStopped
-    from ..runtime.training.train import run
+    from ..training.train import run
 
     resumable = f" ({cfg.checkpoint_dir} holds what to --resume from)" if cfg.checkpoint_dir else ""
     try:

@@ -104,7 +104,7 @@ def check_checkpointing(directory: Optional[Path], resume: bool, steps: int, mod
 
     from ..runtime.checkpoints import checkpoint
     from ..runtime.launching.launch import under_torchrun
-    from ..runtime.training.optimizers import make_optimizer
+    from ..training.optimizers import make_optimizer
 
     def resumable(found: Path) -> None:
         done = checkpoint.checkpoint_step(found)

@@ -31,7 +31,7 @@ def check_data(data: DataSection, evaluation: EvaluationSection) -> None:
 
 def data_model_options(model: str, data: DataSection, evaluation: EvaluationSection) -> dict:
     """What ``get_model`` takes of them (only an ``hf:`` model takes any: ConfigError otherwise)."""
-    from ..runtime.training.models import HF_PREFIX
+    from ..training.models import HF_PREFIX
 
     given = {name: value for name, value in (("context", data.seq_len), ("tokenizer", data.tokenizer),
                                               ("eval_data", evaluation.eval_data), ("eval_share", evaluation.eval_share),

@@ -20,7 +20,7 @@ from ..errors import ConfigError
 def hf_model_options(model: str, data: Optional[Path], weights: Optional[Path], save_hf: Optional[Path]) -> dict:
     """What ``get_model`` takes besides the name: the data and weights of an ``hf:`` model
     (its flags refused with any other model)."""
-    from ..runtime.training.models import HF_PREFIX
+    from ..training.models import HF_PREFIX
 
     given = {flag: value for flag, value in (("--data", data), ("--hf-weights", weights), ("--save-hf", save_hf))
              if value is not None}

@@ -11,16 +11,8 @@ from typing import Mapping, Optional
 from ..environment import torchrun_rank
 from ..errors import ConfigError
 from ..schedule import Schedule
+from ..training.launch_checks import check_batch_split
 from .run_config import LayoutSection
-
-def check_batch_split(batch_size: int, dp: int, microbatches: int) -> None:
-    """Raise ConfigError unless ``batch_size`` splits into ``dp`` shards of ``microbatches`` equal microbatches."""
-    m = microbatches
-    if batch_size % (dp * m):
-        raise ConfigError(
-            f"--batch-size {batch_size} does not split into {m} equal microbatches"
-            + (f" on each of {dp} replicas" if dp > 1 else "") + f": use a multiple of {dp * m}"
-        )
 
 
 def check_layout(plan: Optional[Schedule], layout: LayoutSection, batch_size: int,
@@ -42,15 +34,3 @@ def check_layout(plan: Optional[Schedule], layout: LayoutSection, batch_size: in
         raise ConfigError(f"torchrun started {launched.world} processes but {named} needs {whole.world}: "
                           f"use --nproc-per-node x --nnodes = {whole.world}")
 
-
-def check_sharding(model_def, layout: LayoutSection) -> None:
-    """What sharded stages cannot do yet, and a model ``tp`` cannot split: one line each, before any rank starts."""
-    tp = layout.tp
-    if not layout.sharded:
-        return
-    if tp > 1 and model_def.tp_plan is None:
-        raise ConfigError(f"--tp {tp}: --model {model_def.name} has no tensor-parallel plan (docs/layouts.md lists "
-                          "the models that have one, and why the others have none)")
-    for heads in model_def.heads:
-        if heads % tp:
-            raise ConfigError(f"--tp {tp} does not divide the {heads} attention heads of --model {model_def.name}")

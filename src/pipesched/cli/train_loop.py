@@ -13,8 +13,8 @@ from typing import Optional
 
 from ..errors import ConfigError
 from ..outfiles import check_output_path
-from ..runtime.training.loop_options import LoopOptions
-from ..runtime.training.lr_schedule import SCHEDULES
+from ..training.loop_options import LoopOptions
+from ..training.lr_schedule import SCHEDULES
 from .run_config import RunConfig
 
 

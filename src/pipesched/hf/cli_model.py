@@ -9,7 +9,7 @@ randomly initialised, block ``i`` after ``torch.manual_seed(seed + i)``, or read
 model's folder (or ``--tokenizer DIR``), or without one a file's bytes modulo the vocabulary;
 by default the text shipped with pipesched; with ``--packing documents`` the batch context
 restarts the position ids at every document (:mod:`pipesched.data.packing`). ``--eval-data``
-or ``--eval-share`` holds out what :meth:`~pipesched.runtime.training.model_def.ModelDef.eval_batch`
+or ``--eval-share`` holds out what :meth:`~pipesched.training.model_def.ModelDef.eval_batch`
 reads. The labels are the windows themselves (the model shifts them), so every token counts
 and the mean loss of equal microbatches is the model's loss on the whole batch.
 Every mistake (a config it cannot read or split, or that draws: dropout, router noise, which
@@ -31,10 +31,10 @@ from ..data.streams import TokenStream, eval_windows, open_stream, train_windows
 from ..data.tokenize_text import find_tokenizer, load_tokenizer
 from ..errors import ConfigError
 from ..runtime.sharding.model_plans import plan_for
-from ..runtime.training.model_def import ModelDef
+from ..training.model_def import ModelDef
 from .build import BlockSource
 from .config_file import model_folder, read_config
-from .pipeline import model_name, tied_groups
+from .pipeline import head_counts, model_name, tied_groups
 from .randomness import random_settings
 from .split import block_costs
 from .splitting import prepare_split_backward
@@ -105,9 +105,7 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
     return ModelDef(f"{PREFIX}{config_path}", source.num_blocks, source, loss, batch, costs, tied_groups(source),
                     checkpoint_name=model_name, eval_batch=eval_batch if held_out is not None else None,
                     tp_plan=plan_for(type(source.skeleton).__name__, config),
-                    heads=tuple(h for h in (getattr(config, "num_attention_heads", None),
-                                            getattr(config, "num_key_value_heads", None),
-                                            getattr(config, "num_kv_heads", None)) if h),
+                    heads=head_counts(config),
                     context=side, sizes_key=None if side is None else packed_documents, tokenizer=tokenizer)
 
 

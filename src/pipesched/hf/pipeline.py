@@ -19,6 +19,8 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..schedule import Schedule
+from ..training.launch_checks import check_batch_split, check_sharded_stages, state_slots
+from ..training.model_def import ModelDef
 from .build import BlockSource
 from .loss import StepNormalisedLoss
 from .randomness import KEY, step_key
@@ -122,6 +124,27 @@ def tied_groups(source: BlockSource) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(f"{block_of[n]}.{n}" for n in names) for names in groups.values())
 
 
+def head_counts(config) -> tuple[int, ...]:
+    """The head counts (attention, key-value) tensor parallelism must divide, as the config names them."""
+    names = ("num_attention_heads", "num_key_value_heads", "num_kv_heads")
+    return tuple(h for h in (getattr(config, name, None) for name in names) if h)
+
+
+def launch_model(source: BlockSource, sample_batch: Batch, tp_plan: Optional[dict], costs: Sequence[float]) -> ModelDef:
+    """The model as the checks before launch see it (:mod:`pipesched.training.launch_checks`, the
+    ones ``pipesched train`` makes): its blocks, tied weights, plan and heads, and ``sample_batch``,
+    from whose shapes and masks its activations are predicted."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    config = source.config
+    side = {k: sample_batch[k] for k in ("attention_mask", "position_ids") if k in sample_batch}
+    return ModelDef(type(source.skeleton).__name__, source.num_blocks, source,
+                    lambda logits, labels: ForCausalLMLoss(logits, labels, config.vocab_size),
+                    lambda step, size, seed: (sample_batch["input_ids"], sample_batch["labels"]), tuple(costs),
+                    tied_groups(source), tp_plan=tp_plan, heads=head_counts(config),
+                    context=(lambda ids: side) if side else None)
+
+
 def step_context(batch: Batch, seed: int, step: int) -> dict:
     """What every block reads of the batch: the masks' and positions' inputs (causal over
     0..S-1 without them) and the key of its draws (:mod:`.randomness`)."""
@@ -142,6 +165,7 @@ def pipeline(
     layers_per_stage: Optional[Sequence[int]] = None,
     options=None,
     tp_plan: Optional[dict] = None,
+    rank_memory_limit: Optional[float] = None,
 ) -> HFPipeline:
     """Pipeline a ``*ForCausalLM`` (built the same way on every rank; each rank then keeps only
     its stages' modules) or a transformers config (each rank materialises only its own modules,
@@ -157,6 +181,11 @@ def pipeline(
     :class:`~pipesched.runtime.comm.mesh.PipelineMesh` (replicas), or a
     :class:`~pipesched.runtime.sharding.sharded_mesh.ShardedMesh` (FSDP and tensor parallelism inside the
     stages; the family's tensor-parallel plan is taken unless ``tp_plan`` gives one).
+    ``rank_memory_limit``: the bytes a rank of a sharded layout may hold (weights, gradients,
+    optimizer state and activations, as predicted before any step).
+
+    A sharded layout is checked as ``pipesched train`` checks it, refused in the same words
+    (:func:`pipesched.training.launch_checks.check_sharded_stages`).
     """
     from dataclasses import replace
 
@@ -164,7 +193,6 @@ def pipeline(
     from ..runtime.executor import PipelineRuntime
     from ..runtime.options import RuntimeOptions
     from ..runtime.sharding.sharded_mesh import ShardedMesh
-    from ..runtime.sharding.model_plans import plan_for, untranslated
     from ..runtime.stages.staged_model import StagedModel
     from .splitting import prepare_split_backward
 
@@ -175,28 +203,41 @@ def pipeline(
     replicas = (mesh.pipeline if sharded else mesh or PipelineMesh.whole_world()).dp
     shares = schedule.microbatches * replicas
     ids = sample_batch["input_ids"]
-    if ids.shape[0] % shares:
-        raise ConfigError(f"a batch of {ids.shape[0]} does not split into {schedule.microbatches} microbatches "
-                          f"on each of {replicas} replicas")
+    check_batch_split(ids.shape[0], replicas, schedule.microbatches)
     blocks = [source.meta_block(i) for i in range(source.num_blocks)]
-    counts = stage_block_counts(schedule, block_costs(blocks, config, ids.shape[1]), layers_per_stage)
+    costs = block_costs(blocks, config, ids.shape[1])
+    counts = stage_block_counts(schedule, costs, layers_per_stage)
     loss = StepNormalisedLoss(config.vocab_size, schedule.microbatches, replicas)
     context = step_context(sample_batch, seed, 0)
     one = ids.shape[0] // shares
     options = replace(options or RuntimeOptions(), seed=seed)
-    if sharded and tp_plan is None and options.tp_plan is None:  # (RuntimeOptions' tp_plan: deprecated)
-        family = type(source.skeleton).__name__
-        tp_plan = plan_for(family, config)
-        if tp_plan is None and mesh.layout.tp > 1:
-            lacking = untranslated(family, config)
-            why = (f"its config's base_model_tp_plan has styles pipesched cannot apply ({lacking})" if lacking
-                   else "its config declares none")
-            raise ConfigError(f"tensor parallelism (tp={mesh.layout.tp}): {family} has no tensor-parallel plan: "
-                              f"{why} (docs/layouts.md says which plans apply, and why): give tp_plan, "
-                              "or leave tp at 1")
+    prepare_split_backward()  # before the checks: GPT-2's Conv1D is a Linear to the tp styles
+    if sharded:
+        if tp_plan is None and options.tp_plan is None:  # (RuntimeOptions' tp_plan: deprecated)
+            tp_plan = _family_plan(source, config, mesh.layout.tp)
+        check_sharded_stages(launch_model(source, sample_batch, tp_plan or options.tp_plan, costs), schedule, counts,
+                             mesh.layout, state_slots(optimizer), rank_memory_limit, batch_size=ids.shape[0],
+                             seed=seed, recompute=options.recompute, dtype=options.dtype)
+    elif rank_memory_limit is not None:
+        raise ConfigError("rank_memory_limit goes with a ShardedMesh (dp_shard or tp): a whole stage's memory is not predicted")
     staged = StagedModel(source, source.num_blocks, ids[:one], block_counts=counts, tied=tied_groups(source),
                          sample_context={k: v[:one] for k, v in context.items()}, tp_plan=tp_plan)
-    prepare_split_backward()
     runtime = PipelineRuntime(staged, schedule, loss, optimizer, options=options, mesh=mesh)
     source.release_others()
     return HFPipeline(runtime, source, loss, seed)
+
+
+def _family_plan(source: BlockSource, config, tp: int) -> Optional[dict]:
+    """The family's tensor-parallel plan (its config's, with pipesched's overrides); under ``tp`` above
+    1 a family without one is refused, saying why (no plan declared, or styles pipesched cannot apply)."""
+    from ..runtime.sharding.model_plans import plan_for, untranslated
+
+    family = type(source.skeleton).__name__
+    plan = plan_for(family, config)
+    if plan is None and tp > 1:
+        lacking = untranslated(family, config)
+        why = (f"its config's base_model_tp_plan has styles pipesched cannot apply ({lacking})" if lacking
+               else "its config declares none")
+        raise ConfigError(f"tensor parallelism (tp={tp}): {family} has no tensor-parallel plan: {why} "
+                          "(docs/layouts.md says which plans apply, and why): give tp_plan, or leave tp at 1")
+    return plan

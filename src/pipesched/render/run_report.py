@@ -1,7 +1,7 @@
 """The report of a training run: one self-contained offline HTML page, in the schedule report's
 style (:mod:`.html`: its CSS, inline SVG, no script, nothing fetched).
 
-A summary table, then the curves of the run's logging intervals (:mod:`pipesched.runtime.training.metrics`):
+A summary table, then the curves of the run's logging intervals (:mod:`pipesched.training.metrics`):
 training loss with the held-out loss, the learning rate, tokens per second, peak memory per
 rank, the bubble share measured and simulated (pipelines); for a pipeline, the measured timeline of the median step above the simulator's timeline
 of the same schedule fed with the measured action costs, on one time axis.

@@ -19,8 +19,6 @@ _HOME = {  # exported name -> the module that defines it
     "StepResult": "metering.observers",
     "DistributedRunError": "launching.launch",
     "spawn": "launching.launch",
-    "ModelDef": "training.model_def",
-    "get_model": "training.models",
     "PeerFailure": "comm.p2p",
     "block_counts": "stages.partition",
     "sequential_builder": "stages.partition",

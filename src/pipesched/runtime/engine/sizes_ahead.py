@@ -26,7 +26,7 @@ that reads the values of a fake tensor (an expert loop that picks each expert's 
 torch raises, and the caller says that nothing was predicted).
 Sizes depend on the values of the batch context (packed documents choose another mask) only
 through the one microbatch given; the caller runs one of each kind and keeps the largest
-(``pipesched.cli.train_memory.activation_peaks``).
+(``pipesched.training.launch_checks.activation_peaks``).
 """
 
 from __future__ import annotations

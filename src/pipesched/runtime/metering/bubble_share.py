@@ -12,7 +12,7 @@ the same spans.
   rank's share (times the rank's stages over the model copies), averaged over the stages into
   ``F``, ``B`` (from ``I``), ``W`` and ``full_backward`` (from ``B``) after dividing each stage's
   by its stage multiplier: the stage's forward and whole backward over the stages' mean (as a
-  profile derives them: :mod:`..training.profile`), and the
+  profile derives them: :mod:`pipesched.training.profile`), and the
   one-way p2p latency measured before the run as ``comm``. So the simulator replays the same
   schedule with the actions' measured durations (up to the spread between a stage's kinds) and
   none of the time the runtime spends between them: the gap between the two figures is that time.

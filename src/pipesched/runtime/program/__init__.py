@@ -8,9 +8,9 @@ and the checks that they cannot hang.
   ``placing_gathers`` (a schedule carrying a CSV's or a plan's gathers, which the lowering keeps);
 - ``program_check``: run the programs under the strictest transport rules and name what is wrong;
 - ``planned_gathers``: ``plan_programs``, each rank's ``UNSHARD``/``RESHARD`` by torch's window or
-  placed from the costs (``advise.gather_plan``), timed by the simulator.
+  placed from the costs (``pipesched.gather_plan``), timed by the simulator.
 
 Pure Python: imports nothing of torch, only pipesched's planning core (actions, ops, execution
-rules, schedule; and, for ``planned_gathers``, the simulator and ``advise.gather_plan``). Nothing
+rules, schedule; and, for ``planned_gathers``, the simulator and ``pipesched.gather_plan``). Nothing
 else of the runtime.
 """

@@ -2,7 +2,7 @@
 
 torch's lowering (:func:`.passes.add_unshard_reshard`) gives every rank the same window of 3
 stages. ``auto`` places each rank's ``UNSHARD``s from the costs instead
-(:func:`pipesched.advise.gather_plan.gather_plan`: each all-gather issued as late as it still
+(:func:`pipesched.gather_plan.gather_plan`: each all-gather issued as late as it still
 lands before its stage's first action on the simulated timeline, the stage held until its last
 action) and keeps, among that placement and torch's window at every width a rank could use,
 the one whose program the simulator times fastest within the memory limit (the same time: the
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Mapping, Optional, Sequence
 
-from ...advise.gather_plan import Gather, gather_plan
+from ...gather_plan import Gather, gather_plan
 from ...costs import Costs, as_costs
 from ...errors import ConfigError
 from ...ops import Op

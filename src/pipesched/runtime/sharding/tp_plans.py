@@ -15,7 +15,7 @@ replicated tensor, so what crosses a stage boundary is unchanged. Norms (but the
 between the projections, :class:`~.tp_styles.HeadsNorm`), embeddings and the head stay replicated.
 
 ``gpt`` (the built-in model, :data:`GPT_PLAN`): ``attn.qkv`` holds each head's q, k and v rows
-together (:class:`~pipesched.runtime.training.models.CausalSelfAttention`), so a column-wise split
+together (:class:`~pipesched.training.models.CausalSelfAttention`), so a column-wise split
 hands each rank whole heads; ``attn.heads`` is divided by ``tp``.
 """
 

@@ -5,7 +5,7 @@ what a block reads besides its input (``sample_context``, for shape inference) a
 parallelism splits its modules (``tp_plan``) are the model's facts: every rank must agree on them,
 whatever the run's knobs (:class:`~pipesched.runtime.options.RuntimeOptions`: seed, device,
 precision, clipping, ...). They travel with the blocks in one value, built once where a run is
-assembled (the CLI, :mod:`pipesched.runtime.training.train`, :func:`pipesched.hf.pipeline`).
+assembled (the CLI, :mod:`pipesched.training.train`, :func:`pipesched.hf.pipeline`).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from ..executor import PipelineRuntime
-from ..metering.timeline import Timeline
+from ..runtime.executor import PipelineRuntime
+from ..runtime.metering.timeline import Timeline
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Callable, Hashable, Optional
 import torch
 from torch import nn
 
-from ..checkpoints.checkpoint_names import same_name
+from ..runtime.checkpoints.checkpoint_names import same_name
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class ModelDef:
     # (runtime.stages.batch_context; hf: models' --packing documents: the position ids); None: none
     context: Optional[Callable[[torch.Tensor], dict]] = None
     # what of a microbatch's batch context decides the sizes of what its blocks save: microbatches
-    # with equal keys are predicted once before launch (train_memory.activation_peaks); None:
+    # with equal keys are predicted once before launch (launch_checks.activation_peaks); None:
     # every microbatch whose context differs in value is predicted
     sizes_key: Optional[Callable[[dict], Hashable]] = None
     # the folder of the tokenizer its text is read with (hf: models; --save-hf writes it beside the model)
@@ -50,7 +50,7 @@ class ModelDef:
         """The one-process model (:meth:`sequential`) on a batch, every block given its context."""
         if self.context is None:
             return model(inputs)
-        from ..stages.partition import run_block
+        from ..runtime.stages.partition import run_block
 
         context, x = self.context(inputs), inputs
         for block in model:
@@ -60,7 +60,7 @@ class ModelDef:
     def sequential(self, seed: int) -> nn.Sequential:
         """The whole model in one process (the reference), block i seeded as a stage builds it,
         each tied group one parameter (the first name's)."""
-        from ..stages.partition import build_block_seeded
+        from ..runtime.stages.partition import build_block_seeded
 
         model = nn.Sequential(*(build_block_seeded(self.build_block, i, seed) for i in range(self.num_blocks)))
         for first, *others in self.tied:

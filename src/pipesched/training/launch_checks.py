@@ -1,7 +1,9 @@
-"""``pipesched train``'s checks of a sharded layout (``--dp-shard``, ``--tp``) against its stages'
-parameter shapes, before any rank starts: no rank of a stage left without an element to hold
-(:func:`pipesched.layout_refusals.check_stage_shards`), and with ``--rank-memory-limit SIZE`` the bytes
-each rank is predicted to hold for its stages' weights, gradients, optimizer state and activations.
+"""The checks before any rank starts that ``pipesched train`` and :func:`pipesched.hf.pipeline`
+both make, so the Python API refuses what the command line refuses, in the same words: a layout's
+``tp`` that the model has no plan for or that does not divide its heads, a rank of a stage left
+without an element to hold (:func:`pipesched.layout_refusals.check_stage_shards`), and with a rank
+memory limit (``--rank-memory-limit``, ``rank_memory_limit=``) the bytes each rank is predicted to
+hold for its stages' weights, gradients, optimizer state and activations.
 
 The state prediction is :func:`pipesched.sharded_bytes.largest_rank_state_bytes`, the one every
 run's measured bytes are checked against (the summary's ``predicted_state_bytes``), from the stages'
@@ -21,9 +23,8 @@ expert's tokens by value) has no activations predicted, and the refusal says its
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
-
-import typer
+import sys
+from typing import Callable, Optional, Sequence
 
 from ..errors import ConfigError
 from ..layout_refusals import check_stage_shards
@@ -32,10 +33,41 @@ from ..parallel_layout import ParallelLayout
 from ..schedule import Schedule
 from ..sharded_bytes import ParamSpec, StateBytes, largest_rank_state_bytes
 
-# optimizer state tensors per parameter of pipesched train's optimizers (SGD without momentum)
-STATE_SLOTS = {"sgd": 0, "adamw": 2}
 PARTS = {"params": "sharded parameters", "grads": "sharded gradients", "optimizer": "optimizer state",
          "gathered_params": "gathered parameters", "unsharded_grads": "unsharded gradients"}
+
+
+def state_slots(optimizer: Callable) -> int:
+    """The optimizer state tensors per parameter that the optimizer factory ``optimizer`` keeps
+    (SGD without momentum none, AdamW two), counted on a one-element parameter after one step:
+    what the optimizer holds, not a table of names."""
+    import torch
+
+    param = torch.nn.Parameter(torch.zeros(2))
+    param.grad = torch.zeros(2)
+    made = optimizer([param])
+    made.step()
+    return sum(1 for value in made.state[param].values() if torch.is_tensor(value) and value.shape == param.shape)
+
+
+def check_batch_split(batch_size: int, dp: int, microbatches: int) -> None:
+    """Raise ConfigError unless ``batch_size`` splits into ``dp`` shards of ``microbatches`` equal microbatches."""
+    m = microbatches
+    if batch_size % (dp * m):
+        raise ConfigError(f"a batch of {batch_size} does not split into {m} equal microbatches"
+                          + (f" on each of {dp} replicas" if dp > 1 else "") + f": use a multiple of {dp * m}")
+
+
+def check_tp(model_def, tp: int) -> None:
+    """A model ``tp`` cannot split: it has no tensor-parallel plan, or ``tp`` does not divide its heads."""
+    if tp == 1:
+        return
+    if model_def.tp_plan is None:
+        raise ConfigError(f"tp={tp}: {model_def.name} has no tensor-parallel plan (docs/layouts.md lists the models "
+                          "that have one, and why the others have none)")
+    for heads in model_def.heads:
+        if heads % tp:
+            raise ConfigError(f"tp={tp} does not divide the {heads} attention heads of {model_def.name}")
 
 
 def stage_specs(model_def, plan: Schedule, counts: Optional[Sequence[int]], tp: int) -> list[list[ParamSpec]]:
@@ -143,23 +175,24 @@ def _predicted_activations(model_def, plan: Schedule, counts: Optional[Sequence[
                                 dtype or torch.float32, tp), None
     except RuntimeError as err:  # torch's data-dependent and unsupported-operator errors on fake tensors
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        return [0.0] * plan.ranks, f"for --model {model_def.name}, which fails on fake tensors: {first[:120]}"
+        return [0.0] * plan.ranks, f"for {model_def.name}, which fails on fake tensors: {first[:120]}"
     finally:
         fake_log.setLevel(level)
 
 
 def check_sharded_stages(model_def, plan: Schedule, counts: Optional[Sequence[int]], layout: ParallelLayout,
-                         optimizer: str, limit: Optional[float], *, batch_size: int, seed: int, recompute=None,
+                         slots: int, limit: Optional[float], *, batch_size: int, seed: int, recompute=None,
                          dtype=None) -> None:
-    """Refuse, in one line, a sharded layout under which some rank would hold no element of a
-    stage (:func:`pipesched.layout_refusals.check_stage_shards`), or whose predicted weights,
-    gradients, optimizer state and activations (where predicted: :func:`_predicted_activations`)
-    exceed ``limit`` bytes on some rank (``--rank-memory-limit``)."""
+    """Refuse, in one line, a sharded layout whose ``tp`` the model cannot take (:func:`check_tp`),
+    under which some rank would hold no element of a stage
+    (:func:`pipesched.layout_refusals.check_stage_shards`), or whose predicted weights, gradients,
+    ``slots`` optimizer state tensors per parameter (:func:`state_slots`) and activations (where
+    predicted: :func:`_predicted_activations`) exceed ``limit`` bytes on some rank."""
+    check_tp(model_def, layout.tp)
     stages = stage_specs(model_def, plan, counts, layout.tp)
     check_stage_shards(layout, stages)
     if limit is None:
         return
-    slots = STATE_SLOTS[optimizer]
     held = [rank_state(plan, stages, layout, slots, rank) for rank in range(plan.ranks)]
     activations, unpredicted = _predicted_activations(model_def, plan, counts, batch_size, layout.dp, seed,
                                                       recompute, dtype, layout.tp)
@@ -168,14 +201,14 @@ def check_sharded_stages(model_def, plan: Schedule, counts: Optional[Sequence[in
     total = sum(parts.values()) + activations[rank]
     if total <= limit:
         if unpredicted is not None:
-            typer.echo(f"pipesched: warning: --rank-memory-limit counted no activations (not predicted {unpredicted})",
-                       err=True)
+            print(f"pipesched: warning: the rank memory limit counted no activations (not predicted {unpredicted})",
+                  file=sys.stderr)
         return
     part = max(parts, key=parts.get)
     counted = (f"with {format_bytes(activations[rank])} of activations at the schedule's peak" if unpredicted is None
                else f"before any activation (not predicted {unpredicted})")
     raise ConfigError(
-        f"--rank-memory-limit {format_bytes(limit)}: --ranks {plan.ranks} x --dp-shard {layout.dp_shard} x --tp {layout.tp} holds up to "
-        f"{format_bytes(total)} per rank (pipeline rank {rank}) {counted}, the largest part of its state "
-        f"{PARTS[part]} ({format_bytes(parts[part])}): use a larger --dp-shard or --tp, more --ranks, or a larger limit"
+        f"a rank memory limit of {format_bytes(limit)}: ranks={plan.ranks} x dp_shard={layout.dp_shard} x tp={layout.tp} "
+        f"holds up to {format_bytes(total)} per rank (pipeline rank {rank}) {counted}, the largest part of its state "
+        f"{PARTS[part]} ({format_bytes(parts[part])}): use a larger dp_shard or tp, more ranks, or a larger limit"
     )

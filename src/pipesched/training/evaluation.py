@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..engine.shapes import placed
+from ..runtime.engine.shapes import placed
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -16,19 +16,19 @@ from typing import Optional
 
 import torch
 
-from ...schedule import Schedule
-from ..checkpoints import checkpoint
-from ..comm.grad_norm import pieces_norm
-from ..comm.latency import measure_latency
-from ..comm.mesh import init_pipeline_mesh
-from ..executor import PipelineRuntime
-from ..guard import NonFiniteWeights, first_nonfinite
-from ..launching.launch import rank_device, report_progress, stop_on_termination
-from ..metering.timeline import Timeline
-from ..options import RuntimeOptions
-from ..stages.copies import balanced_block_counts
-from ..stages.staged_model import StagedModel
-from ..stages.precision import Precision, dtype_name
+from ..schedule import Schedule
+from ..runtime.checkpoints import checkpoint
+from ..runtime.comm.latency import measure_latency
+from ..runtime.comm.mesh import init_pipeline_mesh
+from ..runtime.executor import PipelineRuntime
+from ..runtime.guard import NonFiniteWeights, first_nonfinite
+from ..runtime.launching.launch import rank_device, report_progress, stop_on_termination
+from ..runtime.metering.timeline import Timeline
+from ..runtime.options import RuntimeOptions
+from ..runtime.comm.grad_norm import pieces_norm
+from ..runtime.stages.copies import balanced_block_counts
+from ..runtime.stages.staged_model import StagedModel
+from ..runtime.stages.precision import Precision, dtype_name
 from .evaluation import evaluate_model, evaluate_pipeline
 from .interval_bubble import IntervalBubble
 from .loop_options import LoopOptions
@@ -237,7 +237,7 @@ def _mesh(cfg: TrainConfig):
     """This rank's place: replicas of a pipeline, or a sharded layout (FSDP shards, tensor parallelism)."""
     if cfg.dp_shard == 1 and cfg.tp == 1:
         return init_pipeline_mesh(cfg.schedule.ranks, cfg.dp, cfg.options.timeout_s)
-    from ..sharding.sharded_mesh import init_sharded_mesh, runtime_layout
+    from ..runtime.sharding.sharded_mesh import init_sharded_mesh, runtime_layout
 
     layout = runtime_layout(cfg.schedule.ranks, cfg.dp, cfg.dp_shard, cfg.tp)
     return init_sharded_mesh(layout, cfg.options.timeout_s, rank_device().type)
@@ -251,7 +251,7 @@ def run(cfg: TrainConfig) -> Optional[TrainResult]:
         torch.set_num_threads(1)
         with stop_on_termination():
             return train_reference(cfg)
-    from ..launching.launch import run_torchrun, spawn, under_torchrun
+    from ..runtime.launching.launch import run_torchrun, spawn, under_torchrun
 
     if under_torchrun():
         return run_torchrun(train_worker, cfg, cfg.options.timeout_s)

@@ -30,23 +30,23 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Optional
 
-from ...bounds import DEFAULT_TIMEOUT_S
-from ...costs import Costs
-from ...errors import ConfigError
-from ...memory import MemorySizes
-from ...ops import Op
-from ...registry import build_schedule
-from ...simulate import simulate
-from ..metering.timeline import calibrated_comm, makespan, median_costs
-from ..options import RuntimeOptions
-from ..stages.copies import balanced_block_counts
-from ..stages.precision import parse_dtype
+from ..bounds import DEFAULT_TIMEOUT_S
+from ..costs import Costs
+from ..errors import ConfigError
+from ..memory import MemorySizes
+from ..ops import Op
+from ..registry import build_schedule
+from ..simulate import simulate
+from ..runtime.metering.timeline import calibrated_comm, makespan, median_costs
+from ..runtime.options import RuntimeOptions
+from ..runtime.stages.copies import balanced_block_counts
+from ..runtime.stages.precision import parse_dtype
 from .models import KNOWN, get_model, is_known
 from .train import TrainConfig, run
 
 if TYPE_CHECKING:
-    from ...advise import Advice
-    from ...schedule import Schedule
+    from ..advise import Advice
+    from ..schedule import Schedule
 
 PROFILE_SCHEDULE = "zb-h1"
 # the layouts run after the profiled steps, and the Costs field each one's step ratio fits
@@ -213,8 +213,8 @@ def advise_from_profile(prof: Profile, memory_limit: Optional[float] = None, lim
                         **options) -> "Advice":
     """The advisor's ranking for the measured costs and activation bytes (chunks capped by the
     model's blocks); ``limit_bytes``: activation bytes per rank, recomputation then a choice."""
-    from ...advise import advise
-    from ...advise.costmodel import ScaledCosts
+    from ..advise import advise
+    from ..advise.costmodel import ScaledCosts
 
     options["max_chunks"] = min(options.get("max_chunks", 4), prof.max_chunks)
     model = ScaledCosts(prof.costs(), memory_limit, activation=prof.activation(), limit_bytes=limit_bytes, ranks=prof.ranks,
@@ -229,8 +229,8 @@ def auto_schedule(
 ) -> tuple["Schedule", "Advice", Profile]:
     """Profile in the run's ``dtype`` and ``timeout_s``, advise, and build the recommended
     schedule (``pipesched train --schedule auto``)."""
-    from ...advise.search import objective_option
-    from ...registry import get_family
+    from ..advise.search import objective_option
+    from ..registry import get_family
 
     prof = profile(model, ranks, microbatches, batch_size, steps=steps, seed=seed, dtype=dtype, timeout_s=timeout_s)
     advice = advise_from_profile(prof, memory_limit, limit_bytes)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...errors import ConfigError
+from ..errors import ConfigError
 from .datasets import random_regression_batch, text_batch, text_vocabulary
 from .model_def import ModelDef
 
@@ -116,7 +116,7 @@ def gpt_model(layers: int = 4, dim: int = 128, heads: int = 4, context: int = 64
 
     layer = 12 * dim * dim + 2 * context * dim  # per token: projections and MLP, attention
     costs = (0.02,) + (1.0,) * layers + (dim * vocab / layer,)
-    from ..sharding.tp_plans import GPT_PLAN
+    from ..runtime.sharding.tp_plans import GPT_PLAN
 
     return ModelDef("gpt", layers + 2, build, loss, batch, costs, tp_plan=GPT_PLAN, heads=(heads,))
 
@@ -138,7 +138,7 @@ def get_model(name: str, **size) -> ModelDef:
             import transformers  # noqa: F401  (imported for hf_model_def in any case)
         except ImportError:
             raise ConfigError(f"--model {name} needs Hugging Face transformers: pip install 'pipesched[hf]'") from None
-        from ...hf.cli_model import hf_model_def
+        from ..hf.cli_model import hf_model_def
 
         return hf_model_def(name[len(HF_PREFIX):], **size)
     return MODELS[name](**size)

@@ -6,7 +6,12 @@
 - ``run_loop``, ``loop_options``, ``lr_schedule``, ``evaluation``, ``metrics``, ``model_flops``,
   ``progress_display``, ``run_gather``: around the steps: the learning-rate schedule, held-out
   evaluation, the metrics written and shown, what rank 0 brings back;
-- ``profile``: measured costs and sizes for the advisor (``advise --profile``, ``train -s auto``).
+- ``profile``: measured costs and sizes for the advisor (``advise --profile``, ``train -s auto``);
+- ``launch_checks``: the layout and memory checks before any rank starts, which
+  :func:`pipesched.hf.pipeline` makes too.
 
-The top of the runtime: may import any of it.
+The application on top of the runtime (a library that imports none of it), ``pipesched.hf``,
+``pipesched.data`` and the planning tools: may import any of them. Its lowest part,
+``model_def`` and ``launch_checks``, imports only the runtime and the core, so that
+``pipesched.hf`` can call the checks (``tests/test_layers.py``).
 """

@@ -7,8 +7,8 @@ pipeline's (the first replica's ranks, in pipeline order) to rank 0, which compu
 
 from __future__ import annotations
 
-from ...schedule import Schedule
-from ..metering.bubble_share import bubble_figures
+from ..schedule import Schedule
+from ..runtime.metering.bubble_share import bubble_figures
 from .run_gather import gather_timelines
 
 

@@ -1,6 +1,6 @@
 """What a training run does around its steps: the learning-rate schedule and weight decay, the
 held-out evaluation, the metrics it writes (one :class:`LoopOptions` on
-:class:`~pipesched.runtime.training.train.TrainConfig`, picklable for the spawned ranks).
+:class:`~pipesched.training.train.TrainConfig`, picklable for the spawned ranks).
 
 Importing this module does not import torch.
 """

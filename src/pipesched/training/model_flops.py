@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from ..stages.partition import meta_block
+from ..runtime.stages.partition import meta_block
 
 # dense bf16 tensor-core peak, TFLOP/s, by a substring of torch.cuda.get_device_name (SXM parts)
 KNOWN_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10G": 70.0}

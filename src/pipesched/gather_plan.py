@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from ..errors import ConfigError
-from ..execution import TOLERANCE
+from .errors import ConfigError
+from .execution import TOLERANCE
 
 
 @dataclass(frozen=True)
