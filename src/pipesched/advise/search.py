@@ -23,7 +23,7 @@ from ..ranking import BASELINE, OBJECTIVES, rank_key, significant
 from ..registry import Family, families as registered_families
 from .candidates import BatchPlan, Setting, batch_plan, settings
 from .costmodel import CostModel, ScaledCosts
-from .evaluate import REBUILD_WIDTH, SteeredOverLimit, evaluate, leanest
+from .evaluate import REBUILD_WIDTH, Price, SteeredOverLimit, as_built, evaluate, leanest
 from .explain import explain
 from .parallel import default_workers, map_outcomes
 from .result import Advice, Candidate
@@ -32,7 +32,12 @@ __all__ = ["Advice", "Candidate", "NoCandidateFitsError", "advise", "objective_o
 
 
 class NoCandidateFitsError(ConfigError):
-    """No candidate's peak memory is within the limit (the message names the smallest feasible)."""
+    """No candidate's peak memory is within the limit (the message names the smallest feasible);
+    ``candidates``: every one built, leanest first."""
+
+    def __init__(self, message: str, candidates: tuple = ()) -> None:
+        super().__init__(message)
+        self.candidates = candidates
 
 
 def advise(
@@ -53,6 +58,8 @@ def advise(
     workers: Optional[int] = None,
     progress: Optional[Callable[[int], ContextManager]] = None,
     budget: Optional[float] = None,
+    price: Optional[Price] = None,
+    refuse_slow: bool = True,
 ) -> Advice:
     """Rank every schedule x chunk count (x microbatch count) for this setup; see the module doc.
 
@@ -63,7 +70,9 @@ def advise(
     ``progress(work)``: a context the search runs in, given the actions it builds (a spinner).
     Searches that would take more than about a minute raise a ConfigError (:mod:`..planning`);
     with ``budget`` (CPU seconds) a search predicted above it is narrowed instead
-    (:func:`affordable_search`), and ``Advice.searched`` says how.
+    (:func:`affordable_search`), and ``Advice.searched`` says how; ``refuse_slow=False`` neither
+    refuses nor narrows (a caller that bounds its own time). ``price(candidate, result)``: see
+    :func:`.evaluate.evaluate`.
     Raises :class:`NoCandidateFitsError` when nothing fits, naming the smallest feasible limit.
     """
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
@@ -89,28 +98,35 @@ def advise(
     over_limit: list[Setting] = []  # families that could not get under the limit when steered
     # Largest instances first, so parallel workers finish together.
     todo = sorted(settings(family_list, plan, max_chunks), key=lambda s: -s.microbatches * s.chunks)
-    check_search_size(ranks, plan, family_list, max_chunks)
+    if refuse_slow:
+        check_search_size(ranks, plan, family_list, max_chunks)
     work = search_actions(ranks, plan, family_list, max_chunks)
     with progress(work) if progress is not None else nullcontext():
         outcomes = map_outcomes(
-            lambda setting: evaluate(setting, ranks, plan, cost_model, objective), todo,
+            lambda setting: evaluate(setting, ranks, plan, cost_model, objective, price=price), todo,
             workers if workers is not None else default_workers(len(todo)),
         )
     seen: set[tuple[str, int, int, str]] = set()  # a family that picks its own chunks may repeat itself
+
+    def keep(candidates: Sequence[Candidate]) -> None:
+        for candidate in candidates:
+            key = (candidate.schedule, candidate.chunks, candidate.microbatches, candidate.recompute)
+            if key not in seen:
+                seen.add(key)
+                built.append(candidate)
+
     for setting, outcome in zip(todo, outcomes):
         if isinstance(outcome, PipeschedError):
             if isinstance(outcome, SteeredOverLimit):
                 over_limit.append(setting)
             skipped.append((setting.family.name, setting.chunks, setting.microbatches, str(outcome)))
             continue
-        for candidate in outcome:
-            key = (candidate.schedule, candidate.chunks, candidate.microbatches, candidate.recompute)
-            if key not in seen:
-                seen.add(key)
-                built.append(candidate)
+        keep(outcome)
+    for setting in over_limit:  # over the limit storing activations: recomputing them may fit
+        keep(as_built(setting, ranks, plan, cost_model, objective, price))
     if not any(c.fits for c in built):  # what they need at least, for the smallest feasible limit
         for setting in over_limit:
-            built.extend(leanest(setting, ranks, plan, cost_model, objective))
+            keep(leanest(setting, ranks, plan, cost_model, objective, price))
     if not built:
         reasons = "; ".join(f"{s} chunks={v} m={m}: {why}" for s, v, m, why in skipped[:3])
         raise ConfigError(f"no schedule could be built for ranks={ranks}: {reasons}")
@@ -125,7 +141,7 @@ def advise(
                        order[c.schedule], c.value(objective)),
     )
     if not fits:
-        raise NoCandidateFitsError(_no_fit_message(over, memory_limit, cost_model.limits_device_memory()))
+        raise NoCandidateFitsError(_no_fit_message(over, memory_limit, cost_model.limits_device_memory()), tuple(over))
     baseline = next(
         (c for c in built if c.schedule == BASELINE and c.microbatches == plan.reference and c.recompute == "none"),
         None
