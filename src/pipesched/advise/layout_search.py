@@ -34,13 +34,15 @@ from ..parallel_layout import ParallelLayout
 from ..ranking import BASELINE
 from ..registry import families as registered_families, get_family
 from ..sharded_bytes import MIXED, Precision
-from .candidates import divisors
+from ..planning import MAX_PLANNING_SECONDS
+from ..units import format_seconds
+from .candidates import batch_plan, divisors
 from .estimate import GB, TransformerCosts
 from .fabric import Fabric
 from .layout import LayoutAdvice, LayoutCandidate
 from .layout_costs import LayoutCosts
 from .layout_rows import member_rows, pricer, searched_line
-from .search import NoCandidateFitsError, advise
+from .search import DEFAULT_MAX_CHUNKS, NoCandidateFitsError, advise, search_seconds
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,9 @@ def _refusal(layout: ParallelLayout, model: TransformerCosts, problem: LayoutPro
 
 def _name(layout: ParallelLayout) -> str:
     return f"pp {layout.pp} x dp {layout.dp_replicate} x dp_shard {layout.dp_shard} x tp {layout.tp}"
+
+
+DIMENSIONS = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
 def flag_of(dimension: str) -> str:
@@ -185,7 +190,15 @@ def _search_group(problem: LayoutProblem, key: tuple[int, int, int], members: li
     options = microbatch_options(problem.global_batch // key[2], microbatch_size, advise_options)
     if key[0] == 1:  # one rank: every schedule is gradient accumulation
         options["families"] = [get_family(BASELINE)]
-    families = [f.name for f in options.get("families") or registered_families() if f.parameter_copies == 1]
+    chosen = [f for f in options.get("families") or registered_families() if f.parameter_copies == 1]
+    families = [f.name for f in chosen]
+    plan = batch_plan(key[0], options.get("microbatches"), options["global_batch"], options.get("microbatch_size"),
+                      options.get("min_microbatch_size", 1), options.get("max_microbatches"))
+    seconds = search_seconds(key[0], plan, chosen, options.get("max_chunks", DEFAULT_MAX_CHUNKS))
+    if seconds > MAX_PLANNING_SECONDS and len(problem.fixed) < len(DIMENSIONS):
+        fix = " ".join(f"{flag_of(d)} {getattr(members[0][0], d)}" for d in DIMENSIONS)
+        return [], [], [f"{_name(lay)}: not searched: searching its schedules in full takes about "
+                         f"{format_seconds(seconds)} of CPU (`{fix}` searches this layout alone)" for lay, _ in members]
     try:
         advice = advise(key[0], cost_model=members[0][1], refuse_slow=False,
                         price=pricer(members, problem.fabric, problem.replica_latency), **options)

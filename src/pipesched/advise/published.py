@@ -62,8 +62,18 @@ class PublishedRun:
     recompute: bool = True
     sequence_parallel: bool = True
 
+    @property
+    def microbatch_size(self) -> int:
+        """Sequences per microbatch as published: a replica's batch over its microbatches (the
+        size the advisor is told, so that the search prices the published microbatches)."""
+        sizes = {self.global_batch // self.layout.dp // m for _, _, m in self.settings}
+        if len(sizes) != 1:
+            raise ValueError(f"{self.name}: its settings give microbatches of several sizes {sorted(sizes)}")
+        return sizes.pop()
+
     def model(self) -> TransformerCosts:
-        spec = TransformerSpec(self.layers, self.hidden, self.seq_len, 1, heads=self.heads, vocab=self.vocab)
+        spec = TransformerSpec(self.layers, self.hidden, self.seq_len, self.microbatch_size, heads=self.heads,
+                               vocab=self.vocab)
         return TransformerCosts(spec, self.layout.pp, Hardware(tflops=self.tflops, gpu_memory=self.gpu_memory_gb))
 
     def fabric(self) -> Fabric:

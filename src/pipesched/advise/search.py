@@ -31,6 +31,9 @@ from .result import Advice, Candidate
 __all__ = ["Advice", "Candidate", "NoCandidateFitsError", "advise", "objective_option"]
 
 
+DEFAULT_MAX_CHUNKS = 4  # chunks per rank tried at most, unless told
+
+
 class NoCandidateFitsError(ConfigError):
     """No candidate's peak memory is within the limit (the message names the smallest feasible);
     ``candidates``: every one built, leanest first."""
@@ -50,7 +53,7 @@ def advise(
     costs: Optional[Costs] = None,
     cost_model: Optional[CostModel] = None,
     objective: str = "makespan",
-    max_chunks: int = 4,
+    max_chunks: int = DEFAULT_MAX_CHUNKS,
     min_microbatch_size: int = 1,
     max_microbatches: Optional[int] = None,
     overhead: float = 0.0,
@@ -181,7 +184,7 @@ def affordable_search(ranks: int, plan: BatchPlan, family_list: Sequence[Family]
     families = list(family_list)
 
     def seconds(p: BatchPlan, fs: Sequence[Family]) -> float:
-        return sum(planning_seconds(s.family, ranks, s.microbatches, s.chunks) for s in settings(fs, p, max_chunks))
+        return search_seconds(ranks, p, fs, max_chunks)
 
     full = seconds(plan, families)
     if full <= budget:
@@ -200,6 +203,11 @@ def affordable_search(ranks: int, plan: BatchPlan, family_list: Sequence[Family]
     steps = ([f"microbatches up to {options[-1]} (of {largest})"] if options[-1] != largest else []) + (
         [f"without {', '.join(dropped)}"] if dropped else [])
     return replace(plan, options=options), families, f"{'; '.join(steps)}: a full search takes about {format_seconds(full)}"
+
+
+def search_seconds(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> float:
+    """The search's predicted CPU seconds, an upper estimate (:mod:`..planning`)."""
+    return sum(planning_seconds(s.family, ranks, s.microbatches, s.chunks) for s in settings(family_list, plan, max_chunks))
 
 
 def search_actions(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> int:
