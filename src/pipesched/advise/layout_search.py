@@ -153,6 +153,7 @@ def advise_whole_layouts(gpus: int, model: TransformerCosts, global_batch: int, 
     bounds = {key: lower_bound(members[0][1], global_batch // key[2]) for key, members in groups.items()}
     ranked: list[LayoutCandidate] = []
     searched: list[str] = []
+    priced = 0
     for key in sorted(groups, key=lambda k: bounds[k]):
         best = min((c.step_time for c in ranked), default=None)
         if best is not None and bounds[key] >= best:
@@ -160,14 +161,15 @@ def advise_whole_layouts(gpus: int, model: TransformerCosts, global_batch: int, 
                            f"slower than {best:.4g} ms" for lay, _ in groups[key])
             continue
         members = sorted(groups[key], key=lambda m: state_bytes(m[1]))
-        rows, lines, left_out = _search_group(problem, key, members, model.spec.microbatch_size, advise_options)
+        rows, lines, left_out, count = _search_group(problem, key, members, model.spec.microbatch_size, advise_options)
+        priced += count
         ranked.extend(rows)
         searched.extend(lines)
         omitted.extend(left_out)
     if not ranked:
         raise ConfigError(f"no layout of {gpus} GPUs fits: " + "; ".join(omitted[:3]))
     ranked.sort(key=lambda c: (c.step_time, c.candidate.peak_memory_reference, c.dp * c.dp_shard, c.tp))
-    return LayoutAdvice(gpus, global_batch, tuple(ranked), (), tuple(omitted), tuple(searched))
+    return LayoutAdvice(gpus, global_batch, tuple(ranked), (), tuple(omitted), tuple(searched), priced)
 
 
 def microbatch_options(replica_batch: int, microbatch_size: int, options: dict) -> dict:
@@ -184,9 +186,9 @@ def microbatch_options(replica_batch: int, microbatch_size: int, options: dict) 
 
 
 def _search_group(problem: LayoutProblem, key: tuple[int, int, int], members: list[tuple[ParallelLayout, LayoutCosts]],
-                  microbatch_size: int, advise_options: dict) -> tuple[list[LayoutCandidate], list[str], list[str]]:
+                  microbatch_size: int, advise_options: dict) -> tuple[list[LayoutCandidate], list[str], list[str], int]:
     """One group's schedules searched in full and priced for each member: its rows, how each
-    member was searched, and the members left out with why."""
+    member was searched, the members left out with why, and the candidates simulated."""
     options = microbatch_options(problem.global_batch // key[2], microbatch_size, advise_options)
     if key[0] == 1:  # one rank: every schedule is gradient accumulation
         options["families"] = [get_family(BASELINE)]
@@ -198,7 +200,7 @@ def _search_group(problem: LayoutProblem, key: tuple[int, int, int], members: li
     if seconds > MAX_PLANNING_SECONDS and len(problem.fixed) < len(DIMENSIONS):
         fix = " ".join(f"{flag_of(d)} {getattr(members[0][0], d)}" for d in DIMENSIONS)
         return [], [], [f"{_name(lay)}: not searched: searching its schedules in full takes about "
-                         f"{format_seconds(seconds)} of CPU (`{fix}` searches this layout alone)" for lay, _ in members]
+                         f"{format_seconds(seconds)} of CPU (`{fix}` searches this layout alone)" for lay, _ in members], 0
     try:
         advice = advise(key[0], cost_model=members[0][1], refuse_slow=False,
                         price=pricer(members, problem.fabric, problem.replica_latency), **options)
@@ -206,7 +208,7 @@ def _search_group(problem: LayoutProblem, key: tuple[int, int, int], members: li
     except NoCandidateFitsError as err:  # held to the leanest member's state: the members' own peaks decide
         candidates, skipped = err.candidates, ()
     except PipeschedError as err:
-        return [], [], [f"{_name(lay)}: {err}" for lay, _ in members]
+        return [], [], [f"{_name(lay)}: {err}" for lay, _ in members], 0
     counts = sorted({c.microbatches for c in candidates})
     how = f"{', '.join(map(str, counts))} microbatches"
     rows, lines, left_out = [], [], []
@@ -217,7 +219,7 @@ def _search_group(problem: LayoutProblem, key: tuple[int, int, int], members: li
             rows.extend(replace(r, searched=searched_line("", how, why)[2:]) for r in mine)
         else:
             left_out.append(f"{_name(layout)}: no candidate fits its memory ({'; '.join(why)})")
-    return rows, lines, left_out
+    return rows, lines, left_out, len(candidates)
 
 
 def evaluate_setting(gpus: int, model: TransformerCosts, global_batch: int, fabric: Fabric, layout: ParallelLayout,
