@@ -126,7 +126,7 @@ def advise(
             continue
         keep(outcome)
     for setting in over_limit:  # over the limit storing activations: recomputing them may fit
-        keep(as_built(setting, ranks, plan, cost_model, objective, price))
+        keep([c for c in as_built(setting, ranks, plan, cost_model, objective, price) if c.fits])
     if not any(c.fits for c in built):  # what they need at least, for the smallest feasible limit
         for setting in over_limit:
             keep(leanest(setting, ranks, plan, cost_model, objective, price))
