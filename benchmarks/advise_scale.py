@@ -28,8 +28,12 @@ from pipesched.advise.published import LLAMA3_405B, MEGATRON_1T, PublishedRun
 
 
 def _405b_on(gpus: int) -> PublishedRun:
-    """Llama 3 405B's run on ``gpus`` GPUs, the batch and the layout's other sizes as published."""
-    return replace(LLAMA3_405B, gpus=gpus, layout=replace(LLAMA3_405B.layout, dp_shard=gpus // 128))
+    """Llama 3 405B's run on ``gpus`` GPUs: the batch, microbatches of 1 and the layout's other
+    sizes as published (its replicas' microbatches follow)."""
+    shards = gpus // 128
+    microbatches = LLAMA3_405B.global_batch // shards
+    return replace(LLAMA3_405B, gpus=gpus, layout=replace(LLAMA3_405B.layout, dp_shard=shards),
+                   settings=tuple((s, v, microbatches) for s, v, _ in LLAMA3_405B.settings))
 
 
 CASES = {
