@@ -104,3 +104,17 @@ def test_a_layout_is_left_out_only_when_none_of_its_candidates_fits():
             for recompute in (False, True):
                 _, fits = evaluate_setting(GPUS, model, BATCH, FABRIC, layout, name, 1, m, recompute)
                 assert not fits
+
+
+def test_a_layout_too_slow_to_search_in_full_is_named_not_searched_unless_fixed_whole(monkeypatch):
+    import pipesched.advise.layout_search as layout_search
+    from pipesched.errors import ConfigError
+
+    monkeypatch.setattr(layout_search, "MAX_PLANNING_SECONDS", 0.0)  # every search "too slow"
+    with pytest.raises(ConfigError, match=r"not searched: searching its schedules in full takes about .*"
+                                          r"`--ranks 4 --dp 2 --dp-shard 1 --tp 2` searches this layout alone"):
+        advise_whole_layouts(GPUS, _model(), BATCH, FABRIC, fixed={"pp": 4, "tp": 2, "dp_shard": 1},
+                             families=_families("1f1b"))
+    whole = {"pp": 4, "tp": 2, "dp_shard": 1, "dp_replicate": 2}
+    advice = advise_whole_layouts(GPUS, _model(), BATCH, FABRIC, fixed=whole, families=_families("1f1b"))
+    assert advice.recommended.candidate.schedule == "1f1b" and "in full" in advice.searched[0]
