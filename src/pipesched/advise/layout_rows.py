@@ -11,7 +11,7 @@ without one is named with why: a verdict from every candidate of the member, nev
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Sequence
 
 from ..memory import format_bytes
 from ..parallel_layout import ParallelLayout
@@ -98,7 +98,6 @@ def _rank_peaks(layout: ParallelLayout, member: LayoutCosts, result: SimResult) 
     return peaks
 
 
-def searched_line(name: str, microbatches: Optional[str], why: Sequence[str]) -> str:
+def how_searched(microbatches: str, why: Sequence[str]) -> str:
     """How a member was searched: in full, at which microbatch counts, and the families it lacks."""
-    counts = f" at {microbatches}" if microbatches else ""
-    return f"{name}: in full{counts}" + (f"; {'; '.join(why)}" if why else "")
+    return f"in full at {microbatches}" + (f"; {'; '.join(why)}" if why else "")

@@ -41,7 +41,7 @@ from .estimate import GB, TransformerCosts
 from .fabric import Fabric
 from .layout import LayoutAdvice, LayoutCandidate
 from .layout_costs import LayoutCosts
-from .layout_rows import member_rows, pricer, searched_line
+from .layout_rows import how_searched, member_rows, pricer
 from .search import DEFAULT_MAX_CHUNKS, NoCandidateFitsError, advise, search_seconds
 
 
@@ -215,8 +215,9 @@ def _search_group(problem: LayoutProblem, key: tuple[int, int, int], members: li
     for index, (layout, _) in enumerate(members):
         mine, why = member_rows(index, candidates, families, skipped)
         if mine:
-            lines.append(searched_line(_name(layout), how, why))
-            rows.extend(replace(r, searched=searched_line("", how, why)[2:]) for r in mine)
+            line = how_searched(how, why)
+            lines.append(f"{_name(layout)}: {line}")
+            rows.extend(replace(r, searched=line) for r in mine)
         else:
             left_out.append(f"{_name(layout)}: no candidate fits its memory ({'; '.join(why)})")
     return rows, lines, left_out, len(candidates)
