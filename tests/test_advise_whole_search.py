@@ -118,3 +118,20 @@ def test_a_layout_too_slow_to_search_in_full_is_named_not_searched_unless_fixed_
     whole = {"pp": 4, "tp": 2, "dp_shard": 1, "dp_replicate": 2}
     advice = advise_whole_layouts(GPUS, _model(), BATCH, FABRIC, fixed=whole, families=_families("1f1b"))
     assert advice.recommended.candidate.schedule == "1f1b" and "in full" in advice.searched[0]
+
+
+def test_each_row_is_the_simulation_of_the_schedule_its_build_call_rebuilds():
+    # what `pipesched export` / `simulate` rebuild from a row (advise_howto prints the call)
+    from pipesched.registry import build_schedule
+    from pipesched.simulate import simulate
+
+    advice = advise_whole_layouts(GPUS, _model(), BATCH, FABRIC, fixed={"pp": 4, "tp": 2, "dp_shard": 2},
+                                  families=_families("1f1b", "interleaved-1f1b", "zb-h1", "zb-v"))
+    stored = [row for row in advice.candidates if row.candidate.recompute == "none"]
+    assert len(stored) >= 3
+    for row in stored:
+        c = row.candidate
+        objective = {"objective": c.objective} if c.objective else {}
+        again = simulate(build_schedule(c.schedule, row.pp, c.microbatches, c.chunks, c.costs, c.memory_limit,
+                                        **objective), c.costs)
+        assert (again.makespan, again.bubble_ratio, again.peak_memory) == (c.makespan, c.bubble_ratio, c.peak_per_rank)
