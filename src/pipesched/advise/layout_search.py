@@ -206,7 +206,7 @@ def _search_group(problem: LayoutProblem, key: tuple[int, int, int], members: li
                         price=pricer(members, problem.fabric, problem.replica_latency), **options)
         candidates, skipped = advice.candidates, advice.skipped
     except NoCandidateFitsError as err:  # held to the leanest member's state: the members' own peaks decide
-        candidates, skipped = err.candidates, ()
+        candidates, skipped = err.candidates, err.skipped
     except PipeschedError as err:
         return [], [], [f"{_name(lay)}: {err}" for lay, _ in members], 0
     counts = sorted({c.microbatches for c in candidates})

@@ -36,11 +36,12 @@ DEFAULT_MAX_CHUNKS = 4  # chunks per rank tried at most, unless told
 
 class NoCandidateFitsError(ConfigError):
     """No candidate's peak memory is within the limit (the message names the smallest feasible);
-    ``candidates``: every one built, leanest first."""
+    ``candidates``: every one built, leanest first; ``skipped``: the settings not built, with why."""
 
-    def __init__(self, message: str, candidates: tuple = ()) -> None:
+    def __init__(self, message: str, candidates: tuple = (), skipped: tuple = ()) -> None:
         super().__init__(message)
         self.candidates = candidates
+        self.skipped = skipped
 
 
 def advise(
@@ -144,7 +145,8 @@ def advise(
                        order[c.schedule], c.value(objective)),
     )
     if not fits:
-        raise NoCandidateFitsError(_no_fit_message(over, memory_limit, cost_model.limits_device_memory()), tuple(over))
+        raise NoCandidateFitsError(_no_fit_message(over, memory_limit, cost_model.limits_device_memory()), tuple(over),
+                                   tuple(skipped))
     baseline = next(
         (c for c in built if c.schedule == BASELINE and c.microbatches == plan.reference and c.recompute == "none"),
         None
