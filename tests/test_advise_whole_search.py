@@ -111,10 +111,11 @@ def test_a_layout_too_slow_to_search_in_full_is_named_not_searched_unless_fixed_
     from pipesched.errors import ConfigError
 
     monkeypatch.setattr(layout_search, "MAX_PLANNING_SECONDS", 0.0)  # every search "too slow"
-    with pytest.raises(ConfigError, match=r"not searched: searching its schedules in full takes about .*"
-                                          r"`--ranks 4 --dp 2 --dp-shard 1 --tp 2` searches this layout alone"):
-        advise_whole_layouts(GPUS, _model(), BATCH, FABRIC, fixed={"pp": 4, "tp": 2, "dp_shard": 1},
-                             families=_families("1f1b"))
+    with pytest.raises(ConfigError, match=r"not searched: searching its schedules in full takes about") as err:
+        advise_whole_layouts(GPUS, _model(), BATCH, FABRIC, fixed={"pp": 4, "tp": 2}, families=_families("1f1b"))
+    for replicas, shards in ((2, 1), (1, 2)):  # each layout of the group named with its own flags
+        assert (f"pp 4 x dp {replicas} x dp_shard {shards} x tp 2: not searched" in str(err.value)
+                and f"`--ranks 4 --dp {replicas} --dp-shard {shards} --tp 2` searches this layout alone" in str(err.value))
     whole = {"pp": 4, "tp": 2, "dp_shard": 1, "dp_replicate": 2}
     advice = advise_whole_layouts(GPUS, _model(), BATCH, FABRIC, fixed=whole, families=_families("1f1b"))
     assert advice.recommended.candidate.schedule == "1f1b" and "in full" in advice.searched[0]

@@ -109,6 +109,11 @@ def _name(layout: ParallelLayout) -> str:
 DIMENSIONS = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
+def _flags(layout: ParallelLayout) -> str:
+    """The flags that fix every dimension of ``layout``."""
+    return " ".join(f"{flag_of(d)} {getattr(layout, d)}" for d in DIMENSIONS)
+
+
 def flag_of(dimension: str) -> str:
     """The command-line flag that fixes ``dimension`` (train's and advise's names)."""
     return {"pp": "--ranks", "dp_replicate": "--dp", "dp_shard": "--dp-shard", "tp": "--tp"}[dimension]
@@ -198,9 +203,9 @@ def _search_group(problem: LayoutProblem, key: tuple[int, int, int], members: li
                       options.get("min_microbatch_size", 1), options.get("max_microbatches"))
     seconds = search_seconds(key[0], plan, chosen, options.get("max_chunks", DEFAULT_MAX_CHUNKS))
     if seconds > MAX_PLANNING_SECONDS and len(problem.fixed) < len(DIMENSIONS):
-        fix = " ".join(f"{flag_of(d)} {getattr(members[0][0], d)}" for d in DIMENSIONS)
         return [], [], [f"{_name(lay)}: not searched: searching its schedules in full takes about "
-                         f"{format_seconds(seconds)} of CPU (`{fix}` searches this layout alone)" for lay, _ in members], 0
+                         f"{format_seconds(seconds)} of CPU (`{_flags(lay)}` searches this layout alone)"
+                         for lay, _ in members], 0
     try:
         advice = advise(key[0], cost_model=members[0][1], refuse_slow=False,
                         price=pricer(members, problem.fabric, problem.replica_latency), **options)
