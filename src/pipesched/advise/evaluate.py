@@ -9,14 +9,15 @@ Apart from the search so that each module has one job: choosing and ranking ther
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import replace
+from typing import Callable, Optional
 
 from ..errors import ConfigError, PipeschedError
 from ..execution import TOLERANCE
 from ..ranking import rank_key
 from ..registry import build_schedule
 from ..schedule import Schedule
-from ..simulate import simulate
+from ..simulate import SimResult, simulate
 from .candidates import BatchPlan, Setting
 from .costmodel import CostModel
 from .result import Candidate
@@ -34,18 +35,32 @@ class SteeredOverLimit(ConfigError):
     """A family that honours memory limits could not get under this one."""
 
 
-def leanest(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str) -> list[Candidate]:
+Price = Callable[[Candidate, SimResult], tuple]  # a candidate and its simulation -> Candidate.priced
+
+
+def as_built(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str,
+             price: Optional[Price] = None) -> list[Candidate]:
+    """A family that could not be steered under the limit, built as it comes: where sizes are
+    in bytes its recomputing variant may still fit (nothing when it cannot be built at all)."""
+    try:
+        return evaluate(setting, ranks, plan, model, objective, steer=False, price=price)
+    except PipeschedError:
+        return []
+
+
+def leanest(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str,
+            price: Optional[Price] = None) -> list[Candidate]:
     """A family that honours limits, built to one microbatch's activations (the least any
     schedule holds), or as it comes when it cannot get that low."""
     try:
-        return evaluate(setting, ranks, plan, model, objective, steer_to_floor=True)
+        return evaluate(setting, ranks, plan, model, objective, steer_to_floor=True, price=price)
     except PipeschedError:
-        return evaluate(setting, ranks, plan, model, objective, steer=False)
+        return evaluate(setting, ranks, plan, model, objective, steer=False, price=price)
 
 
 def evaluate(
     setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str,
-    steer: bool = True, steer_to_floor: bool = False,
+    steer: bool = True, steer_to_floor: bool = False, price: Optional[Price] = None,
 ) -> list[Candidate]:
     """Build and simulate one setting; families that honour a limit are built to it when ``steer``.
 
@@ -58,13 +73,14 @@ def evaluate(
     microbatch group, may depend on the split) and for each recompute choice the faster is kept;
     a family that searches wider (the V family, zb-auto) is built once, under the model's own
     assignment: repeating its search per split would double the advisor's time. Every
-    candidate returned was built and simulated under the one split it reports.
+    candidate returned was built and simulated under the one split it reports. ``price``, where
+    given, is called with each candidate and its simulation (:attr:`Candidate.priced`).
     """
     schedule, steer_to = _build(setting, ranks, plan, model, objective, steer, steer_to_floor)
     options = model.layer_assignments(schedule.stages, schedule.style)
     if len(options) < 2:
-        return _measure(setting, plan, model, objective, schedule, steer_to, None)
-    best = _measure(setting, plan, model, objective, schedule, steer_to, options[0])
+        return _measure(setting, plan, model, objective, schedule, steer_to, None, price)
+    best = _measure(setting, plan, model, objective, schedule, steer_to, options[0], price)
     if setting.family.search_width(ranks, setting.microbatches) > REBUILD_WIDTH:
         return best
     for name in options[1:]:
@@ -73,7 +89,7 @@ def evaluate(
             rebuilt, steer_other = _build(setting, ranks, plan, other, objective, steer, steer_to_floor)
         except PipeschedError:
             continue
-        theirs = {c.recompute: c for c in _measure(setting, plan, other, objective, rebuilt, steer_other, name)}
+        theirs = {c.recompute: c for c in _measure(setting, plan, other, objective, rebuilt, steer_other, name, price)}
         best = [min((c, theirs.get(c.recompute, c)), key=lambda x: _fit_then_time(x, objective)) for c in best]
     return best
 
@@ -111,7 +127,7 @@ def _build(
 
 def _measure(
     setting: Setting, plan: BatchPlan, model: CostModel, objective: str, schedule: Schedule,
-    steer_to: Optional[float], assignment: Optional[str],
+    steer_to: Optional[float], assignment: Optional[str], price: Optional[Price] = None,
 ) -> list[Candidate]:
     """Simulate ``schedule`` under ``model``'s costs and memory: as it is and, with a limit in
     bytes, with every stage recomputing."""
@@ -142,7 +158,7 @@ def _measure(
             memory_gb = peak_bytes / 1e9 if memory_gb is not None else None
             if budgets is not None:
                 fits = all(a <= b * (1 + TOLERANCE) for a, b in zip(held, budgets))
-        out.append(Candidate(
+        candidate = Candidate(
             schedule=family.name,
             chunks=schedule.chunks,
             microbatches=m,
@@ -167,5 +183,6 @@ def _measure(
             peak_memory_bytes=peak_bytes,
             activation_bytes=activation_bytes,
             memory_counted=counted,
-        ))
+        )
+        out.append(candidate if price is None else replace(candidate, priced=price(candidate, result)))
     return out

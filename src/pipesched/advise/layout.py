@@ -151,6 +151,7 @@ class LayoutAdvice:
     per_layout: tuple[Advice, ...]
     skipped: tuple[str, ...] = ()
     searched: tuple[str, ...] = ()  # how each layout was searched, where per_layout does not say (whole layouts)
+    priced: int = 0  # candidates simulated and priced (whole layouts: each for every member of its group)
 
     @property
     def recommended(self) -> LayoutCandidate:

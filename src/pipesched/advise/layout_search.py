@@ -10,15 +10,18 @@ searched or named with the reason it was left out:
    and unsharded gradients alone (no activations yet) exceed the GPU's memory;
 3. **pruned by symmetry**: layouts with the same ``pp``, ``tp`` and ``dp = dp_replicate x
    dp_shard`` run the same pipeline on the same microbatches: their schedules are searched once
-   (:func:`~.search.advise`, held to the memory of the member with the least state), and each
-   member then re-checks its own memory and prices its own collectives (:mod:`.sharded_step`);
+   (:func:`~.search.advise`, steered to the memory of the member with the least state), and
+   each member then prices its own collectives and per-rank memory (:mod:`.layout_rows`);
 4. **pruned by a bound**: groups are searched in the order of a lower bound on their step (a
    rank's compute and TP collectives with no bubble and the whole replica batch as one
    microbatch, which pays TP's latencies once); once a searched layout is faster than a group's
    bound, that group cannot win and is named, not searched.
 
-Each searched group's schedule search gets an equal share of :data:`SEARCH_SECONDS` of planning
-time (:func:`~.search.affordable_search` narrows it and says how).
+A searched group's schedules are searched in full: every family, chunk count and recomputation
+choice at the microbatch count the model's microbatch size gives (:func:`microbatch_options`),
+with no time budget that narrows it. Each candidate is priced for every member while its
+simulation is at hand (:mod:`.layout_rows`), and each member keeps the best fitting candidate of
+every family, naming the families with none: a member is left out only when no candidate fits it.
 """
 
 from __future__ import annotations
@@ -29,20 +32,17 @@ from typing import Optional
 from ..errors import ConfigError, PipeschedError
 from ..parallel_layout import ParallelLayout
 from ..ranking import BASELINE
-from ..registry import build_schedule, get_family
+from ..registry import families as registered_families, get_family
 from ..sharded_bytes import MIXED, Precision
-from ..simulate import simulate
-from .candidates import divisors
+from ..planning import MAX_PLANNING_SECONDS
+from ..units import format_seconds
+from .candidates import batch_plan, divisors
 from .estimate import GB, TransformerCosts
 from .fabric import Fabric
-from .held_gradients import gradient_intervals, peak_with_gradients
 from .layout import LayoutAdvice, LayoutCandidate
 from .layout_costs import LayoutCosts
-from .search import Advice, Candidate, advise, objective_option
-from .sharded_step import layout_step
-
-SEARCH_SECONDS = 12.0  # planning CPU seconds shared by the groups searched
-KEEP = 3  # fastest fitting candidates of each group re-simulated per member (and its 1F1B)
+from .layout_rows import how_searched, member_rows, pricer
+from .search import DEFAULT_MAX_CHUNKS, NoCandidateFitsError, advise, search_seconds
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,14 @@ def _name(layout: ParallelLayout) -> str:
     return f"pp {layout.pp} x dp {layout.dp_replicate} x dp_shard {layout.dp_shard} x tp {layout.tp}"
 
 
+DIMENSIONS = ("pp", "dp_replicate", "dp_shard", "tp")
+
+
+def _flags(layout: ParallelLayout) -> str:
+    """The flags that fix every dimension of ``layout``."""
+    return " ".join(f"{flag_of(d)} {getattr(layout, d)}" for d in DIMENSIONS)
+
+
 def flag_of(dimension: str) -> str:
     """The command-line flag that fixes ``dimension`` (train's and advise's names)."""
     return {"pp": "--ranks", "dp_replicate": "--dp", "dp_shard": "--dp-shard", "tp": "--tp"}[dimension]
@@ -128,11 +136,12 @@ def lower_bound(costs: LayoutCosts, replica_batch: int) -> float:
 
 
 def advise_whole_layouts(gpus: int, model: TransformerCosts, global_batch: int, fabric: Fabric,
-                         fixed: Optional[dict] = None, keep: int = KEEP, precision: Precision = MIXED,
+                         fixed: Optional[dict] = None, precision: Precision = MIXED,
                          sequence_parallel: bool = True, replica_latency: float = 0.05,
                          **advise_options) -> LayoutAdvice:
     """Rank whole layouts with their schedules by predicted step time; see the module doc.
-    ``fixed``: sizes of the dimensions the caller chose (``{"tp": 8}``)."""
+    ``fixed``: sizes of the dimensions the caller chose (``{"tp": 8}``). The microbatches are the
+    model's microbatch size unless ``max_microbatches`` opens the count (:func:`microbatch_options`)."""
     problem = LayoutProblem(gpus, global_batch, fabric, tuple(sorted((fixed or {}).items())), precision,
                             sequence_parallel, replica_latency)
     layouts, omitted = layouts_of(problem, model)
@@ -147,85 +156,76 @@ def advise_whole_layouts(gpus: int, model: TransformerCosts, global_batch: int, 
             continue
         groups.setdefault((layout.pp, layout.tp, layout.dp), []).append((layout, costs))
     bounds = {key: lower_bound(members[0][1], global_batch // key[2]) for key, members in groups.items()}
-    order = sorted(groups, key=lambda k: bounds[k])
-    share = SEARCH_SECONDS / max(1, len(order))
     ranked: list[LayoutCandidate] = []
     searched: list[str] = []
-    for key in order:
+    priced = 0
+    for key in sorted(groups, key=lambda k: bounds[k]):
         best = min((c.step_time for c in ranked), default=None)
         if best is not None and bounds[key] >= best:
             omitted.extend(f"{_name(lay)}: at least {bounds[key]:.4g} ms per step from its compute alone, "
                            f"slower than {best:.4g} ms" for lay, _ in groups[key])
             continue
         members = sorted(groups[key], key=lambda m: state_bytes(m[1]))
-        options = dict(advise_options)
-        if key[0] == 1:  # one rank: every schedule is gradient accumulation
-            options["families"] = [get_family(BASELINE)]
-        try:
-            advice = advise(key[0], cost_model=members[0][1], global_batch=global_batch // key[2],
-                            microbatch_size=model.spec.microbatch_size, budget=share, **options)
-        except PipeschedError as err:
-            omitted.extend(f"{_name(lay)}: {err}" for lay, _ in members)
-            continue
-        simulated: dict = {}
-        for layout, costs in members:
-            rows = _member_rows(problem, layout, costs, advice, keep, simulated)
-            if rows:
-                searched.append(f"{_name(layout)}: {advice.searched}")
-                ranked.extend(rows)
-            else:
-                omitted.append(f"{_name(layout)}: no schedule fits its memory")
+        rows, lines, left_out, count = _search_group(problem, key, members, model.spec.microbatch_size, advise_options)
+        priced += count
+        ranked.extend(rows)
+        searched.extend(lines)
+        omitted.extend(left_out)
     if not ranked:
         raise ConfigError(f"no layout of {gpus} GPUs fits: " + "; ".join(omitted[:3]))
     ranked.sort(key=lambda c: (c.step_time, c.candidate.peak_memory_reference, c.dp * c.dp_shard, c.tp))
-    return LayoutAdvice(gpus, global_batch, tuple(ranked), (), tuple(omitted), tuple(searched))
+    return LayoutAdvice(gpus, global_batch, tuple(ranked), (), tuple(omitted), tuple(searched), priced)
 
 
-def _member_rows(problem: LayoutProblem, layout: ParallelLayout, costs: LayoutCosts, advice: Advice,
-                 keep: int, simulated: dict) -> list[LayoutCandidate]:
-    """The group's candidates that fit this member's memory, priced with its collectives
-    (``simulated``: the group's simulations, shared by its members, by candidate)."""
-    budget = costs.budget_bytes()
-    extra = state_bytes(costs)
-    fitting = [c for c in advice.fitting
-               if budget is None or c.activation_bytes is None or c.activation_bytes + extra <= budget]
-    shortlist = fitting[:keep] + [c for c in fitting if c.schedule == "1f1b" and c not in fitting[:keep]][:1]
-    rows = []
-    for c in shortlist:
-        if id(c) not in simulated:
-            simulated[id(c)] = _simulated(layout.pp, costs, c)
-        rows.append(_priced(problem, layout, costs, c, *simulated[id(c)]))
-    return rows
+def microbatch_options(replica_batch: int, microbatch_size: int, options: dict) -> dict:
+    """The microbatch counts of a replica's search, as :func:`~.search.advise` takes them: the
+    count the model's microbatch size gives, and no other, unless the caller opened the count
+    with ``max_microbatches`` (every divisor of the replica's batch up to it, as ``advise``
+    searches them). A microbatch size is never changed silently."""
+    options = dict(options)
+    if options.get("max_microbatches") is None:
+        options.pop("max_microbatches", None)
+        options.pop("min_microbatch_size", None)
+        return {**options, "microbatches": replica_batch // microbatch_size, "global_batch": replica_batch}
+    return {**options, "global_batch": replica_batch, "microbatch_size": microbatch_size}
 
 
-def _simulated(pp: int, costs: LayoutCosts, c: Candidate) -> tuple[LayoutCosts, object]:
-    """The candidate's schedule simulated with its activations in bytes (the same for every member
-    of its group: they differ in state and collectives, not in compute or activations)."""
-    schedule = build_schedule(c.schedule, pp, c.microbatches, c.chunks, c.costs, c.memory_limit,
-                              **objective_option(get_family(c.schedule), c.objective or "makespan"))
-    sized = costs.with_layer_assignment(c.layer_assignment) if c.layer_assignment else costs
-    sizes = sized.stage_sizes(schedule.stages, schedule.style, c.scale)
-    if c.recompute != "none":
-        sizes = sizes.with_recompute(range(schedule.stages))
-    return sized, simulate(schedule, c.costs, sizes)
-
-
-def _priced(problem: LayoutProblem, layout: ParallelLayout, costs: LayoutCosts, c: Candidate, sized: LayoutCosts,
-            result) -> LayoutCandidate:
-    """One member's row: the simulated pipeline with its collectives and its own bytes."""
-    schedule = result.schedule
-    member = replace(costs, layer_assignment=sized.layer_assignment)
-    step = layout_step(result.timeline, member.gathered_bytes_per_stage(schedule.stages, schedule.style),
-                       member.reduced_bytes_per_stage(schedule.stages, schedule.style), layout, problem.fabric,
-                       c.microbatches, problem.replica_latency, units=max(member.layers_per_stage(schedule.stages, schedule.style)))
-    peaks = _rank_peaks(layout, member, result)
-    held = [{**b.to_json(), "activations": a, "peak": p}
-            for b, a, p in zip(member.ranks_bytes(schedule.stages, schedule.style), result.peak_memory_bytes, peaks)]
-    peak = max(peaks)
-    own = replace(c, peak_memory_bytes=peak, memory_gb=peak / GB)
-    return LayoutCandidate(layout.pp, layout.dp_replicate, own, step.step_time, step.exposed_reduce, step.reduce_per_rank,
-                           tp=layout.tp, dp_shard=layout.dp_shard, exposed_gather=step.exposed_gather,
-                           gather_per_rank=step.gather_per_rank, bytes_per_rank=tuple(held))
+def _search_group(problem: LayoutProblem, key: tuple[int, int, int], members: list[tuple[ParallelLayout, LayoutCosts]],
+                  microbatch_size: int, advise_options: dict) -> tuple[list[LayoutCandidate], list[str], list[str], int]:
+    """One group's schedules searched in full and priced for each member: its rows, how each
+    member was searched, the members left out with why, and the candidates simulated."""
+    options = microbatch_options(problem.global_batch // key[2], microbatch_size, advise_options)
+    if key[0] == 1:  # one rank: every schedule is gradient accumulation
+        options["families"] = [get_family(BASELINE)]
+    chosen = [f for f in options.get("families") or registered_families() if f.parameter_copies == 1]
+    families = [f.name for f in chosen]
+    plan = batch_plan(key[0], options.get("microbatches"), options["global_batch"], options.get("microbatch_size"),
+                      options.get("min_microbatch_size", 1), options.get("max_microbatches"))
+    seconds = search_seconds(key[0], plan, chosen, options.get("max_chunks", DEFAULT_MAX_CHUNKS))
+    if seconds > MAX_PLANNING_SECONDS and len(problem.fixed) < len(DIMENSIONS):
+        return [], [], [f"{_name(lay)}: not searched: searching its schedules in full takes about "
+                         f"{format_seconds(seconds)} of CPU (`{_flags(lay)}` searches this layout alone)"
+                         for lay, _ in members], 0
+    try:
+        advice = advise(key[0], cost_model=members[0][1], refuse_slow=False,
+                        price=pricer(members, problem.fabric, problem.replica_latency), **options)
+        candidates, skipped = advice.candidates, advice.skipped
+    except NoCandidateFitsError as err:  # held to the leanest member's state: the members' own peaks decide
+        candidates, skipped = err.candidates, err.skipped
+    except PipeschedError as err:
+        return [], [], [f"{_name(lay)}: {err}" for lay, _ in members], 0
+    counts = sorted({c.microbatches for c in candidates})
+    how = f"{', '.join(map(str, counts))} microbatches"
+    rows, lines, left_out = [], [], []
+    for index, (layout, _) in enumerate(members):
+        mine, why = member_rows(index, candidates, families, skipped)
+        if mine:
+            line = how_searched(how, why)
+            lines.append(f"{_name(layout)}: {line}")
+            rows.extend(replace(r, searched=line) for r in mine)
+        else:
+            left_out.append(f"{_name(layout)}: no candidate fits its memory ({'; '.join(why)})")
+    return rows, lines, left_out, len(candidates)
 
 
 def evaluate_setting(gpus: int, model: TransformerCosts, global_batch: int, fabric: Fabric, layout: ParallelLayout,
@@ -241,28 +241,15 @@ def evaluate_setting(gpus: int, model: TransformerCosts, global_batch: int, fabr
                           f"{microbatches} microbatches")
     sized = replace(model, spec=replace(model.spec, microbatch_size=replica // microbatches))  # the costs' reference
     costs = costs_for(problem, sized, layout)
-    advice = advise(layout.pp, cost_model=costs, global_batch=replica, microbatches=microbatches,
-                    families=[get_family(schedule)], max_chunks=chunks)
+    try:
+        built = advise(layout.pp, cost_model=costs, global_batch=replica, microbatches=microbatches,
+                       families=[get_family(schedule)], max_chunks=chunks, refuse_slow=False,
+                       price=pricer([(layout, costs)], fabric, problem.replica_latency)).candidates
+    except NoCandidateFitsError as err:
+        built = err.candidates
     wanted = "all" if recompute else "none"
-    match = [c for c in advice.candidates if c.chunks == chunks and c.recompute == wanted]
+    match = [c for c in built if c.chunks == chunks and c.recompute == wanted]
     if not match:
         raise ConfigError(f"{schedule} with {chunks} chunks and {microbatches} microbatches was not built for {layout}")
-    priced = _priced(problem, layout, costs, match[0], *_simulated(layout.pp, costs, match[0]))
-    budget = costs.budget_bytes()
-    return priced, budget is None or priced.candidate.peak_memory_bytes <= budget
-
-
-def _rank_peaks(layout: ParallelLayout, member: LayoutCosts, result) -> list[float]:
-    """Each rank's peak bytes: its state plus its activations; with FSDP under pipelining the
-    unsharded gradients are summed on the timeline (:mod:`.held_gradients`), not at the peak."""
-    schedule = result.schedule
-    state = member.state_bytes(schedule.stages, schedule.style)
-    if layout.dp_shard == 1 or layout.pp == 1:
-        return [a + s for a, s in zip(result.peak_memory_bytes, state)]
-    grads = member.reduced_bytes_per_stage(schedule.stages, schedule.style)
-    peaks = []
-    for rank, constant in enumerate(state):
-        held = gradient_intervals(result.timeline[rank], grads)
-        rest = constant - sum(size for _, _, size in held)
-        peaks.append(rest + peak_with_gradients(result.memory_curve(rank, in_bytes=True), held))
-    return peaks
+    priced = match[0].priced[0]
+    return priced, priced.candidate.fits

@@ -1,8 +1,8 @@
 """Published training runs as the advisor's inputs: model sizes, GPUs, network, layout, settings.
 
 Every number here is an input the publication states (or its code's default at the published
-commit, named below), or an assumption about the GPU stated as such: nothing is fitted to the
-published speeds. docs/layouts.md walks through them; ``benchmarks/published_layouts.py`` and
+commit, named below), an assumption stated as such, or one achievable share of peak per GPU
+kind, calibrated on one named run and used for every other: nothing is fitted run by run. docs/layouts.md walks through them; ``benchmarks/published_layouts.py`` and
 ``tests/test_published_runs.py`` run them.
 
 - torchtitan, ``docs/performance.md`` (added in commit d4c86e3, 2025-01-30; it names torchtitan 9dec370,
@@ -16,6 +16,11 @@ published speeds. docs/layouts.md walks through them; ``benchmarks/published_lay
   said "the number of pipeline stages", the code did not, until commit 90567fc, PR #781, of
   2025-01-07), and ``generate_split_points`` gave a multi-stage schedule 2 stages per rank
   (126 layers as 7, 14 x 8, 7; one stage per rank: 15, 6 x 16, 15).
+- Llama 3 405B, Dubey et al. 2024 ("The Llama 3 Herd of Models"), table 4: 16,384 H100 80 GB
+  as TP 8 x PP 16 x DP 128 (FSDP), sequence 8192, 16 sequences per replica (batch 2,048), 400
+  TFLOP/s per GPU; RoCE at 400 Gb/s per GPU. The paper's interleaved schedule's chunk count is
+  not taken from it: 4 is assumed (the advisor's most by default), without recomputation (the
+  fastest that fits the memory model at that layout), 1F1B priced beside it.
 - Megatron-LM, Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
   Clusters"), table 1: GPT models with vocabulary 51200, sequence 2048, on DGX A100 80 GB nodes
   of 8 (NVLink within, 8 x 200 Gb/s HDR InfiniBand per node between), activation recomputation,
@@ -32,8 +37,13 @@ from .fabric import Fabric, Link
 from .transformer import TransformerSpec
 
 GIB = 2 ** 30
-H100_TFLOPS = 400.0  # assumption: 40% of an H100 SXM's 989 dense bf16 TFLOP/s, achieved
-A100_TFLOPS = 150.0  # assumption: the advisor's default, about half of an A100's 312
+# One achievable share of the dense BF16 peak per GPU kind, each calibrated on one named run (the
+# share at which that run's predicted tokens/s per GPU equals its published figure:
+# ``benchmarks/published_layouts.py calibrate NAME PEAK``); every other run is predicted with it
+A100_PEAK, H100_PEAK = 312.0, 989.0  # dense BF16 TFLOP/s
+A100_SHARE = 0.566  # calibrated on megatron-145b (Narayanan et al. 2021, table 1)
+H100_SHARE = 0.631  # calibrated on llama3-405b (Dubey et al. 2024, table 4)
+A100_TFLOPS, H100_TFLOPS = A100_SHARE * A100_PEAK, H100_SHARE * H100_PEAK
 H100_NVLINK, H100_NETWORK = 450.0, 50.0  # GB/s per GPU and direction: NVLink 4, 400 Gb/s RDMA
 A100_NVLINK, A100_NETWORK = 300.0, 25.0  # NVLink 3; 8 x 200 Gb/s HDR per node of 8
 WITHIN_LATENCY_MS, ACROSS_LATENCY_MS = 0.005, 0.02  # per ring step (assumption)
@@ -61,9 +71,21 @@ class PublishedRun:
     gpus_per_node: int = 8
     recompute: bool = True
     sequence_parallel: bool = True
+    tokens_per_gpu: float = 0.0  # tokens/s per GPU measured (derived where the paper gives TFLOP/s)
+    measured_schedule: str = ""  # the setting the figure is of ("": not stated, the faster one priced)
+
+    @property
+    def microbatch_size(self) -> int:
+        """Sequences per microbatch as published: a replica's batch over its microbatches (the
+        size the advisor is told, so that the search prices the published microbatches)."""
+        sizes = {self.global_batch // self.layout.dp // m for _, _, m in self.settings}
+        if len(sizes) != 1:
+            raise ValueError(f"{self.name}: its settings give microbatches of several sizes {sorted(sizes)}")
+        return sizes.pop()
 
     def model(self) -> TransformerCosts:
-        spec = TransformerSpec(self.layers, self.hidden, self.seq_len, 1, heads=self.heads, vocab=self.vocab)
+        spec = TransformerSpec(self.layers, self.hidden, self.seq_len, self.microbatch_size, heads=self.heads,
+                               vocab=self.vocab)
         return TransformerCosts(spec, self.layout.pp, Hardware(tflops=self.tflops, gpu_memory=self.gpu_memory_gb))
 
     def fabric(self) -> Fabric:
@@ -81,21 +103,52 @@ def _megatron_settings(microbatches: int) -> tuple[tuple[str, int, int], ...]:
     return ("1f1b", 1, microbatches), ("interleaved-1f1b", 2, microbatches)
 
 
+def megatron_tokens(tflops: float, layers: int, hidden: int, seq_len: int, vocab: int) -> float:
+    """Tokens/s per GPU from the paper's TFLOP/s per GPU and its FLOP count (its equation 3, per
+    token: ``96 l h^2 (1 + s/6h + V/16lh)``, which counts the recomputed forward)."""
+    per_token = 96 * layers * hidden ** 2 * (1 + seq_len / (6 * hidden) + vocab / (16 * layers * hidden))
+    return tflops * 1e12 / per_token
+
+
+def _megatron(name: str, heads: int, hidden: int, layers: int, pp: int, gpus: int, batch: int,
+              tflops: float) -> PublishedRun:
+    """One row of Narayanan et al. 2021's table 1 (TP 8, microbatches of 1)."""
+    layout = ParallelLayout(pp=pp, dp_replicate=gpus // (8 * pp), tp=8)
+    return PublishedRun(name, layers, hidden, heads, 51200, 2048, gpus, batch, layout,
+                        _megatron_settings(batch // layout.dp), f"{tflops:g} TFLOP/s per GPU", **_A100,
+                        tokens_per_gpu=megatron_tokens(tflops, layers, hidden, 2048, 51200))
+
+
 TORCHTITAN_405B = PublishedRun(
     "torchtitan-405b", 126, 16384, 128, 128256, 8192, 512, 256, ParallelLayout(pp=8, dp_shard=8, tp=8),
     (("1f1b", 1, 8), ("interleaved-1f1b", 2, 8)),
-    "1F1B 100 tokens/s/GPU, 82.5 GiB; interleaved 1F1B 128, 72.7 GiB", **_H100)
+    "1F1B 100 tokens/s/GPU, 82.5 GiB; interleaved 1F1B 128, 72.7 GiB", **_H100, tokens_per_gpu=128,
+    measured_schedule="interleaved-1f1b")
 TORCHTITAN_70B = PublishedRun(
     "torchtitan-70b", 80, 8192, 64, 128256, 8192, 256, 512, ParallelLayout(pp=1, dp_shard=32, tp=8),
-    (("1f1b", 1, 1),), "829 tokens/s/GPU, 71.9 GiB", **_H100)
-MEGATRON_145B = PublishedRun(
-    "megatron-145b", 80, 12288, 96, 51200, 2048, 1536, 2304, ParallelLayout(pp=8, dp_replicate=24, tp=8),
-    _megatron_settings(96), "the layout of table 1", **_A100)
-MEGATRON_310B = PublishedRun(
-    "megatron-310b", 96, 16384, 128, 51200, 2048, 1920, 2160, ParallelLayout(pp=16, dp_replicate=15, tp=8),
-    _megatron_settings(144), "the layout of table 1", **_A100)
-MEGATRON_1T = PublishedRun(
-    "megatron-1t", 128, 25600, 160, 51200, 2048, 3072, 3072, ParallelLayout(pp=64, dp_replicate=6, tp=8),
-    _megatron_settings(512), "52% of peak FLOP/s", **_A100)
+    (("1f1b", 1, 1),), "829 tokens/s/GPU, 71.9 GiB", **_H100, tokens_per_gpu=829, measured_schedule="1f1b")
+MEGATRON_39B = _megatron("megatron-39b", 64, 8192, 48, 2, 512, 1536, 138)
+MEGATRON_76B = _megatron("megatron-76b", 80, 10240, 60, 4, 1024, 1792, 140)
+MEGATRON_145B = _megatron("megatron-145b", 96, 12288, 80, 8, 1536, 2304, 148)
+MEGATRON_310B = _megatron("megatron-310b", 128, 16384, 96, 16, 1920, 2160, 155)
+MEGATRON_530B = _megatron("megatron-530b", 128, 20480, 105, 35, 2520, 2520, 163)
+MEGATRON_1T = _megatron("megatron-1t", 160, 25600, 128, 64, 3072, 3072, 163)
 
-RUNS = (TORCHTITAN_405B, TORCHTITAN_70B, MEGATRON_145B, MEGATRON_310B, MEGATRON_1T)
+def spec_tokens(tflops: float, layers: int, hidden: int, heads: int, vocab: int, seq_len: int) -> float:
+    """Tokens/s per GPU from a paper's model TFLOP/s per GPU (no recomputation counted), with the
+    advisor's own FLOP count for the model (:class:`TransformerSpec`), so that the figure and the
+    prediction count alike."""
+    spec = TransformerSpec(layers, hidden, seq_len, 1, heads=heads, vocab=vocab)
+    per_sequence = layers * sum(spec.layer_flops(1)) + 3 * (spec.head_flops(1) + spec.embedding_flops(1))
+    return tflops * 1e12 * seq_len / per_sequence
+
+
+LLAMA3_TOKENS = spec_tokens(400, 126, 16384, 128, 128256, 8192)
+LLAMA3_405B = PublishedRun(
+    "llama3-405b", 126, 16384, 128, 128256, 8192, 16384, 2048, ParallelLayout(pp=16, dp_shard=128, tp=8),
+    (("1f1b", 1, 16), ("interleaved-1f1b", 4, 16)), "400 TFLOP/s per GPU (41% of BF16 peak)",
+    **{**_H100, "gpu_memory_gb": 80 * GIB / 1e9}, recompute=False, tokens_per_gpu=LLAMA3_TOKENS,
+    measured_schedule="interleaved-1f1b")
+
+RUNS = (TORCHTITAN_405B, TORCHTITAN_70B, LLAMA3_405B, MEGATRON_39B, MEGATRON_76B, MEGATRON_145B, MEGATRON_310B,
+        MEGATRON_530B, MEGATRON_1T)

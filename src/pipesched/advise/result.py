@@ -38,6 +38,9 @@ class Candidate:
     peak_memory_bytes: Optional[float] = None  # fullest rank: activations plus what the model counts besides
     activation_bytes: Optional[float] = None  # fullest rank's activations alone
     memory_counted: Optional[str] = None  # what peak_memory_bytes (and a limit in bytes) counts
+    # what the search's ``price`` hook made of this candidate's simulation (a layout search: its
+    # members' rows), kept so that nothing is built twice
+    priced: tuple = field(default=(), repr=False, compare=False)
 
     @property
     def peak_memory_reference(self) -> float:

@@ -23,7 +23,7 @@ from ..ranking import BASELINE, OBJECTIVES, rank_key, significant
 from ..registry import Family, families as registered_families
 from .candidates import BatchPlan, Setting, batch_plan, settings
 from .costmodel import CostModel, ScaledCosts
-from .evaluate import REBUILD_WIDTH, SteeredOverLimit, evaluate, leanest
+from .evaluate import REBUILD_WIDTH, Price, SteeredOverLimit, as_built, evaluate, leanest
 from .explain import explain
 from .parallel import default_workers, map_outcomes
 from .result import Advice, Candidate
@@ -31,8 +31,17 @@ from .result import Advice, Candidate
 __all__ = ["Advice", "Candidate", "NoCandidateFitsError", "advise", "objective_option"]
 
 
+DEFAULT_MAX_CHUNKS = 4  # chunks per rank tried at most, unless told
+
+
 class NoCandidateFitsError(ConfigError):
-    """No candidate's peak memory is within the limit (the message names the smallest feasible)."""
+    """No candidate's peak memory is within the limit (the message names the smallest feasible);
+    ``candidates``: every one built, leanest first; ``skipped``: the settings not built, with why."""
+
+    def __init__(self, message: str, candidates: tuple = (), skipped: tuple = ()) -> None:
+        super().__init__(message)
+        self.candidates = candidates
+        self.skipped = skipped
 
 
 def advise(
@@ -45,7 +54,7 @@ def advise(
     costs: Optional[Costs] = None,
     cost_model: Optional[CostModel] = None,
     objective: str = "makespan",
-    max_chunks: int = 4,
+    max_chunks: int = DEFAULT_MAX_CHUNKS,
     min_microbatch_size: int = 1,
     max_microbatches: Optional[int] = None,
     overhead: float = 0.0,
@@ -53,6 +62,8 @@ def advise(
     workers: Optional[int] = None,
     progress: Optional[Callable[[int], ContextManager]] = None,
     budget: Optional[float] = None,
+    price: Optional[Price] = None,
+    refuse_slow: bool = True,
 ) -> Advice:
     """Rank every schedule x chunk count (x microbatch count) for this setup; see the module doc.
 
@@ -63,7 +74,9 @@ def advise(
     ``progress(work)``: a context the search runs in, given the actions it builds (a spinner).
     Searches that would take more than about a minute raise a ConfigError (:mod:`..planning`);
     with ``budget`` (CPU seconds) a search predicted above it is narrowed instead
-    (:func:`affordable_search`), and ``Advice.searched`` says how.
+    (:func:`affordable_search`), and ``Advice.searched`` says how; ``refuse_slow=False`` neither
+    refuses nor narrows (a caller that bounds its own time). ``price(candidate, result)``: see
+    :func:`.evaluate.evaluate`.
     Raises :class:`NoCandidateFitsError` when nothing fits, naming the smallest feasible limit.
     """
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
@@ -89,28 +102,35 @@ def advise(
     over_limit: list[Setting] = []  # families that could not get under the limit when steered
     # Largest instances first, so parallel workers finish together.
     todo = sorted(settings(family_list, plan, max_chunks), key=lambda s: -s.microbatches * s.chunks)
-    check_search_size(ranks, plan, family_list, max_chunks)
+    if refuse_slow:
+        check_search_size(ranks, plan, family_list, max_chunks)
     work = search_actions(ranks, plan, family_list, max_chunks)
     with progress(work) if progress is not None else nullcontext():
         outcomes = map_outcomes(
-            lambda setting: evaluate(setting, ranks, plan, cost_model, objective), todo,
+            lambda setting: evaluate(setting, ranks, plan, cost_model, objective, price=price), todo,
             workers if workers is not None else default_workers(len(todo)),
         )
     seen: set[tuple[str, int, int, str]] = set()  # a family that picks its own chunks may repeat itself
+
+    def keep(candidates: Sequence[Candidate]) -> None:
+        for candidate in candidates:
+            key = (candidate.schedule, candidate.chunks, candidate.microbatches, candidate.recompute)
+            if key not in seen:
+                seen.add(key)
+                built.append(candidate)
+
     for setting, outcome in zip(todo, outcomes):
         if isinstance(outcome, PipeschedError):
             if isinstance(outcome, SteeredOverLimit):
                 over_limit.append(setting)
             skipped.append((setting.family.name, setting.chunks, setting.microbatches, str(outcome)))
             continue
-        for candidate in outcome:
-            key = (candidate.schedule, candidate.chunks, candidate.microbatches, candidate.recompute)
-            if key not in seen:
-                seen.add(key)
-                built.append(candidate)
+        keep(outcome)
+    for setting in over_limit:  # over the limit storing activations: recomputing them may fit
+        keep([c for c in as_built(setting, ranks, plan, cost_model, objective, price) if c.fits])
     if not any(c.fits for c in built):  # what they need at least, for the smallest feasible limit
         for setting in over_limit:
-            built.extend(leanest(setting, ranks, plan, cost_model, objective))
+            keep(leanest(setting, ranks, plan, cost_model, objective, price))
     if not built:
         reasons = "; ".join(f"{s} chunks={v} m={m}: {why}" for s, v, m, why in skipped[:3])
         raise ConfigError(f"no schedule could be built for ranks={ranks}: {reasons}")
@@ -125,7 +145,8 @@ def advise(
                        order[c.schedule], c.value(objective)),
     )
     if not fits:
-        raise NoCandidateFitsError(_no_fit_message(over, memory_limit, cost_model.limits_device_memory()))
+        raise NoCandidateFitsError(_no_fit_message(over, memory_limit, cost_model.limits_device_memory()), tuple(over),
+                                   tuple(skipped))
     baseline = next(
         (c for c in built if c.schedule == BASELINE and c.microbatches == plan.reference and c.recompute == "none"),
         None
@@ -165,7 +186,7 @@ def affordable_search(ranks: int, plan: BatchPlan, family_list: Sequence[Family]
     families = list(family_list)
 
     def seconds(p: BatchPlan, fs: Sequence[Family]) -> float:
-        return sum(planning_seconds(s.family, ranks, s.microbatches, s.chunks) for s in settings(fs, p, max_chunks))
+        return search_seconds(ranks, p, fs, max_chunks)
 
     full = seconds(plan, families)
     if full <= budget:
@@ -184,6 +205,11 @@ def affordable_search(ranks: int, plan: BatchPlan, family_list: Sequence[Family]
     steps = ([f"microbatches up to {options[-1]} (of {largest})"] if options[-1] != largest else []) + (
         [f"without {', '.join(dropped)}"] if dropped else [])
     return replace(plan, options=options), families, f"{'; '.join(steps)}: a full search takes about {format_seconds(full)}"
+
+
+def search_seconds(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> float:
+    """The search's predicted CPU seconds, an upper estimate (:mod:`..planning`)."""
+    return sum(planning_seconds(s.family, ranks, s.microbatches, s.chunks) for s in settings(family_list, plan, max_chunks))
 
 
 def search_actions(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> int:

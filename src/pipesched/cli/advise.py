@@ -93,7 +93,7 @@ def _advise_whole_layout(pp: Optional[int], search: SearchFlags, model: ModelFla
     layout_options.run_whole(
         layout.gpus, search.global_batch, transformer_costs(model, layout.gpus, search, *limits),
         layout.gpus_per_node, layout.node_bandwidth, fixed, layout.latency, layout.report, scope.as_json, scope.top,
-        **searched(search, scope),
+        progress=lambda work: planning_progress("advise", work), **searched(search, scope),
     )
 
 

@@ -1,0 +1,138 @@
+"""The whole-layout search is complete: the user's microbatch size, every family kept per layout,
+verdicts from every candidate (issue 37). A small model, so that every layout's search is exact
+and quick; the 1T and 405B searches run in benchmarks/advise_scale.py."""
+
+from dataclasses import replace
+
+import pytest
+
+from pipesched.advise.estimate import Hardware, TransformerCosts
+from pipesched.advise.fabric import Fabric, Link
+from pipesched.advise.layout_search import advise_whole_layouts, evaluate_setting
+from pipesched.advise.transformer import TransformerSpec
+from pipesched.parallel_layout import ParallelLayout
+from pipesched.registry import get_family
+
+FABRIC = Fabric(4, Link.from_gbps(100, 0.005), Link.from_gbps(10, 0.02))
+SPEC = TransformerSpec(8, 1024, 512, 2, heads=16, vocab=32000)
+GPUS, BATCH = 16, 64
+
+
+def _model(gpu_memory: float = 40.0, spec: TransformerSpec = SPEC) -> TransformerCosts:
+    return TransformerCosts(spec, 1, Hardware(tflops=100, gpu_memory=gpu_memory))
+
+
+def _families(*names):
+    return [get_family(n) for n in names]
+
+
+def test_every_row_keeps_the_user_s_microbatch_size():
+    advice = advise_whole_layouts(GPUS, _model(), BATCH, FABRIC, families=_families("1f1b", "interleaved-1f1b"))
+    for row in advice.candidates:
+        c = row.candidate
+        assert c.microbatch_size == SPEC.microbatch_size
+        assert c.microbatches == BATCH // (row.dp * row.dp_shard) // SPEC.microbatch_size
+
+
+def test_other_microbatch_sizes_only_where_the_user_opens_the_count():
+    advice = advise_whole_layouts(GPUS, _model(), BATCH, FABRIC, fixed={"pp": 4, "tp": 1, "dp_shard": 1},
+                                  families=_families("1f1b"), max_microbatches=16, min_microbatch_size=1)
+    assert {r.candidate.microbatches for r in advice.candidates} <= {1, 2, 4, 8, 16}
+    assert "1, 2, 4, 8, 16 microbatches" in advice.searched[0]
+
+
+@pytest.mark.parametrize("names", [("1f1b", "interleaved-1f1b"), ("gpipe", "interleaved-1f1b"),
+                                   ("interleaved-1f1b", "zb-h1")])
+def test_two_schedules_asked_give_rows_of_both_for_a_layout_where_both_fit(names):
+    advice = advise_whole_layouts(GPUS, _model(), BATCH, FABRIC, fixed={"pp": 4, "tp": 2, "dp_shard": 2},
+                                  families=_families(*names))
+    assert {r.candidate.schedule for r in advice.candidates} == set(names)
+
+
+def test_each_layout_holds_the_best_fitting_candidate_of_every_family_or_names_why_not():
+    names = ("1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v")
+    advice = advise_whole_layouts(GPUS, _model(), BATCH, FABRIC, fixed={"tp": 2}, families=_families(*names))
+    layouts = {(r.pp, r.dp, r.dp_shard) for r in advice.candidates}
+    for pp, dp, shard in layouts:
+        rows = [r for r in advice.candidates if (r.pp, r.dp, r.dp_shard) == (pp, dp, shard)]
+        kept = [r.candidate.schedule for r in rows]
+        assert len(kept) == len(set(kept))  # one row per family: its best
+        missing = set(names if pp > 1 else ("1f1b",)) - set(kept)
+        assert all(name in rows[0].searched for name in missing)
+
+
+def test_the_best_row_of_a_family_is_its_fastest_fitting_setting():
+    fixed = ParallelLayout(pp=4, dp_replicate=2, dp_shard=1, tp=2)
+    advice = advise_whole_layouts(GPUS, _model(), BATCH, FABRIC, fixed={"pp": 4, "tp": 2, "dp_replicate": 2},
+                                  families=_families("interleaved-1f1b"), max_chunks=2)
+    row = advice.recommended
+    m = BATCH // fixed.dp // SPEC.microbatch_size
+    priced = [evaluate_setting(GPUS, _model(), BATCH, FABRIC, fixed, "interleaved-1f1b", 2, m, recompute)
+              for recompute in (False, True)]
+    fitting = [p for p, fits in priced if fits]
+    assert row.step_time == pytest.approx(min(p.step_time for p in fitting), rel=1e-12)
+
+
+def test_a_family_over_the_limit_storing_activations_is_kept_recomputing_them():
+    # at 80% of what it needs storing activations, interleaved cannot be steered under the limit
+    # (its smallest microbatch group holds too much); recomputing, it fits
+    spec = replace(SPEC, microbatch_size=8)
+    fixed = {"pp": 4, "tp": 1, "dp_shard": 1}
+    stored = advise_whole_layouts(GPUS, _model(80.0, spec), 256, FABRIC, fixed=fixed,
+                                  families=_families("interleaved-1f1b"), max_chunks=2)
+    need = stored.recommended.candidate.peak_memory_bytes
+    assert stored.recommended.candidate.recompute == "none"
+    tight = advise_whole_layouts(GPUS, _model(need * 0.8 / 1e9, spec), 256, FABRIC, fixed=fixed,
+                                 families=_families("interleaved-1f1b"), max_chunks=2)
+    row = tight.recommended
+    assert row.candidate.schedule == "interleaved-1f1b" and row.candidate.recompute == "all"
+    assert row.candidate.peak_memory_bytes <= need * 0.8
+
+
+def test_a_layout_is_left_out_only_when_none_of_its_candidates_fits():
+    names = ("1f1b", "zb-h1")
+    model = _model(6.0)
+    advice = advise_whole_layouts(GPUS, model, BATCH, FABRIC, fixed={"tp": 1, "dp_shard": 1},
+                                  families=_families(*names), max_chunks=1)
+    for line in advice.skipped:
+        if "no candidate fits its memory" not in line:
+            continue
+        pp = int(line.split()[1])
+        layout = ParallelLayout(pp=pp, dp_replicate=GPUS // pp)
+        m = BATCH // layout.dp // SPEC.microbatch_size
+        for name in names if pp > 1 else ("1f1b",):
+            for recompute in (False, True):
+                _, fits = evaluate_setting(GPUS, model, BATCH, FABRIC, layout, name, 1, m, recompute)
+                assert not fits
+
+
+def test_a_layout_too_slow_to_search_in_full_is_named_not_searched_unless_fixed_whole(monkeypatch):
+    import pipesched.advise.layout_search as layout_search
+    from pipesched.errors import ConfigError
+
+    monkeypatch.setattr(layout_search, "MAX_PLANNING_SECONDS", 0.0)  # every search "too slow"
+    with pytest.raises(ConfigError, match=r"not searched: searching its schedules in full takes about") as err:
+        advise_whole_layouts(GPUS, _model(), BATCH, FABRIC, fixed={"pp": 4, "tp": 2}, families=_families("1f1b"))
+    for replicas, shards in ((2, 1), (1, 2)):  # each layout of the group named with its own flags
+        assert (f"pp 4 x dp {replicas} x dp_shard {shards} x tp 2: not searched" in str(err.value)
+                and f"`--ranks 4 --dp {replicas} --dp-shard {shards} --tp 2` searches this layout alone" in str(err.value))
+    whole = {"pp": 4, "tp": 2, "dp_shard": 1, "dp_replicate": 2}
+    advice = advise_whole_layouts(GPUS, _model(), BATCH, FABRIC, fixed=whole, families=_families("1f1b"))
+    assert advice.recommended.candidate.schedule == "1f1b" and "in full" in advice.searched[0]
+
+
+def test_each_row_is_the_simulation_of_the_schedule_its_build_call_rebuilds():
+    # what `pipesched export` / `simulate` rebuild from a row (advise_howto prints the call)
+    from pipesched.registry import build_schedule
+    from pipesched.simulate import simulate
+
+    advice = advise_whole_layouts(GPUS, _model(), BATCH, FABRIC, fixed={"pp": 4, "tp": 2, "dp_shard": 2},
+                                  families=_families("1f1b", "interleaved-1f1b", "zb-h1", "zb-v"))
+    stored = [row for row in advice.candidates if row.candidate.recompute == "none"]
+    assert len(stored) >= 3
+    for row in stored:
+        c = row.candidate
+        objective = {"objective": c.objective} if c.objective else {}
+        again = simulate(build_schedule(c.schedule, row.pp, c.microbatches, c.chunks, c.costs, c.memory_limit,
+                                        **objective), c.costs)
+        assert (again.makespan, again.bubble_ratio, again.peak_memory) == (c.makespan, c.bubble_ratio, c.peak_per_rank)
