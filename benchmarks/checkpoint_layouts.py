@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 import pipesched
+from pipesched.parallel_layout import runtime_layout
 from pipesched.runtime.checkpoints import checkpoint
 from pipesched.runtime.executor import PipelineRuntime
 from pipesched.runtime.stages.staged_model import StagedModel
@@ -55,7 +56,7 @@ from pipesched.runtime.launching.launch import (
     under_torchrun,
 )
 from pipesched.runtime.options import RuntimeOptions
-from pipesched.runtime.sharding.sharded_mesh import init_sharded_mesh, runtime_layout
+from pipesched.runtime.sharding.sharded_mesh import init_sharded_mesh
 from pipesched.training.models import get_model
 from pipesched.training.optimizers import make_optimizer
 from pipesched.training.train import TrainConfig, run

@@ -37,13 +37,14 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import pipesched  # noqa: E402
+from pipesched.parallel_layout import runtime_layout  # noqa: E402
 from pipesched.runtime.launching.launch import (  # noqa: E402
     rank_device,
     run_torchrun,
     spawn,
     under_torchrun,
 )
-from pipesched.runtime.sharding.sharded_mesh import init_sharded_mesh, runtime_layout  # noqa: E402
+from pipesched.runtime.sharding.sharded_mesh import init_sharded_mesh  # noqa: E402
 from pipesched.runtime.stages.copies import balanced_block_counts  # noqa: E402
 from pipesched.runtime.stages.partition import build_stage, stage_block_ranges  # noqa: E402
 from pipesched.training.models import gpt_model  # noqa: E402

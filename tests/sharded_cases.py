@@ -222,10 +222,8 @@ def largest_difference(got: list[dict], want: list[dict]) -> float:
 def run_case(layout_sizes: dict, kinds: list, device: str = "cpu", timeout_s: float = 120) -> dict:
     """Every model of ``kinds`` on one layout: errors against the reference, split against fused,
     bytes (``layout_sizes`` may say ``reshard_after_forward``)."""
-    from pipesched.runtime.sharding.sharded_mesh import (
-        init_sharded_mesh,
-        runtime_layout,
-    )
+    from pipesched.parallel_layout import runtime_layout
+    from pipesched.runtime.sharding.sharded_mesh import init_sharded_mesh
     from pipesched.runtime.sharding.tp_plans import param_specs
 
     layout_sizes = dict(layout_sizes)
@@ -275,10 +273,8 @@ def placements(rank: int, world: int, _payload=None) -> dict:
     import torch.distributed as dist
 
     from pipesched.runtime.comm.mesh import init_pipeline_mesh
-    from pipesched.runtime.sharding.sharded_mesh import (
-        init_sharded_mesh,
-        runtime_layout,
-    )
+    from pipesched.parallel_layout import runtime_layout
+    from pipesched.runtime.sharding.sharded_mesh import init_sharded_mesh
 
     def seen(mesh) -> tuple:
         groups = [dist.get_process_group_ranks(g) if g is not None else None for g in (mesh.pp_group, mesh.dp_group)]

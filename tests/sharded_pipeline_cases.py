@@ -28,10 +28,8 @@ def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
     from pipesched.runtime.executor import PipelineRuntime
     from pipesched.runtime.options import RuntimeOptions
     from pipesched.runtime.stages.staged_model import StagedModel
-    from pipesched.runtime.sharding.sharded_mesh import (
-        init_sharded_mesh,
-        runtime_layout,
-    )
+    from pipesched.parallel_layout import runtime_layout
+    from pipesched.runtime.sharding.sharded_mesh import init_sharded_mesh
     from pipesched.runtime.sharding.model_plans import plan_for
     from pipesched.runtime.stages.copies import input_ranks, loss_ranks
     from pipesched.training.evaluation import evaluate_pipeline
@@ -87,10 +85,8 @@ def hf_pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
 
     import pipesched.hf as hf
     from pipesched.runtime.options import RuntimeOptions
-    from pipesched.runtime.sharding.sharded_mesh import (
-        init_sharded_mesh,
-        runtime_layout,
-    )
+    from pipesched.parallel_layout import runtime_layout
+    from pipesched.runtime.sharding.sharded_mesh import init_sharded_mesh
 
     runs, batches, *where = job
     device = torch.device(where[0] if where else "cpu")

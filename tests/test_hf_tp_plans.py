@@ -99,11 +99,36 @@ def test_a_config_that_declares_a_style_pipesched_lacks_has_no_plan_and_its_own_
 TRAIN = ["train", "--batch-size", "8", "--steps", "3", "--lr", "0.05", "--optimizer", "sgd"]
 
 
+@pytest.mark.parametrize("kind, tp, refused", [("falcon", 2, None), ("phi3-gqa", 4, None),
+                                               ("falcon-grouped", 4, 2), ("phi3", 3, 4)])
+def test_tp_divides_only_the_heads_of_an_attention_the_plan_splits(tmp_path, kind, tp, refused):
+    """Falcon 7B's multi-query layout (1 key-value head) and Phi-3 with fewer key-value than query
+    heads keep the attention whole on every tp rank and split only the MLP: a ``tp`` that divides
+    none of their key-value heads is no refusal. Where the plan splits the attention (Falcon 40B's
+    grouped layout, Phi-3 with equal heads) every head count must divide, and the first that does
+    not is named."""
+    from pipesched.errors import ConfigError
+    from pipesched.runtime.sharding.tp_plans import splits_attention
+    from pipesched.training.launch_checks import check_tp
+    from pipesched.training.models import get_model
+
+    make_config(kind).to_json_file(tmp_path / "config.json")
+    md = get_model(f"hf:{tmp_path / 'config.json'}")
+    assert any(heads % tp for heads in md.heads)  # some head count of the model tp does not divide
+    assert splits_attention(md.tp_plan) == (refused is not None)
+    if refused is None:
+        check_tp(md, tp)
+    else:
+        with pytest.raises(ConfigError, match=f"tp={tp} does not divide the {refused} attention heads of hf:"):
+            check_tp(md, tp)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_helium_trains_under_tp_as_in_one_process_and_starcoder2_splits_its_mlp(tmp_path):
-    """Helium from its declared plan alone: ``--tp 2`` (4 processes) against one process, 3 SGD steps
-    in fp32. The two differ only in the order of fp32 sums: a row-wise layer adds two partial dot
+def test_helium_and_falcon_multi_query_train_under_tp_as_in_one_process_and_starcoder2_splits_its_mlp(tmp_path):
+    """Helium from its declared plan alone, and Falcon 7B's multi-query layout (its one key-value
+    head: the attention whole on every tp rank, the MLP split): ``--tp 2`` (4 processes) against
+    one process, 3 SGD steps in fp32. The two differ only in the order of fp32 sums: a row-wise layer adds two partial dot
     products of 16 or 32 terms, the loss is the mean of 4 microbatches' means. Each reordering
     moves a sum by at most ``2 (n - 1) u sum|terms|`` (u = 2**-24): under 4e-6 of a sum of up to
     64 terms even where they cancel tenfold, carried into weights that an SGD step at lr 0.05
@@ -113,12 +138,13 @@ def test_helium_trains_under_tp_as_in_one_process_and_starcoder2_splits_its_mlp(
     its fullest rank holds about 0.6 of its stage's parameters under ``--tp 2`` (0.75 with the MLP
     whole: embeddings, norms and biases stay whole)."""
     import pipesched
-    from pipesched.cli.train_memory import rank_state, stage_specs
+    from pipesched.training.launch_checks import rank_state, stage_specs
     from pipesched.parallel_layout import ParallelLayout
     from pipesched.training.models import get_model
 
     runs = []
-    for kind in ("helium", "starcoder2"):
+    kinds = ("helium", "starcoder2", "falcon")
+    for kind in kinds:
         make_config(kind).to_json_file(tmp_path / f"{kind}.json")
         for label, args in (("tp", ["--ranks", "2", "--tp", "2", "-s", "1f1b"]), ("one", ["-s", "none"])):
             runs.append([*TRAIN, "--model", f"hf:{tmp_path / kind}.json", *args,
@@ -126,7 +152,7 @@ def test_helium_trains_under_tp_as_in_one_process_and_starcoder2_splits_its_mlp(
                          "--save-params", str(tmp_path / f"{kind}-{label}.pt")])
     for done in concurrently(lambda args: run_cli(*args, timeout=540), runs, workers=2):
         assert done.returncode == 0, done.stderr
-    for kind in ("helium", "starcoder2"):
+    for kind in kinds:
         got, want = (json.loads((tmp_path / f"{kind}-{x}.json").read_text()) for x in ("tp", "one"))
         got_w, want_w = (torch.load(tmp_path / f"{kind}-{x}.pt") for x in ("tp", "one"))
         assert got["losses"] == pytest.approx(want["losses"], rel=1e-5), kind

@@ -125,6 +125,27 @@ def test_each_replica_takes_its_contiguous_shard_of_the_global_batch():
         second.shard(torch.arange(5))
 
 
+def test_a_run_carries_one_layout_that_places_ranks_as_the_pipeline_mesh_does():
+    """``TrainConfig`` carries its processes' layout as one value, the one ``train``'s
+    ``LayoutSection`` builds: the run's world and data ranks are the layout's, a layout of other
+    pipeline ranks than the schedule's is refused, and its order is the runtime's, where global rank
+    ``g`` is pipeline rank ``g % pp`` of replica ``g // pp`` (as ``init_pipeline_mesh`` places a
+    ``--dp`` run's ranks)."""
+    from pipesched.cli.run_config import LayoutSection
+    from pipesched.errors import ConfigError
+    from pipesched.training.train import TrainConfig
+
+    plan = pipesched.build_schedule("1f1b", 2, 4)
+    cfg = TrainConfig("gpt", plan, 1, 48, layout=LayoutSection(ranks=2, dp=2, dp_shard=3, tp=2).of(plan.ranks))
+    assert (cfg.world, cfg.data_ranks) == (2 * 2 * 3 * 2, 2 * 3)  # tp ranks read the same data
+    assert TrainConfig("gpt", plan, 1, 8).layout == LayoutSection(ranks=2).of(plan.ranks)  # one replica
+    replicas = LayoutSection(ranks=2, dp=2).of(plan.ranks)
+    placed = [replicas.coordinates(g) for g in range(replicas.world)]
+    assert [(c["dp_replicate"], c["pp"]) for c in placed] == [(g // 2, g % 2) for g in range(4)]
+    with pytest.raises(ConfigError, match="has 3 pipeline ranks, the schedule 2"):
+        TrainConfig("gpt", plan, 1, 8, layout=LayoutSection(ranks=3).of(3))
+
+
 def test_auto_checks_the_replica_split_before_profiling():
     done = _train("--schedule", "auto", "--ranks", "2", "--dp", "2", "--batch-size", "24")
     assert done.returncode == 2

@@ -52,7 +52,7 @@ def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resum
     # and what the advisor predicts from the gpt's sizes for the run's blocks (tests/advised_bytes.py)
     from advised_bytes import advised_state_bytes, gpt_defaults
 
-    from pipesched.runtime.sharding.sharded_mesh import runtime_layout
+    from pipesched.parallel_layout import runtime_layout
     from pipesched.runtime.stages.copies import balanced_block_counts
 
     schedule = pipesched.build_schedule("zb-v", 2, got["microbatches"])

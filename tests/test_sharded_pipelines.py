@@ -109,7 +109,7 @@ def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_wi
     from advised_bytes import advised_state_bytes
 
     from pipesched.balance import even_counts
-    from pipesched.runtime.sharding.sharded_mesh import runtime_layout
+    from pipesched.parallel_layout import runtime_layout
 
     advised = {label: (schedule, dims) for label, schedule, dims, *options in runs
                if not options and schedule.name in SINGLE_PIPELINE}

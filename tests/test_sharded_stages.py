@@ -96,7 +96,7 @@ def ranks():
 
 def layout_of(label: str):
     """The ParallelLayout of case ``label``."""
-    from pipesched.runtime.sharding.sharded_mesh import runtime_layout
+    from pipesched.parallel_layout import runtime_layout
 
     sizes = {**ALL_CASES, **EIGHT_RANK_CASES}[label][0]
     return runtime_layout(**{k: v for k, v in sizes.items() if k != "reshard_after_forward"})

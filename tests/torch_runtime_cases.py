@@ -39,9 +39,10 @@ def torch_runs_compute_comms(rank: int, world: int, job: tuple) -> dict:
         for label, schedule in shared:
             mine[label] = _train(md, batch, schedule, groups[index], os.path.join(folder, f"{label}.csv"))
     if sharded:
+        from pipesched.parallel_layout import runtime_layout
         from pipesched.runtime.sharding import sharded_mesh
 
-        mesh = sharded_mesh.init_sharded_mesh(sharded_mesh.runtime_layout(pp=2, dp_shard=2), 60)
+        mesh = sharded_mesh.init_sharded_mesh(runtime_layout(pp=2, dp_shard=2), 60)
         for label, schedule, programs in sharded:
             mine[label] = _train_sharded(md, batch, schedule, programs, mesh, os.path.join(folder, f"{label}.csv"))
     parts = [None] * world

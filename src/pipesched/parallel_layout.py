@@ -28,6 +28,8 @@ from .errors import ConfigError
 
 DIMENSIONS = ("pp", "dp_replicate", "dp_shard", "tp")
 TORCHTITAN_ORDER = DIMENSIONS  # outermost first: pp, then replicas, then shards, tp innermost
+# the runtime's order (pipesched.runtime.sharding.sharded_mesh says why): replicas outermost, tp innermost
+RUNTIME_ORDER = ("dp_replicate", "dp_shard", "pp", "tp")
 
 
 @dataclass(frozen=True)
@@ -101,3 +103,9 @@ class ParallelLayout:
 
     def __str__(self) -> str:
         return " x ".join(f"{name} {getattr(self, name)}" for name in self.order)
+
+
+def runtime_layout(pp: int, dp_replicate: int = 1, dp_shard: int = 1, tp: int = 1) -> ParallelLayout:
+    """The layout a run's processes take, in the runtime's order (the placement ``--dp`` runs
+    have): the one builder of ``train``'s layout (``--ranks``, ``--dp``, ``--dp-shard``, ``--tp``)."""
+    return ParallelLayout(pp, dp_replicate, dp_shard, tp, order=RUNTIME_ORDER)

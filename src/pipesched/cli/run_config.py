@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..bounds import DEFAULT_TIMEOUT_S
-from ..parallel_layout import ParallelLayout
+from ..parallel_layout import ParallelLayout, runtime_layout
 from ..runtime.checkpoints.checkpoint_files import DEFAULT_KEEP
 from . import options as opt
 from .declared import old_spelling, option, shared
@@ -102,8 +102,9 @@ class LayoutSection:
                      "(gpt and Hugging Face models; docs/layouts.md).", least=1)
 
     def of(self, pp: int) -> ParallelLayout:
-        """The layout of ``pp`` pipeline ranks (the schedule's: a CSV brings its own) cut this way."""
-        return ParallelLayout(pp, self.dp, self.dp_shard, self.tp)
+        """The layout of ``pp`` pipeline ranks (the schedule's: a CSV brings its own) cut this way, in
+        the runtime's order: the one the run's ``TrainConfig`` carries to its ranks."""
+        return runtime_layout(pp, self.dp, self.dp_shard, self.tp)
 
     @property
     def sharded(self) -> bool:

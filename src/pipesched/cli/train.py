@@ -23,6 +23,7 @@ from ..environment import torchrun_rank
 from ..errors import ConfigError, RunFailure
 from ..memory import Recomputed
 from ..outfiles import check_output_path
+from ..parallel_layout import ParallelLayout
 from ..resolve import Resolved, RunSpec, ScheduleChoice, resolve_schedule
 from ..training.optimizers import OPTIMIZERS
 from ..schedule import Schedule
@@ -59,19 +60,20 @@ def train(cfg: RunConfig) -> None:
     checked = _checks_without_torch(cfg)
     model_def, plan, recompute, model_options = _model_and_plan(cfg, checked)
     run = cfg.training
+    layout = None if plan is None else cfg.layout.of(plan.ranks)  # the run's one layout, its TrainConfig's
     if cfg.layout.sharded:  # the checks pipesched.hf.pipeline makes too
         from ..training.launch_checks import check_sharded_stages, state_slots
         from ..training.optimizers import make_optimizer
 
         slots = state_slots(make_optimizer(cfg.optimizer.optimizer, cfg.optimizer.lr))
-        check_sharded_stages(model_def, plan, checked.counts, cfg.layout.of(plan.ranks), slots, checked.state_limit,
+        check_sharded_stages(model_def, plan, checked.counts, layout, slots, checked.state_limit,
                              batch_size=run.batch_size, seed=run.seed, recompute=recompute, dtype=checked.dtype)
     from .train_checks import check_checkpointing
 
     ckpt = cfg.checkpoint
     resume_from = check_checkpointing(ckpt.checkpoint_dir, ckpt.resume, run.steps, model_def, cfg.optimizer.optimizer,
                                       cfg.optimizer.lr)  # last: creates the folder
-    train_config = _config(cfg, checked, plan, recompute, model_options, resume_from)
+    train_config = _config(cfg, checked, plan, layout, recompute, model_options, resume_from)
     if cfg.model.model.startswith("hf:"):  # after every check: a refusal stays one line
         say_how_text_is_read(cfg.model.model, cfg.data.data, cfg.data.tokenizer)
         train_hf.say_what_the_folder_gave(model_def)
@@ -142,13 +144,13 @@ def _model_and_plan(cfg: RunConfig, checked: _Checked):
     return model_def, plan, recompute, model_options
 
 
-def _config(cfg: RunConfig, checked: _Checked, plan: Optional[Schedule], recompute: Recomputed, model_options: dict,
-            resume_from):
+def _config(cfg: RunConfig, checked: _Checked, plan: Optional[Schedule], layout: Optional[ParallelLayout],
+            recompute: Recomputed, model_options: dict, resume_from):
     """The run as one ``TrainConfig`` (its runtime settings one ``RuntimeOptions``, the dtype parsed once)."""
     from ..runtime.options import RuntimeOptions
     from ..training.train import TrainConfig
 
-    run, ckpt, out, layout = cfg.training, cfg.checkpoint, cfg.outputs, cfg.layout
+    run, ckpt, out = cfg.training, cfg.checkpoint, cfg.outputs
     options = RuntimeOptions(seed=run.seed, timeout_s=run.timeout,
                              skip_nonfinite=run.skip_nonfinite, clip_grad_norm=run.clip_grad_norm, recompute=recompute,
                              dtype=checked.dtype, meter_every_step=out.trace is not None)  # a trace draws every step
@@ -158,8 +160,7 @@ def _config(cfg: RunConfig, checked: _Checked, plan: Optional[Schedule], recompu
         model_size=model_options, want_params=out.save_params is not None or out.save_hf is not None,
         show_progress=True, checkpoint_dir=None if ckpt.checkpoint_dir is None else str(ckpt.checkpoint_dir),
         checkpoint_every=ckpt.checkpoint_every, checkpoint_keep=ckpt.checkpoint_keep,
-        resume_from=None if resume_from is None else str(resume_from), dp=layout.dp, dp_shard=layout.dp_shard,
-        tp=layout.tp, loop=checked.loop,
+        resume_from=None if resume_from is None else str(resume_from), loop=checked.loop, layout=layout,
     )
 
 

@@ -59,13 +59,16 @@ def check_batch_split(batch_size: int, dp: int, microbatches: int) -> None:
 
 
 def check_tp(model_def, tp: int) -> None:
-    """A model ``tp`` cannot split: it has no tensor-parallel plan, or ``tp`` does not divide its heads."""
+    """A model ``tp`` cannot split: it has no tensor-parallel plan, or its plan splits the attention
+    (:func:`~pipesched.runtime.sharding.tp_plans.splits_attention`) and ``tp`` does not divide its heads."""
+    from ..runtime.sharding.tp_plans import splits_attention
+
     if tp == 1:
         return
     if model_def.tp_plan is None:
         raise ConfigError(f"tp={tp}: {model_def.name} has no tensor-parallel plan (docs/layouts.md lists the models "
                           "that have one, and why the others have none)")
-    for heads in model_def.heads:
+    for heads in model_def.heads if splits_attention(model_def.tp_plan) else ():
         if heads % tp:
             raise ConfigError(f"tp={tp} does not divide the {heads} attention heads of {model_def.name}")
 

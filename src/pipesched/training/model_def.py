@@ -31,7 +31,8 @@ class ModelDef:
     # which of its modules tensor parallelism splits column- or row-wise (runtime.sharding.model_plans; None:
     # the model has no plan, and tensor parallelism is refused for it)
     tp_plan: Optional[dict] = None
-    heads: tuple[int, ...] = ()  # the head counts (attention, key-value) tensor parallelism must divide
+    # the head counts (attention, key-value) tensor parallelism divides where its plan splits the attention
+    heads: tuple[int, ...] = ()
     # the batch context of a batch's inputs, what every block reads besides its input
     # (runtime.stages.batch_context; hf: models' --packing documents: the position ids); None: none
     context: Optional[Callable[[torch.Tensor], dict]] = None

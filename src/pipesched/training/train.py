@@ -16,6 +16,8 @@ from typing import Optional
 
 import torch
 
+from ..errors import ConfigError
+from ..parallel_layout import ParallelLayout, runtime_layout
 from ..schedule import Schedule
 from ..runtime.checkpoints import checkpoint
 from ..runtime.comm.latency import measure_latency
@@ -61,23 +63,30 @@ class TrainConfig:
     checkpoint_every: Optional[int] = None  # with checkpoint_dir: save after every N steps (and the last; None: the last only)
     checkpoint_keep: int = checkpoint.DEFAULT_KEEP
     resume_from: Optional[str] = None  # a checkpoint folder: continue after its step, up to ``steps``
-    dp: int = 1  # data-parallel replicas of the pipeline
-    dp_shard: int = 1  # FSDP shards inside each stage
-    tp: int = 1  # tensor-parallel ranks inside each stage (world = ranks x dp x dp_shard x tp)
+    # the processes' layout: the schedule's ranks x replicas x FSDP shards x tensor-parallel ranks
+    # (parallel_layout.runtime_layout; None: one replica of the schedule's pipeline)
+    layout: Optional[ParallelLayout] = None
     # other layouts that take turns with this run's own after its steps, in the same processes,
     # for as many rounds (a profile's): see _turns
     alongside: tuple[Schedule, ...] = ()
     loop: LoopOptions = LoopOptions()  # learning-rate schedule, evaluation, metrics (run_loop.py)
 
+    def __post_init__(self) -> None:
+        ranks = self.schedule.ranks if self.schedule is not None else 1
+        if self.layout is None:
+            object.__setattr__(self, "layout", runtime_layout(ranks))
+        elif self.layout.pp != ranks:
+            raise ConfigError(f"the layout {self.layout} has {self.layout.pp} pipeline ranks, the schedule {ranks}")
+
     @property
     def world(self) -> int:
         """Processes the run takes: every replica's, shard's and tensor-parallel rank's pipeline ranks."""
-        return self.schedule.ranks * self.dp * self.dp_shard * self.tp if self.schedule is not None else 1
+        return self.layout.world
 
     @property
     def data_ranks(self) -> int:
         """How many ways the global batch is split (replicas x shards; tensor-parallel ranks share data)."""
-        return self.dp * self.dp_shard
+        return self.layout.dp
 
     def model_def(self) -> ModelDef:
         return get_model(self.model, **self.model_size)
@@ -200,7 +209,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
         return None
     return TrainResult(
         losses, times, timelines, latency, params, grads, memory, curves, stage_memory,
-        dp=cfg.dp, dtype=dtype_name(cfg.options.dtype), first_step=first, alongside_timelines=beside_timelines, loop=hooks.record,
+        dp=cfg.layout.dp_replicate, dtype=dtype_name(cfg.options.dtype), first_step=first, alongside_timelines=beside_timelines, loop=hooks.record,
     )
 
 
@@ -228,19 +237,18 @@ def _runtime(cfg: TrainConfig, md: ModelDef, schedule: Schedule, counts: Optiona
     model = StagedModel(md.build_block, md.num_blocks, one,
                         block_counts=counts or balanced_block_counts(md.block_costs, schedule), tied=md.tied,
                         sample_context=md.batch_context(one) if md.context is not None else None,
-                        tp_plan=md.tp_plan if cfg.tp > 1 else None)
+                        tp_plan=md.tp_plan if cfg.layout.tp > 1 else None)
     return PipelineRuntime(model, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr, cfg.loop.weight_decay),
                            options=replace(cfg.options, device=rank_device()), mesh=mesh)
 
 
 def _mesh(cfg: TrainConfig):
     """This rank's place: replicas of a pipeline, or a sharded layout (FSDP shards, tensor parallelism)."""
-    if cfg.dp_shard == 1 and cfg.tp == 1:
-        return init_pipeline_mesh(cfg.schedule.ranks, cfg.dp, cfg.options.timeout_s)
-    from ..runtime.sharding.sharded_mesh import init_sharded_mesh, runtime_layout
+    if not cfg.layout.sharded:
+        return init_pipeline_mesh(cfg.schedule.ranks, cfg.layout.dp_replicate, cfg.options.timeout_s)
+    from ..runtime.sharding.sharded_mesh import init_sharded_mesh
 
-    layout = runtime_layout(cfg.schedule.ranks, cfg.dp, cfg.dp_shard, cfg.tp)
-    return init_sharded_mesh(layout, cfg.options.timeout_s, rank_device().type)
+    return init_sharded_mesh(cfg.layout, cfg.options.timeout_s, rank_device().type)
 
 
 def run(cfg: TrainConfig) -> Optional[TrainResult]:

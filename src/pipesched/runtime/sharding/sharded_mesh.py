@@ -2,7 +2,8 @@
 over ``(dp_replicate, dp_shard, tp)`` for this rank's pipeline position, and its pipeline.
 
 Where ranks sit is the layout's ``order`` (outermost first, the last varying fastest). The order
-the runtime uses by default, :data:`RUNTIME_ORDER`, is ``dp_replicate, dp_shard, pp, tp``:
+the runtime uses by default, :data:`~pipesched.parallel_layout.RUNTIME_ORDER` (built by
+:func:`~pipesched.parallel_layout.runtime_layout`), is ``dp_replicate, dp_shard, pp, tp``:
 
 - with ``dp_shard = tp = 1`` it is exactly the placement of :func:`.mesh.init_pipeline_mesh`
   (global rank ``g`` is pipeline rank ``g % pp`` of replica ``g // pp``), so an existing
@@ -28,7 +29,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from ...parallel_layout import ParallelLayout
 from ..comm.mesh import PipelineMesh, check_timeout
 
-RUNTIME_ORDER = ("dp_replicate", "dp_shard", "pp", "tp")
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")  # the device mesh of one pipeline position
 
 
@@ -127,8 +127,3 @@ def init_sharded_mesh(layout: ParallelLayout, timeout_s: Optional[float] = None,
     )
     grids = pipeline.all_grids
     return ShardedMesh(layout, device_mesh, pipeline, grids, coords["tp"], coords["dp_shard"], coords["dp_replicate"])
-
-
-def runtime_layout(pp: int, dp_replicate: int = 1, dp_shard: int = 1, tp: int = 1) -> ParallelLayout:
-    """A layout in the runtime's order (the placement existing ``--dp`` runs have)."""
-    return ParallelLayout(pp, dp_replicate, dp_shard, tp, order=RUNTIME_ORDER)

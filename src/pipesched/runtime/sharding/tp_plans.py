@@ -44,6 +44,18 @@ def _matches(name: str, suffix: str) -> bool:
     return len(names) >= len(wanted) and all(w in ("*", n) for w, n in zip(wanted, names[len(names) - len(wanted):]))
 
 
+ATTENTION_NAMES = ("attn", "attention")  # a plan key with a name containing one of these is an attention's
+
+
+def splits_attention(plan: Plan) -> bool:
+    """Whether ``plan`` splits some module of an attention (a key with a name containing one of
+    :data:`ATTENTION_NAMES`): only then does ``tp`` divide the model's heads. Falcon's multi-query
+    layout and Phi-3 with fewer key-value heads keep the attention whole on every tp rank and split
+    only the MLP, so their head counts need not divide."""
+    return any(style != HEADS and any(word in name for name in key.split(".") for word in ATTENTION_NAMES)
+               for key, style in plan.items())
+
+
 def planned_modules(module: nn.Module, plan: Plan) -> Iterator[tuple[str, nn.Module, str]]:
     """(name, sub-module, style) of every sub-module of ``module`` the plan splits."""
     for name, sub in module.named_modules():

@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 from torch import nn
 
-from ...parallel_layout import ParallelLayout
+from ...parallel_layout import runtime_layout
 from ..comm import tied
 from ..comm.grad_norm import pieces_norm
 from ..comm.mesh import PipelineMesh
@@ -31,7 +31,7 @@ class WholeStages(StageStrategy):
 
     def __init__(self, mesh: PipelineMesh, device: torch.device) -> None:
         self.mesh, self.device = mesh, device
-        self.layout = ParallelLayout(mesh.pp, mesh.dp)
+        self.layout = runtime_layout(mesh.pp, mesh.dp)
         self.sums: Optional[TiedSums] = None  # the rank's tied weights held on several stages
 
     @property
