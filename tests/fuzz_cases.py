@@ -36,8 +36,8 @@ PLANNING_FLOATS = ["--comm", "--overlap", "--recompute-input"]
 PLANNING_LISTS = ["--costs", "--stage-multipliers", "--memory-limit"]
 # command prefix -> its options that take numbers (ints, floats) or lists of them
 COMMANDS: dict[str, tuple[list[str], list[str], list[str]]] = {
-    "simulate 1f1b -p 2 -m 2 --json": (PLANNING_INTS, PLANNING_FLOATS, PLANNING_LISTS + ["--activation-bytes"]),
-    "simulate zb-v -p 2 -m 4 --json": (PLANNING_INTS, PLANNING_FLOATS, PLANNING_LISTS + ["--activation-bytes"]),
+    "simulate 1f1b -p 2 -m 2 --json": (PLANNING_INTS, PLANNING_FLOATS, PLANNING_LISTS + ["--activation-bytes", "--activation-limit"]),
+    "simulate zb-v -p 2 -m 4 --json": (PLANNING_INTS, PLANNING_FLOATS, PLANNING_LISTS + ["--activation-bytes", "--activation-limit"]),
     "export zb-h1 -p 2 -m 2": (PLANNING_INTS + ["--microbatch-size"], ["--recompute-input"], PLANNING_LISTS),
     "draw 1f1b -p 2 -m 2 -o {dir}/fuzz.svg": (PLANNING_INTS, PLANNING_FLOATS, PLANNING_LISTS),
     "compare -p 2 -m 2 --json": (PLANNING_INTS, PLANNING_FLOATS, PLANNING_LISTS),
@@ -71,7 +71,7 @@ def option_case(draw) -> list[str]:
         flag, value = draw(st.sampled_from(floats)), draw(st.sampled_from(FLOATS))
     else:
         flag = draw(st.sampled_from(lists))
-        pool = SIZES if flag in ("--memory-limit", "--activation-bytes") else FLOATS
+        pool = SIZES if flag in ("--memory-limit", "--activation-bytes", "--activation-limit") else FLOATS
         value = ",".join(draw(st.lists(st.sampled_from(pool), min_size=1, max_size=4)))
     return prefix.split() + [f"{flag}={value}"]
 

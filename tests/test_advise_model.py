@@ -266,7 +266,7 @@ def test_bad_model_dimensions_are_refused(field, value):
 
 
 def test_a_limit_in_bytes_bounds_the_whole_footprint_the_advisor_reports():
-    # the case: 32 layers, h = s = 4096, b = 1, G = 64 on 8 ranks, --memory-limit 40GiB
+    # the case: 32 layers, h = s = 4096, b = 1, G = 64 on 8 ranks, --rank-memory-limit 40GiB
     spec = TransformerSpec(layers=32, hidden=4096, seq_len=4096, microbatch_size=1)
     limit = 40 * 2**30
     model = TransformerCosts(spec, ranks=8, memory_bytes=limit)

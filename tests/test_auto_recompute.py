@@ -118,17 +118,17 @@ def test_the_share_derived_from_sizes_is_what_a_recomputed_stage_keeps_of_a_stor
 
 def test_simulate_derives_the_share_from_the_activation_bytes_and_the_flag_overrides_it():
     args = ("simulate", "zb-auto", "-p", "4", "-m", "8", "--costs", "1,1.4,0.6", "--comm", "0.1", "--json")
-    derived = run_cli(*args, "--activation-bytes", "1GiB,1GiB,64MiB", "--memory-limit", "800MiB")
+    derived = run_cli(*args, "--activation-bytes", "1GiB,1GiB,64MiB", "--activation-limit", "800MiB")
     assert derived.returncode == 0, derived.stderr
     metrics = json.loads(derived.stdout)
     assert metrics["recompute"] and max(metrics["peak_memory_bytes"]) <= 800 * 2**20
     # a V's stage is half a rank's share: a recomputed one keeps 2 x 64 MiB of its 512 MiB
     assert tuple(metrics["peak_memory"]) == simulate(auto(800 / 1024, recompute_input=0.125)).peak_memory
-    overridden = run_cli(*args, "--activation-bytes", "1GiB,1GiB,64MiB", "--memory-limit", "800MiB",
+    overridden = run_cli(*args, "--activation-bytes", "1GiB,1GiB,64MiB", "--activation-limit", "800MiB",
                          "--recompute-input", "0.5")
     assert tuple(json.loads(overridden.stdout)["peak_memory"]) == simulate(auto(800 / 1024, recompute_input=0.5)).peak_memory
     assert json.loads(overridden.stdout)["peak_memory"] != metrics["peak_memory"]
-    unknown_input = run_cli(*args, "--activation-bytes", "1GiB", "--memory-limit", "800MiB")
+    unknown_input = run_cli(*args, "--activation-bytes", "1GiB", "--activation-limit", "800MiB")
     assert unknown_input.returncode == 2 and "below one microbatch's activations" in unknown_input.stderr
 
 

@@ -87,7 +87,7 @@ def test_bad_sizes_name_the_valid_units(text):
 
 
 @pytest.mark.parametrize("args,fragment", [
-    (["simulate", "1f1b", "--memory-limit", "40GiB"], "needs the activation size per microbatch"),
+    (["simulate", "1f1b", "--memory-limit", "40GiB"], "--memory-limit takes M_B units"),
     (["simulate", "1f1b", "--memory-limit", "40XB"], "unknown unit 'XB'"),
     (["advise", "--layers", "8", "--hidden", "256", "--seq-len", "64", "--microbatch-size", "1",
       "--memory-limit", "12parsecs"], "unknown unit"),
@@ -105,7 +105,7 @@ def test_advise_takes_a_byte_limit_with_a_model_description():
     # a limit in bytes counts the whole footprint: each rank's 4 layers' weights, gradients and
     # optimizer state take 48.2 MiB, so 51.2MiB leaves 3 MiB for activations
     result = run_cli("advise", "--ranks", "2", "--layers", "8", "--hidden", "256", "--seq-len", "64",
-                     "--microbatch-size", "1", "--microbatches", "4", "--memory-limit", "51.2MiB",
+                     "--microbatch-size", "1", "--microbatches", "4", "--rank-memory-limit", "51.2MiB",
                      "--schedules", "1f1b,gpipe,zb-v", "--json")
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
@@ -114,7 +114,7 @@ def test_advise_takes_a_byte_limit_with_a_model_description():
     fits = {(r["schedule"], r["recompute"]): r["fits"] for r in rows}
     assert fits[("1f1b", "all")] and not fits[("1f1b", "none")]
     too_little = run_cli("advise", "--ranks", "2", "--layers", "8", "--hidden", "256", "--seq-len", "64",
-                         "--microbatch-size", "1", "--microbatches", "4", "--memory-limit", "48.7MiB",
+                         "--microbatch-size", "1", "--microbatches", "4", "--rank-memory-limit", "48.7MiB",
                          "--schedules", "1f1b,gpipe,zb-v")
     assert too_little.returncode == 2
     assert "no schedule fits in the memory limit: the leanest, " in too_little.stderr
@@ -134,5 +134,5 @@ def test_simulate_reports_peak_bytes_when_the_activation_size_is_given():
     assert max(recomputed["peak_memory_bytes"]) < max(metrics["peak_memory_bytes"])
     assert recomputed["makespan"] > metrics["makespan"]
     limited = run_cli("simulate", "zb-auto", "-p", "4", "-m", "8", "--activation-bytes", "1GiB",
-                      "--memory-limit", "2GiB", "--json")
+                      "--activation-limit", "2GiB", "--json")
     assert json.loads(limited.stdout)["peak_memory"] == [2.0] * 4  # 2GiB over 1GiB per M_B

@@ -46,7 +46,7 @@ from .advise_model import (
 from .advise_print import print_advice
 from .progress import planning_progress
 
-Limits = tuple[Optional[float], Optional[float]]  # --memory-limit in M_B, or in bytes (one of the two)
+Limits = tuple[Optional[float], Optional[float]]  # --memory-limit in M_B, or a limit in bytes (one of the two)
 
 
 @app.command("advise")
@@ -66,7 +66,7 @@ def advise_cmd(ctx: typer.Context, ranks: int = opt.Ranks, *, search: SearchFlag
     mode = ("--profile" if profile.profile else "--gpus" if layout.gpus is not None
             else "a model description" if model.described else "given costs")
     refuse_ignored(mode, typed)
-    limits = opt.parse_memory_limit(search.memory_limit, bytes_known=profile.profile or model.described)
+    limits = search.limits(profiled=profile.profile, described=model.described)
     if profile.profile:
         _advise_profiled(ranks, search, model, profile, scope, limits)
     elif layout.gpus is not None and (layout.gpus_per_node is not None or layout.fixed()):

@@ -17,6 +17,7 @@ import typer
 
 from ..errors import ConfigError
 from ..registry import get_family
+from . import memory_limits as ml
 from . import options as opt
 from .option_group import option_group
 
@@ -29,6 +30,8 @@ class SearchFlags:
     """The batch, the memory limit, the given costs and the search's bounds, as typed."""
 
     memory_limit: Optional[str]
+    activation_limit: Optional[str]
+    rank_memory_limit: Optional[str]
     microbatches: Optional[int]
     global_batch: Optional[int]
     microbatch_size: Optional[int]
@@ -42,6 +45,32 @@ class SearchFlags:
     max_microbatches: Optional[int]
     min_microbatch_size: Optional[int]
     overhead: Optional[float]
+
+    def limits(self, profiled: bool, described: bool) -> tuple[Optional[float], Optional[float]]:
+        """The memory limit as (M_B, bytes), at most one given: ``--activation-limit`` (bytes of
+        the activations ``--profile`` measures) or ``--rank-memory-limit`` (all a GPU holds, as a
+        model description counts it); a size given to ``--memory-limit`` is the old spelling of
+        the one that fits (warned about)."""
+        units, size = ml.parse_memory_limit(self.memory_limit)
+        activation, rank = self.activation_limit, self.rank_memory_limit
+        if size is not None and (profiled or described):
+            new = "--activation-limit" if profiled else "--rank-memory-limit"
+            moved = ml.moved_size("advise", self.memory_limit, new, activation if profiled else rank)
+            activation, rank = (moved, rank) if profiled else (activation, moved)
+        elif size is not None:
+            ml.units_only(self.memory_limit, "sizes in bytes need --profile (--activation-limit) or a model "
+                          "description (--rank-memory-limit)")
+        if activation is not None and not profiled:
+            raise ConfigError("--activation-limit needs --profile (it measures the activations); with a model "
+                              "description give --rank-memory-limit, else --memory-limit in M_B")
+        if rank is not None and (profiled or not described):
+            raise ConfigError("--rank-memory-limit needs a model description (--layers, --hidden, ...: it counts "
+                              "weights, gradients and optimizer state); with --profile give --activation-limit")
+        given = [flag for flag, value in (("--memory-limit", units), ("--activation-limit", activation),
+                                          ("--rank-memory-limit", rank)) if value is not None]
+        if len(given) > 1:
+            raise ConfigError(f"{' and '.join(given)} are each a memory limit: give one")
+        return units, ml.size_limit("--activation-limit", activation) or ml.size_limit("--rank-memory-limit", rank)
 
     def given_costs(self) -> dict[str, object]:
         """The flags that give the costs (flag -> value; None: not given), which a model
@@ -70,12 +99,9 @@ class ScopeFlags:
 
 
 SEARCH_OPTIONS: tuple[tuple[str, object, object], ...] = (
-    ("memory_limit", Optional[str], typer.Option(
-        None, "--memory-limit",
-        help="Memory per rank: in M_B, activations only (one microbatch's activations of a rank's share); "
-        "or in bytes (40GiB, 512MiB) with a model description or --profile: all the advisor counts per GPU "
-        "(weights, gradients, optimizer state and activations, as --gpu-memory; with --profile the measured "
-        "activations), the bytes it reports as peak_memory_bytes.")),
+    ("memory_limit", Optional[str], ml.MemoryLimit),
+    ("activation_limit", Optional[str], ml.ActivationLimit),
+    ("rank_memory_limit", Optional[str], ml.RankMemoryLimit),
     ("microbatches", Optional[int], typer.Option(None, "--microbatches", "-m", help="Fixed microbatch count M.")),
     ("global_batch", Optional[int], typer.Option(
         None, "--global-batch", help="Samples per iteration G: the advisor also chooses M.")),

@@ -133,7 +133,7 @@ def transformer_costs(model: ModelFlags, ranks: int, search: SearchFlags, memory
         if value is not None:
             raise ConfigError(f"{flag} cannot be combined with a model description (the model gives the costs)")
     if (memory_limit is not None or limit_bytes is not None) and model.gpu_memory is not None:
-        raise ConfigError("give --memory-limit (activations) or --gpu-memory (GB, all of a device), not both")
+        raise ConfigError("give --memory-limit (activations, M_B), --rank-memory-limit (bytes) or --gpu-memory (GB, all of a device), not two")
     dtype = model.activation_dtype if model.activation_dtype is not None else ACTIVATION_DTYPE  # an empty value is refused below
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"--activation-dtype {dtype!r} is not known: use one of {', '.join(DTYPE_BYTES)}")

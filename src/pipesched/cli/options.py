@@ -19,6 +19,7 @@ import typer
 from ..bounds import check_number
 from ..costs import Costs
 from ..errors import ConfigError
+from .memory_limits import MAX_LIMIT_MB, MemoryLimit, moved_size, parse_memory_limit, size_limit, units_only
 from .option_group import option_group
 
 ScheduleName = typer.Argument(None, help="Schedule name (or give --csv).")
@@ -38,10 +39,6 @@ FullBackward = typer.Option(
     None, "--full-backward",
     help="What a fused backward (action B, as in 1f1b) of a rank's share costs, in cost units "
     "(default B+W of --costs). advise --profile measures it.",
-)
-MemoryLimit = typer.Option(
-    None, "--memory-limit",
-    help="Peak activations per rank, in one microbatch's activations (M_B); sizes such as 40GiB where the activation size is known.",
 )
 Objective = typer.Option(
     None, "--objective",
@@ -79,39 +76,6 @@ class Setup:
     recompute_input: Optional[float] = None  # zb-auto may recompute; what a recomputed stage keeps
 
 
-MAX_LIMIT_MB = 1e9  # a limit above this many microbatches' activations is no limit at all
-MAX_LIMIT_BYTES = 2.0**60  # 1 EiB per rank
-
-
-def parse_memory_limit(text: Optional[str], bytes_known: bool,
-                       flag: str = "--memory-limit") -> tuple[Optional[float], Optional[float]]:
-    """``--memory-limit`` (or ``flag``, a limit of the same form) as (M_B units, bytes): a plain
-    number is M_B, a size with a unit (``40GiB``, ``512MiB``) bytes, accepted only where the
-    activation size is known."""
-    from ..memory import parse_size
-
-    if text is None:
-        return None, None
-    try:
-        size = parse_size(text)
-    except ValueError as err:
-        raise ConfigError(f"{flag} {err}") from None
-    value = size if size is not None else float(text)
-    most = MAX_LIMIT_BYTES if size is not None else MAX_LIMIT_MB
-    if not (math.isfinite(value) and 0 < value <= most):
-        raise ConfigError(f"{flag} must be a finite number above 0, at most {most:g} "
-                          f"{'bytes' if size is not None else 'M_B'}, got {text}")
-    if size is None:
-        return value, None
-    if not bytes_known:
-        raise ConfigError(
-            f"--memory-limit {text}: a size in bytes needs the activation size per microbatch "
-            "(pipesched advise with a model description or --profile, pipesched train --schedule auto); "
-            "here give it in M_B units, e.g. --memory-limit 4"
-        )
-    return None, size
-
-
 def parse_multipliers(text: Optional[str]) -> Optional[tuple[float, ...]]:
     """``--stage-multipliers 1.3,1,1,1.3`` as numbers (None when not given; empty is refused)."""
     return None if text is None else number_list("--stage-multipliers", text, "factors such as 1.3,1,1,1.3")
@@ -142,20 +106,20 @@ def setup(
     bytes_per_mb: Optional[float] = None,
     stage_overhead: float = 0.0,
     full_backward: Optional[float] = None,
+    activation_limit: Optional[str] = None,
+    command: str = "simulate",
 ) -> Setup:
     """Check and bundle the shared flags (bad values raise ConfigError: one line, exit 2).
 
-    ``bytes_per_mb`` (one microbatch's activations, where the command knows it) lets
-    ``--memory-limit`` be a size in bytes, converted to M_B."""
+    ``bytes_per_mb`` (one microbatch's activations, where ``command`` knows it) lets
+    ``activation_limit`` (``--activation-limit``, bytes) limit the activations, converted to M_B."""
     if ranks < 1:
         raise ConfigError(f"--ranks must be at least 1, got {ranks}")
     if microbatches < 1:
         raise ConfigError(f"--microbatches must be at least 1, got {microbatches}")
     if chunks is not None and chunks < 1:
         raise ConfigError(f"--chunks must be at least 1, got {chunks}")
-    limit, limit_bytes = parse_memory_limit(memory_limit, bytes_known=bytes_per_mb is not None)
-    if limit_bytes is not None:
-        limit = min(limit_bytes / bytes_per_mb, MAX_LIMIT_MB)  # more would be no limit at all
+    limit = _activation_limit(memory_limit, activation_limit, bytes_per_mb, command)
     if objective is not None:
         from ..schedules.choose import check_objective
 
@@ -165,6 +129,24 @@ def setup(
     parsed = Costs.parse(costs, comm=comm, multipliers=parse_multipliers(multipliers), overlap=overlap,
                          stage_overhead=stage_overhead, full_backward=full_backward)
     return Setup(ranks, microbatches, chunks, parsed, limit, objective, recompute_input)
+
+
+def _activation_limit(memory_limit: Optional[str], activation_limit: Optional[str], bytes_per_mb: Optional[float],
+                      command: str) -> Optional[float]:
+    """The activations' limit in M_B, from ``--memory-limit`` or (sizes known) ``--activation-limit``."""
+    if bytes_per_mb is None:
+        if activation_limit is not None:
+            raise ConfigError(f"--activation-limit needs the activation size per microbatch ({command} "
+                              "--activation-bytes); here give --memory-limit in M_B units, e.g. --memory-limit 4")
+        return units_only(memory_limit, f"a size in bytes is --activation-limit, which needs the activation size "
+                          f"({command} --activation-bytes)")
+    if parse_memory_limit(memory_limit)[1] is not None:  # a size: the old spelling of --activation-limit
+        activation_limit, memory_limit = moved_size(command, memory_limit, "--activation-limit", activation_limit), None
+    if memory_limit is not None and activation_limit is not None:
+        raise ConfigError("--memory-limit and --activation-limit both limit the activations: give one")
+    if activation_limit is None:
+        return units_only(memory_limit, "")
+    return min(size_limit("--activation-limit", activation_limit) / bytes_per_mb, MAX_LIMIT_MB)  # more: no limit
 
 
 @dataclass(frozen=True)
@@ -186,11 +168,13 @@ class PlanningFlags:
     name: Optional[str] = None  # with the schedule's source: a registered name, or
     csv: Optional[Path] = None  # a CSV file (one of the two)
 
-    def setup(self, bytes_per_mb: Optional[float] = None) -> Setup:
-        """The checked :class:`Setup` (ConfigError on a bad value)."""
+    def setup(self, bytes_per_mb: Optional[float] = None, activation_limit: Optional[str] = None,
+              command: str = "simulate") -> Setup:
+        """The checked :class:`Setup` (ConfigError on a bad value); ``activation_limit`` in bytes
+        needs ``bytes_per_mb``, which ``command`` knows."""
         return setup(self.ranks, self.microbatches, self.chunks, self.costs, self.comm, self.memory_limit,
                      self.stage_multipliers, self.objective, self.overlap, self.recompute_input, bytes_per_mb,
-                     self.stage_overhead, self.full_backward)
+                     self.stage_overhead, self.full_backward, activation_limit, command)
 
 
 # each planning option: (parameter, type, typer's declaration), in the order --help lists them

@@ -22,6 +22,7 @@ from . import app
 from . import options as opt
 from .activation_bytes import activation_share, measured_share
 from .gather_flags import GatherLimit, GatherPlan, GatherTime, gathers_asked, planned_gathers
+from .memory_limits import ActivationLimit
 from .plan_print import print_compare, print_result, say_recompute
 from .progress import planning_progress
 from .tables import Column, print_table
@@ -142,6 +143,7 @@ def simulate_cmd(
     recompute: Optional[str] = typer.Option(
         None, "--recompute", help="With --activation-bytes: the model's stages that recompute their activations (all, none, 0,2; dualpipe: in both copies)."
     ),
+    activation_limit: Optional[str] = ActivationLimit,
 ) -> None:
     """Simulate one schedule: makespan, span, bubble ratio, busy time and peak memory per rank."""
     if draw and as_json:
@@ -151,7 +153,8 @@ def simulate_cmd(
         raise ConfigError("--recompute is empty: give all, none or the model's stages such as 0,2")
     if share is None and recompute is not None:
         raise ConfigError("--recompute needs --activation-bytes (what a recomputed stage saves is in bytes)")
-    s = plan.setup(bytes_per_mb=share[0] if share is not None else None)  # M_B: one microbatch on a rank's share
+    s = plan.setup(bytes_per_mb=share[0] if share is not None else None,  # M_B: one microbatch on a rank's share
+                   activation_limit=activation_limit)
     if share is not None and s.recompute_input is None and plan.name is not None and s.memory_limit is not None:
         s = replace(s, recompute_input=measured_share(share, s.chunks or get_family(plan.name).max_chunks or 1))
     schedule = schedule_from_flags(plan.name, plan.csv, s)

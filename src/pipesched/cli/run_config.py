@@ -13,6 +13,7 @@ from typing import Optional
 from ..bounds import DEFAULT_TIMEOUT_S
 from ..parallel_layout import ParallelLayout, runtime_layout
 from ..runtime.checkpoints.checkpoint_files import DEFAULT_KEEP
+from . import memory_limits as ml
 from . import options as opt
 from .declared import old_spelling, option, shared
 from .gather_flags import GatherLimit, GatherPlan, GatherTime
@@ -71,16 +72,9 @@ class ScheduleSection:
     costs: Optional[str] = option(None, "With --schedule zb-auto: plan with these costs F,B,W (e.g. 1,1.4,0.6; "
                                   "1,1,1: unit costs) instead of measuring them (a short profile before training).")
     comm: Optional[float] = option(None, "With --costs: latency of every cross-rank transfer, in cost units.")
-    memory_limit: Optional[str] = option(None, "Peak activations per rank the schedule must fit, in one "
-                                         "microbatch's activations (M_B): the V family builds to it, zb-auto plans "
-                                         "to it, the others check it.")
-    activation_limit: Optional[str] = option(None, "With --schedule auto or zb-auto: peak activations per rank in "
-                                             "bytes (40GiB, 512MiB); zb-auto then measures the sizes and may recompute.")
-    rank_memory_limit: Optional[str] = option(None, "With --dp-shard or --tp: all each rank is predicted to hold, in "
-                                              "bytes (40GiB): weights, gradients, optimizer state, gather window and "
-                                              "peak activations (on fake tensors, under --tp on a fake mesh; not for "
-                                              "a model that fails on them, which the refusal says), refused before "
-                                              "any rank starts if it does not fit.")
+    memory_limit: Optional[str] = shared(ml.MemoryLimit)
+    activation_limit: Optional[str] = shared(ml.ActivationLimit)
+    rank_memory_limit: Optional[str] = shared(ml.RankMemoryLimit)
     recompute_input: Optional[float] = shared(opt.RecomputeInput)
     recompute: Optional[str] = option(None, "Recompute activations in the backward (activation checkpointing): "
                                       "all, none, or the model's stage indices such as 0,2 (dualpipe: 0..p-1, "

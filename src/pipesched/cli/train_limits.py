@@ -10,25 +10,23 @@ from __future__ import annotations
 
 from typing import Optional
 
-import typer
-
 from ..errors import ConfigError
 from ..resolve import MEASURING
-from . import options as opt
+from .memory_limits import moved_size, parse_memory_limit, size_limit
 from .run_config import RunConfig
 
 
 def memory_limits(cfg: RunConfig) -> tuple[Optional[float], Optional[float], Optional[float]]:
     """(activations in M_B, activations in bytes, a sharded rank's bytes), each None where not given."""
     s = cfg.schedule
-    limit, size = opt.parse_memory_limit(s.memory_limit, bytes_known=True)
+    limit, size = parse_memory_limit(s.memory_limit)
     activation, rank = s.activation_limit, s.rank_memory_limit
     measuring = s.csv is None and s.schedule.strip().lower() in MEASURING
     if size is not None:  # a size: the meaning it had by the layout and schedule
         if cfg.layout.sharded and not measuring:
-            rank = _moved(s.memory_limit, "--rank-memory-limit", rank)
+            rank = moved_size("train", s.memory_limit, "--rank-memory-limit", rank)
         elif measuring:
-            activation = _moved(s.memory_limit, "--activation-limit", activation)
+            activation = moved_size("train", s.memory_limit, "--activation-limit", activation)
         else:
             raise ConfigError(f"--memory-limit {s.memory_limit}: a size in bytes needs --schedule auto or zb-auto "
                               "(--activation-limit: they measure the activations) or a sharded layout (--dp-shard, "
@@ -40,20 +38,5 @@ def memory_limits(cfg: RunConfig) -> tuple[Optional[float], Optional[float], Opt
         raise ConfigError("--memory-limit and --activation-limit both limit the activations: give one")
     if rank is not None and not cfg.layout.sharded:
         raise ConfigError("--rank-memory-limit goes with --dp-shard or --tp (a whole stage's memory is not predicted)")
-    return limit, _bytes("--activation-limit", activation), _bytes("--rank-memory-limit", rank)
+    return limit, size_limit("--activation-limit", activation), size_limit("--rank-memory-limit", rank)
 
-
-def _moved(text: str, new: str, new_value: Optional[str]) -> str:
-    """``--memory-limit SIZE`` as ``new`` (refused with ``new`` given too), saying so on stderr."""
-    if new_value is not None:
-        raise ConfigError(f"--memory-limit {text} is the old spelling of {new} {text}: give {new} alone")
-    typer.echo(f"pipesched: warning: train --memory-limit with a size is deprecated and goes in the next release: "
-               f"use {new} {text} (--memory-limit takes M_B)", err=True)
-    return text
-
-
-def _bytes(flag: str, text: Optional[str]) -> Optional[float]:
-    limit, size = opt.parse_memory_limit(text, bytes_known=True, flag=flag)
-    if limit is not None:
-        raise ConfigError(f"{flag} {text}: give a size with a unit, e.g. 40GiB (--memory-limit takes M_B)")
-    return size
