@@ -148,6 +148,7 @@ def test_under_tp_and_for_hugging_face_models_the_memory_limit_counts_activation
     from pipesched.training.models import get_model
 
     plan = pipesched.build_schedule("1f1b", 2, 8)
+    plain_sgd = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731  (no optimizer state)
     LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2).to_json_file(tmp_path / "config.json")
     make_config("mixtral").to_json_file(tmp_path / "mixtral.json")
@@ -159,8 +160,9 @@ def test_under_tp_and_for_hugging_face_models_the_memory_limit_counts_activation
         assert not dist.is_initialized()
         either = "|".join(re.escape(format_bytes(p)) for p in peaks)  # the rank holding the most in all
         with pytest.raises(ConfigError, match=rf"with ({either}) of activations at the schedule's peak"):
-            check_sharded_stages(md, plan, None, ParallelLayout(2, 1, dp_shard, tp), 0, 1024, batch_size=16, seed=0)
+            check_sharded_stages(md, plan, None, ParallelLayout(2, 1, dp_shard, tp), plain_sgd, 1024, batch_size=16,
+                                 seed=0)
     with pytest.raises(ConfigError, match=rf"before any activation \(not predicted for hf:.*eager.json, "
                                           "which fails on fake tensors: aten.nonzero"):
-        check_sharded_stages(get_model(f"hf:{tmp_path / 'eager.json'}"), plan, None, ParallelLayout(2, 1, 2, 1), 0, 1024,
+        check_sharded_stages(get_model(f"hf:{tmp_path / 'eager.json'}"), plan, None, ParallelLayout(2, 1, 2, 1), plain_sgd, 1024,
                              batch_size=16, seed=0)

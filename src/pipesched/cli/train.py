@@ -62,11 +62,11 @@ def train(cfg: RunConfig) -> None:
     run = cfg.training
     layout = None if plan is None else cfg.layout.of(plan.ranks)  # the run's one layout, its TrainConfig's
     if cfg.layout.sharded:  # the checks pipesched.hf.pipeline makes too
-        from ..training.launch_checks import check_sharded_stages, state_slots
+        from ..training.launch_checks import check_sharded_stages
         from ..training.optimizers import make_optimizer
 
-        slots = state_slots(make_optimizer(cfg.optimizer.optimizer, cfg.optimizer.lr))
-        check_sharded_stages(model_def, plan, checked.counts, layout, slots, checked.state_limit,
+        optimizer = make_optimizer(cfg.optimizer.optimizer, cfg.optimizer.lr)
+        check_sharded_stages(model_def, plan, checked.counts, layout, optimizer, checked.state_limit,
                              batch_size=run.batch_size, seed=run.seed, recompute=recompute, dtype=checked.dtype)
     from .train_checks import check_checkpointing
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..schedule import Schedule
-from ..training.launch_checks import check_batch_split, check_sharded_stages, state_slots
+from ..training.launch_checks import check_batch_split, check_sharded_stages
 from ..training.model_def import ModelDef
 from .build import BlockSource
 from .loss import StepNormalisedLoss
@@ -216,7 +216,7 @@ def pipeline(
         if tp_plan is None and options.tp_plan is None:  # (RuntimeOptions' tp_plan: deprecated)
             tp_plan = _family_plan(source, config, mesh.layout.tp)
         check_sharded_stages(launch_model(source, sample_batch, tp_plan or options.tp_plan, costs), schedule, counts,
-                             mesh.layout, state_slots(optimizer), rank_memory_limit, batch_size=ids.shape[0],
+                             mesh.layout, optimizer, rank_memory_limit, batch_size=ids.shape[0],
                              seed=seed, recompute=options.recompute, dtype=options.dtype)
     elif rank_memory_limit is not None:
         raise ConfigError("rank_memory_limit goes with a ShardedMesh (dp_shard or tp): a whole stage's memory is not predicted")

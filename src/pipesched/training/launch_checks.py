@@ -184,18 +184,20 @@ def _predicted_activations(model_def, plan: Schedule, counts: Optional[Sequence[
 
 
 def check_sharded_stages(model_def, plan: Schedule, counts: Optional[Sequence[int]], layout: ParallelLayout,
-                         slots: int, limit: Optional[float], *, batch_size: int, seed: int, recompute=None,
+                         optimizer: Callable, limit: Optional[float], *, batch_size: int, seed: int, recompute=None,
                          dtype=None) -> None:
     """Refuse, in one line, a sharded layout whose ``tp`` the model cannot take (:func:`check_tp`),
     under which some rank would hold no element of a stage
     (:func:`pipesched.layout_refusals.check_stage_shards`), or whose predicted weights, gradients,
-    ``slots`` optimizer state tensors per parameter (:func:`state_slots`) and activations (where
-    predicted: :func:`_predicted_activations`) exceed ``limit`` bytes on some rank."""
+    optimizer state (as many tensors per parameter as the factory ``optimizer`` keeps:
+    :func:`state_slots`, counted only when there is a ``limit``) and activations (where predicted:
+    :func:`_predicted_activations`) exceed ``limit`` bytes on some rank."""
     check_tp(model_def, layout.tp)
     stages = stage_specs(model_def, plan, counts, layout.tp)
     check_stage_shards(layout, stages)
     if limit is None:
         return
+    slots = state_slots(optimizer)
     held = [rank_state(plan, stages, layout, slots, rank) for rank in range(plan.ranks)]
     activations, unpredicted = _predicted_activations(model_def, plan, counts, batch_size, layout.dp, seed,
                                                       recompute, dtype, layout.tp)
