@@ -32,7 +32,7 @@ def test_a_csv_of_either_format_is_read_validated_and_checked_against_the_flags(
 
 
 def test_a_byte_limit_needs_a_schedule_that_measures_and_measuring_needs_the_run():
-    with pytest.raises(ConfigError, match="a size in bytes needs --schedule auto or zb-auto"):
+    with pytest.raises(ConfigError, match=r"^--activation-limit 1 MiB: a size in bytes needs --schedule auto or zb-auto"):
         ScheduleChoice("1f1b", limit_bytes=2**20)
     with pytest.raises(ConfigError, match="--schedule zb-auto measures the model first"):
         resolve_schedule(ScheduleChoice("zb-auto", limit_bytes=2**20))

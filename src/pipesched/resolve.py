@@ -69,9 +69,8 @@ class ScheduleChoice:
             object.__setattr__(self, "recompute", Recomputed.parse(self.recompute))
         if self.limit_bytes is not None and self.measures is None:
             raise ConfigError(
-                f"--memory-limit {format_bytes(self.limit_bytes)}: a size in bytes needs --schedule auto or zb-auto "
-                "(they measure the activations) or a sharded layout (--dp-shard, --tp: its weights, gradients and optimizer state "
-                "are predicted); with another schedule give M_B units, e.g. --memory-limit 2"
+                f"--activation-limit {format_bytes(self.limit_bytes)}: a size in bytes needs --schedule auto or zb-auto "
+                "(they measure the activations); with another schedule give --memory-limit in M_B units, e.g. --memory-limit 2"
             )
 
     @property
