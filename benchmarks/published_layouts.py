@@ -4,6 +4,7 @@ setting priced, its predicted tokens/s per GPU beside the published figure, and 
     PYTHONPATH=src python benchmarks/published_layouts.py table [NAME ...]      # docs/layouts.md's table
     PYTHONPATH=src python benchmarks/published_layouts.py calibrate RUN PEAK    # the TFLOP/s that RUN's figure gives
     PYTHONPATH=src python benchmarks/published_layouts.py search [NAME ...]     # the whole search's pick
+    PYTHONPATH=src python benchmarks/published_layouts.py bubbles [NAME ...]    # each setting's bubble, both parts
 
 ``table`` prices each run's published settings (:func:`pipesched.advise.layout_search.evaluate_setting`)
 at the stated TFLOP/s of its GPU kind; ``calibrate`` finds, by bisection, the TFLOP/s per GPU at
@@ -65,6 +66,19 @@ def calibrate(name: str, peak: float) -> None:
           f"({hi / peak:.3f} of {peak:g})")
 
 
+def bubbles(names: list[str]) -> None:
+    """Each published setting's bubble: all idle (``bubble_ratio``) and the busiest rank's alone
+    (``pipeline_bubble``, Megatron-LM's (p-1)/(v m) where the stages are even)."""
+    for run in RUNS:
+        if names and run.name not in names:
+            continue
+        for schedule, chunks, microbatches in run.settings:
+            row, _ = evaluate_setting(run.gpus, run.model(), run.global_batch, run.fabric(), run.layout, schedule,
+                                      chunks, microbatches, run.recompute, sequence_parallel=run.sequence_parallel)
+            print(f"{run.name} {schedule} v={chunks} m={microbatches}: bubble {100 * row.candidate.bubble_ratio:.1f}%, "
+                  f"the busiest rank's {100 * row.pipeline_bubble:.1f}%, p2p {row.candidate.costs.comm:.3g} ms")
+
+
 def search(names: list[str]) -> None:
     for run in RUNS:
         if names and run.name not in names:
@@ -82,4 +96,4 @@ if __name__ == "__main__":
     if mode == "calibrate":
         calibrate(args[0], float(args[1]))
     else:
-        {"table": table, "search": search}[mode](args)
+        {"table": table, "search": search, "bubbles": bubbles}[mode](args)

@@ -56,6 +56,22 @@ def test_tp_adds_two_ring_all_reduces_per_layer_to_each_of_f_and_b_on_the_comput
     assert w == pytest.approx(w0 / 4, rel=CLOSE)
 
 
+def test_a_pipeline_send_is_each_tp_rank_s_slice_on_its_own_link():
+    # sequence parallelism: each tp rank holds s/tp tokens between stages and sends them on its
+    # own link; without it Megatron-LM's scatter-gather sends 1/tp per rank, then all-gathers
+    # the slices over the tp link (one ring all-gather of the whole activation)
+    base = TransformerCosts(SPEC, 2, Hardware(tflops=100, bandwidth=10, gpu_memory=80))
+    layout = ParallelLayout(pp=2, dp_shard=2, tp=4)
+    activation = SPEC.p2p_bytes(SPEC.microbatch_size)
+    pp_link = FABRIC.link(layout, "pp")
+    with_sp = LayoutCosts.for_layout(base, layout, FABRIC)
+    assert with_sp.costs(2, "loop", 1.0).comm == pytest.approx(activation / 4 / pp_link.bandwidth, rel=CLOSE)
+    without = LayoutCosts.for_layout(base, layout, FABRIC, sequence_parallel=False)
+    assert without.comm_ms() == pytest.approx(activation / 4 / pp_link.bandwidth + ring(4, activation, FABRIC.within),
+                                              rel=CLOSE)
+    assert with_sp.comm_ms(0.5) == pytest.approx(with_sp.comm_ms() / 2, rel=CLOSE)  # bandwidth-bound: scales
+
+
 def test_one_dimension_layouts_cost_and_hold_what_the_pipeline_model_says():
     base = TransformerCosts(SPEC, 4, Hardware(tflops=100, bandwidth=10, gpu_memory=80))  # pp's link: across nodes
     costs = LayoutCosts.for_layout(base, ParallelLayout(pp=4, dp_replicate=2), FABRIC)

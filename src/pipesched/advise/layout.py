@@ -121,6 +121,10 @@ class LayoutCandidate:
     gather_per_rank: float = 0.0  # ms of all-gathers on the busiest rank, hidden or not
     # per pipeline rank (its fullest shard): RankBytes's fields and its peak "activations", bytes
     bytes_per_rank: tuple[dict, ...] = ()
+    # 1 - the busiest rank's compute over the makespan: the fill and drain of the rank that sets the
+    # pace (Megatron-LM's (p-1)/(v m)); the rest of ``candidate.bubble_ratio`` is the lighter ranks
+    # waiting for it (a stage holding the head besides its layers). None: not priced on a timeline
+    pipeline_bubble: Optional[float] = None
 
     def label(self) -> str:
         sharded = f" x dp_shard={self.dp_shard} x tp={self.tp}" if (self.tp, self.dp_shard) != (1, 1) else ""
@@ -140,6 +144,7 @@ class LayoutCandidate:
             "exposed_gather": self.exposed_gather,
             "gather_per_rank": self.gather_per_rank,
             **({"bytes_per_rank": list(self.bytes_per_rank)} if self.bytes_per_rank else {}),
+            **({"pipeline_bubble": self.pipeline_bubble} if self.pipeline_bubble is not None else {}),
         }
 
 

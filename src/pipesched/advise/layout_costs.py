@@ -8,6 +8,13 @@ one pipeline of a :class:`~pipesched.parallel_layout.ParallelLayout`:
   all-reduces of the layer's activation ``s x b x h`` (Megatron's ``g`` operators; with sequence
   parallelism a reduce-scatter and an all-gather each, the same ring volume) and the backward
   two more, on the ``tp`` dimension's link (:mod:`.fabric`); a recomputed forward repeats its own;
+- **pipeline sends** are each ``tp`` rank's own share of the boundary activation, ``1/tp`` of it,
+  on that rank's link of the ``pp`` dimension (every GPU has its own NVLink port and network
+  card): under sequence parallelism each rank holds only its ``s/tp`` tokens between layers
+  (torchtitan's plan sends them as they are); without it every rank holds the whole activation,
+  and Megatron-LM's scatter-gather (Narayanan et al. 2021, section 4.1) sends one ``1/tp`` slice
+  per rank and all-gathers the slices over the ``tp`` link on arrival, a ring all-gather priced
+  in :mod:`.fabric` (:meth:`LayoutCosts.comm_ms`);
 - **activations** are split ``tp`` ways under sequence parallelism (torchtitan's plan); without
   it only the part inside the attention and MLP blocks is
   (:func:`~pipesched.sharded_bytes.tp_activation_shares`);
@@ -22,12 +29,13 @@ With ``tp == dp_shard == 1`` every figure equals :class:`TransformerCosts`'s.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Optional
 
 from ..memory import MemorySizes, StageMemory
 from ..parallel_layout import ParallelLayout
 from ..sharded_bytes import ADAM_SLOTS, MIXED, Precision, RankBytes, tp_activation_shares
 from .estimate import TransformerCosts
-from .fabric import Fabric, Link, all_reduce_time
+from .fabric import Fabric, Link, all_gather_time, all_reduce_time
 from .transformer_bytes import stage_bytes, transformer_rank_bytes
 
 TP_COLLECTIVES_PER_PASS = 2  # all-reduces (or reduce-scatter + all-gather pairs) per layer, each of F and B
@@ -39,6 +47,7 @@ class LayoutCosts(TransformerCosts):
 
     layout: ParallelLayout = field(default_factory=lambda: ParallelLayout(1))
     tp_link: Link = Link(1.0)  # unused at tp 1 (a one-rank collective costs nothing)
+    pp_link: Link = Link(1.0)  # the pipeline sends' link, per GPU
     precision: Precision = MIXED
     sequence_parallel: bool = True
     vocab_parallel: bool = True  # TP splits the embedding and head by vocabulary (pipesched's runtime: False)
@@ -53,7 +62,7 @@ class LayoutCosts(TransformerCosts):
         hardware = replace(base.hardware, bandwidth=pp_link.bandwidth * 1e3 / 1e9)
         fields = {name: getattr(base, name) for name in TransformerCosts.__dataclass_fields__}
         fields.update(ranks=layout.pp, hardware=hardware)
-        return cls(**fields, layout=layout, tp_link=fabric.link(layout, "tp"), precision=precision,
+        return cls(**fields, layout=layout, tp_link=fabric.link(layout, "tp"), pp_link=pp_link, precision=precision,
                    sequence_parallel=sequence_parallel, **options)
 
     @property
@@ -66,6 +75,15 @@ class LayoutCosts(TransformerCosts):
     def tp_collective_ms(self, scale: float = 1.0) -> float:
         """One of TP's per-layer all-reduces of a microbatch's activation, ms."""
         return all_reduce_time(self.tp, self.spec.p2p_bytes(self.spec.microbatch_size * scale), self.tp_link)
+
+    def comm_ms(self, scale: float = 1.0) -> float:
+        """One stage boundary's send, ms: each ``tp`` rank's ``1/tp`` of the activation on its own
+        ``pp`` link (bandwidth-bound, as :class:`TransformerCosts` prices a send), then, without
+        sequence parallelism, the slices' all-gather over the ``tp`` link (Megatron-LM's
+        scatter-gather; see the module doc)."""
+        whole = self.spec.p2p_bytes(self.spec.microbatch_size * scale)
+        send = whole / self.tp / self.pp_link.bandwidth
+        return send if self.sequence_parallel else send + all_gather_time(self.tp, whole, self.tp_link)
 
     def layer_times(self, scale: float = 1.0) -> tuple[float, float, float]:
         f, b, w = super().layer_times(scale)
@@ -80,6 +98,17 @@ class LayoutCosts(TransformerCosts):
 
     def _activation_bytes(self, rank: dict, scale: float) -> float:
         return super()._activation_bytes(rank, scale) * tp_activation_shares(self.tp, self.sequence_parallel)[0]
+
+    def activation_budgets(self, stages: int, placement: str) -> Optional[tuple[float, ...]]:
+        """Activation bytes each rank may hold, less its state; with FSDP under pipelining less its
+        state but the unsharded gradients, which a priced row places on the simulated timeline
+        (:mod:`.layout_rows`, :mod:`.held_gradients`): a necessary condition here, the row's peak
+        the verdict. (The M_B limit a family is steered to keeps counting them whole.)"""
+        budget = self.budget_bytes()
+        if budget is None:
+            return None
+        placed = self.layout.pp > 1 and self.layout.dp_shard > 1
+        return tuple(budget - (b.total - placed * b.unsharded_grads) for b in self.ranks_bytes(stages, placement))
 
     def rank_bytes(self, rank: dict, tp_rank: int = 0, shard_rank: int = 0) -> RankBytes:
         """Weights, gradients, optimizer state, gathered window and buffers of one rank

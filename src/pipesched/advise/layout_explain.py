@@ -46,6 +46,15 @@ def runners_up(advice: LayoutAdvice) -> list[LayoutCandidate]:
     return out
 
 
+def _paced(row: LayoutCandidate) -> str:
+    """The bubble's two parts where the ranks' loads differ: the busiest rank's fill and drain,
+    and the others waiting for it."""
+    paced = row.pipeline_bubble
+    if paced is None or row.candidate.bubble_ratio - paced < 0.0005:
+        return ""
+    return (f" ({100 * paced:.1f}% the busiest rank's fill and drain, the rest the lighter ranks waiting for it)")
+
+
 def dimension_lines(best: LayoutCandidate, costs: LayoutCosts, tokens_per_step: Optional[int], gpus: int) -> list[str]:
     """What each dimension of ``best`` costs in time and bytes (``costs``: its layout's model)."""
     c = best.candidate
@@ -54,7 +63,7 @@ def dimension_lines(best: LayoutCandidate, costs: LayoutCosts, tokens_per_step: 
     lines = [f"step {_t(best.step_time)}" + (f", {tokens_per_step / (best.step_time / 1e3) / gpus:.4g} tokens/s per GPU"
                                                   if tokens_per_step else "")]
     lines.append(f"pp {best.pp}: {c.schedule} with {c.chunks} chunk(s) and {c.microbatches} microbatches, bubble "
-                 f"{100 * c.bubble_ratio:.1f}%" + (", every stage recomputing its activations" if c.recompute != "none" else ""))
+                 f"{100 * c.bubble_ratio:.1f}%" + _paced(best) + (", every stage recomputing its activations" if c.recompute != "none" else ""))
     if best.tp > 1:
         layers = max(r["layers"] for r in costs._ranks_of(stages, style))
         passes = 2 + (c.recompute != "none")  # forward, backward, and the recomputed forward
