@@ -125,6 +125,7 @@ class LayoutCandidate:
     # pace (Megatron-LM's (p-1)/(v m)); the rest of ``candidate.bubble_ratio`` is the lighter ranks
     # waiting for it (a stage holding the head besides its layers). None: not priced on a timeline
     pipeline_bubble: Optional[float] = None
+    ep: int = 1  # expert parallelism: ranks of a stage's data-parallel ones splitting the routed experts
 
     def label(self) -> str:
         sharded = f" x dp_shard={self.dp_shard} x tp={self.tp}" if (self.tp, self.dp_shard) != (1, 1) else ""
@@ -136,6 +137,7 @@ class LayoutCandidate:
             "dp": self.dp,
             "dp_shard": self.dp_shard,
             "tp": self.tp,
+            "ep": self.ep,
             **self.candidate.to_json(),
             "step_time": self.step_time,
             "exposed_allreduce": self.exposed_allreduce,
