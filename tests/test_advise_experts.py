@@ -38,7 +38,8 @@ def _advise(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def launched():
     """Every launch of this module at once: the searched layouts' JSON and each refusal."""
-    runs = {"rows": WHOLE + MOE + ("--ep", "4", "-p", "4", "--tp", "1", "--schedules", "1f1b,dualpipev", "--json"),
+    fixed = WHOLE + MOE + ("--ep", "4", "-p", "4", "--tp", "1", "--schedules", "1f1b,dualpipev")
+    runs = {"rows": fixed + ("--json",), "text": fixed,
             **{name: args for name, (_, args) in REFUSED.items()}}
     return dict(zip(runs, concurrently(lambda args: _advise(*args), list(runs.values()))))
 
@@ -52,6 +53,14 @@ def test_every_row_carries_ep_and_dualpipev_hides_its_all_to_alls(launched):
     pair = next(r for r in rows if r["schedule"] == "dualpipev")
     assert 0 <= pair["costs"]["overlap"] < 1  # the pair's all-to-alls behind the other half
     assert all(r["costs"]["overlap"] == pair["costs"]["overlap"] for r in rows)  # one cost model per layout
+
+
+def test_the_pick_says_what_ep_costs(launched):
+    result = launched["text"]
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())  # rich folds lines at the terminal's width
+    assert "Recommendation: pp 4 x dp 1 x dp_shard 4 x tp 1 with dualpipev" in text
+    assert "ep 4: a dispatch and a combine all-to-all per layer" in text and "routed experts split 4 ways" in text
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

@@ -70,6 +70,12 @@ def dimension_lines(best: LayoutCandidate, costs: LayoutCosts, tokens_per_step: 
         per_step = passes * TP_COLLECTIVES_PER_PASS * costs.tp_collective_ms(c.scale) * layers * c.microbatches
         lines.append(f"tp {best.tp}: {2 * TP_COLLECTIVES_PER_PASS} all-reduces per layer and microbatch on the compute lane, "
                      f"about {_t(per_step)} per step on the busiest rank; weights, gradients and activations split {best.tp} ways")
+    if best.ep > 1:
+        layers = max(r["layers"] for r in costs._ranks_of(stages, style))
+        per_step = 2 * TP_COLLECTIVES_PER_PASS * costs.all_to_all_ms(c.scale) * layers * c.microbatches
+        hidden = " (dualpipev's pairs hide them behind the other half)" if c.costs.overlap < 1 and c.schedule == "dualpipev" else ""
+        lines.append(f"ep {best.ep}: a dispatch and a combine all-to-all per layer in each of F and B, about "
+                     f"{_t(per_step)} per step on the busiest rank{hidden}; routed experts split {best.ep} ways")
     if best.dp_shard > 1:
         lines.append(f"dp_shard {best.dp_shard}: all-gathers {_t(best.gather_per_rank)} ({_t(best.exposed_gather)} exposed), "
                      f"reduce-scatters {_t(best.allreduce_per_rank)} ({_t(best.exposed_allreduce)} exposed) on the comm lane; "

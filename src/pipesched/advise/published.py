@@ -35,6 +35,18 @@ kind, calibrated on one named run and used for every other: nothing is fitted ru
   token's attention counted over 4,096 keys rather than up to 8,192, about 4% of a layer's
   FLOPs less, and CP's exchange of keys and values left out). No recomputation (assumed: the
   recipes name none).
+- DeepSeek-V3, DeepSeek-AI 2024 ("DeepSeek-V3 Technical Report"): 61 layers (the first 3 dense),
+  hidden 7168, 128 heads, 256 routed experts of width 2048 and 1 shared, 8 routed per token,
+  vocabulary 129,280, sequence 4096, batch 15,360 sequences (after its ramp); 2,048 H800 80 GB
+  in nodes of 8 (NVLink 400 GB/s, InfiniBand 50 GB/s per GPU) as PP 16 x EP 64 x ZeRO-1 data
+  parallelism, no TP, DualPipe; 180K H800 GPU hours per trillion tokens (its section 1: 1,543
+  tokens/s per GPU). Priced as pipesched's ``dualpipev`` (DualPipe's one-copy V form) at
+  microbatches of 1 sequence (assumed: the report names no microbatch size), ZeRO-1 as FSDP
+  under PP, recomputing (the report recomputes only norms and up-projections and caches the
+  experts' activations in FP8, which the BF16 model cannot say: storing them it holds 103 GiB), its
+  latent attention as standard attention of ``12h^2``-style shapes, its node-limited routing
+  (each token to at most 4 nodes) and FP8 dispatch left out: every routed copy priced on
+  InfiniBand in BF16. The H800 computes as the H100 (the same dense BF16 peak): the H100's share.
 - Megatron-LM, Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
   Clusters"), table 1: GPT models with vocabulary 51200, sequence 2048, on DGX A100 80 GB nodes
   of 8 (NVLink within, 8 x 200 Gb/s HDR InfiniBand per node between), activation recomputation,
@@ -44,11 +56,13 @@ kind, calibrated on one named run and used for every other: nothing is fitted ru
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from ..parallel_layout import ParallelLayout
 from .estimate import Hardware, TransformerCosts
 from .fabric import Fabric, Link
 from .transformer import TransformerSpec
+from .transformer_experts import Experts
 
 GIB = 2 ** 30
 # One achievable share of the dense BF16 peak per GPU kind, each calibrated on one named run (the
@@ -87,6 +101,8 @@ class PublishedRun:
     sequence_parallel: bool = True
     tokens_per_gpu: float = 0.0  # tokens/s per GPU measured (derived where the paper gives TFLOP/s)
     measured_schedule: str = ""  # the setting the figure is of ("": not stated, the faster one priced)
+    experts: Optional[Experts] = None  # a mixture of experts' (None: dense)
+    ep: int = 1  # expert parallelism
 
     @property
     def microbatch_size(self) -> int:
@@ -99,7 +115,7 @@ class PublishedRun:
 
     def model(self) -> TransformerCosts:
         spec = TransformerSpec(self.layers, self.hidden, self.seq_len, self.microbatch_size, heads=self.heads,
-                               vocab=self.vocab)
+                               vocab=self.vocab, experts=self.experts)
         return TransformerCosts(spec, self.layout.pp, Hardware(tflops=self.tflops, gpu_memory=self.gpu_memory_gb))
 
     def fabric(self) -> Fabric:
@@ -174,5 +190,11 @@ MBRIDGE_405B = PublishedRun(  # CP 2 as two data-parallel ranks of half sequence
     (("interleaved-1f1b", 8, 192),), "FP8: 326-328 tokens/s/GPU", **_H100_80GB, recompute=False,
     tokens_per_gpu=(326 + 328) / 2, measured_schedule="interleaved-1f1b")
 
-RUNS = (TORCHTITAN_405B, TORCHTITAN_70B, LLAMA3_405B, MBRIDGE_70B, MBRIDGE_405B, MEGATRON_39B, MEGATRON_76B, MEGATRON_145B, MEGATRON_310B,
+DEEPSEEK_V3 = PublishedRun(
+    "deepseek-v3", 61, 7168, 128, 129280, 4096, 2048, 15360, ParallelLayout(pp=16, dp_shard=128),
+    (("dualpipev", 2, 120),), "FP8: 180K H800 GPU hours per trillion tokens", **{**_H100_80GB, "within_gbps": 400.0},
+    recompute=True, tokens_per_gpu=1e12 / (180e3 * 3600), measured_schedule="dualpipev",
+    experts=Experts(256, 8, 2048, shared=1, dense_layers=3), ep=64)
+
+RUNS = (TORCHTITAN_405B, TORCHTITAN_70B, LLAMA3_405B, MBRIDGE_70B, MBRIDGE_405B, DEEPSEEK_V3, MEGATRON_39B, MEGATRON_76B, MEGATRON_145B, MEGATRON_310B,
         MEGATRON_530B, MEGATRON_1T)

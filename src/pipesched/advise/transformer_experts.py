@@ -11,8 +11,8 @@ of its ``16sbh`` stash; :mod:`.transformer`) and replaces its MLP with:
   MLP of width ``hidden`` (gate, up and down, no biases: ``3 h hidden`` parameters, ``6 h hidden``
   FLOPs per token and pass, as Mixtral, Qwen-MoE and DeepSeek-V3 build them). Per token and
   active expert it keeps its input, its gate and up outputs and their product
-  (``h + 3 hidden`` values) and leaves for ``W`` each matrix's input and output gradient
-  (``3h + 3 hidden``).
+  (``h + 3 hidden`` values) and leaves for ``W`` each matrix's input (gate and up share theirs)
+  and output gradient (``2h + 3 hidden``).
 
 Expert parallelism (``ep``) splits the routed experts over ``ep`` ranks of a stage's data-parallel
 ranks (torchtitan's convention): each rank holds ``E/ep`` of them, and every layer's forward
@@ -67,8 +67,9 @@ class Experts:
         return tokens * (d * self.active * (h + 3 * self.hidden) + ROUTER_PROB_BYTES * self.routed)
 
     def stash_bytes(self, tokens: float, h: int, d: int) -> float:
-        """Bytes the experts' ``I`` leaves for their ``W``: each matrix's input and output gradient."""
-        return tokens * d * self.active * (3 * h + 3 * self.hidden)
+        """Bytes the experts' ``I`` leaves for their ``W``: each matrix's input (``h`` for gate and
+        up together, ``hidden`` for down) and output gradient (``hidden``, ``hidden``, ``h``)."""
+        return tokens * d * self.active * (2 * h + 3 * self.hidden)
 
     def dispatch_bytes(self, tokens: float, h: int, d: int) -> float:
         """One all-to-all's buffer on a rank holding ``tokens``: a copy of each per routed expert."""
