@@ -57,6 +57,7 @@ def check_ep(spec: TransformerSpec, ep: int) -> None:
 
 
 TP_COLLECTIVES_PER_PASS = 2  # all-reduces (or reduce-scatter + all-gather pairs) per layer, each of F and B
+ALL_TO_ALLS_PER_PASS = 2  # EP's dispatch and combine per layer, each of F and B
 
 
 @dataclass(frozen=True)
@@ -120,14 +121,14 @@ class LayoutCosts(TransformerCosts):
 
     def layer_times(self, scale: float = 1.0) -> tuple[float, float, float]:
         f, b, w = super().layer_times(scale)
-        comm = TP_COLLECTIVES_PER_PASS * (self.tp_collective_ms(scale) + self.all_to_all_ms(scale))
+        comm = TP_COLLECTIVES_PER_PASS * self.tp_collective_ms(scale) + ALL_TO_ALLS_PER_PASS * self.all_to_all_ms(scale)
         return f + comm, b + comm, w
 
     def costs(self, stages: int, placement: str, scale: float) -> Costs:
         """:class:`TransformerCosts`'s, with an overlapped pair's price (``overlap``) hiding each
         half's all-to-alls behind the other half's compute, where EP sends any."""
         c = super().costs(stages, placement, scale)
-        sent = self.spec.layers / self.ranks * TP_COLLECTIVES_PER_PASS * self.all_to_all_ms(scale)  # per rank and pass
+        sent = self.spec.layers / self.ranks * ALL_TO_ALLS_PER_PASS * self.all_to_all_ms(scale)  # per rank and pass
         if sent == 0:
             return c
         forward, backward = c.F, c.B + c.W  # an overlapped pair's backward is a full one

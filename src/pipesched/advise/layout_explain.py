@@ -8,7 +8,7 @@ from typing import Optional
 from ..units import format_time
 from .estimate import GB
 from .layout import LayoutAdvice, LayoutCandidate
-from .layout_costs import LayoutCosts, TP_COLLECTIVES_PER_PASS
+from .layout_costs import ALL_TO_ALLS_PER_PASS, TP_COLLECTIVES_PER_PASS, LayoutCosts
 from .howto import csv_name, export_command
 
 TORCHTITAN_SCHEDULES = {  # pipesched family -> torch.distributed.pipelining's schedule name
@@ -72,7 +72,7 @@ def dimension_lines(best: LayoutCandidate, costs: LayoutCosts, tokens_per_step: 
                      f"about {_t(per_step)} per step on the busiest rank; weights, gradients and activations split {best.tp} ways")
     if best.ep > 1:
         layers = max(r["layers"] for r in costs._ranks_of(stages, style))
-        per_step = 2 * TP_COLLECTIVES_PER_PASS * costs.all_to_all_ms(c.scale) * layers * c.microbatches
+        per_step = 2 * ALL_TO_ALLS_PER_PASS * costs.all_to_all_ms(c.scale) * layers * c.microbatches
         hidden = " (dualpipev's pairs hide them behind the other half)" if c.costs.overlap < 1 and c.schedule == "dualpipev" else ""
         lines.append(f"ep {best.ep}: a dispatch and a combine all-to-all per layer in each of F and B, about "
                      f"{_t(per_step)} per step on the busiest rank{hidden}; routed experts split {best.ep} ways")
