@@ -4,6 +4,7 @@ setting priced, its predicted tokens/s per GPU beside the published figure, and 
     PYTHONPATH=src python benchmarks/published_layouts.py table [NAME ...]      # docs/layouts.md's table
     PYTHONPATH=src python benchmarks/published_layouts.py calibrate RUN PEAK    # the TFLOP/s that RUN's figure gives
     PYTHONPATH=src python benchmarks/published_layouts.py search [NAME ...]     # the whole search's pick
+    PYTHONPATH=src python benchmarks/published_layouts.py bubbles [NAME ...]    # each setting's bubble, both parts
 
 ``table`` prices each run's published settings (:func:`pipesched.advise.layout_search.evaluate_setting`)
 at the stated TFLOP/s of its GPU kind; ``calibrate`` finds, by bisection, the TFLOP/s per GPU at
@@ -27,7 +28,8 @@ def priced(run: PublishedRun) -> list[tuple[str, float, float, bool]]:
     out = []
     for schedule, chunks, microbatches in run.settings:
         row, fits = evaluate_setting(run.gpus, run.model(), run.global_batch, run.fabric(), run.layout, schedule,
-                                     chunks, microbatches, run.recompute, sequence_parallel=run.sequence_parallel)
+                                     chunks, microbatches, run.recompute, sequence_parallel=run.sequence_parallel,
+                                     ep=run.ep)
         tokens = run.global_batch * run.seq_len / (row.step_time / 1e3) / run.gpus
         out.append((schedule, tokens, row.candidate.peak_memory_bytes / 2 ** 30, fits))
     return out
@@ -65,13 +67,27 @@ def calibrate(name: str, peak: float) -> None:
           f"({hi / peak:.3f} of {peak:g})")
 
 
+def bubbles(names: list[str]) -> None:
+    """Each published setting's bubble: all idle (``bubble_ratio``) and the busiest rank's alone
+    (``pipeline_bubble``, Megatron-LM's (p-1)/(v m) where the stages are even)."""
+    for run in RUNS:
+        if names and run.name not in names:
+            continue
+        for schedule, chunks, microbatches in run.settings:
+            row, _ = evaluate_setting(run.gpus, run.model(), run.global_batch, run.fabric(), run.layout, schedule,
+                                      chunks, microbatches, run.recompute, sequence_parallel=run.sequence_parallel,
+                                      ep=run.ep)
+            print(f"{run.name} {schedule} v={chunks} m={microbatches}: bubble {100 * row.candidate.bubble_ratio:.1f}%, "
+                  f"the busiest rank's {100 * row.pipeline_bubble:.1f}%, p2p {row.candidate.costs.comm:.3g} ms")
+
+
 def search(names: list[str]) -> None:
     for run in RUNS:
         if names and run.name not in names:
             continue
         started = time.process_time()
         advice = advise_whole_layouts(run.gpus, run.model(), run.global_batch, run.fabric(),
-                                      sequence_parallel=run.sequence_parallel)
+                                      sequence_parallel=run.sequence_parallel, ep=run.ep)
         best = advice.recommended
         print(f"{run.name}: {time.process_time() - started:.1f} CPU s; pick {best.label()} "
               f"step {best.step_time / 1e3:.2f} s")
@@ -82,4 +98,4 @@ if __name__ == "__main__":
     if mode == "calibrate":
         calibrate(args[0], float(args[1]))
     else:
-        {"table": table, "search": search}[mode](args)
+        {"table": table, "search": search, "bubbles": bubbles}[mode](args)

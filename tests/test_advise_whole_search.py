@@ -136,3 +136,40 @@ def test_each_row_is_the_simulation_of_the_schedule_its_build_call_rebuilds():
         again = simulate(build_schedule(c.schedule, row.pp, c.microbatches, c.chunks, c.costs, c.memory_limit,
                                         **objective), c.costs)
         assert (again.makespan, again.bubble_ratio, again.peak_memory) == (c.makespan, c.bubble_ratio, c.peak_per_rank)
+
+
+def test_a_row_s_pipeline_bubble_is_the_busiest_rank_s_idle_the_rest_is_waiting_for_it():
+    # 8 layers on 8 stages: the last also holds the head, so its rank sets the pace and the
+    # others wait for it; bubble_ratio counts both, pipeline_bubble the pace-setter's fill and drain
+    from pipesched.registry import build_schedule
+    from pipesched.simulate import simulate
+
+    layout = ParallelLayout(pp=4, dp_replicate=2, tp=2)
+    m = BATCH // layout.dp // SPEC.microbatch_size
+    row, _ = evaluate_setting(GPUS, _model(), BATCH, FABRIC, layout, "interleaved-1f1b", 2, m, False)
+    c = row.candidate
+    again = simulate(build_schedule(c.schedule, layout.pp, m, c.chunks, c.costs, c.memory_limit), c.costs)
+    assert row.pipeline_bubble == 1 - max(again.busy) / again.makespan
+    assert row.pipeline_bubble < c.bubble_ratio
+    headless = replace(SPEC, vocab=None)  # every stage alike: no rank waits for a heavier one
+    even, _ = evaluate_setting(GPUS, _model(spec=headless), BATCH, FABRIC, layout, "interleaved-1f1b", 2, m, False)
+    # equal busy times summed in another order: they differ by float rounding, about 1e-15
+    assert even.pipeline_bubble == pytest.approx(even.candidate.bubble_ratio, abs=1e-12)
+    assert row.to_json()["pipeline_bubble"] == row.pipeline_bubble
+
+
+def test_fsdp_s_unsharded_gradients_placed_on_the_timeline_decide_the_fit_not_their_whole_count():
+    # a GPU between the timeline's peak and the peak with every gradient counted at once: the
+    # schedule storing its activations fits (as Llama 3 405B's published layout does). At m = p
+    # interleaved runs every forward before its first backward: the activation peak comes
+    # before any unsharded gradient exists
+    layout = ParallelLayout(pp=4, dp_shard=2, tp=2)
+    batch = 4 * layout.dp * SPEC.microbatch_size
+    roomy, _ = evaluate_setting(GPUS, _model(), batch, FABRIC, layout, "interleaved-1f1b", 2, 4, False)
+    placed = roomy.candidate.peak_memory_bytes
+    fields = ("params", "grads", "optimizer", "gathered", "unsharded_grads", "buffers", "activations")
+    whole = max(sum(rank[f] for f in fields) for rank in roomy.bytes_per_rank)
+    assert placed < whole
+    row, fits = evaluate_setting(GPUS, _model((placed + whole) / 2 / 1e9), batch, FABRIC, layout,
+                                 "interleaved-1f1b", 2, 4, False)
+    assert fits and row.candidate.recompute == "none" and row.candidate.peak_memory_bytes == placed

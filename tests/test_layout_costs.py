@@ -2,6 +2,9 @@
 and reductions on a comm lane, TP's all-reduces on the compute lane, bytes per rank from shapes,
 and where each stage's all-gather goes."""
 
+from dataclasses import replace
+from math import prod
+
 import pytest
 
 from pipesched import build_schedule, simulate
@@ -11,6 +14,7 @@ from pipesched.gather_plan import gather_plan
 from pipesched.advise.layout_costs import LayoutCosts
 from pipesched.advise.sharded_step import layout_step
 from pipesched.advise.transformer import TransformerSpec
+from pipesched.advise.transformer_experts import Experts
 from pipesched.errors import ConfigError
 from pipesched.parallel_layout import ParallelLayout
 from pipesched.sharded_bytes import FP32, MIXED, ParamSpec, rank_bytes, rank_state_bytes
@@ -54,6 +58,22 @@ def test_tp_adds_two_ring_all_reduces_per_layer_to_each_of_f_and_b_on_the_comput
     assert f == pytest.approx(f0 / 4 + per_pass, rel=CLOSE)
     assert b == pytest.approx(b0 / 4 + per_pass, rel=CLOSE)
     assert w == pytest.approx(w0 / 4, rel=CLOSE)
+
+
+def test_a_pipeline_send_is_each_tp_rank_s_slice_on_its_own_link():
+    # sequence parallelism: each tp rank holds s/tp tokens between stages and sends them on its
+    # own link; without it Megatron-LM's scatter-gather sends 1/tp per rank, then all-gathers
+    # the slices over the tp link (one ring all-gather of the whole activation)
+    base = TransformerCosts(SPEC, 2, Hardware(tflops=100, bandwidth=10, gpu_memory=80))
+    layout = ParallelLayout(pp=2, dp_shard=2, tp=4)
+    activation = SPEC.p2p_bytes(SPEC.microbatch_size)
+    pp_link = FABRIC.link(layout, "pp")
+    with_sp = LayoutCosts.for_layout(base, layout, FABRIC)
+    assert with_sp.costs(2, "loop", 1.0).comm == pytest.approx(activation / 4 / pp_link.bandwidth, rel=CLOSE)
+    without = LayoutCosts.for_layout(base, layout, FABRIC, sequence_parallel=False)
+    assert without.comm_ms() == pytest.approx(activation / 4 / pp_link.bandwidth + ring(4, activation, FABRIC.within),
+                                              rel=CLOSE)
+    assert with_sp.comm_ms(0.5) == pytest.approx(with_sp.comm_ms() / 2, rel=CLOSE)  # bandwidth-bound: scales
 
 
 def test_one_dimension_layouts_cost_and_hold_what_the_pipeline_model_says():
@@ -154,3 +174,69 @@ def test_on_a_simulated_pipeline_later_ranks_gather_later_and_hide_it_in_their_w
     for rank in (1, 2, 3):
         gather = plans[rank][rank]
         assert gather.wait == 0 and gather.start == pytest.approx(rank - 0.5)  # torch's window issues it at 0
+
+
+MOE = TransformerSpec(8, 1024, 512, 2, heads=16, vocab=32000, experts=Experts(8, 2, 512, shared=1))
+
+
+def _moe(layout: ParallelLayout, ep: int, spec: TransformerSpec = MOE) -> LayoutCosts:
+    base = TransformerCosts(spec, layout.pp, Hardware(tflops=100, bandwidth=10, gpu_memory=80))
+    return LayoutCosts.for_layout(base, layout, FABRIC, ep=ep)
+
+
+@pytest.mark.parametrize("ep, link", [(4, FABRIC.within), (8, FABRIC.across)])
+def test_ep_adds_a_dispatch_and_a_combine_all_to_all_per_layer_to_f_and_b_on_its_group_s_link(ep, link):
+    # EP takes the innermost data-parallel ranks: at tp 1, ep 4 fits a node of 4, ep 8 spans two
+    layout = ParallelLayout(pp=2, dp_shard=8)
+    f0, b0, w0 = _moe(layout, 1).layer_times()
+    f, b, w = _moe(layout, ep).layer_times()
+    tokens = MOE.seq_len * MOE.microbatch_size
+    buffer = tokens * 2 * MOE.hidden * MOE.dtype_bytes  # a copy of each token per routed expert (top 2)
+    per_pass = 2 * ring(ep, buffer, link)  # dispatch and combine: n-1 pairwise steps, as a ring's
+    assert (f - f0, b - b0, w - w0) == pytest.approx((per_pass, per_pass, 0.0), rel=CLOSE, abs=1e-12)
+
+
+def test_a_rank_holds_its_ep_share_of_the_routed_experts():
+    layout = ParallelLayout(pp=2, dp_replicate=8)  # no FSDP: 16 bytes per element (fp32 weights, grads, Adam)
+    bare = replace(MOE, vocab=None)  # no head: 4 layers on each rank, whatever EP's all-to-alls cost
+    one, two = (_moe(layout, ep, bare).ranks_bytes(2, "loop")[1] for ep in (1, 2))
+    routed_per_layer = 3 * 8 * 512 * 1024  # gate, up, down of the 8 experts
+    assert one.sharded - two.sharded == 16 * 4 * routed_per_layer // 2  # 4 layers, half of each's experts
+
+
+def test_the_first_dense_layers_hold_a_dense_mlp_and_no_experts():
+    bare = replace(MOE, vocab=None)
+    dense = replace(bare, experts=replace(MOE.experts, dense_layers=2))
+    layout = ParallelLayout(pp=2, dp_replicate=8)
+    stages, alike = (_moe(layout, 2, spec)._stage_bytes(2, "loop") for spec in (dense, bare))
+    h, width = 1024, 512
+    experts = 8 * h + 3 * width * h + 3 * 4 * width * h  # router, shared expert, this rank's 4 of 8 routed
+    mlp = 8 * h * h + 5 * h  # a dense block's fc1 and fc2 with their biases
+    tensors = (1 + 3 + 3) - 4  # Adam's 4-byte step per tensor: router, shared and routed, less fc1's and fc2's
+    assert stages[1] == alike[1]
+    assert alike[0].steady - stages[0].steady == 2 * (16 * (experts - mlp) + 4 * tensors)
+
+
+@pytest.mark.parametrize("ep", [4, 8])
+def test_dualpipe_s_pair_hides_each_half_s_all_to_all_behind_the_other_half_s_compute(ep):
+    # ep 4 within a node: each half's all-to-alls fit under the other's compute; ep 8 across
+    # nodes: what outlasts it is exposed
+    layout = ParallelLayout(pp=2, dp_shard=8)
+    costs = _moe(layout, ep)
+    c = costs.costs(4, "v", 1.0)
+    sent = MOE.layers / layout.pp * 2 * costs.all_to_all_ms()  # per rank and pass
+    forward, backward = c.F, c.B + c.W  # an overlapped pair's backward is a full one
+    exposed = max(0.0, sent - (backward - sent)) + max(0.0, sent - (forward - sent))
+    assert (exposed == 0) == (ep == 4)
+    pair = max(forward, backward) + c.overlap * min(forward, backward)  # Costs.overlap's rule
+    assert pair == pytest.approx((forward - sent) + (backward - sent) + exposed, rel=CLOSE)
+    assert _moe(layout, 1).costs(4, "v", 1.0).overlap == 1.0  # nothing sent: one half after the other
+
+
+def test_ep_is_refused_on_a_dense_model_and_where_it_does_not_divide():
+    with pytest.raises(ConfigError, match="needs a model with experts"):
+        LayoutCosts.for_layout(TransformerCosts(SPEC, 2), ParallelLayout(pp=2, dp_shard=2), FABRIC, ep=2)
+    with pytest.raises(ConfigError, match="does not divide the 8 experts"):
+        _moe(ParallelLayout(pp=2, dp_shard=6), 3)
+    with pytest.raises(ConfigError, match="does not divide the 2 data-parallel ranks"):
+        _moe(ParallelLayout(pp=2, dp_shard=2), 4)

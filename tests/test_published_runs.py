@@ -9,7 +9,7 @@ in full, runs in benchmarks/advise_scale.py)."""
 import pytest
 
 from pipesched.advise.layout_search import advise_whole_layouts, evaluate_setting
-from pipesched.advise.published import MEGATRON_145B, TORCHTITAN_405B, TORCHTITAN_70B, PublishedRun
+from pipesched.advise.published import DEEPSEEK_V3, MEGATRON_145B, TORCHTITAN_405B, TORCHTITAN_70B, PublishedRun
 
 PUBLISHED_405B_RATIO = 128 / 100  # torchtitan's tokens/s per GPU, interleaved 1F1B over 1F1B
 
@@ -17,7 +17,7 @@ PUBLISHED_405B_RATIO = 128 / 100  # torchtitan's tokens/s per GPU, interleaved 1
 def _priced(run: PublishedRun, setting: tuple[str, int, int]):
     schedule, chunks, microbatches = setting
     return evaluate_setting(run.gpus, run.model(), run.global_batch, run.fabric(), run.layout, schedule, chunks,
-                            microbatches, run.recompute, sequence_parallel=run.sequence_parallel)
+                            microbatches, run.recompute, sequence_parallel=run.sequence_parallel, ep=run.ep)
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +58,11 @@ def test_the_published_layout_fits_and_the_pick_with_its_sizes_fixed_is_predicte
     assert all(getattr(best, d) == getattr(run.layout, d) for d in fixed)
     assert best.pp * best.dp * best.dp_shard * best.tp == run.gpus
     assert best.step_time <= fastest * (1 + 1e-9)  # floats summed in another order
+
+
+def test_deepseek_v3_s_published_layout_fits_with_its_experts_split_64_ways():
+    # PP 16 x EP 64 over 128 ZeRO-1 ranks, DualPipe: each rank holds 4 of the 256 routed experts
+    # per layer; recomputing, as the BF16 model needs (published.py: DeepSeek caches FP8 instead)
+    (row, fits), = [_priced(DEEPSEEK_V3, s) for s in DEEPSEEK_V3.settings]
+    assert fits and row.ep == 64 and row.candidate.schedule == "dualpipev"
+    assert row.candidate.costs.overlap < 1  # its pairs hide all-to-alls behind the other half

@@ -54,6 +54,12 @@ def reduce_scatter_time(n: int, nbytes: float, link: Link) -> float:
     return all_gather_time(n, nbytes, link)
 
 
+def all_to_all_time(n: int, nbytes: float, link: Link) -> float:
+    """All-to-all over ``n`` ranks of a buffer of ``nbytes`` per rank, ms: ``n-1`` pairwise steps,
+    each a latency and the ``n``-th of the buffer that goes to one peer."""
+    return all_gather_time(n, nbytes, link)
+
+
 def all_reduce_time(n: int, nbytes: float, link: Link) -> float:
     """Ring all-reduce of ``nbytes`` over ``n`` ranks: a reduce-scatter, then an all-gather, ms."""
     return reduce_scatter_time(n, nbytes, link) + all_gather_time(n, nbytes, link)
@@ -80,6 +86,14 @@ class Fabric:
     def link(self, layout: ParallelLayout, dimension: str) -> Link:
         """The link class ``dimension``'s collectives (or, for ``pp``, its sends) run on."""
         return self.across if self.spans_nodes(layout, dimension) else self.within
+
+    def expert_link(self, layout: ParallelLayout, ep: int) -> Link:
+        """The link expert parallelism's all-to-alls run on: EP takes ``ep`` of a stage's
+        data-parallel ranks, innermost first (``dp_shard``'s, then ``dp``'s: torchtitan's
+        convention), so its group spans ``ep x tp`` consecutive GPUs."""
+        shard, replicas = layout.group_of(0, "dp_shard"), layout.group_of(0, "dp_replicate")
+        group = sorted(a + b for b in replicas for a in shard)[:ep]
+        return self.across if len({rank // self.gpus_per_node for rank in group}) > 1 else self.within
 
     def link_name(self, layout: ParallelLayout, dimension: str) -> str:
         return ACROSS if self.spans_nodes(layout, dimension) else WITHIN

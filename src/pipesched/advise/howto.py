@@ -60,6 +60,7 @@ def export_command(c: Candidate, ranks: int) -> str:
         flags += f" --comm {costs.comm:.10g}" if costs.comm else ""
         flags += f" --stage-overhead {costs.stage_overhead:.10g}" if costs.stage_overhead else ""
         flags += f" --full-backward {costs.full_backward:.10g}" if costs.full_backward is not None else ""
+        flags += f" --overlap {costs.overlap:.10g}" if costs.overlap != UNIT.overlap else ""
         if costs.stage_multipliers:
             flags += " --stage-multipliers " + ",".join(f"{x:.10g}" for x in costs.stage_multipliers)
     return f"pipesched export {c.schedule} --ranks {ranks} --microbatches {c.microbatches} --chunks {c.chunks}{flags}"
@@ -74,6 +75,7 @@ def build_call(c: Candidate, ranks: int) -> str:
         fields += [f"comm={costs.comm:.10g}"] if costs.comm else []
         fields += [f"stage_overhead={costs.stage_overhead:.10g}"] if costs.stage_overhead else []
         fields += [f"full_backward={costs.full_backward:.10g}"] if costs.full_backward is not None else []
+        fields += [f"overlap={costs.overlap:.10g}"] if costs.overlap != UNIT.overlap else []
         if costs.stage_multipliers:
             fields.append("stage_multipliers=(" + ", ".join(f"{x:.10g}" for x in costs.stage_multipliers) + ")")
         args.append(f"costs=pipesched.Costs({', '.join(fields)})")

@@ -121,6 +121,11 @@ class LayoutCandidate:
     gather_per_rank: float = 0.0  # ms of all-gathers on the busiest rank, hidden or not
     # per pipeline rank (its fullest shard): RankBytes's fields and its peak "activations", bytes
     bytes_per_rank: tuple[dict, ...] = ()
+    # 1 - the busiest rank's compute over the makespan: the fill and drain of the rank that sets the
+    # pace (Megatron-LM's (p-1)/(v m)); the rest of ``candidate.bubble_ratio`` is the lighter ranks
+    # waiting for it (a stage holding the head besides its layers). None: not priced on a timeline
+    pipeline_bubble: Optional[float] = None
+    ep: int = 1  # expert parallelism: ranks of a stage's data-parallel ones splitting the routed experts
 
     def label(self) -> str:
         sharded = f" x dp_shard={self.dp_shard} x tp={self.tp}" if (self.tp, self.dp_shard) != (1, 1) else ""
@@ -132,6 +137,7 @@ class LayoutCandidate:
             "dp": self.dp,
             "dp_shard": self.dp_shard,
             "tp": self.tp,
+            "ep": self.ep,
             **self.candidate.to_json(),
             "step_time": self.step_time,
             "exposed_allreduce": self.exposed_allreduce,
@@ -140,6 +146,7 @@ class LayoutCandidate:
             "exposed_gather": self.exposed_gather,
             "gather_per_rank": self.gather_per_rank,
             **({"bytes_per_rank": list(self.bytes_per_rank)} if self.bytes_per_rank else {}),
+            **({"pipeline_bubble": self.pipeline_bubble} if self.pipeline_bubble is not None else {}),
         }
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 from ..units import format_time
 from .estimate import GB
 from .layout import LayoutAdvice, LayoutCandidate
-from .layout_costs import LayoutCosts, TP_COLLECTIVES_PER_PASS
+from .layout_costs import ALL_TO_ALLS_PER_PASS, TP_COLLECTIVES_PER_PASS, LayoutCosts
 from .howto import csv_name, export_command
 
 TORCHTITAN_SCHEDULES = {  # pipesched family -> torch.distributed.pipelining's schedule name
@@ -46,6 +46,15 @@ def runners_up(advice: LayoutAdvice) -> list[LayoutCandidate]:
     return out
 
 
+def _paced(row: LayoutCandidate) -> str:
+    """The bubble's two parts where the ranks' loads differ: the busiest rank's fill and drain,
+    and the others waiting for it."""
+    paced = row.pipeline_bubble
+    if paced is None or row.candidate.bubble_ratio - paced < 0.0005:
+        return ""
+    return (f" ({100 * paced:.1f}% the busiest rank's fill and drain, the rest the lighter ranks waiting for it)")
+
+
 def dimension_lines(best: LayoutCandidate, costs: LayoutCosts, tokens_per_step: Optional[int], gpus: int) -> list[str]:
     """What each dimension of ``best`` costs in time and bytes (``costs``: its layout's model)."""
     c = best.candidate
@@ -54,13 +63,19 @@ def dimension_lines(best: LayoutCandidate, costs: LayoutCosts, tokens_per_step: 
     lines = [f"step {_t(best.step_time)}" + (f", {tokens_per_step / (best.step_time / 1e3) / gpus:.4g} tokens/s per GPU"
                                                   if tokens_per_step else "")]
     lines.append(f"pp {best.pp}: {c.schedule} with {c.chunks} chunk(s) and {c.microbatches} microbatches, bubble "
-                 f"{100 * c.bubble_ratio:.1f}%" + (", every stage recomputing its activations" if c.recompute != "none" else ""))
+                 f"{100 * c.bubble_ratio:.1f}%" + _paced(best) + (", every stage recomputing its activations" if c.recompute != "none" else ""))
     if best.tp > 1:
         layers = max(r["layers"] for r in costs._ranks_of(stages, style))
         passes = 2 + (c.recompute != "none")  # forward, backward, and the recomputed forward
         per_step = passes * TP_COLLECTIVES_PER_PASS * costs.tp_collective_ms(c.scale) * layers * c.microbatches
         lines.append(f"tp {best.tp}: {2 * TP_COLLECTIVES_PER_PASS} all-reduces per layer and microbatch on the compute lane, "
                      f"about {_t(per_step)} per step on the busiest rank; weights, gradients and activations split {best.tp} ways")
+    if best.ep > 1:
+        layers = max(r["layers"] for r in costs._ranks_of(stages, style))
+        per_step = 2 * ALL_TO_ALLS_PER_PASS * costs.all_to_all_ms(c.scale) * layers * c.microbatches
+        hidden = " (dualpipev's pairs hide them behind the other half)" if c.costs.overlap < 1 and c.schedule == "dualpipev" else ""
+        lines.append(f"ep {best.ep}: a dispatch and a combine all-to-all per layer in each of F and B, about "
+                     f"{_t(per_step)} per step on the busiest rank{hidden}; routed experts split {best.ep} ways")
     if best.dp_shard > 1:
         lines.append(f"dp_shard {best.dp_shard}: all-gathers {_t(best.gather_per_rank)} ({_t(best.exposed_gather)} exposed), "
                      f"reduce-scatters {_t(best.allreduce_per_rank)} ({_t(best.exposed_allreduce)} exposed) on the comm lane; "

@@ -48,7 +48,8 @@ def priced_row(layout: ParallelLayout, costs: LayoutCosts, c: Candidate, result:
     own = replace(c, peak_memory_bytes=peak, memory_gb=peak / GB, fits=budget is None or peak <= budget, priced=())
     return LayoutCandidate(layout.pp, layout.dp_replicate, own, step.step_time, step.exposed_reduce, step.reduce_per_rank,
                            tp=layout.tp, dp_shard=layout.dp_shard, exposed_gather=step.exposed_gather,
-                           gather_per_rank=step.gather_per_rank, bytes_per_rank=tuple(held))
+                           gather_per_rank=step.gather_per_rank, bytes_per_rank=tuple(held),
+                           pipeline_bubble=1 - max(result.busy) / result.makespan, ep=costs.ep)
 
 
 def member_rows(index: int, candidates: Iterable[Candidate], families: Sequence[str],

@@ -56,6 +56,7 @@ class LayoutProblem:
     precision: Precision = MIXED
     sequence_parallel: bool = True
     replica_latency: float = 0.05  # ms per all-reduce bucket between replicas
+    ep: int = 1  # expert parallelism, given (advise/layout_costs.py prices it)
 
 
 def layouts_of(problem: LayoutProblem, model: TransformerCosts) -> tuple[list[ParallelLayout], list[str]]:
@@ -96,6 +97,8 @@ def _refusal(layout: ParallelLayout, model: TransformerCosts, problem: LayoutPro
     if layout.pp > spec.layers:
         return f"{layout.pp} pipeline ranks for {spec.layers} layers"
     replica = problem.global_batch // layout.dp if problem.global_batch % layout.dp == 0 else None
+    if layout.dp % problem.ep:
+        return f"--ep {problem.ep} does not divide its {layout.dp} data-parallel ranks"
     if replica is None or replica % spec.microbatch_size:
         return (f"the global batch {problem.global_batch} does not split into {layout.dp} replicas of whole "
                 f"microbatches of {spec.microbatch_size}")
@@ -120,7 +123,8 @@ def flag_of(dimension: str) -> str:
 
 
 def costs_for(problem: LayoutProblem, model: TransformerCosts, layout: ParallelLayout) -> LayoutCosts:
-    return LayoutCosts.for_layout(model, layout, problem.fabric, problem.precision, problem.sequence_parallel)
+    return LayoutCosts.for_layout(model, layout, problem.fabric, problem.precision, problem.sequence_parallel,
+                                  ep=problem.ep)
 
 
 def state_bytes(costs: LayoutCosts) -> float:
@@ -137,13 +141,13 @@ def lower_bound(costs: LayoutCosts, replica_batch: int) -> float:
 
 def advise_whole_layouts(gpus: int, model: TransformerCosts, global_batch: int, fabric: Fabric,
                          fixed: Optional[dict] = None, precision: Precision = MIXED,
-                         sequence_parallel: bool = True, replica_latency: float = 0.05,
+                         sequence_parallel: bool = True, replica_latency: float = 0.05, ep: int = 1,
                          **advise_options) -> LayoutAdvice:
     """Rank whole layouts with their schedules by predicted step time; see the module doc.
     ``fixed``: sizes of the dimensions the caller chose (``{"tp": 8}``). The microbatches are the
     model's microbatch size unless ``max_microbatches`` opens the count (:func:`microbatch_options`)."""
     problem = LayoutProblem(gpus, global_batch, fabric, tuple(sorted((fixed or {}).items())), precision,
-                            sequence_parallel, replica_latency)
+                            sequence_parallel, replica_latency, ep)
     layouts, omitted = layouts_of(problem, model)
     budget = model.budget_bytes()
     groups: dict[tuple[int, int, int], list[tuple[ParallelLayout, LayoutCosts]]] = {}
@@ -230,10 +234,10 @@ def _search_group(problem: LayoutProblem, key: tuple[int, int, int], members: li
 
 def evaluate_setting(gpus: int, model: TransformerCosts, global_batch: int, fabric: Fabric, layout: ParallelLayout,
                      schedule: str, chunks: int, microbatches: int, recompute: bool, precision: Precision = MIXED,
-                     sequence_parallel: bool = True) -> tuple[LayoutCandidate, bool]:
+                     sequence_parallel: bool = True, ep: int = 1) -> tuple[LayoutCandidate, bool]:
     """One given layout and setting (a published run's), priced as the search prices its own,
     and whether it fits the memory model (a setting that does not fit is still priced)."""
-    problem = LayoutProblem(gpus, global_batch, fabric, (), precision, sequence_parallel)
+    problem = LayoutProblem(gpus, global_batch, fabric, (), precision, sequence_parallel, ep=ep)
     layout.check(gpus, heads=model.spec.head_count, hidden=model.spec.hidden)
     replica = global_batch // layout.dp
     if global_batch % layout.dp or replica % microbatches:

@@ -21,6 +21,32 @@ kind, calibrated on one named run and used for every other: nothing is fitted ru
   TFLOP/s per GPU; RoCE at 400 Gb/s per GPU. The paper's interleaved schedule's chunk count is
   not taken from it: 4 is assumed (the advisor's most by default), without recomputation (the
   fastest that fits the memory model at that layout), 1F1B priced beside it.
+- Megatron-Bridge, its performance summary archive
+  (docs.nvidia.com/nemo/megatron-bridge/latest/performance-summary-archive.html), DGX-H100 rows,
+  FP8: Llama 3 70B on 64 H100 as TP 4 x PP 8 with 5 virtual stages per rank, global batch 256,
+  1,639-1,664 tokens/s per GPU over the archived releases (the midpoint compared); Llama 3.1 405B
+  on 1,024 H100 as TP 8 x PP 8 x CP 2 with 8 virtual stages, microbatch 1, global batch 1,536,
+  326-328 tokens/s per GPU. Sequence 8192, sequence parallelism, microbatches of 1 sequence
+  (the recipes' ``micro_batch_size``). Megatron's distributed optimizer (ZeRO-1) is priced as
+  FSDP over the data-parallel ranks under PP (stages kept gathered: the same bf16 weights and
+  fp32 gradients whole, the optimizer state sharded; FSDP also shards the fp32 weights and
+  gradients between steps). The advisor has no context parallelism: CP 2 is priced as two
+  data-parallel ranks of half sequences (the same tokens, weights and activations per GPU; each
+  token's attention counted over 4,096 keys rather than up to 8,192, about 4% of a layer's
+  FLOPs less, and CP's exchange of keys and values left out). No recomputation (assumed: the
+  recipes name none).
+- DeepSeek-V3, DeepSeek-AI 2024 ("DeepSeek-V3 Technical Report"): 61 layers (the first 3 dense),
+  hidden 7168, 128 heads, 256 routed experts of width 2048 and 1 shared, 8 routed per token,
+  vocabulary 129,280, sequence 4096, batch 15,360 sequences (after its ramp); 2,048 H800 80 GB
+  in nodes of 8 (NVLink 400 GB/s, InfiniBand 50 GB/s per GPU) as PP 16 x EP 64 x ZeRO-1 data
+  parallelism, no TP, DualPipe; 180K H800 GPU hours per trillion tokens (its section 1: 1,543
+  tokens/s per GPU). Priced as pipesched's ``dualpipev`` (DualPipe's one-copy V form) at
+  microbatches of 1 sequence (assumed: the report names no microbatch size), ZeRO-1 as FSDP
+  under PP, recomputing (the report recomputes only norms and up-projections and caches the
+  experts' activations in FP8, which the BF16 model cannot say: storing them it holds 103 GiB), its
+  latent attention as standard attention of ``12h^2``-style shapes, its node-limited routing
+  (each token to at most 4 nodes) and FP8 dispatch left out: every routed copy priced on
+  InfiniBand in BF16. The H800 computes as the H100 (the same dense BF16 peak): the H100's share.
 - Megatron-LM, Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
   Clusters"), table 1: GPT models with vocabulary 51200, sequence 2048, on DGX A100 80 GB nodes
   of 8 (NVLink within, 8 x 200 Gb/s HDR InfiniBand per node between), activation recomputation,
@@ -30,19 +56,21 @@ kind, calibrated on one named run and used for every other: nothing is fitted ru
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from ..parallel_layout import ParallelLayout
 from .estimate import Hardware, TransformerCosts
 from .fabric import Fabric, Link
 from .transformer import TransformerSpec
+from .transformer_experts import Experts
 
 GIB = 2 ** 30
 # One achievable share of the dense BF16 peak per GPU kind, each calibrated on one named run (the
 # share at which that run's predicted tokens/s per GPU equals its published figure:
 # ``benchmarks/published_layouts.py calibrate NAME PEAK``); every other run is predicted with it
 A100_PEAK, H100_PEAK = 312.0, 989.0  # dense BF16 TFLOP/s
-A100_SHARE = 0.566  # calibrated on megatron-145b (Narayanan et al. 2021, table 1)
-H100_SHARE = 0.631  # calibrated on llama3-405b (Dubey et al. 2024, table 4)
+A100_SHARE = 0.565  # calibrated on megatron-145b (Narayanan et al. 2021, table 1)
+H100_SHARE = 0.568  # calibrated on llama3-405b (Dubey et al. 2024, table 4)
 A100_TFLOPS, H100_TFLOPS = A100_SHARE * A100_PEAK, H100_SHARE * H100_PEAK
 H100_NVLINK, H100_NETWORK = 450.0, 50.0  # GB/s per GPU and direction: NVLink 4, 400 Gb/s RDMA
 A100_NVLINK, A100_NETWORK = 300.0, 25.0  # NVLink 3; 8 x 200 Gb/s HDR per node of 8
@@ -73,6 +101,8 @@ class PublishedRun:
     sequence_parallel: bool = True
     tokens_per_gpu: float = 0.0  # tokens/s per GPU measured (derived where the paper gives TFLOP/s)
     measured_schedule: str = ""  # the setting the figure is of ("": not stated, the faster one priced)
+    experts: Optional[Experts] = None  # a mixture of experts' (None: dense)
+    ep: int = 1  # expert parallelism
 
     @property
     def microbatch_size(self) -> int:
@@ -85,7 +115,7 @@ class PublishedRun:
 
     def model(self) -> TransformerCosts:
         spec = TransformerSpec(self.layers, self.hidden, self.seq_len, self.microbatch_size, heads=self.heads,
-                               vocab=self.vocab)
+                               vocab=self.vocab, experts=self.experts)
         return TransformerCosts(spec, self.layout.pp, Hardware(tflops=self.tflops, gpu_memory=self.gpu_memory_gb))
 
     def fabric(self) -> Fabric:
@@ -94,6 +124,7 @@ class PublishedRun:
 
 
 _H100 = dict(tflops=H100_TFLOPS, gpu_memory_gb=95 * GIB / 1e9, within_gbps=H100_NVLINK, across_gbps=H100_NETWORK)
+_H100_80GB = {**_H100, "gpu_memory_gb": 80 * GIB / 1e9}  # the DGX H100's part (torchtitan's had 95 GiB)
 _A100 = dict(tflops=A100_TFLOPS, gpu_memory_gb=80 * GIB / 1e9, within_gbps=A100_NVLINK, across_gbps=A100_NETWORK,
              sequence_parallel=False)
 
@@ -147,8 +178,23 @@ LLAMA3_TOKENS = spec_tokens(400, 126, 16384, 128, 128256, 8192)
 LLAMA3_405B = PublishedRun(
     "llama3-405b", 126, 16384, 128, 128256, 8192, 16384, 2048, ParallelLayout(pp=16, dp_shard=128, tp=8),
     (("1f1b", 1, 16), ("interleaved-1f1b", 4, 16)), "400 TFLOP/s per GPU (41% of BF16 peak)",
-    **{**_H100, "gpu_memory_gb": 80 * GIB / 1e9}, recompute=False, tokens_per_gpu=LLAMA3_TOKENS,
+    **_H100_80GB, recompute=False, tokens_per_gpu=LLAMA3_TOKENS,
     measured_schedule="interleaved-1f1b")
 
-RUNS = (TORCHTITAN_405B, TORCHTITAN_70B, LLAMA3_405B, MEGATRON_39B, MEGATRON_76B, MEGATRON_145B, MEGATRON_310B,
+MBRIDGE_70B = PublishedRun(
+    "megatron-bridge-70b", 80, 8192, 64, 128256, 8192, 64, 256, ParallelLayout(pp=8, dp_shard=2, tp=4),
+    (("interleaved-1f1b", 5, 128),), "FP8: 1,639-1,664 tokens/s/GPU", **_H100_80GB, recompute=False,
+    tokens_per_gpu=(1639 + 1664) / 2, measured_schedule="interleaved-1f1b")
+MBRIDGE_405B = PublishedRun(  # CP 2 as two data-parallel ranks of half sequences (see the module doc)
+    "megatron-bridge-405b", 126, 16384, 128, 128256, 8192 // 2, 1024, 1536 * 2, ParallelLayout(pp=8, dp_shard=16, tp=8),
+    (("interleaved-1f1b", 8, 192),), "FP8: 326-328 tokens/s/GPU", **_H100_80GB, recompute=False,
+    tokens_per_gpu=(326 + 328) / 2, measured_schedule="interleaved-1f1b")
+
+DEEPSEEK_V3 = PublishedRun(
+    "deepseek-v3", 61, 7168, 128, 129280, 4096, 2048, 15360, ParallelLayout(pp=16, dp_shard=128),
+    (("dualpipev", 2, 120),), "FP8: 180K H800 GPU hours per trillion tokens", **{**_H100_80GB, "within_gbps": 400.0},
+    recompute=True, tokens_per_gpu=1e12 / (180e3 * 3600), measured_schedule="dualpipev",
+    experts=Experts(256, 8, 2048, shared=1, dense_layers=3), ep=64)
+
+RUNS = (TORCHTITAN_405B, TORCHTITAN_70B, LLAMA3_405B, MBRIDGE_70B, MBRIDGE_405B, DEEPSEEK_V3, MEGATRON_39B, MEGATRON_76B, MEGATRON_145B, MEGATRON_310B,
         MEGATRON_530B, MEGATRON_1T)

@@ -64,7 +64,7 @@ class Candidate:
             "memory_limit": self.memory_limit,
             "costs": {
                 "F": c.F, "B": c.B, "W": c.W, "comm": c.comm, "stage_overhead": c.stage_overhead,
-                "full_backward": c.full_backward,
+                "full_backward": c.full_backward, "overlap": c.overlap,
                 "stage_multipliers": list(c.stage_multipliers) if c.stage_multipliers else None,
             },
             "makespan": self.makespan,

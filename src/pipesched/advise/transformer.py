@@ -25,6 +25,12 @@ width, is next to nothing); the output head takes ``2*s*b*h*V`` FLOPs for each o
 its logits are counted as ``s*b*(2h + 4V)`` bytes (its input plus fp32 logits). Between stages
 one activation of ``2*s*b*h`` bytes crosses per microbatch.
 
+With ``experts`` (:class:`~.transformer_experts.Experts`) every layer's MLP is a router and
+experts instead: the layer's figures are its attention's part of the above and the experts'
+(:mod:`.transformer_experts`). The first ``dense_layers`` keep a dense MLP for their bytes
+(:mod:`.transformer_bytes`); their time and activations are priced as an MoE layer's (the two
+are close where, as in DeepSeek-V3, the active experts are as wide as the dense MLP).
+
 These are the model's own figures, whatever the pipeline and the hardware; :mod:`.estimate`
 lays them out over a pipeline's stages and turns them into milliseconds and bytes.
 """
@@ -38,6 +44,7 @@ from typing import Optional
 
 from ..errors import ConfigError
 from ..sharded_bytes import ParamSpec, tp_dims
+from .transformer_experts import Experts
 
 ATTENTION_KERNELS = ("flash", "eager")
 ENDS = ("bare", "gpt")  # the embedding and head: V x h each; or also learned positions, final norm, head bias
@@ -58,6 +65,7 @@ class TransformerSpec:
     dtype_bytes: int = 2  # bytes per activation value: 2 (bf16, fp16) or 4 (fp32)
     dropout: bool = False
     ends: str = "bare"  # one of ENDS
+    experts: Optional[Experts] = None  # None: a dense MLP in every layer
 
     def __post_init__(self) -> None:
         if self.ends not in ENDS:
@@ -75,6 +83,9 @@ class TransformerSpec:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"model {label} must be a whole number of at least 1, got {value!r}")
 
+        if self.experts is not None and self.experts.dense_layers > self.layers:
+            raise ConfigError(f"{self.experts.dense_layers} dense layers but the model has {self.layers} layers")
+
     @property
     def head_count(self) -> int:
         return self.heads if self.heads is not None else max(1, self.hidden // 64)
@@ -82,7 +93,10 @@ class TransformerSpec:
     def layer_flops(self, b: float) -> tuple[float, float, float]:
         """F, B, W FLOPs of one layer for a microbatch of ``b`` sequences."""
         s, h = self.seq_len, self.hidden
-        return s * b * h * (24 * h + 4 * s), s * b * h * (24 * h + 8 * s), 24.0 * s * b * h * h
+        if self.experts is None:
+            return s * b * h * (24 * h + 4 * s), s * b * h * (24 * h + 8 * s), 24.0 * s * b * h * h
+        mlp = self.experts.mlp_flops(s * b, h)  # in place of the dense MLP's 16h^2 per token and pass
+        return s * b * h * (8 * h + 4 * s) + mlp, s * b * h * (8 * h + 8 * s) + mlp, 8.0 * s * b * h * h + mlp
 
     def head_flops(self, b: float) -> float:
         """FLOPs of each of the head's F, B and W (zero without a vocabulary)."""
@@ -99,6 +113,8 @@ class TransformerSpec:
         """Bytes one layer keeps from F to its backward (see the module docstring)."""
         s, h, a, d = self.seq_len, self.hidden, self.head_count, self.dtype_bytes
         held = 16 * s * b * h * d + 2 * s * b * h * self.dropout
+        if self.experts is not None:  # the dense MLP's 9sbh values (fc1's input, output, activation) replaced
+            held += self.experts.kept_bytes(s * b, h, d) - 9 * s * b * h * d
         if self.attention == "eager":
             held += a * s * s * b * (d + 3 * self.dropout)  # softmax output (+ dropout's mask and output)
         else:
@@ -107,19 +123,26 @@ class TransformerSpec:
 
     def layer_stash_bytes(self, b: float) -> float:
         """Bytes one layer's ``I`` leaves for its ``W``: each Linear's input and output gradient."""
-        return 16 * self.seq_len * b * self.hidden * self.dtype_bytes
+        tokens, h, d = self.seq_len * b, self.hidden, self.dtype_bytes
+        if self.experts is None:
+            return 16 * tokens * h * d
+        return 6 * tokens * h * d + self.experts.stash_bytes(tokens, h, d)  # attention's 6sbh, then the experts'
 
     def head_activation_bytes(self, b: float) -> float:
         return self.seq_len * b * (self.dtype_bytes * self.hidden + 4 * self.vocab) if self.vocab else 0.0
 
-    def layer_specs(self) -> tuple[ParamSpec, ...]:
+    def layer_specs(self, experts: bool = True) -> tuple[ParamSpec, ...]:
         """One block's parameters as pipesched's gpt builds it (pre-norm LayerNorms, Linears with
         biases; q, k and v in one matrix), with the dims Megatron's tensor parallelism splits:
-        ``qkv`` and ``fc1`` column-wise, ``proj`` and ``fc2`` row-wise. ``12h^2 + 13h`` elements."""
+        ``qkv`` and ``fc1`` column-wise, ``proj`` and ``fc2`` row-wise. ``12h^2 + 13h`` elements.
+        With experts (and ``experts``: not one of the first dense layers) the MLP is the router
+        and the shared experts; the routed ones are :meth:`Experts.routed_specs`, split by EP."""
         h = self.hidden
         norm = [ParamSpec((h,)), ParamSpec((h,))]
-        return tuple(norm + _linear(3 * h, h, "colwise") + _linear(h, h, "rowwise")
-                     + norm + _linear(4 * h, h, "colwise") + _linear(h, 4 * h, "rowwise"))
+        attention = norm + _linear(3 * h, h, "colwise") + _linear(h, h, "rowwise") + norm
+        if experts and self.experts is not None:
+            return tuple(attention) + self.experts.shared_specs(h)
+        return tuple(attention + _linear(4 * h, h, "colwise") + _linear(h, 4 * h, "rowwise"))
 
     def embedding_specs(self, vocab_parallel: bool = True) -> tuple[ParamSpec, ...]:
         """The first stage's embedding (none without a vocabulary); ``vocab_parallel``: tensor
@@ -140,7 +163,9 @@ class TransformerSpec:
 
     @cached_property
     def layer_params(self) -> int:
-        return sum(prod(p.shape) for p in self.layer_specs())
+        """One block's elements, all its experts included (the most a block has)."""
+        routed = self.experts.routed_specs(self.hidden, 1) if self.experts is not None else ()
+        return sum(prod(p.shape) for p in self.layer_specs() + routed)
 
     @cached_property
     def embedding_params(self) -> int:

@@ -69,7 +69,7 @@ def advise_cmd(ctx: typer.Context, ranks: int = opt.Ranks, *, search: SearchFlag
     limits = search.limits(profiled=profile.profile, described=model.described)
     if profile.profile:
         _advise_profiled(ranks, search, model, profile, scope, limits)
-    elif layout.gpus is not None and (layout.gpus_per_node is not None or layout.fixed()):
+    elif layout.gpus is not None and (layout.gpus_per_node is not None or layout.fixed() or layout.ep is not None):
         source = ctx.get_parameter_source("ranks")  # typer's own click: its enum is not public, its names are
         pp_given = source is not None and source.name == "COMMANDLINE"  # -p given: it fixes pp
         refuse_ignored("--gpus --gpus-per-node", typed)
@@ -93,7 +93,7 @@ def _advise_whole_layout(pp: Optional[int], search: SearchFlags, model: ModelFla
     layout_options.run_whole(
         layout.gpus, search.global_batch, transformer_costs(model, layout.gpus, search, *limits),
         layout.gpus_per_node, layout.node_bandwidth, fixed, layout.latency, layout.report, scope.as_json, scope.top,
-        progress=lambda work: planning_progress("advise", work), **searched(search, scope),
+        ep=layout.ep, progress=lambda work: planning_progress("advise", work), **searched(search, scope),
     )
 
 
@@ -118,7 +118,7 @@ def _advise_pipeline(ranks: int, search: SearchFlags, model: ModelFlags, scope: 
     print_advice(result, cost_model, scope.top)
 
 
-_WHOLE_LAYOUT = ("--gpus-per-node", "--node-bandwidth", "--tp", "--dp-shard", "--dp")
+_WHOLE_LAYOUT = ("--gpus-per-node", "--node-bandwidth", "--tp", "--dp-shard", "--dp", "--ep")
 IGNORED_BY = {  # what each way of giving the costs does without: refused rather than dropped silently
     "--profile": ("--overhead", "--microbatch-size", "--max-microbatches", "--min-microbatch-size",
                   "--dp-bandwidth", "--dp-latency", "--report", "--gpus") + _WHOLE_LAYOUT,

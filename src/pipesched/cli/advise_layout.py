@@ -15,7 +15,7 @@ from ..advise.howto import guidance
 from ..advise.fabric import Fabric, Link
 from ..advise.layout import DEFAULT_DP_LATENCY_MS, LayoutAdvice, advise_layouts
 from ..advise.layout_chart import whole_layout_timeline
-from ..advise.layout_costs import LayoutCosts
+from ..advise.layout_costs import LayoutCosts, check_ep
 from ..advise.layout_explain import dimension_lines, layout_name, run_lines, runner_lines
 from ..advise.layout_search import advise_whole_layouts, flag_of
 from ..parallel_layout import ParallelLayout
@@ -45,6 +45,7 @@ class LayoutFlags:
     tp: Optional[int]
     dp_shard: Optional[int]
     dp: Optional[int]
+    ep: Optional[int]
 
     @property
     def latency(self) -> float:
@@ -75,6 +76,8 @@ LAYOUT_OPTIONS: tuple[tuple[str, object, object], ...] = (
     ("tp", Optional[int], typer.Option(None, "--tp", help="With --gpus: fix tensor parallelism (ranks splitting each layer).")),
     ("dp_shard", Optional[int], typer.Option(None, "--dp-shard", help="With --gpus: fix FSDP shards inside a stage.")),
     ("dp", Optional[int], typer.Option(None, "--dp", help="With --gpus and --gpus-per-node: fix whole replicas of the pipeline.")),
+    ("ep", Optional[int], typer.Option(
+        None, "--ep", help="With --gpus-per-node and --experts: routed experts split over this many data-parallel ranks.")),
 )
 
 
@@ -120,20 +123,25 @@ def run(gpus: Optional[int], global_batch: Optional[int], model: TransformerCost
 
 def run_whole(gpus: int, global_batch: Optional[int], model: TransformerCosts, gpus_per_node: Optional[int],
               node_bandwidth: Optional[float], fixed: dict, dp_latency: float, report: Optional[Path], as_json: bool,
-              top: int, **options) -> None:
-    """``advise --gpus G --gpus-per-node N``: search whole layouts, print the table (or JSON) and why."""
+              top: int, ep: Optional[int] = None, **options) -> None:
+    """``advise --gpus G --gpus-per-node N``: search whole layouts, print the table (or JSON) and why
+    (``ep``: expert parallelism, given)."""
     if gpus_per_node is None:
-        raise ConfigError(f"{', '.join(flag_of(k) for k in fixed)} with --gpus needs --gpus-per-node "
+        given = [flag_of(k) for k in fixed] + (["--ep"] if ep is not None else [])
+        raise ConfigError(f"{', '.join(given)} with --gpus needs --gpus-per-node "
                           "(which ranks share a node decides each dimension's links)")
     if global_batch is None:
         raise ConfigError("--gpus needs --global-batch G (samples per step over every replica)")
+    if ep is not None:
+        check_ep(model.spec, ep)  # before any layout: every one would refuse it alike
     if model.hardware.bandwidth is None or node_bandwidth is None:
         raise ConfigError("--gpus-per-node needs --bandwidth (GB/s within a node) and --node-bandwidth (GB/s per GPU between nodes)")
     fabric = Fabric(gpus_per_node, Link.from_gbps(model.hardware.bandwidth, WITHIN_LATENCY_MS),
                     Link.from_gbps(node_bandwidth, ACROSS_LATENCY_MS))
     if report is not None:
         check_output_path(report, [".html", ".htm"])
-    advice = advise_whole_layouts(gpus, model, global_batch, fabric, fixed=fixed, replica_latency=dp_latency, **options)
+    advice = advise_whole_layouts(gpus, model, global_batch, fabric, fixed=fixed, replica_latency=dp_latency,
+                                  ep=1 if ep is None else ep, **options)
     if report is not None:
         chart = whole_layout_timeline(advice.recommended, model, fabric, dp_latency)
         write_atomic(report, layout_report(advice, top, chart))
@@ -148,7 +156,7 @@ def run_whole(gpus: int, global_batch: Optional[int], model: TransformerCosts, g
     console.print(f"[bold]pipesched advise[/bold]  {gpus} GPUs in nodes of {gpus_per_node}, global batch {global_batch}")
     console.print(whole_table(advice, top, console.width), crop=False)
     console.print(f"[bold green]Recommendation:[/bold green] {layout_name(best)} with {best.candidate.label()}", highlight=False)
-    costs = LayoutCosts.for_layout(model, ParallelLayout(best.pp, best.dp, best.dp_shard, best.tp), fabric)
+    costs = LayoutCosts.for_layout(model, ParallelLayout(best.pp, best.dp, best.dp_shard, best.tp), fabric, ep=best.ep)
     tokens = global_batch * model.spec.seq_len
     for line in dimension_lines(best, costs, tokens, gpus) + runner_lines(advice):
         console.print(f"  {line}", highlight=False)

@@ -16,6 +16,7 @@ import typer
 
 from ..advise.estimate import DEFAULT_TFLOPS, Hardware, TransformerCosts
 from ..advise.transformer import ATTENTION_KERNELS, DTYPE_BYTES, TransformerSpec
+from ..advise.transformer_experts import Experts
 from ..errors import ConfigError
 from . import options as opt
 from .advise_flags import SearchFlags, or_default
@@ -47,6 +48,12 @@ class ModelFlags:
                                       "(keeps a*s*s per sequence).")
     activation_dtype: Optional[str] = option(None, f"Model: activation precision, {ACTIVATION_DTYPE} (default), "
                                              "fp16 or fp32.")
+    experts: Optional[int] = _model("--experts", "Model: routed experts per MoE layer E (a mixture of experts).")
+    experts_per_token: Optional[int] = _model("--experts-per-token", "Model, with --experts: routed experts per token.")
+    expert_hidden: Optional[int] = _model("--expert-hidden", "Model, with --experts: each expert's intermediate width.")
+    shared_experts: Optional[int] = _model("--shared-experts", "Model, with --experts: experts on every token (default 0).")
+    dense_layers: Optional[int] = _model("--dense-layers", "Model, with --experts: first layers with a dense MLP "
+                                         "(default 0).")
     gpu_memory: Optional[float] = _model("--gpu-memory", "GB per device: sets the memory limit.")
     bandwidth: Optional[float] = _model("--bandwidth", "GB/s between neighbouring ranks: sets comm.")
     flops: Optional[float] = _model("--flops", f"Effective TFLOP/s per device (default {DEFAULT_TFLOPS:g}).")
@@ -71,7 +78,26 @@ class ModelFlags:
         refusal names them."""
         return {"--layers": self.layers, "--hidden": self.hidden, "--seq-len": self.seq_len, "--heads": self.heads,
                 "--vocab": self.vocab, "--gpu-memory": self.gpu_memory, "--bandwidth": self.bandwidth,
-                "--flops": self.flops, "--attention": self.attention, "--activation-dtype": self.activation_dtype}
+                "--flops": self.flops, "--attention": self.attention, "--activation-dtype": self.activation_dtype,
+                **self.expert_flags()}
+
+    def expert_flags(self) -> dict[str, object]:
+        """The mixture of experts' flags (flag -> value; None: not given)."""
+        return {"--experts": self.experts, "--experts-per-token": self.experts_per_token,
+                "--expert-hidden": self.expert_hidden, "--shared-experts": self.shared_experts,
+                "--dense-layers": self.dense_layers}
+
+    def mixture(self) -> Optional[Experts]:
+        """The experts described (None: a dense model; ConfigError on an incomplete description)."""
+        if self.experts is None:
+            given = [flag for flag, value in self.expert_flags().items() if value is not None]
+            if given:
+                raise ConfigError(f"{', '.join(given)} describe experts: give --experts too")
+            return None
+        if self.experts_per_token is None or self.expert_hidden is None:
+            raise ConfigError("--experts needs --experts-per-token and --expert-hidden")
+        return Experts(self.experts, self.experts_per_token, self.expert_hidden, or_default(self.shared_experts, 0),
+                       or_default(self.dense_layers, 0))
 
     @property
     def described(self) -> bool:
@@ -141,7 +167,7 @@ def transformer_costs(model: ModelFlags, ranks: int, search: SearchFlags, memory
     if attention not in ATTENTION_KERNELS:
         raise ConfigError(f"--attention {attention!r} is not known: use one of {', '.join(ATTENTION_KERNELS)}")
     spec = TransformerSpec(model.layers, model.hidden, model.seq_len, search.microbatch_size, heads=model.heads,
-                           vocab=model.vocab, attention=attention, dtype_bytes=DTYPE_BYTES[dtype])
+                           vocab=model.vocab, attention=attention, dtype_bytes=DTYPE_BYTES[dtype], experts=model.mixture())
     hardware = Hardware(tflops=model.flops if model.flops is not None else DEFAULT_TFLOPS,
                         bandwidth=model.bandwidth, gpu_memory=model.gpu_memory)
     return TransformerCosts(spec, ranks, hardware, limit=memory_limit, memory_bytes=limit_bytes)

@@ -208,7 +208,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "--gpu-memory": (1e-3, 1e6), "--bandwidth": (1e-6, 1e9), "--flops": (1e-6, 1e9),
     "--dp-bandwidth": (1e-6, 1e9), "--dp-latency": (0.0, 1e9), "--overhead": (0.0, 1e9),
     "--gpus-per-node": (1, 2**16), "--node-bandwidth": (1e-6, 1e9), "--tp": (1, 2**16), "--dp-shard": (1, 2**16),
-    "--dp": (1, 2**16),
+    "--dp": (1, 2**16), "--ep": (1, 2**16), "--experts": (1, 2**16), "--experts-per-token": (1, 2**16),
+    "--expert-hidden": (1, 2**20), "--shared-experts": (0, 2**16), "--dense-layers": (0, 100_000),
 }
 
 
