@@ -168,7 +168,7 @@ def _write_results(cfg: RunConfig, checked: _Checked, plan, model_def, result) -
     """The summary on the terminal, then the files the run was asked to write (one line, exit 1, if
     one cannot be written: the trained weights are kept where it says)."""
     from ..training.models import MODELS
-    from .train_report import OutputsLost, print_summary, write_outputs
+    from ..training.report.outputs import OutputsLost, print_summary, write_outputs
 
     ckpt, out = cfg.checkpoint, cfg.outputs
     print_summary(plan, result)
@@ -184,7 +184,7 @@ def _write_results(cfg: RunConfig, checked: _Checked, plan, model_def, result) -
         raise typer.Exit(code=1) from None
     report = checked.loop.report_path
     if report is not None:
-        from .train_run_report import write_run_report
+        from ..training.report.run_report import write_run_report
 
         try:
             write_run_report(Path(report), plan, result)

@@ -9,16 +9,16 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from ..errors import ConfigError
-from ..schedule import Schedule
+from ...errors import ConfigError
+from ...schedule import Schedule
 
 NEEDED = ("step", "loss", "lr", "tokens_per_s", "step_time_s", "peak_memory_bytes")
 
 
 def write_run_report(path: Path, schedule: Optional[Schedule], result) -> None:
     """Write the report of ``result`` (a TrainResult) to ``path`` (atomically)."""
-    from ..outfiles import write_atomic
-    from ..render.run_report import run_report_html
+    from ...outfiles import write_atomic
+    from ...render.run_report import run_report_html
 
     title = schedule.describe() if schedule is not None else "reference (one process, no pipeline)"
     title += f", {result.dtype}" + (f", {result.dp} data-parallel replicas" if result.dp > 1 else "")
@@ -30,8 +30,8 @@ def write_run_report(path: Path, schedule: Optional[Schedule], result) -> None:
 
 def _step_timelines(schedule: Schedule, result):
     """(measured median step, simulated from the measured median costs) and a sentence on them."""
-    from ..render.timeline import Timeline as Drawn
-    from ..runtime.metering.timeline import (
+    from ...render.timeline import Timeline as Drawn
+    from ...runtime.metering.timeline import (
         compare_to_simulation,
         median_costs,
         median_step,
@@ -79,7 +79,7 @@ def read_metrics(path: Path) -> list[dict]:
 
 def write_file_report(path: Path, output: Path) -> None:
     """``pipesched report --run``: the report of the run whose ``--metrics`` file is ``path``."""
-    from ..outfiles import write_atomic
-    from ..render.run_report import run_report_html
+    from ...outfiles import write_atomic
+    from ...render.run_report import run_report_html
 
     write_atomic(output, run_report_html(f"the run of {path}", read_metrics(path)))

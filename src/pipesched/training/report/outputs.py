@@ -7,7 +7,7 @@ from typing import Optional
 
 from rich.console import Console
 
-from ..schedule import Schedule
+from ...schedule import Schedule
 
 
 def print_summary(schedule: Optional[Schedule], result) -> None:
@@ -22,7 +22,7 @@ def print_summary(schedule: Optional[Schedule], result) -> None:
     )
     if schedule is None or not result.timelines:
         return
-    from ..runtime.metering.timeline import compare_to_simulation
+    from ...runtime.metering.timeline import compare_to_simulation
 
     steps = result.timelines[1:] or result.timelines
     c = compare_to_simulation(schedule, steps, result.comm_latency)
@@ -43,7 +43,7 @@ def print_summary(schedule: Optional[Schedule], result) -> None:
 def print_memory(memory: list) -> None:
     """Per rank: activation bytes measured (most in any step) next to the prediction; the device's
     peak on CUDA."""
-    from ..memory import format_bytes
+    from ...memory import format_bytes
 
     console = Console(stderr=False)
     for m in memory:
@@ -90,7 +90,7 @@ def write_outputs(schedule: Optional[Schedule], result, save_params: Optional[Pa
     the run's newest checkpoint, holds the trained weights too)."""
     lost: list[str] = []
     if json_path is not None:
-        from ..jsontext import json_text
+        from ...jsontext import json_text
 
         text = json_text(summary(schedule, result), indent=1)
         if _write(json_path, lambda path: _atomic(path, text), "", lost):
@@ -109,7 +109,7 @@ def write_outputs(schedule: Optional[Schedule], result, save_params: Optional[Pa
         if schedule is None:
             print("no timeline for the reference run (--trace needs a schedule)")
         else:
-            from ..runtime.metering.timeline import write_trace
+            from ...runtime.metering.timeline import write_trace
 
             drawn: list[int] = []
             if _write(trace, lambda path: drawn.append(write_trace(path, schedule, result.timelines, result.memory_curves)),
@@ -121,7 +121,7 @@ def write_outputs(schedule: Optional[Schedule], result, save_params: Optional[Pa
 
 
 def _atomic(path: Path, data) -> None:
-    from ..outfiles import write_atomic
+    from ...outfiles import write_atomic
 
     write_atomic(path, data)
 
@@ -133,7 +133,7 @@ def _write(path: Path, write, note: str, lost: list[str]) -> bool:
     import os
     import tempfile
 
-    from ..errors import ConfigError
+    from ...errors import ConfigError
 
     try:
         write(path)
