@@ -52,10 +52,11 @@ def _read_bounded(path: Path, where: str) -> str:
     except OSError as err:
         raise ConfigError(f"{where}: {err.strerror}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise ConfigError(f"{where}: not a regular file (a metrics file of pipesched train is one)")
-        data = b""
-        while len(data) <= MAX_BYTES:
+        data = bytearray()
+        while info.st_size <= MAX_BYTES and len(data) <= MAX_BYTES:  # bounded, should the file grow meanwhile
             chunk = os.read(fd, min(1 << 20, MAX_BYTES + 1 - len(data)))
             if not chunk:
                 break
@@ -64,7 +65,7 @@ def _read_bounded(path: Path, where: str) -> str:
         raise ConfigError(f"{where}: {err.strerror}") from None
     finally:
         os.close(fd)
-    if len(data) > MAX_BYTES:
+    if max(info.st_size, len(data)) > MAX_BYTES:
         raise ConfigError(f"{where}: larger than {MAX_BYTES >> 20} MiB, more than a metrics file of pipesched train holds")
     try:
         return data.decode("utf-8")
