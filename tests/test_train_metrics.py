@@ -138,3 +138,20 @@ def test_tensorboard_on_a_full_disk_is_one_warning_and_the_run_goes_on(tmp_path)
         f"pipesched: warning: --tensorboard {str(tmp_path / 'tb')!r}: could not write (No space left on device); "
         "the run goes on without its TensorBoard scalars (--metrics keeps every figure)"]
     assert [json.loads(line)["step"] for line in (tmp_path / "m.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_the_progress_bar_shows_the_rate_and_the_latest_held_out_loss():
+    from rich.console import Console
+
+    from pipesched.training.progress_display import ProgressDisplay
+
+    display = ProgressDisplay(3, "zb-v", terminal=True)
+    try:
+        display.step(2.0, 0.001, 0.1, False, eval_loss=2.5)
+        display.step(1.75, 0.0005, 0.1, False)  # no evaluation this step: the latest one stays
+        console = Console(record=True, width=200, file=open(os.devnull, "w"))
+        console.print(display.bar.get_renderable())
+    finally:
+        display.close()
+    shown = console.export_text()
+    assert "loss 1.75000" in shown and "lr 0.0005" in shown and "eval loss 2.50000" in shown

@@ -3,8 +3,9 @@ style (:mod:`.html`: its CSS, inline SVG, no script, nothing fetched).
 
 A summary table, then the curves of the run's logging intervals (:mod:`pipesched.training.metrics`):
 training loss with the held-out loss, the learning rate, tokens per second, peak memory per
-rank, the bubble share measured and simulated (pipelines); for a pipeline, the measured timeline of the median step above the simulator's timeline
-of the same schedule fed with the measured action costs, on one time axis.
+rank, the bubble share measured and simulated (pipelines); for a pipeline, one measured step
+above the simulator's timeline of the same schedule, on one time axis. The table's median step
+and bubble are the run's figures (:mod:`.run_figures`), which the terminal and ``--summary`` show.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ STEP_WIDTH = 900  # px of the time axis of one step
 def run_report_html(title: str, rows: Sequence[dict], timelines: Optional[tuple[Timeline, Timeline]] = None,
                     comparison: Optional[str] = None) -> str:
     """The page for a run's metrics ``rows``; ``timelines``: (measured, simulated) of one step;
-    ``comparison``: a sentence on them (measured bubble against the simulated one)."""
+    ``comparison``: a sentence on them (the run's bubble, the step drawn)."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
