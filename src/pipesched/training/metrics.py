@@ -4,8 +4,9 @@ utilization, step time, its bubble share measured against the simulated one (pip
 memory per rank, and the held-out loss and perplexity when an evaluation ran in the interval.
 
 Rank 0 writes each interval as one JSON object a line (``--metrics FILE.jsonl``, flushed at once:
-``tail -f`` follows it), as TensorBoard scalars (``--tensorboard DIR``, under ``train/`` and
-``eval/``, the step as TensorBoard's step) and on the progress display. Every rank takes part in
+``tail -f`` follows it; a resumed run continues the file from its checkpoint's step:
+:mod:`.report.metrics_file`), as TensorBoard scalars (``--tensorboard DIR``:
+:mod:`.tensorboard_sink`) and on the progress display. Every rank takes part in
 gathering the memory figures, so every rank logs at the same steps.
 
 - tokens/s: the interval's tokens (``--batch-size`` x sequence length a step) over the sum of its
