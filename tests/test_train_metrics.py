@@ -155,3 +155,16 @@ def test_the_progress_bar_shows_the_rate_and_the_latest_held_out_loss():
         display.close()
     shown = console.export_text()
     assert "loss 1.75000" in shown and "lr 0.0005" in shown and "eval loss 2.50000" in shown
+
+
+def test_a_resumed_run_sets_aside_the_interrupted_runs_later_lines_and_a_half_written_one(tmp_path):
+    from pipesched.training.report.metrics_file import continue_after, read_metrics
+
+    path = tmp_path / "m.jsonl"
+    lines = [json.dumps({**ROW, "step": step, "elapsed_s": 0.5 * step}) + "\n" for step in (1, 2, 3, 4)]
+    path.write_text("".join(lines) + '{"step": 5, "lo')  # killed while writing step 5's line
+    assert [r["step"] for r in read_metrics(path, "--metrics", cut_short=True)] == [1, 2, 3, 4]
+    assert continue_after(path, 2) == (1.0, tmp_path / "m.jsonl.after-step-2")  # step 2's elapsed_s
+    assert path.read_text() == "".join(lines[:2])
+    assert (tmp_path / "m.jsonl.after-step-2").read_text() == "".join(lines[2:]) + '{"step": 5, "lo\n'
+    assert continue_after(path, 2) == (1.0, None)  # nothing after step 2 any more: no side file written

@@ -33,10 +33,14 @@ NUMBERS = (("loss", True), ("lr", False), ("tokens_per_s", False), ("step_time_s
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)  # a FIFO opens at once instead of waiting for a writer
 
 
-def read_metrics(path: Path, flag: str = "--run") -> list[dict]:
-    """The logging intervals of a ``--metrics`` file (ConfigError, one line, for what is not one)."""
+def read_metrics(path: Path, flag: str = "--run", cut_short: bool = False) -> list[dict]:
+    """The logging intervals of a ``--metrics`` file (ConfigError, one line, for what is not one).
+    ``cut_short``: the file of a run that may have been killed while writing its last line (one
+    with no newline yet): that line is left out."""
     where = f"{flag} {str(path)!r}"
     text = _read_bounded(path, where)
+    if cut_short and not text.endswith("\n"):
+        text = text[:text.rfind("\n") + 1]
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         rows.append(_checked_row(line, f"{where}: line {number}"))
@@ -130,9 +134,10 @@ def side_file(path: Path, step: int) -> Path:
 
 def continue_after(path: Path, step: int) -> tuple[float, Optional[Path]]:
     """Make ``path`` (a run's metrics file, if any) end at step ``step``, the checkpoint a run
-    resumes from: the lines after it move to :func:`side_file` (None when there were none).
-    Returns the elapsed seconds of the run at its last kept line (0 without one), which the
-    resumed run's elapsed time continues from. Lines it cannot read are kept, as they are."""
+    resumes from: the lines after it move to :func:`side_file` (None when there were none), and
+    so does a line it cannot read (the last one of a run killed while writing it, say). Returns
+    the elapsed seconds of the run at its last kept line (0 without one), which the resumed run's
+    elapsed time continues from."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     except (OSError, UnicodeDecodeError):
@@ -140,14 +145,15 @@ def continue_after(path: Path, step: int) -> tuple[float, Optional[Path]]:
     kept, after, elapsed = [], [], 0.0
     for line in lines:
         row = _row_or_none(line)
-        later = row is not None and row["step"] > step
+        later = row is None or row["step"] > step
         (after if later else kept).append(line if line.endswith("\n") else line + "\n")
         if row is not None and not later and _finite(row.get("elapsed_s")):
             elapsed = float(row["elapsed_s"])
     if not after:
         return elapsed, None
     moved = side_file(path, step)
-    moved.write_text("".join(after), encoding="utf-8")
+    with open(moved, "a", encoding="utf-8") as kept_aside:  # a second resume from the same step adds to it
+        kept_aside.write("".join(after))
     from ...outfiles import write_atomic
 
     write_atomic(path, "".join(kept))

@@ -28,7 +28,7 @@ def run_rows(result, metrics_path: Optional[str]) -> list[dict]:
 
     if metrics_path is not None:
         try:
-            return read_metrics(Path(metrics_path), "--metrics")
+            return read_metrics(Path(metrics_path), "--metrics", cut_short=True)
         except ConfigError:  # changed under the run: this launch's own intervals
             pass
     return list(result.loop.metrics) if result is not None and result.loop else []

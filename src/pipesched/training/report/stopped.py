@@ -27,9 +27,12 @@ def run_keeping_outputs(run: Callable, cfg, summary_path: Optional[Path]):
 
     kept = None
     if cfg.loop.report_path is not None and cfg.loop.metrics_path is None:
-        fd, kept = tempfile.mkstemp(prefix="pipesched-metrics-", suffix=".jsonl")
-        os.close(fd)
-        cfg = replace(cfg, loop=replace(cfg.loop, metrics_path=kept))
+        try:
+            fd, kept = tempfile.mkstemp(prefix="pipesched-metrics-", suffix=".jsonl")
+            os.close(fd)
+            cfg = replace(cfg, loop=replace(cfg.loop, metrics_path=kept))
+        except OSError:  # no room for it: the run goes on, and writes its report only if it ends
+            kept = None
     try:
         return run(cfg)
     except (RunStopped, KeyboardInterrupt, RunFailure):
@@ -49,7 +52,7 @@ def write_stopped_outputs(cfg, summary_path: Optional[Path]) -> None:
     if cfg.loop.metrics_path is None:
         return
     try:
-        rows = read_metrics(Path(cfg.loop.metrics_path), "--metrics")
+        rows = read_metrics(Path(cfg.loop.metrics_path), "--metrics", cut_short=True)
     except ConfigError:  # nothing logged yet (or the file was lost): nothing to sum up
         return
     last = rows[-1]["step"]
