@@ -38,14 +38,14 @@ def _print_pipeline(console, schedule: Schedule, result, rows: Sequence[dict]) -
     from ...runtime.metering.bubble_share import measured_bubble
     from ...runtime.metering.timeline import compare_to_simulation
 
-    interval = bubble_interval(rows)
+    interval, what = bubble_interval(rows), "logging interval"
     if interval is None:  # not measured per interval (no --metrics, --tensorboard, --report): per step
-        interval = bubble_interval([{"step": result.first_step + i + 1, "bubble_share": measured_bubble([t])}
-                                    for i, t in enumerate(result.timelines) if t and all(t)])
+        interval, what = bubble_interval([{"step": result.first_step + i + 1, "bubble_share": measured_bubble([t])}
+                                          for i, t in enumerate(result.timelines) if t and all(t)]), "step"
     if interval is not None:
         simulated = interval.get("simulated_bubble_share")
         also = f", simulated from its measured costs {100 * simulated:.1f}%" if simulated is not None else ""
-        console.print(f"bubble of the median logging interval (step {interval['step']}): "
+        console.print(f"bubble of the median {what} (step {interval['step']}): "
                       f"measured {100 * interval['bubble_share']:.1f}%{also}")
     steps = result.timelines[1:] or result.timelines
     c = compare_to_simulation(schedule, steps, result.comm_latency)
