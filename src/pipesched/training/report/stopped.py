@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
@@ -22,9 +23,14 @@ from ...errors import ConfigError, RunFailure
 
 def run_keeping_outputs(run: Callable, cfg, summary_path: Optional[Path]):
     """``run(cfg)`` (a TrainConfig); if it stops or fails, the outputs up to its last logged
-    step (:func:`write_stopped_outputs`) before the exception goes on."""
+    step (:func:`write_stopped_outputs`) before the exception goes on (under torchrun, in rank
+    0's process only: it is the one that writes the metrics)."""
+    from ...environment import torchrun_rank
     from ...runtime.launching.launch import RunStopped
 
+    under = torchrun_rank()
+    if under is not None and under.rank != 0:  # torchrun: rank 0's process writes the outputs, once
+        return run(cfg)
     kept = None
     if cfg.loop.report_path is not None and cfg.loop.metrics_path is None:
         try:
@@ -40,7 +46,8 @@ def run_keeping_outputs(run: Callable, cfg, summary_path: Optional[Path]):
         raise
     finally:
         if kept is not None:
-            os.unlink(kept)
+            with suppress(OSError):  # removed meanwhile: nothing to tidy
+                os.unlink(kept)
 
 
 def write_stopped_outputs(cfg, summary_path: Optional[Path]) -> None:
