@@ -84,7 +84,8 @@ def _metrics_files(folder: Path) -> dict[str, str]:
         fh.truncate(300 << 20)
     rows = {"string loss": {**ROW, "loss": "1.5"}, "400 digits": {**ROW, "lr": 10**399},
             "NaN evaluation": {**ROW, "eval_step": 1, "eval_loss": float("nan"), "eval_perplexity": None},
-            "step true": {**ROW, "step": True}, "memory a string": {**ROW, "peak_memory_bytes": "1 GiB"}}
+            "step true": {**ROW, "step": True}, "memory a string": {**ROW, "peak_memory_bytes": "1 GiB"},
+            "bubble alone": {**ROW, "bubble_share": 0.2}}
     for label, row in rows.items():
         (folder / f"{label}.jsonl").write_text(json.dumps(row) + "\n")
     (folder / "nested.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
@@ -96,8 +97,10 @@ def _metrics_files(folder: Path) -> dict[str, str]:
         "400 digits.jsonl": "line 1: lr must be a finite number, got an integer of 400 digits",
         "NaN evaluation.jsonl": "line 1: eval_loss must be a finite number, got NaN",
         "step true.jsonl": "line 1: step must be a whole number from 1 to 9007199254740992, got true",
-        "memory a string.jsonl": 'line 1: peak_memory_bytes must be a list of whole numbers of bytes, got "1 GiB"',
+        "memory a string.jsonl": "line 1: peak_memory_bytes must be a list of at most 65536 whole numbers of bytes "
+                                 '(one a rank), got "1 GiB"',
         "nested.jsonl": "line 1 is not a metrics line of pipesched train (nested or sized beyond one)",
+        "bubble alone.jsonl": "line 1: bubble_share, simulated_bubble_share go together (only bubble_share given)",
     }
 
 

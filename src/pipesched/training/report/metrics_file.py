@@ -24,12 +24,15 @@ from ...errors import ConfigError
 
 MAX_BYTES = 256 << 20  # ~500 bytes a line: over 500,000 logging intervals
 NEEDED = ("step", "loss", "lr", "tokens_per_s", "step_time_s", "peak_memory_bytes")
+MAX_RANKS = 1 << 16  # the report draws a curve a rank: a bounded page
 MAX_STEP = 2**53  # a step count a float holds exactly (the charts plot steps as floats)
 # the numbers the report reads, each (field, may be null): a skipped step's loss and an
 # overflowing perplexity are written as null (metrics.py)
 NUMBERS = (("loss", True), ("lr", False), ("tokens_per_s", False), ("step_time_s", False), ("elapsed_s", False),
            ("eval_loss", False), ("eval_perplexity", True), ("mfu", False), ("bubble_share", False),
            ("simulated_bubble_share", False))
+# fields the report reads as one: all of a group, or none
+TOGETHER = (("eval_step", "eval_loss", "eval_perplexity"), ("bubble_share", "simulated_bubble_share"))
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)  # a FIFO opens at once instead of waiting for a writer
 
 
@@ -95,11 +98,14 @@ def _checked_row(line: str, where: str) -> dict:
         if name in row and not (row[name] is None and nullable) and not _finite(row[name]):
             raise ConfigError(f"{where}: {name} must be a finite number{' or null' if nullable else ''}, "
                               f"got {_shown(row[name])}")
-    if ("eval_loss" in row) != ("eval_step" in row):
-        raise ConfigError(f"{where}: eval_loss and eval_step go together")
+    for together in TOGETHER:
+        present = [name for name in together if name in row]
+        if present and len(present) < len(together):
+            raise ConfigError(f"{where}: {', '.join(together)} go together (only {', '.join(present)} given)")
     peaks = row["peak_memory_bytes"]
-    if not isinstance(peaks, list) or len(peaks) > MAX_STEP or not all(_whole(p, 0, 2**63) for p in peaks):
-        raise ConfigError(f"{where}: peak_memory_bytes must be a list of whole numbers of bytes, got {_shown(peaks)}")
+    if not isinstance(peaks, list) or len(peaks) > MAX_RANKS or not all(_whole(p, 0, 2**63) for p in peaks):
+        raise ConfigError(f"{where}: peak_memory_bytes must be a list of at most {MAX_RANKS} whole numbers of bytes "
+                          f"(one a rank), got {_shown(peaks)}")
     return row
 
 
