@@ -171,3 +171,15 @@ def test_a_resumed_run_sets_aside_the_interrupted_runs_later_lines_and_a_half_wr
     assert path.read_text() == "".join(lines[:2])
     assert (tmp_path / "m.jsonl.after-step-2").read_text() == "".join(lines[2:]) + '{"step": 5, "lo\n'
     assert continue_after(path, 2) == (1.0, None)  # nothing after step 2 any more: no side file written
+
+
+def test_plain_lines_keep_showing_the_latest_held_out_loss(capsys):
+    from pipesched.training.progress_display import ProgressDisplay
+
+    display = ProgressDisplay(3, "1f1b", terminal=False)
+    row = {"loss": 1.0, "lr": 0.1, "tokens_per_s": 10.0, "step_time_s": 0.1}
+    for extra in ({"step": 1}, {"step": 2, "eval_step": 2, "eval_loss": 2.0, "eval_perplexity": 7.39}, {"step": 3}):
+        display.interval({**row, **extra}, 0.0)
+    lines = capsys.readouterr().out.splitlines()
+    assert ["eval loss" in line for line in lines] == [False, True, True]  # none before the first evaluation
+    assert lines[1].split("  ")[-2] == lines[2].split("  ")[-2] == "eval loss 2.00000 (ppl 7.39, step 2)"

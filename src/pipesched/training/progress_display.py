@@ -16,6 +16,7 @@ class ProgressDisplay:
         self.name = name
         self.terminal = sys.stdout.isatty() if terminal is None else terminal
         self.bar = None
+        self.latest_eval = ""  # the plain lines' held-out loss, the latest evaluation's
         if self.terminal:
             from rich.progress import (
                 BarColumn,
@@ -54,7 +55,10 @@ class ProgressDisplay:
         if "bubble_share" in row:
             parts.append(f"bubble {100 * row['bubble_share']:.0f}% (simulated {100 * row['simulated_bubble_share']:.0f}%)")
         if "eval_loss" in row:
-            parts.append(f"eval loss {row['eval_loss']:.5f} (ppl {row['eval_perplexity']:.2f})")
+            self.latest_eval = (f"eval loss {row['eval_loss']:.5f} "
+                                f"(ppl {row['eval_perplexity']:.2f}, step {row['eval_step']})")
+        if self.latest_eval:
+            parts.append(self.latest_eval)
         parts.append(f"eta {eta_s:.0f} s")
         print("  ".join(parts), flush=True)
 
