@@ -44,8 +44,9 @@ def read_metrics(path: Path, flag: str = "--run", cut_short: bool = False) -> li
     text = _read_bounded(path, where)
     if cut_short and not text.endswith("\n"):
         text = text[:text.rfind("\n") + 1]
+    lines = text.split("\n")  # JSON lines end at "\n" only (str.splitlines would also split at U+2028 in a string)
     rows = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(lines[:-1] if lines[-1] == "" else lines, 1):
         rows.append(_checked_row(line, f"{where}: line {number}"))
     if not rows:
         raise ConfigError(f"{where}: no metrics lines (pipesched train --metrics writes them)")
