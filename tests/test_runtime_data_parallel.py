@@ -155,7 +155,7 @@ def test_auto_checks_the_replica_split_before_profiling():
 
 
 def test_the_run_summary_records_the_replicas_and_the_dtype():
-    from pipesched.cli.train_report import summary
+    from pipesched.training.report.outputs import summary
     from pipesched.training.train import TrainResult
 
     result = TrainResult([1.0, 0.5], [0.1, 0.1], [], dp=2, dtype="bf16")

@@ -80,14 +80,14 @@ def uninterrupted(tmp_path_factory):
 class PausedRun:
     """A run started in its own session that has checkpointed step 3 and paused there."""
 
-    def __init__(self, tmp_path: Path, schedule: str) -> None:
+    def __init__(self, tmp_path: Path, schedule: str, *extra: str, columns: str = "160") -> None:
         self.pids_dir = tmp_path / "pids"
         self.pids_dir.mkdir()
         self.checkpoints = tmp_path / "checkpoints"
         self.proc = subprocess.Popen(
             as_from_a_terminal([str(PIPESCHED), "train", *RUN, "--schedule", schedule, "--checkpoint-dir",
-                                str(self.checkpoints), "--checkpoint-every", "1"]),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(self.pids_dir),
+                                str(self.checkpoints), "--checkpoint-every", "1", *extra]),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**_env(self.pids_dir), "COLUMNS": columns},
             start_new_session=True,
         )
         self.ranks = self._wait_for_pause(deadline=time.monotonic() + 240)
@@ -344,3 +344,115 @@ def test_a_bad_option_exits_2_in_one_line_before_spawning(args, fragment, refusa
 def test_checkpoint_options_are_checked_before_spawning(refusals):
     for args, fragment in CHECKPOINT_OPTIONS.items():
         assert fragment in _said(refusals[args]), args
+
+
+# ---- the outputs of a run interrupted and resumed (issue 39): one launch stopped by Ctrl-C after
+# step 3, one resuming it from step 2, both writing --metrics, --report and --summary; piped, at
+# COLUMNS=40, so that a wrapped line would show
+
+
+@pytest.fixture(scope="module")
+def outputs_across_a_resume(tmp_path_factory) -> dict:
+    """The stopped launch and the resumed one (each a CompletedProcess) and what each left: the
+    stopped run's metrics lines, summary and report, then the resumed run's. Step 3's checkpoint is
+    removed between them, as when a run stops after a step's metrics line and before its
+    checkpoint: the resumed run starts from step 2, and the interrupted run's line of step 3 is
+    one it must set aside."""
+    root = tmp_path_factory.mktemp("outputs")
+    files = {"metrics": root / "metrics.jsonl", "report": root / "report.html", "summary": root / "summary.json"}
+    outputs = [arg for name, path in files.items() for arg in (f"--{name}", str(path))]
+    run = PausedRun(root, "1f1b", *outputs, columns="40")
+    os.killpg(run.proc.pid, signal.SIGINT)
+    stopped = run.finish()
+    left = {name: path.read_text() for name, path in files.items()}
+    shutil.rmtree(run.checkpoints / "step-000003")
+    written = (run.checkpoints / "step-000002" / "manifest.json").stat().st_mtime
+    resumed = subprocess.run([str(PIPESCHED), "train", *RUN, "--schedule", "1f1b", "--checkpoint-dir",
+                              str(run.checkpoints), "--resume", *outputs], capture_output=True, text=True,
+                             env={**_env(), "COLUMNS": "40"}, timeout=240)
+    return {"stopped": stopped, "stopped_left": left, "resumed": resumed, "written": written,
+            "files": files, "side": files["metrics"].with_name("metrics.jsonl.after-step-2")}
+
+
+def _lines(text: str) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in text.splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_stopped_run_writes_its_summary_and_report_up_to_its_last_step(outputs_across_a_resume):
+    import json
+
+    stopped, left = outputs_across_a_resume["stopped"], outputs_across_a_resume["stopped_left"]
+    files = outputs_across_a_resume["files"]
+    assert stopped.returncode == 130 and "Traceback" not in stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1].startswith("pipesched: stopped by Ctrl-C: the run and every rank")
+    rows = _lines(left["metrics"])
+    assert [r["step"] for r in rows] == [1, 2, 3]  # the ranks paused after step 3's checkpoint
+    out = stopped.stdout.splitlines()
+    assert f"wrote {files['summary']} (run summary), up to step 3" in out
+    assert f"wrote {files['report']} (run report), up to step 3" in out
+    summary = json.loads(left["summary"])
+    assert summary["stopped_after_step"] == 3 and (summary["dp_shard"], summary["tp"]) == (1, 1)
+    assert summary["intervals"] == [{"step": r["step"], "loss": r["loss"], "lr": r["lr"]} for r in rows]
+    assert "<td>3</td>" in left["report"].split("</table>")[0]  # the table's "steps" cell
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_resumed_run_says_so_first_and_its_metrics_continue_from_its_checkpoint(outputs_across_a_resume):
+    from datetime import datetime
+
+    resumed, files = outputs_across_a_resume["resumed"], outputs_across_a_resume["files"]
+    assert resumed.returncode == 0, resumed.stderr
+    written = datetime.fromtimestamp(outputs_across_a_resume["written"]).astimezone()
+    assert resumed.stdout.splitlines()[0] == f"resuming from step 2 (written at {written.isoformat(sep=' ', timespec='seconds')})"
+    before = _lines(outputs_across_a_resume["stopped_left"]["metrics"])
+    rows = _lines(files["metrics"].read_text())
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # each step once
+    assert rows[:2] == before[:2]  # the interrupted run's lines up to the checkpoint, as they were
+    assert _lines(outputs_across_a_resume["side"].read_text()) == before[2:]  # its line of step 3, kept aside
+    assert f"kept in {outputs_across_a_resume['side']}" in resumed.stdout
+    elapsed = [r["elapsed_s"] for r in rows]
+    assert elapsed == sorted(elapsed) and elapsed[2] > elapsed[1]  # continued from step 2's, not from 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_terminal_summary_and_report_show_the_same_figures_of_the_whole_run(outputs_across_a_resume):
+    """The median step and the bubble, as the metrics file (steps 1 to 6, two launches) defines
+    them, on the terminal, in --summary, in the report's table, its text and the drawn step."""
+    import json
+    import re
+    import statistics
+
+    resumed, files = outputs_across_a_resume["resumed"], outputs_across_a_resume["files"]
+    rows = _lines(files["metrics"].read_text())
+    median_ms = 1000 * statistics.median(r["step_time_s"] for r in rows[1:])  # after the warm-up interval
+    interval = sorted(rows[1:], key=lambda r: r["bubble_share"])[(len(rows) - 2) // 2]  # the lower median
+    measured, simulated = (f"{100 * interval[k]:.1f}%" for k in ("bubble_share", "simulated_bubble_share"))
+    summary, report, out = json.loads(files["summary"].read_text()), files["report"].read_text(), resumed.stdout
+    assert summary["median_step_ms"] == median_ms
+    assert summary["bubble"] == {"step": interval["step"], "measured": interval["bubble_share"],
+                                 "simulated": interval["simulated_bubble_share"]}
+    assert (summary["ranks"], summary["dp"], summary["dp_shard"], summary["tp"]) == (2, 1, 1, 1)
+    assert "1f1b: ranks=2 microbatches=4 stages=2 chunks=1 placement=loop, layout 2 pp × 1 dp × 1 dp_shard × 1 tp " \
+           "(2 processes), fp32" in out
+    losses = summary["losses"]  # this launch's steps, 3 to 6: the summary line's two figures are steps'
+    assert f"loss of step 3 {losses[0]:.6f} -> of step 6 {losses[-1]:.6f} (resumed after step 2)   " \
+           f"median step {median_ms:.2f} ms" in out  # one line, though longer than COLUMNS=40
+    said = f"bubble of the median logging interval (step {interval['step']}): measured {measured}"
+    assert f"{said}, simulated from its measured costs {simulated}" in out
+    table = report.split("</table>")[0]
+    assert "<td>6</td>" in table and f"<td>{median_ms:.2f} ms</td>" in table  # the whole run
+    assert f"<td>{measured}, {simulated}</td>" in table
+    assert f"Bubble of the median logging interval (step {interval['step']}): measured {measured}, " \
+           f"simulated from its measured costs {simulated}." in report
+    drawn = int(re.search(r"Drawn: step (\d+), measured bubble ([0-9.]+%)", report).group(1))
+    titles = re.findall(r"bubble ([0-9.]+%)", report.split("One step, measured and simulated")[1])
+    assert titles[0] == re.search(r"Drawn: step \d+, measured bubble ([0-9.]+%)", report).group(1)  # chart = text
+    assert titles[-1] == simulated  # the simulated chart: the simulator's run of the interval's costs
+    if interval["step"] > 2:  # run by this launch: the step drawn is the median interval's (--log-every 1)
+        assert drawn == interval["step"] and titles[0] == measured

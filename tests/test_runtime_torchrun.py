@@ -17,7 +17,7 @@ ARGS = ["train", "--model", "mlp", "--ranks", "2", "--steps", "2", "--batch-size
 
 
 def losses(text: str) -> str:
-    match = re.search(r"loss (\S+) -> (\S+)", text)
+    match = re.search(r"loss of step \d+ (\S+) -> of step \d+ (\S+)", text)
     assert match, text
     return match.group(0)
 

@@ -30,6 +30,7 @@ LAUNCHES = {
     "one process": ["-s", "none"],
 }
 SHARDED = ("zb-auto dp_shard 2", "auto tp 2", "hsdp")
+LAYOUTS = {"zb-auto dp_shard 2": (2, 1, 2, 1), "auto tp 2": (2, 1, 1, 2), "hsdp": (2, 2, 2, 1)}  # pp, dp, dp_shard, tp
 SAID = {"zb-auto dp_shard 2": "zb-auto: recomputing stages 0,1,2,3 to fit the memory limit",
         "auto tp 2": "auto: recomputing every stage's activations (--recompute all) to fit"}
 
@@ -76,7 +77,11 @@ def test_the_scalars_and_the_report_carry_the_logged_metrics(launched):
         events.Reload()
         scalars = events.Scalars("train/grad_norm")
         assert [(s.step, s.value) for s in scalars] == [(r["step"], float(np.float32(r["grad_norm"]))) for r in run["rows"]]
-        assert "loss per logging interval" in (run["folder"] / "report.html").read_text(), label
+        report = (run["folder"] / "report.html").read_text()
+        assert "loss per logging interval" in report, label
+        pp, dp, dp_shard, tp = LAYOUTS[label]  # the headline and --summary name the whole layout
+        assert (run["summary"]["ranks"], run["summary"]["dp"], run["summary"]["dp_shard"], run["summary"]["tp"]) == LAYOUTS[label]
+        assert f"layout {pp} pp × {dp} dp × {dp_shard} dp_shard × {tp} tp ({pp * dp * dp_shard * tp} processes)" in report
 
 
 def test_auto_and_zb_auto_recompute_on_sharded_stages_when_only_that_fits(launched):

@@ -61,7 +61,7 @@ def runs(tmp_path_factory):
     shutil.copytree(out["A"] / "ck" / "step-000003", out["B"] / "ck" / "step-000003")
     b = launch("B", "jsonl", "-s", "zb-v", "--ranks", "2", "--checkpoint-dir", str(out["B"] / "ck"), "--resume")
     assert b.returncode == 0, b.stderr
-    return {"model": model, "data": data, **out}
+    return {"model": model, "data": data, **out, "printed": {"A": a.stdout, "B": b.stdout}}
 
 
 def params(folder: Path) -> dict:
@@ -196,3 +196,15 @@ def test_pipesched_report_draws_a_run_from_its_metrics_file(runs, tmp_path):
     assert refused.returncode == 2
     assert refused.stderr.strip() == (f"pipesched: error: --run {str(bad)!r}: line 1 is not a metrics line of "
                                       "pipesched train (no loss, lr, tokens_per_s, step_time_s, peak_memory_bytes)")
+
+
+def test_the_summary_line_names_its_two_losses_and_the_final_held_out_loss(runs):
+    """Piped (no terminal), A's progress lines carry the rate and, after step 5's evaluation,
+    the held-out loss; its summary names the steps of its two losses and the last evaluation."""
+    a = summary(runs["A"])
+    printed = runs["printed"]["A"].splitlines()
+    (fifth,) = [line for line in printed if line.startswith("zb-v step 5/5")]
+    assert f"lr {a['lrs'][4]:.3g}" in fifth and f"eval loss {a['evals'][-1]['loss']:.5f}" in fifth
+    assert any(line.startswith(f"loss of step 1 {a['losses'][0]:.6f} -> of step 5 {a['losses'][-1]:.6f}   median step ")
+               and line.endswith(f"final eval loss {a['evals'][-1]['loss']:.6f} (after step 5)") for line in printed)
+    assert runs["printed"]["B"].splitlines()[0].startswith("resuming from step 3 (written at ")

@@ -17,12 +17,14 @@ def check_output_path(path: Union[str, Path], suffixes: Iterable[str]) -> Path:
     """Return ``path`` as a Path if a file with one of ``suffixes`` can be written there.
 
     Called before any work starts, so that a run is never lost to an output path found bad only
-    at the end: the path must not be a folder, its folder must exist and accept new files (tried
+    at the end: the path must not be a folder nor any other file but a regular one, its folder must exist and accept new files (tried
     by creating and removing a temporary file there, as :func:`write_atomic` will).
     """
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"cannot write {str(path)!r}: it is a folder; name a file inside it")
+    if path.exists() and not path.is_file():  # a FIFO would hang the first write, a device swallow it
+        raise ConfigError(f"cannot write {str(path)!r}: it exists and is not a regular file (a FIFO, a device, a socket)")
     allowed = [s.lower() for s in suffixes]
     if path.suffix.lower() not in allowed:
         raise ConfigError(

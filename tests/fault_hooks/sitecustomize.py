@@ -8,7 +8,9 @@ and its ranks), the faults the environment asks for, at known points of the run:
   ENOSPC, as a full disk does (torch's writer then says "unexpected pos");
 - ``PIPESCHED_TEST_FULL_DISK_UNDER=DIR``: every output written atomically under DIR fails so;
 - ``PIPESCHED_TEST_REMOVE_AFTER_RUN=DIR``: DIR is removed once training returns, before the
-  outputs are written (a folder removed during the run).
+  outputs are written (a folder removed during the run);
+- ``PIPESCHED_TEST_FULL_DISK_TENSORBOARD=N``: TensorBoard's event file takes its first N records,
+  then every write fails as a full disk does (in the writer's own thread, as a real one fails).
 """
 
 import errno
@@ -18,6 +20,7 @@ FULL_DISK_STEP = os.environ.get("PIPESCHED_TEST_FULL_DISK_STEP")
 DISK_FILLS_AT_STEP = os.environ.get("PIPESCHED_TEST_DISK_FILLS_AT_STEP")
 FULL_DISK_UNDER = os.environ.get("PIPESCHED_TEST_FULL_DISK_UNDER")
 REMOVE_AFTER_RUN = os.environ.get("PIPESCHED_TEST_REMOVE_AFTER_RUN")
+FULL_DISK_TENSORBOARD = os.environ.get("PIPESCHED_TEST_FULL_DISK_TENSORBOARD")
 
 
 def _full_disk(path) -> OSError:
@@ -95,3 +98,17 @@ if REMOVE_AFTER_RUN:
         return result
 
     train.run = run_then_remove
+
+if FULL_DISK_TENSORBOARD:
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    original_record = RecordWriter.write
+    records = []
+
+    def filling_record(self, data):
+        records.append(len(data))
+        if len(records) > int(FULL_DISK_TENSORBOARD):
+            raise _full_disk("events.out.tfevents")
+        return original_record(self, data)
+
+    RecordWriter.write = filling_record

@@ -62,7 +62,7 @@ def report(
     """Every schedule for one configuration in one offline HTML page: charts, metrics, when to choose each."""
     check_output_path(output, [".html", ".htm"])
     if run is not None:
-        from .train_run_report import write_file_report
+        from ..training.report.run_report import write_file_report
 
         write_file_report(run, output)
         typer.echo(f"wrote {output} (the run of {run})", err=True)

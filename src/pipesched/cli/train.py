@@ -77,7 +77,7 @@ def train(cfg: RunConfig) -> None:
     if cfg.model.model.startswith("hf:"):  # after every check: a refusal stays one line
         say_how_text_is_read(cfg.model.model, cfg.data.data, cfg.data.tokenizer)
         train_hf.say_what_the_folder_gave(model_def)
-    result = _run_to_the_end(train_config)
+    result = _run_to_the_end(train_config, cfg.outputs.summary)
     if result is not None:  # None: a torchrun rank other than 0
         _write_results(cfg, checked, plan, model_def, result)
 
@@ -168,26 +168,26 @@ def _write_results(cfg: RunConfig, checked: _Checked, plan, model_def, result) -
     """The summary on the terminal, then the files the run was asked to write (one line, exit 1, if
     one cannot be written: the trained weights are kept where it says)."""
     from ..training.models import MODELS
-    from .train_report import OutputsLost, print_summary, write_outputs
+    from ..training.report.outputs import OutputsLost, print_summary, write_outputs
+    from ..training.report.run_report import run_rows, write_run_report
 
     ckpt, out = cfg.checkpoint, cfg.outputs
-    print_summary(plan, result)
+    rows = run_rows(result, checked.loop.metrics_path)  # the report's intervals: every figure shown comes from them
+    print_summary(plan, result, rows)
     newest = None
     if ckpt.checkpoint_dir is not None:
         from ..runtime.checkpoints.checkpoint import latest
 
         newest = latest(ckpt.checkpoint_dir)
     try:
-        write_outputs(plan, result, out.save_params, out.trace, out.summary, None if newest is None else str(newest))
+        write_outputs(plan, result, out.save_params, out.trace, out.summary, None if newest is None else str(newest), rows)
     except OutputsLost as err:
         _say(f"pipesched: error: {err}")
         raise typer.Exit(code=1) from None
     report = checked.loop.report_path
     if report is not None:
-        from .train_run_report import write_run_report
-
         try:
-            write_run_report(Path(report), plan, result)
+            write_run_report(Path(report), plan, result, rows)
         except OSError as err:
             _say(f"pipesched: error: the run finished, but could not write {report} ({err.strerror})")
             raise typer.Exit(code=1) from None
@@ -231,14 +231,16 @@ def _resolved(resolved: Resolved, cfg: RunConfig, costs) -> tuple[Optional[Sched
     return _gathers_placed(resolved.schedule, cfg.schedule, costs), resolved.recompute
 
 
-def _run_to_the_end(cfg):
-    """Run ``cfg``; a failed or stopped run is one line on stderr and a non-zero exit."""
+def _run_to_the_end(cfg, summary: Optional[Path]):
+    """Run ``cfg``; a failed or stopped run writes its summary and report up to its last logged
+    step, then says why in one line on stderr and exits non-zero."""
     from ..runtime.launching.launch import RunStopped
+    from ..training.report.stopped import run_keeping_outputs
     from ..training.train import run
 
     resumable = f" ({cfg.checkpoint_dir} holds what to --resume from)" if cfg.checkpoint_dir else ""
     try:
-        return run(cfg)
+        return run_keeping_outputs(run, cfg, summary)
     except RunStopped as stop:
         _say(f"pipesched: stopped by {stop.signal_name}: the run and every rank were stopped{resumable}")
         raise typer.Exit(code=128 + stop.signum) from None

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import ConfigError
-from ..outfiles import check_output_path
+from ..outfiles import check_output_folder, check_output_path
 from ..training.loop_options import LoopOptions
 from ..training.lr_schedule import SCHEDULES
 from .run_config import RunConfig
@@ -35,8 +35,7 @@ def loop_options(cfg: RunConfig) -> LoopOptions:
     if out.report is not None:
         check_output_path(out.report, [".html"])
     if out.tensorboard is not None:
-        if out.tensorboard.exists() and not out.tensorboard.is_dir():
-            raise ConfigError(f"--tensorboard {str(out.tensorboard)!r} is a file, not a folder")
+        check_output_folder(out.tensorboard)  # a file, or a folder that takes no files: refused before launch
         if importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("--tensorboard needs the tensorboard package: pip install 'pipesched[data]'")
     return LoopOptions(

@@ -3,8 +3,9 @@ style (:mod:`.html`: its CSS, inline SVG, no script, nothing fetched).
 
 A summary table, then the curves of the run's logging intervals (:mod:`pipesched.training.metrics`):
 training loss with the held-out loss, the learning rate, tokens per second, peak memory per
-rank, the bubble share measured and simulated (pipelines); for a pipeline, the measured timeline of the median step above the simulator's timeline
-of the same schedule fed with the measured action costs, on one time axis.
+rank, the bubble share measured and simulated (pipelines); for a pipeline, one measured step
+above the simulator's timeline of the same schedule, on one time axis. The table's median step
+and bubble are the run's figures (:mod:`.run_figures`), which the terminal and ``--summary`` show.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .html import CSS
 from .layout import Scale
 from .line_chart import Series, line_chart_svg
 from .palette import BASE, box_colour
+from .run_figures import bubble_interval, median_step_s
 from .svg import gantt_svg
 from .timeline import Timeline
 
@@ -27,7 +29,7 @@ STEP_WIDTH = 900  # px of the time axis of one step
 def run_report_html(title: str, rows: Sequence[dict], timelines: Optional[tuple[Timeline, Timeline]] = None,
                     comparison: Optional[str] = None) -> str:
     """The page for a run's metrics ``rows``; ``timelines``: (measured, simulated) of one step;
-    ``comparison``: a sentence on them (measured bubble against the simulated one)."""
+    ``comparison``: a sentence on them (the run's bubble, the step drawn)."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -90,7 +92,7 @@ def _summary_table(rows: Sequence[dict]) -> str:
     evals = [r for r in rows if "eval_loss" in r]
     cells = [("steps", f"{last['step']}"), ("loss (last interval)", _number(last["loss"], ".5f")),
              ("median tokens/s", f"{statistics.median(r['tokens_per_s'] for r in rows):.4g}"),
-             ("median step time", f"{1000 * statistics.median(r['step_time_s'] for r in rows):.2f} ms"),
+             ("median step time", f"{1000 * median_step_s(rows):.2f} ms"),
              ("peak memory (largest rank)", f"{max(last['peak_memory_bytes'], default=0) / 2**30:.3g} GiB")]
     if evals:
         last_eval = evals[-1]
@@ -98,11 +100,10 @@ def _summary_table(rows: Sequence[dict]) -> str:
                                              f"(perplexity {_number(last_eval['eval_perplexity'], '.4g')})"))
     if "mfu" in last:
         cells.append(("MFU (median)", f"{100 * statistics.median(r['mfu'] for r in rows if 'mfu' in r):.1f}%"))
-    bubbles = [r for r in rows if "bubble_share" in r]
-    if bubbles:
-        cells.append(("bubble (median): measured, simulated",
-                      f"{100 * statistics.median(r['bubble_share'] for r in bubbles):.1f}%, "
-                      f"{100 * statistics.median(r['simulated_bubble_share'] for r in bubbles):.1f}%"))
+    bubble = bubble_interval(rows)
+    if bubble is not None:
+        cells.append((f"bubble (median interval, step {bubble['step']}): measured, simulated",
+                      f"{100 * bubble['bubble_share']:.1f}%, {100 * bubble['simulated_bubble_share']:.1f}%"))
     head = "".join(f"<th>{escape(name)}</th>" for name, _ in cells)
     body = "".join(f"<td>{escape(value)}</td>" for _, value in cells)
     return f"<table><tr>{head}</tr><tr>{body}</tr></table>"

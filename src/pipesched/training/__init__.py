@@ -4,8 +4,11 @@
 - ``models``, ``model_def``, ``datasets``, ``optimizers``: the built-in models, what a model is to
   ``train``, their data, the optimizers by name;
 - ``run_loop``, ``loop_options``, ``lr_schedule``, ``evaluation``, ``metrics``, ``model_flops``,
-  ``progress_display``, ``run_gather``: around the steps: the learning-rate schedule, held-out
-  evaluation, the metrics written and shown, what rank 0 brings back;
+  ``progress_display``, ``tensorboard_sink``, ``run_gather``: around the steps: the
+  learning-rate schedule, held-out evaluation, the metrics written and shown, what rank 0 brings
+  back;
+- ``report``: what a run leaves when it ends, however it ends: the summary, the report, the
+  metrics file read back and continued after a resume;
 - ``profile``: measured costs and sizes for the advisor (``advise --profile``, ``train -s auto``);
 - ``launch_checks``: the layout and memory checks before any rank starts, which
   :func:`pipesched.hf.pipeline` makes too.

@@ -4,8 +4,9 @@ utilization, step time, its bubble share measured against the simulated one (pip
 memory per rank, and the held-out loss and perplexity when an evaluation ran in the interval.
 
 Rank 0 writes each interval as one JSON object a line (``--metrics FILE.jsonl``, flushed at once:
-``tail -f`` follows it), as TensorBoard scalars (``--tensorboard DIR``, under ``train/`` and
-``eval/``, the step as TensorBoard's step) and on the progress display. Every rank takes part in
+``tail -f`` follows it; a resumed run continues the file from its checkpoint's step:
+:mod:`.report.metrics_file`), as TensorBoard scalars (``--tensorboard DIR``:
+:mod:`.tensorboard_sink`) and on the progress display. Every rank takes part in
 gathering the memory figures, so every rank logs at the same steps.
 
 - tokens/s: the interval's tokens (``--batch-size`` x sequence length a step) over the sum of its
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import resource
+from pathlib import Path
 from time import perf_counter
 from typing import Callable, Optional
 
@@ -45,14 +47,19 @@ class MetricsLog:
         self.display = display
         self.bubble = bubble  # an IntervalBubble where a pipeline's metrics are written, fed by the loop's hooks
         self.rows: list[dict] = []
+        self.earlier_s, self.moved = 0.0, None  # a resumed run: the elapsed time it continues, lines set aside
+        if writer and self.options.metrics_path and first_step:
+            from .report.metrics_file import continue_after
+
+            self.earlier_s, self.moved = continue_after(Path(self.options.metrics_path), first_step)
         self.started = perf_counter()
         self._reset()
         self.file = open(self.options.metrics_path, "a", encoding="utf-8") if writer and self.options.metrics_path else None
         self.board = None
         if writer and self.options.tensorboard_dir:
-            from torch.utils.tensorboard import SummaryWriter
+            from .tensorboard_sink import TensorBoardSink
 
-            self.board = SummaryWriter(self.options.tensorboard_dir)
+            self.board = TensorBoardSink(self.options.tensorboard_dir)
 
     def _reset(self) -> None:
         self.losses, self.seconds, self.evaluation = [], [], None
@@ -65,7 +72,7 @@ class MetricsLog:
         if eval_loss is not None:
             self.evaluation = (steps_done, eval_loss)
         if self.display is not None:
-            self.display.step(loss, seconds, skipped)
+            self.display.step(loss, lr, seconds, skipped, eval_loss)
         if (steps_done - self.first_step) % self.options.log_every and steps_done != self.cfg.steps:
             return
         memory = self.gather_memory() if self.options.watched else []  # a collective: only where it is written
@@ -81,7 +88,7 @@ class MetricsLog:
         row = {"step": steps_done, "loss": sum(self.losses) / len(self.losses), "lr": lr, "grad_norm": grad_norm,
                "tokens_per_s": tokens_per_s, "tokens_per_s_per_device": per_device,
                "step_time_s": busy / len(self.seconds), "peak_memory_bytes": memory,
-               "elapsed_s": perf_counter() - self.started}
+               "elapsed_s": self.earlier_s + perf_counter() - self.started}
         if self.flops_per_token is not None and self.peak_flops:
             row["mfu"] = per_device * self.flops_per_token / self.peak_flops
         if self.evaluation is not None:
@@ -95,17 +102,7 @@ class MetricsLog:
             self.file.write(json.dumps({k: _json_number(v) for k, v in row.items()}) + "\n")
             self.file.flush()
         if self.board is not None:
-            step = row["step"]
-            for name in ("loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_device", "step_time_s", "mfu",
-                         "bubble_share", "simulated_bubble_share"):
-                if name in row:
-                    self.board.add_scalar(f"train/{name}", row[name], step)
-            for rank, peak in enumerate(row["peak_memory_bytes"]):
-                self.board.add_scalar(f"memory/peak_bytes_rank{rank}", peak, step)
-            if "eval_loss" in row:
-                self.board.add_scalar("eval/loss", row["eval_loss"], row["eval_step"])
-                self.board.add_scalar("eval/perplexity", row["eval_perplexity"], row["eval_step"])
-            self.board.flush()
+            self.board.write(row)
         if self.display is not None:
             remaining = (self.cfg.steps - row["step"]) * row["step_time_s"]
             self.display.interval(row, remaining)

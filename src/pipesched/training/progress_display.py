@@ -1,5 +1,6 @@
 """The run's progress on rank 0: a rich progress bar with an ETA on a terminal, plain lines when
-the output is piped or written to a file (one per logging interval: a log stays readable)."""
+the output is piped or written to a file (one per logging interval: a log stays readable). Both
+show the loss, the learning rate and the latest held-out loss."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class ProgressDisplay:
         self.name = name
         self.terminal = sys.stdout.isatty() if terminal is None else terminal
         self.bar = None
+        self.latest_eval = ""  # the plain lines' held-out loss, the latest evaluation's
         if self.terminal:
             from rich.progress import (
                 BarColumn,
@@ -27,17 +29,20 @@ class ProgressDisplay:
 
             self.bar = Progress(
                 TextColumn(f"[bold]{name}[/bold]"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]}"), TextColumn("step {task.fields[ms]} ms"),
+                TextColumn("loss {task.fields[loss]}"), TextColumn("lr {task.fields[lr]}"),
+                TextColumn("eval loss {task.fields[eval]}"), TextColumn("step {task.fields[ms]} ms"),
                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), transient=False,
             )
-            self.task = self.bar.add_task("train", total=steps, completed=done, loss="-", ms="-")
+            self.task = self.bar.add_task("train", total=steps, completed=done, loss="-", lr="-", eval="-", ms="-")
             self.bar.start()
 
-    def step(self, loss: float, seconds: float, skipped: bool) -> None:
-        """One step done (the bar moves; lines wait for the interval)."""
+    def step(self, loss: float, lr: float, seconds: float, skipped: bool, eval_loss: Optional[float] = None) -> None:
+        """One step done (the bar moves, its held-out loss the latest evaluation's; lines wait
+        for the interval)."""
         if self.bar is not None:
             text = f"{loss:.5f}" + (" (skipped)" if skipped else "")
-            self.bar.update(self.task, advance=1, loss=text, ms=f"{1000 * seconds:.1f}")
+            fields = {"eval": f"{eval_loss:.5f}"} if eval_loss is not None else {}
+            self.bar.update(self.task, advance=1, loss=text, lr=f"{lr:.3g}", ms=f"{1000 * seconds:.1f}", **fields)
 
     def interval(self, row: dict, eta_s: float) -> None:
         """A logging interval's metrics (:mod:`.metrics`): one plain line when not on a terminal."""
@@ -50,7 +55,10 @@ class ProgressDisplay:
         if "bubble_share" in row:
             parts.append(f"bubble {100 * row['bubble_share']:.0f}% (simulated {100 * row['simulated_bubble_share']:.0f}%)")
         if "eval_loss" in row:
-            parts.append(f"eval loss {row['eval_loss']:.5f} (ppl {row['eval_perplexity']:.2f})")
+            self.latest_eval = (f"eval loss {row['eval_loss']:.5f} "
+                                f"(ppl {row['eval_perplexity']:.2f}, step {row['eval_step']})")
+        if self.latest_eval:
+            parts.append(self.latest_eval)
         parts.append(f"eta {eta_s:.0f} s")
         print("  ".join(parts), flush=True)
 

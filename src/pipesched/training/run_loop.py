@@ -83,7 +83,27 @@ def make_hooks(cfg, md, optimizer: torch.optim.Optimizer, first_step: int, evalu
     if writer:
         flops = flops_per_token(md, tokens_per_sample)
         peak = peak_flops(device, cfg.loop.peak_tflops)
+    if writer and cfg.show_progress and first_step:
+        print(resuming_line(first_step, cfg.resume_from), flush=True)
     display = ProgressDisplay(cfg.steps, name, first_step) if writer and cfg.show_progress else None
     metrics = MetricsLog(cfg, first_step, cfg.batch_size * tokens_per_sample, flops, peak, writer, gather_memory, display,
                          bubble if cfg.loop.watched else None)
+    if writer and cfg.show_progress and metrics.moved is not None:
+        print(f"the metrics the interrupted run logged after step {first_step} are kept in {metrics.moved}", flush=True)
     return LoopHooks(cfg, md, optimizer, first_step, evaluate, metrics)
+
+
+def resuming_line(step: int, folder: Optional[str]) -> str:
+    """What a resumed run says first: the step it resumes from and when that checkpoint was
+    written (its manifest's time, in this machine's time zone)."""
+    from datetime import datetime
+    from pathlib import Path
+
+    from ..runtime.checkpoints.checkpoint_manifest import MANIFEST
+
+    try:
+        written = datetime.fromtimestamp((Path(folder) / MANIFEST).stat().st_mtime).astimezone()
+        when = f" (written at {written.isoformat(sep=' ', timespec='seconds')})"
+    except (OSError, TypeError, ValueError):
+        when = ""
+    return f"resuming from step {step}{when}"

@@ -117,6 +117,7 @@ class TrainResult:
     # with TrainConfig.alongside, per round: this run's schedule first, then each of alongside's
     alongside_timelines: list[list[Timeline]] = field(default_factory=list)
     loop: Optional[LoopRecord] = None  # learning rates, evaluations, metrics (rank 0's)
+    layout: Optional[ParallelLayout] = None  # the processes' layout (None: the one-process reference)
 
     def median_step_time(self, skip: int = 1) -> float:
         times = self.step_times[skip:] or self.step_times
@@ -210,6 +211,7 @@ def train_worker(rank: int, world: int, cfg: TrainConfig) -> Optional[TrainResul
     return TrainResult(
         losses, times, timelines, latency, params, grads, memory, curves, stage_memory,
         dp=cfg.layout.dp_replicate, dtype=dtype_name(cfg.options.dtype), first_step=first, alongside_timelines=beside_timelines, loop=hooks.record,
+        layout=cfg.layout,
     )
 
 

@@ -42,6 +42,12 @@ def idle_shares(steps: Sequence[Timeline]) -> list[float]:
     return [statistics.fmean(share) for share in shares]
 
 
+def measured_bubble(steps: Sequence[Timeline]) -> float:
+    """The measured bubble share of ``steps``: the mean over ranks of :func:`idle_shares`. The
+    one definition every output of a run shows (metrics, terminal, report's table, text and chart)."""
+    return statistics.fmean(idle_shares(steps))
+
+
 def interval_costs(schedule: Schedule, steps: Sequence[Timeline], comm: float,
                    recomputed: frozenset = frozenset()) -> Costs:
     """The costs, in milliseconds, the simulator replays ``steps`` of ``schedule`` with (see the
@@ -88,9 +94,8 @@ def simulated_bubble(schedule: Schedule, costs: Costs) -> float:
 def bubble_figures(schedule: Schedule, steps: Sequence[Timeline], comm: float, recomputed: frozenset = frozenset()) -> dict:
     """A logging interval's fields: the measured bubble share (mean over ranks, and per rank),
     the simulated one and the costs it was simulated with (milliseconds)."""
-    per_rank = idle_shares(steps)
     costs = interval_costs(schedule, steps, comm, recomputed)
-    return {"bubble_share": statistics.fmean(per_rank), "bubble_share_per_rank": per_rank,
+    return {"bubble_share": measured_bubble(steps), "bubble_share_per_rank": idle_shares(steps),
             "simulated_bubble_share": simulated_bubble(schedule, costs),
             "simulated_costs_ms": {"F": costs.F, "B": costs.B, "W": costs.W, "full_backward": costs.full_backward,
                                    "comm": costs.comm, "stage_multipliers": list(costs.stage_multipliers)}}
