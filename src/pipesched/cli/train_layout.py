@@ -42,7 +42,7 @@ def check_layout(plan: Optional[Schedule], layout: LayoutSection, batch_size: in
 
 
 LOCAL_PER_CORE = 4  # local processes per CPU core: past that, a run only waits on its own ranks
-LOCAL_FLOOR = 8  # the layouts the docs show (--ranks 4 --dp 2) run even on one core
+LOCAL_FLOOR = 16  # the layouts the docs and tests show (--ranks 2 --dp-shard 8) start even on one core
 LOCAL_CAP = 512  # whatever the cores: every process imports torch and holds its stages
 
 

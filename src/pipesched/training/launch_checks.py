@@ -51,11 +51,14 @@ def state_slots(optimizer: Callable) -> int:
 
 
 def check_batch_split(batch_size: int, dp: int, microbatches: int) -> None:
-    """Raise ConfigError unless ``batch_size`` splits into ``dp`` shards of ``microbatches`` equal microbatches."""
+    """Raise ConfigError unless ``batch_size`` splits into ``dp`` shares (replicas x shards: a
+    shard's ranks are no replicas, so the message names both flags) of ``microbatches`` equal
+    microbatches."""
     m = microbatches
     if batch_size % (dp * m):
         raise ConfigError(f"a batch of {batch_size} does not split into {m} equal microbatches"
-                          + (f" on each of {dp} replicas" if dp > 1 else "") + f": use a multiple of {dp * m}")
+                          + (f" on each of its {dp} data-parallel shares (--dp x --dp-shard)" if dp > 1 else "")
+                          + f": use a multiple of {dp * m}")
 
 
 def check_tp(model_def, tp: int) -> None:
