@@ -97,6 +97,37 @@ def test_a_step_renamed_copied_or_linked_under_another_name_is_never_resumed_nor
     assert (ck / "step-000009").is_symlink()
 
 
+def test_a_finished_step_whose_metadata_is_missing_a_fifo_a_folder_or_a_link_is_damaged(pristine, tmp_path):
+    """A ``step-N`` folder is finished (saves write under ``.step-N.partial``), whatever its
+    ``.metadata`` has become since: verify lists it as damaged, and --resume sets it aside."""
+    ck = _copy(pristine, tmp_path)
+    (ck / "step-000002" / ".metadata").unlink()
+    os.unlink(ck / "step-000003" / ".metadata")
+    os.mkfifo(ck / "step-000003" / ".metadata")
+    (ck / "step-000004" / ".metadata").unlink()
+    (ck / "step-000004" / ".metadata").mkdir()
+    linked = _copy(pristine, tmp_path / "linked")
+    (linked / "step-000004" / ".metadata").unlink()
+    (linked / "step-000004" / ".metadata").symlink_to(linked / "step-000003" / ".metadata")
+    verified, verified_link = concurrently(lambda folder: _pipesched("checkpoint", "verify", str(folder), timeout=30),
+                                           [ck, linked])
+    assert verified.returncode == 1 and verified.stdout.splitlines() == [
+        "step-000001: intact",
+        f"step-000002: damaged: {ck}/step-000002/.metadata is missing",
+        f"step-000003: damaged: {ck}/step-000003/.metadata is not a regular file",
+        f"step-000004: damaged: {ck}/step-000004/.metadata is not a regular file",
+    ], verified.stdout
+    assert verified_link.returncode == 1 and verified_link.stdout.splitlines()[-1] == (
+        f"step-000004: damaged: {linked}/step-000004/.metadata is a link, not a file")
+    resumed = _pipesched(*RUN, "--steps", "2", "--checkpoint-dir", str(ck), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "(resumed after step 1)" in resumed.stdout and "Traceback" not in resumed.stderr
+    for step in (2, 3, 4):
+        assert f"step-00000{step} is damaged: {ck}/step-00000{step}/.metadata " in resumed.stderr
+    assert sorted(p.name for p in ck.iterdir()) == [
+        "step-000001", "step-000002", "step-000002.damaged", "step-000003.damaged", "step-000004.damaged"]
+
+
 def _manifest(step: Path) -> dict:
     return json.loads((step / "manifest.json").read_text())
 

@@ -158,6 +158,11 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("advise --gpus 8 --layers 8 --hidden 64 --seq-len 64 --microbatch-size 1 --global-batch 64 --bandwidth 10 --dp-latency nan", "--dp-latency must be"),
     ("advise --gpus 8 --layers 8 --hidden 64 --seq-len 64 --microbatch-size 1 --global-batch 64 --bandwidth 10 --dp-latency inf", "--dp-latency must be"),
     ("advise -p 4 -m 8 --overhead nan", "--overhead must be"),
+    # fixed dimensions that each divide --gpus but together do not (the reason was empty)
+    ("advise --gpus 8 --gpus-per-node 8 --bandwidth 100 --node-bandwidth 10 --layers 8 --hidden 64 --seq-len 64 "
+     "--microbatch-size 1 --global-batch 64 --tp 4 --ranks 4", "--ranks 4 x --tp 4 take 16 GPUs, which does not divide --gpus 8"),
+    ("advise --gpus 8 --gpus-per-node 8 --bandwidth 100 --node-bandwidth 10 --layers 8 --hidden 64 --seq-len 64 "
+     "--microbatch-size 1 --global-batch 64 --ranks 2 --dp 1 --dp-shard 2 --tp 1", "take 4 GPUs, which is not --gpus 8"),
     ("advise -p 4 -m 8 --costs=", "--costs is empty"),
     # demo
     ("demo --steps 0", "--steps must be at least 1"),
@@ -181,6 +186,8 @@ TRAIN_BAD_INPUTS: list[tuple[str, str]] = [
     ("train --csv {latin1}", "is not UTF-8 text"),
     ("train --csv {dir}", "is a folder"),
     ("train --batch-size 10 -m 4", "does not split into 4 equal microbatches"),
+    # the local world is bounded: 10,000 processes would each import torch
+    ("train --ranks 2 --dp 5000 --batch-size 80000 -m 8", "--ranks 2 x --dp 5000 needs 10000 processes, more than the"),
     ("train -s 1f1b --memory-limit 512KiB", "a size in bytes needs --schedule auto or zb-auto"),
     # --costs steers zb-auto's plan only (refused before torch is imported)
     ("train -s 1f1b --costs 1,1.4,0.6", "--costs with --schedule 1f1b: train builds it without costs"),

@@ -52,7 +52,7 @@ def test_pipeline_refuses_what_train_refuses_in_the_same_words(tmp_path):
     split, heads, memory = concurrently(lambda extra: run_cli(*train, *extra, timeout=200), [
         ["--dp-shard", "2", "--batch-size", "12"], ["--tp", "3"], ["--dp-shard", "2", "--rank-memory-limit", "1KiB"]])
     cases = [(split, _api_refusal(ParallelLayout(2, dp_shard=2), batch=12),
-              "a batch of 12 does not split into 4 equal microbatches on each of 2 replicas: use a multiple of 8"),
+              "a batch of 12 does not split into 4 equal microbatches on each of its 2 data-parallel shares (--dp x --dp-shard): use a multiple of 8"),
              (heads, _api_refusal(ParallelLayout(2, tp=3)), "tp=3 does not divide the 4 attention heads of "),
              (memory, _api_refusal(ParallelLayout(2, dp_shard=2), rank_memory_limit=1024),
               "a rank memory limit of 1 KiB: ranks=2 x dp_shard=2 x tp=1 holds up to ")]

@@ -164,7 +164,7 @@ def test_a_second_run_on_a_locked_folder_is_refused_naming_the_first(tmp_path):
     assert last.endswith("): wait for it to end or choose another folder") and result.stderr.count("\n") == 1
     assert not any(ck.iterdir())
     nothing = _pipesched("checkpoint", "verify", str(ck))
-    assert _last_line(nothing, 2) == f"pipesched: error: '{ck}' holds no checkpoint (step-NNNNNN folders with a .metadata)"
+    assert _last_line(nothing, 2) == f"pipesched: error: '{ck}' holds no checkpoint (step-NNNNNN folders)"
 
 
 def test_a_checkpoint_damaged_without_a_manifest_fails_to_load_in_one_line(full_disk, tmp_path):

@@ -101,7 +101,7 @@ def _train(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     [
         (["--dp", "0"], None, "--dp must be at least 1, got 0"),
         (["--ranks", "2", "--dp", "2", "--batch-size", "24"], None,
-         "a batch of 24 does not split into 8 equal microbatches on each of 2 replicas: use a multiple of 16"),
+         "a batch of 24 does not split into 8 equal microbatches on each of its 2 data-parallel shares (--dp x --dp-shard): use a multiple of 16"),
         (["--ranks", "2", "--dp", "2"], {"RANK": "0", "WORLD_SIZE": "8", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
          "torchrun started 8 processes but --ranks 2 x --dp 2 needs 4"),
         (["--dtype", "fp16"], None, "--dtype 'fp16' is not known: use one of fp32, bf16"),
@@ -150,7 +150,7 @@ def test_auto_checks_the_replica_split_before_profiling():
     done = _train("--schedule", "auto", "--ranks", "2", "--dp", "2", "--batch-size", "24")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "pipesched: error: a batch of 24 does not split into 8 equal microbatches on each of 2 replicas: use a multiple of 16"
+        "pipesched: error: a batch of 24 does not split into 8 equal microbatches on each of its 2 data-parallel shares (--dp x --dp-shard): use a multiple of 16"
     ]
 
 

@@ -456,3 +456,25 @@ def test_terminal_summary_and_report_show_the_same_figures_of_the_whole_run(outp
     assert titles[-1] == simulated  # the simulated chart: the simulator's run of the interval's costs
     if interval["step"] > 2:  # run by this launch: the step drawn is the median interval's (--log-every 1)
         assert drawn == interval["step"] and titles[0] == measured
+
+def test_a_waiting_rank_names_itself_and_its_peer_by_global_rank():
+    """Under --tp or --dp-shard a pipeline rank is several processes: the launcher names them by
+    global rank, so a waiting rank does too (it said "rank 0 ... from rank 1" beside the
+    launcher's "rank 5 was stopped"). Pipeline ranks 0 and 1 are global 4 and 5 here."""
+    from datetime import timedelta
+
+    from pipesched.runtime.comm.p2p import PeerFailure, Transport, describe
+    from pipesched.runtime.program.instructions import ACT, Message
+
+    msg = Message(ACT, 1, 0, 1, 0, 0)
+    assert describe(msg, {0: 4, 1: 5}.get).endswith("from rank 5")
+    transport = Transport.__new__(Transport)  # only what a wait reads: no process group needed
+    transport.rank, transport.global_rank, transport.timeout = 0, {0: 4, 1: 5}.get, timedelta(seconds=3)
+
+    class Silent:
+        def wait(self, timeout):
+            return False
+
+    with pytest.raises(PeerFailure, match=r"^rank 4 timed out after 3s waiting at 1F0 for the activation of stage 1 "
+                                          r"microbatch 0 from rank 5$"):
+        transport._wait(Silent(), f"at 1F0 for {describe(msg, transport.global_rank)}")

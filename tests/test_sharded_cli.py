@@ -104,7 +104,7 @@ REFUSED = [
     (["--model", "mlp", "--tp", "2"], "tp=2: mlp has no tensor-parallel plan"),
     (["--model", "gpt", "-s", "none", "--tp", "2"], "--tp needs a pipeline"),
     (["--model", "gpt", "--dp-shard", "0"], "--dp-shard must be at least 1"),
-    (["--model", "gpt", "--dp-shard", "2", "--batch-size", "8"], "does not split into 8 equal microbatches on each of 2 replicas"),
+    (["--model", "gpt", "--dp-shard", "2", "--batch-size", "8"], "does not split into 8 equal microbatches on each of its 2 data-parallel shares (--dp x --dp-shard)"),
 ]
 
 

@@ -6,6 +6,7 @@ a bounded amount of memory; bad data refused in one line, exit 2, before any ran
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -238,3 +239,47 @@ def test_bad_data_is_one_line_and_exit_2_before_any_rank_starts(folder, tmp_path
         assert result.returncode == 2, (args, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"pipesched: error: {message}"), (args, lines)
+
+
+def test_a_long_text_reaches_the_tokenizer_in_pieces_cut_where_pre_tokenizers_cut():
+    from pipesched.data.text_documents import pieces
+
+    assert pieces("short", 8) == ["short"]
+    assert pieces("one two three four", 8) == ["one two", " three", " four"]  # before a space: GPT-2's cut
+    assert pieces("ab\ncd ef ghi", 8) == ["ab\n", "cd ef", " ghi"]  # after a line's end first
+    assert pieces("x" * 20, 8) == ["x" * 8, "x" * 8, "x" * 4]  # no whitespace: at the size
+    text = " ".join(shipped_documents()) * 3
+    cut = pieces(text, 1000)
+    assert "".join(cut) == text and all(0 < len(p) <= 1000 for p in cut) and len(cut) > 3
+
+
+def test_one_long_document_is_tokenized_in_bounded_memory(folder, tmp_path):
+    """A 2 MB one-line document: tokenized whole, it grew the process's peak by ~300 MiB past
+    loading the tokenizer (benchmarks/long_document_memory.py); in pieces of 256Ki characters,
+    by almost nothing."""
+    words = " ".join(folder["docs"]).split()
+    text = " ".join(words[i % len(words)] for i in range(400_000))[:2_000_000]
+    data = write_jsonl(tmp_path / "long.jsonl", [text])
+    code = (
+        "import resource, sys\nfrom pathlib import Path\n"
+        "from pipesched.data.tokenize_text import load_tokenizer, tokenized_file\n"
+        f"load_tokenizer(Path({str(folder['model'])!r}))\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        f"tokenized_file({str(data)!r}, Path({str(folder['model'])!r}), {VOCAB})\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)\n"
+    )
+    grown_kib = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(),
+                                   check=True, timeout=300).stdout)
+    assert grown_kib < 128 << 10, grown_kib  # KiB
+
+
+def test_more_held_out_batches_than_the_held_out_windows_are_clamped_in_one_line(folder):
+    """``--eval-batches 100000000`` once re-evaluated the same windows for ever (each batch built
+    before step 1): clamped to the batches that hold every held-out window once, and said."""
+    run = run_cli("train", "--model", f"hf:{folder['model'] / 'config.json'}", "--data", str(folder["jsonl"]),
+                  "-s", "none", "--steps", "1", "--batch-size", "4", "--seq-len", "16", "--eval-share", "0.05",
+                  "--eval-batches", "100000000", "--timeout", "60", timeout=180)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    line = next(x for x in run.stderr.splitlines() if x.startswith("pipesched: --eval-batches 100000000: "))
+    windows, batches = (int(w) for w in re.findall(r"holds (\d+) windows of --seq-len tokens, (\d+) batch", line)[0])
+    assert batches == -(-windows // 4) and line.endswith(f"evaluating {batches}, each window once")

@@ -26,6 +26,7 @@ every family, naming the families with none: a member is left out only when no c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -65,6 +66,13 @@ def layouts_of(problem: LayoutProblem, model: TransformerCosts) -> tuple[list[Pa
     for name, size in fixed.items():
         if problem.gpus % size:
             raise ConfigError(f"{flag_of(name)} {size} does not divide --gpus {problem.gpus}")
+    product = math.prod(fixed.values())
+    given = " x ".join(f"{flag_of(name)} {size}" for name, size in fixed.items())
+    every = len(fixed) == len(DIMENSIONS)  # then the product must be the GPUs, else divide them
+    if problem.gpus % product or (every and product != problem.gpus):
+        raise ConfigError(f"{given} take {product} GPUs, which {'is not' if every else 'does not divide'} "
+                          f"--gpus {problem.gpus}: fix sizes whose product {'is' if every else 'divides'} it, "
+                          "or fewer dimensions")
     out, refused, wide = [], [], 0
     for tp in divisors(problem.gpus):
         for pp in divisors(problem.gpus // tp):
@@ -92,8 +100,9 @@ def _refusal(layout: ParallelLayout, model: TransformerCosts, problem: LayoutPro
     fixed = dict(problem.fixed)
     if layout.tp > problem.fabric.gpus_per_node and "tp" not in fixed:
         return ""  # never worth naming one by one: summarised by the caller
-    if spec.head_count % layout.tp or spec.hidden % layout.tp:
-        return f"tp {layout.tp} does not divide the {spec.head_count} heads and hidden size {spec.hidden}"
+    for what, count in (("attention heads", spec.head_count), ("hidden size", spec.hidden)):
+        if count % layout.tp:
+            return f"tp {layout.tp} does not divide the model's {count} {what}"
     if layout.pp > spec.layers:
         return f"{layout.pp} pipeline ranks for {spec.layers} layers"
     replica = problem.global_batch // layout.dp if problem.global_batch % layout.dp == 0 else None

@@ -31,7 +31,7 @@ def verify(directory: Path = typer.Argument(..., help="A --checkpoint-dir folder
         raise ConfigError(f"{str(directory)!r} is not a folder")
     steps = [directory] if STEP_DIR.match(directory.name) else complete_checkpoints(directory)
     if not steps:
-        raise ConfigError(f"{str(directory)!r} holds no checkpoint (step-NNNNNN folders with a .metadata)")
+        raise ConfigError(f"{str(directory)!r} holds no checkpoint (step-NNNNNN folders)")
     damaged = 0
     for step in steps:
         problem = check_step(step)

@@ -37,7 +37,7 @@ from .train_data import check_data, data_model_options, say_how_text_is_read
 from ..training.launch_checks import check_batch_split
 from .train_layout import check_layout
 from .train_limits import memory_limits
-from .train_loop import loop_options
+from .train_loop import bounded_evaluation, loop_options
 
 TORCH_MISSING = "pipesched train needs PyTorch: pip install 'pipesched[torch]' (CPU: pip install torch==2.13.0)"
 
@@ -129,6 +129,7 @@ def _model_and_plan(cfg: RunConfig, checked: _Checked):
     model_options = {**train_hf.hf_model_options(model, cfg.data.data, cfg.model.hf_weights, cfg.outputs.save_hf),
                      **data_model_options(model, cfg.data, cfg.evaluation)}
     model_def = get_model(model, **model_options)
+    checked.loop = bounded_evaluation(checked.loop, model_def.eval_windows, run.batch_size, _say)
     checked.dtype = parse_dtype(cfg.model.dtype)  # parsed once: the run's RuntimeOptions take it
     measured = choice.profiles()
     if choice.measures is not None:  # the schedule needs the model (zb-auto), measured by processes first

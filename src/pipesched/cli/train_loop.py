@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ..errors import ConfigError
 from ..outfiles import check_output_folder, check_output_path
@@ -43,6 +44,20 @@ def loop_options(cfg: RunConfig) -> LoopOptions:
         evaluate=held_out, eval_every=ev.eval_every, eval_batches=ev.eval_batches, log_every=out.log_every,
         metrics_path=_text(out.metrics), tensorboard_dir=_text(out.tensorboard), peak_tflops=out.peak_tflops,
         report_path=_text(out.report))
+
+
+def bounded_evaluation(loop: LoopOptions, windows: int, batch_size: int, say: Callable[[str], None]) -> LoopOptions:
+    """``loop`` with ``--eval-batches`` at most the batches that hold the ``windows`` distinct
+    held-out windows once: an evaluation reads them in order and wraps around, so more batches
+    only repeat them (``--eval-batches 100000000`` would re-evaluate the same windows for ever,
+    every one of them built before the first step). Clamped with one line saying so."""
+    distinct = max(1, -(-windows // batch_size))
+    if not loop.evaluate or loop.eval_batches <= distinct:
+        return loop
+    say(f"pipesched: --eval-batches {loop.eval_batches}: the held-out data holds {windows} windows of --seq-len "
+        f"tokens, {distinct} batch{'es' if distinct > 1 else ''} of --batch-size {batch_size}: evaluating {distinct}, "
+        "each window once")
+    return replace(loop, eval_batches=distinct)
 
 
 def _text(path: Optional[Path]) -> Optional[str]:

@@ -48,15 +48,23 @@ def document_positions(ids: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
     return index - first
 
 
-def eos_ids(tokenizer_eos: Optional[int], config_eos, flag: str) -> torch.Tensor:
+def eos_ids(tokenizer_eos: Optional[int], config_eos, flag: str, vocab_size: int) -> torch.Tensor:
     """The ids that end a document: the tokenizer's (``tokenizer_eos``, when the data went through
-    one) else the config's ``eos_token_id``; ConfigError, naming ``flag``, when there is none."""
-    chosen: Sequence[int]
+    one) else the config's ``eos_token_id``; ConfigError, naming ``flag``, when there is none or
+    one can never match a token of a vocabulary of ``vocab_size`` (``[]``, ``-1``, an id beyond
+    it, a string): the run would otherwise train on windows with no document boundary, silently."""
+    chosen: Sequence
     if tokenizer_eos is not None:
-        chosen = [tokenizer_eos]
+        chosen, source = [tokenizer_eos], "the tokenizer's eos_token"
     elif config_eos is not None:
         chosen = config_eos if isinstance(config_eos, (list, tuple)) else [config_eos]
+        source = "the config's eos_token_id"
     else:
         raise ConfigError(f"--packing documents: {flag} has no end-of-sequence id to find documents by "
                           "(no tokenizer eos_token and no eos_token_id in the config): use --packing across")
+    never = [i for i in chosen if type(i) is not int or not 0 <= i < vocab_size]
+    if not chosen or never:
+        what = "is an empty list" if not chosen else f"holds {never[0]!r:.40}"
+        raise ConfigError(f"--packing documents: {source} {what}, which matches no token id of the vocabulary "
+                          f"(0 to {vocab_size - 1}): no document would ever end; fix it or use --packing across")
     return torch.tensor(list(chosen), dtype=torch.long)

@@ -1,64 +1,109 @@
-"""The documents of a text file, one at a time (bounded memory, whatever the file's size).
+"""The documents of a text file, in pieces of bounded size (bounded memory, whatever the file's
+size or the length of one document).
 
-- ``.txt``: one document, yielded in pieces of whole lines of about :data:`PIECE` characters;
+- ``.txt``: one document, read :data:`PIECE` characters at a time;
 - ``.jsonl``: one JSON object a line, its ``"text"`` field a document (blank lines skipped);
 - ``.parquet``: its ``text`` column, a document a row (read a row group's batch at a time; needs
   pyarrow: ``pip install 'pipesched[data]'``).
 
-Each mistake (a missing file, a line that is not JSON or has no ``text``, a table without the
-column) is a one-line ConfigError naming the flag, the file and the line.
+A tokenizer holds about 230 bytes per character of what it is given at once (its offsets,
+pre-tokens and ids), so no text reaches it whole when it is long: a document longer than
+:data:`PIECE` characters is cut into pieces of at most that many (:func:`pieces`), each cut
+after the last line end in the piece, else before the last whitespace that follows a word (a
+boundary of every common pre-tokenizer: GPT-2's byte-level, whitespace, SentencePiece's
+metaspace), else, in a piece without whitespace, at :data:`PIECE`. The pieces of a file go to the
+tokenizer in batches of at most :data:`ROWS` texts and about :data:`PIECE` characters.
+
+Each mistake (a missing file, a line that is not JSON, nested beyond the parser's depth, without
+a ``text``, or holding a lone surrogate, a table without the column) is a one-line ConfigError
+naming the flag, the file and the line.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Iterator
+import re
+from typing import Iterable, Iterator
 
 from ..errors import ConfigError
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
-PIECE = 1 << 20  # characters of a .txt handed to the tokenizer at once (whole lines)
-ROWS = 1024  # parquet rows read at once
+PIECE = 1 << 18  # characters handed to the tokenizer at once: ~60 MB of its working memory
+ROWS = 1024  # texts handed to the tokenizer at once (parquet rows read at once)
+_WORD_END = re.compile(r"\S(?=\s)")
+
+Piece = tuple[str, bool]  # a text and whether it ends its document
 
 
-def documents(path: str, flag: str = "--data") -> Iterator[tuple[list[str], bool]]:
-    """The file's texts, a few at a time, each batch with whether its texts end documents: a
-    ``.jsonl``'s and a ``.parquet``'s do; a ``.txt``'s pieces are one document, ended by its last."""
+def documents(path: str, flag: str = "--data") -> Iterator[list[Piece]]:
+    """The file's texts in batches (see the module's docstring), each text with whether it ends
+    its document (the tokenizer's end-of-sequence id follows it then)."""
     try:
         if path.endswith(".jsonl"):
-            yield from ((texts, True) for texts in _jsonl(path, flag))
+            texts = ((text, True) for text in _jsonl(path, flag))
         elif path.endswith(".parquet"):
-            yield from ((texts, True) for texts in _parquet(path, flag))
+            texts = ((text, True) for text in _parquet(path, flag))
         else:
-            pieces = _txt(path)
-            held = next(pieces, None)
-            for piece in pieces:
-                yield [held], False
-                held = piece
-            if held is not None:
-                yield [held], True
+            texts = _txt(path)
+        yield from _batches(part for text, ends in texts for part in _ended(pieces(text), ends))
     except OSError as err:
         raise ConfigError(f"{flag} {path!r}: {err.strerror}") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"{flag} {path!r}: not UTF-8 text ({err.reason} at byte {err.start})") from None
 
 
-def _txt(path: str) -> Iterator[str]:
+def pieces(text: str, size: int = PIECE) -> list[str]:
+    """``text`` cut into pieces of at most ``size`` characters (where: the module's docstring)."""
+    found = []
+    while len(text) > size:
+        cut = _cut(text, size)
+        found.append(text[:cut])
+        text = text[cut:]
+    return [*found, text]
+
+
+def _cut(text: str, size: int) -> int:
+    """Where to end the first piece of ``text`` (longer than ``size``): 1 to ``size``."""
+    line = text.rfind("\n", 0, size)
+    if line >= 0:
+        return line + 1
+    ends = [m.end() for m in _WORD_END.finditer(text, max(0, size - 4096), size + 1) if m.end() <= size]
+    return ends[-1] if ends else size
+
+
+def _ended(parts: list[str], ends: bool) -> Iterator[Piece]:
+    """The pieces of one text, the last one ending the document when the text does."""
+    for i, part in enumerate(parts):
+        yield part, ends and i == len(parts) - 1
+
+
+def _batches(parts: Iterable[Piece]) -> Iterator[list[Piece]]:
+    batch: list[Piece] = []
+    size = 0
+    for part in parts:
+        if batch and (len(batch) == ROWS or size + len(part[0]) > PIECE):
+            yield batch
+            batch, size = [], 0
+        batch.append(part)
+        size += len(part[0])
+    if batch:
+        yield batch
+
+
+def _txt(path: str) -> Iterator[Piece]:
+    """The file as one document, read :data:`PIECE` characters at a time (never a whole line)."""
     with open(path, encoding="utf-8") as f:
-        piece: list[str] = []
-        size = 0
-        for line in f:
-            piece.append(line)
-            size += len(line)
-            if size >= PIECE:
-                yield "".join(piece)
-                piece, size = [], 0
-        if piece:
-            yield "".join(piece)
+        held = ""
+        while more := f.read(PIECE):
+            held += more
+            while len(held) > PIECE:
+                cut = _cut(held, PIECE)
+                yield held[:cut], False
+                held = held[cut:]
+        yield held, True
 
 
-def _jsonl(path: str, flag: str) -> Iterator[list[str]]:
-    batch: list[str] = []
+def _jsonl(path: str, flag: str) -> Iterator[str]:
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -67,19 +112,21 @@ def _jsonl(path: str, flag: str) -> Iterator[list[str]]:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ConfigError(f"{flag} {path!r}: line {number} is not JSON ({err.msg})") from None
+            except RecursionError:
+                raise ConfigError(f"{flag} {path!r}: line {number} is JSON nested too deep to read") from None
             text = record.get("text") if isinstance(record, dict) else None
             if not isinstance(text, str):
                 raise ConfigError(f"{flag} {path!r}: line {number} has no \"text\" field (a string): "
                                   "each line must be an object such as {\"text\": \"...\"}")
-            batch.append(text)
-            if len(batch) == ROWS:
-                yield batch
-                batch = []
-    if batch:
-        yield batch
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise ConfigError(f"{flag} {path!r}: line {number}'s text holds {text[err.start]!r}, a lone surrogate "
+                                  "(half of a \\u escape pair), which is not text") from None
+            yield text
 
 
-def _parquet(path: str, flag: str) -> Iterator[list[str]]:
+def _parquet(path: str, flag: str) -> Iterator[str]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -94,4 +141,4 @@ def _parquet(path: str, flag: str) -> Iterator[list[str]]:
         texts = batch.column(0).to_pylist()
         if any(not isinstance(t, str) for t in texts):
             raise ConfigError(f"{flag} {path!r}: the \"text\" column holds a value that is not a string")
-        yield texts
+        yield from texts

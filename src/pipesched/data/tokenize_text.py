@@ -7,7 +7,8 @@ special tokens, followed by its end-of-sequence token where it has one: the docu
 become one stream, separated by EOS (whether a window's documents attend to each other is
 ``--packing``: :mod:`.packing`).
 
-The stream is written once, a batch of documents at a time (bounded memory), to a ``.bin`` token
+The stream is written once, a batch of bounded pieces of documents at a time (bounded memory:
+:mod:`.text_documents`), to a ``.bin`` token
 file (:mod:`.token_files`' layout) in the cache folder (``$PIPESCHED_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/pipesched`` or ``~/.cache/pipesched``), named by the text file (path, size,
 modification time) and the tokenizer's files; the launcher writes it before any rank starts and
@@ -29,7 +30,7 @@ from .token_files import bin_dtype
 
 TOKENIZER_FILE = "tokenizer.json"
 _KEYED_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json")
-_FORMAT = b"pipesched-tokens-1"  # changes when the stream's definition does
+_FORMAT = b"pipesched-tokens-2"  # changes when the stream's definition does (2: a long text in pieces)
 
 
 def cache_dir() -> Path:
@@ -42,12 +43,20 @@ def cache_dir() -> Path:
 
 def find_tokenizer(given: Optional[str], model_folder: Path) -> Optional[Path]:
     """The tokenizer folder: ``given`` (ConfigError unless it holds tokenizer.json), else the
-    model's folder when it holds one, else None (no tokenizer)."""
-    if given is not None:
-        if not (Path(given) / TOKENIZER_FILE).is_file():
-            raise ConfigError(f"--tokenizer {given!r}: no {TOKENIZER_FILE} in that folder")
-        return Path(given)
-    return model_folder if (model_folder / TOKENIZER_FILE).is_file() else None
+    model's folder when it holds one, else None (no tokenizer). A tokenizer file that is there
+    but is not a regular file (a FIFO, a device, a folder, a broken link) is refused: loading it
+    would wait on the FIFO or read the device for ever, and passing over it would read the text
+    as bytes."""
+    folder = Path(given) if given is not None else model_folder
+    for name in _KEYED_FILES:
+        path = folder / name
+        if os.path.lexists(path) and not path.is_file():
+            raise ConfigError(f"{'--tokenizer' if given is not None else 'the tokenizer'} {str(path)!r} is not a "
+                              "regular file (a FIFO, a device, a folder or a broken link): replace it with the "
+                              "tokenizer's file")
+    if given is not None and not (folder / TOKENIZER_FILE).is_file():
+        raise ConfigError(f"--tokenizer {given!r}: no {TOKENIZER_FILE} in that folder")
+    return folder if (folder / TOKENIZER_FILE).is_file() else None
 
 
 def tokenized_file(data: str, tokenizer: Path, vocab_size: int, flag: str = "--data") -> str:
@@ -68,27 +77,37 @@ def tokenized_file(data: str, tokenizer: Path, vocab_size: int, flag: str = "--d
 
 
 def load_tokenizer(folder: Path):
-    """transformers' AutoTokenizer of ``folder``, from its files alone."""
+    """transformers' AutoTokenizer of ``folder``, from its files alone; ConfigError (one line)
+    when they do not make a tokenizer."""
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"the tokenizer in {str(folder)!r} cannot be loaded: {str(err).splitlines()[0]}") from None
+    except RecursionError:
+        raise ConfigError(f"the tokenizer in {str(folder)!r} cannot be loaded: its JSON is nested too deep") from None
+    except Exception as err:  # noqa: BLE001  the tokenizers library raises a bare Exception for a file it cannot parse
+        first = (str(err).splitlines() or [type(err).__name__])[0][:300]
+        if isinstance(err, KeyError):  # transformers reading a JSON that is not a tokenizer's ("{}")
+            first = f"its files lack the key {first}: is {TOKENIZER_FILE} a tokenizer's?"
+        raise ConfigError(f"the tokenizer in {str(folder)!r} cannot be loaded: {first}") from None
 
 
 def _write_stream(data: str, folder: Path, vocab_size: int, target: Path, flag: str) -> None:
+    """Tokenize ``data`` into ``target``, whole or not at all: through a partial file of this
+    process, removed on any failure (and, if this process is killed, by the next run's write)."""
     tokenizer = load_tokenizer(folder)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     dtype = bin_dtype(vocab_size)
-    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     written = 0
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned(target.parent)
         with open(partial, "wb") as out:
-            for texts, ends in documents(data, flag):
-                encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
-                ids = np.array([i for one in encoded for i in one + (eos if ends else [])], dtype=np.int64)
+            for batch in documents(data, flag):
+                encoded = tokenizer([text for text, _ in batch], add_special_tokens=False)["input_ids"]
+                ids = np.array([i for one, (_, ends) in zip(encoded, batch) for i in one + (eos if ends else [])],
+                               dtype=np.int64)
                 if ids.size and ids.max() >= vocab_size:
                     raise ConfigError(f"{flag} {data!r}: the tokenizer in {str(folder)!r} gives token id {int(ids.max())}, "
                                       f"beyond the model's vocabulary of {vocab_size}")
@@ -97,5 +116,30 @@ def _write_stream(data: str, folder: Path, vocab_size: int, target: Path, flag: 
         if written == 0:
             raise ConfigError(f"{flag} {data!r}: no text to train on")
         os.replace(partial, target)  # whole or not at all: ranks never see a partial stream
+    except OSError as err:
+        raise ConfigError(f"{flag} {data!r}: cannot write its tokens to {str(target)!r} ({err.strerror}): "
+                          "set PIPESCHED_CACHE_DIR to a writable folder with room") from None
     finally:
-        partial.unlink(missing_ok=True)
+        try:
+            partial.unlink(missing_ok=True)
+        except OSError:  # the cache path is not a folder: nothing was written
+            pass
+
+
+def _remove_abandoned(cache: Path) -> None:
+    """Remove the partial token files of ``cache`` whose writers no longer run (killed while
+    tokenizing: a process that is killed cannot remove its own)."""
+    for path in cache.glob(".tokens-*.bin.*.partial"):
+        pid = path.name.rsplit(".", 2)[1]
+        if pid.isdigit() and not _running(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: running
+        return True
+    return True

@@ -104,6 +104,7 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
     costs = tuple(block_costs(blocks, config, context))
     return ModelDef(f"{PREFIX}{config_path}", source.num_blocks, source, loss, batch, costs, tied_groups(source),
                     checkpoint_name=model_name, eval_batch=eval_batch if held_out is not None else None,
+                    eval_windows=0 if held_out is None else len(held_out) // context,
                     tp_plan=plan_for(type(source.skeleton).__name__, config),
                     heads=head_counts(config),
                     context=side, sizes_key=None if side is None else packed_documents, tokenizer=tokenizer)
@@ -117,7 +118,7 @@ def _document_context(stream: TokenStream, held_out: Optional[TokenStream], toke
             raise ConfigError(f"--packing documents: {flag} is read as bytes (no tokenizer), which holds no "
                               "documents: give a tokenizer, or token files, or use --packing across")
     eos = eos_ids(None if tokenizer is None else tokenizer_eos(str(tokenizer)), getattr(config, "eos_token_id", None),
-                  "--data")
+                  "--data", config.vocab_size)
     return lambda ids: {"position_ids": document_positions(ids, eos)}
 
 

@@ -248,8 +248,9 @@ class PipelineRuntime(StateAccess):
             context = {name: self.mesh.shard(t) for name, t in context.items()}
         ctx_mbs = batch_context.split(context, m, self.device)
         needs_inputs = inputs is not None or any(map(self.copies.takes_inputs, self.stages))
-        in_mbs = batch_context.microbatches(inputs, m, self.device, "inputs", self.rank) if needs_inputs else None
-        tgt_mbs = (batch_context.microbatches(targets, m, self.device, "targets", self.rank)
+        me = self.mesh.global_rank(self.rank)  # named as the launcher names its processes
+        in_mbs = batch_context.microbatches(inputs, m, self.device, "inputs", me) if needs_inputs else None
+        tgt_mbs = (batch_context.microbatches(targets, m, self.device, "targets", me)
                    if any(map(self.copies.computes_loss, self.stages)) else None)
         # shapes differ from the last step's: every rank re-infers, each from what it was given
         reshaped = self.shapes.update(in_mbs[0] if in_mbs is not None else None, ctx_mbs[0] if ctx_mbs else None)

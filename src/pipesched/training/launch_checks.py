@@ -51,11 +51,14 @@ def state_slots(optimizer: Callable) -> int:
 
 
 def check_batch_split(batch_size: int, dp: int, microbatches: int) -> None:
-    """Raise ConfigError unless ``batch_size`` splits into ``dp`` shards of ``microbatches`` equal microbatches."""
+    """Raise ConfigError unless ``batch_size`` splits into ``dp`` shares (replicas x shards: a
+    shard's ranks are no replicas, so the message names both flags) of ``microbatches`` equal
+    microbatches."""
     m = microbatches
     if batch_size % (dp * m):
         raise ConfigError(f"a batch of {batch_size} does not split into {m} equal microbatches"
-                          + (f" on each of {dp} replicas" if dp > 1 else "") + f": use a multiple of {dp * m}")
+                          + (f" on each of its {dp} data-parallel shares (--dp x --dp-shard)" if dp > 1 else "")
+                          + f": use a multiple of {dp * m}")
 
 
 def check_tp(model_def, tp: int) -> None:
@@ -75,7 +78,8 @@ def check_tp(model_def, tp: int) -> None:
 
 def stage_specs(model_def, plan: Schedule, counts: Optional[Sequence[int]], tp: int) -> list[list[ParamSpec]]:
     """Every stage's parameters (each once: a weight tied inside a stage is one parameter) with the
-    dim tensor parallelism splits, from blocks built on the meta device."""
+    dim tensor parallelism splits, from blocks built on the meta device; ConfigError when ``tp``
+    does not divide a dim it splits (:func:`_check_tp_split`)."""
     from ..runtime.sharding.tp_plans import param_specs
     from ..runtime.stages.copies import ModelCopies, balanced_block_counts
     from ..runtime.stages.partition import meta_block, stage_block_ranges
@@ -91,6 +95,7 @@ def stage_specs(model_def, plan: Schedule, counts: Optional[Sequence[int]], tp: 
         for i in blocks:
             block = meta_block(model_def.build_block, i)
             for (name, _), spec in zip(block.named_parameters(), param_specs(block, tp_plan)):
+                _check_tp_split(spec, tp, model_def.checkpoint_name(f"{i}.{name}"))
                 tied = group.get(f"{i}.{name}")
                 if tied is not None and tied in tied_seen:
                     continue
@@ -98,6 +103,17 @@ def stage_specs(model_def, plan: Schedule, counts: Optional[Sequence[int]], tp: 
                 specs.append(spec)
         stages.append(specs)
     return stages
+
+
+def _check_tp_split(spec: ParamSpec, tp: int, name: str) -> None:
+    """Refuse a parameter whose dim tensor parallelism splits is not a multiple of ``tp`` (an MLP's
+    ``intermediate_size`` of 37 under ``tp=2``): DTensor would cut it unevenly and the ranks' matrix
+    products would fail at step 1."""
+    if spec.tp_dim is None or spec.shape[spec.tp_dim] % tp == 0:
+        return
+    size = spec.shape[spec.tp_dim]
+    raise ConfigError(f"tp={tp} does not divide the {size} {'rows' if spec.tp_dim == 0 else 'columns'} of {name} "
+                      f"(shape {list(spec.shape)}), which tensor parallelism splits: use a --tp that divides {size}")
 
 
 def rank_state(plan: Schedule, stages: list[list[ParamSpec]], layout: ParallelLayout, slots: int, rank: int) -> dict:

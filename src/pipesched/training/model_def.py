@@ -28,6 +28,8 @@ class ModelDef:
     checkpoint_name: Callable[[str], str] = same_name
     # held-out batch ``index`` of ``size`` samples, the same at every evaluation (None: no held-out data)
     eval_batch: Optional[Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]] = None
+    # how many distinct windows the held-out data holds (eval_batch wraps around past them)
+    eval_windows: int = 0
     # which of its modules tensor parallelism splits column- or row-wise (runtime.sharding.model_plans; None:
     # the model has no plan, and tensor parallelism is refused for it)
     tp_plan: Optional[dict] = None

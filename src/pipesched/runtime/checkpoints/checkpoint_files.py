@@ -36,14 +36,16 @@ class CheckpointUnreadable(ConfigError):
 
 
 def complete_checkpoints(directory: PathLike) -> list[Path]:
-    """Every ``step-NNNNNN`` folder that DCP finished (it has ``.metadata``), oldest first
-    (partial writes are never listed; damaged ones are, until verified; a link named like a
-    step is not a step of this folder: it is never listed, loaded or rotated away)."""
+    """Every ``step-NNNNNN`` folder of ``directory``, oldest first. A save writes into
+    ``.step-NNNNNN.partial`` and gives the folder its step name only once it is complete, so a
+    folder of that name is a finished step: listed whatever it holds now (its ``.metadata``
+    missing, a FIFO, a folder or a link included), and damaged until :func:`check_step` says
+    otherwise. Partial writes are never listed; nor is a link named like a step (not a step of
+    this folder: it is never loaded or rotated away)."""
     folder = Path(directory)
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir()
-             if STEP_DIR.match(p.name) and not p.is_symlink() and (p / ".metadata").is_file()]
+    found = [p for p in folder.iterdir() if STEP_DIR.match(p.name) and not p.is_symlink() and p.is_dir()]
     return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
 
 

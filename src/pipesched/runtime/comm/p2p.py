@@ -60,9 +60,11 @@ def make_link_groups(links: list[tuple[int, int]], timeout_s: float, mesh: Optio
     return groups
 
 
-def describe(msg: Message) -> str:
+def describe(msg: Message, global_rank: Callable[[int], int] = lambda pp_rank: pp_rank) -> str:
+    """``msg`` in words, its sender named by its global rank (the launcher's and torchrun's
+    numbering: under ``--dp``, ``--dp-shard`` or ``--tp`` a pipeline rank is several processes)."""
     what = "activation" if msg.kind == ACT else "input gradient"
-    return f"the {what} of stage {msg.stage} microbatch {msg.microbatch} from rank {msg.src}"
+    return f"the {what} of stage {msg.stage} microbatch {msg.microbatch} from rank {global_rank(msg.src)}"
 
 
 class Transport:
@@ -126,7 +128,8 @@ class Transport:
                     dist.recv(probe, src=self.global_rank(src), group=group)
             except RuntimeError as err:
                 peer = dst if self.rank == src else src
-                raise PeerFailure(f"rank {self.rank} could not open its link with rank {peer}: {err}") from None
+                raise PeerFailure(f"rank {self.global_rank(self.rank)} could not open its link with rank "
+                                  f"{self.global_rank(peer)}: {err}") from None
 
     def start_step(self) -> None:
         """A new step: nothing posted yet (each receive is posted at its RECV, or earlier, while
@@ -170,7 +173,7 @@ class Transport:
         for work, buf in self.works.pop(msg):
             if not work.is_completed():
                 self._post_ahead()
-            self._wait(work, f"at {action} for {describe(msg)}")
+            self._wait(work, f"at {action} for {describe(msg, self.global_rank)}")
             bufs.append(buf.to(self.device) if self.host_staging else buf)
         return bufs
 
@@ -195,7 +198,7 @@ class Transport:
             self._wait(work, "at the end of the step for its sends to be received")
         self.pending_sends = []
         if self.works:
-            raise RuntimeError(f"rank {self.rank}: {len(self.works)} receives were never consumed")
+            raise RuntimeError(f"rank {self.global_rank(self.rank)}: {len(self.works)} receives were never consumed")
 
     def _wait(self, work: Any, what: str) -> None:
         try:
@@ -204,7 +207,8 @@ class Transport:
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             reason = re.sub(r"^\[[^\]]*\]\s*", "", reason)  # gloo's source-location prefix
             if "timed out" not in reason.lower():
-                raise PeerFailure(f"rank {self.rank} gave up waiting {what}: {reason}") from None
+                raise PeerFailure(f"rank {self.global_rank(self.rank)} gave up waiting {what}: {reason}") from None
             ok = False
         if ok is False:
-            raise PeerFailure(f"rank {self.rank} timed out after {self.timeout.total_seconds():g}s waiting {what}")
+            raise PeerFailure(f"rank {self.global_rank(self.rank)} timed out after {self.timeout.total_seconds():g}s "
+                              f"waiting {what}")
