@@ -18,6 +18,7 @@ from ..sharded_bytes import rank_state_bytes
 from .checkpoints import checkpoint
 from .checkpoints.checkpoint_names import same_name
 from .guard import block_order
+from .sharding.expert_parallel import whole_experts
 from .sharding.sharded_measure import held_bytes, optimizer_slots
 from .sharding.sharding import full_tensor
 
@@ -87,12 +88,12 @@ class StateAccess:
         local = {}
         for stage in self.stages.values():
             local.update({n: full_tensor(t) for n, t in stage.global_state_dict().items()})
-        return self._gather_dicts(local, dst)
+        return self._gather_dicts(whole_experts(local, self.named_parameters(), self.mesh.experts), dst)
 
     def gather_gradients(self, dst: int = 0) -> Optional[dict[str, torch.Tensor]]:
         """The last step's gradients of the full model on rank ``dst`` (None elsewhere)."""
         local = {n: full_tensor(p.grad.detach().cpu()).clone() for n, p in self.named_parameters() if p.grad is not None}
-        return self._gather_dicts(local, dst)
+        return self._gather_dicts(whole_experts(local, self.named_parameters(), self.mesh.experts), dst)
 
     def _gather_dicts(self, local: dict, dst: int) -> Optional[dict]:
         merged = self.mesh.merge_on(dst, local)
