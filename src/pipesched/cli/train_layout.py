@@ -21,7 +21,7 @@ def check_layout(plan: Optional[Schedule], layout: LayoutSection, batch_size: in
     here: the batch splits into (dp x dp_shard) x microbatches, and torchrun started exactly the
     layout's P x D x S x T ranks."""
     if plan is None:
-        for flag, value in (("--dp", layout.dp), ("--dp-shard", layout.dp_shard), ("--tp", layout.tp)):
+        for flag, value in (("--dp", layout.dp), ("--dp-shard", layout.dp_shard), ("--tp", layout.tp), ("--ep", layout.ep)):
             if value != 1:
                 raise ConfigError(f"{flag} needs a pipeline: the reference (--schedule none) is one process")
         return

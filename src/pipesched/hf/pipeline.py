@@ -203,6 +203,9 @@ def pipeline(
     check_batch(sample_batch, config)
     sharded = isinstance(mesh, ShardedMesh)
     replicas = (mesh.pipeline if sharded else mesh or PipelineMesh.whole_world()).dp
+    family, experts = type(source.skeleton).__name__, getattr(mesh.pipeline if sharded else mesh, "experts", None)
+    if experts is not None:
+        check_ep(family, config, experts.ep, replicas, mesh.layout.tp if sharded else 1)
     shares = schedule.microbatches * replicas
     ids = sample_batch["input_ids"]
     check_batch_split(ids.shape[0], replicas, schedule.microbatches)
@@ -222,9 +225,6 @@ def pipeline(
                              seed=seed, recompute=options.recompute, dtype=options.dtype)
     elif rank_memory_limit is not None:
         raise ConfigError("rank_memory_limit goes with a ShardedMesh (dp_shard or tp): a whole stage's memory is not predicted")
-    family, experts = type(source.skeleton).__name__, getattr(mesh.pipeline if sharded else mesh, "experts", None)
-    if experts is not None:
-        check_ep(family, config, experts.ep, replicas, mesh.layout.tp if sharded else 1)
     staged = StagedModel(source, source.num_blocks, ids[:one], block_counts=counts, tied=tied_groups(source),
                          sample_context={k: v[:one] for k, v in context.items()}, tp_plan=tp_plan,
                          expert_plan=expert_plan_for(family, config))
