@@ -12,7 +12,7 @@ def expert_runs(rank: int, world: int, job: dict) -> dict:
     """For every (label, model kind, schedule, layout sizes) of ``job["runs"]``: train STEPS SGD
     steps of ``job["batches"]`` in float64 with pipesched.hf on a mesh of ``layout`` (``dp``,
     ``dp_shard``, ``ep``); rank 0 returns each run's losses, gathered gradients (first step) and
-    weights, and every rank's measured and predicted state bytes."""
+    weights, its step times, and every rank's measured and predicted state bytes."""
     import torch.distributed as dist
 
     from pipesched import hf
@@ -31,13 +31,15 @@ def expert_runs(rank: int, world: int, job: dict) -> dict:
         with in_dtype(torch.float64):
             rt = hf.pipeline(model, schedule, optimizer=sgd, sample_batch=batches[0], mesh=meshes[layout],
                              options=RuntimeOptions(timeout_s=60))
-            losses, grads = [], None
+            losses, grads, times = [], None, []
             for step, batch in enumerate(batches[:STEPS]):
-                losses.append(rt.step(batch).loss)
+                result = rt.step(batch)
+                losses.append(result.loss)
+                times.append(result.step_time)
                 if step == 0:
                     grads = rt.gather_gradients()
             params = rt.gather_state_dict()
         held = [None] * world
         dist.all_gather_object(held, rt.runtime.state_bytes())
-        out[label] = {"losses": losses, "grads": grads, "params": params, "bytes": held}
+        out[label] = {"losses": losses, "grads": grads, "params": params, "bytes": held, "step_times": times}
     return out if rank == 0 else None

@@ -130,7 +130,8 @@ def _model_and_plan(cfg: RunConfig, checked: _Checked):
     model_options = {**train_hf.hf_model_options(model, cfg.data.data, cfg.model.hf_weights, cfg.outputs.save_hf),
                      **data_model_options(model, cfg.data, cfg.evaluation)}
     model_def = get_model(model, **model_options)
-    check_experts(model_def, plan, cfg.layout.of(1), cfg.checkpoint.checkpoint_dir is not None)  # before the costly checks
+    # before the costly checks: an --ep the model or the run cannot take
+    check_experts(model_def, plan, cfg.layout.of(1), cfg.checkpoint.checkpoint_dir is not None)
     checked.dtype = parse_dtype(cfg.model.dtype)  # parsed once: the run's RuntimeOptions take it
     measured = choice.profiles()
     if choice.measures is not None:  # the schedule needs the model (zb-auto), measured by processes first

@@ -30,7 +30,7 @@ from ..data.packing import document_positions, eos_ids
 from ..data.streams import TokenStream, eval_windows, open_stream, train_windows
 from ..data.tokenize_text import find_tokenizer, load_tokenizer
 from ..errors import ConfigError
-from ..runtime.sharding.expert_plans import check_ep, expert_plan_for
+from ..expert_plans import check_ep, expert_plan_for
 from ..runtime.sharding.model_plans import plan_for
 from ..training.model_def import ModelDef
 from .build import BlockSource

@@ -76,7 +76,7 @@ def check_tp(model_def, tp: int) -> None:
 def check_experts(model_def, plan: Optional[Schedule], layout: ParallelLayout, checkpointing: bool = False) -> None:
     """Refuse, in one line, an ``ep`` the model or the run cannot take: a dense model, a family whose
     router pipesched does not know, ``ep`` not dividing the experts or the data-parallel ranks
-    (:func:`pipesched.runtime.sharding.expert_plans.check_ep`), a schedule of two model copies
+    (:func:`pipesched.expert_plans.check_ep`), a schedule of two model copies
     (DualPipe's: their experts' gradients would be summed across copies; ``plan`` None: not known
     yet), or checkpoints (not yet across EP degrees)."""
     if layout.ep == 1:

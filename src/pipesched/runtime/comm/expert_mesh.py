@@ -50,3 +50,9 @@ def init_expert_mesh(layout: ParallelLayout, grids: tuple, timeout) -> Optional[
                         mine[kind] = (group, ranks.index(me), len(ranks))
     (ep_group, ep_rank, _), (replicas_group, replica_index, replicas) = mine["ep"], mine["replicas"]
     return ExpertMesh(layout.ep, ep_rank, ep_group, replica_index, replicas, replicas_group)
+
+
+def is_expert(p) -> bool:
+    """Whether ``p`` is one EP rank's experts (a parameter :mod:`..sharding.expert_parallel` kept,
+    marked with its ``expert_replica``: this rank's index among the ranks holding the same experts)."""
+    return hasattr(p, "expert_replica")

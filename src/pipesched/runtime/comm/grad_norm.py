@@ -22,6 +22,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
+from .expert_mesh import is_expert
+
 
 def counted_here(p: nn.Parameter, coordinates: Optional[Mapping[str, int]]) -> bool:
     """Whether this rank, at ``coordinates`` along the layout's data and tensor dimensions, counts
@@ -29,7 +31,7 @@ def counted_here(p: nn.Parameter, coordinates: Optional[Mapping[str, int]]) -> b
     mesh says so (``Replicate``) or leaves the dimension out (a weight tensor parallelism leaves
     whole is FSDP's DTensor over the data dimensions only; a plain tensor is replicated everywhere)."""
     replicated = dict(coordinates or {})
-    if hasattr(p, "expert_replica"):  # one EP rank's experts: a piece, the same on its expert replicas
+    if is_expert(p):  # one EP rank's experts: a piece, the same on its expert replicas
         return p.expert_replica == 0
     if isinstance(p, DTensor):
         mesh = p.device_mesh

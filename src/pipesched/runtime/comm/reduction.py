@@ -54,7 +54,7 @@ from ...errors import ConfigError
 from ...ops import Op
 from ...schedule import Schedule
 from ..program.program import lower
-from ..sharding.expert_parallel import is_expert
+from .expert_mesh import is_expert
 from ..stages.copies import ModelCopies
 from .grad_sync import Reducer
 from .tied_copies import add_copies, give_copies

@@ -33,8 +33,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ...errors import ConfigError
-from ..comm.expert_mesh import ExpertMesh
-from .expert_plans import ExpertPlan
+from ..comm.expert_mesh import ExpertMesh, is_expert
+from ...expert_plans import ExpertPlan
 
 SPLIT = ("gate_up_proj", "down_proj")  # the experts' fused weights, dim 0 the expert
 
@@ -135,8 +135,3 @@ def whole_experts(local: dict, named: Iterable[tuple[str, nn.Parameter]], mesh: 
         dist.all_gather(parts, piece, group=mesh.ep_group)
         local[name] = torch.cat(parts)
     return local
-
-
-def is_expert(p: torch.Tensor) -> bool:
-    """Whether ``p`` is a parameter :func:`split_experts` kept (one EP rank's experts)."""
-    return hasattr(p, "expert_replica")

@@ -40,7 +40,7 @@ from torch.distributed.tensor import DTensor
 
 from ...errors import ConfigError
 from ...parallel_layout import ParallelLayout
-from .expert_parallel import is_expert
+from ..comm.expert_mesh import is_expert
 from .sharded_mesh import ShardedMesh
 from .tp_plans import Plan, apply_tp
 from .tp_styles import fsdp_placement

@@ -30,7 +30,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from ...errors import ConfigError
 from ...sharded_bytes import FUSED_STYLES, ParamSpec, tp_dims
-from .expert_plans import ExpertPlan
+from ...expert_plans import ExpertPlan
 from .tp_styles import is_transposed, style_for
 
 Plan = dict[str, str]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ...errors import ConfigError
-from ..sharding.expert_plans import ExpertPlan
+from ...expert_plans import ExpertPlan
 from .boundary import Value
 from .partition import BlockBuilder, stage_block_ranges
 
@@ -37,7 +37,7 @@ class StagedModel:
     - ``tp_plan``: with tensor parallelism (a ``ShardedMesh`` whose ``tp`` is above 1), which
       sub-modules split column- or row-wise (:mod:`~pipesched.runtime.sharding.model_plans`: ``plan_for(name, config)``).
     - ``expert_plan``: with expert parallelism (a mesh whose ``experts`` is set), which experts
-      modules split their experts (:mod:`~pipesched.runtime.sharding.expert_plans`: ``expert_plan_for(name, config)``).
+      modules split their experts (:mod:`~pipesched.expert_plans`: ``expert_plan_for(name, config)``).
     """
 
     build_block: BlockBuilder

@@ -4,10 +4,11 @@ pipesched knows.
 transformers declares where a family's routed experts are (``base_model_ep_plan``:
 ``"layers.*.mlp.experts": "ep_dispatch_experts"``, beside the experts' fused ``gate_up_proj``
 ``[E, 2I, H]`` and ``down_proj`` ``[E, H, I]``). pipesched splits those modules' experts over
-``ep`` ranks and moves only their compute (:mod:`.expert_parallel`); the router runs where it
-ran, so its choices are the one process's. That holds for a family whose experts module takes
-``(hidden_states, top_k_index, top_k_weights)`` and whose router's choices depend on each token
-alone (no capacity, no token dropped): :data:`KNOWN_ROUTERS`, each with what its router does.
+``ep`` ranks and moves only their compute (:mod:`pipesched.runtime.sharding.expert_parallel`);
+the router runs where it ran, so its choices are the one process's. That holds for a family
+whose experts module takes ``(hidden_states, top_k_index, top_k_weights)`` and whose router's
+choices depend on each token alone (no capacity, no token dropped): :data:`KNOWN_ROUTERS`, each
+with what its router does.
 Pure (no torch): the command line refuses an ``--ep`` before any rank starts.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ...errors import ConfigError
+from .errors import ConfigError
 
 EXPERTS_STYLE = "ep_dispatch_experts"  # transformers' ep-plan style of an experts module
 KNOWN_ROUTERS = {  # *ForCausalLM class -> its router, as transformers computes it per token
