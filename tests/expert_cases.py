@@ -11,8 +11,8 @@ from hf_cases import STEPS, in_dtype, make_model, sgd
 def expert_runs(rank: int, world: int, job: dict) -> dict:
     """For every (label, model kind, schedule, layout sizes) of ``job["runs"]``: train STEPS SGD
     steps of ``job["batches"]`` in float64 with pipesched.hf on a mesh of ``layout`` (``dp``,
-    ``dp_shard``, ``ep``); rank 0 returns each run's losses, gathered gradients (first step) and
-    weights, its step times, and every rank's measured and predicted state bytes."""
+    ``dp_shard``, ``ep``); rank 0 returns each run's losses, gathered gradients and gradient norm
+    (first step) and weights, its step times, and every rank's measured and predicted state bytes."""
     import torch.distributed as dist
 
     from pipesched import hf
@@ -37,9 +37,10 @@ def expert_runs(rank: int, world: int, job: dict) -> dict:
                 losses.append(result.loss)
                 times.append(result.step_time)
                 if step == 0:
-                    grads = rt.gather_gradients()
+                    grads, norm = rt.gather_gradients(), rt.runtime.grad_norm()
             params = rt.gather_state_dict()
         held = [None] * world
         dist.all_gather_object(held, rt.runtime.state_bytes())
-        out[label] = {"losses": losses, "grads": grads, "params": params, "bytes": held, "step_times": times}
+        out[label] = {"losses": losses, "grads": grads, "params": params, "bytes": held, "step_times": times,
+                      "grad_norm": norm}
     return out if rank == 0 else None

@@ -131,6 +131,8 @@ def test_three_sgd_steps_equal_the_model_in_one_process(launched):
         assert got["losses"] == pytest.approx(want["losses"], rel=TOL), label
         assert got["grads"].keys() == want["grads"].keys(), label  # every expert, in transformers' stacked layout
         assert relative_error(got["grads"], want["grads"]) < TOL, label
+        norm = torch.cat([g.flatten() for g in want["step_grads"][0].values()]).norm().item()
+        assert got["grad_norm"] == pytest.approx(norm, rel=TOL), label  # every expert counted once
         assert relative_error(got["params"], want["params"]) < TOL, label
 
 
