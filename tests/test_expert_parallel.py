@@ -148,3 +148,35 @@ def test_each_rank_holds_half_the_experts_as_predicted(launched):
     replica = launched["mixtral 1f1b dp2 ep2"]["bytes"][:2]  # global ranks 0, 1: pipeline ranks of replica 0
     assert sum(rank["measured"]["params"] for rank in replica) == total - experts // 2
     assert experts / total > 0.8  # the experts are most of Mixtral: well under --dp 2's bytes
+
+
+@pytest.mark.parametrize("implementation", ["eager", "grouped_mm"])
+def test_dispatch_and_combine_sum_as_the_family_sums(implementation):
+    """At ep 1 (one process, its own EP group) the dispatched forward is the experts module's own, in
+    transformers' eager loop and in its grouped kernel (whose orders of summing differ; each is
+    kept): each expert computes the same rows, weighted alike, summed alike. The rows sit elsewhere
+    in the expert's matmul (token by token, not choice by choice), and a CPU GEMM may round a row
+    by where it sits in its block: a dot of 64 float32 terms, at most 64 eps of the largest output
+    (Higham's bound; measured 2.8 eps)."""
+    import torch.distributed as dist
+    import transformers as tf
+
+    from pipesched.expert_plans import ExpertPlan
+    from pipesched.runtime.comm.expert_mesh import ExpertMesh
+    from pipesched.runtime.sharding.expert_parallel import split_experts
+
+    config = tf.MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2, experts_implementation=implementation)
+    torch.manual_seed(0)
+    block = tf.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock(config)
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    x = torch.randn(3, 5, 32)
+    want = block(x)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = ExpertMesh(1, 0, dist.new_group([0]), 0, 1, None)
+        split_experts({0: block}, mesh, ExpertPlan(("experts",), 4))
+        got = block(x)
+    finally:
+        dist.destroy_process_group()
+    torch.testing.assert_close(got, want, rtol=0, atol=64 * torch.finfo(torch.float32).eps * want.abs().max().item())
