@@ -165,7 +165,8 @@ def test_dispatch_and_combine_sum_as_the_family_sums(implementation):
     from pipesched.runtime.comm.expert_mesh import ExpertMesh
     from pipesched.runtime.sharding.expert_parallel import split_experts
 
-    config = tf.MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2, experts_implementation=implementation)
+    config = tf.MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2,
+                              experts_implementation=implementation)
     torch.manual_seed(0)
     block = tf.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock(config)
     for p in block.parameters():
