@@ -190,10 +190,10 @@ def pipeline(
     """
     from dataclasses import replace
 
+    from ..expert_plans import check_ep, expert_plan_for
     from ..runtime.comm.mesh import PipelineMesh
     from ..runtime.executor import PipelineRuntime
     from ..runtime.options import RuntimeOptions
-    from ..expert_plans import check_ep, expert_plan_for
     from ..runtime.sharding.sharded_mesh import ShardedMesh
     from ..runtime.stages.staged_model import StagedModel
     from .splitting import prepare_split_backward

@@ -54,8 +54,8 @@ from ...errors import ConfigError
 from ...ops import Op
 from ...schedule import Schedule
 from ..program.program import lower
-from .expert_mesh import is_expert
 from ..stages.copies import ModelCopies
+from .expert_mesh import is_expert
 from .grad_sync import Reducer
 from .tied_copies import add_copies, give_copies
 
