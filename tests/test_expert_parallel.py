@@ -35,6 +35,7 @@ from pipesched.parallel_layout import ParallelLayout  # noqa: E402
 from pipesched.runtime.launching.launch import spawn  # noqa: E402
 from pipesched.sharded_bytes import ParamSpec, rank_state_bytes  # noqa: E402
 
+pytestmark = pytest.mark.torch
 TOL = 1e-10  # float64 throughout, sums in other orders (module docstring)
 SCRIPT = Path(sys.executable).with_name("pipesched")
 BATCHES = [make_batch(step, 8, 16) for step in range(3)]
@@ -77,6 +78,7 @@ def _configs() -> dict:
             "llama": tf.LlamaConfig(**SMALL), "olmoe": tf.OlmoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2)}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_train_refuses_in_one_line_before_any_rank_starts(tmp_path):
     for name, config in _configs().items():
@@ -86,8 +88,7 @@ def test_train_refuses_in_one_line_before_any_rank_starts(tmp_path):
         ("mixtral", ["--ep", "2", "--checkpoint-dir", str(tmp_path / "ck")],
          "checkpoints of split experts are not written"),
         ("llama", ["--ep", "2"], "is a dense model, it has no routed experts"),
-        ("olmoe", ["--ep", "2"], "OlmoeForCausalLM's router is not one pipesched knows"),
-    ]
+    ]  # an unknown router and the divisibility refusals: the API's test below (the same check_ep)
     done = concurrently(lambda case: _console([*train, "--model", f"hf:{tmp_path / case[0]}.json", *case[1]]), cases)
     for (model, flags, words), result in zip(cases, done):
         assert result.returncode == 2, (flags, result.stderr)
@@ -115,7 +116,7 @@ def test_the_api_refuses_before_any_group_is_used(model, dp, ep, words):
 
 
 @pytest.fixture(scope="module")
-def launched():
+def launched():  # the tests using it are slow: a 4-rank launch
     """One launch of 4 ranks (2 pipeline x 2 data-parallel) for every layout of :data:`RUNS`."""
     from expert_cases import expert_runs
 
@@ -123,6 +124,7 @@ def launched():
     return spawn(expert_runs, 4, {"runs": runs, "batches": BATCHES}, timeout_s=400)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_three_sgd_steps_equal_the_model_in_one_process(launched):
     assert set(launched) == {label for label, *_ in RUNS}
@@ -136,6 +138,7 @@ def test_three_sgd_steps_equal_the_model_in_one_process(launched):
         assert relative_error(got["params"], want["params"]) < TOL, label
 
 
+@pytest.mark.slow
 def test_each_rank_holds_half_the_experts_as_predicted(launched):
     model = make_model("mixtral", torch.float64)
     total = sum(p.numel() for p in model.parameters()) * 8
