@@ -8,7 +8,12 @@ A :class:`ParallelLayout` names the four dimensions torchtitan puts on one devic
   ``dp_shard`` ways, gathered for compute, gradients reduce-scattered);
 - ``tp``: tensor parallelism inside each layer (attention heads and MLP columns split ``tp`` ways).
 
-The world is their product. ``order`` lists the dimensions outermost first; the last one varies
+The world is their product. ``ep`` (expert parallelism) is no fifth dimension: as in
+torchtitan it borrows ranks from the data-parallel ones (``dp_replicate x dp_shard``), which it
+divides; the routed experts of each MoE layer are split ``ep`` ways over consecutive data
+indices (:meth:`ParallelLayout.expert_groups`).
+
+``order`` lists the dimensions outermost first; the last one varies
 fastest with the global rank, so it lands on ranks a launcher puts on one node (torchrun numbers
 ranks node by node). torchtitan's order, the default, puts ``tp`` innermost (every layer's
 all-reduces on the fast links of a node) and ``pp`` outermost (only one activation per microbatch
@@ -41,14 +46,18 @@ class ParallelLayout:
     dp_shard: int = 1
     tp: int = 1
     order: tuple[str, ...] = TORCHTITAN_ORDER
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        for name in DIMENSIONS:
+        for name in (*DIMENSIONS, "ep"):
             size = getattr(self, name)
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 raise ConfigError(f"the layout's {name} must be a whole number of at least 1, got {size!r}")
         if sorted(self.order) != sorted(DIMENSIONS):
             raise ConfigError(f"the layout's order must name each of {', '.join(DIMENSIONS)} once, got {list(self.order)}")
+        if self.dp % self.ep:
+            raise ConfigError(f"expert parallelism ep={self.ep} does not divide the {self.dp} data-parallel ranks "
+                              f"(dp x dp_shard) it borrows its ranks from")
 
     @property
     def world(self) -> int:
@@ -64,6 +73,15 @@ class ParallelLayout:
     def sharded(self) -> bool:
         """Whether stages are split inside (FSDP shards or tensor parallelism)."""
         return self.dp_shard > 1 or self.tp > 1
+
+    def expert_groups(self, data_index: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The data indices (``dp_replicate`` coordinate x ``dp_shard`` + ``dp_shard`` coordinate)
+        that split the experts with ``data_index`` (its EP group: ``ep`` consecutive ones, inside one
+        replica's shards first, as torchtitan borrows from ``dp_shard``), and those that hold the
+        same experts as it (one per EP group: whose expert gradients are reduced together)."""
+        first = data_index - data_index % self.ep
+        return (tuple(range(first, first + self.ep)),
+                tuple(range(data_index % self.ep, self.dp, self.ep)))
 
     def sizes(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in DIMENSIONS}
@@ -102,10 +120,11 @@ class ParallelLayout:
                 raise ConfigError(f"tensor parallelism tp={self.tp} does not divide the model's {count} {what}")
 
     def __str__(self) -> str:
-        return " x ".join(f"{name} {getattr(self, name)}" for name in self.order)
+        cut = " x ".join(f"{name} {getattr(self, name)}" for name in self.order)
+        return cut + (f" (ep {self.ep})" if self.ep > 1 else "")
 
 
-def runtime_layout(pp: int, dp_replicate: int = 1, dp_shard: int = 1, tp: int = 1) -> ParallelLayout:
+def runtime_layout(pp: int, dp_replicate: int = 1, dp_shard: int = 1, tp: int = 1, ep: int = 1) -> ParallelLayout:
     """The layout a run's processes take, in the runtime's order (the placement ``--dp`` runs
-    have): the one builder of ``train``'s layout (``--ranks``, ``--dp``, ``--dp-shard``, ``--tp``)."""
-    return ParallelLayout(pp, dp_replicate, dp_shard, tp, order=RUNTIME_ORDER)
+    have): the one builder of ``train``'s layout (``--ranks``, ``--dp``, ``--dp-shard``, ``--tp``, ``--ep``)."""
+    return ParallelLayout(pp, dp_replicate, dp_shard, tp, order=RUNTIME_ORDER, ep=ep)

@@ -12,7 +12,9 @@ How a parameter is cut (what ``parallelize_module`` then ``fully_shard`` do in t
   row-wise Linear its input columns; :data:`TP_STYLES`), or none (norms, embeddings, the head:
   replicated on every ``tp`` rank);
 - FSDP then splits dim 0 of the tensor-parallel piece ``dp_shard`` ways (dim 1 for the
-  interleaved pieces of :data:`FUSED_STYLES`: the other dim).
+  interleaved pieces of :data:`FUSED_STYLES`: the other dim);
+- expert parallelism splits an MoE layer's stacked routed experts ``ep`` ways (dim 0), each rank's
+  piece held whole and left out of FSDP (``ParamSpec.expert``): the experts count once per EP group.
 
 Both cut as ``torch.chunk`` does: pieces of ``ceil(n / k)`` rows, the last ones shorter or empty,
 so a rank's share depends on its coordinates. FSDP keeps each sharded parameter in a buffer
@@ -71,6 +73,7 @@ class ParamSpec:
     tp_dim: Optional[int] = None
     element_bytes: int = 4
     fsdp_dim: int = 0  # the dim FSDP splits (:data:`FUSED_STYLES`; it splits a dim other than 0 only evenly)
+    expert: bool = False  # routed experts stacked on dim 0: split ``ep`` ways, each piece whole on its rank (no FSDP)
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,8 @@ def shard_elements(spec: ParamSpec, layout: ParallelLayout, tp_rank: int, shard_
     piece = tp_piece(spec, layout.tp, tp_rank)
     if not piece:  # a scalar is not split
         return 1, 1
+    if spec.expert:  # one EP rank's experts, counted once per EP group
+        return (prod(piece) // layout.ep,) * 2
     rows = piece[spec.fsdp_dim]
     rest = prod(piece[:spec.fsdp_dim] + piece[spec.fsdp_dim + 1:])
     held = chunk_rows(rows, layout.dp_shard, shard_rank) * rest
@@ -158,7 +163,7 @@ def rank_state_bytes(specs: Iterable[ParamSpec], layout: ParallelLayout, tp_rank
         held, padded = shard_elements(spec, layout, tp_rank, shard_rank)
         params += padded * spec.element_bytes
         optimizer += slots * held * spec.element_bytes + (STEP_BYTES if slots else 0)
-        piece = prod(tp_piece(spec, layout.tp, tp_rank))
+        piece = 0 if spec.expert else prod(tp_piece(spec, layout.tp, tp_rank))  # experts: never gathered
         gathered += piece * (precision.gathered or spec.element_bytes)
         reduced += piece * (precision.unsharded_grad or spec.element_bytes)
     return StateBytes(params, params, optimizer, gathered, reduced)

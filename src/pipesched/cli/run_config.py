@@ -94,11 +94,13 @@ class LayoutSection:
                            "--batch-size.", least=1)
     tp: int = option(1, "Tensor-parallel ranks inside every stage: attention heads and MLP columns split N ways "
                      "(gpt and Hugging Face models; docs/layouts.md).", least=1)
+    ep: int = option(1, "Expert parallelism: each MoE layer's routed experts split N ways over the data-parallel "
+                     "ranks (--dp x --dp-shard), tokens sent to their experts (docs/expert-parallel.md).", least=1)
 
     def of(self, pp: int) -> ParallelLayout:
         """The layout of ``pp`` pipeline ranks (the schedule's: a CSV brings its own) cut this way, in
         the runtime's order: the one the run's ``TrainConfig`` carries to its ranks."""
-        return runtime_layout(pp, self.dp, self.dp_shard, self.tp)
+        return runtime_layout(pp, self.dp, self.dp_shard, self.tp, self.ep)
 
     @property
     def sharded(self) -> bool:

@@ -122,6 +122,7 @@ def _model_and_plan(cfg: RunConfig, checked: _Checked):
         plan, recompute = _resolved(resolve_schedule(choice, say=_say), cfg, choice.costs)
     _import_torch()
     from ..runtime.stages.precision import parse_dtype
+    from ..training.launch_checks import check_experts
     from ..training.models import KNOWN, get_model, is_known
 
     if not is_known(model):
@@ -130,6 +131,8 @@ def _model_and_plan(cfg: RunConfig, checked: _Checked):
                      **data_model_options(model, cfg.data, cfg.evaluation)}
     model_def = get_model(model, **model_options)
     checked.loop = bounded_evaluation(checked.loop, model_def.eval_windows, run.batch_size, _say)
+    # before the costly checks: an --ep the model or the run cannot take
+    check_experts(model_def, plan, cfg.layout.of(1), cfg.checkpoint.checkpoint_dir is not None)
     checked.dtype = parse_dtype(cfg.model.dtype)  # parsed once: the run's RuntimeOptions take it
     measured = choice.profiles()
     if choice.measures is not None:  # the schedule needs the model (zb-auto), measured by processes first

@@ -22,7 +22,7 @@ def check_layout(plan: Optional[Schedule], layout: LayoutSection, batch_size: in
     layout's P x D x S x T ranks, and without torchrun this machine can start them
     (:func:`local_world_limit`)."""
     if plan is None:
-        for flag, value in (("--dp", layout.dp), ("--dp-shard", layout.dp_shard), ("--tp", layout.tp)):
+        for flag, value in (("--dp", layout.dp), ("--dp-shard", layout.dp_shard), ("--tp", layout.tp), ("--ep", layout.ep)):
             if value != 1:
                 raise ConfigError(f"{flag} needs a pipeline: the reference (--schedule none) is one process")
         return

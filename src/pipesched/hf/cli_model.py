@@ -20,7 +20,7 @@ is a one-line ConfigError raised here, before any rank starts.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Optional
 
@@ -30,6 +30,7 @@ from ..data.packing import document_positions, eos_ids
 from ..data.streams import TokenStream, eval_windows, open_stream, train_windows
 from ..data.tokenize_text import find_tokenizer, load_tokenizer
 from ..errors import ConfigError
+from ..expert_plans import check_ep, expert_plan_for
 from ..runtime.sharding.model_plans import plan_for
 from ..training.model_def import ModelDef
 from .build import BlockSource
@@ -102,10 +103,12 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
 
     blocks = [source.meta_block(i) for i in range(source.num_blocks)]
     costs = tuple(block_costs(blocks, config, context))
+    family = type(source.skeleton).__name__
     return ModelDef(f"{PREFIX}{config_path}", source.num_blocks, source, loss, batch, costs, tied_groups(source),
                     checkpoint_name=model_name, eval_batch=eval_batch if held_out is not None else None,
                     eval_windows=0 if held_out is None else len(held_out) // context,
-                    tp_plan=plan_for(type(source.skeleton).__name__, config),
+                    tp_plan=plan_for(family, config), expert_plan=expert_plan_for(family, config),
+                    ep_check=partial(check_ep, family, config),
                     heads=head_counts(config),
                     context=side, sizes_key=None if side is None else packed_documents, tokenizer=tokenizer)
 

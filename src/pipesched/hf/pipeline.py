@@ -180,7 +180,8 @@ def pipeline(
     :class:`~pipesched.runtime.stages.staged_model.StagedModel` built here. ``mesh``: a
     :class:`~pipesched.runtime.comm.mesh.PipelineMesh` (replicas), or a
     :class:`~pipesched.runtime.sharding.sharded_mesh.ShardedMesh` (FSDP and tensor parallelism inside the
-    stages; the family's tensor-parallel plan is taken unless ``tp_plan`` gives one).
+    stages; the family's tensor-parallel plan is taken unless ``tp_plan`` gives one); either made with
+    ``ep`` above 1 splits each MoE layer's routed experts over its data-parallel ranks (docs/expert-parallel.md).
     ``rank_memory_limit``: the bytes a rank of a sharded layout may hold (weights, gradients,
     optimizer state and activations, as predicted before any step).
 
@@ -189,6 +190,7 @@ def pipeline(
     """
     from dataclasses import replace
 
+    from ..expert_plans import check_ep, expert_plan_for
     from ..runtime.comm.mesh import PipelineMesh
     from ..runtime.executor import PipelineRuntime
     from ..runtime.options import RuntimeOptions
@@ -201,6 +203,9 @@ def pipeline(
     check_batch(sample_batch, config)
     sharded = isinstance(mesh, ShardedMesh)
     replicas = (mesh.pipeline if sharded else mesh or PipelineMesh.whole_world()).dp
+    family, experts = type(source.skeleton).__name__, getattr(mesh.pipeline if sharded else mesh, "experts", None)
+    if experts is not None:
+        check_ep(family, config, experts.ep, replicas, mesh.layout.tp if sharded else 1)
     shares = schedule.microbatches * replicas
     ids = sample_batch["input_ids"]
     check_batch_split(ids.shape[0], replicas, schedule.microbatches)
@@ -221,7 +226,8 @@ def pipeline(
     elif rank_memory_limit is not None:
         raise ConfigError("rank_memory_limit goes with a ShardedMesh (dp_shard or tp): a whole stage's memory is not predicted")
     staged = StagedModel(source, source.num_blocks, ids[:one], block_counts=counts, tied=tied_groups(source),
-                         sample_context={k: v[:one] for k, v in context.items()}, tp_plan=tp_plan)
+                         sample_context={k: v[:one] for k, v in context.items()}, tp_plan=tp_plan,
+                         expert_plan=expert_plan_for(family, config))
     runtime = PipelineRuntime(staged, schedule, loss, optimizer, options=options, mesh=mesh)
     source.release_others()
     return HFPipeline(runtime, source, loss, seed)

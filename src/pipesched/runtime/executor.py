@@ -120,7 +120,8 @@ class PipelineRuntime(StateAccess):
         if schedule.split_backward:
             for stage in self.stages.values():
                 make_weight_grads_deferrable(stage, self.stash)
-        self.state_specs = {s: param_specs(stage, model.tp_plan or {}) for s, stage in self.stages.items()}
+        experts = model.expert_plan if self.mesh.experts is not None else None
+        self.state_specs = {s: param_specs(stage, model.tp_plan or {}, experts) for s, stage in self.stages.items()}
         self.follower_specs = follower_specs(self.stages, tied.held(self.stages, model.tied), self.state_specs)
         parts = self.strategy.lay_out(self.stages, model, options, self.meter.exclude)
         self.tied = tied.held(self.stages, model.tied)  # sharding replaced the parameters

@@ -76,10 +76,31 @@ def check_tp(model_def, tp: int) -> None:
             raise ConfigError(f"tp={tp} does not divide the {heads} attention heads of {model_def.name}")
 
 
-def stage_specs(model_def, plan: Schedule, counts: Optional[Sequence[int]], tp: int) -> list[list[ParamSpec]]:
+def check_experts(model_def, plan: Optional[Schedule], layout: ParallelLayout, checkpointing: bool = False) -> None:
+    """Refuse, in one line, an ``ep`` the model or the run cannot take: a dense model, a family whose
+    router pipesched does not know, ``ep`` not dividing the experts or the data-parallel ranks
+    (:func:`pipesched.expert_plans.check_ep`), a schedule of two model copies
+    (DualPipe's: their experts' gradients would be summed across copies; ``plan`` None: not known
+    yet), or checkpoints (not yet across EP degrees)."""
+    if layout.ep == 1:
+        return
+    if model_def.ep_check is None:
+        raise ConfigError(f"--ep {layout.ep}: {model_def.name} is a dense model, it has no routed experts to split")
+    model_def.ep_check(layout.ep, layout.dp, layout.tp)
+    if plan is not None and plan.pipelines > 1:
+        raise ConfigError(f"--ep {layout.ep}: expert parallelism runs schedules of one model copy, not "
+                          f"{plan.name}'s {plan.pipelines}")
+    if checkpointing:
+        raise ConfigError(f"--ep {layout.ep} with --checkpoint-dir: checkpoints of split experts are not written "
+                          "yet (--save-hf and --save-params write every expert)")
+
+
+def stage_specs(model_def, plan: Schedule, counts: Optional[Sequence[int]], tp: int,
+                ep: int = 1) -> list[list[ParamSpec]]:
     """Every stage's parameters (each once: a weight tied inside a stage is one parameter) with the
-    dim tensor parallelism splits, from blocks built on the meta device; ConfigError when ``tp``
-    does not divide a dim it splits (:func:`_check_tp_split`)."""
+    dim tensor parallelism splits (and under ``ep`` which are routed experts), from blocks built
+    on the meta device; ConfigError when ``tp`` does not divide a dim it splits
+    (:func:`_check_tp_split`)."""
     from ..runtime.sharding.tp_plans import param_specs
     from ..runtime.stages.copies import ModelCopies, balanced_block_counts
     from ..runtime.stages.partition import meta_block, stage_block_ranges
@@ -94,7 +115,8 @@ def stage_specs(model_def, plan: Schedule, counts: Optional[Sequence[int]], tp: 
         specs, tied_seen = [], set()
         for i in blocks:
             block = meta_block(model_def.build_block, i)
-            for (name, _), spec in zip(block.named_parameters(), param_specs(block, tp_plan)):
+            specs_here = param_specs(block, tp_plan, model_def.expert_plan if ep > 1 else None)
+            for (name, _), spec in zip(block.named_parameters(), specs_here):
                 _check_tp_split(spec, tp, model_def.checkpoint_name(f"{i}.{name}"))
                 tied = group.get(f"{i}.{name}")
                 if tied is not None and tied in tied_seen:
@@ -209,7 +231,7 @@ def check_sharded_stages(model_def, plan: Schedule, counts: Optional[Sequence[in
     :func:`state_slots`, counted only when there is a ``limit``) and activations (where predicted:
     :func:`_predicted_activations`) exceed ``limit`` bytes on some rank."""
     check_tp(model_def, layout.tp)
-    stages = stage_specs(model_def, plan, counts, layout.tp)
+    stages = stage_specs(model_def, plan, counts, layout.tp, layout.ep)
     check_stage_shards(layout, stages)
     if limit is None:
         return

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..runtime.checkpoints.checkpoint_names import same_name
+from ..expert_plans import ExpertPlan
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class ModelDef:
     # which of its modules tensor parallelism splits column- or row-wise (runtime.sharding.model_plans; None:
     # the model has no plan, and tensor parallelism is refused for it)
     tp_plan: Optional[dict] = None
+    # which experts modules expert parallelism splits (expert_plans; None: none), and the
+    # check of an --ep for the model (expert_plans.check_ep: ep, data ranks, tp; None: a dense model)
+    expert_plan: Optional[ExpertPlan] = None
+    ep_check: Optional[Callable[[int, int, int], None]] = None
     # the head counts (attention, key-value) tensor parallelism divides where its plan splits the attention
     heads: tuple[int, ...] = ()
     # the batch context of a batch's inputs, what every block reads besides its input

@@ -239,7 +239,7 @@ def _runtime(cfg: TrainConfig, md: ModelDef, schedule: Schedule, counts: Optiona
     model = StagedModel(md.build_block, md.num_blocks, one,
                         block_counts=counts or balanced_block_counts(md.block_costs, schedule), tied=md.tied,
                         sample_context=md.batch_context(one) if md.context is not None else None,
-                        tp_plan=md.tp_plan if cfg.layout.tp > 1 else None)
+                        tp_plan=md.tp_plan if cfg.layout.tp > 1 else None, expert_plan=md.expert_plan)
     return PipelineRuntime(model, schedule, md.loss_fn, make_optimizer(cfg.optimizer, cfg.lr, cfg.loop.weight_decay),
                            options=replace(cfg.options, device=rank_device()), mesh=mesh)
 
@@ -247,7 +247,7 @@ def _runtime(cfg: TrainConfig, md: ModelDef, schedule: Schedule, counts: Optiona
 def _mesh(cfg: TrainConfig):
     """This rank's place: replicas of a pipeline, or a sharded layout (FSDP shards, tensor parallelism)."""
     if not cfg.layout.sharded:
-        return init_pipeline_mesh(cfg.schedule.ranks, cfg.layout.dp_replicate, cfg.options.timeout_s)
+        return init_pipeline_mesh(cfg.schedule.ranks, cfg.layout.dp_replicate, cfg.options.timeout_s, cfg.layout.ep)
     from ..runtime.sharding.sharded_mesh import init_sharded_mesh
 
     return init_sharded_mesh(cfg.layout, cfg.options.timeout_s, rank_device().type)

@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 
 from ...errors import ConfigError
+from ...parallel_layout import runtime_layout
+from .expert_mesh import init_expert_mesh
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class PipelineMesh:
     world_group: Any = None
     all_grids: tuple = ()  # with tensor parallelism: the pipelines of every tp coordinate (grid among them)
     data_group: Any = None  # sharded stages: the data-parallel ranks here (dp_group is None: FSDP reduces)
+    experts: Any = None  # with expert parallelism: this rank's ExpertMesh (.expert_mesh)
 
     @property
     def replicas_group(self) -> Any:
@@ -104,9 +107,10 @@ def check_timeout(timeout_s: Optional[float]) -> Optional[timedelta]:
     return timedelta(seconds=timeout_s)
 
 
-def init_pipeline_mesh(pp: int, dp: int, timeout_s: Optional[float] = None) -> PipelineMesh:
+def init_pipeline_mesh(pp: int, dp: int, timeout_s: Optional[float] = None, ep: int = 1) -> PipelineMesh:
     """Arrange the initialised world as ``dp`` replicas of a ``pp``-rank pipeline (see module doc),
-    each group bounded by ``timeout_s`` (None: the default group's timeout). Collective.
+    each group bounded by ``timeout_s`` (None: the default group's timeout), the replicas' ranks
+    of each stage splitting its routed experts ``ep`` ways (:mod:`.expert_mesh`). Collective.
 
     Global rank ``g`` is pipeline rank ``g % pp`` of replica ``g // pp``, the layout of
     ``init_device_mesh(..., (dp, pp), mesh_dim_names=("dp", "pp"))``; the groups are made
@@ -117,6 +121,7 @@ def init_pipeline_mesh(pp: int, dp: int, timeout_s: Optional[float] = None) -> P
         raise ConfigError(f"pipeline ranks and data-parallel replicas must be at least 1, got pp={pp} dp={dp}")
     if world != pp * dp:
         raise ConfigError(f"{world} processes cannot form {dp} replicas of a {pp}-rank pipeline: need {pp * dp}")
+    layout = runtime_layout(pp, dp, ep=ep)  # refuses an ep that does not divide dp
     rank = dist.get_rank()
     grid = tuple(tuple(d * pp + p for p in range(pp)) for d in range(dp))
     world_group = dist.new_group(list(range(world)), timeout=timeout)
@@ -124,4 +129,5 @@ def init_pipeline_mesh(pp: int, dp: int, timeout_s: Optional[float] = None) -> P
         return PipelineMesh(pp, 1, rank, 0, world_group, None, grid, world_group)
     pp_groups = [dist.new_group(list(row), timeout=timeout) for row in grid]
     dp_groups = [dist.new_group([row[p] for row in grid], timeout=timeout) for p in range(pp)]
-    return PipelineMesh(pp, dp, rank % pp, rank // pp, pp_groups[rank // pp], dp_groups[rank % pp], grid, world_group)
+    return PipelineMesh(pp, dp, rank % pp, rank // pp, pp_groups[rank // pp], dp_groups[rank % pp], grid, world_group,
+                        experts=init_expert_mesh(layout, (grid,), timeout))

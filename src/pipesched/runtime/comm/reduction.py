@@ -30,6 +30,11 @@ items start after the step's last action, in item order. Missing gradients of an
 several pipeline ranks are zeros (a copy no microbatch reached must still match its peer's
 buckets).
 
+An expert-parallel rank's experts (:mod:`..sharding.expert_parallel`) are no item: each EP rank
+holds other experts, so they are summed only with the ranks holding the same ones (the mesh's
+expert replicas), at the step's end, and divided as the items are (missing gradients are zeros:
+an expert no token reached this step still decays, as the one process's stacked weight does).
+
 The plan also says, for the gradient norm, which parameters this rank counts: each item on its
 lowest holder only, so every weight counts once. The bucketed all-reduces themselves are
 :class:`~pipesched.runtime.comm.grad_sync.Reducer`'s.
@@ -41,6 +46,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Optional, Sequence
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -49,6 +55,7 @@ from ...ops import Op
 from ...schedule import Schedule
 from ..program.program import lower
 from ..stages.copies import ModelCopies
+from .expert_mesh import is_expert
 from .grad_sync import Reducer
 from .tied_copies import add_copies, give_copies
 
@@ -135,13 +142,20 @@ class ReductionPlan:
         others = {("tied", g): group[1:] for g, group in (copies or {}).items() if len(group) > 1}
         followers = {id(p) for group in others.values() for p in group}
         params: dict[ItemKey, list[nn.Parameter]] = {}
+        self.experts: list[nn.Parameter] = []
         for s, stage in stages.items():
             for name, p in stage.global_named_parameters():
+                if is_expert(p):
+                    if all(p is not q for q in self.experts):
+                        self.experts.append(p)
+                    continue
                 key = ("tied", tied_names[name]) if name in tied_names else ("stage", schedule.model_stage(s))
                 bucket = params.setdefault(key, [])
                 if p.requires_grad and id(p) not in followers and all(p is not q for q in bucket):
                     bucket.append(p)
-        self.counted: list[nn.Parameter] = []  # the parameters whose gradients this rank counts in the norm
+        if self.experts and schedule.pipelines > 1:
+            raise ConfigError("expert parallelism runs with one model copy per schedule (not DualPipe's two)")
+        self.counted: list[nn.Parameter] = list(self.experts)  # whose gradients this rank counts in the norm
         self.ready_at: dict[int, list] = {}  # stage -> items its REDUCE_GRAD completes (started there)
         self.at_end: list = []
         overlap_of = {lay.holders: overlap and overlappable(layouts, lay.holders) for lay in layouts}
@@ -184,10 +198,25 @@ class ReductionPlan:
         other copies of a tied weight on this rank get the reduced gradient."""
         for item in self.at_end:
             self._start(item)
+        self._reduce_experts()
         self.reducer.finish()
         for items in (*self.ready_at.values(), self.at_end):
             for _key, params, _group, _zero, others in items:
                 give_copies(params[0], others)
+
+    def _reduce_experts(self) -> None:
+        """Sum the experts' gradients over the ranks holding the same experts, divided as the items are."""
+        if not self.experts:
+            return
+        group = self.mesh.experts.replicas_group
+        if group is not None:
+            self.reducer.start(self.experts, group, zero_missing=True)
+            return
+        for p in self.experts:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            elif self.replicas != 1:
+                p.grad.div_(self.replicas)
 
     def broadcast_group(self, g: int) -> Optional[tuple[Any, int]]:
         """(process group, global source rank) that gives tied group ``g`` its value: its holders

@@ -19,7 +19,7 @@ is a parameter away. Every group is made directly with ``dist.new_group`` and th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from ...parallel_layout import ParallelLayout
+from ..comm.expert_mesh import init_expert_mesh
 from ..comm.mesh import PipelineMesh, check_timeout
 
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")  # the device mesh of one pipeline position
@@ -125,5 +126,6 @@ def init_sharded_mesh(layout: ParallelLayout, timeout_s: Optional[float] = None,
         dp_group=groups["dp_replicate"] if replicas_only else None, grid=_grid(layout, coords["tp"]),
         world_group=world_group, all_grids=tuple(_grid(layout, t) for t in range(layout.tp)), data_group=data_group,
     )
+    pipeline = replace(pipeline, experts=init_expert_mesh(layout, pipeline.all_grids, timeout))
     grids = pipeline.all_grids
     return ShardedMesh(layout, device_mesh, pipeline, grids, coords["tp"], coords["dp_shard"], coords["dp_replicate"])

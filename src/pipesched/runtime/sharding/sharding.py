@@ -40,6 +40,7 @@ from torch.distributed.tensor import DTensor
 
 from ...errors import ConfigError
 from ...parallel_layout import ParallelLayout
+from ..comm.expert_mesh import is_expert
 from .sharded_mesh import ShardedMesh
 from .tp_plans import Plan, apply_tp
 from .tp_styles import fsdp_placement
@@ -66,9 +67,12 @@ def shard_stage(module: nn.Module, mesh: ShardedMesh, plan: Plan, reshard_after_
     gathered from its forward to its backward (torchtitan's choice under pipelining: no second
     all-gather per microbatch); True frees it after each forward, for memory."""
     apply_tp(module, plan, mesh.tp_mesh)
+    ignored = {p for p in module.parameters() if is_expert(p)} or None  # one EP rank's experts: not FSDP's
     for block in _own_blocks(stage_blocks(module)):
-        fully_shard(block, mesh=mesh.dp_mesh, reshard_after_forward=reshard_after_forward, shard_placement_fn=fsdp_placement)
-    fully_shard(module, mesh=mesh.dp_mesh, reshard_after_forward=reshard_after_forward, shard_placement_fn=fsdp_placement)
+        fully_shard(block, mesh=mesh.dp_mesh, reshard_after_forward=reshard_after_forward,
+                    shard_placement_fn=fsdp_placement, ignored_params=ignored)
+    fully_shard(module, mesh=mesh.dp_mesh, reshard_after_forward=reshard_after_forward, shard_placement_fn=fsdp_placement,
+                ignored_params=ignored)
     for sub in fsdp_modules(module):
         sub.set_force_sum_reduction_for_comms(True)  # SUM collectives (with a factor: no PREMUL_SUM)
         sub.set_gradient_divide_factor(1.0)  # and no division: reduce_grad divides once

@@ -22,7 +22,7 @@ hands each rank whole heads; ``attn.heads`` is divided by ``tp``.
 from __future__ import annotations
 
 import copy
-from typing import Iterator
+from typing import Iterator, Optional
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -30,6 +30,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from ...errors import ConfigError
 from ...sharded_bytes import FUSED_STYLES, ParamSpec, tp_dims
+from ...expert_plans import ExpertPlan
 from .tp_styles import is_transposed, style_for
 
 Plan = dict[str, str]
@@ -64,9 +65,12 @@ def planned_modules(module: nn.Module, plan: Plan) -> Iterator[tuple[str, nn.Mod
                 yield name, sub, style
 
 
-def param_specs(module: nn.Module, plan: Plan) -> list[ParamSpec]:
-    """Every parameter of ``module`` once (tied ones once), with the dim ``plan`` splits: the
-    input of :func:`~pipesched.sharded_bytes.rank_state_bytes`."""
+def param_specs(module: nn.Module, plan: Plan, experts: Optional[ExpertPlan] = None) -> list[ParamSpec]:
+    """Every parameter of ``module`` once (tied ones once), with the dim ``plan`` splits and, under
+    expert parallelism, which are the routed experts ``experts`` names: the input of
+    :func:`~pipesched.sharded_bytes.rank_state_bytes`."""
+    routed = {id(p) for name, sub in module.named_modules() if experts is not None and experts.matches(name)
+              for p in sub.parameters()}
     split: dict[int, int] = {}
     fsdp: dict[int, int] = {}
     for _, sub, style in planned_modules(module, plan):
@@ -77,7 +81,8 @@ def param_specs(module: nn.Module, plan: Plan) -> list[ParamSpec]:
         fsdp[id(sub.weight)] = 1 - weight_dim if style in FUSED_STYLES else 0
         if getattr(sub, "bias", None) is not None and bias_dim is not None:
             split[id(sub.bias)] = bias_dim
-    return [ParamSpec(tuple(p.shape), split.get(id(p)), p.element_size(), fsdp.get(id(p), 0)) for p in module.parameters()]
+    return [ParamSpec(tuple(p.shape), split.get(id(p)), p.element_size(), fsdp.get(id(p), 0), id(p) in routed)
+            for p in module.parameters()]
 
 
 def apply_tp(module: nn.Module, plan: Plan, tp_mesh: DeviceMesh) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ...errors import ConfigError
+from ...expert_plans import ExpertPlan
 from .boundary import Value
 from .partition import BlockBuilder, stage_block_ranges
 
@@ -35,6 +36,8 @@ class StagedModel:
       for shape inference, when the blocks read one.
     - ``tp_plan``: with tensor parallelism (a ``ShardedMesh`` whose ``tp`` is above 1), which
       sub-modules split column- or row-wise (:mod:`~pipesched.runtime.sharding.model_plans`: ``plan_for(name, config)``).
+    - ``expert_plan``: with expert parallelism (a mesh whose ``experts`` is set), which experts
+      modules split their experts (:mod:`~pipesched.expert_plans`: ``expert_plan_for(name, config)``).
     """
 
     build_block: BlockBuilder
@@ -44,6 +47,7 @@ class StagedModel:
     tied: Sequence[Sequence[str]] = ()
     sample_context: Optional[dict] = None
     tp_plan: Optional[dict] = None
+    expert_plan: Optional[ExpertPlan] = None
 
     def __post_init__(self) -> None:
         tied = tuple(tuple(group) for group in self.tied)

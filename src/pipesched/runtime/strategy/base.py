@@ -24,9 +24,11 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 from torch import nn
 
+from ...errors import ConfigError
 from ...parallel_layout import ParallelLayout
 from ..comm.mesh import PipelineMesh
 from ..engine.stage_runner import StagePart
+from ..sharding.expert_parallel import split_experts
 from ..stages.staged_model import StagedModel
 
 
@@ -56,6 +58,18 @@ class StageStrategy(ABC):
         """Each stage's part in the program, after laying the stages out as the strategy holds
         them (``model``: their facts; ``options``: the runtime's; ``exclude``: the activation
         meter's, for weights)."""
+
+    def split_experts(self, stages: dict[int, nn.Module], model: StagedModel) -> None:
+        """With expert parallelism (the mesh's ``experts``), keep this rank's share of each MoE
+        layer's routed experts (:mod:`..sharding.expert_parallel`), before the stages are laid out."""
+        if self.mesh.experts is None:
+            return
+        if model.expert_plan is None:
+            raise ConfigError("expert parallelism needs the model's experts: "
+                              "StagedModel(..., expert_plan=expert_plan_for(...))")
+        if self.layout.tp > 1:
+            raise ConfigError("expert parallelism runs with dp and dp_shard, not yet with tensor parallelism")
+        split_experts(stages, self.mesh.experts, model.expert_plan)
 
     def start_step(self) -> None:
         """Before a step's first action: forget what the last one left."""

@@ -44,6 +44,7 @@ class ShardedStages(StageStrategy):
 
     def lay_out(self, stages: dict[int, nn.Module], model: StagedModel, options,
                 exclude: Callable[[Iterable[torch.Tensor]], None]) -> dict[int, StageSharding]:
+        self.split_experts(stages, model)
         return shard_stages(stages, self.sharded, model.tp_plan, options.reshard_after_forward, exclude)
 
     def grad_norm(self, counted: Sequence[nn.Parameter], agreed: Optional[float]) -> float:

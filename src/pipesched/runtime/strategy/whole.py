@@ -27,11 +27,11 @@ from .base import StageStrategy
 class WholeStages(StageStrategy):
     """Whole stages over ``mesh``'s pipelines and replicas (``device``: this rank's, where NCCL reduces)."""
 
-    norm_in_agreement = True
-
     def __init__(self, mesh: PipelineMesh, device: torch.device) -> None:
         self.mesh, self.device = mesh, device
-        self.layout = runtime_layout(mesh.pp, mesh.dp)
+        self.layout = runtime_layout(mesh.pp, mesh.dp, ep=mesh.experts.ep if mesh.experts else 1)
+        # the agreement sums one replica's squares: expert replicas hold other experts (grad_norm's pieces)
+        self.norm_in_agreement = mesh.experts is None
         self.sums: Optional[TiedSums] = None  # the rank's tied weights held on several stages
 
     @property
@@ -43,6 +43,7 @@ class WholeStages(StageStrategy):
 
     def lay_out(self, stages: dict[int, nn.Module], model: StagedModel, options,
                 exclude: Callable[[Iterable[torch.Tensor]], None]) -> dict[int, WholeStage]:
+        self.split_experts(stages, model)
         self.sums = TiedSums(stages, model.tied)
         return whole_parts(stages, self.sums)
 

@@ -1,0 +1,46 @@
+"""The rank worker of tests/test_expert_parallel.py and benchmarks/expert_parallel.py: MoE models
+trained with expert parallelism inside their stages (spawned processes import this module by name)."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_cases import STEPS, in_dtype, make_model, sgd
+
+
+def expert_runs(rank: int, world: int, job: dict) -> dict:
+    """For every (label, model kind, schedule, layout sizes) of ``job["runs"]``: train STEPS SGD
+    steps of ``job["batches"]`` in float64 with pipesched.hf on a mesh of ``layout`` (``dp``,
+    ``dp_shard``, ``ep``); rank 0 returns each run's losses, gathered gradients and gradient norm
+    (first step) and weights, its step times, and every rank's measured and predicted state bytes."""
+    import torch.distributed as dist
+
+    from pipesched import hf
+    from pipesched.parallel_layout import runtime_layout
+    from pipesched.runtime.comm.mesh import init_pipeline_mesh
+    from pipesched.runtime.options import RuntimeOptions
+    from pipesched.runtime.sharding.sharded_mesh import init_sharded_mesh
+
+    out, meshes = {}, {}
+    for label, kind, schedule, sizes in job["runs"]:
+        layout = runtime_layout(schedule.ranks, sizes.get("dp", 1), sizes.get("dp_shard", 1), ep=sizes.get("ep", 1))
+        if layout not in meshes:  # every rank makes every mesh, in one order
+            meshes[layout] = (init_sharded_mesh(layout, 60) if layout.sharded
+                              else init_pipeline_mesh(layout.pp, layout.dp, 60, ep=layout.ep))
+        model, batches = make_model(kind, torch.float64), job["batches"]
+        with in_dtype(torch.float64):
+            rt = hf.pipeline(model, schedule, optimizer=sgd, sample_batch=batches[0], mesh=meshes[layout],
+                             options=RuntimeOptions(timeout_s=60))
+            losses, grads, times = [], None, []
+            for step, batch in enumerate(batches[:STEPS]):
+                result = rt.step(batch)
+                losses.append(result.loss)
+                times.append(result.step_time)
+                if step == 0:
+                    grads, norm = rt.gather_gradients(), rt.runtime.grad_norm()
+            params = rt.gather_state_dict()
+        held = [None] * world
+        dist.all_gather_object(held, rt.runtime.state_bytes())
+        out[label] = {"losses": losses, "grads": grads, "params": params, "bytes": held, "step_times": times,
+                      "grad_norm": norm}
+    return out if rank == 0 else None
