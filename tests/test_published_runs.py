@@ -77,3 +77,12 @@ def test_megatron_bridge_70b_s_published_layout_fits_with_its_distributed_optimi
     (row, fits), = [_priced(MBRIDGE_70B, s) for s in MBRIDGE_70B.settings]
     assert fits and row.candidate.peak_memory_bytes <= 80 * 2 ** 30
     assert all(rank["grads"] == rank["buffers"] == 0 < rank["unsharded_grads"] for rank in row.bytes_per_rank)
+
+
+def test_megatron_bridge_70b_s_uneven_layer_goes_to_a_middle_rank_not_the_first():
+    # 80 layers on 8 ranks x 5 stages: the last rank holds the head and 9, one other rank 11; the
+    # embedding costs a little, so the tie between ranks leaves rank 0 (the deepest warm-up) at 10
+    model = MBRIDGE_70B.model()
+    counts = model.layers_per_stage(40, "loop")
+    per_rank = [sum(counts[r::8]) for r in range(8)]
+    assert per_rank[0] == 10 and per_rank[7] == 9 and sorted(per_rank[1:7]) == [10] * 5 + [11]

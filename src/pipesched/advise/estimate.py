@@ -256,9 +256,12 @@ def _layer_split(
 ) -> tuple[int, ...]:
     """:meth:`TransformerCosts.layers_per_stage`, kept: every cost and memory question of a
     candidate asks for it again."""
-    alone = embedding_cost > 0  # balanced as if free (it nearly is), but it may be a stage of its own
+    # the embedding at its own (tiny) cost: a stage may hold it alone, and where ranks tie the
+    # remainder layers go to others than the first, whose warm-up holds the most activations
+    # (Megatron-LM's recipes give them to middle stages: docs/layouts.md, Megatron-Bridge)
+    alone = embedding_cost > 0
     if rank_of_stage is None:
-        return balance_layers(layers, stages, layer_cost, 0.0, head_cost, first_alone=alone)
-    counts = balance_layers(layers, stages, layer_cost, 0.0, head_cost, rank_of_stage, alone)
+        return balance_layers(layers, stages, layer_cost, embedding_cost, head_cost, first_alone=alone)
+    counts = balance_layers(layers, stages, layer_cost, embedding_cost, head_cost, rank_of_stage, alone)
     movable = [n > 0 and not (s == stages - 1 and head_cost > 0) for s, n in enumerate(counts)]
     return orient_layers(counts, rank_of_stage, movable, assignment)

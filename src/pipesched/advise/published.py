@@ -43,7 +43,7 @@ kind, calibrated on one named run and used for every other: nothing is fitted ru
   tokens/s per GPU). Priced as pipesched's ``dualpipev`` (DualPipe's one-copy V form) at
   microbatches of 1 sequence (assumed: the report names no microbatch size), ZeRO-1 as
   Megatron's (above), recomputing (the report recomputes only norms and up-projections and caches the
-  experts' activations in FP8, which the BF16 model cannot say: storing them it holds 103 GiB), its
+  experts' activations in FP8, which the BF16 model cannot say: storing them it holds 99.6 GiB), its
   latent attention as standard attention of ``12h^2``-style shapes, its node-limited routing
   (each token to at most 4 nodes) and FP8 dispatch left out: every routed copy priced on
   InfiniBand in BF16. The H800 computes as the H100 (the same dense BF16 peak): the H100's share.
