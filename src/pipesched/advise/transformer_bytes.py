@@ -84,4 +84,3 @@ def stage_bytes(spec: TransformerSpec, layout: ParallelLayout, layers_per_stage:
     out[0] = out[0] + embedding
     out[-1] = out[-1] + head
     return out
-
