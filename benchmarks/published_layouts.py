@@ -29,7 +29,7 @@ def priced(run: PublishedRun) -> list[tuple[str, float, float, bool]]:
     for schedule, chunks, microbatches in run.settings:
         row, fits = evaluate_setting(run.gpus, run.model(), run.global_batch, run.fabric(), run.layout, schedule,
                                      chunks, microbatches, run.recompute, sequence_parallel=run.sequence_parallel,
-                                     ep=run.ep)
+                                     ep=run.ep, precision=run.precision)
         tokens = run.global_batch * run.seq_len / (row.step_time / 1e3) / run.gpus
         out.append((schedule, tokens, row.candidate.peak_memory_bytes / 2 ** 30, fits))
     return out
@@ -76,7 +76,7 @@ def bubbles(names: list[str]) -> None:
         for schedule, chunks, microbatches in run.settings:
             row, _ = evaluate_setting(run.gpus, run.model(), run.global_batch, run.fabric(), run.layout, schedule,
                                       chunks, microbatches, run.recompute, sequence_parallel=run.sequence_parallel,
-                                      ep=run.ep)
+                                      ep=run.ep, precision=run.precision)
             print(f"{run.name} {schedule} v={chunks} m={microbatches}: bubble {100 * row.candidate.bubble_ratio:.1f}%, "
                   f"the busiest rank's {100 * row.pipeline_bubble:.1f}%, p2p {row.candidate.costs.comm:.3g} ms")
 
@@ -87,7 +87,7 @@ def search(names: list[str]) -> None:
             continue
         started = time.process_time()
         advice = advise_whole_layouts(run.gpus, run.model(), run.global_batch, run.fabric(),
-                                      sequence_parallel=run.sequence_parallel, ep=run.ep)
+                                      sequence_parallel=run.sequence_parallel, ep=run.ep, precision=run.precision)
         best = advice.recommended
         print(f"{run.name}: {time.process_time() - started:.1f} CPU s; pick {best.label()} "
               f"step {best.step_time / 1e3:.2f} s")

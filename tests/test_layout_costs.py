@@ -17,7 +17,7 @@ from pipesched.advise.transformer import TransformerSpec
 from pipesched.advise.transformer_experts import Experts
 from pipesched.errors import ConfigError
 from pipesched.parallel_layout import ParallelLayout
-from pipesched.sharded_bytes import FP32, MIXED, ParamSpec, rank_bytes, rank_state_bytes
+from pipesched.sharded_bytes import FP32, MIXED, ZERO1, ParamSpec, rank_bytes, rank_state_bytes
 
 FABRIC = Fabric(4, within=Link.from_gbps(100, latency_ms=0.01), across=Link.from_gbps(10, latency_ms=0.05))
 SPEC = TransformerSpec(8, 1024, 512, 2, heads=16, vocab=32000)
@@ -145,6 +145,33 @@ def test_a_transformer_s_bytes_are_the_shape_model_s_on_its_blocks():
     assert costs.rank_bytes({"layers": 2, "first": True, "last": False}) == whole
 
 
+def test_zero1_holds_megatron_s_6_plus_12_over_d_bytes_per_parameter_and_moves_what_fsdp_moves():
+    # Megatron's distributed optimizer: bf16 weights (2) and fp32 gradients (4) whole, fp32 master
+    # weights and Adam's moments (12) sharded; FSDP holds its sharded fp32 gradient (4/d) besides,
+    # and a block's gather output and reduce input; with one pipeline rank ZeRO-1 stays whole too
+    layout = ParallelLayout(pp=2, dp_shard=4, tp=2)
+    specs = [ParamSpec((4000, 10), tp_dim=0), ParamSpec((10,))]
+    n = 2000 * 10 + 10  # elements after TP's split
+    shard = 500 * 10 + 3  # the fullest shard of each: ceil(2000/4) rows, ceil(10/4) of the bias
+    held = rank_state_bytes(specs, layout, precision=ZERO1)
+    zero1 = rank_bytes([held], layout.dp_shard, largest_unit=held, zero1=True)
+    assert zero1.total == (2 + 4) * n + (4 + 8) * shard + 4 * 2  # 6N + 12N/d, and Adam's two step scalars
+    assert zero1.grads == zero1.buffers == 0
+    base = TransformerCosts(SPEC, 2, Hardware(tflops=100, bandwidth=10, gpu_memory=80))
+    fsdp, megatron = (LayoutCosts.for_layout(base, layout, FABRIC, precision=p) for p in (MIXED, ZERO1))
+    rank = {"layers": 4, "first": True, "last": False}
+    a, b = fsdp.rank_bytes(rank), megatron.rank_bytes(rank)
+    assert a.total - b.total == a.grads + a.buffers and a.grads == a.params
+    assert fsdp.grads_on_timeline and not megatron.grads_on_timeline  # Megatron allocates its buffer once
+    assert megatron.gathered_bytes_per_stage(4, "loop") == fsdp.gathered_bytes_per_stage(4, "loop")
+    assert megatron.reduced_bytes_per_stage(4, "loop") == fsdp.reduced_bytes_per_stage(4, "loop")
+    alone = LayoutCosts.for_layout(replace(base, ranks=1), ParallelLayout(pp=1, dp_shard=4), FABRIC, precision=ZERO1)
+    whole = alone.rank_bytes({"layers": 8, "first": True, "last": True})
+    every = sum(prod(p.shape) for p in SPEC.layer_specs()) * 8 + sum(
+        prod(p.shape) for p in SPEC.embedding_specs(True) + SPEC.head_specs(True))
+    assert whole.gathered == 2 * every and whole.unsharded_grads == 4 * every and whole.buffers == 0
+
+
 def test_bad_layout_sizes_are_refused_in_one_line():
     with pytest.raises(ConfigError, match="dp_shard must be a whole number"):
         ParallelLayout(pp=1, dp_shard=0)
@@ -215,6 +242,27 @@ def test_the_first_dense_layers_hold_a_dense_mlp_and_no_experts():
     tensors = (1 + 3 + 3) - 4  # Adam's 4-byte step per tensor: router, shared and routed, less fc1's and fc2's
     assert stages[1] == alike[1]
     assert alike[0].steady - stages[0].steady == 2 * (16 * (experts - mlp) + 4 * tensors)
+
+
+def test_the_first_dense_layers_run_and_keep_what_a_dense_layer_does():
+    # 2 dense layers then 6 with experts on 2 ranks: the first stage holds both dense ones, priced
+    # as the same model without experts prices a layer (no router, no all-to-all), the second 4 MoE
+    bare = replace(MOE, vocab=None)
+    spec = replace(bare, experts=replace(MOE.experts, dense_layers=2))
+    layout = ParallelLayout(pp=2, dp_shard=8)
+    costs, plain = _moe(layout, 4, spec), _moe(layout, 1, replace(bare, experts=None))
+    assert costs.layer_times(experts=False) == plain.layer_times()
+    dense, moe = sum(plain.layer_times()), sum(costs.layer_times())
+    c = costs.costs(2, "loop", 1.0)
+    first, second = 2 * dense + 2 * moe, 4 * moe
+    assert c.stage_multipliers == pytest.approx((2 * first / (first + second), 2 * second / (first + second)), rel=CLOSE)
+    assert c.F + c.B + c.W == pytest.approx((first + second) / 2, rel=CLOSE)  # the mean rank's work
+    b = spec.microbatch_size
+    kept = [s.keep for s in costs.stage_sizes(2, "loop", 1.0).stages]
+    assert kept[0] == pytest.approx(2 * (plain.spec.layer_activation_bytes(b) + spec.layer_activation_bytes(b)), rel=CLOSE)
+    assert kept[1] == pytest.approx(4 * spec.layer_activation_bytes(b), rel=CLOSE)
+    assert spec.layer_activation_bytes(b, experts=False) == plain.spec.layer_activation_bytes(b)
+    assert spec.layer_stash_bytes(b, experts=False) == plain.spec.layer_stash_bytes(b)
 
 
 @pytest.mark.parametrize("ep", [4, 8])

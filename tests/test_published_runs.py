@@ -9,7 +9,8 @@ in full, runs in benchmarks/advise_scale.py)."""
 import pytest
 
 from pipesched.advise.layout_search import advise_whole_layouts, evaluate_setting
-from pipesched.advise.published import DEEPSEEK_V3, MEGATRON_145B, TORCHTITAN_405B, TORCHTITAN_70B, PublishedRun
+from pipesched.advise.published import (DEEPSEEK_V3, MBRIDGE_70B, MEGATRON_145B, TORCHTITAN_405B, TORCHTITAN_70B,
+                                        PublishedRun)
 
 PUBLISHED_405B_RATIO = 128 / 100  # torchtitan's tokens/s per GPU, interleaved 1F1B over 1F1B
 
@@ -17,7 +18,8 @@ PUBLISHED_405B_RATIO = 128 / 100  # torchtitan's tokens/s per GPU, interleaved 1
 def _priced(run: PublishedRun, setting: tuple[str, int, int]):
     schedule, chunks, microbatches = setting
     return evaluate_setting(run.gpus, run.model(), run.global_batch, run.fabric(), run.layout, schedule, chunks,
-                            microbatches, run.recompute, sequence_parallel=run.sequence_parallel, ep=run.ep)
+                            microbatches, run.recompute, sequence_parallel=run.sequence_parallel, ep=run.ep,
+                            precision=run.precision)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,8 @@ def test_the_published_layout_fits_and_the_pick_with_its_sizes_fixed_is_predicte
     assert all(fits for _, fits in published)
     fastest = min(p.step_time for p, _ in published)
     advice = advise_whole_layouts(run.gpus, run.model(), run.global_batch, run.fabric(),
-                                  fixed={d: getattr(run.layout, d) for d in fixed}, sequence_parallel=run.sequence_parallel)
+                                  fixed={d: getattr(run.layout, d) for d in fixed}, sequence_parallel=run.sequence_parallel,
+                                  precision=run.precision)
     best = advice.recommended
     assert all(getattr(best, d) == getattr(run.layout, d) for d in fixed)
     assert best.pp * best.dp * best.dp_shard * best.tp == run.gpus
@@ -66,3 +69,20 @@ def test_deepseek_v3_s_published_layout_fits_with_its_experts_split_64_ways():
     (row, fits), = [_priced(DEEPSEEK_V3, s) for s in DEEPSEEK_V3.settings]
     assert fits and row.ep == 64 and row.candidate.schedule == "dualpipev"
     assert row.candidate.costs.overlap < 1  # its pairs hide all-to-alls behind the other half
+
+
+def test_megatron_bridge_70b_s_published_layout_fits_with_its_distributed_optimizer():
+    # ZeRO-1 (published.py) holds no sharded fp32 gradient and no collective buffers: priced as
+    # FSDP the fullest rank needed 84.8 GiB, over the 80 (tests/test_layout_costs.py has the bytes)
+    (row, fits), = [_priced(MBRIDGE_70B, s) for s in MBRIDGE_70B.settings]
+    assert fits and row.candidate.peak_memory_bytes <= 80 * 2 ** 30
+    assert all(rank["grads"] == rank["buffers"] == 0 < rank["unsharded_grads"] for rank in row.bytes_per_rank)
+
+
+def test_megatron_bridge_70b_s_uneven_layer_goes_to_a_middle_rank_not_the_first():
+    # 80 layers on 8 ranks x 5 stages: the last rank holds the head and 9, one other rank 11; the
+    # embedding costs a little, so the tie between ranks leaves rank 0 (the deepest warm-up) at 10
+    model = MBRIDGE_70B.model()
+    counts = model.layers_per_stage(40, "loop")
+    per_rank = [sum(counts[r::8]) for r in range(8)]
+    assert per_rank[0] == 10 and per_rank[7] == 9 and sorted(per_rank[1:7]) == [10] * 5 + [11]

@@ -78,14 +78,27 @@ class ParamSpec:
 
 @dataclass(frozen=True)
 class Precision:
-    """Bytes per element of a gathered parameter and of an unsharded gradient: FSDP2's
-    ``MixedPrecisionPolicy`` (``param_dtype``, ``reduce_dtype``); None: the parameter's own."""
+    """How the data-parallel ranks keep a stage: bytes per element of a gathered (compute)
+    parameter and of an unsharded gradient, FSDP2's ``MixedPrecisionPolicy`` (``param_dtype``,
+    ``reduce_dtype``; None: the parameter's own), and whether the sharding is FSDP's or, with
+    ``zero1``, Megatron-LM's distributed optimizer (ZeRO stage 1).
+
+    ZeRO-1 shards only the fp32 master weights and the optimizer state over ``dp_shard``; the
+    compute weights and the gradient buffer stay whole on every rank for the whole step (Megatron
+    allocates both once), the gradients are reduce-scattered in place in that buffer (the
+    optimizer reads its shard of it: there is no sharded gradient) and the updated weights
+    all-gathered in place (no collective buffers). Megatron-LM's ``docs/distrib_optimizer.md``
+    counts it as ``6 + 12/d`` bytes per parameter with bf16 weights and fp32 gradients; FSDP
+    under pipelining holds ``6 + 16/d``, its sharded fp32 gradient besides, and a block's
+    collective buffers. The traffic is the same: one gather and one reduction per stage and step."""
 
     gathered: Optional[int] = None
     unsharded_grad: Optional[int] = None
+    zero1: bool = False
 
 
 MIXED = Precision(gathered=2, unsharded_grad=4)  # torchtitan's: bf16 compute, fp32 reduce
+ZERO1 = Precision(gathered=2, unsharded_grad=4, zero1=True)  # Megatron's bf16 weights, fp32 gradient buffer
 FP32 = Precision()  # no policy: everything in the parameter's dtype (the runtime's runs)
 
 
@@ -166,7 +179,7 @@ def rank_state_bytes(specs: Iterable[ParamSpec], layout: ParallelLayout, tp_rank
         piece = 0 if spec.expert else prod(tp_piece(spec, layout.tp, tp_rank))  # experts: never gathered
         gathered += piece * (precision.gathered or spec.element_bytes)
         reduced += piece * (precision.unsharded_grad or spec.element_bytes)
-    return StateBytes(params, params, optimizer, gathered, reduced)
+    return StateBytes(params, 0 if precision.zero1 else params, optimizer, gathered, reduced)
 
 
 @dataclass(frozen=True)
@@ -194,7 +207,7 @@ class RankBytes:
 
 
 def rank_bytes(stages: Sequence[StateBytes], dp_shard: int, largest_unit: StateBytes = NOTHING,
-               window: Optional[int] = None, grads_held: Optional[int] = None) -> RankBytes:
+               window: Optional[int] = None, grads_held: Optional[int] = None, zero1: bool = False) -> RankBytes:
     """What a rank holds at its peak for its local ``stages`` (each :func:`rank_state_bytes`)
     under ``dp_shard`` shards; ``largest_unit``: its largest FSDP unit (a block).
 
@@ -202,14 +215,15 @@ def rank_bytes(stages: Sequence[StateBytes], dp_shard: int, largest_unit: StateB
     ``grads_held``: how many stages hold unsharded gradients at the peak (default all: every
     stage's first backward comes before the first ``REDUCE_GRAD`` under the schedules the
     advisor builds, and zero-bubble schedules defer their ``W`` further). Without shards
-    nothing is gathered: the parameters are whole already."""
+    nothing is gathered: the parameters are whole already. Under ``zero1`` (:class:`Precision`)
+    the collectives run in place: no buffers."""
     total = sum(stages, NOTHING)
     if dp_shard == 1:
         return RankBytes(total.params, total.grads, total.optimizer)
     gathered = sorted((s.gathered_params for s in stages), reverse=True)
     reduced = sorted((s.unsharded_grads for s in stages), reverse=True)
     return RankBytes(total.params, total.grads, total.optimizer, sum(gathered[:window]), sum(reduced[:grads_held]),
-                     largest_unit.gathered_params + largest_unit.unsharded_grads)
+                     0 if zero1 else largest_unit.gathered_params + largest_unit.unsharded_grads)
 
 
 def tp_activation_shares(tp: int, sequence_parallel: bool = True) -> tuple[float, float]:

@@ -98,10 +98,10 @@ class TransformerCosts:
     def _ms(self, flops: float) -> float:
         return 1e3 * flops / (self.hardware.tflops * 1e12)
 
-    def layer_times(self, scale: float = 1.0) -> tuple[float, float, float]:
-        """F, B, W of one layer in ms."""
+    def layer_times(self, scale: float = 1.0, experts: bool = True) -> tuple[float, float, float]:
+        """F, B, W of one layer in ms (``experts=False``: one of the first dense layers)."""
         b = self.spec.microbatch_size * scale
-        return tuple(self._ms(x) for x in self.spec.layer_flops(b))  # type: ignore[return-value]
+        return tuple(self._ms(x) for x in self.spec.layer_flops(b, experts))  # type: ignore[return-value]
 
     def head_time(self, scale: float = 1.0) -> float:
         """Each of the head's F, B and W in ms."""
@@ -145,28 +145,30 @@ class TransformerCosts:
 
     def costs(self, stages: int, placement: str, scale: float) -> Costs:
         counts = self.layers_per_stage(stages, placement)
-        f, b, w = self.layer_times(scale)
+        moe, dense = self.layer_times(scale), self.layer_times(scale, experts=False)
         head = self.head_time(scale)
         ends = head + self.embedding_time(scale)
-        layer = f + b + w
-        stage_time = [n * layer for n in counts]
+        stage_time = [(n - d) * sum(moe) + d * sum(dense) for n, d in zip(counts, self.spec.dense_per_stage(counts))]
         stage_time[0] += 3 * self.embedding_time(scale)
         stage_time[-1] += 3 * head
         mean = sum(stage_time) / stages
-        p, L = self.ranks, self.spec.layers
+        p, D = self.ranks, self.spec.dense_layers
+        f, b, w = (((self.spec.layers - D) * x + D * y + ends) / p for x, y in zip(moe, dense))
         return Costs(
-            F=(L * f + ends) / p, B=(L * b + ends) / p, W=(L * w + ends) / p,
+            F=f, B=b, W=w,
             comm=self.comm_ms(scale),
             stage_multipliers=tuple(t / mean for t in stage_time),
         )
 
     def _ranks_of(self, stages: int, placement: str) -> list[dict]:
-        """Per rank: layers held, whether it holds the first / last stage."""
+        """Per rank: layers held (``dense`` of them the first dense ones), whether it holds the
+        first / last stage."""
         where = v_placement(self.ranks) if placement == "v" else loop_placement(self.ranks, stages // self.ranks)
         counts = self.layers_per_stage(stages, placement)
-        held = [{"layers": 0, "first": False, "last": False} for _ in range(self.ranks)]
-        for s, r in enumerate(where):
+        held = [{"layers": 0, "dense": 0, "first": False, "last": False} for _ in range(self.ranks)]
+        for s, (r, d) in enumerate(zip(where, self.spec.dense_per_stage(counts))):
             held[r]["layers"] += counts[s]
+            held[r]["dense"] += d
         held[where[0]]["first"] = True
         held[where[-1]]["last"] = True
         return held
@@ -184,8 +186,10 @@ class TransformerCosts:
         """Per-stage bytes for :mod:`pipesched.memory`: what a stage keeps, stashes, and its input."""
         b = self.spec.microbatch_size * scale
         counts = self.layers_per_stage(stages, placement)
-        keep = [n * self.spec.layer_activation_bytes(b) for n in counts]
-        stash = [n * self.spec.layer_stash_bytes(b) for n in counts]
+        spec, dense = self.spec, self.spec.dense_per_stage(counts)
+        keep = [(n - d) * spec.layer_activation_bytes(b) + d * spec.layer_activation_bytes(b, False)
+                for n, d in zip(counts, dense)]
+        stash = [(n - d) * spec.layer_stash_bytes(b) + d * spec.layer_stash_bytes(b, False) for n, d in zip(counts, dense)]
         keep[-1] += self.spec.head_activation_bytes(b)
         stash[-1] += self.spec.head_activation_bytes(b)
         return MemorySizes(tuple(StageMemory(k, w) for k, w in zip(keep, stash)), (self.spec.p2p_bytes(b),) * stages,
@@ -215,8 +219,9 @@ class TransformerCosts:
         return self.memory_bytes
 
     def _activation_bytes(self, rank: dict, scale: float) -> float:
-        b = self.spec.microbatch_size * scale
-        return rank["layers"] * self.spec.layer_activation_bytes(b) + rank["last"] * self.spec.head_activation_bytes(b)
+        b, spec, dense = self.spec.microbatch_size * scale, self.spec, rank.get("dense", 0)
+        return ((rank["layers"] - dense) * spec.layer_activation_bytes(b) + dense * spec.layer_activation_bytes(b, False)
+                + rank["last"] * spec.head_activation_bytes(b))
 
     def memory_limit(self, stages: int, placement: str, scale: float) -> Optional[float]:
         budget = self.budget_bytes()  # one budget for all ranks, each less its own state
@@ -251,9 +256,12 @@ def _layer_split(
 ) -> tuple[int, ...]:
     """:meth:`TransformerCosts.layers_per_stage`, kept: every cost and memory question of a
     candidate asks for it again."""
-    alone = embedding_cost > 0  # balanced as if free (it nearly is), but it may be a stage of its own
+    # the embedding at its own (tiny) cost: a stage may hold it alone, and where ranks tie the
+    # remainder layers go to others than the first, whose warm-up holds the most activations
+    # (Megatron-LM's recipes give them to middle stages: docs/layouts.md, Megatron-Bridge)
+    alone = embedding_cost > 0
     if rank_of_stage is None:
-        return balance_layers(layers, stages, layer_cost, 0.0, head_cost, first_alone=alone)
-    counts = balance_layers(layers, stages, layer_cost, 0.0, head_cost, rank_of_stage, alone)
+        return balance_layers(layers, stages, layer_cost, embedding_cost, head_cost, first_alone=alone)
+    counts = balance_layers(layers, stages, layer_cost, embedding_cost, head_cost, rank_of_stage, alone)
     movable = [n > 0 and not (s == stages - 1 and head_cost > 0) for s, n in enumerate(counts)]
     return orient_layers(counts, rank_of_stage, movable, assignment)

@@ -119,16 +119,18 @@ class LayoutCosts(TransformerCosts):
         return all_to_all_time(self.ep, experts.dispatch_bytes(tokens, self.spec.hidden, self.spec.dtype_bytes),
                                self.ep_link)
 
-    def layer_times(self, scale: float = 1.0) -> tuple[float, float, float]:
-        f, b, w = super().layer_times(scale)
-        comm = TP_COLLECTIVES_PER_PASS * self.tp_collective_ms(scale) + ALL_TO_ALLS_PER_PASS * self.all_to_all_ms(scale)
+    def layer_times(self, scale: float = 1.0, experts: bool = True) -> tuple[float, float, float]:
+        """F, B, W of one layer with TP's collectives and, in a layer with experts, EP's all-to-alls."""
+        f, b, w = super().layer_times(scale, experts)
+        comm = TP_COLLECTIVES_PER_PASS * self.tp_collective_ms(scale) + ALL_TO_ALLS_PER_PASS * self.all_to_all_ms(scale) * experts
         return f + comm, b + comm, w
 
     def costs(self, stages: int, placement: str, scale: float) -> Costs:
         """:class:`TransformerCosts`'s, with an overlapped pair's price (``overlap``) hiding each
         half's all-to-alls behind the other half's compute, where EP sends any."""
         c = super().costs(stages, placement, scale)
-        sent = self.spec.layers / self.ranks * ALL_TO_ALLS_PER_PASS * self.all_to_all_ms(scale)  # per rank and pass
+        moe = self.spec.layers - self.spec.dense_layers
+        sent = moe / self.ranks * ALL_TO_ALLS_PER_PASS * self.all_to_all_ms(scale)  # per rank and pass
         if sent == 0:
             return c
         forward, backward = c.F, c.B + c.W  # an overlapped pair's backward is a full one
@@ -154,8 +156,15 @@ class LayoutCosts(TransformerCosts):
         budget = self.budget_bytes()
         if budget is None:
             return None
-        placed = self.layout.pp > 1 and self.layout.dp_shard > 1
+        placed = self.grads_on_timeline
         return tuple(budget - (b.total - placed * b.unsharded_grads) for b in self.ranks_bytes(stages, placement))
+
+    @property
+    def grads_on_timeline(self) -> bool:
+        """Whether a rank's unsharded gradients are held only from a stage's first weight-gradient
+        pass to its reduction (FSDP under pipelining), not the whole step (no FSDP, or ZeRO-1's
+        gradient buffer, allocated once: :class:`~pipesched.sharded_bytes.Precision`)."""
+        return self.layout.pp > 1 and self.layout.dp_shard > 1 and not self.precision.zero1
 
     def rank_bytes(self, rank: dict, tp_rank: int = 0, shard_rank: int = 0) -> RankBytes:
         """Weights, gradients, optimizer state, gathered window and buffers of one rank

@@ -39,7 +39,8 @@ def priced_row(layout: ParallelLayout, costs: LayoutCosts, c: Candidate, result:
     member = replace(costs, layer_assignment=c.layer_assignment) if c.layer_assignment else costs
     step = layout_step(result.timeline, member.gathered_bytes_per_stage(schedule.stages, schedule.style),
                        member.reduced_bytes_per_stage(schedule.stages, schedule.style), layout, fabric,
-                       c.microbatches, replica_latency, units=max(member.layers_per_stage(schedule.stages, schedule.style)))
+                       c.microbatches, replica_latency, units=max(member.layers_per_stage(schedule.stages, schedule.style)),
+                       zero1=member.precision.zero1)
     peaks = _rank_peaks(layout, member, result)
     held = [{**b.to_json(), "activations": a, "peak": p}
             for b, a, p in zip(member.ranks_bytes(schedule.stages, schedule.style), result.peak_memory_bytes, peaks)]
@@ -85,10 +86,11 @@ def _order(row: LayoutCandidate) -> tuple:
 
 def _rank_peaks(layout: ParallelLayout, member: LayoutCosts, result: SimResult) -> list[float]:
     """Each rank's peak bytes: its state plus its activations; with FSDP under pipelining the
-    unsharded gradients are summed on the timeline (:mod:`.held_gradients`), not at the peak."""
+    unsharded gradients are summed on the timeline (:mod:`.held_gradients`), not at the peak
+    (ZeRO-1's gradient buffer is held the whole step: :attr:`LayoutCosts.grads_on_timeline`)."""
     schedule = result.schedule
     state = member.state_bytes(schedule.stages, schedule.style)
-    if layout.dp_shard == 1 or layout.pp == 1:
+    if not member.grads_on_timeline:
         return [a + s for a, s in zip(result.peak_memory_bytes, state)]
     grads = member.reduced_bytes_per_stage(schedule.stages, schedule.style)
     peaks = []

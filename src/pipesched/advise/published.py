@@ -27,10 +27,10 @@ kind, calibrated on one named run and used for every other: nothing is fitted ru
   1,639-1,664 tokens/s per GPU over the archived releases (the midpoint compared); Llama 3.1 405B
   on 1,024 H100 as TP 8 x PP 8 x CP 2 with 8 virtual stages, microbatch 1, global batch 1,536,
   326-328 tokens/s per GPU. Sequence 8192, sequence parallelism, microbatches of 1 sequence
-  (the recipes' ``micro_batch_size``). Megatron's distributed optimizer (ZeRO-1) is priced as
-  FSDP over the data-parallel ranks under PP (stages kept gathered: the same bf16 weights and
-  fp32 gradients whole, the optimizer state sharded; FSDP also shards the fp32 weights and
-  gradients between steps). The advisor has no context parallelism: CP 2 is priced as two
+  (the recipes' ``micro_batch_size``). Megatron's distributed optimizer is priced as ZeRO-1
+  over the data-parallel ranks (:data:`~pipesched.sharded_bytes.ZERO1`: bf16 weights and fp32
+  gradients whole, the fp32 master weights and Adam's moments sharded; fp32 gradients assumed,
+  Megatron's ``grad_reduce_in_fp32``). The advisor has no context parallelism: CP 2 is priced as two
   data-parallel ranks of half sequences (the same tokens, weights and activations per GPU; each
   token's attention counted over 4,096 keys rather than up to 8,192, about 4% of a layer's
   FLOPs less, and CP's exchange of keys and values left out). No recomputation (assumed: the
@@ -41,9 +41,9 @@ kind, calibrated on one named run and used for every other: nothing is fitted ru
   in nodes of 8 (NVLink 400 GB/s, InfiniBand 50 GB/s per GPU) as PP 16 x EP 64 x ZeRO-1 data
   parallelism, no TP, DualPipe; 180K H800 GPU hours per trillion tokens (its section 1: 1,543
   tokens/s per GPU). Priced as pipesched's ``dualpipev`` (DualPipe's one-copy V form) at
-  microbatches of 1 sequence (assumed: the report names no microbatch size), ZeRO-1 as FSDP
-  under PP, recomputing (the report recomputes only norms and up-projections and caches the
-  experts' activations in FP8, which the BF16 model cannot say: storing them it holds 103 GiB), its
+  microbatches of 1 sequence (assumed: the report names no microbatch size), ZeRO-1 as
+  Megatron's (above), recomputing (the report recomputes only norms and up-projections and caches the
+  experts' activations in FP8, which the BF16 model cannot say: storing them it holds 99.6 GiB), its
   latent attention as standard attention of ``12h^2``-style shapes, its node-limited routing
   (each token to at most 4 nodes) and FP8 dispatch left out: every routed copy priced on
   InfiniBand in BF16. The H800 computes as the H100 (the same dense BF16 peak): the H100's share.
@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..parallel_layout import ParallelLayout
+from ..sharded_bytes import MIXED, ZERO1, Precision
 from .estimate import Hardware, TransformerCosts
 from .fabric import Fabric, Link
 from .transformer import TransformerSpec
@@ -103,6 +104,12 @@ class PublishedRun:
     measured_schedule: str = ""  # the setting the figure is of ("": not stated, the faster one priced)
     experts: Optional[Experts] = None  # a mixture of experts' (None: dense)
     ep: int = 1  # expert parallelism
+    zero1: bool = False  # data parallelism by Megatron's distributed optimizer (ZeRO-1), not FSDP
+
+    @property
+    def precision(self) -> Precision:
+        """How its data-parallel ranks keep the state: bf16 compute, fp32 gradients, as ZeRO-1 or FSDP."""
+        return ZERO1 if self.zero1 else MIXED
 
     @property
     def microbatch_size(self) -> int:
@@ -184,17 +191,17 @@ LLAMA3_405B = PublishedRun(
 MBRIDGE_70B = PublishedRun(
     "megatron-bridge-70b", 80, 8192, 64, 128256, 8192, 64, 256, ParallelLayout(pp=8, dp_shard=2, tp=4),
     (("interleaved-1f1b", 5, 128),), "FP8: 1,639-1,664 tokens/s/GPU", **_H100_80GB, recompute=False,
-    tokens_per_gpu=(1639 + 1664) / 2, measured_schedule="interleaved-1f1b")
+    tokens_per_gpu=(1639 + 1664) / 2, measured_schedule="interleaved-1f1b", zero1=True)
 MBRIDGE_405B = PublishedRun(  # CP 2 as two data-parallel ranks of half sequences (see the module doc)
     "megatron-bridge-405b", 126, 16384, 128, 128256, 8192 // 2, 1024, 1536 * 2, ParallelLayout(pp=8, dp_shard=16, tp=8),
     (("interleaved-1f1b", 8, 192),), "FP8: 326-328 tokens/s/GPU", **_H100_80GB, recompute=False,
-    tokens_per_gpu=(326 + 328) / 2, measured_schedule="interleaved-1f1b")
+    tokens_per_gpu=(326 + 328) / 2, measured_schedule="interleaved-1f1b", zero1=True)
 
 DEEPSEEK_V3 = PublishedRun(
     "deepseek-v3", 61, 7168, 128, 129280, 4096, 2048, 15360, ParallelLayout(pp=16, dp_shard=128),
     (("dualpipev", 2, 120),), "FP8: 180K H800 GPU hours per trillion tokens", **{**_H100_80GB, "within_gbps": 400.0},
     recompute=True, tokens_per_gpu=1e12 / (180e3 * 3600), measured_schedule="dualpipev",
-    experts=Experts(256, 8, 2048, shared=1, dense_layers=3), ep=64)
+    experts=Experts(256, 8, 2048, shared=1, dense_layers=3), ep=64, zero1=True)
 
 RUNS = (TORCHTITAN_405B, TORCHTITAN_70B, LLAMA3_405B, MBRIDGE_70B, MBRIDGE_405B, DEEPSEEK_V3, MEGATRON_39B, MEGATRON_76B, MEGATRON_145B, MEGATRON_310B,
         MEGATRON_530B, MEGATRON_1T)

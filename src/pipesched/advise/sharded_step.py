@@ -64,15 +64,16 @@ class LayoutStep:
 
 def layout_step(timeline: Sequence[Sequence[Span]], gathered: Sequence[float], reduced: Sequence[float],
                 layout: ParallelLayout, fabric: Fabric, microbatches: int, replica_latency: float = 0.0,
-                units: int = 1) -> LayoutStep:
+                units: int = 1, zero1: bool = False) -> LayoutStep:
     """The step of ``timeline`` (one pipeline's simulated spans per rank) with its layout's
     data-parallel collectives; ``gathered`` / ``reduced``: bytes each stage all-gathers and
     reduces; ``units``: FSDP units (blocks) of a stage, each gathered and reduced by a collective
-    of its own (each paying the ring's latencies; see the module doc)."""
+    of its own (each paying the ring's latencies; see the module doc); ``zero1``: Megatron's
+    distributed optimizer, whose weights stay whole without a pipeline too (gathered once a step)."""
     shard_link = fabric.link(layout, "dp_shard")
     gather = [units * all_gather_time(layout.dp_shard, b / units, shard_link) for b in gathered]
     reduction = ShardedReduction(layout, fabric, replica_latency, units)
-    if layout.pp == 1 and layout.dp_shard > 1:
+    if layout.pp == 1 and layout.dp_shard > 1 and not zero1:
         return _without_pipeline(timeline[0], gather[0], reduction.time(reduced[0]), microbatches, units)
     lanes, delay = [], 0.0
     for spans in timeline:

@@ -27,9 +27,9 @@ one activation of ``2*s*b*h`` bytes crosses per microbatch.
 
 With ``experts`` (:class:`~.transformer_experts.Experts`) every layer's MLP is a router and
 experts instead: the layer's figures are its attention's part of the above and the experts'
-(:mod:`.transformer_experts`). The first ``dense_layers`` keep a dense MLP for their bytes
-(:mod:`.transformer_bytes`); their time and activations are priced as an MoE layer's (the two
-are close where, as in DeepSeek-V3, the active experts are as wide as the dense MLP).
+(:mod:`.transformer_experts`). The first ``dense_layers`` keep a dense MLP: their FLOPs,
+activations and bytes are a dense layer's (``experts=False`` of each figure; which stages hold
+them: :meth:`TransformerSpec.dense_per_stage`).
 
 These are the model's own figures, whatever the pipeline and the hardware; :mod:`.estimate`
 lays them out over a pipeline's stages and turns them into milliseconds and bytes.
@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from math import prod
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..errors import ConfigError
 from ..sharded_bytes import ParamSpec, tp_dims
@@ -90,10 +90,24 @@ class TransformerSpec:
     def head_count(self) -> int:
         return self.heads if self.heads is not None else max(1, self.hidden // 64)
 
-    def layer_flops(self, b: float) -> tuple[float, float, float]:
-        """F, B, W FLOPs of one layer for a microbatch of ``b`` sequences."""
+    @property
+    def dense_layers(self) -> int:
+        """Layers with a dense MLP at the model's start (0 without experts: every layer is alike)."""
+        return self.experts.dense_layers if self.experts is not None else 0
+
+    def dense_per_stage(self, counts: Sequence[int]) -> tuple[int, ...]:
+        """How many of each stage's layers (``counts``, in model order) are the first dense ones."""
+        out, before = [], 0
+        for n in counts:
+            out.append(max(0, min(n, self.dense_layers - before)))
+            before += n
+        return tuple(out)
+
+    def layer_flops(self, b: float, experts: bool = True) -> tuple[float, float, float]:
+        """F, B, W FLOPs of one layer for a microbatch of ``b`` sequences (``experts=False``: one
+        of the first dense layers)."""
         s, h = self.seq_len, self.hidden
-        if self.experts is None:
+        if self.experts is None or not experts:
             return s * b * h * (24 * h + 4 * s), s * b * h * (24 * h + 8 * s), 24.0 * s * b * h * h
         mlp = self.experts.mlp_flops(s * b, h)  # in place of the dense MLP's 16h^2 per token and pass
         return s * b * h * (8 * h + 4 * s) + mlp, s * b * h * (8 * h + 8 * s) + mlp, 8.0 * s * b * h * h + mlp
@@ -109,11 +123,11 @@ class TransformerSpec:
         (zero without a vocabulary)."""
         return float(self.seq_len * b * self.hidden) if self.vocab else 0.0
 
-    def layer_activation_bytes(self, b: float) -> float:
+    def layer_activation_bytes(self, b: float, experts: bool = True) -> float:
         """Bytes one layer keeps from F to its backward (see the module docstring)."""
         s, h, a, d = self.seq_len, self.hidden, self.head_count, self.dtype_bytes
         held = 16 * s * b * h * d + 2 * s * b * h * self.dropout
-        if self.experts is not None:  # the dense MLP's 9sbh values (fc1's input, output, activation) replaced
+        if self.experts is not None and experts:  # the dense MLP's 9sbh values (fc1's input, output, activation) replaced
             held += self.experts.kept_bytes(s * b, h, d) - 9 * s * b * h * d
         if self.attention == "eager":
             held += a * s * s * b * (d + 3 * self.dropout)  # softmax output (+ dropout's mask and output)
@@ -121,10 +135,10 @@ class TransformerSpec:
             held += 4 * a * s * b  # the kernel's fp32 log-sum-exp
         return held
 
-    def layer_stash_bytes(self, b: float) -> float:
+    def layer_stash_bytes(self, b: float, experts: bool = True) -> float:
         """Bytes one layer's ``I`` leaves for its ``W``: each Linear's input and output gradient."""
         tokens, h, d = self.seq_len * b, self.hidden, self.dtype_bytes
-        if self.experts is None:
+        if self.experts is None or not experts:
             return 16 * tokens * h * d
         return 6 * tokens * h * d + self.experts.stash_bytes(tokens, h, d)  # attention's 6sbh, then the experts'
 

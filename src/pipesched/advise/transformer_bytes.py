@@ -61,16 +61,18 @@ def transformer_rank_bytes(spec: TransformerSpec, layout: ParallelLayout, layers
     With a pipeline (``layout.pp > 1``) every local stage stays gathered from its first forward to
     its last backward (torchtitan's ``reshard_after_forward=False`` under PP): the rank's stages
     count as one. Without one, FSDP reshards each block after its forward and reduce-scatters
-    after its backward, so :data:`FSDP_BLOCKS_WITHOUT_PP` units are gathered and unsharded at once.
+    after its backward, so :data:`FSDP_BLOCKS_WITHOUT_PP` units are gathered and unsharded at once;
+    ZeRO-1 (``precision.zero1``) keeps its weights and gradients whole with or without one.
     The rank holding the first stage holds the first dense blocks (as many as its layers)."""
     layer, embedding, head, dense = unit_bytes(spec, layout, slots, precision, vocab_parallel, tp_rank, shard_rank, ep)
-    denser = min(_dense_layers(spec), layers) if first else 0
+    denser = min(spec.dense_layers, layers) if first else 0
     units = [(layer, layers - denser), (dense, denser), (embedding, int(first)), (head, int(last))]
     largest = max((u for u, n in units if n), key=lambda u: u.gathered_params, default=NOTHING)
-    if layout.pp == 1 and layout.dp_shard > 1:
+    if layout.pp == 1 and layout.dp_shard > 1 and not precision.zero1:
         stages = [u for u, n in units for _ in range(n)]
         return rank_bytes(stages, layout.dp_shard, largest, FSDP_BLOCKS_WITHOUT_PP, FSDP_BLOCKS_WITHOUT_PP)
-    return rank_bytes([sum((u.times(n) for u, n in units), NOTHING)], layout.dp_shard, largest)
+    return rank_bytes([sum((u.times(n) for u, n in units), NOTHING)], layout.dp_shard, largest,
+                      zero1=precision.zero1)
 
 
 def stage_bytes(spec: TransformerSpec, layout: ParallelLayout, layers_per_stage: tuple[int, ...], slots: int,
@@ -78,16 +80,7 @@ def stage_bytes(spec: TransformerSpec, layout: ParallelLayout, layers_per_stage:
     """Each stage's bytes on the fullest rank (the embedding on the first, the head on the last,
     the dense blocks first in model order)."""
     layer, embedding, head, dense = unit_bytes(spec, layout, slots, precision, vocab_parallel, ep=ep)
-    out, before = [], 0
-    for n in layers_per_stage:
-        denser = max(0, min(n, _dense_layers(spec) - before))
-        out.append(layer.times(n - denser) + dense.times(denser))
-        before += n
+    out = [layer.times(n - d) + dense.times(d) for n, d in zip(layers_per_stage, spec.dense_per_stage(layers_per_stage))]
     out[0] = out[0] + embedding
     out[-1] = out[-1] + head
     return out
-
-
-def _dense_layers(spec: TransformerSpec) -> int:
-    """Blocks with a dense MLP at the model's start (0 without experts: every block is alike)."""
-    return spec.experts.dense_layers if spec.experts is not None else 0
