@@ -10,18 +10,13 @@ from pipesched.advise.candidates import batch_plan, settings
 from pipesched.advise.evaluate import evaluate
 from pipesched.advise.costmodel import ScaledCosts
 from pipesched.costs import Costs
-from pipesched.registry import build_schedule, built, get_family
+from pipesched.registry import build_schedule, forget_builds, get_family
 from pipesched.schedule import Schedule
-from pipesched.schedules import greedy, v_blocks, v_compact
+from pipesched.schedules import v_compact
 from pipesched.simulate import simulate
 
 SKEWED = Costs(F=1.0, B=1.3, W=0.7, comm=0.05)  # unequal costs: the V families search their pool
 P, M = 4, 24
-
-
-def _clear() -> None:
-    for cached in (built, greedy._greedy_orders, v_compact.compacted_orders, v_blocks.block_orders):
-        cached.cache_clear()
 
 
 def _metrics(candidates) -> list[tuple]:
@@ -33,12 +28,12 @@ def test_a_search_s_candidates_equal_those_of_settings_built_each_from_scratch()
     families = [get_family(n) for n in ("zb-v", "v-half", "v-min")]  # (zb-auto's MILP stops on time: not reproducible)
     plan = batch_plan(P, M)
     model = ScaledCosts(SKEWED, P / 2)  # a limit below 1F1B's: the V families steer to it
-    _clear()
+    forget_builds()
     together = [_metrics(evaluate(s, P, plan, model, "makespan")) for s in settings(families, plan, 2)]
     assert v_compact.compacted_orders.cache_info().hits > 0  # the families did share the compacted programs
     alone = []
     for s in settings(families, plan, 2):
-        _clear()
+        forget_builds()
         alone.append(_metrics(evaluate(s, P, plan, model, "makespan")))
     assert together == alone
 

@@ -56,11 +56,11 @@ def greedy_orders(
 ) -> Optional[tuple[tuple[Action, ...], ...]]:
     """Per-rank programs built greedily under ``costs``; None if the limit admits no progress."""
     caps = tuple(whole_stage_microbatches(memory_limit, len(h)) for h in stages_by_rank(placement, ranks))
-    return _greedy_orders(placement, ranks, microbatches, costs, caps, knobs)
+    return memoized(placement, ranks, microbatches, costs, caps, knobs)
 
 
 @lru_cache(maxsize=8)
-def _greedy_orders(placement: tuple[int, ...], ranks: int, microbatches: int, costs: Costs, caps: tuple[int, ...],
+def memoized(placement: tuple[int, ...], ranks: int, microbatches: int, costs: Costs, caps: tuple[int, ...],
                    knobs: Knobs) -> Optional[tuple[tuple[Action, ...], ...]]:
     """The construction at each rank's cap in whole stage-microbatches: the limit enters only
     through them. A pure function, kept for the last few: within one search the V families
