@@ -12,7 +12,7 @@ Cases (inputs in pipesched/advise/published.py):
 
     PYTHONPATH=src python benchmarks/advise_scale.py [CASE ...]
 
-For each case: CPU seconds (``time.process_time``, one process), candidates simulated and priced
+For each case: CPU seconds (``time.process_time``, one process) and wall seconds, candidates simulated and priced
 (each for every layout of its group), layouts searched, layouts named not searched (their full
 search predicted above a minute), the pick, and where the published layout stands.
 """
@@ -45,15 +45,15 @@ CASES = {
 
 def run_case(name: str) -> None:
     run, fixed = CASES[name]
-    started = time.process_time()
+    started, wall = time.process_time(), time.perf_counter()
     advice = advise_whole_layouts(run.gpus, run.model(), run.global_batch, run.fabric(), fixed=fixed,
                                   sequence_parallel=run.sequence_parallel)
-    seconds = time.process_time() - started
+    seconds, wall = time.process_time() - started, time.perf_counter() - wall
     best = advice.recommended
     not_searched = sum("not searched" in line for line in advice.skipped)
     published = [r for r in advice.candidates if (r.pp, r.dp, r.dp_shard, r.tp) == (
         run.layout.pp, run.layout.dp_replicate, run.layout.dp_shard, run.layout.tp)]
-    print(f"{name}: {run.gpus} GPUs, {seconds:.1f} CPU s, {advice.priced} candidates priced, "
+    print(f"{name}: {run.gpus} GPUs, {seconds:.1f} CPU s ({wall:.1f} s wall), {advice.priced} candidates priced, "
           f"{len(advice.searched)} layouts searched, {not_searched} not searched, "
           f"{len(advice.skipped) - not_searched} left out otherwise")
     print(f"  pick: {best.label()} step {best.step_time / 1e3:.2f} s")

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 import pipesched  # noqa: E402
 from pipesched import Costs, build_schedule, get_family, simulate  # noqa: E402
+from pipesched.registry import forget_builds  # noqa: E402
 
 SKEWED = Costs(F=1, B=1.4, W=0.6, comm=0.1)
 
@@ -115,6 +116,7 @@ def speed(repeats: int) -> None:
     print("## Speed: build + validate + simulate zb-v, p=64, m=512 (196,608 actions)\n")
     wall, cpu = [], []
     for _ in range(repeats):
+        forget_builds()  # each repeat builds again (a search's memo would hand the first back)
         start, start_cpu = time.perf_counter(), time.process_time()
         schedule = build_schedule("zb-v", ranks=64, microbatches=512)
         result = simulate(schedule)

@@ -117,31 +117,21 @@ def test_cli_gpus_without_a_global_batch_is_one_line_exit_2(cli):
     assert done.stderr.strip().splitlines() == ["pipesched: error: --gpus needs --global-batch G (samples per step over every replica)"]
 
 
-def test_no_layout_is_left_out_for_the_search_s_own_time(monkeypatch):
-    from pipesched.advise import layout
-
+def test_every_layout_is_searched_in_full_at_the_user_s_microbatch_size():
+    # issue 37: no time budget narrows a layout's search (its microbatch counts or its families)
     searching = [get_family(n) for n in ("1f1b", "zb-h1", "zb-v", "v-min")]
-    full = advise_layouts(4, _model(), 64, dp_bandwidth=10, families=searching)
-    assert {a.ranks for a in full.per_layout} == {1, 2, 4} and all(a.searched == "in full" for a in full.per_layout)
-    monkeypatch.setattr(layout, "LAYOUT_BUDGET", 1e-4)  # far too little for any full search
-    cheap = advise_layouts(4, _model(), 64, dp_bandwidth=10, families=searching)
-    assert {a.ranks for a in cheap.per_layout} == {1, 2, 4}  # every layout still searched, and says how
-    deepest = next(a for a in cheap.per_layout if a.ranks == 4)
-    assert "without v-min, zb-v" in deepest.searched or "without zb-v, v-min" in deepest.searched
-    assert "microbatches up to" in deepest.searched and "a full search takes about" in deepest.searched
-    assert {c.candidate.schedule for c in cheap.candidates if c.pp == 4} <= {"1f1b", "zb-h1"}
-    assert any(line.startswith("pp=4 x dp=1: microbatches up to") for line in cheap.searched_lines())
-    assert all(e["searched"] for e in cheap.to_json())
+    advice = advise_layouts(4, _model(), 64, dp_bandwidth=10, families=searching)
+    assert {a.ranks for a in advice.per_layout} == {1, 2, 4}
+    assert all(a.searched == "in full" for a in advice.per_layout)
+    for a in advice.per_layout:  # microbatches of 2 (the model's): 64 / dp / 2 of them, no other count
+        assert a.plan.options == (64 // (4 // a.ranks) // 2,)
+    deepest = {c.candidate.schedule for c in advice.candidates if c.pp == 4}
+    assert {"zb-v", "v-min"} & deepest  # the widest searches are kept where they win
+    assert all(c.candidate.microbatch_size == 2 for c in advice.candidates)
 
 
-def test_a_narrowed_search_keeps_the_microbatch_counts_where_the_bubble_still_shrinks():
-    from pipesched.advise.candidates import batch_plan
-    from pipesched.advise.search import affordable_search
-    from pipesched.planning import planning_seconds
-
-    families = [get_family(n) for n in ("1f1b", "zb-v", "zb-auto")]
-    plan = batch_plan(4, None, 256, 1)
-    narrowed, kept, how = affordable_search(4, plan, families, 2, budget=1.0)
-    assert max(narrowed.options) <= 16 and [f.name for f in kept][0] == "1f1b"  # at most 4p
-    assert sum(planning_seconds(f, 4, m, None) for f in kept for m in narrowed.options) <= 1.0 or len(narrowed.options) == 1
-    assert how.startswith("microbatches up to") and "of 256" in how
+def test_other_microbatch_counts_only_where_max_microbatches_opens_them():
+    advice = advise_layouts(4, _model(), 64, dp_bandwidth=10, families=HANDCRAFTED, max_microbatches=16,
+                            min_microbatch_size=1)
+    deepest = next(a for a in advice.per_layout if a.ranks == 4)
+    assert deepest.plan.options == (1, 2, 4, 8, 16, 32)  # up to 16, and the 32 of the model's size

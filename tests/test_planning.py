@@ -21,7 +21,7 @@ from pipesched import planning
 from pipesched.planning import (
     MAX_PLANNING_SECONDS, actions_per_schedule, check_schedule_size, planning_seconds, search_width,
 )
-from pipesched.registry import BuildRequest, families, get_family
+from pipesched.registry import BuildRequest, families, forget_builds, get_family
 from pipesched.simulate import simulate
 
 from conftest import cli_env
@@ -133,6 +133,7 @@ def _cpu_seconds(plan) -> float:
     0.15 s here and 0.26 s in CI; a noisy neighbour's cache misses are not the planner's either."""
     taken = []
     for _ in range(3):
+        forget_builds()  # built again each time, not taken from the search's memo
         gc.collect()
         gc.freeze()
         try:

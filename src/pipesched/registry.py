@@ -14,6 +14,7 @@ import difflib
 import math
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 from typing import Callable, Iterable, Optional
 
 from .costs import UNIT, Costs, as_costs
@@ -22,6 +23,7 @@ from .execution import TOLERANCE
 from .planning import check_schedule_size
 from .ranking import check_objective
 from .schedule import Schedule
+from .schedules import greedy, v_blocks, v_compact
 from .simulate import simulate
 from .validate import validate
 
@@ -197,6 +199,22 @@ def _check_int(label: str, value: object, minimum: int = 1) -> None:
         raise ConfigError(f"{label} must be at least {minimum}, got {value}")
 
 
+@lru_cache(maxsize=6)  # zb-auto's one-chunk seeds: the four families built just before it
+def built(family: Family, request: BuildRequest) -> Schedule:
+    """``family.build(request)``, kept for the last few requests: a builder is a function of its
+    request, and one search asks for the same build several times (zb-auto seeds itself with
+    the families the search has just built; a family steered over a limit is built again as it
+    comes). The schedule is immutable, so sharing it also shares its lowered programs and runs."""
+    return family.build(request)
+
+
+def forget_builds() -> None:
+    """Empty every memoized build (:func:`built`, the greedy's and the V programs'), so that the
+    next request is built again: for whoever times a build (a benchmark's repeats)."""
+    for cached in (built, greedy.memoized, v_compact.compacted_orders, v_blocks.block_orders):
+        cached.cache_clear()
+
+
 def build_schedule(
     name: str,
     ranks: int,
@@ -234,7 +252,7 @@ def build_schedule(
         ranks, microbatches, v, as_costs(costs), memory_limit,
         check_objective(objective) if objective is not None else "makespan", recompute_input,
     )
-    schedule = family.build(request)
+    schedule = built(family, request)
     validate(schedule)
     if memory_limit is not None:
         peak = peak_memory(schedule)

@@ -118,6 +118,9 @@ class SimResult:
         return own.stages if own is not None else frozenset()
 
 
+RUNS = "runs"  # Schedule.derived keys (RUNS, costs, recompute): (durations, starts, ends) of that run
+
+
 def _stages_on_rank(schedule: Schedule) -> list[float]:
     """Per rank, how many of its stages make one M_B share: its stage count, over the model
     copies (DualPipe's two stages on a rank are two whole shares of one copy: 2/2)."""
@@ -157,12 +160,16 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional
     program = lowered(schedule)
     own = schedule_recompute(schedule)
     recompute = memory.recompute if memory is not None else (own.stages if own else frozenset())
-    cached = schedule.derived.get(UNIT_RUN) if costs == UNIT and not recompute and gathers is None else None
+    key = (RUNS, costs, recompute)  # a search simulates one schedule under one costs twice or more
+    cached = None if gathers is not None else (
+        schedule.derived.get(UNIT_RUN) if costs == UNIT and not recompute else schedule.derived.get(key))
     if cached is not None:
         durations, starts, ends = cached
     else:
         durations = durations_by_id(schedule, program, costs, recompute)
         starts, ends = run(program, durations, costs.comm, gathers)
+        if gathers is None:
+            schedule.derived[key] = (durations, starts, ends)
     busy, peaks, first, last = [], [], [], []
     rank_actions = [[program.actions[i] for i in ids] for ids in program.rank_ids]
     for ids, actions, k in zip(program.rank_ids, rank_actions, _stages_on_rank(schedule)):

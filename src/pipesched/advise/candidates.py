@@ -107,6 +107,20 @@ def thin(values: Sequence[int], keep: int, limit: int) -> list[int]:
     return sorted(ladder)
 
 
+def microbatch_options(replica_batch: int, microbatch_size: int, options: dict) -> dict:
+    """The microbatch counts of a replica's search in either layout search, as
+    :func:`~.search.advise` takes them: the count the model's microbatch size gives, and no
+    other, unless the caller opened the count with ``max_microbatches`` (every divisor of the
+    replica's batch up to it, as ``advise`` searches them). A microbatch size is never changed
+    silently."""
+    options = dict(options)
+    if options.get("max_microbatches") is None:
+        options.pop("max_microbatches", None)
+        options.pop("min_microbatch_size", None)
+        return {**options, "microbatches": replica_batch // microbatch_size, "global_batch": replica_batch}
+    return {**options, "global_batch": replica_batch, "microbatch_size": microbatch_size}
+
+
 def chunk_options(family: Family, max_chunks: int) -> range:
     """Chunk counts of ``family`` to try: its accepted range, capped at ``max_chunks``."""
     top = family.max_chunks if family.max_chunks is not None else max_chunks

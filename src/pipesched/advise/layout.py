@@ -19,17 +19,16 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from ..errors import ConfigError, PipeschedError
-from ..planning import MAX_PLANNING_SECONDS
 from ..registry import build_schedule, get_family
 from ..execution import Span
 from ..simulate import simulate
 from .estimate import GB, TransformerCosts
+from .candidates import microbatch_options
 from .search import Advice, Candidate, advise, objective_option
 
 GRAD_BYTES = 2  # bf16 gradients, as the memory model's 16 bytes per parameter assume
 BUCKET_BYTES = 25 << 20  # the runtime's (and DDP's) bucket size
 DEFAULT_DP_LATENCY_MS = 0.05
-LAYOUT_BUDGET = MAX_PLANNING_SECONDS / 2  # CPU seconds per layout's search before it is narrowed
 
 
 @dataclass(frozen=True)
@@ -173,7 +172,7 @@ class LayoutAdvice:
         return [c.to_json() for c in self.candidates]
 
     def searched_lines(self) -> list[str]:
-        """How each layout's pipeline was searched (in full, or narrowed to its time budget)."""
+        """How each layout's pipeline was searched (in full, at which microbatch counts)."""
         if self.searched:
             return list(self.searched)
         return [f"pp={a.ranks} x dp={self.gpus // a.ranks}: {a.searched}" for a in self.per_layout]
@@ -196,8 +195,10 @@ def advise_layouts(
     ``dp_bandwidth`` (GB/s between replicas; default the model's pipeline bandwidth) and
     ``dp_latency_ms`` price the all-reduce. The ``keep`` fastest fitting candidates of each
     layout (and its 1F1B) are rebuilt and simulated with the reduction on their timeline.
-    No layout is left out for the search's own time: one whose full search is predicted above
-    :data:`LAYOUT_BUDGET` is searched more cheaply (:func:`~.search.affordable_search`)."""
+    Each layout's pipeline is searched in full (every family, chunk count and recomputation
+    choice) at the microbatch count the model's microbatch size gives, other counts only where
+    ``max_microbatches`` opens them (:func:`~.candidates.microbatch_options`): no time budget
+    narrows it, so no verdict depends on how far a search went."""
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise ConfigError(f"--gpus must be a whole number of at least 1, got {gpus!r}")
     bandwidth = dp_bandwidth if dp_bandwidth is not None else model.hardware.bandwidth
@@ -215,8 +216,8 @@ def advise_layouts(
             continue
         pipeline = replace(model, ranks=pp)
         try:
-            advice = advise(pp, cost_model=pipeline, global_batch=global_batch // dp,
-                            microbatch_size=model.spec.microbatch_size, budget=LAYOUT_BUDGET, **advise_options)
+            advice = advise(pp, cost_model=pipeline, refuse_slow=False,
+                            **microbatch_options(global_batch // dp, model.spec.microbatch_size, advise_options))
         except PipeschedError as err:
             skipped.append(f"pp={pp} x dp={dp}: {err}")
             continue
@@ -236,9 +237,11 @@ def _with_sync(pp: int, dp: int, c: Candidate, model: TransformerCosts, cost: Al
     family = get_family(c.schedule)
     schedule = build_schedule(c.schedule, pp, c.microbatches, c.chunks, c.costs, c.memory_limit,
                               **objective_option(family, c.objective or "makespan"))
-    result = simulate(schedule, c.costs)
     if c.layer_assignment is not None:  # the split the candidate was costed with
         model = model.with_layer_assignment(c.layer_assignment)
+    sizes = model.stage_sizes(schedule.stages, schedule.style, c.scale) if c.recompute == "all" else None
+    # a recomputing candidate is timed recomputing, as the search timed it
+    result = simulate(schedule, c.costs, sizes.with_recompute(frozenset(range(schedule.stages))) if sizes else None)
     synced = gradient_sync(result.timeline, stage_gradient_bytes(model, schedule.stages, schedule.style), cost)
     busiest = max((sum(e - s for _, s, e in spans) for spans in synced.reduce_spans), default=0.0)
     return LayoutCandidate(pp, dp, c, synced.step_time, synced.exposed, busiest)

@@ -37,7 +37,7 @@ from ..registry import families as registered_families, get_family
 from ..sharded_bytes import MIXED, Precision
 from ..planning import MAX_PLANNING_SECONDS
 from ..units import format_seconds
-from .candidates import batch_plan, divisors
+from .candidates import batch_plan, divisors, microbatch_options
 from .estimate import GB, TransformerCosts
 from .fabric import Fabric
 from .layout import LayoutAdvice, LayoutCandidate
@@ -188,19 +188,6 @@ def advise_whole_layouts(gpus: int, model: TransformerCosts, global_batch: int, 
         raise ConfigError(f"no layout of {gpus} GPUs fits: " + "; ".join(omitted[:3]))
     ranked.sort(key=lambda c: (c.step_time, c.candidate.peak_memory_reference, c.dp * c.dp_shard, c.tp))
     return LayoutAdvice(gpus, global_batch, tuple(ranked), (), tuple(omitted), tuple(searched), priced)
-
-
-def microbatch_options(replica_batch: int, microbatch_size: int, options: dict) -> dict:
-    """The microbatch counts of a replica's search, as :func:`~.search.advise` takes them: the
-    count the model's microbatch size gives, and no other, unless the caller opened the count
-    with ``max_microbatches`` (every divisor of the replica's batch up to it, as ``advise``
-    searches them). A microbatch size is never changed silently."""
-    options = dict(options)
-    if options.get("max_microbatches") is None:
-        options.pop("max_microbatches", None)
-        options.pop("min_microbatch_size", None)
-        return {**options, "microbatches": replica_batch // microbatch_size, "global_batch": replica_batch}
-    return {**options, "global_batch": replica_batch, "microbatch_size": microbatch_size}
 
 
 def _search_group(problem: LayoutProblem, key: tuple[int, int, int], members: list[tuple[ParallelLayout, LayoutCosts]],

@@ -100,7 +100,7 @@ class Advice:
     reason: str = ""
     notes: tuple[str, ...] = ()
     skipped: tuple[tuple[str, int, int, str], ...] = field(default=())  # (schedule, chunks, m, why)
-    searched: str = "in full"  # or how the search was narrowed to stay within its time budget
+    searched: str = "in full"  # every candidate of the plan built and simulated (no search is narrowed)
     time_unit: str = ""  # of the costs and times: "ms" (a model description, a profile) or "" (cost units)
 
     @property

@@ -18,12 +18,11 @@ from ..costs import Costs
 from ..errors import ConfigError, PipeschedError
 from ..memory import format_bytes
 from ..planning import actions_built, actions_per_schedule, check_planning_time, planning_seconds
-from ..units import format_seconds
 from ..ranking import BASELINE, OBJECTIVES, rank_key, significant
 from ..registry import Family, families as registered_families
 from .candidates import BatchPlan, Setting, batch_plan, settings
 from .costmodel import CostModel, ScaledCosts
-from .evaluate import REBUILD_WIDTH, Price, SteeredOverLimit, as_built, evaluate, leanest
+from .evaluate import Price, SteeredOverLimit, as_built, evaluate, leanest
 from .explain import explain
 from .parallel import default_workers, map_outcomes
 from .result import Advice, Candidate
@@ -61,7 +60,6 @@ def advise(
     families: Optional[Sequence[Family]] = None,
     workers: Optional[int] = None,
     progress: Optional[Callable[[int], ContextManager]] = None,
-    budget: Optional[float] = None,
     price: Optional[Price] = None,
     refuse_slow: bool = True,
 ) -> Advice:
@@ -73,9 +71,8 @@ def advise(
     ``workers``: processes for the builds (default: the CPUs when there are 4 or more, else one).
     ``progress(work)``: a context the search runs in, given the actions it builds (a spinner).
     Searches that would take more than about a minute raise a ConfigError (:mod:`..planning`);
-    with ``budget`` (CPU seconds) a search predicted above it is narrowed instead
-    (:func:`affordable_search`), and ``Advice.searched`` says how; ``refuse_slow=False`` neither
-    refuses nor narrows (a caller that bounds its own time). ``price(candidate, result)``: see
+    ``refuse_slow=False`` does not (the layout searches, which search every layout in full).
+    ``price(candidate, result)``: see
     :func:`.evaluate.evaluate`.
     Raises :class:`NoCandidateFitsError` when nothing fits, naming the smallest feasible limit.
     """
@@ -93,9 +90,6 @@ def advise(
         f for f in registered_families() if f.parameter_copies == 1
     ]
     order = {f.name: i for i, f in enumerate(family_list)}
-    searched = FULL_SEARCH
-    if budget is not None:
-        plan, family_list, searched = affordable_search(ranks, plan, family_list, max_chunks, budget)
 
     built: list[Candidate] = []
     skipped: list[tuple[str, int, int, str]] = []
@@ -154,7 +148,7 @@ def advise(
     ranked = [_with_speedup(c, baseline, objective) for c in fits + over]
     baseline = _with_speedup(baseline, baseline, objective) if baseline else None
     advice = Advice(ranks, objective, memory_limit, plan, tuple(ranked), baseline, skipped=tuple(skipped),
-                    searched=searched, time_unit=getattr(cost_model, "time_unit", ""))
+                    searched=FULL_SEARCH, time_unit=getattr(cost_model, "time_unit", ""))
     reason, notes = explain(advice)
     return replace(advice, reason=reason, notes=tuple(notes))
 
@@ -172,39 +166,6 @@ def check_search_size(ranks: int, plan: BatchPlan, family_list: Sequence[Family]
 
 
 FULL_SEARCH = "in full"
-
-
-def affordable_search(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int,
-                      budget: float) -> tuple[BatchPlan, list[Family], str]:
-    """The search narrowed until its predicted CPU time is within ``budget`` seconds, and how.
-
-    First the microbatch counts above ``4p`` go (the bubble, about ``(p-1)/(m+p-1)`` of a step
-    for 1F1B and less for the others, has stopped shrinking much there), then the families that
-    search widest (``zb-auto``, the V family: their candidates are mostly the others' orders
-    again), widest first, then the largest microbatch counts left, down to one. Every layout
-    is thus searched, more cheaply where a full search would take too long."""
-    families = list(family_list)
-
-    def seconds(p: BatchPlan, fs: Sequence[Family]) -> float:
-        return search_seconds(ranks, p, fs, max_chunks)
-
-    full = seconds(plan, families)
-    if full <= budget:
-        return plan, families, FULL_SEARCH
-    largest = plan.options[-1]
-    options = tuple(m for m in plan.options if m <= 4 * ranks) or plan.options[:1]
-    dropped = []
-    for family in sorted((f for f in families if f.search_width(ranks, options[-1]) > REBUILD_WIDTH),
-                         key=lambda f: -f.search_width(ranks, options[-1])):
-        if seconds(replace(plan, options=options), families) <= budget:
-            break
-        families.remove(family)
-        dropped.append(family.name)
-    while len(options) > 1 and seconds(replace(plan, options=options), families) > budget:
-        options = options[:-1]
-    steps = ([f"microbatches up to {options[-1]} (of {largest})"] if options[-1] != largest else []) + (
-        [f"without {', '.join(dropped)}"] if dropped else [])
-    return replace(plan, options=options), families, f"{'; '.join(steps)}: a full search takes about {format_seconds(full)}"
 
 
 def search_seconds(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> float:

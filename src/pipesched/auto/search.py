@@ -22,7 +22,7 @@ from ..errors import PipeschedError
 from ..memory import schedule_recompute
 from ..ops import Op
 from ..placement import loop_placement, v_placement
-from ..registry import BuildRequest, families
+from ..registry import BuildRequest, built, families
 from ..schedule import Schedule
 from ..schedules.greedy import Knobs, build_greedy
 from ..schedules.v_family import v_knobs
@@ -62,9 +62,13 @@ def greedy_candidates(
             yield f"greedy V {_knob_text(k)}", build_greedy(v, ranks, microbatches, costs, limit, k, "zb-auto")
 
 
-def handcrafted_candidates(ranks: int, microbatches: int, costs: Costs, limit: float) -> Iterator[tuple[str, Optional[Schedule]]]:
-    """The seeds the registered families offer (``Family.zb_auto``), in their declared order."""
-    seeds = sorted(((seed, f) for f in families() for seed in f.zb_auto), key=lambda pair: pair[0].order)
+def handcrafted_candidates(ranks: int, microbatches: int, costs: Costs, limit: float,
+                           chunks: Optional[int] = None) -> Iterator[tuple[str, Optional[Schedule]]]:
+    """The seeds the registered families offer (``Family.zb_auto``), in their declared order;
+    with ``chunks``, only those of families built at that many chunks (a seed is built at its
+    family's default: the others' would be built only to be dropped)."""
+    seeds = sorted(((seed, f) for f in families() for seed in f.zb_auto
+                    if chunks is None or f.default_chunks == chunks), key=lambda pair: pair[0].order)
     for seed, family in seeds:
         request = BuildRequest(ranks, microbatches, family.default_chunks, costs,
                                limit if family.uses_memory_limit else None)
@@ -72,7 +76,7 @@ def handcrafted_candidates(ranks: int, microbatches: int, costs: Costs, limit: f
             yield from seed.programs(request)
             continue
         try:
-            yield family.name, family.build(request)
+            yield family.name, built(family, request)
         except PipeschedError:
             continue
 
@@ -116,7 +120,7 @@ def all_candidates(
 ) -> Iterator[tuple[str, Schedule]]:
     """Every candidate (with ``chunks`` per rank, if given) and where it came from."""
     for origin, schedule in itertools.chain(
-        handcrafted_candidates(ranks, microbatches, costs, limit),
+        handcrafted_candidates(ranks, microbatches, costs, limit, chunks),
         greedy_candidates(ranks, microbatches, costs, limit, chunks),
     ):
         if schedule is not None and (chunks is None or schedule.chunks == chunks):

@@ -23,6 +23,7 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 from ..actions import Action
@@ -45,8 +46,6 @@ class Knobs:
     later_stage_first: bool = True  # among ready actions of one kind, the later stage first
     reserve: int = 1  # room kept for later stages' forwards on a rank holding several stages
 
-
-
 def greedy_orders(
     placement: tuple[int, ...],
     ranks: int,
@@ -54,10 +53,21 @@ def greedy_orders(
     costs: Costs,
     memory_limit: float,
     knobs: Knobs = Knobs(),
-) -> Optional[list[list[Action]]]:
+) -> Optional[tuple[tuple[Action, ...], ...]]:
     """Per-rank programs built greedily under ``costs``; None if the limit admits no progress."""
-    run = _GreedyRun(placement, ranks, microbatches, costs, memory_limit, knobs)
-    return run.orders()
+    caps = tuple(whole_stage_microbatches(memory_limit, len(h)) for h in stages_by_rank(placement, ranks))
+    return memoized(placement, ranks, microbatches, costs, caps, knobs)
+
+
+@lru_cache(maxsize=8)
+def memoized(placement: tuple[int, ...], ranks: int, microbatches: int, costs: Costs, caps: tuple[int, ...],
+                   knobs: Knobs) -> Optional[tuple[tuple[Action, ...], ...]]:
+    """The construction at each rank's cap in whole stage-microbatches: the limit enters only
+    through them. A pure function, kept for the last few: within one search the V families
+    (zb-v and v-half often hold one cap under a device's memory) and zb-auto's V seeds ask
+    for the same constructions."""
+    orders = _GreedyRun(placement, ranks, microbatches, costs, caps, knobs).orders()
+    return None if orders is None else tuple(tuple(o) for o in orders)
 
 
 class _GreedyRun:
@@ -68,7 +78,7 @@ class _GreedyRun:
     (the rank was idle then), so waits can be filled after the fact.
     """
 
-    def __init__(self, placement, ranks, microbatches, costs, memory_limit, knobs) -> None:
+    def __init__(self, placement, ranks, microbatches, costs, caps, knobs) -> None:
         self.placement = placement
         self.m = microbatches
         self.stages = len(placement)
@@ -76,7 +86,7 @@ class _GreedyRun:
         self.comm = costs.comm
         self.held_by = stages_by_rank(placement, ranks)
         self.dur = durations_for(placement, ranks, costs)
-        self.cap = [whole_stage_microbatches(memory_limit, len(h)) for h in self.held_by]
+        self.cap = caps
         self.f_end: list[list[Optional[float]]] = [[None] * microbatches for _ in range(self.stages)]
         self.g_end: list[list[Optional[float]]] = [[None] * microbatches for _ in range(self.stages)]
         self.next_f = [0] * self.stages
@@ -209,4 +219,4 @@ def build_greedy(
     orders = greedy_orders(placement, ranks, microbatches, costs, memory_limit, knobs)
     if orders is None:
         return None
-    return Schedule(ranks, microbatches, placement, tuple(tuple(o) for o in orders), name=name)
+    return Schedule(ranks, microbatches, placement, orders, name=name)

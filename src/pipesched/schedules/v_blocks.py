@@ -11,6 +11,8 @@ paper's "squeeze" (our memory count depends on the order only, so squeezing cann
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from ..actions import Action
 from ..ops import Op
 
@@ -31,8 +33,10 @@ def v_half_offsets(ranks: int, rank: int) -> tuple[int, int, int, int]:
     return 2 * i, 3 * p - 2 - i, 3 * p + gap + 2 * i - 1, 6 * p + gap - 2 - i
 
 
-def block_orders(ranks: int, microbatches: int, offsets) -> list[list[Action]]:
-    """Per-rank programs from repeating the block ``offsets(ranks, rank)`` ``microbatches`` times."""
+@lru_cache(maxsize=4)
+def block_orders(ranks: int, microbatches: int, offsets) -> tuple[tuple[Action, ...], ...]:
+    """Per-rank programs from repeating the block ``offsets(ranks, rank)`` ``microbatches`` times
+    (pure, kept for the last few sizes: the V families and zb-auto's seeds ask for the same)."""
     orders = []
     forward, input_backward, weight_backward = Op.F, Op.I, Op.W
     for i in range(ranks):
@@ -56,5 +60,5 @@ def block_orders(ranks: int, microbatches: int, offsets) -> list[list[Action]]:
                 busy.add(w_slot)
                 timed.append((w_slot, len(timed), Action(stage, weight_backward, j)))
         timed.sort()
-        orders.append([a for _, _, a in timed])
-    return orders
+        orders.append(tuple(a for _, _, a in timed))
+    return tuple(orders)

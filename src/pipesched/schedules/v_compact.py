@@ -21,6 +21,8 @@ Every move respects the dependencies of the slot timetable, so the programs cann
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from ..actions import Action
 from ..memory import UNIT_CHANGE
 from ..ops import Op
@@ -40,8 +42,13 @@ _BACKWARDS = (I1, I0)
 Timetable = list[list[list[int]]]  # [rank][pass][microbatch] -> slot
 
 
-def compacted_orders(ranks: int, microbatches: int, offsets) -> list[list[Action]]:
-    """Per-rank programs of the block ``offsets`` after repeat, compact and squeeze."""
+@lru_cache(maxsize=4)
+def compacted_orders(ranks: int, microbatches: int, offsets) -> tuple[tuple[Action, ...], ...]:
+    """Per-rank programs of the block ``offsets`` after repeat, compact and squeeze.
+
+    A pure function of its arguments, kept for the last few sizes: one search asks for the
+    same programs from zb-v, v-half, v-min and zb-auto's seeds (the compaction is the V
+    family's costliest step at p = 64, m = 512)."""
     table = [
         [[slot + PERIOD * j for j in range(microbatches)] for slot in offsets(ranks, rank)]
         for rank in range(ranks)
@@ -51,7 +58,7 @@ def compacted_orders(ranks: int, microbatches: int, offsets) -> list[list[Action
     table = [rank_slots[:4] for rank_slots in table]
     table = _compact(table, ranks, microbatches, weights_explicit=False)
     table = [_with_weights(rank_slots[:4], split=True) for rank_slots in table]
-    return [_programs(rank, ranks, table[rank]) for rank in range(ranks)]
+    return tuple(tuple(_programs(rank, ranks, table[rank])) for rank in range(ranks))
 
 
 def _with_weights(rank_slots: list[list[int]], split: bool) -> list[list[int]]:
