@@ -1,6 +1,8 @@
 """``pipesched train``'s layout checks: ``--dp``, ``--dp-shard``, ``--tp``, the batch split, torchrun's world.
 
-Checked before any process starts (the ranks themselves would only fail later, one by one).
+Checked before any process starts (the ranks themselves would only fail later, one by one); the
+batch split and the world are :mod:`pipesched.training.launch_checks`', which
+``pipesched.hf.pipeline`` makes too.
 """
 
 from __future__ import annotations
@@ -8,11 +10,10 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from ..environment import torchrun_rank
-from ..errors import ConfigError
-from ..schedule import Schedule
-from ..training.launch_checks import check_batch_split
-from .run_config import LayoutSection
+from ...errors import ConfigError
+from ...schedule import Schedule
+from ..config.run_config import LayoutSection
+from ..launch_checks import check_batch_split, check_world
 
 
 def check_layout(plan: Optional[Schedule], layout: LayoutSection, batch_size: int,
@@ -27,10 +28,6 @@ def check_layout(plan: Optional[Schedule], layout: LayoutSection, batch_size: in
         return
     whole = layout.of(plan.ranks)
     check_batch_split(batch_size, whole.dp, plan.microbatches)
-    launched = torchrun_rank(environ)
-    if launched is not None and launched.world != whole.world:
-        named = f"--ranks {plan.ranks} x --dp {layout.dp}" + (
-            f" x --dp-shard {layout.dp_shard} x --tp {layout.tp}" if layout.sharded else "")
-        raise ConfigError(f"torchrun started {launched.world} processes but {named} needs {whole.world}: "
-                          f"use --nproc-per-node x --nnodes = {whole.world}")
-
+    named = f"--ranks {plan.ranks} x --dp {layout.dp}" + (
+        f" x --dp-shard {layout.dp_shard} x --tp {layout.tp}" if layout.sharded else "")
+    check_world(whole, named, environ)
