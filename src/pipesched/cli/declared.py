@@ -26,9 +26,7 @@ def typer_options(section: type) -> tuple[tuple[str, object, object], ...]:
     declared = []
     for f in fields(section):
         assert f.default is not MISSING, f"{section.__name__}.{f.name} has no default"
-        info = typer_option(declaration(f))
-        assert info.default == f.default, f.name
-        declared.append((f.name, hints[f.name], info))
+        declared.append((f.name, hints[f.name], typer_option(declaration(f))))
     return tuple(declared)
 
 

@@ -1,9 +1,9 @@
 """The checks before any rank starts that ``pipesched train`` and :func:`pipesched.hf.pipeline`
 both make, so the Python API refuses what the command line refuses, in the same words: a torchrun
 world other than the layout's (:func:`check_world`), a batch that does not split into the
-microbatches, a checkpoint folder to resume from that holds no checkpoint of this model and
-optimizer or one to save into that cannot be written (:func:`check_checkpoint_folder`, which
-:func:`pipesched.hf.saving.save_checkpoint` and :func:`~pipesched.hf.saving.load_checkpoint` make), a layout's
+microbatches, a checkpoint of another model or optimizer to resume from (:func:`check_checkpoint_of`:
+``train --resume`` through :func:`check_checkpoint_folder`, which also refuses a folder it cannot
+write, and :func:`pipesched.hf.saving.load_checkpoint`), a layout's
 ``tp`` that the model has no plan for or that does not divide its heads, a rank of a stage left
 without an element to hold (:func:`pipesched.layout_refusals.check_stage_shards`), and with a rank
 memory limit (``--rank-memory-limit``, ``rank_memory_limit=``) the bytes each rank is predicted to
@@ -96,14 +96,22 @@ def check_checkpoint_folder(directory: Path, resume: bool, model_def, optimizer:
         done = checkpoint.checkpoint_step(found)
         if steps is not None and done >= steps:
             raise ConfigError(f"--resume: {found} is after step {done}, and --steps {steps} asks for no more: raise --steps")
-        probe = optimizer([torch.nn.Parameter(torch.zeros(1))])
         shapes = checkpoint.model_shapes(model_def.build_block, model_def.num_blocks, model_def.tied,
                                          model_def.checkpoint_name)
-        checkpoint.check_matches(found, shapes, checkpoint.optimizer_settings(probe))
+        check_checkpoint_of(found, shapes, optimizer([torch.nn.Parameter(torch.zeros(1))]))
 
     owner = not under_torchrun() or os.environ["RANK"] == "0"  # torchrun: rank 0 locks and tidies, once per run
     return checkpoint.prepare_directory(directory, resume, lambda line: print(f"pipesched: {line}", file=sys.stderr,
                                                                               flush=True), owner, check=resumable)
+
+
+def check_checkpoint_of(found: Path, shapes: Mapping[str, Sequence[int]], optimizer) -> None:
+    """Refuse (CheckpointMismatch, one line) a checkpoint ``found`` that does not hold the whole
+    model ``shapes`` describes (every entry at its shape, and none more: a larger model's checkpoint
+    fills no part of a smaller one) or was saved by an optimizer of other settings than ``optimizer``'s."""
+    from ..runtime.checkpoints import checkpoint
+
+    checkpoint.check_matches(found, shapes, checkpoint.optimizer_settings(optimizer))
 
 
 def check_tp(model_def, tp: int) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 class JobEnded(Exception):
     """The job stopped: ``line`` (already worded, ``pipesched: ...``) said on stderr, ``code`` the
-    exit status (1: the run failed or its results could not be written; 128 + N: stopped by signal N)."""
+    exit status (1: the run failed or its results could not be written; 2: torch is not installed;
+    130: stopped by Ctrl-C; 128 + N: stopped by signal N)."""
 
     def __init__(self, line: str, code: int) -> None:
         super().__init__(line)
