@@ -275,6 +275,12 @@ def save_and_resume(rank: int, world: int, job: dict) -> dict:
     out["resumed_from"] = hf.load_checkpoint(resumed, checkpoint.latest(f"{folder}/ck"))
     resumed.step(batches[2])
     out["resumed"] = resumed.gather_state_dict()
+    # the 4 layers' checkpoint into a 2-layer model: every rank's own part is in it, the whole is not
+    smaller = hf.pipeline(make_config("llama", num_hidden_layers=2), one, optimizer=adamw, sample_batch=batches[0])
+    try:
+        hf.load_checkpoint(smaller, checkpoint.latest(f"{folder}/ck"))
+    except checkpoint.CheckpointMismatch as refused:  # on every rank alike, before any collective
+        out["larger_refused"] = str(refused)
     # GPT-2's tied weight: one Parameter on zb-v's rank 0, a copy on each rank under 1f1b
     gpt2 = make_config("gpt2")
     with Float64Throughout():  # built from the config in float64, and computed so

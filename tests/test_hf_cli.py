@@ -182,7 +182,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_rank_starts(configs):
 def test_what_the_command_refuses_is_refused_by_the_model_it_builds(configs, tmp_path):
     """The rest of the refusals, raised where the command raises them (building the model)."""
     from pipesched import hf
-    from pipesched.cli.train_hf import hf_model_options
+    from pipesched.training.job.hf_model import hf_model_options
     from pipesched.errors import ConfigError
     from pipesched.training.models import get_model
 

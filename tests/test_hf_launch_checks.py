@@ -1,6 +1,6 @@
 """The Python API refuses what ``pipesched train`` refuses, in the same words: the checks before
-launch (a batch that does not split into the microbatches, a ``tp`` that does not divide the
-heads, a rank memory limit the layout exceeds) are one
+launch (a torchrun world other than the layout's, a batch that does not split into the
+microbatches, a ``tp`` that does not divide the heads, a rank memory limit the layout exceeds) are one
 module, :mod:`pipesched.training.launch_checks`, that ``train`` and ``pipesched.hf.pipeline`` both call.
 
 The API's refusals come before any process group is used, so they are checked here in one
@@ -8,8 +8,12 @@ process, with a sharded mesh whose groups the refusal never reaches."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
-from conftest import concurrently, run_cli
+from conftest import cli_env, concurrently, run_cli
 
 pytest.importorskip("transformers")
 import torch  # noqa: E402
@@ -70,3 +74,26 @@ def test_a_rank_memory_limit_without_sharded_stages_is_refused():
         pipesched.hf.pipeline(LlamaConfig(**CONFIG), pipesched.build_schedule("1f1b", 1, 4),
                               optimizer=make_optimizer("sgd", 1e-3), sample_batch={"input_ids": ids, "labels": ids},
                               mesh=PipelineMesh(1, 1, 0, 0, None, None, ()), rank_memory_limit=1024)
+
+
+TORCHRUN = {"RANK": "0", "WORLD_SIZE": "8", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}  # 8 processes
+
+
+def test_a_torchrun_world_other_than_the_layout_is_refused_before_any_work(monkeypatch):
+    """torchrun started 8 processes for a layout of 4: ``train`` names the layout by its flags, the
+    API by its sizes, in one sentence otherwise the same (``launch_checks.check_world``)."""
+    console = Path(sys.executable).with_name("pipesched")  # the installed console script
+    train = subprocess.run([str(console), "train", "--model", "gpt", "-s", "1f1b", "--ranks", "2", "--dp-shard", "2"],
+                           capture_output=True, text=True, timeout=120, env={**cli_env(), **TORCHRUN})
+    for name, value in TORCHRUN.items():
+        monkeypatch.setenv(name, value)
+    api = _api_refusal(ParallelLayout(2, dp_shard=2))
+    assert api == ("torchrun started 8 processes but ranks=2 x dp=1 x dp_shard=2 x tp=1 needs 4: "
+                   "use --nproc-per-node x --nnodes = 4")
+    flags = api.replace("ranks=2 x dp=1 x dp_shard=2 x tp=1", "--ranks 2 x --dp 1 x --dp-shard 2 x --tp 1")
+    assert train.returncode == 2 and train.stderr == f"pipesched: error: {flags}\n" and not train.stdout
+    ids = torch.zeros(BATCH, SEQ, dtype=torch.long)
+    with pytest.raises(ConfigError, match="^torchrun started 8 processes but ranks=2 x dp=2 x dp_shard=1 x tp=1 needs 4"):
+        pipesched.hf.pipeline(LlamaConfig(**CONFIG), pipesched.build_schedule("1f1b", 2, 4),
+                              optimizer=make_optimizer("sgd", 1e-3), sample_batch={"input_ids": ids, "labels": ids},
+                              mesh=PipelineMesh(2, 2, 0, 0, None, None, ()))

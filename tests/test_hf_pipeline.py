@@ -23,6 +23,8 @@ model's gradients in a measurement (2e-9: weights scaled by ``1 + 1e-12``), so n
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -211,6 +213,10 @@ def test_names_save_pretrained_weights_and_checkpoints_resume_under_another_sche
     assert got["resumed_from"] == 2
     uninterrupted = reference(hf.init_model(make_config("llama"), seed=5), batches)
     assert relative_error(got["resumed"], uninterrupted["params"]) < 1e-5
+    # a larger model's checkpoint is refused as train --resume refuses it, though each rank's part of
+    # the smaller model is in it (launch_checks.check_checkpoint_of: the whole model, nothing more)
+    assert re.fullmatch(f"{re.escape(str(checkpoint.latest(tmp_path / 'ck')))} is a checkpoint of another model: it "
+                        r"has 'model\.layers\.[23]\.\S+', which this model lacks", got["larger_refused"])
     model = hf.init_model(make_config("llama"), seed=0)
     optimizer = adamw(list(model.parameters()))
     assert checkpoint.load(checkpoint.latest(tmp_path / "ck"), model, optimizer) == 2

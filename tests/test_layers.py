@@ -16,7 +16,9 @@ PACKAGE = SRC / "pipesched"
 LAYERS = [
     ("core", ["errors", "ops", "gather_plan", "parallel_layout", "expert_plans", "sharded_bytes", "layout_refusals", "actions", "placement", "pipelines", "costs", "dependencies", "execution", "memory",
               "schedule", "ranking", "outfiles",
-              "balance", "bounds", "jsontext", "units", "environment"]),
+              "balance", "bounds", "jsontext", "units", "environment",
+              # options declared once, without typer (the run's tree and the commands take them)
+              "declared", "shared_options", "memory_limits"]),
     ("model", ["validate", "simulate", "planning"]),
     ("schedules", ["schedules"]),  # the family modules and the constructions they share
     ("registry", ["registry"]),
@@ -38,8 +40,9 @@ LAYERS = [
     # pipesched.hf.pipeline calls as train does
     ("launch checks", ["training.model_def", "training.launch_checks"]),
     ("runtime users", ["hf", "data"]),  # Hugging Face models on the runtime; their token streams
-    ("application", ["training"]),  # pipesched train: the job, its models, data, loop, metrics, profile
-    ("run resolution", ["resolve", "zb_auto_plan", "schedule_files"]),
+    ("application", ["training"]),  # pipesched train's run: its declared tree, models, data, loop, metrics, profile
+    ("run resolution", ["resolve", "zb_auto_plan", "schedule_files", "gather_placement"]),
+    ("train job", ["training.job"]),  # a run assembled from its RunConfig, checked, its schedule resolved, launched
     ("cli", ["cli", "__main__"]),
 ]
 TORCH_FREE = ["runtime.program.program", "runtime.program.program_check", "runtime.program.planned_gathers", "runtime.metering.timeline", "resolve",
@@ -163,3 +166,19 @@ def test_the_pure_python_runtime_modules_import_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, env=cli_env(), timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_the_training_application_imports_no_command_line():
+    """``pipesched.training`` (the run's declared tree, the job, the checks before launch) is the
+    application, not the command line: no module of it imports typer or ``pipesched.cli``, so the
+    job runs from a ``RunConfig`` built by any caller."""
+    found = []
+    for name, path in MODULES.items():
+        if name.split(".")[0] != "training":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                       [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{name} imports {t}" for t in targets if t.split(".")[0] == "typer" or t.startswith("pipesched.cli")]
+        found += [f"{name} imports {t}" for t in sorted(GRAPH[name]) if t.split(".")[0] in ("cli", "__main__")]
+    assert found == []

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import SRC, cli_env, concurrently
 
-from pipesched.cli.declared import flag, in_file
-from pipesched.cli.run_config import SECTIONS
-from pipesched.cli.run_file import tomllib  # tomli below Python 3.11
+from pipesched.declared import flag, in_file
+from pipesched.training.config.run_config import SECTIONS
+from pipesched.training.config.run_file import tomllib  # tomli below Python 3.11
 
 PIPESCHED = Path(sys.executable).with_name("pipesched")  # the console script users run
 
@@ -129,10 +129,11 @@ def test_each_option_is_declared_once_on_the_run_tree():
     assert dict(declared) == {k: v for k, v in on_command.items() if k not in ("--config", "--print-config")}
     keys = [f.name for section in SECTIONS.values() for f in fields(section) if in_file(f)]
     assert len(set(keys)) == len(keys)
-    for module in (SRC / "pipesched" / "cli").glob("train*.py"):
+    job = [*(SRC / "pipesched" / "cli").glob("train*.py"), *(SRC / "pipesched" / "training" / "job").glob("*.py")]
+    for module in job:
         calls = [node for node in ast.walk(ast.parse(module.read_text()))
                  if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "Option"]
-        assert not calls, f"{module.name} declares an option outside the run's tree (cli/run_config.py)"
+        assert not calls, f"{module.name} declares an option outside the run's tree (training/config/run_config.py)"
 
 
 def test_a_size_given_to_memory_limit_is_the_named_option_it_now_is_with_a_warning():

@@ -131,7 +131,7 @@ def test_a_run_carries_one_layout_that_places_ranks_as_the_pipeline_mesh_does():
     pipeline ranks than the schedule's is refused, and its order is the runtime's, where global rank
     ``g`` is pipeline rank ``g % pp`` of replica ``g // pp`` (as ``init_pipeline_mesh`` places a
     ``--dp`` run's ranks)."""
-    from pipesched.cli.run_config import LayoutSection
+    from pipesched.training.config.run_config import LayoutSection
     from pipesched.errors import ConfigError
     from pipesched.training.train import TrainConfig
 

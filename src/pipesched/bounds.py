@@ -20,3 +20,14 @@ def check_number(label: str, value: object, low: float, high: float, *, whole: b
     if isinstance(value, bool) or not kind_ok or not low <= value <= high:
         span = f"a whole number from {low} to {high}" if whole else f"a finite number from {low:g} to {high:g}"
         raise ConfigError(f"{label} must be {span}, got {value!r}")
+
+
+def number_list(flag: str, text: str, example: str = "numbers such as 0.5 or 0.5,1") -> tuple[float, ...]:
+    """``flag``'s comma-separated numbers (one line naming ``flag`` if they are not; ranges are the caller's)."""
+    if not text.strip():
+        raise ConfigError(f"{flag} is empty: give {example}, or leave the flag out")
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: expected numbers separated by commas") from None
+    return values

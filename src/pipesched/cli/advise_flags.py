@@ -15,6 +15,7 @@ from typing import Optional
 
 import typer
 
+from .. import memory_limits as limits
 from ..errors import ConfigError
 from ..registry import get_family
 from . import memory_limits as ml
@@ -51,14 +52,14 @@ class SearchFlags:
         the activations ``--profile`` measures) or ``--rank-memory-limit`` (all a GPU holds, as a
         model description counts it); a size given to ``--memory-limit`` is the old spelling of
         the one that fits (warned about)."""
-        units, size = ml.parse_memory_limit(self.memory_limit)
+        units, size = limits.parse_memory_limit(self.memory_limit)
         activation, rank = self.activation_limit, self.rank_memory_limit
         if size is not None and (profiled or described):
             new = "--activation-limit" if profiled else "--rank-memory-limit"
-            moved = ml.moved_size("advise", self.memory_limit, new, activation if profiled else rank)
+            moved = limits.moved_size("advise", self.memory_limit, new, activation if profiled else rank)
             activation, rank = (moved, rank) if profiled else (activation, moved)
         elif size is not None:
-            ml.units_only(self.memory_limit, "sizes in bytes need --profile (--activation-limit) or a model "
+            limits.units_only(self.memory_limit, "sizes in bytes need --profile (--activation-limit) or a model "
                           "description (--rank-memory-limit)")
         if activation is not None and not profiled:
             raise ConfigError("--activation-limit needs --profile (it measures the activations); with a model "
@@ -70,7 +71,7 @@ class SearchFlags:
                                           ("--rank-memory-limit", rank)) if value is not None]
         if len(given) > 1:
             raise ConfigError(f"{' and '.join(given)} are each a memory limit: give one")
-        return units, ml.size_limit("--activation-limit", activation) or ml.size_limit("--rank-memory-limit", rank)
+        return units, limits.size_limit("--activation-limit", activation) or limits.size_limit("--rank-memory-limit", rank)
 
     def given_costs(self) -> dict[str, object]:
         """The flags that give the costs (flag -> value; None: not given), which a model

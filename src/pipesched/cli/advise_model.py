@@ -1,7 +1,7 @@
 """``pipesched advise``'s ways of costing a model besides ``--costs``: a model description and
 its hardware (:class:`ModelFlags`, turned into the cost model by :func:`transformer_costs`), or
 ``--profile``, which measures a model (:class:`ProfileFlags`). Each is declared as one group
-(:func:`option_group`): the description on its dataclass's fields (:mod:`.declared`), so that
+(:func:`option_group`): the description on its dataclass's fields (:mod:`pipesched.declared`), so that
 ``--config FILE.toml`` reads it as a run file's ``[model]`` table; the profile's as typer's
 declarations. The constants below are the one place of a default applied where a flag was left out.
 """
@@ -17,10 +17,11 @@ import typer
 from ..advise.estimate import DEFAULT_TFLOPS, Hardware, TransformerCosts
 from ..advise.transformer import ATTENTION_KERNELS, DTYPE_BYTES, TransformerSpec
 from ..advise.transformer_experts import Experts
+from ..declared import old_spelling, option
 from ..errors import ConfigError
 from . import options as opt
 from .advise_flags import SearchFlags, or_default
-from .declared import old_spelling, option, typer_options, with_old_spellings
+from .declared import typer_options, with_old_spellings
 from .option_group import option_group
 
 ACTIVATION_DTYPE = "bf16"  # --activation-dtype left out
@@ -67,7 +68,7 @@ class ModelFlags:
         ``--activation-dtype``, then each flag not given taken from ``--config``'s file."""
         values = with_old_spellings("advise", ModelFlags, {f.name: getattr(self, f.name) for f in fields(self)})
         if self.config is not None:
-            from .run_file import read_run_file
+            from ..training.config.run_file import read_run_file
 
             from_file = read_run_file(self.config, {"model": ModelFlags})
             values.update({name: value for name, value in from_file.items() if values[name] is None})

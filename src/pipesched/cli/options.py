@@ -8,7 +8,6 @@ memory limit, stage multipliers, overlap, objective, recompute input) are declar
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -16,17 +15,20 @@ from typing import Callable, Optional
 
 import typer
 
-from ..bounds import check_number
+from ..bounds import check_number, number_list
 from ..costs import Costs
 from ..errors import ConfigError
-from .memory_limits import MAX_LIMIT_MB, MemoryLimit, moved_size, parse_memory_limit, size_limit, units_only
+from ..memory_limits import MAX_LIMIT_MB, moved_size, parse_memory_limit, size_limit, units_only
+from ..shared_options import CHUNKS, RANKS, RECOMPUTE_INPUT, check_recompute_input
+from .declared import typer_option
+from .memory_limits import MemoryLimit
 from .option_group import option_group
 
 ScheduleName = typer.Argument(None, help="Schedule name (or give --csv).")
 ScheduleCsv = typer.Option(None, "--csv", help="A schedule CSV (torch's compute_only or compute_comms format) instead of a name.")
-Ranks = typer.Option(4, "--ranks", "-p", help="Pipeline ranks (devices), p.")
+Ranks = typer_option(RANKS)
 Microbatches = typer.Option(8, "--microbatches", "-m", help="Microbatches per iteration, m.")
-Chunks = typer.Option(None, "--chunks", "-v", help="Chunks (stages) per rank, v; default per schedule.")
+Chunks = typer_option(CHUNKS)
 CostsOpt = typer.Option(None, "--costs", help="Per-microbatch costs F,B,W of one rank's share, e.g. 1,1.4,0.6.")
 Comm = typer.Option(0.0, "--comm", help="Latency of every cross-rank transfer, in cost units.")
 StageOverhead = typer.Option(
@@ -51,13 +53,7 @@ Overlap = typer.Option(
     "the pair takes max(F,B) + OVERLAP * min(F,B); 1 = one after the other (what the runtime "
     "does on CPU), 0 = the shorter fully hidden.",
 )
-RecomputeInput = typer.Option(
-    None, "--recompute-input",
-    help="With --memory-limit: zb-auto may also recompute activations on some stages where that is "
-    "faster than a leaner order; SHARE is what a recomputed stage keeps (its input) of its "
-    "activations, e.g. 0.05. Where the sizes are known (train -s zb-auto measures them, simulate "
-    "--activation-bytes KEEP,STASH,INPUT gives them) the share comes from them and this overrides it.",
-)
+RecomputeInput = typer_option(RECOMPUTE_INPUT)
 Multipliers = typer.Option(
     None, "--stage-multipliers", help="Cost factors along the model's depth, e.g. 1.3,1,1,1.3."
 )
@@ -79,17 +75,6 @@ class Setup:
 def parse_multipliers(text: Optional[str]) -> Optional[tuple[float, ...]]:
     """``--stage-multipliers 1.3,1,1,1.3`` as numbers (None when not given; empty is refused)."""
     return None if text is None else number_list("--stage-multipliers", text, "factors such as 1.3,1,1,1.3")
-
-
-def number_list(flag: str, text: str, example: str = "numbers such as 0.5 or 0.5,1") -> tuple[float, ...]:
-    """``flag``'s comma-separated numbers (one line naming ``flag`` if they are not; ranges are the caller's)."""
-    if not text.strip():
-        raise ConfigError(f"{flag} is empty: give {example}, or leave the flag out")
-    try:
-        values = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: expected numbers separated by commas") from None
-    return values
 
 
 def setup(
@@ -232,11 +217,3 @@ def recompute_limit(s: Setup) -> Optional[float]:
     """The memory limit when the flags have zb-auto search recomputation (what its planning
     work counts), else None."""
     return s.memory_limit if s.recompute_input is not None else None
-
-
-def check_recompute_input(share: float, limit: Optional[float]) -> None:
-    """``--recompute-input`` is a share from 0 to below 1, and steers only a search under a limit."""
-    if not (math.isfinite(share) and 0 <= share < 1):
-        raise ConfigError(f"--recompute-input must be from 0 to below 1 (what a recomputed stage keeps of its activations), got {share:g}")
-    if limit is None:
-        raise ConfigError("--recompute-input needs --memory-limit: without a limit recomputing only costs time")

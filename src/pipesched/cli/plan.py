@@ -11,6 +11,7 @@ import typer
 from ..jsontext import json_text
 from ..compare import planned_work, simulate_all
 from ..errors import ConfigError
+from ..gather_placement import gathers_asked, planned_gathers
 from ..memory import MemorySizes, StageMemory
 from ..outfiles import check_output_path, write_atomic
 from ..planning import actions_built
@@ -21,7 +22,7 @@ from ..simulate import simulate
 from . import app
 from . import options as opt
 from .activation_bytes import activation_share, measured_share
-from .gather_flags import GatherLimit, GatherPlan, GatherTime, gathers_asked, planned_gathers
+from .gather_flags import GatherLimit, GatherPlan, GatherTime
 from .memory_limits import ActivationLimit
 from .plan_print import print_compare, print_result, say_recompute
 from .progress import planning_progress

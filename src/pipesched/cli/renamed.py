@@ -18,11 +18,6 @@ from ..errors import ConfigError
 T = TypeVar("T")
 
 
-def deprecated_option(old: str, new: str) -> typer.models.OptionInfo:
-    """The old spelling of ``new``, hidden from ``--help``."""
-    return typer.Option(None, old, hidden=True, help=f"Deprecated spelling of {new}.")
-
-
 def renamed(command: str, old: str, new: str, old_value: Optional[T], new_value: Optional[T]) -> Optional[T]:
     """The option's value, from the new spelling or (with a warning on stderr) the old one."""
     if old_value is None:

@@ -1,5 +1,6 @@
 """``pipesched train``'s options, generated from the run's one declaration
-(:class:`~.run_config.RunConfig`), with ``--config FILE.toml`` and ``--print-config``.
+(:class:`~pipesched.training.config.run_config.RunConfig`), with ``--config FILE.toml`` and
+``--print-config``.
 
 The command takes one ``cfg: RunConfig``. A flag given on the command line overrides the file; a
 flag left out takes the file's value, else its default. Each value is checked against its range
@@ -16,9 +17,10 @@ from typing import Callable, Optional
 
 import typer
 
-from .declared import check_value, flag, typer_options, with_old_spellings
-from .run_config import SECTIONS, RunConfig
-from .run_file import read_run_file, run_text
+from ..declared import check_value, flag
+from ..training.config.run_config import SECTIONS, RunConfig
+from ..training.config.run_file import read_run_file, run_text
+from .declared import typer_options, with_old_spellings
 
 Config = typer.Option(None, "--config", help="Read the run from this TOML file (one table per option group, "
                       "docs/training.md); flags given as well override it.")

@@ -4,7 +4,7 @@ one of train's models.
 The model is its blocks (:mod:`.blocks`, each built from the config on the rank that owns it,
 randomly initialised, block ``i`` after ``torch.manual_seed(seed + i)``, or read from
 ``--hf-weights DIR``, which ``hf:FOLDER`` fills with the folder when it holds weights:
-:mod:`pipesched.cli.train_hf`), trained on windows of ``--seq-len`` tokens of a token stream
+:mod:`pipesched.training.job.hf_model`), trained on windows of ``--seq-len`` tokens of a token stream
 (:mod:`pipesched.data.streams`): ``--data`` a token file, text through the tokenizer of the
 model's folder (or ``--tokenizer DIR``), or without one a file's bytes modulo the vocabulary;
 by default the text shipped with pipesched; with ``--packing documents`` the batch context

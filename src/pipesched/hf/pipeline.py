@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..parallel_layout import ParallelLayout
 from ..schedule import Schedule
-from ..training.launch_checks import check_batch_split, check_sharded_stages
+from ..training.launch_checks import check_batch_split, check_sharded_stages, check_world
 from ..training.model_def import ModelDef
 from .build import BlockSource
 from .loss import StepNormalisedLoss
@@ -185,8 +186,8 @@ def pipeline(
     ``rank_memory_limit``: the bytes a rank of a sharded layout may hold (weights, gradients,
     optimizer state and activations, as predicted before any step).
 
-    A sharded layout is checked as ``pipesched train`` checks it, refused in the same words
-    (:func:`pipesched.training.launch_checks.check_sharded_stages`).
+    The mesh's world (under torchrun), the batch split and a sharded layout are checked as
+    ``pipesched train`` checks them, refused in the same words (:mod:`pipesched.training.launch_checks`).
     """
     from dataclasses import replace
 
@@ -202,6 +203,8 @@ def pipeline(
     config = source.config
     check_batch(sample_batch, config)
     sharded = isinstance(mesh, ShardedMesh)
+    if mesh is not None:  # torchrun started the mesh's processes (the whole world's own mesh fits any)
+        check_world(mesh.layout if sharded else ParallelLayout(mesh.pp, mesh.dp))
     replicas = (mesh.pipeline if sharded else mesh or PipelineMesh.whole_world()).dp
     family, experts = type(source.skeleton).__name__, getattr(mesh.pipeline if sharded else mesh, "experts", None)
     if experts is not None:

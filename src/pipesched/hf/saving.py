@@ -5,7 +5,9 @@ own ``save_pretrained`` (config and safetensors; a tied head is written once, as
 writes it), so ``AutoModelForCausalLM.from_pretrained(DIR)`` loads it. :func:`save_checkpoint`
 and :func:`load_checkpoint` use :mod:`pipesched.runtime.checkpoints.checkpoint` (DCP) on the rank's part of
 the model under the model's names (``model.model.layers.3.mlp.up_proj.weight``), so a
-checkpoint resumes under any schedule and rank count.
+checkpoint resumes under any schedule and rank count. Both check first, on every rank alike and
+before any collective, what ``pipesched train --checkpoint-dir`` checks before its launch, in the
+same words: a folder that cannot be written, a checkpoint of another model or optimizer.
 """
 
 from __future__ import annotations
@@ -52,14 +54,23 @@ def write_tokenizer(source: Path, directory: PathLike) -> None:
 
 def save_checkpoint(runtime, directory: PathLike, keep: int = DEFAULT_KEEP) -> Path:
     """Checkpoint the run after its ``steps_done`` steps under the model's names (collective)."""
+    from ..runtime.checkpoints.checkpoint_files import writable_folder
     from .pipeline import model_name
 
+    writable_folder(directory)
     return runtime.runtime.save_checkpoint(directory, keep, model_name)
 
 
 def load_checkpoint(runtime, path: PathLike) -> int:
-    """Load a checkpoint saved under any schedule or rank count; returns the step it was saved after."""
-    from .pipeline import model_name
+    """Load a checkpoint saved under any schedule or rank count; returns the step it was saved
+    after. A checkpoint of another model (a larger one included) or optimizer is refused first
+    (:func:`pipesched.training.launch_checks.check_checkpoint_of`, as ``train --resume`` refuses it)."""
+    from ..runtime.checkpoints.checkpoint import model_shapes
+    from ..training.launch_checks import check_checkpoint_of
+    from .pipeline import model_name, tied_groups
 
+    source = runtime.source
+    check_checkpoint_of(Path(path), model_shapes(source, source.num_blocks, tied_groups(source), model_name),
+                        runtime.runtime.optimizer)
     return runtime.runtime.load_checkpoint(path, model_name)
 

@@ -116,6 +116,22 @@ def latest(directory: PathLike) -> Optional[Path]:
     return found[-1] if found else None
 
 
+def writable_folder(directory: PathLike) -> Path:
+    """``directory``, created if it is not there; ConfigError (one line) where it is a file or
+    cannot be written."""
+    folder = Path(directory)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"--checkpoint-dir {str(folder)!r} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".pipesched-write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"--checkpoint-dir {str(folder)!r}: cannot write there ({err.strerror})") from None
+    return folder
+
+
 def prepare_directory(directory: PathLike, resume: bool, say: Callable[[str], None] = lambda _: None,
                       owner: bool = True, check: Optional[Callable[[Path], None]] = None) -> Optional[Path]:
     """Check ``directory`` before a run starts (ConfigError: one line) and create it; return the
@@ -128,16 +144,7 @@ def prepare_directory(directory: PathLike, resume: bool, say: Callable[[str], No
 
     Starting afresh in a folder that already holds checkpoints is refused: the new run's would
     mix with the old run's, and ``--resume`` would then pick from both."""
-    folder = Path(directory)
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"--checkpoint-dir {str(folder)!r} is a file, not a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".pipesched-write-test-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as err:
-        raise ConfigError(f"--checkpoint-dir {str(folder)!r}: cannot write there ({err.strerror})") from None
+    folder = writable_folder(directory)
     newest = latest(folder)
     if resume and newest is None:
         raise ConfigError(f"--resume: no complete checkpoint in {str(folder)!r} (step-NNNNNN folders)")

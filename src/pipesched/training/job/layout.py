@@ -1,6 +1,8 @@
 """``pipesched train``'s layout checks: ``--dp``, ``--dp-shard``, ``--tp``, the batch split, torchrun's world.
 
-Checked before any process starts (the ranks themselves would only fail later, one by one).
+Checked before any process starts (the ranks themselves would only fail later, one by one); the
+batch split and the world are :mod:`pipesched.training.launch_checks`', which
+``pipesched.hf.pipeline`` makes too.
 """
 
 from __future__ import annotations
@@ -8,11 +10,11 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from ..environment import torchrun_rank
-from ..errors import ConfigError
-from ..schedule import Schedule
-from ..training.launch_checks import check_batch_split
-from .run_config import LayoutSection
+from ...environment import torchrun_rank
+from ...errors import ConfigError
+from ...schedule import Schedule
+from ..config.run_config import LayoutSection
+from ..launch_checks import check_batch_split, check_world
 
 
 def check_layout(plan: Optional[Schedule], layout: LayoutSection, batch_size: int,
@@ -27,18 +29,15 @@ def check_layout(plan: Optional[Schedule], layout: LayoutSection, batch_size: in
                 raise ConfigError(f"{flag} needs a pipeline: the reference (--schedule none) is one process")
         return
     whole = layout.of(plan.ranks)
-    launched = torchrun_rank(environ)
     named = f"--ranks {plan.ranks} x --dp {layout.dp}" + (
         f" x --dp-shard {layout.dp_shard} x --tp {layout.tp}" if layout.sharded else "")
     limit = local_world_limit()
-    if launched is None and whole.world > limit:
+    if torchrun_rank(environ) is None and whole.world > limit:
         raise ConfigError(f"{named} needs {whole.world} processes, more than the {limit} this machine starts "
                           f"({LOCAL_PER_CORE} per CPU core, at least {LOCAL_FLOOR}, at most {LOCAL_CAP}): choose a "
                           "smaller layout, or launch it across machines with torchrun (docs/runtime.md)")
     check_batch_split(batch_size, whole.dp, plan.microbatches)
-    if launched is not None and launched.world != whole.world:
-        raise ConfigError(f"torchrun started {launched.world} processes but {named} needs {whole.world}: "
-                          f"use --nproc-per-node x --nnodes = {whole.world}")
+    check_world(whole, named, environ)
 
 
 LOCAL_PER_CORE = 4  # local processes per CPU core: past that, a run only waits on its own ranks
@@ -52,4 +51,3 @@ def local_world_limit(cores: Optional[int] = None) -> int:
     machine runs out of memory or process slots."""
     cores = cores or os.cpu_count() or 1
     return min(LOCAL_CAP, max(LOCAL_FLOOR, LOCAL_PER_CORE * cores))
-

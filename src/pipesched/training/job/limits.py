@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..errors import ConfigError
-from ..resolve import MEASURING
-from .memory_limits import moved_size, parse_memory_limit, size_limit
-from .run_config import RunConfig
+from ...errors import ConfigError
+from ...memory_limits import moved_size, parse_memory_limit, size_limit
+from ...resolve import MEASURING
+from ..config.run_config import RunConfig
 
 
 def memory_limits(cfg: RunConfig) -> tuple[Optional[float], Optional[float], Optional[float]]:

@@ -1,7 +1,10 @@
 """A ``pipesched train`` run as one value: a tree of sections (model, training, optimizer and
 learning rate, schedule, layout, data, evaluation, checkpoints, outputs), after torchtitan's job
-config. Each field is the one declaration of an option (:mod:`.declared`): the command's flags
-are generated from it and a run file (``--config run.toml``) has one table per section.
+config. Each field is the one declaration of an option (:mod:`pipesched.declared`): its
+default, help, range and rule; ``pipesched train``'s flags are generated from it
+(:mod:`pipesched.cli.run_options`) and a run file (``--config run.toml``, :mod:`.run_file`) has one
+table per section. Nothing here imports typer: the tree is the application's, the command line
+one way to fill it.
 """
 
 from __future__ import annotations
@@ -10,14 +13,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
-from ..bounds import DEFAULT_TIMEOUT_S
-from ..parallel_layout import ParallelLayout, runtime_layout
-from ..runtime.checkpoints.checkpoint_files import DEFAULT_KEEP
-from . import memory_limits as ml
-from . import options as opt
-from .declared import old_spelling, option, shared
-from .gather_flags import GatherLimit, GatherPlan, GatherTime
-from .train_checks import check_lr, check_positive, check_seed, check_share, check_timeout, check_weight_decay
+from ... import memory_limits as ml
+from ... import shared_options as so
+from ...bounds import DEFAULT_TIMEOUT_S
+from ...declared import old_spelling, option, shared
+from ...parallel_layout import ParallelLayout, runtime_layout
+from ...runtime.checkpoints.checkpoint_files import DEFAULT_KEEP
+from .checks import check_lr, check_positive, check_seed, check_share, check_timeout, check_weight_decay
 
 WITH_HF = "With --model hf:CONFIG.json: "
 
@@ -65,28 +67,28 @@ class ScheduleSection:
                            "pipesched advise picks); zb-auto measures the costs first and plans for them.", short=("-s",))
     microbatches: Optional[int] = option(None, "Microbatches per step (default 8; a CSV brings its own).",
                                          short=("-m",), least=1)
-    chunks: Optional[int] = shared(opt.Chunks, least=1)
+    chunks: Optional[int] = shared(so.CHUNKS, least=1)
     stage_blocks: Optional[str] = option(None, "Blocks per stage, e.g. 2,3,3,2 (dualpipe: per stage of one model "
                                          "copy; default: balanced for the placement).")
     csv: Optional[Path] = option(None, "Run a schedule from a torch CSV (compute_only or compute_comms format).")
     costs: Optional[str] = option(None, "With --schedule zb-auto: plan with these costs F,B,W (e.g. 1,1.4,0.6; "
                                   "1,1,1: unit costs) instead of measuring them (a short profile before training).")
     comm: Optional[float] = option(None, "With --costs: latency of every cross-rank transfer, in cost units.")
-    memory_limit: Optional[str] = shared(ml.MemoryLimit)
-    activation_limit: Optional[str] = shared(ml.ActivationLimit)
-    rank_memory_limit: Optional[str] = shared(ml.RankMemoryLimit)
-    recompute_input: Optional[float] = shared(opt.RecomputeInput)
+    memory_limit: Optional[str] = shared(ml.MEMORY_LIMIT)
+    activation_limit: Optional[str] = shared(ml.ACTIVATION_LIMIT)
+    rank_memory_limit: Optional[str] = shared(ml.RANK_MEMORY_LIMIT)
+    recompute_input: Optional[float] = shared(so.RECOMPUTE_INPUT)
     recompute: Optional[str] = option(None, "Recompute activations in the backward (activation checkpointing): "
                                       "all, none, or the model's stage indices such as 0,2 (dualpipe: 0..p-1, "
                                       "recomputed in both model copies).")
-    gather_plan: str = shared(GatherPlan)
-    gather_time: Optional[str] = shared(GatherTime)
-    gather_limit: Optional[int] = shared(GatherLimit)
+    gather_plan: str = shared(so.GATHER_PLAN)
+    gather_time: Optional[str] = shared(so.GATHER_TIME)
+    gather_limit: Optional[int] = shared(so.GATHER_LIMIT)
 
 
 @dataclass(frozen=True)
 class LayoutSection:
-    ranks: int = shared(opt.Ranks, least=1)
+    ranks: int = shared(so.RANKS, least=1)
     dp: int = option(1, "Data-parallel replicas of the pipeline: --ranks x --dp processes, each replica on its "
                      "shard of --batch-size.", least=1)
     dp_shard: int = option(1, "FSDP2 shards inside every stage: parameters, gradients and optimizer state split N "

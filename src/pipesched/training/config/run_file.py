@@ -17,8 +17,8 @@ import sys
 from dataclasses import Field, fields
 from pathlib import Path
 
-from ..errors import ConfigError
-from .declared import check_value, in_file, value_type
+from ...declared import check_value, in_file, value_type
+from ...errors import ConfigError
 from .run_config import SECTIONS, RunConfig
 
 if sys.version_info >= (3, 11):

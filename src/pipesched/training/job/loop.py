@@ -1,7 +1,7 @@
 """``pipesched train``'s loop: the learning-rate schedule and weight decay, the held-out
 evaluation, the metrics a run writes, checked together before any process starts (one line,
 exit 2) and handed to the ranks as one :class:`LoopOptions`. Each option's own range is on its
-declaration (:mod:`.run_config`); here are the rules that tie options together.
+declaration (:mod:`pipesched.training.config.run_config`); here are the rules that tie options together.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..errors import ConfigError
-from ..outfiles import check_output_folder, check_output_path
-from ..training.loop_options import LoopOptions
-from ..training.lr_schedule import SCHEDULES
-from .run_config import RunConfig
+from ...errors import ConfigError
+from ...outfiles import check_output_folder, check_output_path
+from ..config.run_config import RunConfig
+from ..loop_options import LoopOptions
+from ..lr_schedule import SCHEDULES
 
 
 def loop_options(cfg: RunConfig) -> LoopOptions:
