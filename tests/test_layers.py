@@ -38,7 +38,7 @@ LAYERS = [
     ("runtime", ["runtime"]),  # PipelineRuntime and its options: a library that knows no application
     # the application's lowest part: what a model is to it and the checks before launch, which
     # pipesched.hf.pipeline calls as train does
-    ("launch checks", ["training.model_def", "training.launch_checks"]),
+    ("launch checks", ["training.model_def", "training.launch_checks", "training.checkpoint_checks"]),
     ("runtime users", ["hf", "data"]),  # Hugging Face models on the runtime; their token streams
     ("application", ["training"]),  # pipesched train's run: its declared tree, models, data, loop, metrics, profile
     ("run resolution", ["resolve", "zb_auto_plan", "schedule_files", "gather_placement"]),

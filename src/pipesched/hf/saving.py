@@ -66,7 +66,7 @@ def load_checkpoint(runtime, path: PathLike) -> int:
     after. A checkpoint of another model (a larger one included) or optimizer is refused first
     (:func:`pipesched.training.launch_checks.check_checkpoint_of`, as ``train --resume`` refuses it)."""
     from ..runtime.checkpoints.checkpoint import model_shapes
-    from ..training.launch_checks import check_checkpoint_of
+    from ..training.checkpoint_checks import check_checkpoint_of
     from .pipeline import model_name, tied_groups
 
     source = runtime.source

@@ -1,9 +1,8 @@
 """The checks before any rank starts that ``pipesched train`` and :func:`pipesched.hf.pipeline`
 both make, so the Python API refuses what the command line refuses, in the same words: a torchrun
 world other than the layout's (:func:`check_world`), a batch that does not split into the
-microbatches, a checkpoint of another model or optimizer to resume from (:func:`check_checkpoint_of`:
-``train --resume`` through :func:`check_checkpoint_folder`, which also refuses a folder it cannot
-write, and :func:`pipesched.hf.saving.load_checkpoint`), a layout's
+microbatches (a checkpoint of another model or optimizer to resume from: the checks of
+:mod:`pipesched.training.checkpoint_checks`), a layout's
 ``tp`` that the model has no plan for or that does not divide its heads, a rank of a stage left
 without an element to hold (:func:`pipesched.layout_refusals.check_stage_shards`), and with a rank
 memory limit (``--rank-memory-limit``, ``rank_memory_limit=``) the bytes each rank is predicted to
@@ -29,7 +28,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from ..environment import torchrun_rank
@@ -81,40 +79,6 @@ def check_world(layout: ParallelLayout, named: Optional[str] = None, environ: Ma
     if launched is not None and launched.world != layout.world:
         raise ConfigError(f"torchrun started {launched.world} processes but {named or layout_named(layout)} needs "
                           f"{layout.world}: use --nproc-per-node x --nnodes = {layout.world}")
-
-
-def check_checkpoint_folder(directory: Path, resume: bool, model_def, optimizer: Callable, *,
-                            steps: Optional[int] = None) -> Optional[Path]:
-    """Check (and create) the checkpoint folder ``directory``; return the checkpoint to resume
-    from (with ``resume``: the newest intact one, which must hold this model, ``model_def``, and
-    an optimizer of the factory ``optimizer``'s settings, and be before step ``steps`` where one
-    is given), else None. A damaged checkpoint is passed over for the newest intact one, saying
-    so. Then this process locks the folder for the run (under torchrun: rank 0's process)."""
-    import torch
-
-    from ..runtime.checkpoints import checkpoint
-    from ..runtime.launching.launch import under_torchrun
-
-    def resumable(found: Path) -> None:
-        done = checkpoint.checkpoint_step(found)
-        if steps is not None and done >= steps:
-            raise ConfigError(f"--resume: {found} is after step {done}, and --steps {steps} asks for no more: raise --steps")
-        shapes = checkpoint.model_shapes(model_def.build_block, model_def.num_blocks, model_def.tied,
-                                         model_def.checkpoint_name)
-        check_checkpoint_of(found, shapes, optimizer([torch.nn.Parameter(torch.zeros(1))]))
-
-    owner = not under_torchrun() or os.environ["RANK"] == "0"  # torchrun: rank 0 locks and tidies, once per run
-    return checkpoint.prepare_directory(directory, resume, lambda line: print(f"pipesched: {line}", file=sys.stderr,
-                                                                              flush=True), owner, check=resumable)
-
-
-def check_checkpoint_of(found: Path, shapes: Mapping[str, Sequence[int]], optimizer) -> None:
-    """Refuse (CheckpointMismatch, one line) a checkpoint ``found`` that does not hold the whole
-    model ``shapes`` describes (every entry at its shape, and none more: a larger model's checkpoint
-    fills no part of a smaller one) or was saved by an optimizer of other settings than ``optimizer``'s."""
-    from ..runtime.checkpoints import checkpoint
-
-    checkpoint.check_matches(found, shapes, checkpoint.optimizer_settings(optimizer))
 
 
 def check_tp(model_def, tp: int) -> None:

@@ -30,7 +30,8 @@ from ...schedule import Schedule
 from ...shared_options import check_recompute_input
 from ...zb_auto_plan import given_costs
 from ..config.run_config import RunConfig, ScheduleSection
-from ..launch_checks import check_batch_split, check_checkpoint_folder
+from ..checkpoint_checks import check_checkpoint_folder
+from ..launch_checks import check_batch_split
 from ..optimizers import OPTIMIZERS, make_optimizer
 from . import hf_model
 from .checks import check_batch_fits, check_checkpoint_flags
