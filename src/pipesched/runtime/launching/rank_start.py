@@ -13,11 +13,13 @@ What a forked rank must not inherit is undone first thing (:func:`as_a_fresh_ran
 launcher's SIGTERM/SIGHUP handlers (which raise RunStopped in the launcher) go back to the
 default; and tokenizers' thread pool, unusable after a fork, is told so before the fork
 (``TOKENIZERS_PARALLELISM=false`` in the ranks' environment, unless the user set it), so that it
-does not print a warning in every rank. ``PIPESCHED_RANK_START=spawn`` spawns them instead.
+does not print a warning in every rank; and the launcher's objects are frozen out of the ranks'
+garbage collections (:func:`forking_environment`). ``PIPESCHED_RANK_START=spawn`` spawns them instead.
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -49,15 +51,23 @@ def start_method() -> str:
 
 @contextmanager
 def forking_environment(method: str) -> Iterator[None]:
-    """While ranks are forked: tokenizers' parallelism declared off in the environment they copy."""
-    if method != "fork" or "TOKENIZERS_PARALLELISM" in os.environ:
+    """While ranks are forked: tokenizers' parallelism declared off in the environment they copy,
+    and the launcher's objects frozen out of the garbage collector (``gc.freeze``: a rank's
+    collections then never write to the pages it shares with the launcher, each write a page
+    copied; Python's advice for fork without exec)."""
+    if method != "fork":
         yield
         return
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    told = "TOKENIZERS_PARALLELISM" not in os.environ
+    if told:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    gc.freeze()
     try:
         yield
     finally:
-        os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        gc.unfreeze()
+        if told:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
 
 
 def as_a_fresh_rank() -> None:
