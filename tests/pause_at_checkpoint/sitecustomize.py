@@ -1,13 +1,14 @@
-"""Put on PYTHONPATH by the kill tests: in every spawned rank of ``pipesched train``, the checkpoint
+"""Put on PYTHONPATH by the kill tests: in every rank of ``pipesched train``, the checkpoint
 of step $PIPESCHED_TEST_PAUSE_STEP, once complete and visible, is followed by the rank writing
 its pid to $PIPESCHED_TEST_PAUSE_DIR/rank<R>.pid and, for the ranks in
 $PIPESCHED_TEST_PAUSE_RANKS (default: all), sleeping: the test then kills a rank or the launcher
-at a known point of the run, with no race against the remaining steps."""
+at a known point of the run, with no race against the remaining steps. The patch is made in every
+process (a forked rank inherits the launcher's, a spawned one makes its own); only a rank, a
+member of a process group, pauses."""
 
 import os
-import sys
 
-if os.environ.get("PIPESCHED_TEST_PAUSE_STEP") and "--multiprocessing-fork" in sys.argv:
+if os.environ.get("PIPESCHED_TEST_PAUSE_STEP"):
     import time
 
     import torch.distributed as dist
@@ -18,7 +19,7 @@ if os.environ.get("PIPESCHED_TEST_PAUSE_STEP") and "--multiprocessing-fork" in s
 
     def save_then_pause(directory, step, *args, **kwargs):
         path = original_save(directory, step, *args, **kwargs)
-        if step == int(os.environ["PIPESCHED_TEST_PAUSE_STEP"]):
+        if dist.is_initialized() and step == int(os.environ["PIPESCHED_TEST_PAUSE_STEP"]):
             rank = dist.get_rank()
             pid_file = os.path.join(os.environ["PIPESCHED_TEST_PAUSE_DIR"], f"rank{rank}.pid")
             with open(pid_file + ".tmp", "w") as fh:

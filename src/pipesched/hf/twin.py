@@ -8,7 +8,9 @@ kind of layer it has kept: :func:`shrunken`) is built in float64 with random wei
 blocks run in order must give the model's own hidden states, logits and loss within
 ``TOLERANCE`` on a batch with a padded row (they are the model's modules on the same input:
 only a missing or extra step, or a mask built otherwise, can move them, by far more). Else the
-model is refused in one line naming the first part that differs. The check runs once per config and declaration in a process.
+model is refused in one line naming the first part that differs. The check runs once per config and declaration in a process;
+locally started ranks fork from the launcher (:mod:`pipesched.runtime.launching.rank_start`) and
+inherit its passed checks, so a local run checks once (torchrun's ranks, and spawned ones, each check).
 """
 
 from __future__ import annotations

@@ -265,4 +265,6 @@ def run(cfg: TrainConfig) -> Optional[TrainResult]:
 
     if under_torchrun():
         return run_torchrun(train_worker, cfg, cfg.options.timeout_s)
+    if cfg.checkpoint_dir is not None or cfg.resume_from is not None:
+        checkpoint.import_now()  # once, before the ranks fork (runtime/launching/rank_start.py)
     return spawn(train_worker, cfg.world, cfg, cfg.options.timeout_s)[0]

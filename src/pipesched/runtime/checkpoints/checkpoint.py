@@ -76,6 +76,13 @@ def _dcp():
     return dcp
 
 
+def import_now() -> None:
+    """Import what saving and loading use now: in a launcher about to fork its ranks, so that each
+    rank starts with it (a rank that imports it at its first save spends that second between two
+    reports of progress)."""
+    _dcp()
+
+
 @contextmanager
 def _quiet_without_group():
     """DCP warns that it "assumes the intent" whenever no process group exists: one process

@@ -1,4 +1,5 @@
-"""Start the ranks: spawn local processes (gloo, one thread each) or join torchrun's group.
+"""Start the ranks: local processes (gloo, one thread each; forked from the launcher where that is
+safe, :mod:`.rank_start`) or join torchrun's group.
 
 Local runs host the group's rendezvous store in the launcher, on a port the store binds itself
 (no port is looked up and bound later: another run on the host cannot take it in between, nor
@@ -35,6 +36,7 @@ from ...environment import backend as launch_backend
 from ...environment import torchrun_rank
 from ...errors import ConfigError, PipeschedError
 from .lifeline import die_with_parent
+from .rank_start import as_a_fresh_rank, forking_environment, start_method, warn_if_oversubscribed
 from .rank_watch import FAILURE_GRACE_S, DistributedRunError, collect, stop  # noqa: F401  (re-exported)
 from .rendezvous import joining
 
@@ -190,6 +192,7 @@ def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeo
            launcher: int) -> None:
     global _progress_to
     die_with_parent(launcher)
+    as_a_fresh_rank()
     # Ctrl-C reaches the whole terminal's process group: the launcher alone handles it (and stops
     # us), so no rank prints a KeyboardInterrupt traceback. SIGINT was blocked across our start.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -249,14 +252,18 @@ def _one_line(err: BaseException) -> str:
 def spawn(worker: Worker, world: int, payload: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[int, Any]:
     """Run ``worker(rank, world, payload)`` in ``world`` local processes; return each rank's result.
 
-    ``worker`` must be importable (defined at module level): processes are spawned, not forked.
+    ``worker`` must be importable (defined at module level): where ranks are spawned rather than
+    forked (:mod:`.rank_start`), each imports it. ``world`` above the cores available gets one
+    line of warning on stderr.
     Raises DistributedRunError naming every rank that failed (:class:`~.rank_watch.RanksRefused`,
     a ConfigError, when the only cause was bad input a rank refused), RunStopped on SIGTERM or SIGHUP
     and KeyboardInterrupt on Ctrl-C (every rank stopped first). The calling thread must live
     until this returns (it does: it waits here), since on Linux the ranks die with it.
     """
+    warn_if_oversubscribed(world)
     store = _hosted_store()  # lives until every rank is done
-    ctx = mp.get_context("spawn")
+    method = start_method()
+    ctx = mp.get_context(method)
     results = ctx.Queue()
     procs = [
         ctx.Process(target=_child, args=(r, world, store.port, worker, payload, timeout_s, results, os.getpid()), daemon=True)
@@ -264,7 +271,8 @@ def spawn(worker: Worker, world: int, payload: Any, timeout_s: float = DEFAULT_T
     ]
     with stop_on_termination():
         try:
-            _start_without_sigint(procs)
+            with forking_environment(method):
+                _start_without_sigint(procs)
             return collect(procs, results, timeout_s)
         finally:
             stop(procs)
