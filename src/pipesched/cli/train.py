@@ -25,6 +25,7 @@ from ..memory import Recomputed
 from ..outfiles import check_output_path
 from ..parallel_layout import ParallelLayout
 from ..resolve import Resolved, RunSpec, ScheduleChoice, resolve_schedule
+from ..training.dry_run import no_new_folder
 from ..training.optimizers import OPTIMIZERS
 from ..schedule import Schedule
 from ..zb_auto_plan import given_costs
@@ -61,7 +62,7 @@ def train(cfg: RunConfig) -> None:
     model_def, plan, recompute, model_options = _model_and_plan(cfg, checked)
     run = cfg.training
     layout = None if plan is None else cfg.layout.of(plan.ranks)  # the run's one layout, its TrainConfig's
-    if cfg.layout.sharded:  # the checks pipesched.hf.pipeline makes too
+    if cfg.layout.sharded and plan is not None:  # the checks pipesched.hf.pipeline makes too (None: a dry run's auto)
         from ..training.launch_checks import check_sharded_stages
         from ..training.optimizers import make_optimizer
 
@@ -70,13 +71,16 @@ def train(cfg: RunConfig) -> None:
                              batch_size=run.batch_size, seed=run.seed, recompute=recompute, dtype=checked.dtype)
     from .train_checks import check_checkpointing
 
-    ckpt = cfg.checkpoint
-    resume_from = check_checkpointing(ckpt.checkpoint_dir, ckpt.resume, run.steps, model_def, cfg.optimizer.optimizer,
-                                      cfg.optimizer.lr)  # last: creates the folder
+    ckpt, dry = cfg.checkpoint, cfg.outputs.dry_run
+    with no_new_folder(ckpt.checkpoint_dir if dry else None):
+        resume_from = check_checkpointing(ckpt.checkpoint_dir, ckpt.resume, run.steps, model_def,
+                                          cfg.optimizer.optimizer, cfg.optimizer.lr, lock=not dry)  # last: creates the folder
     train_config = _config(cfg, checked, plan, layout, recompute, model_options, resume_from)
     if cfg.model.model.startswith("hf:"):  # after every check: a refusal stays one line
         say_how_text_is_read(cfg.model.model, cfg.data.data, cfg.data.tokenizer)
         train_hf.say_what_the_folder_gave(model_def)
+    if dry:
+        return _dry_run(cfg, checked, plan, layout)
     result = _run_to_the_end(train_config)
     if result is not None:  # None: a torchrun rank other than 0
         _write_results(cfg, checked, plan, model_def, result)
@@ -135,8 +139,9 @@ def _model_and_plan(cfg: RunConfig, checked: _Checked):
         if measured:
             check_batch_split(run.batch_size, layout.data_ranks, cfg.schedule.microbatches or 8)
             check_batch_fits(model_def, run.batch_size, run.seed)
-        run_spec = RunSpec(model, run.batch_size // layout.dp, run.seed, cfg.model.dtype, run.timeout)  # one replica's batch
-        plan, recompute = _resolved(resolve_schedule(choice, run_spec, _say), cfg, choice.costs)
+        if not (measured and cfg.outputs.dry_run):  # a dry run starts no process to measure
+            run_spec = RunSpec(model, run.batch_size // layout.dp, run.seed, cfg.model.dtype, run.timeout)  # a replica's batch
+            plan, recompute = _resolved(resolve_schedule(choice, run_spec, _say), cfg, choice.costs)
     if plan is not None:
         _check_block_counts(model_def, plan, checked.counts, model)
     if not measured:  # last but the folder: its meta inference imports torch's compiler (seconds of CPU)
@@ -194,6 +199,18 @@ def _write_results(cfg: RunConfig, checked: _Checked, plan, model_def, result) -
         typer.echo(f"wrote {report} (run report)")
     if cfg.model.model not in MODELS:  # hf:CONFIG.json
         train_hf.report_and_save(plan, model_def, result.params, out.save_hf)
+
+
+def _dry_run(cfg: RunConfig, checked: _Checked, plan: Optional[Schedule], layout: Optional[ParallelLayout]) -> None:
+    """``--dry-run``, every check passed: the run and its layout on stdout (under torchrun: rank 0's), no rank started."""
+    from ..training.dry_run import describe
+    from .run_file import run_text
+
+    measured = checked.choice.measures if plan is None and checked.choice.profiles() else None
+    launched = torchrun_rank()
+    if launched is None or launched.rank == 0:
+        typer.echo(describe(run_text(cfg), plan, cfg.layout.of(cfg.layout.ranks) if measured else layout, measured),
+                   nl=False)
 
 
 def _gathers_placed(plan: Optional[Schedule], sched: ScheduleSection, costs) -> Optional[Schedule]:

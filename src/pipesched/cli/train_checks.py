@@ -92,12 +92,12 @@ def check_checkpoint_flags(directory: Optional[Path], every: Optional[int], resu
 
 
 def check_checkpointing(directory: Optional[Path], resume: bool, steps: int, model_def, optimizer: str,
-                        lr: float) -> Optional[Path]:
+                        lr: float, lock: bool = True) -> Optional[Path]:
     """Check (and create) the checkpoint folder; return the checkpoint to resume from.
 
     A checkpoint of another model or optimizer is refused here (CheckpointMismatch), a damaged
     one passed over for the newest intact one, saying so. Then this process locks the folder
-    for the run (under torchrun: rank 0's process)."""
+    for the run (under torchrun: rank 0's process), unless ``lock`` is False (a dry run: nothing changed)."""
     if directory is None:
         return None
     import typer
@@ -117,6 +117,6 @@ def check_checkpointing(directory: Optional[Path], resume: bool, steps: int, mod
                                                          model_def.checkpoint_name),
                                  checkpoint.optimizer_settings(probe))
 
-    owner = not under_torchrun() or os.environ["RANK"] == "0"  # torchrun: rank 0 locks and tidies, once per run
+    owner = lock and (not under_torchrun() or os.environ["RANK"] == "0")  # torchrun: rank 0 locks and tidies, once per run
     return checkpoint.prepare_directory(directory, resume, lambda line: typer.echo(f"pipesched: {line}", err=True),
                                         owner, check=resumable)
