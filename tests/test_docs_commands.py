@@ -10,17 +10,19 @@ line the command prints after a ``$`` prompt, it must exit 2 with that line.
 
 - ``pipesched train`` runs with ``--dry-run``: every check train makes before launching, no rank
   started; through the console script's entry point in a process forked from one that imported
-  torch once (doc_zygote.py: as processes of their own, forty of them would take minutes). A dry run with ``--checkpoint-dir`` writes nothing; the folder then gets the
-  checkpoint a real run leaves (one step of the same model, made once), so the lines after it
-  that ``--resume`` or ``checkpoint verify`` it run as a reader of the docs would run them.
+  torch once (doc_zygote.py: as processes of their own, forty would take minutes). A dry run
+  with ``--checkpoint-dir`` writes nothing; the folder then gets the checkpoint a real run
+  leaves (one step of the same model, made once), so the lines after it that ``--resume`` or
+  ``checkpoint verify`` it run as a reader of the docs would run them.
 - The quick commands (list, simulate, compare, draw, report, export, checkpoint) run for real:
   0.4-6 s of CPU each, measured on the 2-core machine.
 - Checked by their flags (each flag the line gives is one its command's ``--help`` lists) where
   running them costs far more than a few seconds: ``advise`` (20-30 s of CPU a line, measured
   there: it plans every family over chunks and microbatches; ``--profile`` launches ranks; the
-  advice itself is tested in tests/test_advise*.py and tests/test_cli_advise.py), ``bash scripts/*.sh`` (the demo trains for minutes, the suite runs for
-  fifteen, and either reinstalls .venv where its extras differ: the script is parsed with
-  ``bash -n`` and the command it ends in answers ``--help``), ``python scripts/make_docs_charts.py``
+  advice itself is tested in tests/test_advise*.py and tests/test_cli_advise.py), ``bash
+  scripts/*.sh`` (the demo trains for minutes, the suite runs for fifteen, and either reinstalls
+  .venv where its extras differ: the script is parsed with ``bash -n`` and the command it ends
+  in answers ``--help``), ``python scripts/make_docs_charts.py``
   (rewrites docs/images; ``--check`` renders every chart, which tests/test_render_gallery.py
   runs). Under ``torchrun`` only rank 0's process runs (its dry run, in the environment torchrun
   gives it, checks the layout against torchrun's world): torchrun's own flags are checked against
@@ -44,7 +46,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import pytest
 from conftest import ROOT, cli_env, concurrently
 from doc_zygote import Zygote
@@ -120,7 +121,7 @@ def make_inputs(folder: Path) -> Path:
     for name in ("docs", "scripts"):
         (folder / name).symlink_to(ROOT / name)
     model_folder(folder / "llama")  # positions for docs/training.md's --seq-len 256:
-    make_config("llama", vocab_size=VOCAB, max_position_embeddings=256).to_json_file(str(folder / "llama" / "config.json"))
+    make_config("llama", vocab_size=VOCAB, max_position_embeddings=256).to_json_file(str(folder / "llama/config.json"))
     model_folder(folder / "DIR")
     shutil.copy(folder / "DIR" / "config.json", folder / "config.json")  # DIR's weights fit it (--hf-weights DIR)
     AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder / "DIR")).save_pretrained(folder / "DIR")
@@ -260,59 +261,3 @@ def test_the_lines_are_found_whole():
     assert shown and shown[0].command == "pipesched simulate zb-auto -p 256 -m 4096"
     assert len(CASES) > 80
 
-
-# --- the data order docs/training.md states -------------------------------------------------
-
-
-def documented_step_batch():
-    """``step_batch``, the recipe docs/training.md gives for rebuilding a step's windows."""
-    text = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
-    recipe = next(block for block in text.split("```python\n")[1:] if "def step_batch" in block).split("```")[0]
-    scope: dict = {}
-    exec(compile(recipe, "docs/training.md", "exec"), scope)
-    return scope["step_batch"]
-
-
-class Positions:
-    """A stream of ``n`` ids whose id at each position is the position (held as nothing): a
-    window read from it shows where it starts, whatever ``n`` is."""
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, key):
-        return np.arange(key.start, key.stop) if isinstance(key, slice) else np.asarray(key)
-
-
-@pytest.mark.torch
-@pytest.mark.parametrize("length", [1000, 2**28 - 1, 2**28 + 64, 3 * 2**32])
-def test_the_documented_recipe_draws_the_windows_train_draws(length):
-    """Streams on both sides of 2^28 tokens, where torch changes how it draws an offset."""
-    pytest.importorskip("torch")
-    from pipesched.data.streams import TokenStream, train_windows
-
-    step_batch = documented_step_batch()
-    for step, seed in ((0, 0), (7, 5), (2, 2**32 - 1)):
-        got = train_windows(TokenStream(Positions(length)), step, 16, seed, 32).numpy()
-        assert np.array_equal(step_batch(Positions(length), step, 16, seed, 32), got)
-
-
-@pytest.mark.torch
-def test_a_step_of_a_tokenized_run_is_rebuilt_from_the_docs_recipe(inputs, monkeypatch):
-    """The batch a run's ranks read at step index 3 (``ModelDef.batch``, what every rank calls) of
-    docs.jsonl through llama/'s tokenizer, 5% held out, is the recipe's on the stream the doc
-    names: the tokenized ids, the first N - int(0.05 N) of them, windows of the default
-    --seq-len (64, below the model's 256 positions)."""
-    from pipesched.hf.cli_model import hf_model_def, token_stream
-
-    monkeypatch.setenv("PIPESCHED_CACHE_DIR", str(inputs.parent / "cache"))  # the tokenized stream's, as the lines'
-    data, config = str(inputs / "docs.jsonl"), str(inputs / "llama" / "config.json")
-    run = hf_model_def(config, data=data, eval_share=0.05)
-    ids = token_stream(data, 128, str(inputs / "llama")).ids
-    kept = ids[: len(ids) - int(len(ids) * 0.05)]
-    inputs_, labels = run.batch(3, 8, 11)
-    want = documented_step_batch()(kept, 3, 8, 11, 64)
-    assert np.array_equal(inputs_.numpy(), want) and np.array_equal(labels.numpy(), want)
