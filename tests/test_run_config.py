@@ -175,6 +175,47 @@ def test_a_run_file_with_steps_overridden_trains_bitwise_like_the_same_flags(tmp
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+# a sharded layout (its stages' memory predicted before launch) writing checkpoints and a summary
+DRY = ["--model", "gpt", "-s", "zb-v", "--ranks", "2", "--dp-shard", "2", "--batch-size", "16", "--steps", "3"]
+
+
+@pytest.mark.torch
+def test_a_dry_run_prints_the_run_and_its_layout_and_starts_no_rank(tmp_path):
+    """``--dry-run`` passes every check before launch, prints what ``--print-config`` prints and
+    the layout, exits 0, and leaves nothing: no checkpoint folder made, no summary written (a
+    rank started would have trained, written both and printed its losses)."""
+    outputs = ["--checkpoint-dir", str(tmp_path / "new" / "ck"), "--summary", str(tmp_path / "run.json")]
+    dry, printed = concurrently(lambda last: pipesched("train", *DRY, *outputs, last),
+                                ["--dry-run", "--print-config"])
+    assert dry.returncode == 0 and not dry.stderr, dry.stderr
+    run, said = dry.stdout.split("\n\n# dry run:")
+    assert run + "\n" == printed.stdout and tomllib.loads(dry.stdout) == tomllib.loads(printed.stdout)
+    assert said.splitlines()[1:] == ["# schedule: zb-v, ranks=2 microbatches=8 chunks=2",
+                                     "# layout: pp 2 x dp 1 x dp_shard 2 x tp 1 = 4 processes"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.torch
+def test_a_dry_run_refuses_what_train_refuses_in_the_same_line(tmp_path):
+    """Refusals made after the model is built, one per late check: the sharded stages' predicted
+    memory, the checkpoint folder to resume from; the same line and exit 2, with or without
+    ``--dry-run``."""
+    (tmp_path / "empty").mkdir()
+    late = [[*DRY, "--rank-memory-limit", "1KiB"], [*DRY, "--checkpoint-dir", str(tmp_path / "empty"), "--resume"]]
+    runs = concurrently(lambda argv: pipesched("train", *argv), [*late, *[[*argv, "--dry-run"] for argv in late]])
+    for plain, dry in zip(runs[:2], runs[2:]):
+        assert one_line_error(dry) == one_line_error(plain)
+    assert "a rank memory limit of 1 KiB" in one_line_error(runs[0])
+    assert "no complete checkpoint" in one_line_error(runs[1])
+
+
+def test_train_help_says_what_data_reads():
+    """``--data`` takes token files and text through the tokenizer (docs/training.md's table)."""
+    shown = " ".join(pipesched("train", "--help").stdout.split())
+    for word in (".bin", ".npy", ".txt", ".jsonl", ".parquet", "tokenizer.json", "--tokenizer", "bytes"):
+        assert word in shown, word
+
+
 ADVISE = ["advise", "-p", "2", "--microbatch-size", "1", "--global-batch", "8", "--schedules", "1f1b,zb-h1", "--json"]
 
 

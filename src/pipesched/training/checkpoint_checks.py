@@ -14,12 +14,13 @@ from ..errors import ConfigError
 
 
 def check_checkpoint_folder(directory: Path, resume: bool, model_def, optimizer: Callable, *,
-                            steps: Optional[int] = None) -> Optional[Path]:
+                            steps: Optional[int] = None, lock: bool = True) -> Optional[Path]:
     """Check (and create) the checkpoint folder ``directory``; return the checkpoint to resume
     from (with ``resume``: the newest intact one, which must hold this model, ``model_def``, and
     an optimizer of the factory ``optimizer``'s settings, and be before step ``steps`` where one
     is given), else None. A damaged checkpoint is passed over for the newest intact one, saying
-    so. Then this process locks the folder for the run (under torchrun: rank 0's process)."""
+    so. Then this process locks the folder for the run (under torchrun: rank 0's process), unless
+    ``lock`` is False (a dry run: nothing changed)."""
     import torch
 
     from ..runtime.checkpoints import checkpoint
@@ -33,7 +34,7 @@ def check_checkpoint_folder(directory: Path, resume: bool, model_def, optimizer:
                                          model_def.checkpoint_name)
         check_checkpoint_of(found, shapes, optimizer([torch.nn.Parameter(torch.zeros(1))]))
 
-    owner = not under_torchrun() or os.environ["RANK"] == "0"  # torchrun: rank 0 locks and tidies, once per run
+    owner = lock and (not under_torchrun() or os.environ["RANK"] == "0")  # torchrun: rank 0 locks and tidies, once per run
     return checkpoint.prepare_directory(directory, resume, lambda line: print(f"pipesched: {line}", file=sys.stderr,
                                                                               flush=True), owner, check=resumable)
 

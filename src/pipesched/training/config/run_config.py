@@ -117,8 +117,10 @@ class LayoutSection:
 
 @dataclass(frozen=True)
 class DataSection:
-    data: Optional[Path] = option(None, WITH_HF + "the training text, its bytes as token ids (modulo the "
-                                  "vocabulary), or a .npy of token ids (default: the shipped text).")
+    data: Optional[Path] = option(None, WITH_HF + "the training data: token ids (.bin, .npy), or text (.txt, "
+                                  ".jsonl's \"text\" fields, .parquet's text column) through the model folder's "
+                                  "tokenizer.json (or --tokenizer's); without a tokenizer a file's bytes, each an id "
+                                  "modulo the vocabulary (default: the shipped text; docs/training.md).")
     seq_len: Optional[int] = option(None, WITH_HF + "tokens per sample (default 64, or the model's positions if "
                                     "fewer).", least=2)
     tokenizer: Optional[Path] = option(None, WITH_HF + "the folder of the tokenizer.json that tokenizes text --data "
@@ -168,6 +170,9 @@ class OutputsSection:
                                           check=check_positive)
     report: Optional[Path] = option(None, "Write an offline HTML report of the run (.html): loss and eval curves, "
                                     "throughput, memory.")
+    dry_run: bool = option(False, "Check everything train checks before launching (options, layout, model, memory "
+                           "limits, data, checkpoint folder), print the resolved run and its layout, and stop: no "
+                           "rank starts.", in_file=False)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from ...schedule import Schedule
 from ...shared_options import check_recompute_input
 from ...zb_auto_plan import given_costs
 from ..config.run_config import RunConfig, ScheduleSection
+from ..dry_run import no_new_folder
 from ..checkpoint_checks import check_checkpoint_folder
 from ..launch_checks import check_batch_split
 from ..optimizers import OPTIMIZERS, make_optimizer
@@ -75,18 +76,21 @@ def run_job(cfg: RunConfig) -> Optional[Trained]:
     run = cfg.training
     layout = None if plan is None else cfg.layout.of(plan.ranks)  # the run's one layout, its TrainConfig's
     optimizer = make_optimizer(cfg.optimizer.optimizer, cfg.optimizer.lr)
-    if cfg.layout.sharded:  # the checks pipesched.hf.pipeline makes too
+    if cfg.layout.sharded and plan is not None:  # the checks pipesched.hf.pipeline makes too (None: a dry run's auto)
         from ..launch_checks import check_sharded_stages
 
         check_sharded_stages(model_def, plan, checked.counts, layout, optimizer, checked.state_limit,
                              batch_size=run.batch_size, seed=run.seed, recompute=recompute, dtype=checked.dtype)
-    ckpt = cfg.checkpoint
-    resume_from = None if ckpt.checkpoint_dir is None else check_checkpoint_folder(
-        ckpt.checkpoint_dir, ckpt.resume, model_def, optimizer, steps=run.steps)  # last: creates the folder
+    ckpt, dry = cfg.checkpoint, cfg.outputs.dry_run
+    with no_new_folder(ckpt.checkpoint_dir if dry else None):
+        resume_from = None if ckpt.checkpoint_dir is None else check_checkpoint_folder(
+            ckpt.checkpoint_dir, ckpt.resume, model_def, optimizer, steps=run.steps, lock=not dry)  # last: creates the folder
     train_config = _train_config(cfg, checked, plan, layout, recompute, model_options, resume_from)
     if cfg.model.model.startswith("hf:"):  # after every check: a refusal stays one line
         say_how_text_is_read(cfg.model.model, cfg.data.data, cfg.data.tokenizer)
         hf_model.say_what_the_folder_gave(model_def)
+    if dry:
+        return _dry_run(cfg, checked, plan, layout)
     result = _run_to_the_end(train_config, cfg.outputs.summary)
     return None if result is None else Trained(plan, model_def, result, checked.loop.report_path,
                                                checked.loop.metrics_path)
@@ -145,8 +149,9 @@ def _model_and_plan(cfg: RunConfig, checked: _Checked):
         if measured:
             check_batch_split(run.batch_size, layout.data_ranks, cfg.schedule.microbatches or 8)
             check_batch_fits(model_def, run.batch_size, run.seed)
-        run_spec = RunSpec(model, run.batch_size // layout.dp, run.seed, cfg.model.dtype, run.timeout)  # one replica's batch
-        plan, recompute = _resolved(resolve_schedule(choice, run_spec, say), cfg, choice.costs)
+        if not (measured and cfg.outputs.dry_run):  # a dry run starts no process to measure
+            run_spec = RunSpec(model, run.batch_size // layout.dp, run.seed, cfg.model.dtype, run.timeout)  # a replica's batch
+            plan, recompute = _resolved(resolve_schedule(choice, run_spec, say), cfg, choice.costs)
     if plan is not None:
         _check_block_counts(model_def, plan, checked.counts, model)
     if not measured:  # last but the folder: its meta inference imports torch's compiler (seconds of CPU)
@@ -172,6 +177,18 @@ def _train_config(cfg: RunConfig, checked: _Checked, plan: Optional[Schedule], l
         checkpoint_every=ckpt.checkpoint_every, checkpoint_keep=ckpt.checkpoint_keep,
         resume_from=None if resume_from is None else str(resume_from), loop=checked.loop, layout=layout,
     )
+
+
+def _dry_run(cfg: RunConfig, checked: _Checked, plan: Optional[Schedule], layout: Optional[ParallelLayout]) -> None:
+    """``--dry-run``, every check passed: the run and its layout on stdout (under torchrun: rank 0's), no rank started."""
+    from ..config.run_file import run_text
+    from ..dry_run import describe
+
+    measured = checked.choice.measures if plan is None and checked.choice.profiles() else None
+    launched = torchrun_rank()
+    if launched is None or launched.rank == 0:
+        print(describe(run_text(cfg), plan, cfg.layout.of(cfg.layout.ranks) if measured else layout, measured),
+              end="", flush=True)
 
 
 def _gathers_placed(plan: Optional[Schedule], sched: ScheduleSection, costs) -> Optional[Schedule]:
