@@ -2,7 +2,7 @@
 launching has passed, and no rank started.
 
 A dry run answers "will this command run?" in seconds instead of after the ranks have started
-(each imports torch and builds its stages): the command (cli/train.py) goes through the same checks
+(each imports torch and builds its stages): the train job (training/job/job.py) goes through the same checks
 in the same order (options, layout, model and family, memory limits, data and tokenizer, the
 checkpoint folder), so a refusal is the same line and exit code; then, in place of the launch, it
 prints :func:`describe`. The schedules that measure the model before planning (``auto``,
