@@ -189,7 +189,7 @@ def report_progress() -> None:
 
 
 def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeout_s: float, results,
-           launcher: int) -> None:
+           launcher: int, started) -> None:
     global _progress_to
     die_with_parent(launcher)
     as_a_fresh_rank()
@@ -199,6 +199,7 @@ def _child(rank: int, world: int, port: int, worker: Worker, payload: Any, timeo
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    started.wait(timeout_s)  # every sibling started before any of us talks to the store (see spawn)
     torch.set_num_threads(1)
     if os.environ.get("PIPESCHED_KEEP_FREED_MEMORY", "1") != "0":
         keep_freed_memory()
@@ -265,14 +266,20 @@ def spawn(worker: Worker, world: int, payload: Any, timeout_s: float = DEFAULT_T
     method = start_method()
     ctx = mp.get_context(method)
     results = ctx.Queue()
+    # No rank connects to the store until every rank is started: a rank forked while the store's
+    # thread served a sibling's connection (inside glibc's resolver, for the peer's name) inherited
+    # that lock held, and hung at its own connect (seen under load with 8 forked ranks).
+    started = ctx.Event()
     procs = [
-        ctx.Process(target=_child, args=(r, world, store.port, worker, payload, timeout_s, results, os.getpid()), daemon=True)
+        ctx.Process(target=_child, args=(r, world, store.port, worker, payload, timeout_s, results, os.getpid(), started),
+                    daemon=True)
         for r in range(world)
     ]
     with stop_on_termination():
         try:
             with forking_environment(method):
                 _start_without_sigint(procs)
+            started.set()
             return collect(procs, results, timeout_s)
         finally:
             stop(procs)

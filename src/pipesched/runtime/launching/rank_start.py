@@ -15,6 +15,10 @@ default; and tokenizers' thread pool, unusable after a fork, is told so before t
 (``TOKENIZERS_PARALLELISM=false`` in the ranks' environment, unless the user set it), so that it
 does not print a warning in every rank; and the launcher's objects are frozen out of the ranks'
 garbage collections (:func:`forking_environment`). ``PIPESCHED_RANK_START=spawn`` spawns them instead.
+A fork copies only the forking thread: a lock another thread of the launcher holds at that moment
+stays held in the rank for ever. So no rank talks to the launcher's store (whose thread resolves
+each peer's name under glibc's resolver lock) until every rank is started (``launch.spawn``'s
+``started`` event).
 """
 
 from __future__ import annotations
