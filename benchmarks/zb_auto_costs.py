@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from pipesched.cli.train_zb_auto import (
+from pipesched.zb_auto_plan import (
     chunks_for_model,
     zb_auto_inputs,
     zb_auto_profile,
