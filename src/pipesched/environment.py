@@ -36,6 +36,14 @@ def physical_memory() -> Optional[int]:
         return None
 
 
+def local_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system has one): what local
+    ranks share (the launcher's warning, ``train``'s bound on the processes it starts here)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def torchrun_rank(environ: Mapping[str, str] = os.environ) -> Optional[TorchrunRank]:
     """This process's place under torchrun; None when neither ``RANK`` nor ``WORLD_SIZE`` is set.
 

@@ -33,6 +33,7 @@ from typing import Iterator
 
 import torch
 
+from ...environment import local_cores
 from ...errors import ConfigError
 
 METHODS = ("fork", "spawn")
@@ -80,13 +81,6 @@ def as_a_fresh_rank() -> None:
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
-
-
-def local_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the system has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def warn_if_oversubscribed(world: int) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from ...environment import torchrun_rank
+from ...environment import local_cores, torchrun_rank
 from ...errors import ConfigError
 from ...schedule import Schedule
 from ..config.run_config import LayoutSection
@@ -49,5 +49,5 @@ def local_world_limit(cores: Optional[int] = None) -> int:
     """How many processes ``pipesched train`` starts on this machine at most (without torchrun):
     ``--ranks 2 --dp 5000`` would otherwise start 10,000, each importing torch, until the
     machine runs out of memory or process slots."""
-    cores = cores or os.cpu_count() or 1
+    cores = cores or local_cores()
     return min(LOCAL_CAP, max(LOCAL_FLOOR, LOCAL_PER_CORE * cores))
