@@ -9,17 +9,20 @@ and ``reductions``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Iterable, Optional
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
-from ..errors import ConfigError
 from ..sharded_bytes import rank_state_bytes
 from .checkpoints import checkpoint
 from .checkpoints.checkpoint_names import same_name
+from .checkpoints.checkpoint_pieces import Pieces
+from .comm.expert_mesh import is_expert
 from .guard import block_order
-from .sharding.expert_parallel import whole_experts
+from .sharding.expert_parallel import expert_slice, whole_experts
 from .sharding.sharded_measure import held_bytes, optimizer_slots
 from .sharding.sharding import full_tensor
 
@@ -33,21 +36,27 @@ class StateAccess:
         """Checkpoint this run after its ``steps_done`` steps (collective): this rank's blocks under
         the unpipelined model's names (or ``rename``'s of them), a tied weight under its group's
         first name, and the optimizer, keeping the newest ``keep`` steps. Returns the step's folder."""
-        self._no_split_experts()
-        return checkpoint.save(directory, self.steps_done, self.checkpoint_module(rename), self.optimizer, keep)
+        view = self.checkpoint_module(rename)
+        return checkpoint.save(directory, self.steps_done, view, self.optimizer, keep, self._expert_pieces(view))
 
     def load_checkpoint(self, path, rename: Callable[[str], str] = same_name) -> int:
         """Load a checkpoint saved under any schedule or rank count (collective), continue after
         its step; returns that step."""
-        self._no_split_experts()
-        self.steps_done = checkpoint.load(path, self.checkpoint_module(rename), self.optimizer)
+        view = self.checkpoint_module(rename)
+        self.steps_done = checkpoint.load(path, view, self.optimizer, self._expert_pieces(view))
         self.broadcast_tied()  # the group's first name's value, wherever the checkpoint came from
         return self.steps_done
 
-    def _no_split_experts(self) -> None:
-        if self.mesh.experts is not None:  # each EP rank holds other experts under the same names
-            raise ConfigError("checkpoints of split experts (ep above 1) are not written yet: gather_state_dict "
-                              "holds every expert")
+    def _expert_pieces(self, view: nn.Module) -> Optional[Pieces]:
+        """Under expert parallelism, the experts of ``view`` (this rank's ``1/ep`` of each MoE layer's,
+        under the whole layer's names): saved and loaded as their rows of the whole tensors
+        (:mod:`.checkpoints.checkpoint_pieces`), so that any EP degree or layout reads them back."""
+        experts = self.mesh.experts
+        if experts is None:
+            return None
+        names = frozenset(name for name, p in view.named_parameters() if is_expert(p))
+        device = next((p.device.type for p in view.parameters()), "cpu")
+        return Pieces(names, partial(expert_slice, mesh=experts), DeviceMesh.from_group(experts.ep_group, device))
 
     def checkpoint_module(self, rename: Callable[[str], str] = same_name) -> nn.Module:
         """What a checkpoint holds of this rank (:func:`~.checkpoint_names.tied_view`)."""

@@ -96,12 +96,13 @@ def check_tp(model_def, tp: int) -> None:
             raise ConfigError(f"tp={tp} does not divide the {heads} attention heads of {model_def.name}")
 
 
-def check_experts(model_def, plan: Optional[Schedule], layout: ParallelLayout, checkpointing: bool = False) -> None:
+def check_experts(model_def, plan: Optional[Schedule], layout: ParallelLayout) -> None:
     """Refuse, in one line, an ``ep`` the model or the run cannot take: a dense model, a family whose
     router pipesched does not know, ``ep`` not dividing the experts or the data-parallel ranks
     (:func:`pipesched.expert_plans.check_ep`), a schedule of two model copies
     (DualPipe's: their experts' gradients would be summed across copies; ``plan`` None: not known
-    yet), or checkpoints (not yet across EP degrees)."""
+    yet). Checkpoints hold every expert under its global index: any EP degree resumes them
+    (:mod:`pipesched.runtime.checkpoints.checkpoint_pieces`)."""
     if layout.ep == 1:
         return
     if model_def.ep_check is None:
@@ -110,9 +111,6 @@ def check_experts(model_def, plan: Optional[Schedule], layout: ParallelLayout, c
     if plan is not None and plan.pipelines > 1:
         raise ConfigError(f"--ep {layout.ep}: expert parallelism runs schedules of one model copy, not "
                           f"{plan.name}'s {plan.pipelines}")
-    if checkpointing:
-        raise ConfigError(f"--ep {layout.ep} with --checkpoint-dir: checkpoints of split experts are not written "
-                          "yet (--save-hf and --save-params write every expert)")
 
 
 def stage_specs(model_def, plan: Schedule, counts: Optional[Sequence[int]], tp: int,

@@ -59,6 +59,7 @@ from .checkpoint_files import (  # noqa: F401  (where checkpoints live: part of 
     step_dir,
 )
 from .checkpoint_names import model_shapes, same_name, tied_view  # noqa: F401  (part of this module's API)
+from .checkpoint_pieces import Pieces, as_local, as_whole
 from .checkpoint_strided import portable, restored
 from .checkpoint_writes import reason, writer
 
@@ -186,9 +187,10 @@ def saved_world(path: PathLike) -> int:
 
 
 def save(directory: PathLike, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-         keep: int = DEFAULT_KEEP) -> Path:
+         keep: int = DEFAULT_KEEP, pieces: Optional[Pieces] = None) -> Path:
     """Save this process's share as ``directory/step-NNNNNN``, complete (with its manifest) or
-    not at all; keep the newest ``keep`` checkpoints. Collective: every rank of the process group
+    not at all; keep the newest ``keep`` checkpoints; ``pieces``: the entries this rank holds a
+    block of rows of (:mod:`.checkpoint_pieces`). Collective: every rank of the process group
     calls it, and every rank raises the same CheckpointWriteError when any part fails."""
     final = step_dir(directory, step)
     partial = final.with_name(f".{final.name}{PARTIAL}")
@@ -200,7 +202,7 @@ def save(directory: PathLike, step: int, model: nn.Module, optimizer: torch.opti
     error = None
     try:
         with _quiet_without_group():
-            _dcp().save(portable(training_state(model, optimizer)), checkpoint_id=str(partial), storage_writer=writer(partial), no_dist=not dist.is_initialized())
+            _dcp().save(portable(as_whole(training_state(model, optimizer), pieces)), checkpoint_id=str(partial), storage_writer=writer(partial), no_dist=not dist.is_initialized())
     except BaseException as err:  # DCP's CheckpointException is a BaseException
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise
@@ -235,11 +237,12 @@ def _first_error(mine: Optional[str]) -> Optional[str]:
     return next((e for e in every if e is not None), None)
 
 
-def load(path: PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+def load(path: PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, pieces: Optional[Pieces] = None) -> int:
     """Load what this process owns from checkpoint ``path`` into ``model`` and ``optimizer``
     (and its random generators when the checkpoint has as many ranks); return its step.
     Collective: every rank calls it. CheckpointMismatch if it is another model's."""
-    state = training_state(model, optimizer)
+    state = as_whole(training_state(model, optimizer), pieces)  # shapes: the whole tensors'
+
     check_matches(path, {k: v.shape for k, v in state["model"].items()}, optimizer_settings(optimizer),
                   whole_model=False)
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -253,7 +256,7 @@ def load(path: PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> 
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise
         raise CheckpointUnreadable(f"{_step_name(path)}could not read {path}: {reason(err)}") from None
-    state = restored(state, live)
+    state = as_local(restored(state, live), pieces)
     model.load_state_dict(state["model"])
     _dcp().state_dict.set_optimizer_state_dict(model, optimizer, state["optim"], options=_optim_options())
     for rng in state.get("rng", {}).values():

@@ -125,6 +125,15 @@ def split_experts(stages: dict[int, nn.Module], mesh: ExpertMesh, plan: ExpertPl
     return kept
 
 
+def expert_slice(tensor: torch.Tensor, mesh: ExpertMesh) -> tuple[torch.Tensor, int, int]:
+    """This rank's experts in ``tensor`` (an expert parameter :func:`split_experts` kept, or optimizer
+    state of its shape), the global index of the first (in the whole layer) and the layer's routed
+    experts: where its rows sit in transformers' stacked tensor, what a checkpoint records (the
+    one place that knows how a rank holds its experts: whole, the ``ep_rank``-th ``1/ep``)."""
+    rows = tensor.shape[0]
+    return tensor, mesh.ep_rank * rows, mesh.ep * rows
+
+
 def whole_experts(local: dict, named: Iterable[tuple[str, nn.Parameter]], mesh: Optional[ExpertMesh]) -> dict:
     """``local`` (tensors by name) with each expert parameter's tensor among ``named`` gathered over
     the EP group, in its ranks' order: every expert, in transformers' stacked layout (collective

@@ -142,7 +142,7 @@ def _model_and_plan(cfg: RunConfig, checked: _Checked):
     model_def = get_model(model, **model_options)
     checked.loop = bounded_evaluation(checked.loop, model_def.eval_windows, run.batch_size, say)
     # before the costly checks: an --ep the model or the run cannot take
-    check_experts(model_def, plan, cfg.layout.of(1), cfg.checkpoint.checkpoint_dir is not None)
+    check_experts(model_def, plan, cfg.layout.of(1))
     checked.dtype = parse_dtype(cfg.model.dtype)  # parsed once: the run's RuntimeOptions take it
     measured = choice.profiles()
     if choice.measures is not None:  # the schedule needs the model (zb-auto), measured by processes first

@@ -1,0 +1,76 @@
+"""Entries each rank holds a block of rows of, as plain tensors (expert parallelism's experts):
+saved and loaded as the whole tensor's ``Shard(0)`` DTensor over the ranks that hold its blocks.
+
+Under ``ep`` a rank holds experts ``first .. first + rows - 1`` of each MoE layer's stacked
+``gate_up_proj`` / ``down_proj`` (and their AdamW moments) as an ordinary tensor of ``rows``
+experts. Saved under the layer's name as it is, each rank's piece would claim to be the whole
+tensor. Wrapped as a DTensor ``Shard(0)`` of the whole ``[experts, ...]`` over the EP group, DCP
+records each piece's offset in the whole tensor (the experts' global indices), and the entry is
+the one a run at ``ep 1`` (or one process) writes: same name, same shape. Loading asks each
+rank's DTensor for its rows, so DCP reshards for free between any EP degrees, other pipeline or
+data-parallel layouts included. (The alternative, one entry per expert, would name entries that
+no ``ep 1`` run or one process writes, and need restacking on every load.) Ranks holding the
+same experts in other EP groups write the same chunk; DCP keeps one (its save plan deduplicates).
+
+Which entries are pieces, and where each rank's rows sit, comes from one function of the
+runtime's (:data:`Slicer`, :func:`pipesched.runtime.sharding.expert_parallel.expert_slice`); this
+module only tells DCP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.distributed.tensor import DTensor, Shard
+
+Slicer = Callable[[torch.Tensor], tuple[torch.Tensor, int, int]]  # tensor -> (its rows, first row, rows of the whole)
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """The model entries (checkpoint names) held in row blocks, how to find a tensor's block
+    (``slicer``), and the ranks whose blocks make each whole tensor, in order (``mesh``, 1-D)."""
+
+    names: frozenset
+    slicer: Slicer
+    mesh: Any  # torch.distributed.device_mesh.DeviceMesh
+
+    def whole(self, tensor: torch.Tensor) -> DTensor:
+        """``tensor`` (this rank's block) as the whole tensor's ``Shard(0)`` DTensor, sharing its storage."""
+        local, first, rows = self.slicer(tensor)
+        size = local.shape[0]
+        if rows != size * self.mesh.size() or first != size * self.mesh.get_local_rank():
+            raise ValueError(f"rows {first}..{first + size - 1} of {rows} are not block "
+                             f"{self.mesh.get_local_rank()} of {self.mesh.size()} equal ones")
+        shape = (rows, *local.shape[1:])
+        return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False, shape=shape,
+                                  stride=torch.empty(shape, device="meta").stride())
+
+
+def _optim_name(key: str) -> str:
+    """The parameter a flattened optimizer entry belongs to (``state.<name>.<slot>``)."""
+    return key[len("state."):].rsplit(".", 1)[0] if key.startswith("state.") else ""
+
+
+def as_whole(state: dict, pieces: Any) -> dict:
+    """``state`` (:func:`.checkpoint.training_state`) with each piece's model entry and its optimizer
+    slots of the same shape (AdamW's moments; not its scalar step) as whole-tensor DTensors;
+    ``pieces`` None: ``state`` itself."""
+    if pieces is None:
+        return state
+    model = {k: pieces.whole(v) if k in pieces.names else v for k, v in state["model"].items()}
+    optim = {k: pieces.whole(v) if _optim_name(k) in pieces.names and v.shape == state["model"][_optim_name(k)].shape
+             else v for k, v in state["optim"].items()}
+    return {**state, "model": model, "optim": optim}
+
+
+def as_local(state: dict, pieces: Any) -> dict:
+    """``state`` loaded through :func:`as_whole`'s template with each piece this rank's block again."""
+    if pieces is None:
+        return state
+    model = {k: v.to_local() if k in pieces.names else v for k, v in state["model"].items()}
+    optim = {k: v.to_local() if isinstance(v, DTensor) and _optim_name(k) in pieces.names else v
+             for k, v in state["optim"].items()}
+    return {**state, "model": model, "optim": optim}
