@@ -13,13 +13,25 @@ tests/test_expert_parallel.py), each rank's measured and predicted parameter byt
 median step time; exits 1 if an error is over the bound or a measurement differs from its
 prediction. tests/test_expert_parallel.py runs three of these layouts.
 
-    PYTHONPATH=src:tests python benchmarks/expert_parallel.py
+With ``--checkpoints``, checkpoints across EP degrees instead (``tests/expert_checkpoint_cases``):
+Mixtral, Qwen3-MoE and DeepSeek-V3, each in one 4-rank launch, float64 throughout, AdamW, saved
+after step 1 at pp 2 x dp 2 x ep 2 and resumed for step 2 at the layouts of :data:`RESUMED`
+(each loading the checkpoint it names: ep 2 -> ep 1 -> pp 4 -> back to ep 2 under FSDP, and ep 4).
+Prints, per resumed run, whether the checkpoint it saved again at once holds every entry of the
+one it loaded bit for bit (weights, AdamW's moments: the state moved exactly), and the relative
+error of its step-2 loss and weights against the uninterrupted run (0 at the same layout; bound
+1e-10 elsewhere: float64, sums in other orders, tests/test_expert_checkpoints.py); exits 1 on a
+difference or an error over the bound. tests/test_expert_checkpoints.py runs Mixtral's first
+three layouts.
+
+    PYTHONPATH=src:tests python benchmarks/expert_parallel.py [--checkpoints]
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
+import tempfile
 
 import torch
 
@@ -31,6 +43,38 @@ LAYOUTS = [("mixtral", "1f1b", {"dp": 2, "ep": 2}), ("mixtral", "dualpipev", {"d
            ("mixtral", "zb-v", {"dp_shard": 2, "ep": 2}), ("mixtral", "1f1b", {"dp": 2}),
            ("qwen3-moe", "1f1b", {"dp": 2, "ep": 2}), ("qwen3-moe", "zb-v", {"dp": 2, "ep": 2}),
            ("deepseek-v3", "interleaved-zb", {"dp": 2, "ep": 2}), ("deepseek-v3", "dualpipev", {"dp": 2, "ep": 2})]
+
+RESUMED = {  # label -> (pp, sizes, the checkpoint it loads); saved at pp 2 x dp 2 x ep 2
+    "pp 2 dp 2 ep 2 (same)": (2, {"dp": 2, "ep": 2}, "uninterrupted"),
+    "pp 2 dp 2 (ep 1)": (2, {"dp": 2}, "uninterrupted"),
+    "pp 1 dp 4 ep 4": (1, {"dp": 4, "ep": 4, "m": 2}, "uninterrupted"),
+    "pp 4 (from ep 1)": (4, {}, "pp 2 dp 2 (ep 1)"),
+    "pp 2 dp_shard 2 ep 2 (from pp 4)": (2, {"dp_shard": 2, "ep": 2}, "pp 4 (from ep 1)"),
+    "pp 1 dp 2 dp_shard 2 ep 2": (1, {"dp": 2, "dp_shard": 2, "ep": 2, "m": 2}, "pp 2 dp_shard 2 ep 2 (from pp 4)"),
+}
+
+
+def checkpoints() -> int:
+    """The ``--checkpoints`` matrix (module doc)."""
+    from expert_checkpoint_cases import differing, entries, expert_checkpoints
+    from hf_cases import make_batch
+    from runtime_cases import relative_error
+
+    batches, failed = [make_batch(step, 8, 16) for step in range(2)], False
+    for kind in ("mixtral", "qwen3-moe", "deepseek-v3"):
+        with tempfile.TemporaryDirectory() as folder:
+            job = {"kind": kind, "schedule": "1f1b", "microbatches": 4, "folder": folder, "batches": batches,
+                   "saved_at": (2, {"dp": 2, "ep": 2}), "resumed": RESUMED}
+            got = spawn(expert_checkpoints, 4, job, timeout_s=900)[0]
+            saved = {label: entries(path) for label, path in got["checkpoints"].items()}
+        want = got["runs"]["uninterrupted"]
+        for label, (_, _, source) in RESUMED.items():
+            run = got["runs"][label]
+            moved = differing(saved[label], saved[source])
+            error = max(abs(run["loss"] - want["loss"]) / abs(want["loss"]), relative_error(run["params"], want["params"]))
+            failed |= bool(moved) or error > (0 if "(same)" in label else BOUND)
+            print(f"{kind:12} {label:34} state loaded bit for bit: {not moved}  step-2 error {error:.1e}")
+    return 1 if failed else 0
 
 
 def main() -> int:
@@ -56,4 +100,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(checkpoints() if "--checkpoints" in sys.argv[1:] else main())

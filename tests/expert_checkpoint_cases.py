@@ -26,7 +26,7 @@ def _mesh(meshes: dict, pp: int, sizes: dict):
 def expert_checkpoints(rank: int, world: int, job: dict) -> dict:
     """``job``: ``kind`` (an hf_cases model), ``schedule`` name, ``microbatches``, ``batches`` (two),
     ``folder``, ``saved_at`` (pp, sizes) and ``resumed`` (label -> (pp, sizes, checkpoint label it
-    loads)). In float64 throughout, with AdamW:
+    loads)); ``sizes``: ``dp``, ``dp_shard``, ``ep``, and ``m`` where the microbatches differ. In float64 throughout, with AdamW:
 
     - ``uninterrupted``: at ``saved_at``, step 1, checkpoint ``folder/uninterrupted``, step 2;
     - each resumed run: a model of other initial weights at its layout loads the named run's
@@ -42,7 +42,7 @@ def expert_checkpoints(rank: int, world: int, job: dict) -> dict:
     batches, folder, meshes, out, saved = job["batches"], job["folder"], {}, {}, {}
 
     def pipeline(pp: int, sizes: dict, seed: int):
-        schedule = pipesched.build_schedule(job["schedule"], pp, job["microbatches"])
+        schedule = pipesched.build_schedule(job["schedule"], pp, sizes.get("m", job["microbatches"]))
         return hf.pipeline(make_model(job["kind"], torch.float64, seed=seed), schedule, optimizer=adamw,
                            sample_batch=batches[0], mesh=_mesh(meshes, pp, sizes), options=RuntimeOptions(timeout_s=60))
 
@@ -59,3 +59,24 @@ def expert_checkpoints(rank: int, world: int, job: dict) -> dict:
                 hf.save_pretrained(rt, f"{folder}/{label}-hf")
             out[label] = {"loss": rt.step(batches[1]).loss, "params": rt.gather_state_dict(), "loaded_step": loaded_step}
     return {"runs": out, "checkpoints": saved} if rank == 0 else None
+
+
+def entries(step_folder: str) -> dict:
+    """Every model and optimizer entry of a DCP checkpoint, whole, read in this one process."""
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as scratch:
+        dcp_to_torch_save(step_folder, f"{scratch}/all.pt")
+        state = torch.load(f"{scratch}/all.pt", weights_only=False)
+    return {f"{part}.{k}": v for part in ("model", "optim") for k, v in state[part].items()}
+
+
+def differing(got: dict, want: dict) -> list[str]:
+    """The entries of two checkpoints' :func:`entries` that are not bit for bit the same (a name in
+    one only included)."""
+    def same(a, b) -> bool:
+        return torch.equal(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else a == b
+
+    return sorted(k for k in got.keys() | want.keys() if k not in got or k not in want or not same(got[k], want[k]))

@@ -19,7 +19,9 @@ under another schedule or rank count: each rank asks DCP for the entries of the 
 Sharded stages (FSDP2, tensor parallelism) hold DTensors: each rank writes its piece of each
 weight and of its optimizer state under the same unsplit name, DCP records where the piece sits
 in the whole tensor, and any layout reads back the pieces it owns, one process included
-(``benchmarks/checkpoint_layouts.py``).
+(``benchmarks/checkpoint_layouts.py``). Split experts (``ep``), plain tensors of a rank's
+experts, are saved and loaded as their rows of the whole layer's tensors (``pieces``:
+:mod:`.checkpoint_pieces`), so any EP degree reads them back.
 A tied weight and its optimizer state are saved and asked for under the group's first name
 whether one rank holds the group as one ``Parameter`` (a V placement) or ranks hold copies (a
 loop placement), so either resumes the other's checkpoint; loading then broadcasts the group's
