@@ -244,7 +244,6 @@ def load(path: PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, pie
     (and its random generators when the checkpoint has as many ranks); return its step.
     Collective: every rank calls it. CheckpointMismatch if it is another model's."""
     state = as_whole(training_state(model, optimizer), pieces)  # shapes: the whole tensors'
-
     check_matches(path, {k: v.shape for k, v in state["model"].items()}, optimizer_settings(optimizer),
                   whole_model=False)
     world = dist.get_world_size() if dist.is_initialized() else 1

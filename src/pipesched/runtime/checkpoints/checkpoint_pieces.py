@@ -20,7 +20,7 @@ module only tells DCP.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from torch.distributed.tensor import DTensor, Shard
@@ -54,7 +54,7 @@ def _optim_name(key: str) -> str:
     return key[len("state."):].rsplit(".", 1)[0] if key.startswith("state.") else ""
 
 
-def as_whole(state: dict, pieces: Any) -> dict:
+def as_whole(state: dict, pieces: Optional[Pieces]) -> dict:
     """``state`` (:func:`.checkpoint.training_state`) with each piece's model entry and its optimizer
     slots of the same shape (AdamW's moments; not its scalar step) as whole-tensor DTensors;
     ``pieces`` None: ``state`` itself."""
@@ -66,7 +66,7 @@ def as_whole(state: dict, pieces: Any) -> dict:
     return {**state, "model": model, "optim": optim}
 
 
-def as_local(state: dict, pieces: Any) -> dict:
+def as_local(state: dict, pieces: Optional[Pieces]) -> dict:
     """``state`` loaded through :func:`as_whole`'s template with each piece this rank's block again."""
     if pieces is None:
         return state
