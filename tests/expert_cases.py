@@ -44,3 +44,38 @@ def expert_runs(rank: int, world: int, job: dict) -> dict:
         out[label] = {"losses": losses, "grads": grads, "params": params, "bytes": held, "step_times": times,
                       "grad_norm": norm}
     return out if rank == 0 else None
+
+
+def overlap_runs(rank: int, world: int, job: dict) -> dict:
+    """For every (label, model kind, dtype, recompute, interleave) of ``job["runs"]``: ``job["steps"]``
+    SGD steps of ``job["batches"]`` under dualpipev on 2 pipeline x 2 data-parallel ranks with
+    ``ep`` 2, each overlapped pair's halves interleaved at their exchanges or one after the other
+    (``RuntimeOptions.interleave_pairs``). Rank 0 returns each run's losses, the last step's gathered
+    gradients, the weights after, and every step's exposed exchange seconds and step time; and how
+    many times its pairs' halves handed the turn to each other (pair_turns.Turns.hand_over)."""
+    import pipesched
+    from pipesched import hf
+    from pipesched.runtime.comm.mesh import init_pipeline_mesh
+    from pipesched.runtime.engine import pair_turns
+    from pipesched.runtime.options import RuntimeOptions
+
+    handed = [0]
+    own = pair_turns.Turns.hand_over
+
+    def counted(turns) -> None:  # a hand-over to a half not yet finished: the halves alternate
+        handed[0] += not turns.finished[3 - turns.turn]
+        own(turns)
+
+    pair_turns.Turns.hand_over = counted
+    mesh, out = init_pipeline_mesh(2, 2, 60, ep=2), {}
+    schedule = pipesched.build_schedule("dualpipev", 2, job.get("microbatches", 4))
+    for label, kind, dtype, recompute, interleave in job["runs"]:
+        model, batches, handed[0] = make_model(kind, dtype), job["batches"], 0
+        options = RuntimeOptions(timeout_s=60, recompute=recompute, interleave_pairs=interleave)
+        with in_dtype(dtype):
+            rt = hf.pipeline(model, schedule, optimizer=sgd, sample_batch=batches[0], mesh=mesh, options=options)
+            results = [rt.step(batch) for batch in batches[:job["steps"]]]
+            grads, params = rt.gather_gradients(), rt.gather_state_dict()
+        out[label] = {"losses": [r.loss for r in results], "grads": grads, "params": params, "handed": handed[0],
+                      "exposed": [r.exposed_exchange_s for r in results], "step_times": [r.step_time for r in results]}
+    return out if rank == 0 else None
