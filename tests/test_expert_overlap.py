@@ -34,6 +34,64 @@ def _label(kind, dtype, recompute, interleave) -> str:
     return f"{kind} {str(dtype)[6:]} recompute={recompute} {'interleaved' if interleave else 'in turn'}"
 
 
+class _Done:
+    """An exchange already complete (the turns are the subject here, not the network)."""
+
+    def wait(self) -> None:
+        pass
+
+
+def test_halves_alternate_at_each_exchange_and_every_wait_is_counted():
+    from pipesched.runtime.engine.pair_turns import await_exchange, run_interleaved
+    from pipesched.runtime.metering.exchange_waits import EXCHANGE_WAITS
+
+    order, ended = [], []
+
+    def half(name: str, exchanges: int):
+        def body():
+            for i in range(exchanges):
+                order.append(f"{name}{i}")
+                await_exchange(_Done())
+            order.append(f"{name}{exchanges}")
+            return name
+        return body
+
+    EXCHANGE_WAITS.reset()
+    assert run_interleaved(half("F", 2), half("B", 1), 10, ended.append) == ("F", "B")
+    # the forward first; each hands over once its exchange started; the backward done, F runs on
+    assert order == ["F0", "B0", "F1", "B1", "F2"]
+    assert ended == [2, 1] and EXCHANGE_WAITS.count == 3
+
+
+def test_a_failing_half_lets_the_other_run_to_its_end_then_raises():
+    from pipesched.runtime.engine.pair_turns import await_exchange, run_interleaved
+
+    finished = []
+
+    def forward():
+        await_exchange(_Done())
+        raise ValueError("the forward half failed")
+
+    def backward():
+        for _ in range(3):
+            await_exchange(_Done())
+        finished.append(True)
+
+    with pytest.raises(ValueError, match="the forward half failed"):
+        run_interleaved(forward, backward, 10, lambda half: None)
+    assert finished == [True]
+
+
+def test_the_forward_half_computes_under_the_callers_torch_function_modes():
+    from hf_cases import Float64Throughout
+
+    from pipesched.runtime.engine.pair_turns import run_interleaved
+
+    with Float64Throughout():  # float32 asked for becomes float64: a mode is thread-local in torch
+        made = run_interleaved(lambda: torch.ones(1, dtype=torch.float32).dtype, lambda: None, 10, lambda half: None)
+    assert made[0] == torch.float64
+
+
 @pytest.fixture(scope="module")
 def launched():  # the tests using it are slow: a 4-rank launch
     from expert_cases import overlap_runs

@@ -12,6 +12,10 @@ over the program; each handler is short and does one thing:
 - ``UNSHARD``/``RESHARD`` gather and free a sharded stage's parameters (no-ops on whole stages:
   each stage's :class:`~.stage_runner.StagePart` says).
 
+An overlapped pair's halves (``half`` 1 and 2) run one after the other, or, where the engine is
+given ``interleave_timeout_s`` (the executor does under expert parallelism), interleaved at their
+all-to-alls (:mod:`.pair_turns`; the CUDA side stream of :mod:`.overlap_streams` is then unused).
+
 The engine is built from its parts (program, runners, transport, reductions, streams, meter) and
 holds no runtime: :mod:`.local_transport` runs several ranks' engines in one process. The clock:
 a compute's span starts once its input has arrived and ends after the ``SEND``\\ s and
