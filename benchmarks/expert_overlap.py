@@ -2,7 +2,8 @@
 ``OVERLAP_F_B`` pair's halves interleaved at their exchanges, and with them run one after the
 other (``RuntimeOptions.interleave_pairs``; runtime/engine/pair_turns.py).
 
-One 4-rank launch (dualpipev on 2 pipeline x 2 data-parallel ranks, ``ep`` 2, gloo on CPU), the
+One launch (dualpipev on ``--pp`` (2) pipeline x 2 data-parallel ranks, ``ep`` 2, gloo on CPU; at
+``--pp 1`` both of the V's stages are on each rank, 2 ranks in all, nearly every action a pair), the
 tests' tiny Mixtral (4 MoE layers) and DeepSeek-V3 (its first 3 layers dense, as the family's
 ``first_k_dense_replace`` says: one MoE layer, on the last stage) in float32, ``--microbatches``
 (8) of a 16 x 16 batch, SGD, ``--steps`` steps (25). The two modes alternate step by step in one
@@ -20,7 +21,7 @@ all-to-all runs on NCCL's own stream, the compute on the current one: the interl
 queues the other half's kernels before the wait. A wait on NCCL does not block the host, so there
 the exposed seconds are ~0 by construction and the step time is the figure. Not run on a GPU yet.
 
-    PYTHONPATH=src:tests python benchmarks/expert_overlap.py [--steps 25] [--microbatches 8]
+    PYTHONPATH=src:tests python benchmarks/expert_overlap.py [--steps 25] [--microbatches 8] [--pp 2]
     PYTHONPATH=src:tests torchrun --standalone --nproc-per-node 4 benchmarks/expert_overlap.py
 """
 
@@ -44,11 +45,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--pp", type=int, default=2, help="pipeline ranks (1: dualpipev's V on one rank, 2 ranks in all)")
     args = parser.parse_args()
     batches = [make_batch(step, 16, 16) for step in range(args.steps)]
     runs = [(kind, kind, torch.float32, None, "alternate") for kind in MODELS]
-    job = {"runs": runs, "batches": batches, "steps": args.steps, "microbatches": args.microbatches}
-    results = run_torchrun(overlap_runs, job, 3000) if under_torchrun() else spawn(overlap_runs, 4, job, 3000)[0]
+    job = {"runs": runs, "batches": batches, "steps": args.steps, "microbatches": args.microbatches, "pp": args.pp}
+    results = (run_torchrun(overlap_runs, job, 3000) if under_torchrun()
+               else spawn(overlap_runs, 2 * args.pp, job, 3000)[0])
     if results is None:  # a torchrun rank other than 0
         return 0
     for kind in MODELS:

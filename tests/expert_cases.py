@@ -51,7 +51,7 @@ def expert_runs(rank: int, world: int, job: dict) -> dict:
 
 def overlap_runs(rank: int, world: int, job: dict) -> dict:
     """For every (label, model kind, dtype, recompute, interleave) of ``job["runs"]``: ``job["steps"]``
-    SGD steps of ``job["batches"]`` under dualpipev on 2 pipeline x 2 data-parallel ranks with
+    SGD steps of ``job["batches"]`` under dualpipev on ``job["pp"]`` (2) pipeline x 2 data-parallel ranks with
     ``ep`` 2, each overlapped pair's halves interleaved at their exchanges or one after the other
     (``RuntimeOptions.interleave_pairs``; ``"alternate"``: interleaved on even steps, in turn on
     odd ones, the engine's switch set between steps). On the rank's device: its GPU under torchrun
@@ -74,8 +74,9 @@ def overlap_runs(rank: int, world: int, job: dict) -> dict:
         own(turns)
 
     pair_turns.Turns.hand_over = counted
-    mesh, out = init_pipeline_mesh(2, 2, 60, ep=2), {}
-    schedule = pipesched.build_schedule("dualpipev", 2, job.get("microbatches", 4))
+    pp = job.get("pp", 2)
+    mesh, out = init_pipeline_mesh(pp, 2, 60, ep=2), {}
+    schedule = pipesched.build_schedule("dualpipev", pp, job.get("microbatches", 4))
     for label, kind, dtype, recompute, interleave in job["runs"]:
         model, batches, handed[0] = make_model(kind, dtype), job["batches"], 0
         options = RuntimeOptions(timeout_s=60, recompute=recompute, interleave_pairs=bool(interleave),
