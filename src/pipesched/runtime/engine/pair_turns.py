@@ -106,9 +106,9 @@ def run_interleaved(forward: Callable[[], Any], backward: Callable[[], Any], tim
     inherit = _caller_state()
 
     def half(index: int, body: Callable[[], Any]) -> None:
-        if index == 1:
-            inherit()
         try:
+            if index == 1:
+                inherit()
             turns.begin(index)
             results[index] = body()
             finished(index)
