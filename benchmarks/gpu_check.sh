@@ -15,8 +15,9 @@
 # against the halves run one after the other: equivalence and step time (benchmarks/dualpipe.py --streams).
 # With 4+ GPUs: sharded stages (FSDP2 x TP) against the unsharded model, and torch's pipelining
 # with FSDP2 stages timed (benchmarks/sharded_vs_torch.py --check), a sharded checkpoint resumed
-# at other layouts (benchmarks/checkpoint_layouts.py --check); with 8+, the eight-process
-# layouts (benchmarks/sharded_layouts.py --check).
+# at other layouts (benchmarks/checkpoint_layouts.py --check), and expert parallelism's all-to-all
+# behind DualPipe's interleaved pairs (benchmarks/expert_overlap.py; not run on a GPU yet); with
+# 8+, the eight-process layouts (benchmarks/sharded_layouts.py --check).
 # Exits non-zero if a check fails. Dry run of the script's logic on a CPU-only machine:
 # GPU_CHECK_ON_CPU=1 (gloo, CPU, small block; proves nothing about CUDA).
 set -euo pipefail
@@ -86,6 +87,16 @@ if [[ "$gpus" -ge 8 ]]; then
         | tee -a "$OUT" || status=1
 else
     echo "## Sharded layouts: skipped (needs 8 GPUs for NCCL, $gpus here)" >> "$OUT"
+fi
+# expert parallelism under dualpipev: each overlapped pair's halves interleaved at their all-to-alls
+# (NCCL's all-to-all on its own stream, the compute on the current one) against the halves in turn,
+# step by step: exposed all-to-all and step time (benchmarks/expert_overlap.py). Not run on a GPU yet.
+if [[ "$gpus" -ge 4 ]]; then
+    echo "## Expert all-to-all behind interleaved F&B pairs, 4 ranks, NCCL" >> "$OUT"
+    PYTHONPATH="$PYTHONPATH:$PWD/tests" "$PY" -m torch.distributed.run --standalone --nproc-per-node 4 \
+        benchmarks/expert_overlap.py --steps 13 | tee -a "$OUT" || status=1
+else
+    echo "## Expert all-to-all overlap: skipped (needs 4 GPUs for NCCL, $gpus here)" >> "$OUT"
 fi
 # overlapped F&B pairs with the forward half on a CUDA stream of its own, against the halves one
 # after the other: equivalence and step-time ratio (dualpipev on one rank needs no messages)

@@ -1,7 +1,10 @@
-"""The rank worker of tests/test_expert_parallel.py and benchmarks/expert_parallel.py: MoE models
-trained with expert parallelism inside their stages (spawned processes import this module by name)."""
+"""The rank workers of tests/test_expert_parallel.py, tests/test_expert_overlap.py and
+benchmarks/expert_parallel.py, expert_overlap.py: MoE models trained with expert parallelism
+inside their stages (spawned processes import this module by name)."""
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -43,4 +46,54 @@ def expert_runs(rank: int, world: int, job: dict) -> dict:
         dist.all_gather_object(held, rt.runtime.state_bytes())
         out[label] = {"losses": losses, "grads": grads, "params": params, "bytes": held, "step_times": times,
                       "grad_norm": norm}
+    return out if rank == 0 else None
+
+
+def overlap_runs(rank: int, world: int, job: dict) -> dict:
+    """For every (label, model kind, dtype, recompute, interleave) of ``job["runs"]``: ``job["steps"]``
+    SGD steps of ``job["batches"]`` under dualpipev on ``job["pp"]`` (2) pipeline x 2 data-parallel ranks with
+    ``ep`` 2, each overlapped pair's halves interleaved at their exchanges or one after the other
+    (``RuntimeOptions.interleave_pairs``; ``"alternate"``: interleaved on even steps, in turn on
+    odd ones, the engine's switch set between steps). On the rank's device: its GPU under torchrun
+    on a CUDA machine (benchmarks/gpu_check.sh), else the CPU. Rank 0 returns each run's losses, the last step's gathered
+    gradients, the weights after, its step times, every rank's exposed exchange seconds and CPU
+    seconds (the rank process's, its threads' included) per step; and how
+    many times its pairs' halves handed the turn to each other (pair_turns.Turns.hand_over)."""
+    import pipesched
+    from pipesched import hf
+    from pipesched.runtime.comm.mesh import init_pipeline_mesh
+    from pipesched.runtime.engine import pair_turns
+    from pipesched.runtime.launching.launch import rank_device
+    from pipesched.runtime.options import RuntimeOptions
+
+    handed = [0]
+    own = pair_turns.Turns.hand_over
+
+    def counted(turns) -> None:  # a hand-over to a half not yet finished: the halves alternate
+        handed[0] += not turns.finished[3 - turns.turn]
+        own(turns)
+
+    pair_turns.Turns.hand_over = counted
+    pp = job.get("pp", 2)
+    mesh, out = init_pipeline_mesh(pp, 2, 60, ep=2), {}
+    schedule = pipesched.build_schedule("dualpipev", pp, job.get("microbatches", 4))
+    for label, kind, dtype, recompute, interleave in job["runs"]:
+        model, batches, handed[0] = make_model(kind, dtype), job["batches"], 0
+        options = RuntimeOptions(timeout_s=60, recompute=recompute, interleave_pairs=bool(interleave),
+                                 device=rank_device())
+        with in_dtype(dtype):
+            rt = hf.pipeline(model, schedule, optimizer=sgd, sample_batch=batches[0], mesh=mesh, options=options)
+            results, cpu = [], []
+            for step, batch in enumerate(batches[:job["steps"]]):
+                if interleave == "alternate":  # even steps interleaved, odd in turn: the machine's load on both
+                    rt.runtime.engine.interleave_timeout_s = None if step % 2 else 60
+                start = time.process_time()
+                results.append(rt.step(batch))
+                cpu.append(time.process_time() - start)
+            grads, params = rt.gather_gradients(), rt.gather_state_dict()
+        ranks = [None] * world  # every rank's (exposed exchange seconds, CPU seconds) per step
+        torch.distributed.all_gather_object(ranks, ([r.exposed_exchange_s for r in results], cpu))
+        out[label] = {"losses": [r.loss for r in results], "grads": grads, "params": params, "handed": handed[0],
+                      "exposed": [r[0] for r in ranks], "cpu": [r[1] for r in ranks],
+                      "step_times": [r.step_time for r in results]}
     return out if rank == 0 else None

@@ -48,7 +48,8 @@ def test_print_config_round_trips_through_config(tmp_path):
     assert run["training"] == {"steps": 3, "batch_size": 64, "seed": 0, "timeout": 30.0, "skip_nonfinite": True,
                                "clip_grad_norm": 1.5, "verbose": False}
     assert run["schedule"]["csv"] == 'dir "a"\\b-é.csv' and run["schedule"]["memory_limit"] == "2.5"
-    assert run["optimizer"]["lr"] == 1e-05 and run["layout"] == {"ranks": 2, "dp": 2, "dp_shard": 1, "tp": 1, "ep": 1}
+    assert run["optimizer"]["lr"] == 1e-05 and run["layout"] == {"ranks": 2, "dp": 2, "dp_shard": 1, "tp": 1, "ep": 1,
+                                                                  "ep_pairs_in_turn": False}
     assert "eval_every" not in run["evaluation"]  # unset: TOML has no null, the default is read back
     path = tmp_path / "run.toml"
     path.write_text(printed.stdout)

@@ -148,8 +148,10 @@ class PipelineRuntime(StateAccess):
                                         replicas=self.strategy.replicas_reduced, copies=self.tied)
         self.broadcast_tied()
         self.streams = OverlapStreams(self.device, options.overlap_streams)
+        interleaving = options.interleave_pairs and self.mesh.experts is not None  # exchanges to hide
         self.engine = Engine(self.program, self.runners, self.transport, reductions=self.reductions,
-                             precision=self.precision, meter=self.meter, streams=self.streams)
+                             precision=self.precision, meter=self.meter, streams=self.streams,
+                             interleave_timeout_s=options.timeout_s if interleaving else None)
         self.transport.connect()
         self.steps_done = 0
         self.metering = True  # whether this step's saved tensors are counted (see step)

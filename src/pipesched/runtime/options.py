@@ -37,6 +37,9 @@ class RuntimeOptions:
     - ``overlap_grad_sync``: start each gradient reduction as soon as its last gradient is done
       (False: all after the step's last action).
     - ``overlap_streams``: on CUDA, an overlapped pair's forward half on a stream of its own.
+    - ``interleave_pairs``: under expert parallelism, an overlapped pair's halves interleaved at
+      their all-to-alls, one half's exchange in flight while the other computes (bitwise the same
+      result; :mod:`~.engine.pair_turns`); False runs them one after the other.
     - ``reshard_after_forward``: a sharded stage frees its gathered parameters after each forward
       and gathers them again for the backward (memory for time); False (default, torchtitan's
       under pipelining) keeps them gathered from its ``UNSHARD`` to its ``RESHARD``.
@@ -59,6 +62,7 @@ class RuntimeOptions:
     dtype: torch.dtype = torch.float32
     overlap_grad_sync: bool = True
     overlap_streams: bool = False
+    interleave_pairs: bool = True
     meter_every_step: bool = False
     reshard_after_forward: bool = False
     # deprecated: the model's facts (StagedModel's), moved onto it by runtime_arguments

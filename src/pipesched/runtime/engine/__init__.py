@@ -9,6 +9,7 @@
   and a whole stage's part in the program (``WholeStage``);
 - ``recompute``: block-by-block activation recomputation;
 - ``overlap_streams``: an overlapped pair's forward half on a CUDA stream of its own;
+- ``pair_turns``: an overlapped pair's halves interleaved at their expert all-to-alls;
 - ``local_transport``: several ranks' engines in one process (in-memory links, threads).
 
 Imports torch, the planning core, and of the runtime ``program``, ``metering``, ``stages`` and

@@ -12,6 +12,10 @@ over the program; each handler is short and does one thing:
 - ``UNSHARD``/``RESHARD`` gather and free a sharded stage's parameters (no-ops on whole stages:
   each stage's :class:`~.stage_runner.StagePart` says).
 
+An overlapped pair's halves (``half`` 1 and 2) run one after the other, or, where the engine is
+given ``interleave_timeout_s`` (the executor does under expert parallelism), interleaved at their
+all-to-alls (:mod:`.pair_turns`; the CUDA side stream of :mod:`.overlap_streams` is then unused).
+
 The engine is built from its parts (program, runners, transport, reductions, streams, meter) and
 holds no runtime: :mod:`.local_transport` runs several ranks' engines in one process. The clock:
 a compute's span starts once its input has arrived and ends after the ``SEND``\\ s and
@@ -24,10 +28,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ...ops import SENDS, Op
+from ..metering.exchange_waits import EXCHANGE_WAITS
 from ..metering.memory_meter import ActivationMeter
 from ..program.instructions import Instruction, RankProgram
 from ..stages.precision import Precision
 from .overlap_streams import OverlapStreams
+from .pair_turns import run_interleaved
 from .stage_runner import StageRunner
 
 ActionObserver = Callable[[tuple, int, int, int], None]  # (action, bytes before, after, highest)
@@ -76,8 +82,10 @@ class Engine:
 
     def __init__(self, program: RankProgram, runners: dict[int, StageRunner], transport, *,
                  reductions=None, precision: Precision, meter: ActivationMeter,
-                 streams: Optional[OverlapStreams] = None, losses_per_step: Optional[int] = None) -> None:
+                 streams: Optional[OverlapStreams] = None, losses_per_step: Optional[int] = None,
+                 interleave_timeout_s: Optional[float] = None) -> None:
         self.program, self.runners, self.transport = program, runners, transport
+        self.interleave_timeout_s = interleave_timeout_s  # None: a pair's halves one after the other
         self.reductions = reductions if reductions is not None else NoReductions()
         self.precision, self.meter, self.streams = precision, meter, streams
         self.losses_per_step = losses_per_step if losses_per_step is not None else sum(
@@ -96,11 +104,19 @@ class Engine:
         computed (the loss agreement starts then, while the backwards go on)."""
         step = _Step(batch, clock, observer, losses_known, metering, [None] * microbatches, self.losses_per_step)
         self.transport.start_step()
-        handlers = self.handlers
-        for ins in self.program.instructions:
+        EXCHANGE_WAITS.reset()
+        handlers, program = self.handlers, self.program.instructions
+        # the step that learns the stage sizes (observer) times each half apart: it runs them in turn
+        interleaving = self.interleave_timeout_s is not None and observer is None
+        for i, ins in enumerate(program):
+            if ins.half == 2 and interleaving:
+                continue  # run with its forward half
             if step.opened is not None and ins.op not in SPAN_KEEPERS:
                 self._close(step)
-            handlers[ins.op](ins, step)
+            if ins.half == 1 and interleaving:
+                self._interleaved_pair(ins, program[i + 1], step)
+            else:
+                handlers[ins.op](ins, step)
         if step.opened is not None:
             self._close(step)
         self.transport.finish_step()
@@ -139,6 +155,31 @@ class Engine:
         self._start(ins, step)
         self.runners[ins.stage].weight(ins.microbatch)
         self._finish(ins, step)
+
+    def _interleaved_pair(self, first: Instruction, second: Instruction, step: _Step) -> None:
+        """An overlapped pair, its halves interleaved at their exchanges (:mod:`.pair_turns`): both
+        inputs first, then the halves. Their spans tile the pair's time, split where the first half
+        to finish ended (they share it); the pair's sends close the second span."""
+        forward, backward = self.runners[first.stage], self.runners[second.stage]
+        k, j = first.microbatch, second.microbatch
+        given = step.batch.inputs[k] if forward.takes_inputs else self._input(first, step, "act", first.stage - 1)
+        grads = None if backward.computes_loss else self._input(second, step, "grad", second.stage + 1)
+        before = self.meter.current
+        self.meter.high = before
+        start, ends = step.clock.mark(), []
+        target = step.batch.targets[k] if forward.computes_loss else None
+        (loss, outputs), input_grads = run_interleaved(
+            lambda: forward.forward(k, given, target, step.batch.context(k), step.metering),
+            lambda: backward.backward(j, grads, second.op is Op.I), self.interleave_timeout_s,
+            lambda half: ends.append(step.clock.mark()))
+        if loss is not None:
+            self._loss(k, loss, step)
+        else:
+            self._output(first, step, "act", outputs)
+        if input_grads is not None:
+            self._output(second, step, "grad", input_grads)
+        step.marks.append((first.action, start, ends[0], self.meter.high, self.meter.current))
+        step.opened = (second.action, ends[0], before)
 
     # -- communication, reductions, gathers --------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 - ``memory_meter``: activation bytes held, counted as the step runs (saved-tensor hooks, holds);
 - ``clock``: host or CUDA-event timestamps of actions;
+- ``exchange_waits``: the seconds a step waited on expert all-to-alls (the exposed time);
 - ``observers``: the clock a step uses, the stage sizes learned on the first step, the step's result;
 - ``timeline``: measured timelines replayed and compared with the simulator (pure Python).
 

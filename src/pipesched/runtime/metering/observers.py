@@ -17,6 +17,7 @@ from ...execution import Span
 from ...memory import StageMemory
 from ...ops import Op
 from .clock import EventClock, HostClock
+from .exchange_waits import EXCHANGE_WAITS
 
 
 @dataclass
@@ -36,6 +37,8 @@ class StepResult:
     activation_curve: list = field(default_factory=list)
     device_peak_bytes: Optional[int] = None  # CUDA: max_memory_allocated during the step
     device_baseline_bytes: Optional[int] = None  # CUDA: allocated at the step's start (weights, grads, optimizer)
+    # seconds the step's program waited on expert exchanges (all-to-all not hidden; exchange_waits.py)
+    exposed_exchange_s: float = 0.0
 
 
 def make_clock(device: torch.device, sync_actions: Optional[bool]):
@@ -50,7 +53,8 @@ def make_clock(device: torch.device, sync_actions: Optional[bool]):
 def step_result(loss: float, step_time: float, marks: list, clock, skipped: bool, origin: float,
                 grad_norm: float, peak_bytes: Optional[int], device: torch.device,
                 device_baseline: Optional[int]) -> StepResult:
-    """The step's result from the engine's marks: (action, start, end, highest bytes, bytes after);
+    """The step's result from the engine's marks: (action, start, end, highest bytes, bytes after),
+    and the exchange waits of its program (the engine's run zeroes them first);
     ``peak_bytes`` None on a step the meter did not count (no activation curve then)."""
     times = clock.seconds([t for mark in marks for t in mark[1:3]])
     spans = [Span(mark[0], times[2 * i], times[2 * i + 1]) for i, mark in enumerate(marks)]
@@ -59,7 +63,8 @@ def step_result(loss: float, step_time: float, marks: list, clock, skipped: bool
              ] if peak_bytes is not None else []
     on_cuda = device.type == "cuda"
     return StepResult(loss, step_time, spans, skipped, origin, grad_norm, peak_bytes, curve,
-                      torch.cuda.max_memory_allocated(device) if on_cuda else None, device_baseline)
+                      torch.cuda.max_memory_allocated(device) if on_cuda else None, device_baseline,
+                      EXCHANGE_WAITS.seconds)
 
 
 class SizeLearner:

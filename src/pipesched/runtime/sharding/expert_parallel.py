@@ -34,6 +34,7 @@ from torch import nn
 
 from ...errors import ConfigError
 from ..comm.expert_mesh import ExpertMesh, is_expert
+from ..engine.pair_turns import await_exchange
 from ...expert_plans import ExpertPlan
 
 SPLIT = ("gate_up_proj", "down_proj")  # the experts' fused weights, dim 0 the expert
@@ -55,11 +56,13 @@ class _Exchange(torch.autograd.Function):
 
 def exchange(x: torch.Tensor, send: list, receive: list, group: Any) -> torch.Tensor:
     """The rows of ``x`` sent ``send[r]`` to rank ``r`` of ``group``, ``receive[r]`` received from it
-    (over gloo through host memory)."""
+    (over gloo through host memory). Started async and waited for in :func:`await_exchange`:
+    there, in an overlapped pair run interleaved, the pair's other half computes first."""
     on_host = dist.get_backend(group) == "gloo" and x.device.type != "cpu"
     payload = (x.cpu() if on_host else x).contiguous()
     out = payload.new_empty((sum(receive), *x.shape[1:]))
-    dist.all_to_all_single(out, payload, receive, send, group=group)
+    work = dist.all_to_all_single(out, payload, receive, send, group=group, async_op=True)
+    await_exchange(work)  # an interleaved pair's other half runs meanwhile; the wait is exposed time
     return out.to(x.device) if on_host else out
 
 

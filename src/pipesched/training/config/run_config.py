@@ -98,6 +98,8 @@ class LayoutSection:
                      "(gpt and Hugging Face models; docs/layouts.md).", least=1)
     ep: int = option(1, "Expert parallelism: each MoE layer's routed experts split N ways over the data-parallel "
                      "ranks (--dp x --dp-shard), tokens sent to their experts (docs/expert-parallel.md).", least=1)
+    ep_pairs_in_turn: bool = option(False, "With --ep: run each overlapped pair's halves (dualpipev) one after "
+                                    "the other, not interleaved at their all-to-alls (docs/expert-parallel.md).")
 
     def of(self, pp: int) -> ParallelLayout:
         """The layout of ``pp`` pipeline ranks (the schedule's: a CSV brings its own) cut this way, in

@@ -168,7 +168,8 @@ def _train_config(cfg: RunConfig, checked: _Checked, plan: Optional[Schedule], l
     run, ckpt, out = cfg.training, cfg.checkpoint, cfg.outputs
     options = RuntimeOptions(seed=run.seed, timeout_s=run.timeout,
                              skip_nonfinite=run.skip_nonfinite, clip_grad_norm=run.clip_grad_norm, recompute=recompute,
-                             dtype=checked.dtype, meter_every_step=out.trace is not None)  # a trace draws every step
+                             dtype=checked.dtype, meter_every_step=out.trace is not None,  # a trace draws every step
+                             interleave_pairs=not cfg.layout.ep_pairs_in_turn)
     return TrainConfig(
         cfg.model.model, plan, run.steps, run.batch_size, options, block_counts=checked.counts,
         lr=cfg.optimizer.lr, optimizer=cfg.optimizer.optimizer,
