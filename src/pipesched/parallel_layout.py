@@ -74,6 +74,14 @@ class ParallelLayout:
         """Whether stages are split inside (FSDP shards or tensor parallelism)."""
         return self.dp_shard > 1 or self.tp > 1
 
+    @property
+    def expert_shards(self) -> int:
+        """How many ranks FSDP shards each EP rank's experts over: with ``dp_shard`` alone, the
+        ``dp_shard / ep`` ranks holding the same experts (torchtitan's "efsdp"); 1 (each rank holds
+        its experts whole) with no ``dp_shard`` (whole replicas), and under HSDP (``dp_replicate``
+        with ``dp_shard``: the ranks holding the same experts span replicas, not yet sharded)."""
+        return self.dp_shard // self.ep if self.dp_shard > 1 and self.dp_replicate == 1 else 1
+
     def expert_groups(self, data_index: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The data indices (``dp_replicate`` coordinate x ``dp_shard`` + ``dp_shard`` coordinate)
         that split the experts with ``data_index`` (its EP group: ``ep`` consecutive ones, inside one

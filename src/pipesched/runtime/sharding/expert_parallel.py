@@ -31,6 +31,8 @@ from typing import Any, Iterable, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
 
 from ...errors import ConfigError
 from ..comm.expert_mesh import ExpertMesh, is_expert
@@ -92,6 +94,8 @@ def dispatched_forward(module: nn.Module, mesh: ExpertMesh, local: int, hidden_s
     local_ids = torch.repeat_interleave(experts_here, arriving.reshape(-1))
     ones = torch.ones((rows.shape[0], 1), dtype=top_k_weights.dtype, device=rows.device)
     outputs = type(module).forward(module, rows, local_ids[:, None], ones)
+    if not rows.shape[0]:  # no row for this rank's experts: a zero gradient all the same (FSDP reduces one per rank)
+        outputs = outputs + sum(getattr(module, weight)[:0].sum() for weight in SPLIT)
     back = _Exchange.apply(outputs, receive, send, mesh.ep_group)
     unsorted = back[torch.argsort(order)].view(tokens, k, -1)
     weighted = unsorted * top_k_weights[..., None]
@@ -123,6 +127,20 @@ def split_experts(stages: dict[int, nn.Module], mesh: ExpertMesh, plan: ExpertPl
             module.num_experts = local
             module.forward = partial(dispatched_forward, module, mesh, local)
     return kept
+
+
+def shard_experts(stage: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool) -> None:
+    """FSDP2 on every experts module of ``stage`` over ``mesh``, the ranks holding the same experts
+    (torchtitan's "efsdp": ``fully_shard(experts, mesh=efsdp_mesh)`` before the blocks'): each
+    rank keeps ``1/expert_shards`` of its experts between computes, the all-gather and the
+    reduce-scatter run inside the replica group, whose reduce-scatter is then the experts' whole
+    reduction. Before the blocks are sharded (their groups leave these parameters to this one).
+    Each shard is held by this rank alone: its ``expert_replica`` is 0 (the gradient norm counts it)."""
+    holders = [m for m in stage.modules() if any(is_expert(p) for p in m.parameters(recurse=False))]
+    for module in holders:
+        fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        for p in module.parameters(recurse=False):
+            p.expert_replica = 0
 
 
 def whole_experts(local: dict, named: Iterable[tuple[str, nn.Parameter]], mesh: Optional[ExpertMesh]) -> dict:

@@ -53,6 +53,7 @@ class ShardedMesh:
     tp_rank: int
     shard_rank: int
     replicate_rank: int
+    experts_mesh: Optional[DeviceMesh] = None  # FSDP's mesh for this rank's experts (layout.expert_shards > 1)
 
     @property
     def dp_mesh(self) -> DeviceMesh:
@@ -128,4 +129,7 @@ def init_sharded_mesh(layout: ParallelLayout, timeout_s: Optional[float] = None,
     )
     pipeline = replace(pipeline, experts=init_expert_mesh(layout, pipeline.all_grids, timeout))
     grids = pipeline.all_grids
-    return ShardedMesh(layout, device_mesh, pipeline, grids, coords["tp"], coords["dp_shard"], coords["dp_replicate"])
+    experts_mesh = (DeviceMesh.from_group(pipeline.experts.replicas_group, device_type, mesh_dim_names=("expert_shard",))
+                    if layout.expert_shards > 1 else None)  # the ranks holding the same experts
+    return ShardedMesh(layout, device_mesh, pipeline, grids, coords["tp"], coords["dp_shard"], coords["dp_replicate"],
+                       experts_mesh)
