@@ -40,6 +40,7 @@ def test_each_ep_ranks_experts_are_sharded_over_the_ranks_holding_the_same_ones(
     assert first.params == second.params == 1 * 128 * 32 * 4  # one of four experts on each rank
     assert first.gathered_params == 2 * 128 * 32 * 4  # gathered: the EP rank's two
     assert ParallelLayout(1, dp_shard=2, ep=2).expert_shards == 1  # no rank holds the same experts
+    assert ParallelLayout(1, dp_shard=4).expert_shards == 1  # no ep: FSDP shards the experts with the rest
     assert ParallelLayout(1, dp_replicate=4, tp=2, ep=2).expert_shards == 1  # replicas keep them whole
     assert ParallelLayout(1, dp_replicate=2, dp_shard=2, ep=2).expert_shards == 1  # under HSDP too (not yet)
 

@@ -66,7 +66,9 @@ def shard_stage(module: nn.Module, mesh: ShardedMesh, plan: Plan, reshard_after_
     """Split ``module`` in place (tensor parallelism by ``plan``, then FSDP over ``mesh.dp_mesh``)
     and return it, now an ``FSDPModule``. ``reshard_after_forward`` False keeps each group
     gathered from its forward to its backward (torchtitan's choice under pipelining: no second
-    all-gather per microbatch); True frees it after each forward, for memory."""
+    all-gather per microbatch); True frees it after each forward, for memory. An EP rank's experts
+    are FSDP's over the ranks holding the same experts (``mesh.experts_mesh``), or, where none
+    shares them, left out of FSDP and held whole."""
     apply_tp(module, plan, mesh.tp_mesh)
     if mesh.experts_mesh is not None:  # the experts sharded over the ranks holding the same ones
         shard_experts(module, mesh.experts_mesh, reshard_after_forward)
