@@ -13,7 +13,9 @@ Eight ranks (``--all``, docs/expert-parallel.md), expert sharding and tensor par
   ``dp 2, tp 2, ep 2`` (2 pipeline ranks);
 - Mixtral under 1f1b with ``dp_shard 4, ep 2`` (2 pipeline ranks: each EP rank's experts
   FSDP-sharded over two ranks) and under interleaved-1f1b with ``dp_shard 4, tp 2, ep 2`` (one
-  pipeline rank, its two looped stages: sharded experts beside tensor parallelism).
+  pipeline rank, its two looped stages: sharded experts beside tensor parallelism), and under
+  zb-v with ``dp 2, dp_shard 4, ep 2`` (one pipeline rank: the experts' HSDP, two shards x two
+  replicas).
 
 Prints, per run, the largest relative error of the losses, first gradients and final weights
 against the model in one process (bound 1e-10: float64 with sums in other orders,
@@ -44,7 +46,8 @@ LAYOUTS = {  # ranks -> (model, schedule, pipeline ranks, microbatches, layout s
     8: [("qwen3-moe", "1f1b", 2, 4, {"dp_shard": 2, "tp": 2, "ep": 2}),
         ("deepseek-v3", "zb-v", 2, 4, {"dp": 2, "tp": 2, "ep": 2}),
         ("mixtral", "1f1b", 2, 2, {"dp_shard": 4, "ep": 2}),
-        ("mixtral", "interleaved-1f1b", 1, 2, {"dp_shard": 4, "tp": 2, "ep": 2})],
+        ("mixtral", "interleaved-1f1b", 1, 2, {"dp_shard": 4, "tp": 2, "ep": 2}),
+        ("mixtral", "zb-v", 1, 1, {"dp": 2, "dp_shard": 4, "ep": 2})],
 }
 
 

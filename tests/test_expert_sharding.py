@@ -42,7 +42,8 @@ def test_each_ep_ranks_experts_are_sharded_over_the_ranks_holding_the_same_ones(
     assert ParallelLayout(1, dp_shard=2, ep=2).expert_shards == 1  # no rank holds the same experts
     assert ParallelLayout(1, dp_shard=4).expert_shards == 1  # no ep: FSDP shards the experts with the rest
     assert ParallelLayout(1, dp_replicate=4, tp=2, ep=2).expert_shards == 1  # replicas keep them whole
-    assert ParallelLayout(1, dp_replicate=2, dp_shard=2, ep=2).expert_shards == 1  # under HSDP too (not yet)
+    assert ParallelLayout(1, dp_replicate=2, dp_shard=4, ep=2).expert_shards == 2  # HSDP: shards inside a replica
+    assert ParallelLayout(1, dp_replicate=2, dp_shard=2, ep=4).expert_shards == 1  # an EP group across replicas
 
 
 @pytest.fixture(scope="module")

@@ -76,12 +76,13 @@ class ParallelLayout:
 
     @property
     def expert_shards(self) -> int:
-        """How many ranks FSDP shards each EP rank's experts over: with ``ep`` and ``dp_shard`` alone,
-        the ``dp_shard / ep`` ranks holding the same experts (torchtitan's "efsdp"); 1 (each rank
-        holds its experts whole) with no ``dp_shard`` (whole replicas), and under HSDP (``dp_replicate``
-        with ``dp_shard``: the ranks holding the same experts span replicas, not yet sharded). Without
-        ``ep`` the experts are parameters like the others (FSDP shards them with the rest): 1."""
-        return self.dp_shard // self.ep if self.ep > 1 and self.dp_shard > 1 and self.dp_replicate == 1 else 1
+        """How many ranks FSDP shards each EP rank's experts over: where ``ep`` divides ``dp_shard``,
+        the ``dp_shard / ep`` ranks of one replica holding the same experts (torchtitan's "efsdp";
+        the replicas, ``dp_replicate``, hold the same shards: HSDP); else 1, each rank holding its
+        experts whole (no ``dp_shard``, or an EP group spanning replicas). Without ``ep`` the experts
+        are parameters like the others (FSDP shards them with the rest): 1."""
+        sharded = self.ep > 1 and self.dp_shard > self.ep and self.dp_shard % self.ep == 0
+        return self.dp_shard // self.ep if sharded else 1
 
     def expert_groups(self, data_index: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The data indices (``dp_replicate`` coordinate x ``dp_shard`` + ``dp_shard`` coordinate)

@@ -16,7 +16,8 @@ How a parameter is cut (what ``parallelize_module`` then ``fully_shard`` do in t
 - expert parallelism splits an MoE layer's stacked routed experts ``ep`` ways (dim 0)
   (``ParamSpec.expert``): the experts count once per EP group. Each rank's piece is held whole
   and left out of FSDP, or, where ``ParallelLayout.expert_shards`` is above 1, FSDP splits its
-  dim 0 again over the ranks holding the same experts (that many), gathering it like the rest.
+  dim 0 again over that many ranks holding the same experts (replicas beside them hold the same
+  shards), gathering it like the rest.
 
 Both cut as ``torch.chunk`` does: pieces of ``ceil(n / k)`` rows, the last ones shorter or empty,
 so a rank's share depends on its coordinates. FSDP keeps each sharded parameter in a buffer

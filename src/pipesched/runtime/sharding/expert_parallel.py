@@ -134,13 +134,15 @@ def shard_experts(stage: nn.Module, mesh: DeviceMesh, reshard_after_forward: boo
     (torchtitan's "efsdp": ``fully_shard(experts, mesh=efsdp_mesh)`` before the blocks'): each
     rank keeps ``1/expert_shards`` of its experts between computes, the all-gather and the
     reduce-scatter run inside the replica group, whose reduce-scatter is then the experts' whole
-    reduction. Before the blocks are sharded (their groups leave these parameters to this one).
-    Each shard is held by this rank alone: its ``expert_replica`` is 0 (the gradient norm counts it)."""
+    reduction (HSDP with replicas: then the all-reduce over them). Before the blocks are sharded
+    (their groups leave these parameters to this one). Each shard's ``expert_replica`` is this rank's
+    index among the replicas holding it (the gradient norm counts it at 0)."""
+    replica = mesh.get_local_rank("expert_replicate") if mesh.ndim > 1 else 0
     holders = [m for m in stage.modules() if any(is_expert(p) for p in m.parameters(recurse=False))]
     for module in holders:
         fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
         for p in module.parameters(recurse=False):
-            p.expert_replica = 0
+            p.expert_replica = replica
 
 
 def whole_experts(local: dict, named: Iterable[tuple[str, nn.Parameter]], mesh: Optional[ExpertMesh]) -> dict:
