@@ -57,7 +57,7 @@ def test_experts_count_once_per_ep_group_in_the_predicted_bytes():
     dense = ParamSpec((32, 32))
     whole = rank_state_bytes([experts, dense], ParallelLayout(1, dp_shard=2), slots=2)
     split = rank_state_bytes([experts, dense], ParallelLayout(1, dp_shard=2, ep=2), slots=2)
-    assert whole.params == (4 * 128 * 32 + 16 * 32) * 4  # an expert spec at ep 1: one EP rank's, whole
+    assert whole.params == (4 * 128 * 32 + 16 * 32) * 4  # a spec marked expert at ep 1 (the runtime marks none): whole
     assert split.params == (2 * 128 * 32 + 16 * 32) * 4  # two of four experts, whole, beside the dense shard
     assert split.gathered_params == 32 * 32 * 4  # only the dense weight is gathered
 
