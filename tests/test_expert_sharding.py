@@ -68,3 +68,19 @@ def test_every_parameter_is_held_once_in_the_world_when_the_experts_are_sharded(
     # FSDP's four shards of the dense part, and of the experts two EP halves times two shards (no padding:
     # every sharded dim of the tiny Mixtral divides)
     assert sum(rank["measured"]["params"] for rank in launched[SHARDED]["bytes"]) == total
+
+
+def test_experts_no_row_reached_still_get_a_zero_gradient():
+    """FSDP reduce-scatters the experts' gradients from every rank holding them: a rank whose
+    experts no token chose this step must give zeros, not nothing (as one process's stacked weight
+    gets zeros for them)."""
+    import transformers as tf
+
+    from pipesched.runtime.sharding.expert_parallel import expert_outputs
+
+    config = tf.MixtralConfig(hidden_size=32, intermediate_size=64, num_local_experts=2, num_experts_per_tok=1)
+    experts = tf.models.mixtral.modeling_mixtral.MixtralExperts(config)
+    rows = torch.zeros(0, 32)
+    expert_outputs(experts, rows, torch.zeros(0, dtype=torch.long), rows.dtype).sum().backward()
+    for weight in (experts.gate_up_proj, experts.down_proj):
+        assert weight.grad is not None and weight.grad.shape == weight.shape and not weight.grad.any()

@@ -78,6 +78,18 @@ def combine(module: nn.Module, weighted: torch.Tensor, top_k_index: torch.Tensor
     return total
 
 
+def expert_outputs(module: nn.Module, rows: torch.Tensor, local_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Each of ``rows`` through this rank's expert ``local_ids`` names, by the family's own experts
+    implementation with weight 1 (an exact product): the expert's output, unweighted. Where no
+    row came, the experts' weights still get a gradient (zeros, as one process's stacked weight
+    does): FSDP's reduce-scatter takes one from every rank holding the same experts."""
+    ones = torch.ones((rows.shape[0], 1), dtype=dtype, device=rows.device)
+    outputs = type(module).forward(module, rows, local_ids[:, None], ones)
+    if not rows.shape[0]:
+        outputs = outputs + sum(getattr(module, weight)[:0].sum() for weight in SPLIT)
+    return outputs
+
+
 def dispatched_forward(module: nn.Module, mesh: ExpertMesh, local: int, hidden_states: torch.Tensor,
                        top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
     """The experts module's forward under expert parallelism (module doc); ``local``: experts per rank."""
@@ -92,10 +104,7 @@ def dispatched_forward(module: nn.Module, mesh: ExpertMesh, local: int, hidden_s
     rows = _Exchange.apply(hidden_states[order // k], send, receive, mesh.ep_group)
     experts_here = torch.arange(local, device=arriving.device).repeat(mesh.ep)
     local_ids = torch.repeat_interleave(experts_here, arriving.reshape(-1))
-    ones = torch.ones((rows.shape[0], 1), dtype=top_k_weights.dtype, device=rows.device)
-    outputs = type(module).forward(module, rows, local_ids[:, None], ones)
-    if not rows.shape[0]:  # no row for this rank's experts: a zero gradient all the same (FSDP reduces one per rank)
-        outputs = outputs + sum(getattr(module, weight)[:0].sum() for weight in SPLIT)
+    outputs = expert_outputs(module, rows, local_ids, top_k_weights.dtype)
     back = _Exchange.apply(outputs, receive, send, mesh.ep_group)
     unsorted = back[torch.argsort(order)].view(tokens, k, -1)
     weighted = unsorted * top_k_weights[..., None]
