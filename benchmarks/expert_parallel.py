@@ -1,17 +1,28 @@
 """Expert parallelism inside stages: every layout issue 40 asks to hold, against one process.
 
-One 4-rank launch (2 pipeline ranks x 2 data-parallel ranks, gloo on CPU), float64 throughout,
-SGD, three steps on the tests' batches (8 x 16), through ``tests/expert_cases.expert_runs``:
+Two launches (gloo on CPU), float64 throughout, SGD, three steps on the tests' batches (8 x 16),
+through ``tests/expert_cases.expert_runs``. Four ranks (2 pipeline ranks x 2 data-parallel):
 
 - Mixtral under 1f1b and dualpipev with ``dp 2, ep 2``, under zb-v with ``dp_shard 2, ep 2``;
 - Qwen3-MoE and DeepSeek-V3 under a loop (1f1b, interleaved-zb) and a V (zb-v, dualpipev) with ``ep 2``;
 - Mixtral under 1f1b with ``dp 2`` and no ``ep``: the bytes the experts' split saves.
 
+Eight ranks (``--all``, docs/expert-parallel.md), expert sharding and tensor parallelism:
+
+- Qwen3-MoE under 1f1b with ``dp_shard 2, tp 2, ep 2`` and DeepSeek-V3 under zb-v with
+  ``dp 2, tp 2, ep 2`` (2 pipeline ranks);
+- Mixtral under 1f1b with ``dp_shard 4, ep 2`` (2 pipeline ranks: each EP rank's experts
+  FSDP-sharded over two ranks) and under interleaved-1f1b with ``dp_shard 4, tp 2, ep 2`` (one
+  pipeline rank, its two looped stages: sharded experts beside tensor parallelism), and under
+  zb-v with ``dp 2, dp_shard 4, ep 2`` (one pipeline rank: the experts' HSDP, two shards x two
+  replicas).
+
 Prints, per run, the largest relative error of the losses, first gradients and final weights
 against the model in one process (bound 1e-10: float64 with sums in other orders,
 tests/test_expert_parallel.py), each rank's measured and predicted parameter bytes, and the
 median step time; exits 1 if an error is over the bound or a measurement differs from its
-prediction. tests/test_expert_parallel.py runs three of these layouts.
+prediction. tests/test_expert_parallel.py and tests/test_expert_sharding.py run five of these
+layouts (the latter at pipeline 1 on four ranks).
 
 With ``--checkpoints``, checkpoints across EP degrees instead (``tests/expert_checkpoint_cases``):
 Mixtral, Qwen3-MoE and DeepSeek-V3, each in one 4-rank launch, float64 throughout, AdamW, saved
@@ -24,7 +35,7 @@ error of its step-2 loss and weights against the uninterrupted run (0 at the sam
 difference or an error over the bound. tests/test_expert_checkpoints.py runs Mixtral's first
 three layouts.
 
-    PYTHONPATH=src:tests python benchmarks/expert_parallel.py [--checkpoints]
+    PYTHONPATH=src:tests python benchmarks/expert_parallel.py [--all | --checkpoints]
 """
 
 from __future__ import annotations
@@ -36,13 +47,20 @@ import tempfile
 import torch
 
 import pipesched
-from pipesched.runtime.launching.launch import spawn
 
 BOUND = 1e-10
-LAYOUTS = [("mixtral", "1f1b", {"dp": 2, "ep": 2}), ("mixtral", "dualpipev", {"dp": 2, "ep": 2}),
-           ("mixtral", "zb-v", {"dp_shard": 2, "ep": 2}), ("mixtral", "1f1b", {"dp": 2}),
-           ("qwen3-moe", "1f1b", {"dp": 2, "ep": 2}), ("qwen3-moe", "zb-v", {"dp": 2, "ep": 2}),
-           ("deepseek-v3", "interleaved-zb", {"dp": 2, "ep": 2}), ("deepseek-v3", "dualpipev", {"dp": 2, "ep": 2})]
+LAYOUTS = {  # ranks -> (model, schedule, pipeline ranks, microbatches, layout sizes)
+    4: [("mixtral", "1f1b", 2, 4, {"dp": 2, "ep": 2}), ("mixtral", "dualpipev", 2, 4, {"dp": 2, "ep": 2}),
+        ("mixtral", "zb-v", 2, 4, {"dp_shard": 2, "ep": 2}), ("mixtral", "1f1b", 2, 4, {"dp": 2}),
+        ("qwen3-moe", "1f1b", 2, 4, {"dp": 2, "ep": 2}), ("qwen3-moe", "zb-v", 2, 4, {"dp": 2, "ep": 2}),
+        ("deepseek-v3", "interleaved-zb", 2, 4, {"dp": 2, "ep": 2}),
+        ("deepseek-v3", "dualpipev", 2, 4, {"dp": 2, "ep": 2})],
+    8: [("qwen3-moe", "1f1b", 2, 4, {"dp_shard": 2, "tp": 2, "ep": 2}),
+        ("deepseek-v3", "zb-v", 2, 4, {"dp": 2, "tp": 2, "ep": 2}),
+        ("mixtral", "1f1b", 2, 2, {"dp_shard": 4, "ep": 2}),
+        ("mixtral", "interleaved-1f1b", 1, 2, {"dp_shard": 4, "tp": 2, "ep": 2}),
+        ("mixtral", "zb-v", 1, 1, {"dp": 2, "dp_shard": 4, "ep": 2})],
+}
 
 RESUMED = {  # label -> (pp, sizes, the checkpoint it loads); saved at pp 2 x dp 2 x ep 2
     "pp 2 dp 2 ep 2 (same)": (2, {"dp": 2, "ep": 2}, "uninterrupted"),
@@ -77,27 +95,29 @@ def checkpoints() -> int:
     return 1 if failed else 0
 
 
-def main() -> int:
-    from expert_cases import expert_runs
+def main(worlds: list[int]) -> int:
+    from expert_cases import launch
     from hf_cases import make_batch, make_model, reference
     from runtime_cases import relative_error
 
     batches = [make_batch(step, 8, 16) for step in range(3)]
-    runs = [(f"{kind} {name} " + " ".join(f"{k}{v}" for k, v in sizes.items()), kind,
-             pipesched.build_schedule(name, 2, 4), sizes) for kind, name, sizes in LAYOUTS]
-    results = spawn(expert_runs, 4, {"runs": runs, "batches": batches}, timeout_s=900)[0]
     failed = False
-    for label, got in results.items():
-        want = reference(make_model(label.split()[0], torch.float64), batches, optimizer="sgd")
-        error = max(max(abs(a - b) / abs(b) for a, b in zip(got["losses"], want["losses"])),
-                    relative_error(got["grads"], want["grads"]), relative_error(got["params"], want["params"]))
-        exact = all(rank["measured"] == rank["predicted"] for rank in got["bytes"])
-        params = [rank["measured"]["params"] for rank in got["bytes"]]
-        failed |= error > BOUND or not exact
-        print(f"{label:36} error {error:.1e}  params per rank {params} (= predicted: {exact})  "
-              f"median step {statistics.median(got['step_times']) * 1e3:.0f} ms")
+    for ranks in worlds:
+        runs = [(f"{kind} {name} pp{pp} " + " ".join(f"{k}{v}" for k, v in sizes.items()), kind,
+                 pipesched.build_schedule(name, pp, m), sizes) for kind, name, pp, m, sizes in LAYOUTS[ranks]]
+        for label, got in launch(runs, batches, ranks, timeout_s=1800).items():
+            want = reference(make_model(label.split()[0], torch.float64), batches, optimizer="sgd")
+            error = max(max(abs(a - b) / abs(b) for a, b in zip(got["losses"], want["losses"])),
+                        relative_error(got["grads"], want["grads"]), relative_error(got["params"], want["params"]))
+            exact = all(rank["measured"] == rank["predicted"] for rank in got["bytes"])
+            params = [rank["measured"]["params"] for rank in got["bytes"]]
+            failed |= error > BOUND or not exact
+            print(f"{label:48} error {error:.1e}  params per rank {params} (= predicted: {exact})  "
+                  f"median step {statistics.median(got['step_times']) * 1e3:.0f} ms", flush=True)
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(checkpoints() if "--checkpoints" in sys.argv[1:] else main())
+    if "--checkpoints" in sys.argv[1:]:
+        sys.exit(checkpoints())
+    sys.exit(main([4, 8] if "--all" in sys.argv[1:] else [4]))

@@ -8,13 +8,14 @@ import time
 
 import torch
 
-from hf_cases import STEPS, in_dtype, make_model, sgd
+from hf_cases import STEPS, in_dtype, make_model, reference, sgd
+from runtime_cases import relative_error
 
 
 def expert_runs(rank: int, world: int, job: dict) -> dict:
     """For every (label, model kind, schedule, layout sizes) of ``job["runs"]``: train STEPS SGD
     steps of ``job["batches"]`` in float64 with pipesched.hf on a mesh of ``layout`` (``dp``,
-    ``dp_shard``, ``ep``); rank 0 returns each run's losses, gathered gradients and gradient norm
+    ``dp_shard``, ``tp``, ``ep``); rank 0 returns each run's losses, gathered gradients and gradient norm
     (first step) and weights, its step times, and every rank's measured and predicted state bytes."""
     import torch.distributed as dist
 
@@ -26,7 +27,8 @@ def expert_runs(rank: int, world: int, job: dict) -> dict:
 
     out, meshes = {}, {}
     for label, kind, schedule, sizes in job["runs"]:
-        layout = runtime_layout(schedule.ranks, sizes.get("dp", 1), sizes.get("dp_shard", 1), ep=sizes.get("ep", 1))
+        layout = runtime_layout(schedule.ranks, sizes.get("dp", 1), sizes.get("dp_shard", 1), sizes.get("tp", 1),
+                                sizes.get("ep", 1))
         if layout not in meshes:  # every rank makes every mesh, in one order
             meshes[layout] = (init_sharded_mesh(layout, 60) if layout.sharded
                               else init_pipeline_mesh(layout.pp, layout.dp, 60, ep=layout.ep))
@@ -97,3 +99,28 @@ def overlap_runs(rank: int, world: int, job: dict) -> dict:
                       "exposed": [r[0] for r in ranks], "cpu": [r[1] for r in ranks],
                       "step_times": [r.step_time for r in results]}
     return out if rank == 0 else None
+
+
+def launch(runs: list, batches: list, ranks: int = 4, timeout_s: float = 400) -> dict:
+    """rank 0's :func:`expert_runs` of ``runs`` (label, model kind, schedule, layout sizes), from one
+    launch of ``ranks`` processes."""
+    from pipesched.runtime.launching.launch import spawn
+
+    return spawn(expert_runs, ranks, {"runs": runs, "batches": batches}, timeout_s=timeout_s)[0]
+
+
+def check_equal_to_one_process(launched: dict, labels: list[str], batches: list, tol: float) -> None:
+    """Assert that :func:`launch` ran exactly ``labels`` (each its model kind first) and that each
+    equals the model in one process within ``tol``: losses, first gradients (every expert, in
+    transformers' stacked layout), their norm (every expert counted once) and final weights."""
+    import pytest
+
+    assert set(launched) == set(labels)
+    for label, got in launched.items():
+        want = reference(make_model(label.split()[0], torch.float64), batches, optimizer="sgd")
+        assert got["losses"] == pytest.approx(want["losses"], rel=tol), label
+        assert got["grads"].keys() == want["grads"].keys(), label
+        assert relative_error(got["grads"], want["grads"]) < tol, label
+        norm = torch.cat([g.flatten() for g in want["step_grads"][0].values()]).norm().item()
+        assert got["grad_norm"] == pytest.approx(norm, rel=tol), label
+        assert relative_error(got["params"], want["params"]) < tol, label

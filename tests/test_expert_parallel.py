@@ -26,13 +26,12 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-from hf_cases import make_batch, make_model, reference  # noqa: E402
-from runtime_cases import relative_error  # noqa: E402
+from expert_cases import check_equal_to_one_process, launch  # noqa: E402
+from hf_cases import make_batch, make_model  # noqa: E402
 
 import pipesched  # noqa: E402
 from pipesched.errors import ConfigError  # noqa: E402
 from pipesched.parallel_layout import ParallelLayout  # noqa: E402
-from pipesched.runtime.launching.launch import spawn  # noqa: E402
 from pipesched.sharded_bytes import ParamSpec, rank_state_bytes  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -58,7 +57,7 @@ def test_experts_count_once_per_ep_group_in_the_predicted_bytes():
     dense = ParamSpec((32, 32))
     whole = rank_state_bytes([experts, dense], ParallelLayout(1, dp_shard=2), slots=2)
     split = rank_state_bytes([experts, dense], ParallelLayout(1, dp_shard=2, ep=2), slots=2)
-    assert whole.params == (4 * 128 * 32 + 16 * 32) * 4  # FSDP shards the experts with the rest
+    assert whole.params == (4 * 128 * 32 + 16 * 32) * 4  # a spec marked expert at ep 1 (the runtime marks none): whole
     assert split.params == (2 * 128 * 32 + 16 * 32) * 4  # two of four experts, whole, beside the dense shard
     assert split.gathered_params == 32 * 32 * 4  # only the dense weight is gathered
 
@@ -116,24 +115,14 @@ def test_the_api_refuses_before_any_group_is_used(model, dp, ep, words):
 @pytest.fixture(scope="module")
 def launched():  # the tests using it are slow: a 4-rank launch
     """One launch of 4 ranks (2 pipeline x 2 data-parallel) for every layout of :data:`RUNS`."""
-    from expert_cases import expert_runs
-
-    runs = [(label, kind, pipesched.build_schedule(name, 2, 4), sizes) for label, kind, name, sizes in RUNS]
-    return spawn(expert_runs, 4, {"runs": runs, "batches": BATCHES}, timeout_s=400)[0]
+    return launch([(label, kind, pipesched.build_schedule(name, 2, 4), sizes) for label, kind, name, sizes in RUNS],
+                  BATCHES)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_three_sgd_steps_equal_the_model_in_one_process(launched):
-    assert set(launched) == {label for label, *_ in RUNS}
-    for label, got in launched.items():
-        want = reference(make_model(label.split()[0], torch.float64), BATCHES, optimizer="sgd")
-        assert got["losses"] == pytest.approx(want["losses"], rel=TOL), label
-        assert got["grads"].keys() == want["grads"].keys(), label  # every expert, in transformers' stacked layout
-        assert relative_error(got["grads"], want["grads"]) < TOL, label
-        norm = torch.cat([g.flatten() for g in want["step_grads"][0].values()]).norm().item()
-        assert got["grad_norm"] == pytest.approx(norm, rel=TOL), label  # every expert counted once
-        assert relative_error(got["params"], want["params"]) < TOL, label
+    check_equal_to_one_process(launched, [label for label, *_ in RUNS], BATCHES, TOL)
 
 
 @pytest.mark.slow

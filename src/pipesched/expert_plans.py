@@ -62,9 +62,9 @@ def expert_plan_for(model_name: str, config: Any) -> Optional[ExpertPlan]:
     return ExpertPlan(tails, experts)
 
 
-def check_ep(model_name: str, config: Any, ep: int, data_ranks: int, tp: int = 1) -> None:
+def check_ep(model_name: str, config: Any, ep: int, data_ranks: int) -> None:
     """Refuse in one line an ``ep`` the model or layout cannot take: on a dense model, a family whose
-    router pipesched does not know, ``ep`` not dividing the experts or the ``data_ranks``, or with ``tp``."""
+    router pipesched does not know, ``ep`` not dividing the experts or the ``data_ranks``."""
     if ep == 1:
         return
     experts = routed_experts(config) if config is not None else None
@@ -78,6 +78,3 @@ def check_ep(model_name: str, config: Any, ep: int, data_ranks: int, tp: int = 1
     if data_ranks % ep:
         raise ConfigError(f"--ep {ep} does not divide the {data_ranks} data-parallel ranks (--dp x --dp-shard) "
                           "it borrows its ranks from")
-    if tp > 1:
-        raise ConfigError(f"--ep {ep} with --tp {tp}: expert parallelism runs with --dp and --dp-shard, not yet "
-                          "with tensor parallelism")

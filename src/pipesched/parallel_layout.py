@@ -74,6 +74,16 @@ class ParallelLayout:
         """Whether stages are split inside (FSDP shards or tensor parallelism)."""
         return self.dp_shard > 1 or self.tp > 1
 
+    @property
+    def expert_shards(self) -> int:
+        """How many ranks FSDP shards each EP rank's experts over: where ``ep`` divides ``dp_shard``,
+        the ``dp_shard / ep`` ranks of one replica holding the same experts (torchtitan's "efsdp";
+        the replicas, ``dp_replicate``, hold the same shards: HSDP); else 1, each rank holding its
+        experts whole (no ``dp_shard``, or an EP group spanning replicas). Without ``ep`` the experts
+        are parameters like the others (FSDP shards them with the rest): 1."""
+        sharded = self.ep > 1 and self.dp_shard > self.ep and self.dp_shard % self.ep == 0
+        return self.dp_shard // self.ep if sharded else 1
+
     def expert_groups(self, data_index: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The data indices (``dp_replicate`` coordinate x ``dp_shard`` + ``dp_shard`` coordinate)
         that split the experts with ``data_index`` (its EP group: ``ep`` consecutive ones, inside one

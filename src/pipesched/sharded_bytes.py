@@ -13,8 +13,11 @@ How a parameter is cut (what ``parallelize_module`` then ``fully_shard`` do in t
   replicated on every ``tp`` rank);
 - FSDP then splits dim 0 of the tensor-parallel piece ``dp_shard`` ways (dim 1 for the
   interleaved pieces of :data:`FUSED_STYLES`: the other dim);
-- expert parallelism splits an MoE layer's stacked routed experts ``ep`` ways (dim 0), each rank's
-  piece held whole and left out of FSDP (``ParamSpec.expert``): the experts count once per EP group.
+- expert parallelism splits an MoE layer's stacked routed experts ``ep`` ways (dim 0)
+  (``ParamSpec.expert``): the experts count once per EP group. Each rank's piece is held whole
+  and left out of FSDP, or, where ``ParallelLayout.expert_shards`` is above 1, FSDP splits its
+  dim 0 again over that many ranks holding the same experts (replicas beside them hold the same
+  shards), gathering it like the rest.
 
 Both cut as ``torch.chunk`` does: pieces of ``ceil(n / k)`` rows, the last ones shorter or empty,
 so a rank's share depends on its coordinates. FSDP keeps each sharded parameter in a buffer
@@ -73,7 +76,7 @@ class ParamSpec:
     tp_dim: Optional[int] = None
     element_bytes: int = 4
     fsdp_dim: int = 0  # the dim FSDP splits (:data:`FUSED_STYLES`; it splits a dim other than 0 only evenly)
-    expert: bool = False  # routed experts stacked on dim 0: split ``ep`` ways, each piece whole on its rank (no FSDP)
+    expert: bool = False  # routed experts stacked on dim 0: split ``ep`` ways, then ``expert_shards`` ways by FSDP
 
 
 @dataclass(frozen=True)
@@ -152,31 +155,39 @@ def tp_piece(spec: ParamSpec, tp: int, tp_rank: int) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def shard_elements(spec: ParamSpec, layout: ParallelLayout, tp_rank: int, shard_rank: int) -> tuple[int, int]:
-    """(elements held, elements in FSDP's padded buffer) of ``spec`` on the rank at those coordinates."""
+def shard_elements(spec: ParamSpec, layout: ParallelLayout, tp_rank: int, shard_rank: int,
+                   expert_rank: int = 0) -> tuple[int, int]:
+    """(elements held, elements in FSDP's padded buffer) of ``spec`` on the rank at those coordinates
+    (``expert_rank``: its index among the ranks holding the same experts)."""
     piece = tp_piece(spec, layout.tp, tp_rank)
     if not piece:  # a scalar is not split
         return 1, 1
-    if spec.expert:  # one EP rank's experts, counted once per EP group
-        return (prod(piece) // layout.ep,) * 2
+    if spec.expert:  # one EP rank's experts (counted once per EP group), FSDP's rows of them
+        piece = (piece[0] // layout.ep, *piece[1:])
+        shards, shard_rank = layout.expert_shards, expert_rank
+    else:
+        shards = layout.dp_shard
     rows = piece[spec.fsdp_dim]
     rest = prod(piece[:spec.fsdp_dim] + piece[spec.fsdp_dim + 1:])
-    held = chunk_rows(rows, layout.dp_shard, shard_rank) * rest
-    return held, -(-rows // layout.dp_shard) * rest
+    held = chunk_rows(rows, shards, shard_rank) * rest
+    return held, -(-rows // shards) * rest
 
 
 def rank_state_bytes(specs: Iterable[ParamSpec], layout: ParallelLayout, tp_rank: int = 0, shard_rank: int = 0,
-                     slots: int = ADAM_SLOTS, precision: Precision = FP32) -> StateBytes:
-    """What the rank at (``tp_rank``, ``shard_rank``) holds for a stage of ``specs`` (each
-    parameter once, tied ones included once), with ``slots`` optimizer tensors per parameter
-    (AdamW: 2; SGD without momentum: 0, and then no step scalar). Coordinates (0, 0) hold the
-    most: ``torch.chunk`` gives the first pieces the most rows, for every parameter at once."""
+                     slots: int = ADAM_SLOTS, precision: Precision = FP32, expert_rank: int = 0) -> StateBytes:
+    """What the rank at (``tp_rank``, ``shard_rank``, ``expert_rank``: :func:`shard_elements`) holds
+    for a stage of ``specs`` (each parameter once, tied ones included once), with ``slots``
+    optimizer tensors per parameter (AdamW: 2; SGD without momentum: 0, and then no step scalar).
+    Coordinates 0 hold the most: ``torch.chunk`` gives the first pieces the most rows, for every
+    parameter at once."""
     params = optimizer = gathered = reduced = 0
     for spec in specs:
-        held, padded = shard_elements(spec, layout, tp_rank, shard_rank)
+        held, padded = shard_elements(spec, layout, tp_rank, shard_rank, expert_rank)
         params += padded * spec.element_bytes
         optimizer += slots * held * spec.element_bytes + (STEP_BYTES if slots else 0)
-        piece = 0 if spec.expert else prod(tp_piece(spec, layout.tp, tp_rank))  # experts: never gathered
+        piece = prod(tp_piece(spec, layout.tp, tp_rank))
+        if spec.expert:  # this EP rank's experts, gathered only where FSDP shards them
+            piece = piece // layout.ep if layout.expert_shards > 1 else 0
         gathered += piece * (precision.gathered or spec.element_bytes)
         reduced += piece * (precision.unsharded_grad or spec.element_bytes)
     return StateBytes(params, 0 if precision.zero1 else params, optimizer, gathered, reduced)

@@ -208,7 +208,7 @@ def pipeline(
     replicas = (mesh.pipeline if sharded else mesh or PipelineMesh.whole_world()).dp
     family, experts = type(source.skeleton).__name__, getattr(mesh.pipeline if sharded else mesh, "experts", None)
     if experts is not None:
-        check_ep(family, config, experts.ep, replicas, mesh.layout.tp if sharded else 1)
+        check_ep(family, config, experts.ep, replicas)
     shares = schedule.microbatches * replicas
     ids = sample_batch["input_ids"]
     check_batch_split(ids.shape[0], replicas, schedule.microbatches)

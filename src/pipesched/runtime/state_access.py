@@ -67,13 +67,15 @@ class StateAccess:
         storages it holds) and ``predicted`` (:func:`pipesched.sharded_bytes.rank_state_bytes`
         from the stages' parameter shapes and the layout; between steps, gradients kept)."""
         layout, tp_rank, shard_rank = self.strategy.layout, self.strategy.tp_rank, self.strategy.shard_rank
+        # among the ranks holding the same experts, replica by replica: the shard's index
+        expert_rank = 0 if self.mesh.experts is None else self.mesh.experts.replica_index % layout.expert_shards
         slots = optimizer_slots(self.optimizer)
         measured = {"params": 0, "grads": 0, "optimizer": 0}
         predicted = dict(measured)
         for s, stage in self.stages.items():
             for key, value in held_bytes(stage, self.optimizer).items():
                 measured[key] += value
-            expected = rank_state_bytes(self.state_specs[s], layout, tp_rank, shard_rank, slots)
+            expected = rank_state_bytes(self.state_specs[s], layout, tp_rank, shard_rank, slots, expert_rank=expert_rank)
             for key in predicted:
                 predicted[key] += getattr(expected, key)
         # a tied weight's other copies on this rank hold no optimizer state (comm/tied_copies.py)

@@ -107,7 +107,7 @@ def check_experts(model_def, plan: Optional[Schedule], layout: ParallelLayout) -
         return
     if model_def.ep_check is None:
         raise ConfigError(f"--ep {layout.ep}: {model_def.name} is a dense model, it has no routed experts to split")
-    model_def.ep_check(layout.ep, layout.dp, layout.tp)
+    model_def.ep_check(layout.ep, layout.dp)
     if plan is not None and plan.pipelines > 1:
         raise ConfigError(f"--ep {layout.ep}: expert parallelism runs schedules of one model copy, not "
                           f"{plan.name}'s {plan.pipelines}")

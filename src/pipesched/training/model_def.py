@@ -35,9 +35,9 @@ class ModelDef:
     # the model has no plan, and tensor parallelism is refused for it)
     tp_plan: Optional[dict] = None
     # which experts modules expert parallelism splits (expert_plans; None: none), and the
-    # check of an --ep for the model (expert_plans.check_ep: ep, data ranks, tp; None: a dense model)
+    # check of an --ep for the model (expert_plans.check_ep: ep, data ranks; None: a dense model)
     expert_plan: Optional[ExpertPlan] = None
-    ep_check: Optional[Callable[[int, int, int], None]] = None
+    ep_check: Optional[Callable[[int, int], None]] = None
     # the head counts (attention, key-value) tensor parallelism divides where its plan splits the attention
     heads: tuple[int, ...] = ()
     # the batch context of a batch's inputs, what every block reads besides its input

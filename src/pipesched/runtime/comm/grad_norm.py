@@ -8,7 +8,7 @@ same piece as every replica (``dp_replicate``, or ``dp`` on whole stages) and, w
 leaves a weight whole (norms, embeddings), the same whole tensor as every ``tp`` rank. Each
 element of the model is counted once: a piece along each mesh dimension it is sharded over,
 and along each dimension it is replicated over (or its DTensor's mesh leaves out) only at
-coordinate 0 (an expert-parallel rank's experts: at its expert replica 0); each parameter only on the pipeline rank the reduction plan counts it on
+coordinate 0 (an expert-parallel rank's experts: at its expert replica 0 and tp coordinate 0); each parameter only on the pipeline rank the reduction plan counts it on
 (:attr:`~.reduction.ReductionPlan.counted`: DualPipe's copies and tied weights once). Squares
 are summed in float64 from the pieces as they are (no gather), then all-reduced once.
 """
@@ -31,8 +31,8 @@ def counted_here(p: nn.Parameter, coordinates: Optional[Mapping[str, int]]) -> b
     mesh says so (``Replicate``) or leaves the dimension out (a weight tensor parallelism leaves
     whole is FSDP's DTensor over the data dimensions only; a plain tensor is replicated everywhere)."""
     replicated = dict(coordinates or {})
-    if is_expert(p):  # one EP rank's experts: a piece, the same on its expert replicas
-        return p.expert_replica == 0
+    if is_expert(p):  # one EP rank's experts: a piece, the same on its expert replicas and tp ranks
+        return p.expert_replica == 0 and replicated.get("tp", 0) == 0
     if isinstance(p, DTensor):
         mesh = p.device_mesh
         for name, c, placement in zip(mesh.mesh_dim_names, mesh.get_coordinate(), p.placements):

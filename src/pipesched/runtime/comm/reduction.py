@@ -33,7 +33,9 @@ buckets).
 An expert-parallel rank's experts (:mod:`..sharding.expert_parallel`) are no item: each EP rank
 holds other experts, so they are summed only with the ranks holding the same ones (the mesh's
 expert replicas), at the step's end, and divided as the items are (missing gradients are zeros:
-an expert no token reached this step still decays, as the one process's stacked weight does).
+an expert no token reached this step still decays, as the one process's stacked weight does);
+experts FSDP shards over those ranks (``ParallelLayout.expert_shards``) are reduced by FSDP's
+reduce-scatter, so here they are only counted.
 
 The plan also says, for the gradient norm, which parameters this rank counts: each item on its
 lowest holder only, so every weight counts once. The bucketed all-reduces themselves are
@@ -49,6 +51,7 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ...errors import ConfigError
 from ...ops import Op
@@ -206,13 +209,14 @@ class ReductionPlan:
 
     def _reduce_experts(self) -> None:
         """Sum the experts' gradients over the ranks holding the same experts, divided as the items are."""
-        if not self.experts:
+        whole = [p for p in self.experts if not isinstance(p, DTensor)]  # FSDP reduced the sharded ones
+        if not whole:
             return
         group = self.mesh.experts.replicas_group
         if group is not None:
-            self.reducer.start(self.experts, group, zero_missing=True)
+            self.reducer.start(whole, group, zero_missing=True)
             return
-        for p in self.experts:
+        for p in whole:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             elif self.replicas != 1:

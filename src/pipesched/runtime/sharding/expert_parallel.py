@@ -31,6 +31,8 @@ from typing import Any, Iterable, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
 
 from ...errors import ConfigError
 from ..comm.expert_mesh import ExpertMesh, is_expert
@@ -79,6 +81,18 @@ def combine(module: nn.Module, weighted: torch.Tensor, top_k_index: torch.Tensor
     return total
 
 
+def expert_outputs(module: nn.Module, rows: torch.Tensor, local_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Each of ``rows`` through this rank's expert ``local_ids`` names, by the family's own experts
+    implementation with weight 1 (an exact product): the expert's output, unweighted. Where no
+    row came, the experts' weights still get a gradient (zeros, as one process's stacked weight
+    does): FSDP's reduce-scatter takes one from every rank holding the same experts."""
+    ones = torch.ones((rows.shape[0], 1), dtype=dtype, device=rows.device)
+    outputs = type(module).forward(module, rows, local_ids[:, None], ones)
+    if not rows.shape[0]:
+        outputs = outputs + sum(getattr(module, weight)[:0].sum() for weight in SPLIT)
+    return outputs
+
+
 def dispatched_forward(module: nn.Module, mesh: ExpertMesh, local: int, hidden_states: torch.Tensor,
                        top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
     """The experts module's forward under expert parallelism (module doc); ``local``: experts per rank."""
@@ -93,8 +107,7 @@ def dispatched_forward(module: nn.Module, mesh: ExpertMesh, local: int, hidden_s
     rows = _Exchange.apply(hidden_states[order // k], send, receive, mesh.ep_group)
     experts_here = torch.arange(local, device=arriving.device).repeat(mesh.ep)
     local_ids = torch.repeat_interleave(experts_here, arriving.reshape(-1))
-    ones = torch.ones((rows.shape[0], 1), dtype=top_k_weights.dtype, device=rows.device)
-    outputs = type(module).forward(module, rows, local_ids[:, None], ones)
+    outputs = expert_outputs(module, rows, local_ids, top_k_weights.dtype)
     back = _Exchange.apply(outputs, receive, send, mesh.ep_group)
     unsorted = back[torch.argsort(order)].view(tokens, k, -1)
     weighted = unsorted * top_k_weights[..., None]
@@ -135,6 +148,22 @@ def expert_slice(tensor: torch.Tensor, mesh: ExpertMesh) -> tuple[torch.Tensor, 
     one place that knows how a rank holds its experts: whole, the ``ep_rank``-th ``1/ep``)."""
     rows = tensor.shape[0]
     return tensor, mesh.ep_rank * rows, mesh.ep * rows
+
+
+def shard_experts(stage: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool) -> None:
+    """FSDP2 on every experts module of ``stage`` over ``mesh``, the ranks holding the same experts
+    (torchtitan's "efsdp": ``fully_shard(experts, mesh=efsdp_mesh)`` before the blocks'): each
+    rank keeps ``1/expert_shards`` of its experts between computes, the all-gather and the
+    reduce-scatter run inside the replica group, whose reduce-scatter is then the experts' whole
+    reduction (HSDP with replicas: then the all-reduce over them). Before the blocks are sharded
+    (their groups leave these parameters to this one). Each shard's ``expert_replica`` is this rank's
+    index among the replicas holding it (the gradient norm counts it at 0)."""
+    replica = mesh.get_local_rank("expert_replicate") if mesh.ndim > 1 else 0
+    holders = [m for m in stage.modules() if any(is_expert(p) for p in m.parameters(recurse=False))]
+    for module in holders:
+        fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        for p in module.parameters(recurse=False):
+            p.expert_replica = replica
 
 
 def whole_experts(local: dict, named: Iterable[tuple[str, nn.Parameter]], mesh: Optional[ExpertMesh]) -> dict:

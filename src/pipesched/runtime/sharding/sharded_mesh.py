@@ -53,6 +53,7 @@ class ShardedMesh:
     tp_rank: int
     shard_rank: int
     replicate_rank: int
+    experts_mesh: Optional[DeviceMesh] = None  # FSDP's mesh for this rank's experts (layout.expert_shards > 1)
 
     @property
     def dp_mesh(self) -> DeviceMesh:
@@ -128,4 +129,30 @@ def init_sharded_mesh(layout: ParallelLayout, timeout_s: Optional[float] = None,
     )
     pipeline = replace(pipeline, experts=init_expert_mesh(layout, pipeline.all_grids, timeout))
     grids = pipeline.all_grids
-    return ShardedMesh(layout, device_mesh, pipeline, grids, coords["tp"], coords["dp_shard"], coords["dp_replicate"])
+    return ShardedMesh(layout, device_mesh, pipeline, grids, coords["tp"], coords["dp_shard"], coords["dp_replicate"],
+                       _experts_mesh(layout, grids, device_type, timeout))
+
+
+def _experts_mesh(layout: ParallelLayout, grids: tuple, device_type: str, timeout) -> Optional[DeviceMesh]:
+    """FSDP's mesh for this rank's experts (None: held whole, ``layout.expert_shards`` 1): the ranks
+    holding the same experts as it, ``(dp_replicate, expert_shards)`` of them (the data indices
+    of one replica's shards consecutive, ``ParallelLayout.expert_groups``), 1-D without replicas.
+    Collective: every rank makes every group, in one order."""
+    shards, replicas = layout.expert_shards, layout.dp_replicate
+    if shards == 1:
+        return None
+    me, mine = dist.get_rank(), {}
+    for grid in grids:
+        for p in range(layout.pp):
+            for indices in sorted({layout.expert_groups(d)[1] for d in range(layout.dp)}):
+                held = torch.tensor([grid[d][p] for d in indices]).view(replicas, shards)
+                lines = {"expert_shard": held.tolist(), "expert_replicate": held.T.tolist() if replicas > 1 else []}
+                for name, groups in lines.items():
+                    for ranks in groups:
+                        group = dist.new_group(ranks, timeout=timeout)
+                        if me in ranks:
+                            mine[name], mine["held"] = group, held
+    if replicas == 1:
+        return DeviceMesh.from_group(mine["expert_shard"], device_type, mesh_dim_names=("expert_shard",))
+    return DeviceMesh.from_group([mine["expert_replicate"], mine["expert_shard"]], device_type, mesh=mine["held"],
+                                 mesh_dim_names=("expert_replicate", "expert_shard"))

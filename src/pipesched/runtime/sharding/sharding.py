@@ -41,6 +41,7 @@ from torch.distributed.tensor import DTensor
 from ...errors import ConfigError
 from ...parallel_layout import ParallelLayout
 from ..comm.expert_mesh import is_expert
+from .expert_parallel import shard_experts
 from .sharded_mesh import ShardedMesh
 from .tp_plans import Plan, apply_tp
 from .tp_styles import fsdp_placement
@@ -65,9 +66,14 @@ def shard_stage(module: nn.Module, mesh: ShardedMesh, plan: Plan, reshard_after_
     """Split ``module`` in place (tensor parallelism by ``plan``, then FSDP over ``mesh.dp_mesh``)
     and return it, now an ``FSDPModule``. ``reshard_after_forward`` False keeps each group
     gathered from its forward to its backward (torchtitan's choice under pipelining: no second
-    all-gather per microbatch); True frees it after each forward, for memory."""
+    all-gather per microbatch); True frees it after each forward, for memory. An EP rank's experts
+    are FSDP's over the ranks holding the same experts (``mesh.experts_mesh``), or, where none
+    shares them, left out of FSDP and held whole."""
     apply_tp(module, plan, mesh.tp_mesh)
-    ignored = {p for p in module.parameters() if is_expert(p)} or None  # one EP rank's experts: not FSDP's
+    if mesh.experts_mesh is not None:  # the experts sharded over the ranks holding the same ones
+        shard_experts(module, mesh.experts_mesh, reshard_after_forward)
+    # one EP rank's experts whole: not FSDP's
+    ignored = {p for p in module.parameters() if is_expert(p) and not isinstance(p, DTensor)} or None
     for block in _own_blocks(stage_blocks(module)):
         fully_shard(block, mesh=mesh.dp_mesh, reshard_after_forward=reshard_after_forward,
                     shard_placement_fn=fsdp_placement, ignored_params=ignored)

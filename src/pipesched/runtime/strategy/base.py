@@ -67,8 +67,6 @@ class StageStrategy(ABC):
         if model.expert_plan is None:
             raise ConfigError("expert parallelism needs the model's experts: "
                               "StagedModel(..., expert_plan=expert_plan_for(...))")
-        if self.layout.tp > 1:
-            raise ConfigError("expert parallelism runs with dp and dp_shard, not yet with tensor parallelism")
         split_experts(stages, self.mesh.experts, model.expert_plan)
 
     def start_step(self) -> None:
