@@ -303,10 +303,14 @@ def test_a_tokenizer_without_an_eos_token_ends_documents_at_the_configs_eos_or_s
     data = str(write_jsonl(tmp_path / "docs.jsonl", docs))
     ids = [bpe.encode(doc, add_special_tokens=False).ids for doc in docs]
     eos = bpe.token_to_id(EOS)
-    for config_eos, separator in ((eos, [eos]), ((eos, 2), [eos]), (None, [])):  # one id, a list (Llama 3's), none
+    # one id, a list (Llama 3's), none, one that is no id of the vocabulary
+    for config_eos, separator in ((eos, [eos]), ((eos, 2), [eos]), (None, []), (-1, [])):
         stream = open_token_file(tokenized_file(data, tmp_path, VOCAB, "--data", config_eos), VOCAB)
         assert stream.tolist() == [i for one in ids for i in one + separator]
-    assert capsys.readouterr().err == (
-        f"pipesched: --data {data!r}: the tokenizer in {str(tmp_path)!r} has no eos_token and the config no "
-        "eos_token_id: its documents are joined with nothing between them (name an eos_token in the tokenizer's "
-        "tokenizer_config.json, or eos_token_id in the config)\n")
+    joined = ": its documents are joined with nothing between them (name an eos_token in the tokenizer's " \
+             "tokenizer_config.json, or eos_token_id in the config)"
+    assert capsys.readouterr().err.splitlines() == [
+        f"pipesched: --data {data!r}: the tokenizer in {str(tmp_path)!r} has no eos_token and the config no eos_token_id"
+        + joined,
+        f"pipesched: --data {data!r}: the config's eos_token_id -1 is no token id of the vocabulary (0 to {VOCAB - 1})"
+        + joined]

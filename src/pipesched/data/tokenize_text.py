@@ -144,9 +144,10 @@ def _write_stream(data: str, folder: Path, vocab_size: int, target: Path, flag: 
 
 def _separator(tokenizer_eos: Optional[int], config_eos, vocab_size: int, where: str, folder: Path) -> list[int]:
     """The id written after each document (:func:`document_end`'s first; a list's first, as
-    Llama 3's); none, said in one line, where there is none or it is no id of the vocabulary."""
+    Llama 3's); none, said in one line, where there is none or the config's is no id of the
+    vocabulary (the tokenizer's is checked with the text's ids: one beyond it is refused)."""
     ids, source = document_end(tokenizer_eos, config_eos)
-    if ids and type(ids[0]) is int and 0 <= ids[0] < vocab_size:
+    if tokenizer_eos is not None or (ids and type(ids[0]) is int and 0 <= ids[0] < vocab_size):
         return ids[:1]
     why = (f"the tokenizer in {str(folder)!r} has no eos_token and the config no eos_token_id" if not ids else
            f"{source} {ids[0]!r:.40} is no token id of the vocabulary (0 to {vocab_size - 1})")
