@@ -216,9 +216,12 @@ SILENT = {
 }
 # 8 processes, global rank = 4 dp_shard + 2 pp + tp: pipeline rank 0 (global 0, 1, 4, 5) stalls
 # inside a step, and its peers time out on its activation. Run by itself: its 8 ranks' start-up
-# beside SILENT's runs starved their 3-second timeouts (a step of "alone" took longer); its own
-# timeout is RUN's TIMEOUT_S, as 8 ranks on a loaded machine can wait seconds on each other's turns
-SHARDED_PEER = ([*RUN, "--model", "gpt", "--tp", "2", "--dp-shard", "2"], (0, 1, 4, 5), None, "step")
+# beside SILENT's runs starved their 3-second timeouts (a step of "alone" took longer); its own is
+# 5 s, as 8 ranks on a loaded machine can wait seconds on each other's turns (at RUN's 10 s, the
+# launcher's grace, min(timeout, FAILURE_GRACE_S), left the bound below no room to stop 8 ranks)
+SHARDED_TIMEOUT_S = 5
+SHARDED_PEER = ([*RUN, "--model", "gpt", "--tp", "2", "--dp-shard", "2", "--timeout", str(SHARDED_TIMEOUT_S)],
+                (0, 1, 4, 5), None, "step")
 
 
 def _fall_silent(tmp_path: Path, args: list[str], silent: tuple[int, ...], signum: int | None,
@@ -262,7 +265,7 @@ def sharded_silent(tmp_path_factory) -> tuple[subprocess.CompletedProcess, float
 @pytest.mark.timeout(300)
 def test_a_silent_rank_ends_the_command_within_the_timeout_and_a_few_seconds(silent_runs, sharded_silent):
     for (finished, silent_for), timeout, said in ((silent_runs["alone"], 3, "rank 0 timed out after 3s without progress"),
-                                                  (sharded_silent, TIMEOUT_S, "rank 0 was stopped")):
+                                                  (sharded_silent, SHARDED_TIMEOUT_S, "rank 0 was stopped")):
         err = finished.stderr
         assert finished.returncode == 1 and said in err, err
         assert err.strip().splitlines()[-1].startswith("pipesched: error: ") and "Traceback" not in err
@@ -281,7 +284,7 @@ def test_under_tp_and_dp_shard_a_waiting_rank_names_itself_and_its_silent_peer_b
     lines = finished.stderr.strip().splitlines()
     assert finished.returncode == 1 and "Traceback" not in finished.stderr, finished.stderr
     assert lines[-1].startswith("pipesched: error: ") and not any(l.startswith("pipesched: error: ") for l in lines[:-1])
-    waits = re.findall(rf"rank (\d+) timed out after {TIMEOUT_S}s waiting at (\S+) for the activation of stage 0 microbatch 0 "
+    waits = re.findall(rf"rank (\d+) timed out after {SHARDED_TIMEOUT_S}s waiting at (\S+) for the activation of stage 0 microbatch 0 "
                        r"from rank (\d+)", lines[-1])
     assert waits and all((int(waiter), int(peer)) in {(2, 0), (3, 1), (6, 4), (7, 5)} for waiter, _, peer in waits), lines[-1]
     assert {action for _, action, _ in waits} == {"1F0"}  # the first forward of stage 1, inside the step
