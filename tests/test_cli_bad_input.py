@@ -253,6 +253,18 @@ def problems(argv: list[str], mention: str, out: subprocess.CompletedProcess) ->
     return [f"pipesched {' '.join(argv)}: {p}\n    stderr: {out.stderr[-600:]!r}" for p in found]
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity: where the system has one")
+def test_advise_workers_count_the_cores_this_process_may_run_on():
+    """``--workers`` is bounded by the cores counted once, in ``environment.local_cores`` (the CPU
+    affinity, as train's bound on its ranks): allowed one core, ``--workers 2`` is refused."""
+    core = min(os.sched_getaffinity(0))
+    argv = ["advise", "--ranks", "2", "--workers", "2"]
+    out = subprocess.run([str(SCRIPT), *argv], capture_output=True, text=True, timeout=REFUSED_WITHIN_S, env=cli_env(),
+                         preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    found = problems(argv, "--workers must be a whole number from 1 to 1, got 2", out)
+    assert not found, "\n".join(found)
+
+
 def test_the_table_covers_every_command_and_sixty_inputs():
     commands = {line.split()[0] for line, _ in BAD_INPUTS + TRAIN_BAD_INPUTS}
     assert {"list", "export", "simulate", "compare", "draw", "report", "advise", "train", "demo"} <= commands

@@ -83,6 +83,22 @@ def test_compare_shows_every_makespan_whole_and_says_which_columns_it_left_out(o
     assert "left out to fit 80 columns: per rank" in outputs["compare"].stdout
 
 
+def test_piped_sentences_stay_whole_while_the_tables_fit_80_columns(outputs):
+    """Off a terminal rich wrapped every line at 80 columns, a recommendation or a refusal cut
+    mid-phrase for whatever reads the pipe. Only the tables fit the width (the tests above); each
+    printed sentence is one line (render/console.py, which train's summary uses too)."""
+    for name in ("advise costs", "advise model", "advise gpus"):
+        lines = outputs[name].stdout.splitlines()
+        said = [i for i, line in enumerate(lines) if line.startswith("Recommendation: ")]
+        assert len(said) == 1 and len(lines[said[0]]) > 80, outputs[name].stdout  # whole, and longer than 80
+        assert lines[said[0] + 1].startswith("  "), outputs[name].stdout  # its first note next, not its rest
+    compared = outputs["compare"].stdout.splitlines()
+    failed = [row for row in json.loads(outputs["compare json"].stdout) if "error" in row]
+    assert failed and all(len(row["error"]) > 80 for row in failed)
+    for row in failed:
+        assert f"  {row['schedule']} (chunks={row['chunks']}): not built: {row['error']}" in compared
+
+
 def test_simulate_writes_large_values_without_an_exponent(outputs):
     text = outputs["simulate"].stdout
     assert "e+" not in text and re.search(r"makespan \d{5,} ", text)

@@ -11,6 +11,7 @@ the checkpoint of step 3 is complete and say their pids, and the test kills only
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -207,30 +208,41 @@ def test_a_launcher_hung_up_on_or_interrupted_says_so_in_one_line_and_stops_ever
     _no_process_left(run, within_s=TIMEOUT_S + 5)
 
 
-# the runs whose rank falls silent after step 3's checkpoint: (options, that rank, what is done to it)
+# the runs whose ranks fall silent after step 3's checkpoint: (options, those global ranks, what is
+# done to them, where they stall: "checkpoint" right after it, "step" at their first send of step 4)
 SILENT = {
-    "with a peer": ([*RUN, "--ranks", "2", "--timeout", "3"], 1, None),  # its peer times out waiting for it
-    "alone": ([*RUN, "--ranks", "1", "--timeout", "3"], 0, None),  # no peer: the launcher watches it
-    "sigstopped": ([*RUN, "--timeout", "5"], 1, signal.SIGSTOP),  # it cannot even say why it stopped
+    "alone": ([*RUN, "--ranks", "1", "--timeout", "3"], (0,), None, "checkpoint"),  # no peer: the launcher watches it
+    "sigstopped": ([*RUN, "--timeout", "5"], (1,), signal.SIGSTOP, "checkpoint"),  # it cannot even say why it stopped
 }
+# 8 processes, global rank = 4 dp_shard + 2 pp + tp: pipeline rank 0 (global 0, 1, 4, 5) stalls
+# inside a step, and its peers time out on its activation. Run by itself: its 8 ranks' start-up
+# beside SILENT's runs starved their 3-second timeouts (a step of "alone" took longer); its own is
+# 5 s, as 8 ranks on a loaded machine can wait seconds on each other's turns (at RUN's 10 s, the
+# launcher's grace, min(timeout, FAILURE_GRACE_S), left the bound below no room to stop 8 ranks)
+SHARDED_TIMEOUT_S = 5
+SHARDED_PEER = ([*RUN, "--model", "gpt", "--tp", "2", "--dp-shard", "2", "--timeout", str(SHARDED_TIMEOUT_S)],
+                (0, 1, 4, 5), None, "step")
 
 
-def _fall_silent(tmp_path: Path, args: list[str], silent: int, signum: int | None) -> tuple[subprocess.CompletedProcess, float]:
-    """``pipesched train ARGS`` whose rank ``silent`` falls silent after step 3's checkpoint (sent
-    ``signum`` then, if given): the finished command and the seconds it ran on from that moment."""
+def _fall_silent(tmp_path: Path, args: list[str], silent: tuple[int, ...], signum: int | None,
+                 where: str) -> tuple[subprocess.CompletedProcess, float]:
+    """``pipesched train ARGS`` whose ranks ``silent`` fall silent after step 3's checkpoint, at
+    ``where`` (sent ``signum`` then, if given): the finished command and the seconds it ran on
+    from the moment the first of them fell silent."""
     pids = tmp_path / "pids"
     pids.mkdir()
     run = [*args, "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "3"]
+    env = {**_env(pids, ranks=",".join(map(str, silent))), "PIPESCHED_TEST_PAUSE_IN": where}
     proc = subprocess.Popen(
         [str(PIPESCHED), "train", *run], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=_env(pids, ranks=str(silent)), start_new_session=True,
+        env=env, start_new_session=True,
     )
-    pid_file = pids / f"rank{silent}.pid"
-    while not pid_file.exists():
+    pid_files = [pids / f"rank{rank}.pid" for rank in silent]
+    while not any(f.exists() for f in pid_files):
         assert proc.poll() is None, proc.communicate()[1]
         time.sleep(0.05)
     if signum is not None:
-        os.kill(int(pid_file.read_text()), signum)
+        os.kill(int(pid_files[0].read_text()), signum)
     silent_since = time.monotonic()
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - silent_since
@@ -244,18 +256,40 @@ def silent_runs(tmp_path_factory) -> dict:
         lambda label: _fall_silent(tmp_path_factory.mktemp("silent"), *SILENT[label]), SILENT, workers=len(SILENT))))
 
 
+@pytest.fixture(scope="module")
+def sharded_silent(tmp_path_factory) -> tuple[subprocess.CompletedProcess, float]:
+    return _fall_silent(tmp_path_factory.mktemp("sharded"), *SHARDED_PEER)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("label,said", [
-    ("with a peer", "rank 1 was stopped"),
-    ("alone", "rank 0 timed out after 3s without progress"),
-])
-def test_a_silent_rank_ends_the_command_within_the_timeout_and_a_few_seconds(silent_runs, label, said):
-    finished, silent_for = silent_runs[label]
-    err = finished.stderr
-    assert finished.returncode == 1 and said in err
-    assert err.strip().splitlines()[-1].startswith("pipesched: error: ") and "Traceback" not in err
-    assert silent_for < 3 + FAILURE_GRACE_S + 5
+def test_a_silent_rank_ends_the_command_within_the_timeout_and_a_few_seconds(silent_runs, sharded_silent):
+    for (finished, silent_for), timeout, said in ((silent_runs["alone"], 3, "rank 0 timed out after 3s without progress"),
+                                                  (sharded_silent, SHARDED_TIMEOUT_S, "rank 0 was stopped")):
+        err = finished.stderr
+        assert finished.returncode == 1 and said in err, err
+        assert err.strip().splitlines()[-1].startswith("pipesched: error: ") and "Traceback" not in err
+        assert silent_for < timeout + FAILURE_GRACE_S + 5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_under_tp_and_dp_shard_a_waiting_rank_names_itself_and_its_silent_peer_by_global_rank(sharded_silent):
+    """Under ``--tp 2 --dp-shard 2`` pipeline rank 0 is global ranks 0, 1 (its tp pair) and 4, 5
+    (the other shard's), pipeline rank 1 is 2, 3, 6, 7 (parallel_layout.RUNTIME_ORDER: dp_shard
+    outermost, tp innermost). When pipeline rank 0 stalls inside step 4, each rank of pipeline
+    rank 1 waits on the activation its own counterpart sends (global rank minus 2) and says so in
+    the launcher's numbering, as the launcher names the ranks it stopped: one line, no traceback."""
+    finished, _ = sharded_silent
+    lines = finished.stderr.strip().splitlines()
+    assert finished.returncode == 1 and "Traceback" not in finished.stderr, finished.stderr
+    assert lines[-1].startswith("pipesched: error: ") and not any(l.startswith("pipesched: error: ") for l in lines[:-1])
+    waits = re.findall(rf"rank (\d+) timed out after {SHARDED_TIMEOUT_S}s waiting at (\S+) for the activation of stage 0 microbatch 0 "
+                       r"from rank (\d+)", lines[-1])
+    assert waits and all((int(waiter), int(peer)) in {(2, 0), (3, 1), (6, 4), (7, 5)} for waiter, _, peer in waits), lines[-1]
+    assert {action for _, action, _ in waits} == {"1F0"}  # the first forward of stage 1, inside the step
+    stopped = {int(r) for r in re.findall(r"rank (\d+) was stopped", lines[-1])}
+    assert stopped and stopped <= {0, 1, 4, 5}, lines[-1]
 
 
 @pytest.mark.slow

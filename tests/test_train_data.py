@@ -283,3 +283,34 @@ def test_more_held_out_batches_than_the_held_out_windows_are_clamped_in_one_line
     line = next(x for x in run.stderr.splitlines() if x.startswith("pipesched: --eval-batches 100000000: "))
     windows, batches = (int(w) for w in re.findall(r"holds (\d+) windows of --seq-len tokens, (\d+) batch", line)[0])
     assert batches == -(-windows // 4) and line.endswith(f"evaluating {batches}, each window once")
+
+
+def test_a_tokenizer_without_an_eos_token_ends_documents_at_the_configs_eos_or_says_it_cannot(tmp_path, capsys):
+    """A tokenizer saved by the ``tokenizers`` package alone (tokenizer.json, no
+    tokenizer_config.json) names no eos_token. Its documents then end with the config's
+    eos_token_id, the id ``--packing documents`` finds them by (they were joined with nothing
+    between them, silently, and --packing documents then found no boundary); with no id at all,
+    one line says they are joined so."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from pipesched.data.tokenize_text import tokenized_file
+
+    docs = shipped_documents()[:3]
+    bpe = Tokenizer(models.BPE(unk_token="[UNK]"))
+    bpe.pre_tokenizer = pre_tokenizers.Whitespace()
+    bpe.train_from_iterator(shipped_documents(), trainers.BpeTrainer(vocab_size=120, special_tokens=[EOS, "[UNK]"]))
+    bpe.save(str(tmp_path / "tokenizer.json"))
+    data = str(write_jsonl(tmp_path / "docs.jsonl", docs))
+    ids = [bpe.encode(doc, add_special_tokens=False).ids for doc in docs]
+    eos = bpe.token_to_id(EOS)
+    # one id, a list (Llama 3's), none, one that is no id of the vocabulary
+    for config_eos, separator in ((eos, [eos]), ((eos, 2), [eos]), (None, []), (-1, [])):
+        stream = open_token_file(tokenized_file(data, tmp_path, VOCAB, "--data", config_eos), VOCAB)
+        assert stream.tolist() == [i for one in ids for i in one + separator]
+    joined = ": its documents are joined with nothing between them (name an eos_token in the tokenizer's " \
+             "tokenizer_config.json, or eos_token_id in the config)"
+    assert capsys.readouterr().err.splitlines() == [
+        f"pipesched: --data {data!r}: the tokenizer in {str(tmp_path)!r} has no eos_token and the config no eos_token_id"
+        + joined,
+        f"pipesched: --data {data!r}: the config's eos_token_id -1 is no token id of the vocabulary (0 to {VOCAB - 1})"
+        + joined]

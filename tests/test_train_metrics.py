@@ -183,3 +183,35 @@ def test_plain_lines_keep_showing_the_latest_held_out_loss(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert ["eval loss" in line for line in lines] == [False, True, True]  # none before the first evaluation
     assert lines[1].split("  ")[-2] == lines[2].split("  ")[-2] == "eval loss 2.00000 (ppl 7.39, step 2)"
+
+
+def test_a_fresh_run_moves_an_earlier_runs_metrics_aside_and_writes_only_its_own(tmp_path):
+    """Without --resume the file starts afresh (appending mixed two runs, and a stopped run's
+    summary was read back from both): the earlier lines move, byte for byte, to a side file the
+    run names in one line on stderr."""
+    path = tmp_path / "m.jsonl"
+    earlier = "".join(json.dumps({**ROW, "step": step}) + "\n" for step in (1, 2, 3, 4, 5))
+    path.write_text(earlier)
+    done = _command("train", "--model", "mlp", "-s", "none", "--steps", "2", "--batch-size", "8", "--metrics", str(path),
+                    timeout=120)
+    kept = tmp_path / "m.jsonl.earlier-run-1"
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"pipesched: --metrics {path} held an earlier run's lines: moved to {kept} (a run without --resume starts its "
+        "file afresh)"]
+    assert kept.read_text() == earlier
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
+
+
+def test_each_earlier_run_gets_its_own_side_file_and_an_empty_file_stays(tmp_path):
+    from pipesched.training.report.metrics_file import set_aside_earlier
+
+    path = tmp_path / "m.jsonl"
+    path.write_text("first\n")
+    assert set_aside_earlier(path) == tmp_path / "m.jsonl.earlier-run-1" and not path.exists()
+    path.write_text("second\n")
+    assert set_aside_earlier(path) == tmp_path / "m.jsonl.earlier-run-2"
+    assert [(tmp_path / f"m.jsonl.earlier-run-{n}").read_text() for n in (1, 2)] == ["first\n", "second\n"]
+    path.write_text("")
+    assert set_aside_earlier(path) is None and path.exists()  # nothing to keep
+    assert set_aside_earlier(tmp_path / "missing.jsonl") is None

@@ -8,11 +8,11 @@ unavailable or unsafe (after torch has started its threads, as in ``train --sche
 from __future__ import annotations
 
 import multiprocessing
-import os
 import signal
 import sys
 from typing import Callable, Optional, Sequence, TypeVar, Union
 
+from ..environment import local_cores
 from ..errors import PipeschedError
 
 T = TypeVar("T")
@@ -25,7 +25,7 @@ _TASK: Optional[tuple[Callable, Sequence]] = None
 
 def default_workers(jobs: int) -> int:
     """Processes worth starting for ``jobs`` independent evaluations."""
-    cpus = os.cpu_count() or 1
+    cpus = local_cores()
     if jobs < 4 or cpus < MIN_CPUS or "torch" in sys.modules or "fork" not in multiprocessing.get_all_start_methods():
         return 1
     return min(cpus, MAX_WORKERS, jobs)

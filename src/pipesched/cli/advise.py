@@ -174,8 +174,8 @@ def _profiled(ranks: int, search: SearchFlags, model: ModelFlags, run: tuple[str
     model_name, batch_size, steps = run
     prof = profile(model_name, ranks, microbatches, batch_size, steps=steps)
     if not quiet:
-        from rich.console import Console
+        from ..render.console import output_console
 
-        Console().print(prof.summary())
+        output_console().print(prof.summary())
     memory_limit, limit_bytes = limits
     return advise_from_profile(prof, memory_limit, limit_bytes=limit_bytes, **options)

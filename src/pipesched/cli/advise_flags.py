@@ -125,7 +125,7 @@ SEARCH_OPTIONS: tuple[tuple[str, object, object], ...] = (
 SCOPE_OPTIONS: tuple[tuple[str, object, object], ...] = (
     ("schedules", Optional[str], typer.Option(
         None, "--schedules", help="Only these schedules, comma-separated (default: all).")),
-    ("workers", Optional[int], typer.Option(None, "--workers", help="Processes for the search (default: the CPUs).")),
+    ("workers", Optional[int], typer.Option(None, "--workers", help="Processes for the search (default: the cores this process may run on).")),
     ("top", int, typer.Option(12, "--top", help="Rows in the table.")),
     ("as_json", bool, typer.Option(False, "--json", help="Print the candidates as a JSON list, best first.")),
 )

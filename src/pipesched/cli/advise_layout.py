@@ -105,11 +105,11 @@ def run(gpus: Optional[int], global_batch: Optional[int], model: TransformerCost
     if as_json:
         typer.echo(json_text(advice.to_json()))
         return
-    from rich.console import Console
+    from ..render.console import output_console
 
-    console = Console()
+    console = output_console()
     console.print(f"[bold]pipesched advise[/bold]  {gpus} GPUs, global batch {global_batch}")
-    console.print(layout_table(advice, top, console.width), crop=False)  # uncut, even on a narrow console
+    console.print(layout_table(advice, top, console.width), crop=False, soft_wrap=False)  # uncut, even on a narrow console
     console.print("Layouts searched: " + "; ".join(advice.searched_lines()), highlight=False)
     best = advice.recommended
     console.print(f"[bold green]Recommendation:[/bold green] {recommendation(advice)}")
@@ -149,12 +149,12 @@ def run_whole(gpus: int, global_batch: Optional[int], model: TransformerCosts, g
     if as_json:
         typer.echo(json_text(advice.to_json()))
         return
-    from rich.console import Console
+    from ..render.console import output_console
 
-    console = Console()
+    console = output_console()
     best = advice.recommended
     console.print(f"[bold]pipesched advise[/bold]  {gpus} GPUs in nodes of {gpus_per_node}, global batch {global_batch}")
-    console.print(whole_table(advice, top, console.width), crop=False)
+    console.print(whole_table(advice, top, console.width), crop=False, soft_wrap=False)
     console.print(f"[bold green]Recommendation:[/bold green] {layout_name(best)} with {best.candidate.label()}", highlight=False)
     costs = LayoutCosts.for_layout(model, ParallelLayout(best.pp, best.dp, best.dp_shard, best.tp), fabric, ep=best.ep)
     tokens = global_batch * model.spec.seq_len

@@ -23,13 +23,13 @@ def print_advice(result: Advice, model: Optional[TransformerCosts], top: int,
                  trained_model: Optional[tuple[str, int]] = None) -> None:
     """The ranked table, the recommendation and why, and how to run it (``trained_model``: the
     built-in model and batch size the costs were measured on, if they were)."""
-    from rich.console import Console
+    from ..render.console import output_console
 
-    console = Console()
+    console = output_console()
     console.print(f"[bold]pipesched advise[/bold]  {_setup_line(result)}")
     if model is not None:
         console.print(_model_line(model))
-    console.print(advice_table(result, top, console.width), crop=False)  # uncut, even on a narrow console
+    console.print(advice_table(result, top, console.width), crop=False, soft_wrap=False)  # uncut, even on a narrow console
     best = result.recommended
     console.print(f"[bold green]Recommendation:[/bold green] {result.reason}")
     for note in result.notes:

@@ -8,7 +8,6 @@ memory limit, stage multipliers, overlap, objective, recompute input) are declar
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Optional
@@ -17,6 +16,7 @@ import typer
 
 from ..bounds import check_number, number_list
 from ..costs import Costs
+from ..environment import local_cores
 from ..errors import ConfigError
 from ..memory_limits import MAX_LIMIT_MB, moved_size, parse_memory_limit, size_limit, units_only
 from ..shared_options import CHUNKS, RANKS, RECOMPUTE_INPUT, check_recompute_input
@@ -200,7 +200,7 @@ RANGES: dict[str, tuple[float, float]] = {
 
 def check_ranges(values: dict[str, object]) -> None:
     """Refuse in one line (ConfigError) a given value outside its flag's range (:data:`RANGES`;
-    ``--workers``: 1 to this machine's CPUs); None means not given. NaN is outside every range."""
+    ``--workers``: 1 to the cores this process may run on); None means not given. NaN is outside every range."""
     for flag, value in values.items():
         if value is not None:
             in_range(flag)(flag, value)
@@ -209,7 +209,7 @@ def check_ranges(values: dict[str, object]) -> None:
 def in_range(flag: str) -> Callable[[str, object], None]:
     """The check of ``flag``'s range (:func:`check_ranges`), for a value named ``label``: the flag,
     or the key and file a ``--config`` file gave it in."""
-    low, high = (1, os.cpu_count() or 1) if flag == "--workers" else RANGES[flag]
+    low, high = (1, local_cores()) if flag == "--workers" else RANGES[flag]
     return lambda label, value: check_number(label, value, low, high, whole=isinstance(low, int))
 
 

@@ -32,14 +32,14 @@ from .tables import Column, print_table
 @app.command("list")
 def list_schedules() -> None:
     """Each schedule: when to use it, its chunks, placement and memory."""
-    from rich.console import Console
+    from ..render.console import output_console
 
     columns = [Column("name", justify="left"), Column("when to use it", justify="left", wrap=True),
                Column("chunks", justify="left", wrap=True), Column("placement", justify="left", drop=1),
                Column("backward", justify="left", wrap=True, drop=2), Column("peak memory", justify="left", wrap=True)]
     rows = [[f.name, f.summary, f.chunks_text(), f.placement, "split (I+W)" if f.split_backward else "full (B)", f.memory]
             for f in families()]
-    print_table(Console(), columns, rows, "pipesched schedules")
+    print_table(output_console(), columns, rows, "pipesched schedules")
 
 
 @app.command("export")

@@ -32,9 +32,9 @@ def say_recompute(schedule: Schedule, then: str, echo=lambda line: typer.echo(li
 
 def print_result(result: SimResult) -> None:
     """A short human summary of one simulation."""
-    from rich.console import Console
+    from ..render.console import output_console
 
-    console = Console()
+    console = output_console()
     sched = result.schedule
     console.print(f"[bold]{sched.describe()}[/bold]")
     in_bytes = result.peak_memory_bytes is not None
@@ -60,7 +60,7 @@ def print_result(result: SimResult) -> None:
 def print_compare(s: opt.Setup, rows: list[dict]) -> None:
     """The compare table: one row per schedule, speed-up over 1f1b in the last column; the
     schedules that could not be built are named below it, with why."""
-    from rich.console import Console
+    from ..render.console import output_console
 
     c = s.costs
     title = (f"p={s.ranks} m={s.microbatches}  F,B,W={c.F:g},{c.B:g},{c.W:g} comm={c.comm:g}"
@@ -83,7 +83,7 @@ def print_compare(s: opt.Setup, rows: list[dict]) -> None:
             format_number(row["makespan"]), format_number(row["span"]), f"{100 * row['bubble_ratio']:.1f}%",
             f"{max(peaks):g}{mark}", per_rank, f"{row.get('speedup_vs_1f1b', float('nan')):.3f}x",
         ])
-    console = Console()
+    console = output_console()
     print_table(console, columns, table, title)
     for line in failed:
         console.print(line, style="red", highlight=False)

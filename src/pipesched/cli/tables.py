@@ -81,8 +81,9 @@ def fitted_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], width
 
 def print_table(console: Console, columns: Sequence[Column], rows: Sequence[Sequence[str]], title: str = "",
                 caption: Optional[str] = None, styles: Optional[Sequence[Optional[str]]] = None) -> None:
-    """Print :func:`fitted_table` at the console's width (uncropped, should it be wider)."""
-    console.print(fitted_table(columns, rows, console.width, title, caption, styles), crop=False)
+    """Print :func:`fitted_table` at the console's width (uncropped, should it be wider; laid out
+    as on a terminal where the console keeps piped lines whole: render/console.py)."""
+    console.print(fitted_table(columns, rows, console.width, title, caption, styles), crop=False, soft_wrap=False)
 
 
 def _least_width(column: Column, cells: Sequence) -> int:

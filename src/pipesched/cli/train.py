@@ -43,7 +43,7 @@ def _write_results(cfg: RunConfig, trained: Trained) -> None:
     from ..training.report.run_report import run_rows, write_run_report
 
     ckpt, out, plan, result = cfg.checkpoint, cfg.outputs, trained.plan, trained.result
-    rows = run_rows(result, trained.metrics_path)  # the report's intervals: every figure shown comes from them
+    rows = run_rows(result, trained.loop.metrics_path)  # the report's intervals: every figure shown comes from them
     print_summary(plan, result, rows)
     newest = None
     if ckpt.checkpoint_dir is not None:
@@ -54,7 +54,7 @@ def _write_results(cfg: RunConfig, trained: Trained) -> None:
         write_outputs(plan, result, out.save_params, out.trace, out.summary, None if newest is None else str(newest), rows)
     except OutputsLost as err:
         raise JobEnded(f"pipesched: error: {err}", 1) from None
-    report = trained.report_path
+    report = trained.loop.report_path
     if report is not None:
         try:
             write_run_report(Path(report), plan, result, rows)

@@ -18,16 +18,18 @@ may hold the end of one document and the start of the next.
   stays the batch's.
 
 The ids of the end-of-sequence token are the tokenizer's (when the data went through one) or
-else the model config's ``eos_token_id`` (one id or a list).
+else the model config's ``eos_token_id`` (one id or a list): :func:`.tokenize_text.document_end`,
+the rule tokenization writes the separator by.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
 from ..errors import ConfigError
+from .tokenize_text import document_end
 
 PACKINGS = ("across", "documents")
 
@@ -53,13 +55,8 @@ def eos_ids(tokenizer_eos: Optional[int], config_eos, flag: str, vocab_size: int
     one) else the config's ``eos_token_id``; ConfigError, naming ``flag``, when there is none or
     one can never match a token of a vocabulary of ``vocab_size`` (``[]``, ``-1``, an id beyond
     it, a string): the run would otherwise train on windows with no document boundary, silently."""
-    chosen: Sequence
-    if tokenizer_eos is not None:
-        chosen, source = [tokenizer_eos], "the tokenizer's eos_token"
-    elif config_eos is not None:
-        chosen = config_eos if isinstance(config_eos, (list, tuple)) else [config_eos]
-        source = "the config's eos_token_id"
-    else:
+    chosen, source = document_end(tokenizer_eos, config_eos)
+    if tokenizer_eos is None and config_eos is None:
         raise ConfigError(f"--packing documents: {flag} has no end-of-sequence id to find documents by "
                           "(no tokenizer eos_token and no eos_token_id in the config): use --packing across")
     never = [i for i in chosen if type(i) is not int or not 0 <= i < vocab_size]

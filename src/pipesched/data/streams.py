@@ -56,8 +56,10 @@ def shipped_text_path() -> str:
     return str(resources.files("pipesched").joinpath("data/tiny_text.txt"))
 
 
-def open_stream(data: Optional[str], vocab_size: int, tokenizer: Optional[Path], flag: str = "--data") -> TokenStream:
-    """The stream of ``data`` (None: the shipped text) for a vocabulary of ``vocab_size``. Only a
+def open_stream(data: Optional[str], vocab_size: int, tokenizer: Optional[Path], flag: str = "--data",
+                config_eos=None) -> TokenStream:
+    """The stream of ``data`` (None: the shipped text) for a vocabulary of ``vocab_size``
+    (``config_eos``: the config's ``eos_token_id``, text's separator where the tokenizer has none). Only a
     regular file with something in it is read (a device such as ``/dev/zero`` or a FIFO could hang
     the run or fill its memory), and only mapped: memory holds its pages once, as the OS caches them."""
     path = data if data is not None else shipped_text_path()
@@ -65,7 +67,7 @@ def open_stream(data: Optional[str], vocab_size: int, tokenizer: Optional[Path],
     if path.endswith(TOKEN_SUFFIXES):
         return TokenStream(open_token_file(path, vocab_size, flag))
     if tokenizer is not None:
-        return TokenStream(open_token_file(tokenized_file(path, tokenizer, vocab_size, flag), vocab_size, flag))
+        return TokenStream(open_token_file(tokenized_file(path, tokenizer, vocab_size, flag, config_eos), vocab_size, flag))
     if path.endswith((".jsonl", ".parquet")):
         raise ConfigError(f"{flag} {path!r}: text files need the model's tokenizer: put tokenizer.json next to the "
                           "config or give --tokenizer DIR")

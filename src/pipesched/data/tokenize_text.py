@@ -3,9 +3,13 @@
 The tokenizer is ``tokenizer.json`` in a local folder (``--tokenizer DIR``, by default the folder
 of the model's config), loaded with transformers' ``AutoTokenizer`` from that folder alone
 (``local_files_only``: nothing is downloaded). Each document's ids are the tokenizer's without
-special tokens, followed by its end-of-sequence token where it has one: the documents of a file
-become one stream, separated by EOS (whether a window's documents attend to each other is
-``--packing``: :mod:`.packing`).
+special tokens, followed by the end-of-sequence id (:func:`document_end`: the tokenizer's
+eos_token, else the model config's ``eos_token_id``, the rule ``--packing documents`` finds
+documents by): the documents of a file become one stream, separated by EOS (whether a window's
+documents attend to each other is ``--packing``: :mod:`.packing`). A tokenizer saved by the
+``tokenizers`` package alone (``tokenizer.json`` without ``tokenizer_config.json``) names no
+eos_token; with no ``eos_token_id`` in the config either, the documents are joined with nothing
+between them, and the command says so in one line.
 
 The stream is written once, a batch of bounded pieces of documents at a time (bounded memory:
 :mod:`.text_documents`), to a ``.bin`` token
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -30,7 +35,7 @@ from .token_files import bin_dtype
 
 TOKENIZER_FILE = "tokenizer.json"
 _KEYED_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json")
-_FORMAT = b"pipesched-tokens-2"  # changes when the stream's definition does (2: a long text in pieces)
+_FORMAT = b"pipesched-tokens-3"  # changes when the stream's definition does (2: a long text in pieces; 3: the config's EOS)
 
 
 def cache_dir() -> Path:
@@ -59,20 +64,31 @@ def find_tokenizer(given: Optional[str], model_folder: Path) -> Optional[Path]:
     return folder if (folder / TOKENIZER_FILE).is_file() else None
 
 
-def tokenized_file(data: str, tokenizer: Path, vocab_size: int, flag: str = "--data") -> str:
-    """The cached token file of ``data``'s text (written first if it is not there yet)."""
+def document_end(tokenizer_eos: Optional[int], config_eos) -> tuple[list, str]:
+    """The ids that end a document and where they come from: the tokenizer's eos_token where it
+    has one, else the config's ``eos_token_id`` (one id or a list; ``[]`` when it has none)."""
+    if tokenizer_eos is not None:
+        return [tokenizer_eos], "the tokenizer's eos_token"
+    if config_eos is None:
+        return [], "no end-of-sequence id"
+    return (list(config_eos) if isinstance(config_eos, (list, tuple)) else [config_eos]), "the config's eos_token_id"
+
+
+def tokenized_file(data: str, tokenizer: Path, vocab_size: int, flag: str = "--data", config_eos=None) -> str:
+    """The cached token file of ``data``'s text (written first if it is not there yet);
+    ``config_eos``: the model config's ``eos_token_id``, the separator where the tokenizer has none."""
     try:
         stat = Path(data).stat()
     except OSError as err:
         raise ConfigError(f"{flag} {data!r}: {err.strerror}") from None
     key = hashlib.sha256(_FORMAT)
-    key.update(f"{Path(data).resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{vocab_size}".encode())
+    key.update(f"{Path(data).resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{vocab_size}\0{config_eos!r}".encode())
     for name in _KEYED_FILES:
         if (tokenizer / name).is_file():
             key.update(name.encode() + (tokenizer / name).read_bytes())
     target = cache_dir() / f"tokens-{key.hexdigest()[:24]}.bin"
     if not target.is_file():
-        _write_stream(data, tokenizer, vocab_size, target, flag)
+        _write_stream(data, tokenizer, vocab_size, target, flag, config_eos)
     return str(target)
 
 
@@ -92,11 +108,11 @@ def load_tokenizer(folder: Path):
         raise ConfigError(f"the tokenizer in {str(folder)!r} cannot be loaded: {first}") from None
 
 
-def _write_stream(data: str, folder: Path, vocab_size: int, target: Path, flag: str) -> None:
+def _write_stream(data: str, folder: Path, vocab_size: int, target: Path, flag: str, config_eos) -> None:
     """Tokenize ``data`` into ``target``, whole or not at all: through a partial file of this
     process, removed on any failure (and, if this process is killed, by the next run's write)."""
     tokenizer = load_tokenizer(folder)
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    eos = _separator(tokenizer.eos_token_id, config_eos, vocab_size, f"{flag} {data!r}", folder)
     dtype = bin_dtype(vocab_size)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     written = 0
@@ -124,6 +140,20 @@ def _write_stream(data: str, folder: Path, vocab_size: int, target: Path, flag: 
             partial.unlink(missing_ok=True)
         except OSError:  # the cache path is not a folder: nothing was written
             pass
+
+
+def _separator(tokenizer_eos: Optional[int], config_eos, vocab_size: int, where: str, folder: Path) -> list[int]:
+    """The id written after each document (:func:`document_end`'s first; a list's first, as
+    Llama 3's); none, said in one line, where there is none or the config's is no id of the
+    vocabulary (the tokenizer's is checked with the text's ids: one beyond it is refused)."""
+    ids, source = document_end(tokenizer_eos, config_eos)
+    if tokenizer_eos is not None or (ids and type(ids[0]) is int and 0 <= ids[0] < vocab_size):
+        return ids[:1]
+    why = (f"the tokenizer in {str(folder)!r} has no eos_token and the config no eos_token_id" if not ids else
+           f"{source} {ids[0]!r:.40} is no token id of the vocabulary (0 to {vocab_size - 1})")
+    print(f"pipesched: {where}: {why}: its documents are joined with nothing between them (name an eos_token in "
+          "the tokenizer's tokenizer_config.json, or eos_token_id in the config)", file=sys.stderr, flush=True)
+    return []
 
 
 def _remove_abandoned(cache: Path) -> None:

@@ -46,10 +46,10 @@ DEFAULT_CONTEXT = 64  # tokens per sample, or the model's positions if fewer
 
 @lru_cache(maxsize=4)
 def token_stream(data: Optional[str], vocab_size: int, tokenizer: Optional[str] = None,
-                 flag: str = "--data") -> TokenStream:
+                 flag: str = "--data", config_eos=None) -> TokenStream:
     """The tokens of ``data`` (:func:`pipesched.data.streams.open_stream`; None: the shipped text),
-    opened once per process."""
-    return open_stream(data, vocab_size, None if tokenizer is None else Path(tokenizer), flag)
+    opened once per process; ``config_eos`` the config's ``eos_token_id`` (a list as a tuple)."""
+    return open_stream(data, vocab_size, None if tokenizer is None else Path(tokenizer), flag, config_eos)
 
 
 def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional[str] = None,
@@ -78,10 +78,12 @@ def hf_model_def(config_path: str, data: Optional[str] = None, weights: Optional
     context = context or min(DEFAULT_CONTEXT, limit or DEFAULT_CONTEXT)
     folder = find_tokenizer(tokenizer, model_folder(config_path))
     tokenizer = None if folder is None else str(folder)
-    stream = token_stream(data, vocab, tokenizer)
+    eos = getattr(config, "eos_token_id", None)
+    eos = tuple(eos) if isinstance(eos, list) else eos  # token_stream's cache keys its arguments
+    stream = token_stream(data, vocab, tokenizer, config_eos=eos)
     held_out = None
     if eval_data is not None:
-        held_out = token_stream(eval_data, vocab, tokenizer, "--eval-data")
+        held_out = token_stream(eval_data, vocab, tokenizer, "--eval-data", eos)
     elif eval_share is not None:
         stream, held_out = stream.split(eval_share)
     for flag, part in (("--data", stream), ("--eval-data" if eval_data else "--eval-share", held_out)):

@@ -164,8 +164,9 @@ class OutputsSection:
                                      "bytes per rank.")
     old_json_path: Optional[Path] = old_spelling("summary", "--json")
     log_every: int = option(1, "Steps per logging interval (metrics, plain progress lines).", least=1)
-    metrics: Optional[Path] = option(None, "Append each logging interval's metrics to this file (.jsonl): loss, "
-                                     "lr, grad norm, tokens/s, MFU, step time, peak memory per rank, eval loss.")
+    metrics: Optional[Path] = option(None, "Write each logging interval's metrics to this file (.jsonl): loss, "
+                                     "lr, grad norm, tokens/s, MFU, step time, peak memory per rank, eval loss "
+                                     "(--resume continues it; a fresh run moves an earlier run's lines aside).")
     tensorboard: Optional[Path] = option(None, "Write the metrics as TensorBoard scalars to this folder.")
     peak_tflops: Optional[float] = option(None, "One device's peak TFLOP/s, for the MFU (default: known CUDA "
                                           "devices' dense bf16 peak; on CPU no MFU).",

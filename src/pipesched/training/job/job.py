@@ -33,6 +33,7 @@ from ..config.run_config import RunConfig, ScheduleSection
 from ..dry_run import no_new_folder
 from ..checkpoint_checks import check_checkpoint_folder
 from ..launch_checks import check_batch_split
+from ..loop_options import LoopOptions
 from ..optimizers import OPTIMIZERS, make_optimizer
 from . import hf_model
 from .checks import check_batch_fits, check_checkpoint_flags
@@ -51,7 +52,7 @@ class _Checked:
     """What the checks without torch settled: the schedule choice, the loop, the stages' block counts."""
 
     choice: ScheduleChoice
-    loop: object
+    loop: LoopOptions
     counts: Optional[tuple[int, ...]]
     dtype: object = None  # the torch dtype, once torch is imported
     state_limit: Optional[float] = None  # --rank-memory-limit in bytes (training/launch_checks.py)
@@ -60,13 +61,13 @@ class _Checked:
 @dataclass(frozen=True)
 class Trained:
     """What a finished run leaves for its results to be written: the schedule (None: the
-    unpipelined reference), the model, the run's result and where its report goes."""
+    unpipelined reference), the model, the run's result and its loop options as given (where its
+    report goes; its metrics file, which the report's and summary's intervals come from)."""
 
     plan: Optional[Schedule]
     model_def: object
     result: object
-    report_path: Optional[str]
-    metrics_path: Optional[str]  # the run's metrics file: the report's and summary's intervals come from it
+    loop: LoopOptions
 
 
 def run_job(cfg: RunConfig) -> Optional[Trained]:
@@ -92,8 +93,7 @@ def run_job(cfg: RunConfig) -> Optional[Trained]:
     if dry:
         return _dry_run(cfg, checked, plan, layout)
     result = _run_to_the_end(train_config, cfg.outputs.summary)
-    return None if result is None else Trained(plan, model_def, result, checked.loop.report_path,
-                                               checked.loop.metrics_path)
+    return None if result is None else Trained(plan, model_def, result, checked.loop)
 
 
 def _checks_without_torch(cfg: RunConfig) -> _Checked:

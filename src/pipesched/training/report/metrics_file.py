@@ -8,7 +8,10 @@ and range, a refusal naming the line and the field (:func:`read_metrics`).
 A resumed run continues its file (:func:`continue_after`): the lines the interrupted run wrote
 after the checkpoint's step move to a side file named after that step
 (``metrics.jsonl.after-step-20``), so the file holds each step once, in order, and its elapsed
-time continues from the line of the checkpoint's step.
+time continues from the line of the checkpoint's step. A fresh run (no ``--resume``) starts the
+file afresh (:func:`set_aside_earlier`): an earlier run's lines move to a side file
+(``metrics.jsonl.earlier-run-1``, the first number free), so two runs never mix in one file and
+nothing is lost.
 """
 
 from __future__ import annotations
@@ -137,6 +140,22 @@ def _shown(value) -> str:
 def side_file(path: Path, step: int) -> Path:
     """Where the lines an interrupted run wrote after step ``step`` are kept once it resumes."""
     return path.with_name(f"{path.name}.after-step-{step}")
+
+
+def set_aside_earlier(path: Path) -> Optional[Path]:
+    """Move what an earlier run wrote to ``path`` (a fresh run's metrics file) to
+    ``FILE.earlier-run-N``, N the first number not taken, and return it (None when ``path`` is
+    missing or empty: nothing to keep). Renamed, not copied: the lines stay as they were."""
+    try:
+        if path.stat().st_size == 0:
+            return None
+    except OSError:
+        return None
+    number = 1
+    while (kept := path.with_name(f"{path.name}.earlier-run-{number}")).exists() or kept.is_symlink():
+        number += 1
+    os.rename(path, kept)
+    return kept
 
 
 def continue_after(path: Path, step: int) -> tuple[float, Optional[Path]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ...render.console import output_console
 from ...render.run_figures import bubble_interval, median_step_s
 from ...schedule import Schedule
 
@@ -16,7 +17,7 @@ def print_summary(schedule: Optional[Schedule], result, rows: Sequence[dict]) ->
     measured step against the simulator's replay, and memory per rank."""
     from .run_report import run_title
 
-    console = _console()
+    console = output_console()
     console.print(f"[bold]{run_title(schedule, result.layout, result.dtype)}[/bold]")
     first, last = result.first_step + 1, result.first_step + len(result.losses)
     resumed = f" (resumed after step {result.first_step})" if result.first_step else ""
@@ -72,19 +73,11 @@ def print_stopped(rows: Sequence[dict]) -> None:
     evals = [r for r in rows if "eval_loss" in r]
     if evals:
         line += f"   last eval loss {evals[-1]['eval_loss']:.6f} (after step {evals[-1]['eval_step']})"
-    _console().print(line)
+    output_console().print(line)
 
 
 def _loss(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.6f}"
-
-
-def _console():
-    """A console that wraps only on a terminal: piped output keeps each line whole."""
-    from rich.console import Console
-
-    console = Console(stderr=False)
-    return console if console.is_terminal else Console(stderr=False, width=100_000, soft_wrap=True)
 
 
 def print_memory(memory: list) -> None:
@@ -92,7 +85,7 @@ def print_memory(memory: list) -> None:
     peak on CUDA."""
     from ...memory import format_bytes
 
-    console = _console()
+    console = output_console()
     for m in memory:
         line = (f"rank {m.rank}: activations measured {format_bytes(m.measured_peak_activation_bytes)}, "
                 f"predicted {format_bytes(m.predicted_peak_activation_bytes)}")

@@ -6,12 +6,14 @@ which rank 0 writes and flushes each logging interval. So a run asked for a repo
 ``--metrics`` file writes its metrics to a temporary file all the same (removed when the
 command ends); when the run stops, the launcher reads that file back and writes from it the
 terminal summary, the ``--summary`` file and the ``--report`` page, the exception then going on
-to say why the run stopped.
+to say why the run stopped. For that file to hold this run's lines only, a fresh run (no
+``--resume``) first moves an earlier run's lines aside (:func:`_start_afresh`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from contextlib import suppress
 from dataclasses import replace
@@ -31,6 +33,8 @@ def run_keeping_outputs(run: Callable, cfg, summary_path: Optional[Path]):
     under = torchrun_rank()
     if under is not None and under.rank != 0:  # torchrun: rank 0's process writes the outputs, once
         return run(cfg)
+    if cfg.resume_from is None and cfg.loop.metrics_path is not None:  # before any rank writes a line
+        _start_afresh(Path(cfg.loop.metrics_path))
     kept = None
     if cfg.loop.report_path is not None and cfg.loop.metrics_path is None:
         try:
@@ -48,6 +52,21 @@ def run_keeping_outputs(run: Callable, cfg, summary_path: Optional[Path]):
         if kept is not None:
             with suppress(OSError):  # removed meanwhile: nothing to tidy
                 os.unlink(kept)
+
+
+def _start_afresh(path: Path) -> None:
+    """An earlier run's lines in the ``--metrics`` file of a run without ``--resume`` moved to a
+    side file (:func:`~.metrics_file.set_aside_earlier`), one line saying where."""
+    from .metrics_file import set_aside_earlier
+
+    try:
+        kept = set_aside_earlier(path)
+    except OSError as err:
+        raise ConfigError(f"--metrics {path} holds an earlier run's lines, which could not be moved aside "
+                          f"({err.strerror}): name another file") from None
+    if kept is not None:
+        print(f"pipesched: --metrics {path} held an earlier run's lines: moved to {kept} "
+              "(a run without --resume starts its file afresh)", file=sys.stderr, flush=True)
 
 
 def write_stopped_outputs(cfg, summary_path: Optional[Path]) -> None:
