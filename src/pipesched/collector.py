@@ -1,0 +1,29 @@
+"""The cyclic garbage collector paused while a schedule is built, lowered or simulated.
+
+At the advisor's sizes (p = 64, m = 512: hundreds of thousands of actions per candidate) a build
+and a simulation allocate millions of small tuples and lists that stay alive. CPython's collector
+runs every few hundred allocations and, each time an older generation fills, walks every live
+container: about a quarter of a candidate's CPU time went there (benchmarks/RESULTS.md, issue 37,
+adv-sim). What these paths allocate holds no reference cycles (actions, ids, times, spans), so
+the collector has nothing to free there; pausing it changes no result, and anything cyclic made
+meanwhile is collected at the first collection after.
+"""
+
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from typing import Iterator
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the cyclic collector for the block (or, as a decorator, the call); restore it after,
+    so nested pauses and callers that disabled it themselves keep their state."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
