@@ -3,7 +3,7 @@ Megatron-LM 1T layout (TP 8, DP = 3,072 / (8 p), m microbatches of 1; p = 64, m 
 as the whole-layout search builds, simulates and prices it (issue 37 items 1 and 5).
 
     PYTHONPATH=src python benchmarks/price_candidate.py time [FAMILY ...] [--ranks P] [--microbatches M]
-    PYTHONPATH=src python benchmarks/price_candidate.py check [--ranks P] [--microbatches M]
+    PYTHONPATH=src python benchmarks/price_candidate.py check [FAMILY ...] [--ranks P] [--microbatches M]
 
 ``time``: CPU seconds (``time.process_time``) of each family's search at that layout, and every
 candidate's makespan, bubble and per-rank peaks (M_B, then the priced row's bytes and step time),
@@ -67,8 +67,8 @@ def by_rule(action, index: dict, schedule) -> int:
     return next((index[(stage, kind, k)] for kind in output.makers if (stage, kind, k) in index), MISSING)
 
 
-def check_lowering(ranks: int, microbatches: int) -> None:
-    for family in families():
+def check_lowering(names: list[str], ranks: int, microbatches: int) -> None:
+    for family in (f for f in families() if not names or f.name in names):
         chunks = family.min_chunks if family.max_chunks is not None else max(family.min_chunks, 2)
         try:
             schedule = build_schedule(family.name, ranks, microbatches, chunks)
@@ -84,14 +84,14 @@ def check_lowering(ranks: int, microbatches: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("time", "check"))
-    parser.add_argument("families", nargs="*", default=list(MINE))
+    parser.add_argument("families", nargs="*", help=f"default: time {', '.join(MINE)}; check every family")
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--microbatches", type=int, default=512)
     args = parser.parse_args()
     if args.what == "check":
-        check_lowering(args.ranks, args.microbatches)
+        check_lowering(args.families, args.ranks, args.microbatches)
         return
-    for name in args.families:
+    for name in args.families or MINE:
         time_family(name, args.ranks, args.microbatches)
 
 
