@@ -4,9 +4,10 @@ At the advisor's sizes (p = 64, m = 512: hundreds of thousands of actions per ca
 and a simulation allocate millions of small tuples and lists that stay alive. CPython's collector
 runs every few hundred allocations and, each time an older generation fills, walks every live
 container: zb-h2's complete search at p = 64, m = 512 took 4.4-4.6 CPU s with it running and
-3.3 s with it off (the search benchmarks/price_candidate.py times, before this pause). What these paths allocate holds no reference cycles (actions, ids, times, spans), so
-the collector has nothing to free there; pausing it changes no result, and anything cyclic made
-meanwhile is collected at the first collection after.
+3.3 s with it off (the search benchmarks/price_candidate.py times, before this pause). What these
+paths allocate holds no reference cycles (actions, ids, times, spans), so the collector has
+nothing to free there; pausing it changes no result, and anything cyclic made meanwhile is
+collected at the first collection after.
 """
 
 from __future__ import annotations
