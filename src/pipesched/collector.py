@@ -5,9 +5,9 @@ and a simulation allocate millions of small tuples and lists that stay alive. CP
 runs every few hundred allocations and, each time an older generation fills, walks every live
 container: zb-h2's complete search at p = 64, m = 512 took 4.4-4.6 CPU s with it running and
 3.3 s with it off (the search benchmarks/price_candidate.py times, before this pause). What these
-paths allocate holds no reference cycles (actions, ids, times, spans), so the collector has
-nothing to free there; pausing it changes no result, and anything cyclic made meanwhile is
-collected at the first collection after.
+paths allocate in bulk (actions, ids, times, spans) forms no reference cycles, so the collector
+finds next to nothing to free there; pausing it changes no result, and anything cyclic a builder
+makes meanwhile is collected at the first collection after.
 """
 
 from __future__ import annotations
