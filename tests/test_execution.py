@@ -10,7 +10,8 @@ from conftest import SRC
 import pipesched
 from pipesched.actions import B, F, I, W
 from pipesched.dependencies import Output, consumer_stage, dependency
-from pipesched.execution import NO_DEPENDENCY, TOLERANCE, crosses_ranks, latency
+from pipesched.execution import MISSING, NO_DEPENDENCY, TOLERANCE, crosses_ranks, latency
+from pipesched.execution import lower as execution_lower
 from pipesched.ops import Op
 from pipesched.runtime.program.program import lower
 
@@ -26,18 +27,38 @@ def test_each_pass_waits_for_its_input():
     assert dependency(I(1, 3), stages) == (2, "G", 3)  # the letters callers compared before still do
 
 
-@pytest.mark.parametrize("name", ["1f1b", "zb-v", "dualpipe", "dualpipev"])
-def test_the_lowering_resolves_each_action_to_what_the_rule_names(name):
-    schedule = pipesched.build_schedule(name, 4, 6)
-    program = schedule.program
-    for action, d in zip(program.actions, program.dep):
-        need = dependency(action, schedule.stages, schedule.pipelines)
+def _resolves_by_the_rule(orders, placement, pipelines: int = 1) -> None:
+    """Each action's dependency id names what :func:`dependency` asks for (the first maker's kind
+    the programs hold), MISSING where none runs it, and ``cross`` says whether it is a message."""
+    program = execution_lower(orders, placement, pipelines)
+    held = {a: i for i, a in enumerate(program.actions)}
+    for i, (action, d) in enumerate(zip(program.actions, program.dep)):
+        if not 0 <= action.stage < len(placement):
+            assert d == MISSING
+            continue
+        need = dependency(action, len(placement), pipelines)
         if need is None:
             assert d == NO_DEPENDENCY
             continue
         stage, output, k = need
-        made = program.actions[d]
-        assert (made.stage, made.kind in output.makers, made.microbatch) == (stage, True, k)
+        makers = [held[(stage, kind, k)] for kind in output.makers if (stage, kind, k) in held]
+        assert d == (makers[0] if makers else MISSING)
+        assert program.cross[i] == (d >= 0 and crosses_ranks(placement, stage, action.stage))
+
+
+@pytest.mark.parametrize("name", [f.name for f in pipesched.registry.families()])
+def test_the_lowering_resolves_each_action_to_what_the_rule_names(name):
+    for ranks, microbatches in ((4, 6), (2, 8)):
+        family = pipesched.registry.get_family(name)
+        schedule = pipesched.build_schedule(name, ranks, microbatches, max(family.min_chunks, 2)
+                                            if family.max_chunks is None else family.min_chunks)
+        orders = [schedule.rank_entries(r) for r in range(schedule.ranks)]
+        _resolves_by_the_rule(orders, schedule.placement, schedule.pipelines)
+        # broken programs too: an action dropped (its consumers find no maker), one on no stage,
+        # one numbered past any microbatch: each waits for MISSING, none is a producer
+        broken = [list(order) for order in orders]
+        broken[-1] = broken[-1][1:] + [F(schedule.stages, 0), F(0, 10**6)]
+        _resolves_by_the_rule(broken, schedule.placement, schedule.pipelines)
 
 
 def test_the_consumer_of_an_output_is_the_stage_that_depends_on_it():

@@ -46,3 +46,17 @@ def test_crossed_backwards_deadlock_and_the_error_names_the_waiters():
 def test_deadlock_is_a_schedule_error_and_a_value_error():
     assert issubclass(DeadlockError, ScheduleError)
     assert issubclass(ScheduleError, ValueError)
+
+
+def test_a_finished_costed_run_is_the_deadlock_check_and_a_deadlock_still_raises():
+    # whether ranks can move depends on which actions ended, never when: a run under any costs
+    # that finished proves the programs free of deadlock, so validate makes no unit-cost run
+    from pipesched import Costs, simulate
+    from pipesched.validate import UNIT_RUN
+
+    good = csv("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n")
+    simulate(good, Costs(F=1, B=2, W=1, comm=0.5))
+    assert validate(good) is good and UNIT_RUN not in good.derived
+    for costs in (None, Costs(F=1, B=2, W=1, comm=0.5)):
+        with pytest.raises(DeadlockError, match="rank 1 waits at 1F1 for 0F1"):
+            simulate(csv("0F0,0B0,0F1,0B1\n1F0,1F1,1B1,1B0\n"), costs)

@@ -34,6 +34,7 @@ uses it directly when ``L == S``, repeats each factor when ``L`` divides ``S`` (
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Optional, Sequence
 
 from .bounds import check_number
@@ -189,11 +190,10 @@ def program_durations(program: Program, costs: Costs, recompute: frozenset = fro
     id, priced by ``costs.overlap``; 0 on its backward's); a stage in ``recompute`` re-runs its
     forward at the start of its ``I`` and ``B``."""
     flat = durations_for(program.placement, len(program.rank_ids), costs, program.pipelines)
-    table = [{kind: flat[(s, kind)] for kind in COMPUTE} for s in range(len(program.placement))]
     for s in recompute:
-        table[s][Op.I] += table[s][Op.F]
-        table[s][Op.B] += table[s][Op.F]
-    durations = [table[s][kind] for s, kind, _k in program.actions]
-    if any(b >= 0 for b in program.partner):
+        flat[(s, Op.I)] += flat[(s, Op.F)]
+        flat[(s, Op.B)] += flat[(s, Op.F)]
+    durations = list(map(flat.__getitem__, map(itemgetter(0, 1), program.actions)))  # C loops: 10^5+ actions
+    if max(program.partner, default=-1) >= 0:
         return pair_durations(program, durations, costs.overlap)
     return durations

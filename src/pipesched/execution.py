@@ -23,15 +23,19 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple, Optional, Sequence
 
-from .actions import Action, Slot, sub_actions
+import numpy as np
+
+from .actions import Action, Overlap, Slot, sub_actions
 from .dependencies import dependencies, dependency
 from .errors import DeadlockError
+from .ops import Op
 
 NO_DEPENDENCY = -1
 MISSING = -2
-OUTSIDE = (-1, ())  # what an action on no stage of the layout waits for: made by nothing (validation names it)
 TOLERANCE = 1e-9  # two times (or memory levels) this close are equal: sums of floats round
 
 
@@ -58,7 +62,7 @@ class Program:
     """Per-rank programs lowered to integer ids, each with its dependency's id."""
 
     actions: list[Action]  # by id
-    rank_ids: list[list[int]]  # per rank, ids in program order
+    rank_ids: list[range]  # per rank, its ids in program order (consecutive)
     dep: list[int]  # id of the dependency, NO_DEPENDENCY or MISSING
     cross: list[bool]  # True when the dependency lives on another rank
     rank_of: list[int]  # rank of each id
@@ -73,40 +77,78 @@ def lower(orders: Sequence[Sequence[Slot]], placement: Sequence[int], pipelines:
     dependency to an id: the first of its makers' kinds that the programs hold (``pipelines``
     as in :func:`~pipesched.dependencies.dependency`)."""
     actions: list[Action] = []
-    rank_ids: list[list[int]] = []
+    rank_ids: list[range] = []
     rank_of: list[int] = []
     partner: list[int] = []
-    index: dict = {}
     for r, order in enumerate(orders):
         first = len(actions)
-        for entry in order:
-            parts = sub_actions(entry)
-            partner.extend([len(actions) + 1, -1] if len(parts) == 2 else [-1])
-            actions.extend(parts)
-        ids = list(range(first, len(actions)))
-        index.update(zip(actions[first:], ids))
-        rank_of.extend([r] * len(ids))
-        rank_ids.append(ids)
-    stages = len(placement)
-    inputs = dependencies(stages, pipelines).inputs
-    get = index.get
-    dep: list[int] = []
-    append = dep.append
-    for s, kind, k in actions:
-        need = inputs[kind][s] if 0 <= s < stages else OUTSIDE
-        if need is None:
-            append(NO_DEPENDENCY)
-            continue
-        producer, makers = need
-        for maker in makers:
-            d = get((producer, maker, k))
-            if d is not None:
-                break
-        else:
-            d = MISSING
-        append(d)
-    cross = [d >= 0 and rank_of[d] != r for d, r in zip(dep, rank_of)]
+        if Overlap in set(map(type, order)):
+            for entry in order:
+                parts = sub_actions(entry)
+                partner.extend([len(actions) + 1, -1] if len(parts) == 2 else [-1])
+                actions.extend(parts)
+        else:  # no pairs: the entries are the actions (the common case, without a call per action)
+            actions.extend(order)
+            partner.extend([-1] * len(order))
+        rank_of.extend([r] * (len(actions) - first))
+        rank_ids.append(range(first, len(actions)))
+    index = dict(zip(actions, range(len(actions))))  # a duplicated action keeps its last id
+    dep, cross = _resolve(actions, index, rank_of, len(placement), pipelines)
     return Program(actions, rank_ids, dep, cross, rank_of, tuple(placement), index, partner, pipelines)
+
+
+_KINDS = (Op.F, Op.I, Op.W, Op.B)  # the compute kinds, numbered for the arrays of _resolve
+
+
+def _looked_up(action: Action, index: dict, inputs: dict) -> int:
+    """One action's dependency id found in ``index`` (action -> id), the slow way."""
+    need = inputs[action[1]][action[0]]
+    found = () if need is None else (index.get((need[0], maker, action[2])) for maker in need[1])
+    return NO_DEPENDENCY if need is None else next((d for d in found if d is not None), MISSING)
+
+
+def _resolve(actions: Sequence[Action], index: dict, rank_of: Sequence[int], stages: int,
+             pipelines: int) -> tuple[list[int], list[bool]]:
+    """Each action's dependency id (the first of its makers' kinds the programs hold, as
+    :class:`~pipesched.dependencies.Dependencies` tabulates the rule; NO_DEPENDENCY, or MISSING
+    for an input no action makes and an action on no stage) and whether it crosses ranks.
+    Array lookups in an id table of (stage, kind, microbatch): a dictionary lookup per action
+    cost most of a lowering at p = 64, m = 512."""
+    n = len(actions)
+    if not n:
+        return [], []
+    code = {kind: c for c, kind in enumerate(_KINDS)}
+    stage = np.fromiter(map(itemgetter(0), actions), np.int64, n)
+    kind = np.fromiter(map(code.get, map(itemgetter(1), actions), repeat(len(_KINDS))), np.int64, n)
+    micro = np.fromiter(map(itemgetter(2), actions), np.int64, n)
+    # a dense table of ids holds the actions numbered within what n actions can hold (each of a
+    # pipeline's microbatches has a forward and a backward on every stage): at most ~5n ids; an
+    # action on no stage waits for MISSING (validation names it), one numbered past is looked up
+    known = (stage >= 0) & (stage < stages) & (kind < len(_KINDS)) & (micro >= 0) & (micro * stages < n * pipelines)
+    row, col, at = np.where(known, stage, stages), np.where(known, kind, len(_KINDS)), np.where(known, micro, 0)
+    ids = np.full((stages + 1, len(_KINDS) + 1, int(at.max()) + 1), MISSING, np.int64)
+    ids[row, col, at] = np.arange(n)
+    ids[stages] = MISSING  # where the others were parked: no one's producer
+    # per (stage, kind): producer stage and up to two maker kinds (stage ``stages``: no producer)
+    producer = np.full((stages + 1, len(_KINDS) + 1), stages, np.int64)
+    makers = np.full((stages + 1, len(_KINDS) + 1, 2), len(_KINDS), np.int64)
+    free = np.zeros((stages + 1, len(_KINDS) + 1), bool)
+    inputs = dependencies(stages, pipelines).inputs
+    for c, k in enumerate(_KINDS):
+        for s, need in enumerate(inputs[k]):
+            if need is None:
+                free[s, c] = True
+                continue
+            producer[s, c] = need[0]
+            makers[s, c, :len(need[1])] = [code[m] for m in need[1]]
+    dep, second = (ids[producer[row, col], makers[row, col, j], at] for j in (0, 1))
+    dep = np.where(dep >= 0, dep, second)
+    dep = np.where(free[row, col], NO_DEPENDENCY, np.where(dep >= 0, dep, MISSING))
+    for i in np.flatnonzero(~known & (stage >= 0) & (stage < stages) & (kind < len(_KINDS))).tolist():
+        dep[i] = _looked_up(actions[i], index, inputs)  # numbered past the table: its maker too
+    ranks = np.asarray(rank_of, np.int64)
+    cross = (dep >= 0) & (ranks[np.maximum(dep, 0)] != ranks)
+    return dep.tolist(), cross.tolist()
 
 
 def run(program: Program, durations: Sequence[float], comm: float,

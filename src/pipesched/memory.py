@@ -20,6 +20,7 @@ Pure Python: no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from operator import itemgetter
 from typing import Optional, Sequence
 
 from .actions import Action
@@ -97,13 +98,13 @@ def levels(actions: Sequence[Action], sizes: Sequence[StageMemory]) -> list[tupl
         extra, change = by_kind[kind]
         during = held + extra
         held += change
-        out.append((max(during, held), held))
+        out.append((held if held > during else during, held))  # max(during, held), without a call
     return out
 
 
 def peak(actions: Sequence[Action], sizes: Sequence[StageMemory]) -> float:
     """Peak held over one rank's actions in program order (0 for a rank with none)."""
-    return max((high for high, _ in levels(actions, sizes)), default=0.0)
+    return max(map(itemgetter(0), levels(actions, sizes)), default=0.0)
 
 
 class _Table:

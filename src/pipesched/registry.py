@@ -17,6 +17,7 @@ from enum import Enum
 from functools import lru_cache
 from typing import Callable, Iterable, Optional
 
+from .collector import collector_paused
 from .costs import UNIT, Costs, as_costs
 from .errors import ConfigError, UnknownScheduleError
 from .execution import TOLERANCE
@@ -24,7 +25,7 @@ from .planning import check_schedule_size
 from .ranking import check_objective
 from .schedule import Schedule
 from .schedules import greedy, v_blocks, v_compact
-from .simulate import simulate
+from .simulate import unit_peaks
 from .validate import validate
 
 
@@ -215,6 +216,7 @@ def forget_builds() -> None:
         cached.cache_clear()
 
 
+@collector_paused()
 def build_schedule(
     name: str,
     ranks: int,
@@ -266,5 +268,5 @@ def build_schedule(
 
 
 def peak_memory(schedule: Schedule) -> float:
-    """Largest peak activations over ranks (order-only: no costs needed)."""
-    return simulate(schedule).max_peak_memory
+    """Largest peak activations over ranks (order-only: no costs, no run needed)."""
+    return max(unit_peaks(schedule))

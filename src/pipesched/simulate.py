@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import repeat
 from typing import Optional, Sequence
 
+from .collector import collector_paused
 from .costs import UNIT, Costs, as_costs, durations_for, program_durations
 from .errors import ConfigError
 from .execution import Program, Span, run
@@ -27,7 +29,7 @@ from .memory import MemorySizes, levels, peak_bytes, schedule_recompute, unit_pe
 from .ops import Op
 from .placement import stages_by_rank
 from .schedule import Schedule
-from .validate import UNIT_RUN, VALIDATED, check_structure, lowered
+from .validate import FINISHED, UNIT_RUN, check_structure, lowered
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,13 @@ class SimResult:
     memory: Optional[MemorySizes] = field(default=None, repr=False, compare=False)
 
     @cached_property
+    @collector_paused()
     def timeline(self) -> tuple[tuple[Span, ...], ...]:
         acts, starts, ends = self._program.actions, self._starts, self._ends
-        return tuple(
-            tuple(Span(acts[i], starts[i], ends[i]) for i in ids) for ids in self._program.rank_ids
+        return tuple(  # made in C (tuple.__new__ over slices): a Python call per span costs seconds at p = 64, m = 512
+            tuple(map(_new_tuple, repeat(Span), zip(acts[ids.start:ids.stop], starts[ids.start:ids.stop],
+                                                    ends[ids.start:ids.stop])))
+            for ids in self._program.rank_ids
         )
 
     @property
@@ -118,6 +123,7 @@ class SimResult:
         return own.stages if own is not None else frozenset()
 
 
+_new_tuple = tuple.__new__
 RUNS = "runs"  # Schedule.derived keys (RUNS, costs, recompute): (durations, starts, ends) of that run
 
 
@@ -125,6 +131,18 @@ def _stages_on_rank(schedule: Schedule) -> list[float]:
     """Per rank, how many of its stages make one M_B share: its stage count, over the model
     copies (DualPipe's two stages on a rank are two whole shares of one copy: 2/2)."""
     return [max(1, len(s)) / schedule.pipelines for s in stages_by_rank(schedule.placement, schedule.ranks)]
+
+
+def _rank_actions(program: Program) -> list[list]:
+    """Each rank's actions in program order (a rank's ids are consecutive)."""
+    return [program.actions[ids.start:ids.stop] for ids in program.rank_ids]
+
+
+def unit_peaks(schedule: Schedule) -> list[float]:
+    """Each rank's peak activations in M_B (with the recomputation the schedule carries): order
+    only, so no run is needed (what :func:`pipesched.registry.peak_memory` asks)."""
+    own = schedule_recompute(schedule)
+    return [unit_peak(actions, k, own) for actions, k in zip(_rank_actions(lowered(schedule)), _stages_on_rank(schedule))]
 
 
 def action_durations(schedule: Schedule, costs: Costs) -> dict[tuple[int, Op], float]:
@@ -139,6 +157,7 @@ def durations_by_id(schedule: Schedule, program: Program, costs: Costs, recomput
     return program_durations(program, costs, recompute)
 
 
+@collector_paused()
 def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional[MemorySizes] = None,
              gathers: Optional[Sequence[Sequence[tuple[int, float]]]] = None) -> SimResult:
     """Simulate ``schedule`` under ``costs`` (unit costs, no latency, by default).
@@ -155,8 +174,7 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional
     if not isinstance(schedule, Schedule):
         raise ConfigError(f"simulate takes a pipesched.Schedule (build_schedule, Schedule.from_csv), got {schedule!r:.60}")
     costs = as_costs(costs)
-    if not schedule.derived.get(VALIDATED):
-        check_structure(schedule)
+    check_structure(schedule)  # once per schedule object
     program = lowered(schedule)
     own = schedule_recompute(schedule)
     recompute = memory.recompute if memory is not None else (own.stages if own else frozenset())
@@ -168,13 +186,12 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional
     else:
         durations = durations_by_id(schedule, program, costs, recompute)
         starts, ends = run(program, durations, costs.comm, gathers)
+        schedule.derived[FINISHED] = True  # validate need not run it again (see validate)
         if gathers is None:
             schedule.derived[key] = (durations, starts, ends)
-    busy, peaks, first, last = [], [], [], []
-    rank_actions = [[program.actions[i] for i in ids] for ids in program.rank_ids]
-    for ids, actions, k in zip(program.rank_ids, rank_actions, _stages_on_rank(schedule)):
-        busy.append(sum([durations[i] for i in ids]))
-        peaks.append(unit_peak(actions, k, own))
+    busy, first, last = [], [], []
+    for ids in program.rank_ids:
+        busy.append(sum(durations[ids.start:ids.stop]))
         if ids:
             first.append(starts[ids[0]])
             last.append(ends[ids[-1]])
@@ -188,10 +205,10 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional
         span=span,
         bubble_ratio=max(0.0, bubble),
         busy=tuple(busy),
-        peak_memory=tuple(peaks),
+        peak_memory=tuple(unit_peaks(schedule)),
         _program=program,
         _starts=starts,
         _ends=ends,
-        peak_memory_bytes=peak_bytes(rank_actions, memory),
+        peak_memory_bytes=peak_bytes(_rank_actions(program), memory),
         memory=memory,
     )

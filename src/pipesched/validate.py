@@ -9,6 +9,8 @@ microbatch's backward together with that microbatch's forward of the same stage.
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 from .actions import Action
 from .costs import UNIT, program_durations
 from .errors import ScheduleError
@@ -18,7 +20,10 @@ from .schedule import Schedule
 
 
 def check_structure(schedule: Schedule) -> None:
-    """Raise ScheduleError naming the first broken rule; return None when the structure holds."""
+    """Raise ScheduleError naming the first broken rule; return None when the structure holds
+    (checked once per schedule object: a schedule is immutable)."""
+    if schedule.derived.get(STRUCTURE_HOLDS):
+        return
     p, m, stages = schedule.ranks, schedule.microbatches, schedule.stages
     if p < 1 or m < 1:
         raise ScheduleError(f"a schedule needs ranks >= 1 and microbatches >= 1, got {p} and {m}")
@@ -35,10 +40,7 @@ def check_structure(schedule: Schedule) -> None:
     runs = [schedule.stage_microbatches(s) for s in range(stages)]
     program = lowered(schedule)
     seen = program.index  # action -> id; ids grow along each rank's program
-    if len(seen) != len(program.actions) or not all(
-        0 <= s < stages and placement[s] == rank and k in runs[s]
-        for (s, _kind, k), rank in zip(program.actions, program.rank_of)
-    ):
+    if len(seen) != len(program.actions) or not _placed_and_numbered(program, placement, runs):
         _explain_bad_actions(schedule, program, runs)
     if not _pairs_fast_ok(seen, runs):
         for s in range(stages):
@@ -53,6 +55,25 @@ def check_structure(schedule: Schedule) -> None:
                 f"rank {program.rank_of[a]} overlaps {program.actions[a]} with {program.actions[b]}, "
                 "which needs that forward's output: an overlapped pair's halves must be independent"
             )
+    schedule.derived[STRUCTURE_HOLDS] = True
+
+
+def _placed_and_numbered(program: Program, placement: tuple[int, ...], runs: list[range]) -> bool:
+    """True when every action names a stage on its own rank and a microbatch its stage runs:
+    per rank, over the set of stages it names and, where every stage runs the same microbatches
+    (one pipeline), the lowest and highest it names (C loops, not a Python test per action)."""
+    one_run = all(r == runs[0] for r in runs)
+    for rank, ids in enumerate(program.rank_ids):
+        actions = program.actions[ids.start:ids.stop]
+        if not all(0 <= s < len(placement) and placement[s] == rank for s in set(map(itemgetter(0), actions))):
+            return False
+        if not one_run:
+            if not all(k in runs[s] for s, _kind, k in actions):
+                return False
+        elif actions and not (runs[0].start <= min(map(itemgetter(2), actions))
+                              and max(map(itemgetter(2), actions)) < runs[0].stop):
+            return False
+    return True
 
 
 def _pairs_fast_ok(seen: dict, runs: list[range]) -> bool:
@@ -134,20 +155,27 @@ def check_deadlock(schedule: Schedule) -> None:
     program = lowered(schedule)
     durations = program_durations(program, UNIT)
     schedule.derived[UNIT_RUN] = (durations, *run(program, durations, 0.0))
+    schedule.derived[FINISHED] = True
 
 
 def validate(schedule: Schedule) -> Schedule:
     """Check structure and freedom from deadlock; return the schedule unchanged when valid.
 
-    A schedule is immutable, so a schedule that passed once is not checked again.
+    A schedule is immutable, so a schedule that passed once is not checked again. A run under
+    any costs that finished (a builder's own simulation, :data:`FINISHED`) already proves it free
+    of deadlock: whether a rank can move depends on which actions have ended, never on when
+    (:func:`pipesched.execution.run`), so no second run is made.
     """
-    if schedule.derived.get(VALIDATED) and UNIT_RUN in schedule.derived:
+    if schedule.derived.get(VALIDATED):
         return schedule
     check_structure(schedule)
-    check_deadlock(schedule)
+    if not schedule.derived.get(FINISHED):
+        check_deadlock(schedule)
     schedule.derived[VALIDATED] = True
     return schedule
 
 
-VALIDATED = "validated"  # Schedule.derived flag: the structure was checked, simulate need not repeat it
+VALIDATED = "validated"  # Schedule.derived flag: structure and freedom from deadlock were checked
+STRUCTURE_HOLDS = "structure_holds"  # Schedule.derived flag: check_structure passed
+FINISHED = "finished"  # Schedule.derived flag: a run of these programs (under any costs) finished
 UNIT_RUN = "unit_run"  # Schedule.derived: (durations, starts, ends) of the unit-cost run
