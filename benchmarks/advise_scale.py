@@ -8,23 +8,31 @@ Cases (inputs in pipesched/advise/published.py):
   microbatches of 1);
 - ``1t``: the same model, every layout of its 3,072 A100;
 - ``405b-N``: Llama 3 405B (sequence 8192, batch 2,048 sequences, microbatches of 1) on N H100,
-  every layout, N = 2,048 ... 16,384.
+  every layout, N = 2,048 ... 16,384;
+- ``deepseek-ep``: DeepSeek-V3 with its published PP 16 x 128 ZeRO-1 ranks fixed and EP left
+  open (every size dividing the 256 experts and the 128 ranks);
+- ``small``: an 8-layer model on 16 GPUs, every layout (the case tests/test_advise_whole_search.py runs).
 
     PYTHONPATH=src python benchmarks/advise_scale.py [CASE ...]
 
 For each case: CPU seconds (``time.process_time``, one process) and wall seconds, candidates simulated and priced
-(each for every layout of its group), layouts searched, layouts named not searched (their full
-search predicted above a minute), the pick, and where the published layout stands.
+(each for every layout of its group), layouts searched, layouts proven unable to beat the pick
+(advise/layout_bound.py), layouts left out otherwise (refused, or nothing fits), the pick, and
+where the published layout stands. A progress line on stderr every 30 s.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Optional
 
+from pipesched.advise.layout import LayoutCandidate
 from pipesched.advise.layout_search import advise_whole_layouts
-from pipesched.advise.published import LLAMA3_405B, MEGATRON_1T, PublishedRun
+from pipesched.advise.published import DEEPSEEK_V3, LLAMA3_405B, MEGATRON_1T, PublishedRun
+from pipesched.cli.progress import LayoutProgress
+from pipesched.parallel_layout import ParallelLayout
 
 
 def _405b_on(gpus: int) -> PublishedRun:
@@ -36,36 +44,61 @@ def _405b_on(gpus: int) -> PublishedRun:
                    settings=tuple((s, v, microbatches) for s, v, _ in LLAMA3_405B.settings))
 
 
+SMALL = replace(MEGATRON_1T, name="small", layers=8, hidden=1024, heads=16, vocab=32000, seq_len=512, gpus=16,
+                global_batch=64, layout=ParallelLayout(4, 1, 4, 1), settings=(("1f1b", 1, 8),), gpus_per_node=4)
+
 CASES = {
     "1t-fixed": (MEGATRON_1T, {"pp": 64, "tp": 8, "dp_replicate": 6, "dp_shard": 1}),
     "1t": (MEGATRON_1T, {}),
     **{f"405b-{n}": (_405b_on(n), {}) for n in (2048, 4096, 8192, 16384)},
+    "deepseek-ep": (DEEPSEEK_V3, {"pp": 16, "tp": 1, "dp_replicate": 1, "dp_shard": 128}),
+    "small": (SMALL, {}),
 }
+SLOWER = "cannot beat the pick"
 
 
-def run_case(name: str) -> None:
+@dataclass(frozen=True)
+class Outcome:
+    """One case's search: its cost, its verdicts, the pick and the published layout's best row."""
+
+    cpu_seconds: float
+    wall_seconds: float
+    priced: int  # candidates simulated, each priced for every layout of its group
+    searched: int  # layouts with rows
+    slower: int  # layouts proven unable to beat the pick
+    left_out: int  # refused, or nothing fits
+    pick: LayoutCandidate
+    published: Optional[LayoutCandidate]
+    published_verdict: str  # why the published layout has no row ("" when it has)
+
+
+def run_case(name: str) -> Outcome:
     run, fixed = CASES[name]
     started, wall = time.process_time(), time.perf_counter()
     advice = advise_whole_layouts(run.gpus, run.model(), run.global_batch, run.fabric(), fixed=fixed,
-                                  sequence_parallel=run.sequence_parallel)
+                                  sequence_parallel=run.sequence_parallel, precision=run.precision,
+                                  layouts_done=LayoutProgress())
     seconds, wall = time.process_time() - started, time.perf_counter() - wall
-    best = advice.recommended
-    not_searched = sum("not searched" in line for line in advice.skipped)
-    published = [r for r in advice.candidates if (r.pp, r.dp, r.dp_shard, r.tp) == (
-        run.layout.pp, run.layout.dp_replicate, run.layout.dp_shard, run.layout.tp)]
-    print(f"{name}: {run.gpus} GPUs, {seconds:.1f} CPU s ({wall:.1f} s wall), {advice.priced} candidates priced, "
-          f"{len(advice.searched)} layouts searched, {not_searched} not searched, "
-          f"{len(advice.skipped) - not_searched} left out otherwise")
-    print(f"  pick: {best.label()} step {best.step_time / 1e3:.2f} s")
-    if published:
-        p = published[0]
-        print(f"  published layout: {p.label()} step {p.step_time / 1e3:.2f} s, bubble {p.candidate.bubble_ratio:.3f}")
-    else:
-        print("  published layout: " + next((line for line in advice.skipped if line.startswith(
-            f"pp {run.layout.pp} x dp {run.layout.dp_replicate} x dp_shard {run.layout.dp_shard} x tp {run.layout.tp}")),
-            "not among the rows"))
+    slower = sum(SLOWER in line for line in advice.skipped)
+    mine = (run.layout.pp, run.layout.dp_replicate, run.layout.dp_shard, run.layout.tp)
+    published = [r for r in advice.candidates if (r.pp, r.dp, r.dp_shard, r.tp, r.ep) == (*mine, run.ep)]
+    name_of = f"pp {mine[0]} x dp {mine[1]} x dp_shard {mine[2]} x tp {mine[3]}" + (f" x ep {run.ep}" if run.ep > 1 else "")
+    verdict = "" if published else next((line for line in advice.skipped if line.startswith(name_of)), "no verdict")
+    return Outcome(seconds, wall, advice.priced, len(advice.searched), slower, len(advice.skipped) - slower,
+                   advice.recommended, published[0] if published else None, verdict)
+
+
+def report(name: str, out: Outcome) -> None:
+    run = CASES[name][0]
+    print(f"{name}: {run.gpus} GPUs, {out.cpu_seconds:.1f} CPU s ({out.wall_seconds:.1f} s wall), {out.priced} "
+          f"candidates priced, {out.searched} layouts searched, {out.slower} proven slower, {out.left_out} left out "
+          "otherwise")
+    print(f"  pick: {out.pick.label()} step {out.pick.step_time / 1e3:.2f} s")
+    p = out.published
+    print(f"  published layout: {p.label()} step {p.step_time / 1e3:.2f} s, bubble {p.candidate.bubble_ratio:.3f}"
+          if p else f"  published layout: {out.published_verdict}", flush=True)
 
 
 if __name__ == "__main__":
     for case in sys.argv[1:] or list(CASES):
-        run_case(case)
+        report(case, run_case(case))

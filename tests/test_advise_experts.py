@@ -39,7 +39,8 @@ def _advise(*args: str) -> subprocess.CompletedProcess:
 def launched():
     """Every launch of this module at once: the searched layouts' JSON and each refusal."""
     fixed = WHOLE + MOE + ("--ep", "4", "-p", "4", "--tp", "1", "--schedules", "1f1b,dualpipev")
-    runs = {"rows": fixed + ("--json",), "text": fixed,
+    open_ep = WHOLE + MOE + ("-p", "4", "--tp", "1", "--schedules", "1f1b,dualpipev", "--json")
+    runs = {"rows": fixed + ("--json",), "text": fixed, "open": open_ep,
             **{name: args for name, (_, args) in REFUSED.items()}}
     return dict(zip(runs, concurrently(lambda args: _advise(*args), list(runs.values()))))
 
@@ -53,6 +54,16 @@ def test_every_row_carries_ep_and_dualpipev_hides_its_all_to_alls(launched):
     pair = next(r for r in rows if r["schedule"] == "dualpipev")
     assert 0 <= pair["costs"]["overlap"] < 1  # the pair's all-to-alls behind the other half
     assert all(r["costs"]["overlap"] == pair["costs"]["overlap"] for r in rows)  # one cost model per layout
+
+
+def test_without_ep_the_search_tries_every_size_dividing_the_experts_and_the_data_parallel_ranks(launched):
+    # issue 40 item 4: EP borrows ranks of dp_shard x dp (torchtitan); 8 experts, 4 such ranks: 1, 2, 4
+    result = launched["open"]
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)  # stdout is the JSON alone: no progress line in it
+    assert {r["ep"] for r in rows} == {1, 2, 4}
+    for ep in (1, 2, 4):  # each EP size a layout of its own, with its best row of both families
+        assert {r["schedule"] for r in rows if r["ep"] == ep and r["dp_shard"] == 4} == {"1f1b", "dualpipev"}
 
 
 def test_the_pick_says_what_ep_costs(launched):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from ..errors import ConfigError, PipeschedError
 from ..registry import build_schedule, get_family
@@ -187,6 +187,7 @@ def advise_layouts(
     dp_latency_ms: float = DEFAULT_DP_LATENCY_MS,
     pp_options: Optional[Sequence[int]] = None,
     keep: int = 6,
+    layouts_done: Optional[Callable[[int, int], None]] = None,
     **advise_options,
 ) -> LayoutAdvice:
     """Rank (pp, dp, schedule, chunks, microbatches) for ``gpus`` GPUs by predicted time per step.
@@ -198,7 +199,8 @@ def advise_layouts(
     Each layout's pipeline is searched in full (every family, chunk count and recomputation
     choice) at the microbatch count the model's microbatch size gives, other counts only where
     ``max_microbatches`` opens them (:func:`~.candidates.microbatch_options`): no time budget
-    narrows it, so no verdict depends on how far a search went."""
+    narrows it, so no verdict depends on how far a search went. ``layouts_done(done, total)``
+    hears of each layout searched (a progress line)."""
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise ConfigError(f"--gpus must be a whole number of at least 1, got {gpus!r}")
     bandwidth = dp_bandwidth if dp_bandwidth is not None else model.hardware.bandwidth
@@ -208,7 +210,9 @@ def advise_layouts(
     ranked: list[LayoutCandidate] = []
     per_layout: list[Advice] = []
     skipped: list[str] = []
-    for pp in layouts:
+    for done, pp in enumerate(layouts, 1):
+        if layouts_done is not None and done > 1:
+            layouts_done(done - 1, len(layouts))
         dp = gpus // pp
         if global_batch % dp or (global_batch // dp) % model.spec.microbatch_size:
             skipped.append(f"pp={pp} x dp={dp}: global batch {global_batch} does not split into {dp} replicas "

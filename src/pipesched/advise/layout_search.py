@@ -12,38 +12,43 @@ searched or named with the reason it was left out:
    dp_shard`` run the same pipeline on the same microbatches: their schedules are searched once
    (:func:`~.search.advise`, steered to the memory of the member with the least state), and
    each member then prices its own collectives and per-rank memory (:mod:`.layout_rows`);
-4. **pruned by a bound**: groups are searched in the order of a lower bound on their step (a
-   rank's compute and TP collectives with no bubble and the whole replica batch as one
-   microbatch, which pays TP's latencies once); once a searched layout is faster than a group's
-   bound, that group cannot win and is named, not searched.
+4. **pruned by a proven bound**: groups are searched in the order of a lower bound on every
+   candidate's step (:mod:`.layout_bound`: a rank's unavoidable fill and its work); once a searched
+   layout is faster than a group's bound, no candidate of that group can beat it, and its
+   members are named with the bound: they cannot beat the pick, whatever their search would find.
 
 A searched group's schedules are searched in full: every family, chunk count and recomputation
 choice at the microbatch count the model's microbatch size gives (:func:`microbatch_options`),
-with no time budget that narrows it. Each candidate is priced for every member while its
-simulation is at hand (:mod:`.layout_rows`), and each member keeps the best fitting candidate of
-every family, naming the families with none: a member is left out only when no candidate fits it.
+however long that takes (``layouts_done`` hears of each group's verdict). Each candidate is priced for
+every member while its simulation is at hand (:mod:`.layout_rows`), and each member keeps the
+best fitting candidate of every family, naming the families with none: a member is left out
+only when no candidate fits it. A layout's verdict never depends on how far a search went.
+
+With experts (``--experts``) and ``ep`` left open, every EP size that divides the routed experts
+and the layout's data-parallel ranks (torchtitan's convention: EP borrows ranks of ``dp_shard x
+dp``) is a layout of its own; groups then also share ``ep`` and its link (:meth:`~.fabric.Fabric.expert_link`:
+the all-to-alls are on the compute lane the group's simulation prices).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Callable, Optional
 
 from ..errors import ConfigError, PipeschedError
 from ..parallel_layout import ParallelLayout
 from ..ranking import BASELINE
 from ..registry import families as registered_families, get_family
 from ..sharded_bytes import MIXED, Precision
-from ..planning import MAX_PLANNING_SECONDS
-from ..units import format_seconds
-from .candidates import batch_plan, divisors, microbatch_options
+from .candidates import BatchPlan, batch_plan, chunk_options, divisors, microbatch_options
 from .estimate import GB, TransformerCosts
 from .fabric import Fabric
 from .layout import LayoutAdvice, LayoutCandidate
+from .layout_bound import group_bound
 from .layout_costs import LayoutCosts
 from .layout_rows import how_searched, member_rows, pricer
-from .search import DEFAULT_MAX_CHUNKS, NoCandidateFitsError, advise, search_seconds
+from .search import DEFAULT_MAX_CHUNKS, NoCandidateFitsError, advise
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class LayoutProblem:
     precision: Precision = MIXED
     sequence_parallel: bool = True
     replica_latency: float = 0.05  # ms per all-reduce bucket between replicas
-    ep: int = 1  # expert parallelism, given (advise/layout_costs.py prices it)
+    ep: Optional[int] = 1  # expert parallelism, given (advise/layout_costs.py prices it); None: every size tried
 
 
 def layouts_of(problem: LayoutProblem, model: TransformerCosts) -> tuple[list[ParallelLayout], list[str]]:
@@ -106,7 +111,7 @@ def _refusal(layout: ParallelLayout, model: TransformerCosts, problem: LayoutPro
     if layout.pp > spec.layers:
         return f"{layout.pp} pipeline ranks for {spec.layers} layers"
     replica = problem.global_batch // layout.dp if problem.global_batch % layout.dp == 0 else None
-    if layout.dp % problem.ep:
+    if problem.ep is not None and layout.dp % problem.ep:
         return f"--ep {problem.ep} does not divide its {layout.dp} data-parallel ranks"
     if replica is None or replica % spec.microbatch_size:
         return (f"the global batch {problem.global_batch} does not split into {layout.dp} replicas of whole "
@@ -114,16 +119,12 @@ def _refusal(layout: ParallelLayout, model: TransformerCosts, problem: LayoutPro
     return None
 
 
-def _name(layout: ParallelLayout) -> str:
-    return f"pp {layout.pp} x dp {layout.dp_replicate} x dp_shard {layout.dp_shard} x tp {layout.tp}"
+def _name(layout: ParallelLayout, ep: int = 1) -> str:
+    return (f"pp {layout.pp} x dp {layout.dp_replicate} x dp_shard {layout.dp_shard} x tp {layout.tp}"
+            + (f" x ep {ep}" if ep > 1 else ""))
 
 
 DIMENSIONS = ("pp", "dp_replicate", "dp_shard", "tp")
-
-
-def _flags(layout: ParallelLayout) -> str:
-    """The flags that fix every dimension of ``layout``."""
-    return " ".join(f"{flag_of(d)} {getattr(layout, d)}" for d in DIMENSIONS)
 
 
 def flag_of(dimension: str) -> str:
@@ -131,9 +132,17 @@ def flag_of(dimension: str) -> str:
     return {"pp": "--ranks", "dp_replicate": "--dp", "dp_shard": "--dp-shard", "tp": "--tp"}[dimension]
 
 
-def costs_for(problem: LayoutProblem, model: TransformerCosts, layout: ParallelLayout) -> LayoutCosts:
-    return LayoutCosts.for_layout(model, layout, problem.fabric, problem.precision, problem.sequence_parallel,
-                                  ep=problem.ep)
+def costs_for(problem: LayoutProblem, model: TransformerCosts, layout: ParallelLayout, ep: int = 1) -> LayoutCosts:
+    return LayoutCosts.for_layout(model, layout, problem.fabric, problem.precision, problem.sequence_parallel, ep=ep)
+
+
+def ep_options(problem: LayoutProblem, model: TransformerCosts, layout: ParallelLayout) -> list[int]:
+    """The EP sizes a layout is searched at: the one given, else 1 for a dense model, else every
+    size dividing the routed experts and the layout's data-parallel ranks (the module doc)."""
+    experts = model.spec.experts
+    if problem.ep is not None:
+        return [problem.ep]
+    return [1] if experts is None else [e for e in divisors(layout.dp) if experts.routed % e == 0]
 
 
 def state_bytes(costs: LayoutCosts) -> float:
@@ -141,71 +150,84 @@ def state_bytes(costs: LayoutCosts) -> float:
     return max(costs.state_bytes(costs.ranks, "loop"))
 
 
-def lower_bound(costs: LayoutCosts, replica_batch: int) -> float:
-    """No schedule of this pipeline is faster (see the module doc, step 4), ms."""
-    whole = replica_batch / costs.spec.microbatch_size  # the replica's batch as one microbatch
-    c = costs.costs(costs.ranks, "loop", whole)
-    return c.F + c.B + c.W
+Member = tuple[ParallelLayout, LayoutCosts]
+Progress = Callable[[int, int], None]  # (layouts given a verdict, layouts in all)
 
 
 def advise_whole_layouts(gpus: int, model: TransformerCosts, global_batch: int, fabric: Fabric,
                          fixed: Optional[dict] = None, precision: Precision = MIXED,
-                         sequence_parallel: bool = True, replica_latency: float = 0.05, ep: int = 1,
-                         **advise_options) -> LayoutAdvice:
+                         sequence_parallel: bool = True, replica_latency: float = 0.05, ep: Optional[int] = None,
+                         layouts_done: Optional[Progress] = None, **advise_options) -> LayoutAdvice:
     """Rank whole layouts with their schedules by predicted step time; see the module doc.
-    ``fixed``: sizes of the dimensions the caller chose (``{"tp": 8}``). The microbatches are the
-    model's microbatch size unless ``max_microbatches`` opens the count (:func:`microbatch_options`)."""
+    ``fixed``: sizes of the dimensions the caller chose (``{"tp": 8}``); ``ep``: expert
+    parallelism, given, or None to try every size that divides. The microbatches are the
+    model's microbatch size unless ``max_microbatches`` opens the count (:func:`microbatch_options`).
+    ``layouts_done(done, total)`` hears of each group's verdict (a progress line)."""
     problem = LayoutProblem(gpus, global_batch, fabric, tuple(sorted((fixed or {}).items())), precision,
                             sequence_parallel, replica_latency, ep)
     layouts, omitted = layouts_of(problem, model)
     budget = model.budget_bytes()
-    groups: dict[tuple[int, int, int], list[tuple[ParallelLayout, LayoutCosts]]] = {}
+    groups: dict[tuple, list[Member]] = {}
     for layout in layouts:
-        costs = costs_for(problem, model, layout)
-        need = state_bytes(costs)
-        if budget is not None and need > budget:
-            omitted.append(f"{_name(layout)}: weights, gradients and optimizer state alone need {need / GB:.4g} GB "
-                           f"of the {budget / GB:.4g} GB")
-            continue
-        groups.setdefault((layout.pp, layout.tp, layout.dp), []).append((layout, costs))
-    bounds = {key: lower_bound(members[0][1], global_batch // key[2]) for key, members in groups.items()}
+        for size in ep_options(problem, model, layout):
+            costs = costs_for(problem, model, layout, size)
+            need = state_bytes(costs)
+            if budget is not None and need > budget:
+                omitted.append(f"{_name(layout, size)}: weights, gradients and optimizer state alone need "
+                               f"{need / GB:.4g} GB of the {budget / GB:.4g} GB")
+                continue
+            groups.setdefault((layout.pp, layout.tp, layout.dp, size, costs.ep_link), []).append((layout, costs))
+    mbs = model.spec.microbatch_size
+    plans = {key: _plan(problem, key, mbs, advise_options) for key in groups}
+    bounds = {key: _bound(members[0][1], *plans[key]) for key, members in groups.items()}
     ranked: list[LayoutCandidate] = []
     searched: list[str] = []
-    priced = 0
+    priced, done, total = 0, 0, sum(map(len, groups.values()))
     for key in sorted(groups, key=lambda k: bounds[k]):
         best = min((c.step_time for c in ranked), default=None)
         if best is not None and bounds[key] >= best:
-            omitted.extend(f"{_name(lay)}: at least {bounds[key]:.4g} ms per step from its compute alone, "
-                           f"slower than {best:.4g} ms" for lay, _ in groups[key])
-            continue
-        members = sorted(groups[key], key=lambda m: state_bytes(m[1]))
-        rows, lines, left_out, count = _search_group(problem, key, members, model.spec.microbatch_size, advise_options)
-        priced += count
-        ranked.extend(rows)
-        searched.extend(lines)
-        omitted.extend(left_out)
+            omitted.extend(f"{_name(lay, key[3])}: cannot beat the pick: every candidate takes at least "
+                           f"{bounds[key]:.4g} ms per step (a rank's fill and work), and a searched layout "
+                           f"takes {best:.4g} ms" for lay, _ in groups[key])
+        else:
+            members = sorted(groups[key], key=lambda m: state_bytes(m[1]))
+            rows, lines, left_out, count = _search_group(problem, key, members, *plans[key])
+            priced += count
+            ranked.extend(rows)
+            searched.extend(lines)
+            omitted.extend(left_out)
+        done += len(groups[key])
+        if layouts_done is not None:
+            layouts_done(done, total)
     if not ranked:
         raise ConfigError(f"no layout of {gpus} GPUs fits: " + "; ".join(omitted[:3]))
-    ranked.sort(key=lambda c: (c.step_time, c.candidate.peak_memory_reference, c.dp * c.dp_shard, c.tp))
+    ranked.sort(key=lambda c: (c.step_time, c.candidate.peak_memory_reference, c.dp * c.dp_shard, c.tp, c.ep))
     return LayoutAdvice(gpus, global_batch, tuple(ranked), (), tuple(omitted), tuple(searched), priced)
 
 
-def _search_group(problem: LayoutProblem, key: tuple[int, int, int], members: list[tuple[ParallelLayout, LayoutCosts]],
-                  microbatch_size: int, advise_options: dict) -> tuple[list[LayoutCandidate], list[str], list[str], int]:
+def _plan(problem: LayoutProblem, key: tuple, microbatch_size: int, advise_options: dict) -> tuple[dict, BatchPlan]:
+    """A group's search options (:func:`~.search.advise`'s) and the microbatch counts they give."""
+    pp, dp = key[0], key[2]
+    options = microbatch_options(problem.global_batch // dp, microbatch_size, advise_options)
+    if pp == 1:  # one rank: every schedule is gradient accumulation
+        options["families"] = [get_family(BASELINE)]
+    plan = batch_plan(pp, options.get("microbatches"), options["global_batch"], options.get("microbatch_size"),
+                      options.get("min_microbatch_size", 1), options.get("max_microbatches"))
+    return options, plan
+
+
+def _bound(costs: LayoutCosts, options: dict, plan: BatchPlan) -> float:
+    """The group's proven bound (:mod:`.layout_bound`) over what its search tries."""
+    families = options.get("families") or registered_families()
+    top = max(max(c for f in families for c in chunk_options(f, options.get("max_chunks", DEFAULT_MAX_CHUNKS))), 2)
+    return group_bound(costs, plan.options, plan.reference, top)
+
+
+def _search_group(problem: LayoutProblem, key: tuple, members: list[Member], options: dict,
+                  plan: BatchPlan) -> tuple[list[LayoutCandidate], list[str], list[str], int]:
     """One group's schedules searched in full and priced for each member: its rows, how each
     member was searched, the members left out with why, and the candidates simulated."""
-    options = microbatch_options(problem.global_batch // key[2], microbatch_size, advise_options)
-    if key[0] == 1:  # one rank: every schedule is gradient accumulation
-        options["families"] = [get_family(BASELINE)]
-    chosen = [f for f in options.get("families") or registered_families() if f.parameter_copies == 1]
-    families = [f.name for f in chosen]
-    plan = batch_plan(key[0], options.get("microbatches"), options["global_batch"], options.get("microbatch_size"),
-                      options.get("min_microbatch_size", 1), options.get("max_microbatches"))
-    seconds = search_seconds(key[0], plan, chosen, options.get("max_chunks", DEFAULT_MAX_CHUNKS))
-    if seconds > MAX_PLANNING_SECONDS and len(problem.fixed) < len(DIMENSIONS):
-        return [], [], [f"{_name(lay)}: not searched: searching its schedules in full takes about "
-                         f"{format_seconds(seconds)} of CPU (`{_flags(lay)}` searches this layout alone)"
-                         for lay, _ in members], 0
+    families = [f.name for f in options.get("families") or registered_families() if f.parameter_copies == 1]
     try:
         advice = advise(key[0], cost_model=members[0][1], refuse_slow=False,
                         price=pricer(members, problem.fabric, problem.replica_latency), **options)
@@ -213,18 +235,17 @@ def _search_group(problem: LayoutProblem, key: tuple[int, int, int], members: li
     except NoCandidateFitsError as err:  # held to the leanest member's state: the members' own peaks decide
         candidates, skipped = err.candidates, err.skipped
     except PipeschedError as err:
-        return [], [], [f"{_name(lay)}: {err}" for lay, _ in members], 0
-    counts = sorted({c.microbatches for c in candidates})
-    how = f"{', '.join(map(str, counts))} microbatches"
+        return [], [], [f"{_name(lay, key[3])}: {err}" for lay, _ in members], 0
+    how = f"{', '.join(map(str, plan.options))} microbatches"
     rows, lines, left_out = [], [], []
     for index, (layout, _) in enumerate(members):
         mine, why = member_rows(index, candidates, families, skipped)
         if mine:
             line = how_searched(how, why)
-            lines.append(f"{_name(layout)}: {line}")
+            lines.append(f"{_name(layout, key[3])}: {line}")
             rows.extend(replace(r, searched=line) for r in mine)
         else:
-            left_out.append(f"{_name(layout)}: no candidate fits its memory ({'; '.join(why)})")
+            left_out.append(f"{_name(layout, key[3])}: no candidate fits its memory ({'; '.join(why)})")
     return rows, lines, left_out, len(candidates)
 
 
@@ -240,7 +261,7 @@ def evaluate_setting(gpus: int, model: TransformerCosts, global_batch: int, fabr
         raise ConfigError(f"the global batch {global_batch} does not split into {layout.dp} replicas of "
                           f"{microbatches} microbatches")
     sized = replace(model, spec=replace(model.spec, microbatch_size=replica // microbatches))  # the costs' reference
-    costs = costs_for(problem, sized, layout)
+    costs = costs_for(problem, sized, layout, ep)
     try:
         built = advise(layout.pp, cost_model=costs, global_batch=replica, microbatches=microbatches,
                        families=[get_family(schedule)], max_chunks=chunks, refuse_slow=False,

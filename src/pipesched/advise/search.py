@@ -168,11 +168,6 @@ def check_search_size(ranks: int, plan: BatchPlan, family_list: Sequence[Family]
 FULL_SEARCH = "in full"
 
 
-def search_seconds(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> float:
-    """The search's predicted CPU seconds, an upper estimate (:mod:`..planning`)."""
-    return sum(planning_seconds(s.family, ranks, s.microbatches, s.chunks) for s in settings(family_list, plan, max_chunks))
-
-
 def search_actions(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> int:
     """Actions the search builds and simulates (what its progress line counts)."""
     return sum(actions_built(s.family, ranks, s.microbatches, s.chunks) for s in settings(family_list, plan, max_chunks))

@@ -44,7 +44,7 @@ from .advise_model import (
     transformer_costs,
 )
 from .advise_print import print_advice
-from .progress import planning_progress
+from .progress import LayoutProgress, planning_progress
 
 Limits = tuple[Optional[float], Optional[float]]  # --memory-limit in M_B, or a limit in bytes (one of the two)
 
@@ -79,7 +79,8 @@ def advise_cmd(ctx: typer.Context, ranks: int = opt.Ranks, *, search: SearchFlag
     elif layout.gpus is not None or layout.report is not None:
         layout_options.run(
             layout.gpus, search.global_batch, transformer_costs(model, layout.gpus or ranks, search, *limits),
-            layout.dp_bandwidth, layout.latency, layout.report, scope.as_json, scope.top, **searched(search, scope),
+            layout.dp_bandwidth, layout.latency, layout.report, scope.as_json, scope.top, layouts_done=LayoutProgress(),
+            **searched(search, scope),
         )
     else:
         _advise_pipeline(ranks, search, model, scope, limits)
@@ -93,7 +94,8 @@ def _advise_whole_layout(pp: Optional[int], search: SearchFlags, model: ModelFla
     layout_options.run_whole(
         layout.gpus, search.global_batch, transformer_costs(model, layout.gpus, search, *limits),
         layout.gpus_per_node, layout.node_bandwidth, fixed, layout.latency, layout.report, scope.as_json, scope.top,
-        ep=layout.ep, progress=lambda work: planning_progress("advise", work), **searched(search, scope),
+        ep=layout.ep, progress=lambda work: planning_progress("advise", work), layouts_done=LayoutProgress(),
+        **searched(search, scope),
     )
 
 

@@ -77,7 +77,8 @@ LAYOUT_OPTIONS: tuple[tuple[str, object, object], ...] = (
     ("dp_shard", Optional[int], typer.Option(None, "--dp-shard", help="With --gpus: fix FSDP shards inside a stage.")),
     ("dp", Optional[int], typer.Option(None, "--dp", help="With --gpus and --gpus-per-node: fix whole replicas of the pipeline.")),
     ("ep", Optional[int], typer.Option(
-        None, "--ep", help="With --gpus-per-node and --experts: routed experts split over this many data-parallel ranks.")),
+        None, "--ep", help="With --gpus-per-node and --experts: routed experts split over this many data-parallel ranks "
+        "(default: every size dividing the experts and the data-parallel ranks is searched).")),
 )
 
 
@@ -125,7 +126,7 @@ def run_whole(gpus: int, global_batch: Optional[int], model: TransformerCosts, g
               node_bandwidth: Optional[float], fixed: dict, dp_latency: float, report: Optional[Path], as_json: bool,
               top: int, ep: Optional[int] = None, **options) -> None:
     """``advise --gpus G --gpus-per-node N``: search whole layouts, print the table (or JSON) and why
-    (``ep``: expert parallelism, given)."""
+    (``ep``: expert parallelism, given; None: searched)."""
     if gpus_per_node is None:
         given = [flag_of(k) for k in fixed] + (["--ep"] if ep is not None else [])
         raise ConfigError(f"{', '.join(given)} with --gpus needs --gpus-per-node "
@@ -141,7 +142,7 @@ def run_whole(gpus: int, global_batch: Optional[int], model: TransformerCosts, g
     if report is not None:
         check_output_path(report, [".html", ".htm"])
     advice = advise_whole_layouts(gpus, model, global_batch, fabric, fixed=fixed, replica_latency=dp_latency,
-                                  ep=1 if ep is None else ep, **options)
+                                  ep=ep, **options)
     if report is not None:
         chart = whole_layout_timeline(advice.recommended, model, fabric, dp_latency)
         write_atomic(report, layout_report(advice, top, chart))
