@@ -6,7 +6,7 @@ One 4-rank launch (tests/expert_checkpoint_cases.py), the tiny Mixtral of tests/
 layers, 4 experts, 2 per token) in float64 throughout with AdamW, batches of 8: saved after step 1
 at pp 2 x dp 2 x ep 2, then resumed for step 2 at the same layout, at pp 2 x dp 2 (ep 1), and at
 pp 2 x dp_shard 2 x ep 2 (FSDP's DTensors beside the experts' pieces) from the ep 1 run's
-checkpoint: ep 2 -> ep 1 -> ep 2; and from the ep 1 run's at pp 1 x dp_shard 4 x ep 2 (each
+checkpoint: ep 2 -> ep 1 -> ep 2; and from the first checkpoint at pp 1 x dp_shard 4 x ep 2 (each
 rank's experts FSDP-sharded over the 2 ranks holding them: its row of them, saved at that row's
 global index), whose checkpoint pp 1 x dp_shard 2 x tp 2 x ep 2 resumes (experts whole on each tp
 rank, the rest tensor-parallel).
@@ -46,8 +46,8 @@ RESUMED = {  # label -> (pp, sizes, the checkpoint it loads)
     "ep 2 again": (2, {"dp": 2, "ep": 2}, "uninterrupted"),
     "ep 1": (2, {"dp": 2}, "uninterrupted"),
     "dp_shard 2 ep 2 from ep 1": (2, {"dp_shard": 2, "ep": 2}, "ep 1"),
-    "dp_shard 4 ep 2 from ep 1": (1, {"dp_shard": 4, "ep": 2, "m": 2}, "ep 1"),  # each rank 1 row of its 2 experts
-    "dp_shard 2 tp 2 ep 2 from dp_shard 4 ep 2": (1, {"dp_shard": 2, "tp": 2, "ep": 2, "m": 2}, "dp_shard 4 ep 2 from ep 1"),
+    "dp_shard 4 ep 2": (1, {"dp_shard": 4, "ep": 2, "m": 2}, "uninterrupted"),  # each rank 1 row of its 2 experts
+    "dp_shard 2 tp 2 ep 2 from dp_shard 4 ep 2": (1, {"dp_shard": 2, "tp": 2, "ep": 2, "m": 2}, "dp_shard 4 ep 2"),
 }
 
 
@@ -67,7 +67,7 @@ def test_each_rank_saves_its_experts_at_their_global_indices(resumed):
     for name in ("model.model.layers.0.mlp.experts.gate_up_proj", "optim.state.model.layers.0.mlp.experts.down_proj.exp_avg"):
         assert saved[name].size[0] == 4, name  # the whole layer's 4 experts, as one process names them
         assert sorted(chunk.offsets[0] for chunk in saved[name].chunks) == [0, 2], name  # ep rank 1's at expert 2
-    sharded = dcp.FileSystemReader(resumed["checkpoints"]["dp_shard 4 ep 2 from ep 1"]).read_metadata()
+    sharded = dcp.FileSystemReader(resumed["checkpoints"]["dp_shard 4 ep 2"]).read_metadata()
     entry = sharded.state_dict_metadata["model.model.layers.0.mlp.experts.gate_up_proj"]
     assert entry.size[0] == 4 and sorted(chunk.offsets[0] for chunk in entry.chunks) == [0, 1, 2, 3]  # a row each
 

@@ -11,6 +11,10 @@ rank's DTensor for its rows, so DCP reshards for free between any EP degrees, ot
 data-parallel layouts included. (The alternative, one entry per expert, would name entries that
 no ``ep 1`` run or one process writes, and need restacking on every load.) Ranks holding the
 same experts in other EP groups write the same chunk; DCP keeps one (its save plan deduplicates).
+Where FSDP shards each rank's experts (a DTensor over the ranks holding the same ones), the
+rank's block is its shard's rows: the whole tensor is then ``[Shard(0), Shard(0)]`` over a 2-D
+mesh (EP, then those shards, :func:`pipesched.runtime.comm.expert_mesh.pieces_mesh`), and a load
+gives back FSDP's DTensor (``held``), its storage the one DCP filled.
 
 Which entries are pieces, and where each rank's rows sit, comes from one function of the
 runtime's (:data:`Slicer`, :func:`pipesched.runtime.sharding.expert_parallel.expert_slice`); this
