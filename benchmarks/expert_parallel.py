@@ -30,7 +30,8 @@ after step 1 at pp 2 x dp 2 x ep 2 and resumed for step 2 at the layouts of :dat
 (each loading the checkpoint it names: ep 2 -> ep 1 -> pp 4 -> back to ep 2 under FSDP, ep 4,
 and the experts FSDP-sharded at dp_shard 4 x ep 2, whose checkpoint ep 1, dp_shard 2 x ep 2
 and dp_shard 2 x tp 2 x ep 2 resume); then Mixtral in one 8-rank launch saved under the
-experts' HSDP (dp 2 x dp_shard 4 x ep 2, :data:`RESUMED_8`). Prints, per resumed run, whether
+experts' HSDP (dp 2 x dp_shard 4 x ep 2, :data:`RESUMED_8`), and in one 6-rank launch at
+dp_shard 6 x ep 2, whose 3 shards of an EP rank's 2 experts are uneven (:data:`RESUMED_6`). Prints, per resumed run, whether
 the checkpoint it saved again at once holds every entry of the one it loaded bit for bit
 (weights, AdamW's moments: the state moved exactly), and the relative error of its step-2 loss
 and weights against the uninterrupted run (at the same layout: against the run it resumes,
@@ -86,9 +87,15 @@ RESUMED_8 = {  # on 8 ranks, Mixtral only, saved at pp 1 x dp 2 x dp_shard 4 x e
     "pp 2 dp 4 (ep 1)": (2, {"dp": 4, "m": 2}, "pp 2 dp_shard 4 ep 2"),
     "pp 1 dp 2 dp_shard 4 ep 2 (from ep 1)": (1, {"dp": 2, "dp_shard": 4, "ep": 2, "m": 1}, "pp 2 dp 4 (ep 1)"),
 }
-MATRICES = [  # (ranks, models, where the uninterrupted run saves, resumed runs)
-    (4, ("mixtral", "qwen3-moe", "deepseek-v3"), (2, {"dp": 2, "ep": 2}), RESUMED),
-    (8, ("mixtral",), (1, {"dp": 2, "dp_shard": 4, "ep": 2, "m": 1}), RESUMED_8),
+RESUMED_6 = {  # on 6 ranks (batches of 12), saved at dp_shard 6 x ep 2: 3 shards of 2 experts, one holds none
+    "pp 1 dp_shard 6 ep 2 (same)": (1, {"dp_shard": 6, "ep": 2, "m": 1}, "uninterrupted"),
+    "pp 2 dp 3 (ep 1)": (2, {"dp": 3, "m": 2}, "uninterrupted"),
+    "pp 1 dp_shard 6 ep 2 (from ep 1)": (1, {"dp_shard": 6, "ep": 2, "m": 1}, "pp 2 dp 3 (ep 1)"),
+}
+MATRICES = [  # (ranks, batch rows, models, where the uninterrupted run saves, resumed runs)
+    (4, 8, ("mixtral", "qwen3-moe", "deepseek-v3"), (2, {"dp": 2, "ep": 2}), RESUMED),
+    (8, 8, ("mixtral",), (1, {"dp": 2, "dp_shard": 4, "ep": 2, "m": 1}), RESUMED_8),
+    (6, 12, ("mixtral",), (1, {"dp_shard": 6, "ep": 2, "m": 1}), RESUMED_6),
 ]
 
 
@@ -100,8 +107,9 @@ def checkpoints() -> int:
 
     from pipesched.runtime.launching.launch import spawn
 
-    batches, failed = [make_batch(step, 8, 16) for step in range(2)], False
-    for ranks, kinds, saved_at, resumed in MATRICES:
+    failed = False
+    for ranks, rows, kinds, saved_at, resumed in MATRICES:
+        batches = [make_batch(step, rows, 16) for step in range(2)]
         for kind in kinds:
             with tempfile.TemporaryDirectory() as folder:
                 job = {"kind": kind, "schedule": "1f1b", "microbatches": 4, "folder": folder, "batches": batches,
