@@ -26,18 +26,18 @@ layouts (the latter at pipeline 1 on four ranks).
 
 With ``--checkpoints``, checkpoints across EP degrees instead (``tests/expert_checkpoint_cases``):
 Mixtral, Qwen3-MoE and DeepSeek-V3, each in one 4-rank launch, float64 throughout, AdamW, saved
-after step 1 at pp 2 x dp 2 x ep 2 and resumed for step 2 at the layouts of :data:`RESUMED`
-(each loading the checkpoint it names: ep 2 -> ep 1 -> pp 4 -> back to ep 2 under FSDP, ep 4,
-and the experts FSDP-sharded at dp_shard 4 x ep 2, whose checkpoint ep 1, dp_shard 2 x ep 2
-and dp_shard 2 x tp 2 x ep 2 resume); then Mixtral in one 8-rank launch saved under the
-experts' HSDP (dp 2 x dp_shard 4 x ep 2, :data:`RESUMED_8`), and in one 6-rank launch at
-dp_shard 6 x ep 2, whose 3 shards of an EP rank's 2 experts are uneven (:data:`RESUMED_6`). Prints, per resumed run, whether
-the checkpoint it saved again at once holds every entry of the one it loaded bit for bit
-(weights, AdamW's moments: the state moved exactly), and the relative error of its step-2 loss
-and weights against the uninterrupted run (at the same layout: against the run it resumes,
-bound 0; 1e-10 elsewhere: float64, sums in other orders, tests/test_expert_checkpoints.py);
-exits 1 on a difference or an error over the bound. tests/test_expert_checkpoints.py runs
-Mixtral's first three layouts and two sharded ones.
+after step 1 at pp 2 x dp 2 x ep 2 and resumed for step 2 at the layouts of :data:`RESUMED` (each
+loading the checkpoint it names: ep 2 -> ep 1 -> pp 4 -> back to ep 2 under FSDP, ep 4, and the
+experts FSDP-sharded at dp_shard 4 x ep 2, whose checkpoint ep 1, dp_shard 2 x ep 2 and dp_shard 2 x
+tp 2 x ep 2 resume); then Mixtral in one 8-rank launch saved under the experts' HSDP (dp 2 x
+dp_shard 4 x ep 2, :data:`RESUMED_8`), and in one 6-rank launch at dp_shard 6 x ep 2, whose 3 shards
+of an EP rank's 2 experts are uneven (:data:`RESUMED_6`). Prints, per resumed run, whether the
+checkpoint it saved again at once holds every entry of the one it loaded bit for bit (weights,
+AdamW's moments: the state moved exactly), and the relative error of its step-2 loss and weights
+against the uninterrupted run (at the same layout: against the run it resumes, bound 0; 1e-10
+elsewhere: float64, sums in other orders, tests/test_expert_checkpoints.py); exits 1 on a difference
+or an error over the bound. tests/test_expert_checkpoints.py runs Mixtral's first three layouts and
+two sharded ones.
 
     PYTHONPATH=src:tests python benchmarks/expert_parallel.py [--all | --checkpoints]
 """

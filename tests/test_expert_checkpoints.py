@@ -56,7 +56,7 @@ def resumed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ep-checkpoints")
     job = {"kind": "mixtral", "schedule": "1f1b", "microbatches": 4, "folder": str(folder),
            "batches": [make_batch(step, 8, 16) for step in range(2)], "saved_at": SAVED_AT, "resumed": RESUMED}
-    return spawn(expert_checkpoints, 4, job, timeout_s=400)[0] | {"folder": folder}
+    return spawn(expert_checkpoints, 4, job, timeout_s=540)[0] | {"folder": folder}
 
 
 @pytest.mark.timeout(600)
