@@ -26,14 +26,18 @@ layouts (the latter at pipeline 1 on four ranks).
 
 With ``--checkpoints``, checkpoints across EP degrees instead (``tests/expert_checkpoint_cases``):
 Mixtral, Qwen3-MoE and DeepSeek-V3, each in one 4-rank launch, float64 throughout, AdamW, saved
-after step 1 at pp 2 x dp 2 x ep 2 and resumed for step 2 at the layouts of :data:`RESUMED`
-(each loading the checkpoint it names: ep 2 -> ep 1 -> pp 4 -> back to ep 2 under FSDP, and ep 4).
-Prints, per resumed run, whether the checkpoint it saved again at once holds every entry of the
-one it loaded bit for bit (weights, AdamW's moments: the state moved exactly), and the relative
-error of its step-2 loss and weights against the uninterrupted run (0 at the same layout; bound
-1e-10 elsewhere: float64, sums in other orders, tests/test_expert_checkpoints.py); exits 1 on a
-difference or an error over the bound. tests/test_expert_checkpoints.py runs Mixtral's first
-three layouts.
+after step 1 at pp 2 x dp 2 x ep 2 and resumed for step 2 at the layouts of :data:`RESUMED` (each
+loading the checkpoint it names: ep 2 -> ep 1 -> pp 4 -> back to ep 2 under FSDP, ep 4, and the
+experts FSDP-sharded at dp_shard 4 x ep 2, whose checkpoint ep 1, dp_shard 2 x ep 2 and dp_shard 2 x
+tp 2 x ep 2 resume); then Mixtral in one 8-rank launch saved under the experts' HSDP (dp 2 x
+dp_shard 4 x ep 2, :data:`RESUMED_8`), and in one 6-rank launch at dp_shard 6 x ep 2, whose 3 shards
+of an EP rank's 2 experts are uneven (:data:`RESUMED_6`). Prints, per resumed run, whether the
+checkpoint it saved again at once holds every entry of the one it loaded bit for bit (weights,
+AdamW's moments: the state moved exactly), and the relative error of its step-2 loss and weights
+against the uninterrupted run (at the same layout: against the run it resumes, bound 0; 1e-10
+elsewhere: float64, sums in other orders, tests/test_expert_checkpoints.py); exits 1 on a difference
+or an error over the bound. tests/test_expert_checkpoints.py runs Mixtral's first three layouts and
+two sharded ones.
 
     PYTHONPATH=src:tests python benchmarks/expert_parallel.py [--all | --checkpoints]
 """
@@ -69,29 +73,58 @@ RESUMED = {  # label -> (pp, sizes, the checkpoint it loads); saved at pp 2 x dp
     "pp 4 (from ep 1)": (4, {}, "pp 2 dp 2 (ep 1)"),
     "pp 2 dp_shard 2 ep 2 (from pp 4)": (2, {"dp_shard": 2, "ep": 2}, "pp 4 (from ep 1)"),
     "pp 1 dp 2 dp_shard 2 ep 2": (1, {"dp": 2, "dp_shard": 2, "ep": 2, "m": 2}, "pp 2 dp_shard 2 ep 2 (from pp 4)"),
+    # experts FSDP-sharded (dp_shard / ep = 2 ranks hold each rank's experts, a row each)
+    "pp 1 dp_shard 4 ep 2 (from ep 2)": (1, {"dp_shard": 4, "ep": 2, "m": 2}, "uninterrupted"),
+    "pp 1 dp_shard 4 ep 2 again (same)": (1, {"dp_shard": 4, "ep": 2, "m": 2}, "pp 1 dp_shard 4 ep 2 (from ep 2)"),
+    "pp 2 dp 2 (ep 1, from dp_shard 4)": (2, {"dp": 2}, "pp 1 dp_shard 4 ep 2 (from ep 2)"),
+    "pp 2 dp_shard 2 ep 2 (from dp_shard 4)": (2, {"dp_shard": 2, "ep": 2}, "pp 1 dp_shard 4 ep 2 (from ep 2)"),
+    "pp 1 dp_shard 2 tp 2 ep 2 (from dp_shard 4)": (1, {"dp_shard": 2, "tp": 2, "ep": 2, "m": 2},
+                                                    "pp 1 dp_shard 4 ep 2 (from ep 2)"),
 }
+RESUMED_8 = {  # on 8 ranks, Mixtral only, saved at pp 1 x dp 2 x dp_shard 4 x ep 2: the experts' HSDP
+    "pp 1 dp 2 dp_shard 4 ep 2 (same)": (1, {"dp": 2, "dp_shard": 4, "ep": 2, "m": 1}, "uninterrupted"),
+    "pp 2 dp_shard 4 ep 2": (2, {"dp_shard": 4, "ep": 2, "m": 2}, "uninterrupted"),
+    "pp 2 dp 4 (ep 1)": (2, {"dp": 4, "m": 2}, "pp 2 dp_shard 4 ep 2"),
+    "pp 1 dp 2 dp_shard 4 ep 2 (from ep 1)": (1, {"dp": 2, "dp_shard": 4, "ep": 2, "m": 1}, "pp 2 dp 4 (ep 1)"),
+}
+RESUMED_6 = {  # on 6 ranks (batches of 12), saved at dp_shard 6 x ep 2: 3 shards of 2 experts, one holds none
+    "pp 1 dp_shard 6 ep 2 (same)": (1, {"dp_shard": 6, "ep": 2, "m": 1}, "uninterrupted"),
+    "pp 2 dp 3 (ep 1)": (2, {"dp": 3, "m": 2}, "uninterrupted"),
+    "pp 1 dp_shard 6 ep 2 (from ep 1)": (1, {"dp_shard": 6, "ep": 2, "m": 1}, "pp 2 dp 3 (ep 1)"),
+}
+MATRICES = [  # (ranks, batch rows, models, where the uninterrupted run saves, resumed runs)
+    (4, 8, ("mixtral", "qwen3-moe", "deepseek-v3"), (2, {"dp": 2, "ep": 2}), RESUMED),
+    (8, 8, ("mixtral",), (1, {"dp": 2, "dp_shard": 4, "ep": 2, "m": 1}), RESUMED_8),
+    (6, 12, ("mixtral",), (1, {"dp_shard": 6, "ep": 2, "m": 1}), RESUMED_6),
+]
 
 
 def checkpoints() -> int:
-    """The ``--checkpoints`` matrix (module doc)."""
+    """The ``--checkpoints`` matrices (module doc)."""
     from expert_checkpoint_cases import differing, entries, expert_checkpoints
     from hf_cases import make_batch
     from runtime_cases import relative_error
 
-    batches, failed = [make_batch(step, 8, 16) for step in range(2)], False
-    for kind in ("mixtral", "qwen3-moe", "deepseek-v3"):
-        with tempfile.TemporaryDirectory() as folder:
-            job = {"kind": kind, "schedule": "1f1b", "microbatches": 4, "folder": folder, "batches": batches,
-                   "saved_at": (2, {"dp": 2, "ep": 2}), "resumed": RESUMED}
-            got = spawn(expert_checkpoints, 4, job, timeout_s=900)[0]
-            saved = {label: entries(path) for label, path in got["checkpoints"].items()}
-        want = got["runs"]["uninterrupted"]
-        for label, (_, _, source) in RESUMED.items():
-            run = got["runs"][label]
-            moved = differing(saved[label], saved[source])
-            error = max(abs(run["loss"] - want["loss"]) / abs(want["loss"]), relative_error(run["params"], want["params"]))
-            failed |= bool(moved) or error > (0 if "(same)" in label else BOUND)
-            print(f"{kind:12} {label:34} state loaded bit for bit: {not moved}  step-2 error {error:.1e}")
+    from pipesched.runtime.launching.launch import spawn
+
+    failed = False
+    for ranks, rows, kinds, saved_at, resumed in MATRICES:
+        batches = [make_batch(step, rows, 16) for step in range(2)]
+        for kind in kinds:
+            with tempfile.TemporaryDirectory() as folder:
+                job = {"kind": kind, "schedule": "1f1b", "microbatches": 4, "folder": folder, "batches": batches,
+                       "saved_at": saved_at, "resumed": resumed}
+                got = spawn(expert_checkpoints, ranks, job, timeout_s=1800)[0]
+                saved = {label: entries(path) for label, path in got["checkpoints"].items()}
+            for label, (_, _, source) in resumed.items():
+                run, same = got["runs"][label], "(same)" in label
+                want = got["runs"][source if same else "uninterrupted"]  # same layout: the run it resumes, bit for bit
+                moved = differing(saved[label], saved[source])
+                error = max(abs(run["loss"] - want["loss"]) / abs(want["loss"]),
+                            relative_error(run["params"], want["params"]))
+                failed |= bool(moved) or error > (0 if same else BOUND)
+                print(f"{ranks} ranks {kind:12} {label:44} state loaded bit for bit: {not moved}  "
+                      f"step-2 error {error:.1e}", flush=True)
     return 1 if failed else 0
 
 

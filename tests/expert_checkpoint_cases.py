@@ -10,13 +10,13 @@ from hf_cases import adamw, in_dtype, make_model
 
 
 def _mesh(meshes: dict, pp: int, sizes: dict):
-    """The mesh of pp x ``sizes`` (``dp``, ``dp_shard``, ``ep``), made once (every rank makes every
+    """The mesh of pp x ``sizes`` (``dp``, ``dp_shard``, ``tp``, ``ep``), made once (every rank makes every
     mesh, in one order)."""
     from pipesched.parallel_layout import runtime_layout
     from pipesched.runtime.comm.mesh import init_pipeline_mesh
     from pipesched.runtime.sharding.sharded_mesh import init_sharded_mesh
 
-    layout = runtime_layout(pp, sizes.get("dp", 1), sizes.get("dp_shard", 1), ep=sizes.get("ep", 1))
+    layout = runtime_layout(pp, sizes.get("dp", 1), sizes.get("dp_shard", 1), sizes.get("tp", 1), sizes.get("ep", 1))
     if layout not in meshes:
         meshes[layout] = (init_sharded_mesh(layout, 60) if layout.sharded
                           else init_pipeline_mesh(layout.pp, layout.dp, 60, ep=layout.ep))
@@ -26,7 +26,7 @@ def _mesh(meshes: dict, pp: int, sizes: dict):
 def expert_checkpoints(rank: int, world: int, job: dict) -> dict:
     """``job``: ``kind`` (an hf_cases model), ``schedule`` name, ``microbatches``, ``batches`` (two),
     ``folder``, ``saved_at`` (pp, sizes) and ``resumed`` (label -> (pp, sizes, checkpoint label it
-    loads)); ``sizes``: ``dp``, ``dp_shard``, ``ep``, and ``m`` where the microbatches differ. In float64 throughout, with AdamW:
+    loads)); ``sizes``: ``dp``, ``dp_shard``, ``tp``, ``ep``, and ``m`` where the microbatches differ. In float64 throughout, with AdamW:
 
     - ``uninterrupted``: at ``saved_at``, step 1, checkpoint ``folder/uninterrupted``, step 2;
     - each resumed run: a model of other initial weights at its layout loads the named run's

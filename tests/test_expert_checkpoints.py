@@ -6,7 +6,10 @@ One 4-rank launch (tests/expert_checkpoint_cases.py), the tiny Mixtral of tests/
 layers, 4 experts, 2 per token) in float64 throughout with AdamW, batches of 8: saved after step 1
 at pp 2 x dp 2 x ep 2, then resumed for step 2 at the same layout, at pp 2 x dp 2 (ep 1), and at
 pp 2 x dp_shard 2 x ep 2 (FSDP's DTensors beside the experts' pieces) from the ep 1 run's
-checkpoint: ep 2 -> ep 1 -> ep 2.
+checkpoint: ep 2 -> ep 1 -> ep 2; and from the first checkpoint at pp 1 x dp_shard 4 x ep 2 (each
+rank's experts FSDP-sharded over the 2 ranks holding them: its row of them, saved at that row's
+global index), whose checkpoint pp 1 x dp_shard 2 x tp 2 x ep 2 resumes (experts whole on each tp
+rank, the rest tensor-parallel).
 
 - At the same layout the resumed run is bit for bit the uninterrupted one: the same operations on
   the same values.
@@ -43,6 +46,8 @@ RESUMED = {  # label -> (pp, sizes, the checkpoint it loads)
     "ep 2 again": (2, {"dp": 2, "ep": 2}, "uninterrupted"),
     "ep 1": (2, {"dp": 2}, "uninterrupted"),
     "dp_shard 2 ep 2 from ep 1": (2, {"dp_shard": 2, "ep": 2}, "ep 1"),
+    "dp_shard 4 ep 2": (1, {"dp_shard": 4, "ep": 2, "m": 2}, "uninterrupted"),  # each rank 1 row of its 2 experts
+    "dp_shard 2 tp 2 ep 2 from dp_shard 4 ep 2": (1, {"dp_shard": 2, "tp": 2, "ep": 2, "m": 2}, "dp_shard 4 ep 2"),
 }
 
 
@@ -51,7 +56,7 @@ def resumed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ep-checkpoints")
     job = {"kind": "mixtral", "schedule": "1f1b", "microbatches": 4, "folder": str(folder),
            "batches": [make_batch(step, 8, 16) for step in range(2)], "saved_at": SAVED_AT, "resumed": RESUMED}
-    return spawn(expert_checkpoints, 4, job, timeout_s=400)[0] | {"folder": folder}
+    return spawn(expert_checkpoints, 4, job, timeout_s=540)[0] | {"folder": folder}
 
 
 @pytest.mark.timeout(600)
@@ -62,6 +67,9 @@ def test_each_rank_saves_its_experts_at_their_global_indices(resumed):
     for name in ("model.model.layers.0.mlp.experts.gate_up_proj", "optim.state.model.layers.0.mlp.experts.down_proj.exp_avg"):
         assert saved[name].size[0] == 4, name  # the whole layer's 4 experts, as one process names them
         assert sorted(chunk.offsets[0] for chunk in saved[name].chunks) == [0, 2], name  # ep rank 1's at expert 2
+    sharded = dcp.FileSystemReader(resumed["checkpoints"]["dp_shard 4 ep 2"]).read_metadata()
+    entry = sharded.state_dict_metadata["model.model.layers.0.mlp.experts.gate_up_proj"]
+    assert entry.size[0] == 4 and sorted(chunk.offsets[0] for chunk in entry.chunks) == [0, 1, 2, 3]  # a row each
 
 
 def test_the_state_moves_exactly_between_ep_degrees_and_layouts(resumed):
@@ -80,7 +88,7 @@ def test_resumed_at_the_same_layout_is_bitwise_the_uninterrupted_run(resumed):
 
 def test_resumed_at_other_layouts_is_the_uninterrupted_run_within_rounding(resumed):
     want = resumed["runs"]["uninterrupted"]
-    for label in ("ep 1", "dp_shard 2 ep 2 from ep 1"):
+    for label in set(RESUMED) - {"ep 2 again"}:
         got = resumed["runs"][label]
         assert got["loss"] == pytest.approx(want["loss"], rel=TOL), label
         assert relative_error(got["params"], want["params"]) < TOL, label

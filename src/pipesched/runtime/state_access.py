@@ -14,13 +14,13 @@ from typing import Callable, Iterable, Optional
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from ..sharded_bytes import rank_state_bytes
 from .checkpoints import checkpoint
 from .checkpoints.checkpoint_names import same_name
 from .checkpoints.checkpoint_pieces import Pieces
-from .comm.expert_mesh import is_expert
+from .comm.expert_mesh import is_expert, pieces_mesh
 from .guard import block_order
 from .sharding.expert_parallel import expert_slice, whole_experts
 from .sharding.sharded_measure import held_bytes, optimizer_slots
@@ -54,9 +54,12 @@ class StateAccess:
         experts = self.mesh.experts
         if experts is None:
             return None
-        names = frozenset(name for name, p in view.named_parameters() if is_expert(p))
+        named = {name: p for name, p in view.named_parameters() if is_expert(p)}
         device = next((p.device.type for p in view.parameters()), "cpu")
-        return Pieces(names, partial(expert_slice, mesh=experts), DeviceMesh.from_group(experts.ep_group, device))
+        sharded = next((p for p in named.values() if isinstance(p, DTensor)), None)  # FSDP over experts_mesh
+        held = None if sharded is None else (sharded.device_mesh, tuple(sharded.placements))
+        return Pieces(frozenset(named), partial(expert_slice, mesh=experts),
+                      pieces_mesh(experts, held and held[0], device), held)
 
     def checkpoint_module(self, rename: Callable[[str], str] = same_name) -> nn.Module:
         """What a checkpoint holds of this rank (:func:`~.checkpoint_names.tied_view`)."""

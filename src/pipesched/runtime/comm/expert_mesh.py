@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import torch
 import torch.distributed as dist
 
 from ...parallel_layout import ParallelLayout
@@ -56,3 +57,25 @@ def is_expert(p) -> bool:
     """Whether ``p`` is one EP rank's experts (a parameter :mod:`..sharding.expert_parallel` kept,
     marked with its ``expert_replica``: this rank's index among the ranks holding the same experts)."""
     return hasattr(p, "expert_replica")
+
+
+def pieces_mesh(mesh: ExpertMesh, held: Optional[Any], device_type: str) -> Any:
+    """The DeviceMesh a checkpoint wraps this rank's experts over (:mod:`..checkpoints.checkpoint_pieces`):
+    the EP group (1-D) where each rank holds its experts whole; where FSDP shards them over
+    ``held`` (``experts_mesh``, its last dim ``expert_shard``), the 2-D ``(ep, expert_shard)`` of
+    this replica, so ``[Shard(0), Shard(0)]`` places each rank's rows in the whole layer: the
+    ``ep_rank``-th ``1/ep``, then its shard's ``torch.chunk`` of that. Collective over the EP group."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if held is None:
+        return DeviceMesh.from_group(mesh.ep_group, device_type)
+    row = held.mesh if held.ndim == 1 else held.mesh[held.get_local_rank("expert_replicate")]
+    rows = [None] * mesh.ep
+    dist.all_gather_object(rows, (mesh.ep_rank, row.tolist()), group=mesh.ep_group)
+    grid = torch.tensor([r for _, r in sorted(rows)])
+    column = grid[:, held.get_local_rank("expert_shard")]
+    if sorted(column.tolist()) != sorted(dist.get_process_group_ranks(mesh.ep_group)):
+        raise ValueError(f"the EP group {dist.get_process_group_ranks(mesh.ep_group)} is not a column of "
+                         f"the expert shards' grid {grid.tolist()}")
+    return DeviceMesh.from_group([mesh.ep_group, held.get_group("expert_shard")], device_type, mesh=grid,
+                                 mesh_dim_names=("ep", "expert_shard"))

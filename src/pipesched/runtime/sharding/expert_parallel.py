@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
 from ...errors import ConfigError
 from ..comm.expert_mesh import ExpertMesh, is_expert
@@ -145,9 +146,15 @@ def expert_slice(tensor: torch.Tensor, mesh: ExpertMesh) -> tuple[torch.Tensor, 
     """This rank's experts in ``tensor`` (an expert parameter :func:`split_experts` kept, or optimizer
     state of its shape), the global index of the first (in the whole layer) and the layer's routed
     experts: where its rows sit in transformers' stacked tensor, what a checkpoint records (the
-    one place that knows how a rank holds its experts: whole, the ``ep_rank``-th ``1/ep``)."""
-    rows = tensor.shape[0]
-    return tensor, mesh.ep_rank * rows, mesh.ep * rows
+    one place that knows how a rank holds its experts: whole, the ``ep_rank``-th ``1/ep``; or
+    FSDP-sharded over the ranks holding the same experts, :func:`shard_experts`: a DTensor whose
+    rows here are its ``expert_shard`` coordinate's ``torch.chunk`` of those)."""
+    rows = tensor.shape[0]  # this EP rank's experts (a DTensor's: its whole shape)
+    if not isinstance(tensor, DTensor):
+        return tensor, mesh.ep_rank * rows, mesh.ep * rows
+    held = tensor.device_mesh
+    shard = held.get_local_rank("expert_shard")
+    return tensor.to_local(), mesh.ep_rank * rows + shard * -(-rows // held["expert_shard"].size()), mesh.ep * rows
 
 
 def shard_experts(stage: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool) -> None:
