@@ -54,6 +54,15 @@ def test_a_family_simulates_no_more_schedules_than_its_search_width(name, ranks,
     assert len(schedule) <= actions_per_schedule(family, ranks, microbatches, None)
 
 
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_zb_auto_at_a_chunk_count_simulates_no_more_than_its_width_at_that_count(chunks, simulations):
+    """zb-auto asked for one chunk count builds only that count's seeds and greedy placements:
+    its width at that count (what the planning bound charges) still covers what it simulates."""
+    family = get_family("zb-auto")
+    family.build(BuildRequest(4, 80, chunks, SKEWED))
+    assert 0 < simulations[0] <= family.search_width(4, 80, chunks) < family.search_width(4, 80)
+
+
 @pytest.mark.parametrize("limit", [0.8, 1.5])  # recomputing alone fits; recomputing or a leaner order
 def test_zb_auto_searching_recomputation_simulates_no_more_than_its_search_width(limit, simulations):
     family = get_family("zb-auto")

@@ -48,3 +48,18 @@ def test_a_schedule_simulated_again_equals_a_fresh_copy_simulated_once():
         assert result.timeline == first.timeline
     other = simulate(schedule, Costs(F=1.0, B=2.0, W=1.0))  # other costs: their own run
     assert other.makespan != first.makespan
+
+
+def test_zb_auto_after_the_v_families_equals_zb_auto_from_scratch():
+    """zb-auto's V seeds (the handcrafted programs, the greedy's) are the V family's schedules,
+    with the runs simulating them there: the same pick, orders and origin as built alone. At
+    ``p * m`` above the exact refinement's size (its MILP stops on time: not reproducible)."""
+    p, m, limit = 4, 66, 3.0
+    forget_builds()
+    for name in ("zb-v", "v-half", "v-min"):
+        build_schedule(name, p, m, 2, SKEWED, limit)
+    shared = [build_schedule("zb-auto", p, m, chunks, SKEWED, limit) for chunks in (2, 1)]
+    for chunks, schedule in zip((2, 1), shared):
+        forget_builds()
+        alone = build_schedule("zb-auto", p, m, chunks, SKEWED, limit)
+        assert (schedule.orders, schedule.meta["origin"]) == (alone.orders, alone.meta["origin"])

@@ -52,10 +52,12 @@ def actions_per_schedule(family: Family, ranks: int, microbatches: int, chunks: 
     return ranks * v * microbatches * kinds
 
 
-def search_width(family: Family, ranks: int, microbatches: int, recompute_limit: Optional[float] = None) -> int:
-    """Schedules ``family`` builds and simulates to plan one request: its search width, plus its
+def search_width(family: Family, ranks: int, microbatches: int, recompute_limit: Optional[float] = None,
+                 chunks: Optional[int] = None) -> int:
+    """Schedules ``family`` builds and simulates to plan one request: its search width (of a
+    family that searches its chunk count, at ``chunks`` where the request names them), plus its
     recomputing candidates when the request searches recomputation under ``recompute_limit``."""
-    width = family.search_width(ranks, microbatches)
+    width = family.search_width(ranks, microbatches, chunks) if family.searches_chunks else family.search_width(ranks, microbatches)
     return width if recompute_limit is None else width + family.recompute_search_width(ranks, recompute_limit)
 
 
@@ -63,7 +65,7 @@ def actions_built(family: Family, ranks: int, microbatches: int, chunks: Optiona
                   recompute_limit: Optional[float] = None) -> int:
     """Actions built (and simulated) to plan ``family``: one schedule's, times its candidates
     (``recompute_limit``: the memory limit of a request that searches recomputation)."""
-    return actions_per_schedule(family, ranks, microbatches, chunks) * search_width(family, ranks, microbatches, recompute_limit)
+    return actions_per_schedule(family, ranks, microbatches, chunks) * search_width(family, ranks, microbatches, recompute_limit, chunks)
 
 
 def seconds_per_action(family: Family) -> float:
@@ -109,7 +111,7 @@ def check_schedule_size(family: Family, ranks: int, microbatches: int, chunks: O
                         recompute_limit: Optional[float] = None, searches: bool = True) -> float:
     """:func:`check_planning_time` for one family (``build_schedule``'s guard); ``searches=False``:
     the request is known to build one schedule (``Family.searches_for``)."""
-    searching = searches and search_width(family, ranks, microbatches, recompute_limit) > 1
+    searching = searches and search_width(family, ranks, microbatches, recompute_limit, chunks) > 1
 
     def seconds(m: int) -> float:
         if searching:

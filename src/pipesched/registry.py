@@ -24,7 +24,7 @@ from .execution import TOLERANCE
 from .planning import check_schedule_size
 from .ranking import check_objective
 from .schedule import Schedule
-from .schedules import greedy, v_blocks, v_compact
+from .schedules import greedy, v_blocks, v_compact, v_family
 from .simulate import unit_peaks
 from .validate import validate
 
@@ -113,8 +113,9 @@ class Family:
     uses_objective: bool = False  # True when the objective steers the construction
     searches_chunks: bool = False  # True: chunks=None reaches the builder, which tries every count
     parameter_copies: int = 1  # model copies each rank holds (DualPipe: 2)
-    # how many candidate schedules build() makes and simulates for (ranks, microbatches), at most
-    search_width: Callable[[int, int], int] = single_candidate
+    # how many candidate schedules build() makes and simulates for (ranks, microbatches), at most;
+    # a family that searches_chunks takes a third argument, the chunks asked (None: it searches them)
+    search_width: Callable[..., int] = single_candidate
     # how many more it simulates when the request searches recomputation (a memory limit and a
     # recompute_input) for (ranks, memory_limit); counted only for such requests
     recompute_search_width: Callable[[int, float], int] = no_recompute_search
@@ -212,7 +213,7 @@ def built(family: Family, request: BuildRequest) -> Schedule:
 def forget_builds() -> None:
     """Empty every memoized build (:func:`built`, the greedy's and the V programs'), so that the
     next request is built again: for whoever times a build (a benchmark's repeats)."""
-    for cached in (built, greedy.memoized, v_compact.compacted_orders, v_blocks.block_orders):
+    for cached in (built, greedy.memoized, v_compact.compacted_orders, v_blocks.block_orders, v_family.v_programs):
         cached.cache_clear()
 
 

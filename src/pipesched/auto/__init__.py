@@ -130,13 +130,14 @@ def build(request: BuildRequest) -> Schedule:
                       recompute_input=r.recompute_input)
 
 
-def search_width(ranks: int, microbatches: int) -> int:
+def search_width(ranks: int, microbatches: int, chunks: Optional[int] = None) -> int:
     """The most schedules :func:`build_auto` simulates without searching recomputation: every
-    candidate, the best few again with their W passes re-placed, and on small instances
-    (``MILP_MAX_SIZE``) the swaps' evaluations and the exact refinement's two. A request that
-    searches recomputation simulates :func:`~.recompute.recompute_width` more."""
+    candidate (with ``chunks`` per rank, if given), the best few again with their W passes
+    re-placed, and on small instances (``MILP_MAX_SIZE``) the swaps' evaluations and the exact
+    refinement's two. A request that searches recomputation simulates
+    :func:`~.recompute.recompute_width` more."""
 
-    width = candidate_count(ranks, microbatches)
+    width = candidate_count(ranks, microbatches, chunks)
     width += len(FILL_PARTIAL_WAITS) * TOP_FOR_W_REPLACEMENT
     if ranks * microbatches <= MILP_MAX_SIZE:
         width += 1 + SWAP_EVALUATIONS + 2
@@ -154,5 +155,5 @@ def _first(ranked: list):
 def _tagged(pairs, origins: dict):
     """Yield the schedules of (origin, schedule) pairs, noting each one's origin by id."""
     for origin, schedule in pairs:
-        origins[id(schedule)] = origin
+        origins.setdefault(id(schedule), origin)  # one V program offered twice: the first, which wins ties
         yield schedule

@@ -24,8 +24,8 @@ from ..ops import Op
 from ..placement import loop_placement, v_placement
 from ..registry import BuildRequest, built, families
 from ..schedule import Schedule
-from ..schedules.greedy import Knobs, build_greedy
-from ..schedules.v_family import v_knobs
+from ..schedules.greedy import Knobs, build_greedy, greedy_orders
+from ..schedules.v_family import v_knobs, v_programs
 from ..schedules.zb_heuristic import build_zb_heuristic
 from ..schedules.wfill import fill_weight_passes
 
@@ -58,8 +58,10 @@ def greedy_candidates(
         yield "Zero Bubble authors' heuristic", build_zb_heuristic(ranks, microbatches, costs, limit)
     if chunks in (None, 2):
         v = v_placement(ranks)
-        for k in v_greedy_knobs(ranks, microbatches):
-            yield f"greedy V {_knob_text(k)}", build_greedy(v, ranks, microbatches, costs, limit, k, "zb-auto")
+        for k in v_greedy_knobs(ranks, microbatches):  # the V family's settings: often built and simulated there
+            orders = greedy_orders(v, ranks, microbatches, costs, limit, k)
+            yield f"greedy V {_knob_text(k)}", None if orders is None else v_programs.schedule(
+                ranks, microbatches, orders, "zb-auto")
 
 
 def handcrafted_candidates(ranks: int, microbatches: int, costs: Costs, limit: float,
@@ -81,16 +83,18 @@ def handcrafted_candidates(ranks: int, microbatches: int, costs: Costs, limit: f
             continue
 
 
-def candidate_count(ranks: int, microbatches: int) -> int:
-    """The most schedules :func:`all_candidates` builds and simulates, each seed family's own
+def candidate_count(ranks: int, microbatches: int, chunks: Optional[int] = None) -> int:
+    """The most schedules :func:`all_candidates` builds and simulates (with ``chunks`` per
+    rank, if given: only the seeds and greedy placements of that count), each seed family's own
     search included (the cost of planning grows with it: see :mod:`pipesched.planning`)."""
     seeds = sum(
         family.search_width(ranks, microbatches) if seed.programs is None else seed.width
-        for family in families() for seed in family.zb_auto
+        for family in families() for seed in family.zb_auto if chunks is None or family.default_chunks == chunks
     )
     authors = 1  # the Zero Bubble authors' heuristic
-    greedy = len(loop_knobs(ranks, microbatches)) + authors + len(v_greedy_knobs(ranks, microbatches))
-    return seeds + greedy
+    loop = len(loop_knobs(ranks, microbatches)) + authors if chunks in (None, 1) else 0
+    v = len(v_greedy_knobs(ranks, microbatches)) if chunks in (None, 2) else 0
+    return seeds + loop + v
 
 
 def _knob_text(k: Knobs) -> str:

@@ -10,26 +10,25 @@ from typing import Iterator
 
 from .. import auto
 from ..auto.recompute import recompute_width
-from ..placement import v_placement
 from ..registry import BuildRequest, Family, Placement, TorchCounterpart, ZbAutoCandidate, register
 from ..schedule import Schedule
 from . import dualpipe, dualpipev, gpipe, interleaved, interleaved_zb, one_f_one_b, v_family, zero_bubble
 from .v_blocks import block_orders, v_half_offsets, v_min_offsets
 from .v_compact import COMPACTION_COST, compacted_orders
-from .zbv import rank_order
 
 
 def _zb_v_program(r: BuildRequest) -> Iterator[tuple[str, Schedule]]:
     """ZB-V's handcrafted program as it is (its builder would run the greedy search too)."""
-    orders = [rank_order(rank, r.ranks, r.microbatches) for rank in range(r.ranks)]
-    yield "zb-v", Schedule(r.ranks, r.microbatches, v_placement(r.ranks), tuple(tuple(o) for o in orders), name="zb-v")
+    yield "zb-v", v_family.v_programs.schedule(r.ranks, r.microbatches, v_family.zb_v_orders(r.ranks, r.microbatches),
+                                               "zb-v")
 
 
 def _v_seed(name: str, make_orders, offsets):
-    """A V program as a zb-auto seed: ``make_orders(ranks, microbatches, offsets)``."""
+    """A V program as a zb-auto seed: ``make_orders(ranks, microbatches, offsets)`` (the V
+    family's schedule of it, with the runs simulating it there left: :data:`.v_family.v_programs`)."""
     def programs(r: BuildRequest) -> Iterator[tuple[str, Schedule]]:
-        orders = make_orders(r.ranks, r.microbatches, offsets)
-        yield name, Schedule(r.ranks, r.microbatches, v_placement(r.ranks), tuple(tuple(o) for o in orders), name=name)
+        yield name, v_family.v_programs.schedule(r.ranks, r.microbatches, make_orders(r.ranks, r.microbatches, offsets),
+                                                 name)
     return programs
 
 

@@ -31,7 +31,7 @@ from ..costs import Costs, durations_for
 from ..dependencies import Output, dependencies
 from ..execution import TOLERANCE, latency
 from ..memory import UNIT_CHANGE, whole_stage_microbatches
-from ..ops import Op
+from ..ops import COMPUTE, Op
 from ..placement import stages_by_rank
 from ..schedule import Schedule
 
@@ -76,106 +76,122 @@ class _GreedyRun:
     Ranks are visited in time order; a rank whose next input is not known yet sleeps until an
     action it depends on is placed. A W placed while a rank slept starts at the rank's clock
     (the rank was idle then), so waits can be filled after the fact.
+
+    Every decision reads per-stage tables made once here (where each kind's input comes from and
+    its delay, the durations, the room a forward needs): the construction makes a few decisions
+    per action, hundreds of thousands at p = 64, m = 512.
     """
 
     def __init__(self, placement, ranks, microbatches, costs, caps, knobs) -> None:
         self.placement = placement
         self.m = microbatches
-        self.stages = len(placement)
+        stages = len(placement)
         self.knobs = knobs
-        self.comm = costs.comm
-        self.held_by = stages_by_rank(placement, ranks)
-        self.dur = durations_for(placement, ranks, costs)
+        held_by = stages_by_rank(placement, ranks)
+        dur = durations_for(placement, ranks, costs)
+        self.dur = dur
+        self.f_dur = [dur[(s, Op.F)] for s in range(stages)]
+        self.i_dur = [dur[(s, Op.I)] for s in range(stages)]
+        self.w_dur = [dur[(s, Op.W)] for s in range(stages)]
         self.cap = caps
-        self.f_end: list[list[Optional[float]]] = [[None] * microbatches for _ in range(self.stages)]
-        self.g_end: list[list[Optional[float]]] = [[None] * microbatches for _ in range(self.stages)]
-        self.next_f = [0] * self.stages
-        self.next_i = [0] * self.stages
-        rule = dependencies(self.stages)
+        self.f_end: list[list[Optional[float]]] = [[None] * microbatches for _ in range(stages)]
+        self.g_end: list[list[Optional[float]]] = [[None] * microbatches for _ in range(stages)]
+        self.next_f = [0] * stages
+        self.next_i = [0] * stages
+        rule = dependencies(stages)
         ends = {Output.ACTIVATION: self.f_end, Output.INPUT_GRAD: self.g_end}
-        upcoming = {Op.F: self.next_f, Op.I: self.next_i}
-        # per kind and stage: None, or (the stage its input comes from, the end times of what
-        # that stage made, by microbatch; the microbatch of the stage's next pass of this kind)
-        self.source = {kind: [None if need is None else (need[0], ends[need[1]][need[0]], upcoming[kind])
-                              for need in rule.needs[kind]] for kind in upcoming}
-        self.consumers = rule.consumers
+        # per kind and stage: None (its input is there from the start), or (the end times of
+        # what the stage it comes from made, by microbatch; the delay to this stage)
+        source = {kind: [None if need is None else (ends[need[1]][need[0]], latency(placement, need[0], s, costs.comm))
+                         for s, need in enumerate(rule.needs[kind])] for kind in (Op.F, Op.I)}
+        self.f_source, self.i_source = source[Op.F], source[Op.I]
+        # per kind and stage: None, or (the rank of the stage waiting for this pass, the delay)
+        self.wakes = {kind: [None if c is None else (placement[c], latency(placement, s, c, costs.comm))
+                             for s, c in enumerate(rule.consumers[kind])] for kind in COMPUTE}
+        # a forward's room: its own activation, and on a rank's earlier stages the reserve
+        self.room = [1 + (knobs.reserve if s != held_by[placement[s]][-1] else 0) for s in range(stages)]
         self.clock = [0.0] * ranks
         self.held = [0] * ranks
         self.pending: list[deque] = [deque() for _ in range(ranks)]
         self.out: list[list[Action]] = [[] for _ in range(ranks)]
-        self.remaining = [3 * microbatches * len(h) for h in self.held_by]
-        self.scan = [sorted(h, reverse=knobs.later_stage_first) for h in self.held_by]
+        self.remaining = [3 * microbatches * len(h) for h in held_by]
+        self.scan = [sorted(h, reverse=knobs.later_stage_first) for h in held_by]
         self.heap: list[tuple[float, int, int]] = []
         self.tick = itertools.count()
 
     def orders(self) -> Optional[list[list[Action]]]:
         for r in range(len(self.clock)):
             self.wake(r, 0.0)
-        while self.heap:
-            now, _, r = heapq.heappop(self.heap)
-            if self.remaining[r] == 0 or now < self.clock[r] - TOLERANCE:
+        heap, remaining, clock, step = self.heap, self.remaining, self.clock, self.step
+        while heap:
+            now, _, r = heapq.heappop(heap)
+            if remaining[r] == 0 or now < clock[r] - TOLERANCE:
                 continue
-            self.step(r, max(now, self.clock[r]))
-        return None if any(self.remaining) else self.out
-
-    def arrival(self, kind: Op, s: int) -> Optional[float]:
-        """When the input of stage ``s``'s next ``kind`` pass arrives (None: not produced yet)."""
-        source = self.source[kind][s]  # the rule's table: this runs for every decision
-        if source is None:
-            return 0.0
-        producer, ends, upcoming = source
-        t = ends[upcoming[s]]
-        return None if t is None else t + latency(self.placement, producer, s, self.comm)
-
-    def room_for_forward(self, r: int, s: int) -> bool:
-        reserve = self.knobs.reserve if s != self.held_by[r][-1] else 0
-        return self.held[r] + 1 + reserve <= self.cap[r]
+            step(r, max(now, clock[r]))
+        return None if any(remaining) else self.out
 
     def wake(self, r: int, at: float) -> None:
         heapq.heappush(self.heap, (max(at, self.clock[r]), next(self.tick), r))
 
     def place(self, r: int, action: Action, start: float) -> None:
         s, kind, k = action
-        end = start + self.dur[(s, kind)]
+        if kind is Op.F:
+            end = start + self.f_dur[s]
+            self.next_f[s] += 1
+            self.f_end[s][k] = end
+        elif kind is Op.I:
+            end = start + self.i_dur[s]
+            self.next_i[s] += 1
+            self.g_end[s][k] = end
+            self.pending[r].append(Action(s, Op.W, k))
+        else:
+            end = start + self.w_dur[s]
         self.clock[r] = end
         self.out[r].append(action)
         self.remaining[r] -= 1
         self.held[r] += UNIT_CHANGE[kind]
-        if kind is Op.F:
-            self.next_f[s] += 1
-            self.f_end[s][k] = end
-        elif kind is Op.I:
-            self.next_i[s] += 1
-            self.g_end[s][k] = end
-            self.pending[r].append(Action(s, Op.W, k))
-        consumer = self.consumers[kind][s]
-        if consumer is not None:
-            self.wake(self.placement[consumer], end + latency(self.placement, s, consumer, self.comm))
+        woken = self.wakes[kind][s]
+        if woken is not None:
+            self.wake(woken[0], end + woken[1])
         self.wake(r, end)
 
     def step(self, r: int, now: float) -> None:
         """Place one action on rank ``r`` (or schedule its next wake-up)."""
         knobs, pending, clock = self.knobs, self.pending[r], self.clock[r]
-        next_f, next_i, m, arrival = self.next_f, self.next_i, self.m, self.arrival
+        next_f, next_i, m = self.next_f, self.next_i, self.m
+        f_source, i_source, room, free = self.f_source, self.i_source, self.room, self.cap[r] - self.held[r]
         forward, input_backward = Op.F, Op.I
+        horizon = now + TOLERANCE
         backs, fwds, blocked = [], [], []
         for s in self.scan[r]:
-            if next_i[s] < m and next_i[s] < next_f[s]:
-                backs.append((arrival(input_backward, s), s))
-            if next_f[s] < m:
-                a = arrival(forward, s)
-                (fwds if self.room_for_forward(r, s) else blocked).append((a, s))
-        ready_b = [(a, s) for a, s in backs if a is not None and a <= now + TOLERANCE]
-        ready_f = [(a, s) for a, s in fwds if a is not None and a <= now + TOLERANCE]
+            done = next_i[s]
+            if done < m and done < next_f[s]:
+                source = i_source[s]
+                if source is None:
+                    backs.append((0.0, s))
+                else:
+                    t = source[0][done]
+                    backs.append((None if t is None else t + source[1], s))
+            done = next_f[s]
+            if done < m:
+                source = f_source[s]
+                if source is None:
+                    a = 0.0
+                else:
+                    t = source[0][done]
+                    a = None if t is None else t + source[1]
+                (fwds if room[s] <= free else blocked).append((a, s))
+        ready_b = [(a, s) for a, s in backs if a is not None and a <= horizon]
+        ready_f = [(a, s) for a, s in fwds if a is not None and a <= horizon]
         order = (((input_backward, ready_b), (forward, ready_f)) if knobs.backward_first
                  else ((forward, ready_f), (input_backward, ready_b)))
         choice = next(((kind, ready[0]) for kind, ready in order if ready), None)
         if choice is not None and choice[0] is forward and knobs.wait_for_backward:
-            f_end = max(clock, choice[1][0]) + self.dur[(choice[1][1], forward)]
+            f_end = max(clock, choice[1][0]) + self.f_dur[choice[1][1]]
             soon = [(a, s) for a, s in backs if a is not None and now < a < f_end - TOLERANCE]
             if soon:
                 choice = (input_backward, min(soon))  # not ready yet: handled as a wait below
-        if choice is not None and choice[1][0] <= now + TOLERANCE:
+        if choice is not None and choice[1][0] <= horizon:
             kind, (a, s) = choice
             if pending and _w_fits(pending[0], clock, a, knobs, self.dur):
                 self.place(r, pending.popleft(), clock)
@@ -183,7 +199,7 @@ class _GreedyRun:
                 k = next_f[s] if kind is forward else next_i[s]
                 self.place(r, Action(s, kind, k), max(clock, a))
             return
-        if pending and any(a is not None and a <= now + TOLERANCE for a, _ in blocked):
+        if pending and any(a is not None and a <= horizon for a, _ in blocked):
             self.place(r, pending.popleft(), clock)  # a forward waits for the memory this W frees
             return
         known = [a for a, _ in backs + fwds if a is not None]

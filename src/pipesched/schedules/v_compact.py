@@ -21,7 +21,9 @@ Every move respects the dependencies of the slot timetable, so the programs cann
 
 from __future__ import annotations
 
+import bisect
 from functools import lru_cache
+from typing import Optional, Sequence
 
 from ..actions import Action
 from ..memory import UNIT_CHANGE
@@ -114,8 +116,9 @@ def _memory_profile(rank_slots: list[list[int]], length: int) -> list[int]:
     return profile
 
 
-def _inputs_slot(table: Timetable, rank: int, kind: int, k: int, ranks: int) -> int:
-    """The latest slot among what pass ``kind`` of microbatch ``k`` on ``rank`` waits for."""
+def _inputs_slot(table: Timetable, rank: int, kind: int, k: int, ranks: int, merged: Sequence[int] = ()) -> int:
+    """The latest slot among what pass ``kind`` of microbatch ``k`` on ``rank`` waits for
+    (``merged``: the rank's backward slots in time order, where one W queue serves both chunks)."""
     mine = table[rank]
     latest = -1
     if kind in (F0, I1) and rank > 0:
@@ -125,7 +128,7 @@ def _inputs_slot(table: Timetable, rank: int, kind: int, k: int, ranks: int) -> 
     if kind in (F1, I1, I0):
         latest = max(latest, mine[kind - 1][k])  # the pass before it in the V, on this rank
     if kind >= W1:
-        backward = sorted(mine[I1] + mine[I0]) if len(mine) == 5 else mine[I1 if kind == W1 else I0]
+        backward = merged if len(mine) == 5 else mine[I1 if kind == W1 else I0]
         latest = max(latest, backward[k])
     if k > 0:
         latest = max(latest, mine[kind][k - 1])
@@ -136,7 +139,13 @@ def _compact(table: Timetable, ranks: int, microbatches: int, weights_explicit: 
     """Move warm-up (if ``weights_explicit``) and cool-down passes earlier, keeping each peak."""
     table = [[list(s) for s in rank_slots] for rank_slots in table]
     length = max(t for rank_slots in table for s in rank_slots for t in s) + 2
-    profiles = [_memory_profile(rank_slots, length) for rank_slots in table]
+    if weights_explicit:
+        profiles = [_memory_profile(rank_slots, length) for rank_slots in table]
+        merged = [sorted(rank_slots[I1] + rank_slots[I0]) for rank_slots in table]
+    else:
+        implicit = [_ImplicitWeights(rank_slots, length) for rank_slots in table]
+        profiles = [p.level for p in implicit]
+        merged = [()] * ranks
     peak = max(max(p) for p in profiles)
     occupied = [set() for _ in range(ranks)]
     passes = sorted(
@@ -157,40 +166,90 @@ def _compact(table: Timetable, ranks: int, microbatches: int, weights_explicit: 
         if phase == "warm-up" and not weights_explicit:
             occupied[rank].add(t)
             continue
-        earliest = _inputs_slot(table, rank, kind, k, ranks) + 1
+        earliest = _inputs_slot(table, rank, kind, k, ranks, merged[rank]) + 1
         for slot in range(earliest, t):
             if slot in occupied[rank]:
                 continue
-            if _fits(table, profiles, rank, kind, k, slot, peak, length):
+            moved = (_moved_explicit(table[rank], profiles[rank], merged[rank], kind, k, slot, peak)
+                     if weights_explicit else implicit[rank].moved(kind, t, slot, peak))
+            if moved:
+                table[rank][kind][k] = slot
                 break
         occupied[rank].add(table[rank][kind][k])
     return table
 
 
-def _fits(table, profiles, rank, kind, k, slot, peak, length) -> bool:
-    """Move the pass to ``slot`` if the rank's peak stays within ``peak`` (else leave it)."""
-    old = table[rank][kind][k]
-    profile = profiles[rank]
-    if len(table[rank]) > 4 and kind not in _FORWARDS:
-        table[rank][kind][k] = slot
-        if kind >= W1:  # an earlier W frees memory earlier: the peak cannot rise
-            for t in range(slot, old):
-                profile[t] -= 1
-        return True
-    if len(table[rank]) > 4:  # an earlier F holds one more activation from slot to old
+def _moved_explicit(rank_slots, profile: list[int], merged: list[int], kind: int, k: int, slot: int, peak: int) -> bool:
+    """Whether the pass (explicit W slots) may move to ``slot`` within ``peak``; if so, update
+    ``profile`` and ``merged`` (the caller moves it)."""
+    old = rank_slots[kind][k]
+    if kind in _FORWARDS:  # an earlier F holds one more activation from slot to old
         if max(profile[slot:old]) + 1 > peak:
             return False
         for t in range(slot, old):
             profile[t] += 1
-        table[rank][kind][k] = slot
-        return True
-    table[rank][kind][k] = slot
-    moved = _memory_profile(table[rank], length)
-    if max(moved) > peak:
-        table[rank][kind][k] = old
-        return False
-    profiles[rank] = moved
+    elif kind >= W1:  # an earlier W frees memory earlier: the peak cannot rise
+        for t in range(slot, old):
+            profile[t] -= 1
+    else:  # a backward frees nothing: only where the W queue looks changes
+        merged.pop(bisect.bisect_left(merged, old))
+        bisect.insort(merged, slot)
     return True
+
+
+class _ImplicitWeights:
+    """One rank's activations after each slot when its Ws are implicit (a pending W runs at
+    every free slot, as :func:`_memory_profile` counts), kept up to date as passes move.
+
+    The level and the pending Ws after slot ``t`` depend only on those after ``t - 1`` and on
+    what occupies ``t``; a move from ``old`` to an earlier ``slot`` changes what occupies
+    those two slots only, so the profile is recomputed from ``slot`` until, past ``old``, it
+    meets the state it had (from there on it is the same as before)."""
+
+    def __init__(self, rank_slots: list[list[int]], length: int) -> None:
+        self.forward = {t for kind in _FORWARDS for t in rank_slots[kind]}
+        self.backward = {t for kind in _BACKWARDS for t in rank_slots[kind]}
+        self.length = length
+        self.level: list[int] = []
+        self.pending: list[int] = []
+        self._run(0, 0, 0, None, None)
+
+    def _run(self, start: int, level: int, pending: int, old: Optional[int], peak: Optional[int]) -> Optional[int]:
+        """Recompute from ``start``; stop past ``old`` where the state meets the kept one, or
+        (returning None, nothing changed) where the level exceeds ``peak``. Returns the end."""
+        forward, backward, levels, pendings = self.forward, self.backward, [], []
+        t = start
+        while t < self.length:
+            if t in backward:
+                pending += 1
+            elif t in forward:
+                level += FORWARD_TAKES
+            elif pending:
+                pending -= 1
+                level += WEIGHT_PASS_FREES
+            if peak is not None and level > peak:
+                return None
+            if old is not None and t >= old and level == self.level[t] and pending == self.pending[t]:
+                break
+            levels.append(level)
+            pendings.append(pending)
+            t += 1
+        self.level[start:t] = levels
+        self.pending[start:t] = pendings
+        return t
+
+    def moved(self, kind: int, old: int, slot: int, peak: int) -> bool:
+        """Move the pass of ``kind`` at ``old`` to the free ``slot`` if the level stays within
+        ``peak`` everywhere (else leave it)."""
+        kept = self.forward if kind in _FORWARDS else self.backward
+        kept.discard(old)
+        kept.add(slot)
+        before = (self.level[slot - 1], self.pending[slot - 1]) if slot > 0 else (0, 0)
+        if self._run(slot, *before, old, peak) is None:
+            kept.discard(slot)
+            kept.add(old)
+            return False
+        return True
 
 
 def _squeeze(table: Timetable, ranks: int, microbatches: int) -> Timetable:
@@ -203,10 +262,19 @@ def _squeeze(table: Timetable, ranks: int, microbatches: int) -> Timetable:
     )
     squeezed = [[[0] * len(slots) for slots in rank_slots] for rank_slots in table]
     free = [0] * ranks
+    # per rank, the backwards squeezed so far: their starts rise in this order (each start is at
+    # least the rank's free slot), so they are sorted; the merged W queue reads the backwards
+    # not squeezed yet as slot 0, as the table being filled holds them
+    backward_starts: list[list[int]] = [[] for _ in range(ranks)]
+    backward_count = [len(rank_slots[I1]) + len(rank_slots[I0]) for rank_slots in table]
     for _t, rank, kind, k in order:
-        start = max(free[rank], _inputs_slot(squeezed, rank, kind, k, ranks) + 1)
+        done = backward_starts[rank]
+        merged = [0] * (backward_count[rank] - len(done)) + done if kind >= W1 else ()
+        start = max(free[rank], _inputs_slot(squeezed, rank, kind, k, ranks, merged) + 1)
         squeezed[rank][kind][k] = start
         free[rank] = start + 1
+        if kind in _BACKWARDS:
+            done.append(start)
     return squeezed
 
 

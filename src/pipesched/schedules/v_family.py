@@ -15,21 +15,25 @@ greedy's memory rule makes every limit from one microbatch's activations upward 
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from typing import Iterator, Optional
 
+from ..actions import Action
 from ..costs import Costs
 from ..execution import TOLERANCE
 from ..placement import v_placement
 from ..schedule import Schedule
-from ..simulate import simulate
+from ..simulate import SimResult, simulate
 from ..validate import validate
-from ..ranking import objective_value
-from .choose import best_schedule, work_bound
-from .greedy import Knobs, build_greedy
+from ..ranking import objective_value, result_key
+from .choose import work_bound
+from .greedy import Knobs, greedy_orders
 from .limits import resolve_limit
 from .v_blocks import block_orders, v_half_offsets, v_min_offsets
 from .v_compact import COMPACTION_COST, compacted_orders
 from .zbv import rank_order
+
+Orders = tuple[tuple[Action, ...], ...]
 
 MAX_RESERVES = 4  # the V-Half and V-Min greedy tries reserving 1..4 slots of memory
 
@@ -46,52 +50,96 @@ def v_knobs(
     ]
 
 
-def greedy_v_candidates(
-    ranks: int, microbatches: int, costs: Costs, limit: float, name: str, knobs: list[Knobs]
-) -> Iterator[Optional[Schedule]]:
-    placement = v_placement(ranks)
-    for k in knobs:
-        yield build_greedy(placement, ranks, microbatches, costs, limit, k, name)
+class _VPrograms:
+    """V programs as schedules, and their simulations, kept for the last few (ranks,
+    microbatches, orders): one search prices the same V programs under the same costs for zb-v,
+    v-half, v-min and zb-auto's V seeds (the handcrafted programs, and the greedy's wherever two
+    limits give one cap), each a full simulation at p = 64, m = 512. A schedule keeps the name
+    of the family that built it first (:func:`named` gives another family its own); the
+    simulator keeps its runs on it, and :meth:`simulated` its results by costs."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.kept: OrderedDict = OrderedDict()
+
+    def _entry(self, ranks: int, microbatches: int, orders: Orders, name: str) -> tuple[Schedule, dict]:
+        key = (ranks, microbatches, orders)
+        found = self.kept.get(key)
+        if found is None:
+            found = self.kept[key] = (Schedule(ranks, microbatches, v_placement(ranks), orders, name=name), {})
+            if len(self.kept) > self.size:
+                self.kept.popitem(last=False)
+        else:
+            self.kept.move_to_end(key)
+        return found
+
+    def schedule(self, ranks: int, microbatches: int, orders: Orders, name: str) -> Schedule:
+        """The V schedule of ``orders`` (the one kept, if any)."""
+        return self._entry(ranks, microbatches, orders, name)[0]
+
+    def simulated(self, ranks: int, microbatches: int, orders: Orders, costs: Costs,
+                  name: str) -> tuple[Schedule, SimResult]:
+        """The V schedule of ``orders`` and its simulation under ``costs``."""
+        schedule, results = self._entry(ranks, microbatches, orders, name)
+        result = results.get(costs)
+        if result is None:
+            result = results[costs] = simulate(validate(schedule), costs)
+        return schedule, result
+
+    def cache_clear(self) -> None:
+        self.kept.clear()
 
 
-def _from_orders(ranks: int, microbatches: int, orders, name: str) -> Schedule:
-    return Schedule(ranks, microbatches, v_placement(ranks), tuple(tuple(o) for o in orders), name=name)
+v_programs = _VPrograms(16)  # the V pool of one layout: 5 programs, 4 greedy settings at each of 2 caps
+simulated = v_programs.simulated
+
+
+def named(schedule: Schedule, name: str) -> Schedule:
+    """``schedule`` under ``name``: itself if it has that name (keeping what simulating it
+    derived), else a copy."""
+    if schedule.name == name:
+        return schedule
+    return Schedule(schedule.ranks, schedule.microbatches, schedule.placement, schedule.orders, name=name)
 
 
 def v_candidates(
     ranks: int, microbatches: int, costs: Costs, limit: float, name: str, first: str,
-    first_built: Optional[Schedule] = None,
-) -> Iterator[Optional[Schedule]]:
-    """Every V construction, ``first`` (``"zb-v"``, ``"v-half"`` or ``"v-min"``) ahead for ties
-    (``first_built``: that one, already built).
+) -> Iterator[Optional[tuple[Schedule, SimResult]]]:
+    """Every V construction simulated (None: a greedy setting that got stuck), ``first``
+    (``"zb-v"``, ``"v-half"`` or ``"v-min"``) ahead for ties.
 
     One pool for the three families: at any limit the best V schedule that fits wins, whichever
     family's construction made it (the ZB-V program fits a V-Half budget at small ``p``; a
     V-Min block can beat a V-Half one under skewed costs).
     """
     handcrafted = {
-        "zb-v": lambda: [rank_order(r, ranks, microbatches) for r in range(ranks)],
+        "zb-v": lambda: zb_v_orders(ranks, microbatches),
         "v-half": lambda: compacted_orders(ranks, microbatches, v_half_offsets),
         "v-min": lambda: compacted_orders(ranks, microbatches, v_min_offsets),
     }
     for family in sorted(handcrafted, key=lambda f: f != first):
-        if family == first and first_built is not None:
-            yield first_built
-        else:
-            yield _from_orders(ranks, microbatches, handcrafted[family](), name)
+        yield simulated(ranks, microbatches, handcrafted[family](), costs, name)
     for offsets in (v_half_offsets, v_min_offsets):
-        yield _from_orders(ranks, microbatches, block_orders(ranks, microbatches, offsets), name)
+        yield simulated(ranks, microbatches, block_orders(ranks, microbatches, offsets), costs, name)
     reserves = tuple(range(1, min(max(2, int(limit)), MAX_RESERVES) + 1))  # never a huge limit's range
-    yield from greedy_v_candidates(ranks, microbatches, costs, limit, name, v_knobs(ranks, microbatches, reserves))
+    placement = v_placement(ranks)
+    for k in v_knobs(ranks, microbatches, reserves):
+        orders = greedy_orders(placement, ranks, microbatches, costs, limit, k)
+        yield None if orders is None else simulated(ranks, microbatches, orders, costs, name)
+
+
+def zb_v_orders(ranks: int, microbatches: int) -> Orders:
+    """ZB-V's handcrafted program (:mod:`.zbv`), every rank's."""
+    return tuple(tuple(rank_order(r, ranks, microbatches)) for r in range(ranks))
 
 
 def build_zb_v(ranks: int, microbatches: int, costs: Costs, memory_limit: Optional[float], objective: str) -> Schedule:
     """ZB-V: the handcrafted program where it fits, else (or if faster) the best V construction."""
     limit = resolve_limit(memory_limit, ranks, "zb-v")
-    handcrafted = _from_orders(ranks, microbatches, [rank_order(r, ranks, microbatches) for r in range(ranks)], "zb-v")
-    if _meets_work_bound(handcrafted, costs, limit, objective):
-        return handcrafted  # nothing can be faster (always so at equal costs): skip the search
-    return _best_v(ranks, microbatches, costs, limit, objective, "zb-v", first_built=handcrafted)
+    handcrafted, result = simulated(ranks, microbatches, zb_v_orders(ranks, microbatches), costs, "zb-v")
+    if _meets_work_bound(handcrafted, result, costs, limit, objective):
+        return named(handcrafted, "zb-v")  # nothing can be faster (always so at equal costs): skip the search
+    return _best_v(ranks, microbatches, costs, limit, objective, "zb-v")
 
 
 def build_budgeted(
@@ -104,20 +152,18 @@ def build_budgeted(
     return _best_v(ranks, microbatches, costs, limit, objective, family)
 
 
-def _best_v(
-    ranks: int, microbatches: int, costs: Costs, limit: float, objective: str, family: str,
-    first_built: Optional[Schedule] = None,
-) -> Schedule:
+def _best_v(ranks: int, microbatches: int, costs: Costs, limit: float, objective: str, family: str) -> Schedule:
     """The fastest of the V pool (:func:`v_candidates`, ``family``'s own construction first)
-    within ``limit``, named for ``family``."""
-    best = best_schedule(v_candidates(ranks, microbatches, costs, limit, family, family, first_built),
-                         costs, limit, objective)
-    if best is None:  # the greedy always fits a limit >= 1; reaching here is a bug
+    within ``limit``, named for ``family``; earlier candidates win ties."""
+    fitting = [
+        (result_key(result, objective), order, schedule)
+        for order, (schedule, result) in enumerate(c for c in v_candidates(ranks, microbatches, costs, limit, family, family)
+                                                   if c is not None)
+        if result.max_peak_memory <= limit + TOLERANCE
+    ]
+    if not fitting:  # the greedy always fits a limit >= 1; reaching here is a bug
         raise RuntimeError(f"{family}: no candidate fits memory_limit={limit:g}")
-    schedule, _ = best
-    if schedule.name == family:
-        return schedule  # no copy: keeps the programs that simulating it already lowered
-    return Schedule(schedule.ranks, schedule.microbatches, schedule.placement, schedule.orders, name=family)
+    return named(min(fitting, key=lambda item: item[:2])[2], family)
 
 
 def zb_v_searches(ranks: int, costs: Costs, memory_limit: Optional[float]) -> bool:
@@ -142,8 +188,7 @@ def zb_v_search_width(ranks: int, microbatches: int) -> int:
     return 1 + v_pool_width(ranks, microbatches)
 
 
-def _meets_work_bound(schedule: Schedule, costs: Costs, limit: float, objective: str) -> bool:
-    result = simulate(validate(schedule), costs)  # validated once; build_schedule reuses it
+def _meets_work_bound(schedule: Schedule, result: SimResult, costs: Costs, limit: float, objective: str) -> bool:
     return (result.max_peak_memory <= limit + TOLERANCE
             and objective_value(result, objective) <= work_bound(schedule, costs, objective) * (1 + TOLERANCE))
 
