@@ -75,3 +75,23 @@ def concurrently(run: Callable[[T], R], rows: Iterable[T], workers: int = 4) -> 
     """
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(run, rows))
+
+
+# --- the order files run in (scripts/test.sh: pytest-xdist, two workers, a file on one) ---------
+
+
+def pytest_configure(config) -> None:
+    """Keep the files in :func:`pytest_collection_modifyitems`' order under ``--dist loadfile``.
+    pytest-xdist would hand out the files with the most tests first, which puts the multi-process
+    files of one to three tests (a launch of four or eight ranks each, a minute or more) last: one
+    worker then runs them alone while the other has nothing left."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The files with a ``slow`` test first (each in its own collection order), then the rest: the
+    long ones start while plenty of short files remain to fill in beside them, so the two workers
+    end close together (the longest-first rule for balancing)."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)

@@ -240,6 +240,7 @@ def results(inputs) -> dict[str, subprocess.CompletedProcess]:
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 @pytest.mark.timeout(600)  # the first case waits for every line: 141 s of CPU measured, about 70 s on 2 quiet cores
 @pytest.mark.parametrize("line", CASES, ids=[line.where for line in CASES])
 def test_the_command_line_runs_as_written(line: DocLine, results):
