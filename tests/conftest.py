@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import pytest
 
@@ -50,6 +51,28 @@ def run_cli(*args: str, timeout: float = 120, cwd: Path | None = None) -> subpro
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def forked_cli() -> Iterator[Callable[..., subprocess.CompletedProcess]]:
+    """``run_cli`` for the tests of what a command computes: the command forked from one process
+    of this pytest worker that imported torch and transformers once (tests/zygote.py), where its
+    own process would pay 5-7 s of CPU for them first. Not for a test of how a command starts,
+    stops or is signalled, nor of what it imports."""
+    from zygote import Zygote
+
+    started: list = []
+    starting = threading.Lock()  # the first callers may be threads of one test (concurrently)
+
+    def run(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        with starting:
+            if not started:  # started by the first test that asks
+                started.append(Zygote(cli_env()))
+        return started[0].run(["pipesched", *args], str(cwd or os.getcwd()), cli_env(), timeout)
+
+    yield run
+    for zygote in started:
+        zygote.close()
 
 
 # A command typed at a terminal gets Ctrl-C delivered and handled by default. A child of the test
