@@ -128,7 +128,10 @@ def _serve() -> None:
     entry = next(e for e in entry_points(group="console_scripts") if e.name == "pipesched")
     command = entry.load()
     for name in WARM:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an extra not installed (transformers): the commands that need it say so themselves
+            pass
     running, pending, open_input = _Running(), b"", True
     while open_input or running.children:
         if open_input and select.select([0], [], [], POLL_S)[0]:
