@@ -140,7 +140,7 @@ def make_inputs(folder: Path, zygote: Zygote) -> Path:
         write_jsonl(folder / name, shipped_documents() * 40)
     (folder / "my_schedule.csv").write_text(pipesched.build_schedule("1f1b", ranks=4, microbatches=8).to_csv())
     made = zygote.run(["pipesched", "train", "--model", "gpt", "-s", "none", "--steps", "1", "--checkpoint-dir",
-                       str(folder / "ckpt-of-gpt")], str(folder), shell_env(folder.parent / "cache"))
+                       str(folder / "ckpt-of-gpt")], str(folder), shell_env(folder.parent / "cache"), timeout=600)
     assert made.returncode == 0, made.stderr
     return folder
 
