@@ -83,7 +83,7 @@ def errors(results: dict) -> dict:
     """Per run: (loss, gradient, weight) relative errors against its model's reference, and
     whether every rank's bytes equal the prediction (None where not measured)."""
     from runtime_cases import reference, relative_error
-    from sharded_pipeline_cases import held_out_error
+    from sharded_pipeline_cases import STEPS, held_out_error
     from test_sharded_pipelines import _hf_reference
 
     refs: dict = {}
@@ -91,7 +91,7 @@ def errors(results: dict) -> dict:
     for label, got in results.items():
         kind = label.split()[0]
         if kind not in refs:
-            refs[kind] = (reference("gpt", GPT_SIZE, GPT_BATCH) if kind == "gpt" else _hf_reference(kind, hf_batches()))
+            refs[kind] = (reference("gpt", GPT_SIZE, GPT_BATCH, steps=STEPS) if kind == "gpt" else _hf_reference(kind, hf_batches()))
         want = refs[kind]
         states = got.get("state_bytes")
         out[label] = (abs(got["losses"][0] - want["loss"]) / abs(want["loss"]), relative_error(got["grads"], want["grads"]),

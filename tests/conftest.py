@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import pytest
 
@@ -52,6 +53,28 @@ def cli():
     return run_cli
 
 
+@pytest.fixture(scope="session")
+def forked_cli() -> Iterator[Callable[..., subprocess.CompletedProcess]]:
+    """``run_cli`` for the tests of what a command computes: the command forked from one process
+    of this pytest worker that imported torch and transformers once (tests/zygote.py), where its
+    own process would pay 5-7 s of CPU for them first. Not for a test of how a command starts,
+    stops or is signalled, nor of what it imports."""
+    from zygote import Zygote
+
+    started: list = []
+    starting = threading.Lock()  # the first callers may be threads of one test (concurrently)
+
+    def run(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        with starting:
+            if not started:  # started by the first test that asks
+                started.append(Zygote(cli_env()))
+        return started[0].run(["pipesched", *args], str(cwd or os.getcwd()), cli_env(), timeout)
+
+    yield run
+    for zygote in started:
+        zygote.close()
+
+
 # A command typed at a terminal gets Ctrl-C delivered and handled by default. A child of the test
 # process inherits its SIGINT state instead, which a shell may have set to ignored (a background
 # job's) or an earlier test left blocked: restore the terminal's defaults, then become the command.
@@ -75,3 +98,23 @@ def concurrently(run: Callable[[T], R], rows: Iterable[T], workers: int = 4) -> 
     """
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(run, rows))
+
+
+# --- the order files run in (scripts/test.sh: pytest-xdist, two workers, a file on one) ---------
+
+
+def pytest_configure(config) -> None:
+    """Keep the files in :func:`pytest_collection_modifyitems`' order under ``--dist loadfile``.
+    pytest-xdist would hand out the files with the most tests first, which puts the multi-process
+    files of one to three tests (a launch of four or eight ranks each, a minute or more) last: one
+    worker then runs them alone while the other has nothing left."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The files with a ``slow`` test first (each in its own collection order), then the rest: the
+    long ones start while plenty of short files remain to fill in beside them, so the two workers
+    end close together (the longest-first rule for balancing)."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)

@@ -40,7 +40,7 @@ LLAMA = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=
 # less (measured: at most 1.1e-5 relative, at every step and for the held-out loss).
 LOSS_REL, NORM_REL = 1e-4, 2e-3
 
-Run = Callable[..., "object"]  # conftest.run_cli
+Run = Callable[..., "object"]  # conftest.run_cli or forked_cli
 
 
 def write_inputs(folder: Path) -> tuple[Path, Path]:

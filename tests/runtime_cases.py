@@ -58,14 +58,14 @@ def adamw_allowed(weight: torch.Tensor, rounding: float, sizes: torch.Tensor, lr
 
 
 def stepwise_reference(model: str, size: dict, batch: int, optimizer: str, lr: float, dtype: torch.dtype,
-                       seed: int = 3) -> dict:
+                       seed: int = 3, steps: int = STEPS) -> dict:
     """The unpipelined ``model`` in ``dtype`` (float64: exact, to fp32's eyes) trained as
     :func:`reference` trains it: every loss, every step's gradients, the final weights."""
     md = get_model(model, **size)
     net = md.sequential(seed).to(dtype)
     opt = make_optimizer(optimizer, lr)(list(net.parameters()))
     losses, step_grads = [], []
-    for step in range(STEPS):
+    for step in range(steps):
         x, y = md.batch(step, batch, seed)
         opt.zero_grad(set_to_none=True)
         loss = md.loss_fn(net(x), y)
@@ -76,8 +76,9 @@ def stepwise_reference(model: str, size: dict, batch: int, optimizer: str, lr: f
     return {"losses": losses, "step_grads": step_grads, "params": {k: v.detach().clone() for k, v in net.state_dict().items()}}
 
 
-def reference(model: str, size: dict, batch: int, seed: int = 3, clip_grad_norm=None, optimizer="sgd") -> dict:
-    cfg = TrainConfig(model, None, STEPS, batch, RuntimeOptions(seed=seed, clip_grad_norm=clip_grad_norm),
+def reference(model: str, size: dict, batch: int, seed: int = 3, clip_grad_norm=None, optimizer="sgd",
+              steps: int = STEPS) -> dict:
+    cfg = TrainConfig(model, None, steps, batch, RuntimeOptions(seed=seed, clip_grad_norm=clip_grad_norm),
                       model_size=size, want_params=True, want_grads=True, optimizer=optimizer)
     res = train_reference(cfg)
     return {"loss": res.losses[0], "grads": res.grads, "params": res.params}

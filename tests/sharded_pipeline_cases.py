@@ -7,6 +7,9 @@ import torch
 from sharded_cases import LR
 
 ADAMW_LR = 0.01  # the pipelined gpt's AdamW (weight decay 0.01 on matrices, make_optimizer's)
+# the steps of every run: the second computes on the weights the first stepped, gathered again from
+# the updated shards, as every later step does
+STEPS = 2
 CLIP = 0.05  # well under the pipelined gpt's gradient norm: every step is clipped
 EVAL_BATCHES = 2  # held-out batches of a run's evaluation
 # the schedules evaluated: a fused backward, a V whose weight gradients wait for W, two model copies
@@ -16,15 +19,13 @@ EVALUATED = ("1f1b", "zb-v", "dualpipe")
 def pipelined_layouts(rank: int, world: int, job: tuple) -> dict:
     """Each (label, schedule, (dp_replicate, dp_shard, tp)[, settings]) of ``job`` (size, batch,
     runs[, device]): the gpt pipelined by PipelineRuntime over that sharded layout for
-    runtime_cases.STEPS steps on the global batch, SGD or (``settings["optimizer"]``) AdamW at
+    ``STEPS`` steps on the global batch, SGD or (``settings["optimizer"]``) AdamW at
     ``ADAMW_LR``, gradients clipped to ``settings["clip"]`` if given, the stages
     ``settings["recompute"]`` names recomputed; rank 0 returns its losses, first-step gradients
     and the runtime's gradient norm of them, final weights gathered whole, every rank's state
     bytes and its first step's (pipeline rank, measured, predicted) peak activation bytes. A run of an
     ``EVALUATED`` schedule without settings also evaluates ``EVAL_BATCHES`` held-out batches (steps
     no run reads) after its first step, and returns the loss, the batches and the weights evaluated."""
-    from runtime_cases import STEPS
-
     from pipesched.runtime.executor import PipelineRuntime
     from pipesched.runtime.options import RuntimeOptions
     from pipesched.runtime.stages.staged_model import StagedModel

@@ -10,12 +10,14 @@ line the command prints after a ``$`` prompt, it must exit 2 with that line.
 
 - ``pipesched train`` runs with ``--dry-run``: every check train makes before launching, no rank
   started; through the console script's entry point in a process forked from one that imported
-  torch once (doc_zygote.py: as processes of their own, forty would take minutes). A dry run
+  torch once (zygote.py: as processes of their own, forty would take minutes). A dry run
   with ``--checkpoint-dir`` writes nothing; the folder then gets the checkpoint a real run
   leaves (one step of the same model, made once), so the lines after it that ``--resume`` or
   ``checkpoint verify`` it run as a reader of the docs would run them.
-- The quick commands (list, simulate, compare, draw, report, export, checkpoint) run for real:
-  0.4-6 s of CPU each, measured on the 2-core machine.
+- The quick commands (list, simulate, compare, draw, report, export, checkpoint) run for real,
+  forked from the same process as the dry runs (a line that needs a shell, ``>`` and the like,
+  through bash): 0.1-5 s of CPU each, measured on the 2-core machine, where a process of their
+  own adds about 0.35 s of start-up to each.
 - Checked by their flags (each flag the line gives is one its command's ``--help`` lists) where
   running them costs far more than a few seconds: ``advise`` (20-30 s of CPU a line, measured
   there: it plans every family over chunks and microbatches; ``--profile`` launches ranks; the
@@ -36,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import os
-import queue
 import re
 import shlex
 import shutil
@@ -44,17 +45,18 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import pytest
 from conftest import ROOT, cli_env, concurrently
-from doc_zygote import Zygote
+from zygote import Zygote
 
 VENV_BIN = Path(sys.executable).parent  # the .venv whose console script users run
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PROGRAMS = ("pipesched", "python", "torchrun", "bash", "PYTHONPATH=")
 SHELL_BLOCKS = ("bash", "sh", "shell", "console", "")
-WORKERS = 3  # docs run at a time (each a bash and a zygote process: doc_zygote.py)
+WORKERS = 3  # docs run at a time (each its commands in a child of the one zygote: zygote.py)
+SHELL = set("<>|;&$`*?~'\"")  # a line with one of these needs bash to mean what it says
 TORCHRUN_RANK0 = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 
 
@@ -100,12 +102,20 @@ CASES = [line for found in LINES.values() for line in found]
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> Path:
+def zygote() -> Iterator[Zygote]:
+    """The one process every ``pipesched`` line here is forked from (zygote.py)."""
     pytest.importorskip("transformers")
-    return make_inputs(tmp_path_factory.mktemp("doc-inputs"))
+    started = Zygote(cli_env())
+    yield started
+    started.close()
 
 
-def make_inputs(folder: Path) -> Path:
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, zygote) -> Path:
+    return make_inputs(tmp_path_factory.mktemp("doc-inputs"), zygote)
+
+
+def make_inputs(folder: Path, zygote: Zygote) -> Path:
     """``folder`` holding what the docs' lines read: the checkout's docs/ and scripts/, a tiny
     Llama's config.json, the folders llama/ (config and BPE tokenizer) and DIR/ (config,
     tokenizer and weights), the shipped text as corpus.txt and its lines (40 times) as
@@ -129,7 +139,8 @@ def make_inputs(folder: Path) -> Path:
     for name in ("docs.jsonl", "corpus.jsonl"):  # 40 copies: 1% held out still holds a window of 256 tokens
         write_jsonl(folder / name, shipped_documents() * 40)
     (folder / "my_schedule.csv").write_text(pipesched.build_schedule("1f1b", ranks=4, microbatches=8).to_csv())
-    made = run(f"pipesched train --model gpt -s none --steps 1 --checkpoint-dir {folder / 'ckpt-of-gpt'}", folder)
+    made = zygote.run(["pipesched", "train", "--model", "gpt", "-s", "none", "--steps", "1", "--checkpoint-dir",
+                       str(folder / "ckpt-of-gpt")], str(folder), shell_env(folder.parent / "cache"), timeout=600)
     assert made.returncode == 0, made.stderr
     return folder
 
@@ -195,10 +206,12 @@ def run_line(line: DocLine, cwd: Path, checkpoint: Path, zygote: Zygote) -> subp
     if argv[:2] == ["pipesched", "advise"]:
         return flags_listed(argv, argv[:2], cwd)
     if argv[:2] == ["pipesched", "train"]:
-        assert not set("<>|;&$`") & set(line.command), line.command  # needs no shell: its argv is the line
+        assert not SHELL & set(line.command), line.command  # needs no shell: its argv is the line
         result = zygote.run([*argv, "--dry-run"], str(cwd), shell_env(cwd.parent / "cache"))
         _leave_the_checkpoint_a_run_would(argv, cwd, checkpoint, result)
         return result
+    if argv[0] == "pipesched" and not SHELL & set(line.command):
+        return zygote.run(argv, str(cwd), shell_env(cwd.parent / "cache"))
     return run(line.command, cwd)
 
 
@@ -213,8 +226,9 @@ def _leave_the_checkpoint_a_run_would(argv: list[str], cwd: Path, checkpoint: Pa
 
 
 @pytest.fixture(scope="module")
-def results(inputs) -> dict[str, subprocess.CompletedProcess]:
-    """Every line's result: each doc's lines in order, in a folder of its own, three docs at a time."""
+def results(inputs, zygote) -> dict[str, subprocess.CompletedProcess]:
+    """Every line's result: each doc's lines in order, in a folder of its own, three docs at a time
+    (each its commands in children of one zygote: one import of torch for all)."""
 
     def run_doc(doc: Path) -> list[tuple[str, subprocess.CompletedProcess]]:
         cwd = inputs.parent / f"run-{doc.stem}"
@@ -222,24 +236,14 @@ def results(inputs) -> dict[str, subprocess.CompletedProcess]:
         for item in inputs.iterdir():
             if item.name != "ckpt-of-gpt":
                 (cwd / item.name).symlink_to(item)
-        zygote = zygotes.get()
-        try:
-            return [(line.where, run_line(line, cwd, inputs / "ckpt-of-gpt", zygote)) for line in LINES[doc]]
-        finally:
-            zygotes.put(zygote)
+        return [(line.where, run_line(line, cwd, inputs / "ckpt-of-gpt", zygote)) for line in LINES[doc]]
 
-    zygotes: queue.Queue = queue.Queue()
-    for _ in range(WORKERS):
-        zygotes.put(Zygote(shell_env(inputs.parent / "cache")))
     docs = sorted((doc for doc in DOCS if LINES[doc]), key=lambda doc: -len(LINES[doc]))  # the longest first
-    try:
-        return dict(pair for done in concurrently(run_doc, docs, workers=WORKERS) for pair in done)
-    finally:
-        while not zygotes.empty():
-            zygotes.get().close()
+    return dict(pair for done in concurrently(run_doc, docs, workers=WORKERS) for pair in done)
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 @pytest.mark.timeout(600)  # the first case waits for every line: 141 s of CPU measured, about 70 s on 2 quiet cores
 @pytest.mark.parametrize("line", CASES, ids=[line.where for line in CASES])
 def test_the_command_line_runs_as_written(line: DocLine, results):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import concurrently, run_cli
+from conftest import concurrently
 
 pytest.register_assert_rewrite("feature_layout_cases")
 from feature_layout_cases import CHECKS, launch, reference, write_inputs  # noqa: E402
@@ -25,12 +25,13 @@ SUITE_LAYOUT = "tp"
 
 
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory) -> dict:
-    """The suite's layout, first run and resumed, beside the one-process run."""
+def launched(tmp_path_factory, forked_cli) -> dict:
+    """The suite's layout, first run and resumed, beside the one-process run (each command forked
+    from one process that imported torch: conftest.forked_cli)."""
     folder = tmp_path_factory.mktemp("feature_layouts")
     config, tokens = write_inputs(folder)
-    jobs = {"reference": lambda: reference(run_cli, folder, config, tokens),
-            SUITE_LAYOUT: lambda: launch(run_cli, folder, SUITE_LAYOUT, config, tokens)}
+    jobs = {"reference": lambda: reference(forked_cli, folder, config, tokens),
+            SUITE_LAYOUT: lambda: launch(forked_cli, folder, SUITE_LAYOUT, config, tokens)}
     return dict(zip(jobs, concurrently(lambda job: job(), list(jobs.values()), workers=2)))
 
 

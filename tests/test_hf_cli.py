@@ -45,7 +45,7 @@ def configs(tmp_path_factory) -> dict:
 
 
 @pytest.mark.timeout(240)
-def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loads(tmp_path, configs):
+def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loads(tmp_path, configs, forked_cli):
     from transformers import AutoModelForCausalLM
 
     from pipesched.training.launch_checks import activation_peaks, rank_state, stage_specs, state_slots
@@ -66,7 +66,7 @@ def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loa
     activations = activation_peaks(md, plan, None, 8, 2, 0, None, torch.float32)
     total, top = max((state[r] + activations[r], r) for r in range(2))
     layout = [*args, "-s", "zb-v", "--ranks", "2", "--dp-shard", "2"]
-    run, refused = concurrently(lambda extra: run_cli("train", *layout, *extra, timeout=200), [
+    run, refused = concurrently(lambda extra: forked_cli("train", *layout, *extra, timeout=200), [
         ["--rank-memory-limit", f"{total:.0f}B", "--save-hf", str(out), "--checkpoint-dir", str(tmp_path / "ck")],
         ["--rank-memory-limit", f"{total - 1:.0f}B"]])
     assert run.returncode == 0, run.stderr
@@ -104,7 +104,7 @@ def test_trains_like_the_model_in_one_process_and_saves_what_from_pretrained_loa
 
 
 @pytest.mark.timeout(240)
-def test_advise_profiles_the_model_and_train_auto_trains_the_schedule_it_chooses(tmp_path, configs):
+def test_advise_profiles_the_model_and_train_auto_trains_the_schedule_it_chooses(tmp_path, configs, forked_cli):
     """``advise --profile`` on a Llama config recommends a schedule and prints the command that
     trains it on that model; ``train -s auto --memory-limit 2`` on (tied) GPT-2 profiles, chooses
     the fastest schedule within the limit, trains and checkpoints the tied weight once, under its
@@ -121,7 +121,7 @@ def test_advise_profiles_the_model_and_train_auto_trains_the_schedule_it_chooses
              "--summary", str(tmp_path / "run.json")]
     advice, trained = concurrently(lambda run: run(), [  # independent: side by side
         lambda: run_at_80(*advise),  # the table at 80 columns, piped: nothing cut, times in ms
-        lambda: run_cli(*train, timeout=200),
+        lambda: forked_cli(*train, timeout=200),
     ])
     assert advice.returncode == 0, advice.stderr
     check_uncut(advice)

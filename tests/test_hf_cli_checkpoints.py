@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import concurrently, run_cli
+from conftest import concurrently
 
 pytest.importorskip("transformers")
 import torch  # noqa: E402
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 
 @pytest.mark.timeout(240)
-def test_moe_folders_transformers_wrote_train_and_resave_as_transformers_stores_them(tmp_path):
+def test_moe_folders_transformers_wrote_train_and_resave_as_transformers_stores_them(tmp_path, forked_cli):
     """A Mixtral and a Qwen3-MoE folder written by transformers' own ``save_pretrained`` (experts
     stored one by one) train from ``--hf-weights`` on 2 ranks and resave with ``--save-hf`` in the
     same layout; transformers loads that folder with the logits of the folder's model trained the
@@ -40,9 +40,9 @@ def test_moe_folders_transformers_wrote_train_and_resave_as_transformers_stores_
         make_model(kind, torch.float32).save_pretrained(tmp_path / kind)
     args = ["--ranks", "2", "-s", "1f1b", "-m", "2", "--steps", "1", "--batch-size", "4", "--seq-len", "16",
             "--lr", "0.05"]
-    runs = concurrently(lambda kind: run_cli("train", "--model", f"hf:{tmp_path / kind / 'config.json'}",
-                                             "--hf-weights", str(tmp_path / kind), "--save-hf", str(tmp_path / f"{kind}-out"),
-                                             "--summary", str(tmp_path / f"{kind}.json"), *args, timeout=200), kinds)
+    runs = concurrently(lambda kind: forked_cli("train", "--model", f"hf:{tmp_path / kind / 'config.json'}",
+                                                "--hf-weights", str(tmp_path / kind), "--save-hf", str(tmp_path / f"{kind}-out"),
+                                                "--summary", str(tmp_path / f"{kind}.json"), *args, timeout=200), kinds)
     for kind, run in zip(kinds, runs):
         assert run.returncode == 0, (kind, run.stderr)
         stored = [sorted(safe_open(str(folder / "model.safetensors"), "pt").keys())

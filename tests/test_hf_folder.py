@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import concurrently, run_cli
+from conftest import concurrently
 
 pytest.importorskip("transformers")
 import torch  # noqa: E402
@@ -31,7 +31,7 @@ def folders(tmp_path, monkeypatch):
     return whole, bare, write_jsonl(tmp_path / "docs.jsonl", shipped_documents())
 
 
-def test_a_folder_gives_its_config_tokenizer_and_weights_and_saves_what_transformers_loads_whole(tmp_path, folders):
+def test_a_folder_gives_its_config_tokenizer_and_weights_and_saves_what_transformers_loads_whole(tmp_path, folders, forked_cli):
     from tokenizer_cases import shipped_documents
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -49,7 +49,7 @@ def test_a_folder_gives_its_config_tokenizer_and_weights_and_saves_what_transfor
             [*common, "--model", f"hf:{bare}", "--steps", "1"],
             [*common, "--model", f"hf:{bare}", "--steps", "1", "--hf-weights", str(whole)],
             [*common, "--model", f"hf:{hostile}", "--steps", "1"]]
-    with_weights, without, given, refused = concurrently(lambda args: run_cli(*args, timeout=300), runs, workers=3)
+    with_weights, without, given, refused = concurrently(lambda args: forked_cli(*args, timeout=300), runs, workers=3)
     for done in (with_weights, without, given):
         assert done.returncode == 0, done.stderr
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [

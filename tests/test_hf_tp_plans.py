@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import concurrently, run_cli
+from conftest import concurrently
 
 pytest.importorskip("transformers")
 import torch  # noqa: E402
@@ -125,7 +125,7 @@ def test_tp_divides_only_the_heads_of_an_attention_the_plan_splits(tmp_path, kin
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_helium_and_falcon_multi_query_train_under_tp_as_in_one_process_and_starcoder2_splits_its_mlp(tmp_path):
+def test_helium_and_falcon_multi_query_train_under_tp_as_in_one_process_and_starcoder2_splits_its_mlp(tmp_path, forked_cli):
     """Helium from its declared plan alone, and Falcon 7B's multi-query layout (its one key-value
     head: the attention whole on every tp rank, the MLP split): ``--tp 2`` (4 processes) against
     one process, 3 SGD steps in fp32. The two differ only in the order of fp32 sums: a row-wise layer adds two partial dot
@@ -150,7 +150,7 @@ def test_helium_and_falcon_multi_query_train_under_tp_as_in_one_process_and_star
             runs.append([*TRAIN, "--model", f"hf:{tmp_path / kind}.json", *args,
                          "--summary", str(tmp_path / f"{kind}-{label}.json"),
                          "--save-params", str(tmp_path / f"{kind}-{label}.pt")])
-    for done in concurrently(lambda args: run_cli(*args, timeout=540), runs, workers=2):
+    for done in concurrently(lambda args: forked_cli(*args, timeout=540), runs, workers=2):  # one import of torch for all
         assert done.returncode == 0, done.stderr
     for kind in kinds:
         got, want = (json.loads((tmp_path / f"{kind}-{x}.json").read_text()) for x in ("tp", "one"))

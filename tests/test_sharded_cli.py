@@ -19,7 +19,7 @@ SHARDED = [*GPT, "-s", "zb-v", "--dp-shard", "2", "--steps", "2"]
 
 
 @pytest.mark.timeout(300)
-def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resumes_in_one_process(tmp_path):
+def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resumes_in_one_process(tmp_path, forked_cli):
     """The sharded run's checkpoint (DCP: each rank's shards of the weights and AdamW's state under
     the unsplit model's names) loads into the one-process model bit for bit and resumes there, its
     steps 3 and 4 as the uninterrupted run's. A --rank-memory-limit the layout's predicted weights,
@@ -35,7 +35,7 @@ def test_a_sharded_run_trains_as_one_process_measures_what_it_predicts_and_resum
     from pipesched.training.optimizers import make_optimizer
     from pipesched.training.train import TrainConfig, train_reference
 
-    sharded, whole, refused = concurrently(lambda args: run_cli("train", *args, timeout=240), [
+    sharded, whole, refused = concurrently(lambda args: forked_cli("train", *args, timeout=240), [
         [*SHARDED, "--summary", str(tmp_path / "sharded.json"), "--checkpoint-dir", str(tmp_path / "ck"),
          "--save-params", str(tmp_path / "sharded.pt")],
         [*GPT, "-s", "none", "--steps", "4", "--summary", str(tmp_path / "whole.json")],

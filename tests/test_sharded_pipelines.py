@@ -89,7 +89,7 @@ def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_wi
         stepwise_reference,
     )
     from gather_counts import counting_gathers
-    from sharded_pipeline_cases import ADAMW_LR, CLIP, pipelined_layouts
+    from sharded_pipeline_cases import ADAMW_LR, CLIP, STEPS, pipelined_layouts
 
     runs = [(f"{name} {where}", pipesched.build_schedule(name, 2, MICROBATCHES), dims)
             for name in [*SINGLE_PIPELINE, "dualpipe"] for where, dims in LAYOUTS.items()]
@@ -128,12 +128,13 @@ def test_every_schedule_family_trains_sharded_stages_as_the_unpipelined_model_wi
     assert_recomputed_as_stored(results, {f"recompute {stages} {name} {where}": f"{name} {where}"
                                           for name, where, stages in RECOMPUTED})
     _assert_held_out_loss_is_the_one_process_models(results)
-    want = reference("gpt", SIZE, BATCH)
+    want = reference("gpt", SIZE, BATCH, steps=STEPS)
     assert_equal_to_reference(results, want)
     assert_grad_norm_is_the_models(results, want)
     # clipped by the norm over every rank's pieces, each element once (DualPipe's copies, tp's replicated norms)
     assert_clipped_like_reference(clipped, BATCH)
-    single, exact = (stepwise_reference("gpt", SIZE, BATCH, "adamw", ADAMW_LR, dtype) for dtype in (torch.float32, torch.float64))
+    single, exact = (stepwise_reference("gpt", SIZE, BATCH, "adamw", ADAMW_LR, dtype, steps=STEPS)
+                     for dtype in (torch.float32, torch.float64))
     steps = list(zip(single["step_grads"], exact["step_grads"]))
     for label, got in adamw.items():
         assert got["losses"] == pytest.approx(single["losses"], rel=1e-5), label
@@ -185,11 +186,11 @@ def assert_recomputed_as_stored(results: dict, stored: dict) -> None:
 def assert_clipped_like_reference(results: dict, batch: int) -> None:
     """Each run within 1e-5 relative of the unpipelined model clipped to ``CLIP``, which clipping changed."""
     from runtime_cases import relative_error
-    from sharded_pipeline_cases import CLIP
+    from sharded_pipeline_cases import CLIP, STEPS
 
-    want = reference("gpt", SIZE, batch, clip_grad_norm=CLIP)
+    want = reference("gpt", SIZE, batch, clip_grad_norm=CLIP, steps=STEPS)
     assert_equal_to_reference(results, want)
-    assert relative_error(want["grads"], reference("gpt", SIZE, batch)["grads"]) > 100 * 1e-5  # clipping did act
+    assert relative_error(want["grads"], reference("gpt", SIZE, batch, steps=STEPS)["grads"]) > 100 * 1e-5  # clipping did act
 
 
 @pytest.mark.timeout(300)

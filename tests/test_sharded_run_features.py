@@ -1,9 +1,9 @@
-"""Run features over sharded layouts, through the console script (issue 39's two combinations
+"""Run features over sharded layouts, through the console script's entry point (issue 39's two combinations
 that could never run): ``-s zb-auto`` on ``--dp-shard 2`` and ``-s auto`` on ``--tp 2``, each under
 a ``--memory-limit`` that only recomputation meets, recompute and train as the one-process model;
 with them and with HSDP (``--dp 2 --dp-shard 2``), ``--metrics``, ``--tensorboard`` and
 ``--report`` log the whole model's gradient norm, the one-process model's. Four launches at
-once; the runtime's side (recomputed runs bit for bit the stored ones, the norm each element
+once, forked from one process that imported torch (conftest.forked_cli); the runtime's side (recomputed runs bit for bit the stored ones, the norm each element
 once, every schedule family) is tests/test_sharded_pipelines.py's."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from conftest import concurrently, run_cli
+from conftest import concurrently
 
 pytest.importorskip("torch")
 pytest.importorskip("tensorboard")
@@ -36,16 +36,16 @@ SAID = {"zb-auto dp_shard 2": "zb-auto: recomputing stages 0,1,2,3 to fit the me
 
 
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory) -> dict:
+def launched(tmp_path_factory, forked_cli) -> dict:
     """Each launch's metrics rows, summary and stderr; the sharded ones also wrote a report and
-    TensorBoard scalars."""
+    TensorBoard scalars (each command forked from one process that imported torch: conftest.forked_cli)."""
     root = tmp_path_factory.mktemp("features")
 
     def launch(label: str):
         folder = root / label.replace(" ", "_")
         folder.mkdir()
         sharded = ["--tensorboard", str(folder / "tb"), "--report", str(folder / "report.html")] if label in SHARDED else []
-        done = run_cli("train", *GPT, *LAUNCHES[label], "--metrics", str(folder / "metrics.jsonl"),
+        done = forked_cli("train", *GPT, *LAUNCHES[label], "--metrics", str(folder / "metrics.jsonl"),
                        "--summary", str(folder / "summary.json"), *sharded, timeout=280)
         assert done.returncode == 0, (label, done.stderr)
         return {"rows": [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()],

@@ -49,6 +49,8 @@ pytest.importorskip("transformers")
 
 from pipesched.sharded_bytes import rank_state_bytes  # noqa: E402
 
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
 U = 2.0 ** -24
 TERMS = 8 * 12 * 4
 LARGEST_GRAD = 0.4

@@ -35,8 +35,9 @@ COMMON = ["--steps", str(STEPS), "--batch-size", str(BATCH), "-m", "4", "--seq-l
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The three launches' folders (each: params.pt, summary.json, metrics.jsonl; A also tb/, report.html)."""
+def runs(tmp_path_factory, forked_cli):
+    """The three launches' folders (each: params.pt, summary.json, metrics.jsonl; A also tb/, report.html),
+    each forked from one process that imported torch (conftest.forked_cli)."""
     root = tmp_path_factory.mktemp("runs")
     docs = shipped_documents()
     model = model_folder(root / "llama")
@@ -47,7 +48,7 @@ def runs(tmp_path_factory):
 
     def launch(name: str, data_kind: str, *args: str):
         folder = out[name]
-        return run_cli("train", "--model", f"hf:{model / 'config.json'}", "--data", str(data[data_kind]), *COMMON,
+        return forked_cli("train", "--model", f"hf:{model / 'config.json'}", "--data", str(data[data_kind]), *COMMON,
                        "--save-params", str(folder / "params.pt"), "--summary", str(folder / "summary.json"),
                        "--metrics", str(folder / "metrics.jsonl"), *args, timeout=280)
 
