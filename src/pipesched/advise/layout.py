@@ -128,7 +128,8 @@ class LayoutCandidate:
 
     def label(self) -> str:
         sharded = f" x dp_shard={self.dp_shard} x tp={self.tp}" if (self.tp, self.dp_shard) != (1, 1) else ""
-        return f"pp={self.pp} x dp={self.dp}{sharded}: {self.candidate.label()}"
+        experts = f" x ep={self.ep}" if self.ep > 1 else ""  # the free search tries several per layout
+        return f"pp={self.pp} x dp={self.dp}{sharded}{experts}: {self.candidate.label()}"
 
     def to_json(self) -> dict:
         return {
