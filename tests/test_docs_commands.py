@@ -19,9 +19,11 @@ line the command prints after a ``$`` prompt, it must exit 2 with that line.
   through bash): 0.1-5 s of CPU each, measured on the 2-core machine, where a process of their
   own adds about 0.35 s of start-up to each.
 - Checked by their flags (each flag the line gives is one its command's ``--help`` lists) where
-  running them costs far more than a few seconds: ``advise`` (20-30 s of CPU a line, measured
-  there: it plans every family over chunks and microbatches; ``--profile`` launches ranks; the
-  advice itself is tested in tests/test_advise*.py and tests/test_cli_advise.py), ``bash
+  running them costs far more than a few seconds: ``advise`` pricing a model (6-130 s of CPU a
+  line, measured there: it plans every family over chunks and microbatches; ``--profile``
+  launches ranks; benchmarks/doc_advise_lines.py runs every one of them for real, and the
+  advice itself is tested in tests/test_advise*.py and tests/test_cli_advise.py; the line
+  priced from unit costs alone, ``--costs``, runs for real here), ``bash
   scripts/*.sh`` (the demo trains for minutes, the suite runs for fifteen, and either reinstalls
   .venv where its extras differ: the script is parsed with ``bash -n`` and the command it ends
   in answers ``--help``), ``python scripts/make_docs_charts.py``
@@ -203,8 +205,8 @@ def run_line(line: DocLine, cwd: Path, checkpoint: Path, zygote: Zygote) -> subp
         return parsed if parsed.returncode != 0 else run(ends_in, cwd)
     if argv[0] == "python":
         return flags_listed(argv, argv[:2], cwd)
-    if argv[:2] == ["pipesched", "advise"]:
-        return flags_listed(argv, argv[:2], cwd)
+    if argv[:2] == ["pipesched", "advise"] and ("--costs" not in argv or SHELL & set(line.command)):
+        return flags_listed(argv, argv[:2], cwd)  # a model priced: benchmarks/doc_advise_lines.py runs it
     if argv[:2] == ["pipesched", "train"]:
         assert not SHELL & set(line.command), line.command  # needs no shell: its argv is the line
         result = zygote.run([*argv, "--dry-run"], str(cwd), shell_env(cwd.parent / "cache"))
