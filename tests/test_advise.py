@@ -198,3 +198,25 @@ def test_parallel_search_gives_the_same_ranking_as_one_process():
     one = advise(4, 4, microbatches=8, costs=SKEWED, families=FAST, workers=1).to_json()
     two = advise(4, 4, microbatches=8, costs=SKEWED, families=FAST, workers=2).to_json()
     assert one == two
+
+
+def test_large_searches_use_every_core_even_two_small_ones_one_process(monkeypatch):
+    from pipesched.advise import parallel
+    monkeypatch.setattr(parallel, "local_cores", lambda: 2)
+    assert parallel.default_workers(20, parallel.LARGE_WORK_S) == 2
+    assert parallel.default_workers(20, parallel.LARGE_WORK_S / 2) == 1
+    assert parallel.default_workers(1, 10 * parallel.LARGE_WORK_S) == 1  # one job: nothing to share
+
+
+def test_outcomes_come_back_in_the_items_order_whatever_order_the_workers_take_them():
+    from pipesched.advise.parallel import map_outcomes
+
+    def square(x: int) -> int:
+        if x == 3:
+            raise ConfigError("three")
+        return x * x
+
+    items = [1, 2, 3, 4, 5]
+    got = map_outcomes(square, items, 2, weights=[1, 5, 2, 4, 3])
+    assert [g for i, g in enumerate(got) if i != 2] == [1, 4, 16, 25]
+    assert isinstance(got[2], ConfigError) and str(got[2]) == "three"

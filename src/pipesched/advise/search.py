@@ -22,7 +22,7 @@ from ..ranking import BASELINE, OBJECTIVES, rank_key, significant
 from ..registry import Family, families as registered_families
 from .candidates import BatchPlan, Setting, batch_plan, settings
 from .costmodel import CostModel, ScaledCosts
-from .evaluate import Price, SteeredOverLimit, as_built, evaluate, leanest
+from .evaluate import Price, SteeredOverLimit, leanest, search_setting
 from .explain import explain
 from .parallel import default_workers, map_outcomes
 from .result import Advice, Candidate
@@ -94,16 +94,17 @@ def advise(
 
     built: list[Candidate] = []
     skipped: list[tuple[str, int, int, str]] = []
-    over_limit: list[Setting] = []  # families that could not get under the limit when steered
-    # Largest instances first, so parallel workers finish together.
+    over_limit: list[tuple[Setting, SteeredOverLimit]] = []  # families that could not get under the limit when steered
+    # Kept in this order (ties in the ranking keep it); the workers take the heaviest first (map_outcomes).
     todo = sorted(settings(family_list, plan, max_chunks), key=lambda s: -s.microbatches * s.chunks)
     if refuse_slow:
         check_search_size(ranks, plan, family_list, max_chunks)
     work = search_actions(ranks, plan, family_list, max_chunks)
+    predicted = [planning_seconds(s.family, ranks, s.microbatches, s.chunks) for s in todo]
     with progress(work) if progress is not None else nullcontext():
         outcomes = map_outcomes(
-            lambda setting: evaluate(setting, ranks, plan, cost_model, objective, price=price), todo,
-            workers if workers is not None else default_workers(len(todo)),
+            lambda setting: search_setting(setting, ranks, plan, cost_model, objective, price=price), todo,
+            workers if workers is not None else default_workers(len(todo), sum(predicted)), predicted,
         )
     seen: set[tuple[str, int, int, str]] = set()  # a family that picks its own chunks may repeat itself
 
@@ -117,14 +118,14 @@ def advise(
     for setting, outcome in zip(todo, outcomes):
         if isinstance(outcome, PipeschedError):
             if isinstance(outcome, SteeredOverLimit):
-                over_limit.append(setting)
+                over_limit.append((setting, outcome))
             skipped.append((setting.family.name, setting.chunks, setting.microbatches, str(outcome)))
             continue
         keep(outcome)
-    for setting in over_limit:  # over the limit storing activations: recomputing them may fit
-        keep([c for c in as_built(setting, ranks, plan, cost_model, objective, price) if c.fits])
+    for _, steered in over_limit:  # over the limit storing activations: recomputing them may fit
+        keep(steered.as_built)
     if not any(c.fits for c in built):  # what they need at least, for the smallest feasible limit
-        for setting in over_limit:
+        for setting, _ in over_limit:
             keep(leanest(setting, ranks, plan, cost_model, objective, price))
     if not built:
         reasons = "; ".join(f"{s} chunks={v} m={m}: {why}" for s, v, m, why in skipped[:3])
