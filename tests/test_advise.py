@@ -112,6 +112,9 @@ def test_a_limit_nothing_fits_names_the_smallest_feasible_limit():
         pytest.skip("needs a V family that honours memory limits")
     with pytest.raises(NoCandidateFitsError, match=r"smallest feasible limit is 1\b") as err:
         advise(4, 0.5, microbatches=8, families=FAST)  # families that honour limits go down to 1
+    with pytest.raises(NoCandidateFitsError) as two:  # their leanest builds, on two processes: the same
+        advise(4, 0.5, microbatches=8, families=FAST, workers=2)
+    assert str(two.value) == str(err.value) and two.value.candidates == err.value.candidates
     floor = advise(4, 1, microbatches=8, families=FAST).recommended
     assert floor.peak_memory <= 1 and floor.schedule in str(err.value)
 

@@ -42,6 +42,7 @@ def map_outcomes(fn: Callable[[T], R], items: Sequence[T], workers: int,
     outcome. ``weights`` (predicted cost) only orders the dispatch, heaviest first, so that the
     workers finish together: a free worker takes the heaviest item left."""
     global _TASK
+    workers = min(workers, len(items))
     if workers <= 1:
         return [_outcome(fn, item) for item in items]
     order = sorted(range(len(items)), key=lambda i: -weights[i]) if weights is not None else list(range(len(items)))

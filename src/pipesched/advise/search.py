@@ -100,11 +100,13 @@ def advise(
     if refuse_slow:
         check_search_size(ranks, plan, family_list, max_chunks)
     work = search_actions(ranks, plan, family_list, max_chunks)
-    predicted = [planning_seconds(s.family, ranks, s.microbatches, s.chunks) for s in todo]
+    predicted = {s: planning_seconds(s.family, ranks, s.microbatches, s.chunks) for s in todo}
+    if workers is None:
+        workers = default_workers(len(todo), sum(predicted.values()))
     with progress(work) if progress is not None else nullcontext():
         outcomes = map_outcomes(
             lambda setting: search_setting(setting, ranks, plan, cost_model, objective, price=price), todo,
-            workers if workers is not None else default_workers(len(todo), sum(predicted)), predicted,
+            workers, [predicted[s] for s in todo],
         )
     seen: set[tuple[str, int, int, str]] = set()  # a family that picks its own chunks may repeat itself
 
@@ -125,8 +127,12 @@ def advise(
     for _, steered in over_limit:  # over the limit storing activations: recomputing them may fit
         keep(steered.as_built)
     if not any(c.fits for c in built):  # what they need at least, for the smallest feasible limit
-        for setting, _ in over_limit:
-            keep(leanest(setting, ranks, plan, cost_model, objective, price))
+        floors = map_outcomes(lambda setting: leanest(setting, ranks, plan, cost_model, objective, price),
+                              [s for s, _ in over_limit], workers, [predicted[s] for s, _ in over_limit])
+        for floor in floors:
+            if isinstance(floor, PipeschedError):
+                raise floor
+            keep(floor)
     if not built:
         reasons = "; ".join(f"{s} chunks={v} m={m}: {why}" for s, v, m, why in skipped[:3])
         raise ConfigError(f"no schedule could be built for ranks={ranks}: {reasons}")
