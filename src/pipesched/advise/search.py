@@ -68,8 +68,8 @@ def advise(
     ``memory_limit`` is peak activations per rank in M_B units of the reference microbatch
     (``microbatch_size``, or the one ``microbatches`` gives). ``costs`` are per-microbatch at that
     size; ``cost_model`` replaces ``costs`` and ``memory_limit`` (e.g. a model description).
-    ``workers``: processes for the builds (default: the cores this process may use,
-    :func:`pipesched.environment.local_cores`, when there are 4 or more, else one).
+    ``workers``: processes for the builds (default: :func:`.parallel.default_workers`, the cores
+    this process may use when there are 4 or more or the search is large, else one).
     ``progress(work)``: a context the search runs in, given the actions it builds (a spinner).
     Searches that would take more than about a minute raise a ConfigError (:mod:`..planning`);
     ``refuse_slow=False`` does not (the layout searches, which search every layout in full).
