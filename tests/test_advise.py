@@ -220,6 +220,14 @@ def test_outcomes_come_back_in_the_items_order_whatever_order_the_workers_take_t
         return x * x
 
     items = [1, 2, 3, 4, 5]
-    got = map_outcomes(square, items, 2, weights=[1, 5, 2, 4, 3])
+    got = map_outcomes(square, items, 2, weights=[1, 5, 2, 4, 3], together=lambda x: x % 2 or None)
     assert [g for i, g in enumerate(got) if i != 2] == [1, 4, 16, 25]
     assert isinstance(got[2], ConfigError) and str(got[2]) == "three"
+
+
+def test_items_kept_together_run_in_one_worker_in_their_order():
+    import os
+    from pipesched.advise.parallel import map_outcomes
+    got = map_outcomes(lambda x: (x, os.getpid()), list(range(6)), 2, weights=[1] * 6, together=lambda x: x % 2)
+    assert [x for x, _ in got] == list(range(6))
+    assert len({pid for x, pid in got if x % 2}) == 1 and len({pid for x, pid in got if not x % 2}) == 1

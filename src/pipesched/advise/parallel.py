@@ -10,7 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import sys
-from typing import Callable, Optional, Sequence, TypeVar, Union
+from typing import Callable, Hashable, Optional, Sequence, TypeVar, Union
 
 from ..environment import local_cores
 from ..errors import PipeschedError
@@ -36,16 +36,23 @@ def default_workers(jobs: int, seconds: float = 0.0) -> int:
     return 1
 
 
-def map_outcomes(fn: Callable[[T], R], items: Sequence[T], workers: int,
-                 weights: Optional[Sequence[float]] = None) -> list[Union[R, PipeschedError]]:
+def map_outcomes(fn: Callable[[T], R], items: Sequence[T], workers: int, weights: Optional[Sequence[float]] = None,
+                 together: Optional[Callable[[T], Hashable]] = None) -> list[Union[R, PipeschedError]]:
     """``fn`` over ``items``, returned in their order; a :class:`PipeschedError` becomes that item's
     outcome. ``weights`` (predicted cost) only orders the dispatch, heaviest first, so that the
-    workers finish together: a free worker takes the heaviest item left."""
+    workers finish together: a free worker takes the heaviest task left. ``together(item)``: items
+    with the same key (None: none) are one task, run in their order in one worker, so that what
+    the first memoizes (a builder's programs) serves the others as in one process."""
     global _TASK
-    workers = min(workers, len(items))
+    tasks: dict[Hashable, list[int]] = {}
+    for index, item in enumerate(items):
+        key = together(item) if together is not None else None
+        tasks.setdefault((index,) if key is None else ("together", key), []).append(index)
+    workers = min(workers, len(tasks))
     if workers <= 1:
         return [_outcome(fn, item) for item in items]
-    order = sorted(range(len(items)), key=lambda i: -weights[i]) if weights is not None else list(range(len(items)))
+    weight = (lambda task: -sum(weights[i] for i in task)) if weights is not None else (lambda task: 0)
+    order = sorted(tasks.values(), key=weight)
     _TASK = (fn, items)
     try:
         # Ctrl-C reaches the terminal's whole process group: the command alone answers it (the
@@ -56,14 +63,15 @@ def map_outcomes(fn: Callable[[T], R], items: Sequence[T], workers: int,
     finally:
         _TASK = None
     outcomes: list = [None] * len(items)
-    for index, outcome in zip(order, done):
-        outcomes[index] = outcome
+    for task, results in zip(order, done):
+        for index, outcome in zip(task, results):
+            outcomes[index] = outcome
     return outcomes
 
 
-def _call(index: int):
+def _call(task: list[int]) -> list:
     fn, items = _TASK
-    return _outcome(fn, items[index])
+    return [_outcome(fn, items[index]) for index in task]
 
 
 def _outcome(fn, item):

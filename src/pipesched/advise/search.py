@@ -106,7 +106,7 @@ def advise(
     with progress(work) if progress is not None else nullcontext():
         outcomes = map_outcomes(
             lambda setting: search_setting(setting, ranks, plan, cost_model, objective, price=price), todo,
-            workers, [predicted[s] for s in todo],
+            workers, [predicted[s] for s in todo], shared_programs,
         )
     seen: set[tuple[str, int, int, str]] = set()  # a family that picks its own chunks may repeat itself
 
@@ -159,6 +159,14 @@ def advise(
                     searched=FULL_SEARCH, time_unit=getattr(cost_model, "time_unit", ""))
     reason, notes = explain(advice)
     return replace(advice, reason=reason, notes=tuple(notes))
+
+
+def shared_programs(setting: Setting) -> Optional[tuple[int, int]]:
+    """Settings that build the same V programs (memoized: :func:`pipesched.registry.forget_builds`),
+    the V families' and zb-auto's (which seeds itself with them) at one chunk and microbatch count:
+    one worker builds them in turn, each reusing what the first built, as in one process."""
+    family = setting.family
+    return (setting.chunks, setting.microbatches) if family.placement == "v" or family.searches_chunks else None
 
 
 def check_search_size(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> float:
