@@ -19,8 +19,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 MAX_WORKERS = 8
-MIN_CPUS = 4  # on two shared cores, measured: two workers were no faster than one on a search of a second
-LARGE_WORK_S = 8.0  # predicted CPU seconds from which every core is used, however few (benchmarks/RESULTS.md)
+MIN_CPUS = 4  # two workers on two cores under load 3.5 were slower than one (benchmarks/RESULTS.md, Advisor)
+LARGE_WORK_S = 8.0  # predicted CPU seconds from which every core is used, however few: a whole-layout
+# group's settings on 2 workers take the CPU of 1 and half its critical path (RESULTS.md, issue 37 search-par)
 _TASK: Optional[tuple[Callable, Sequence]] = None
 
 
