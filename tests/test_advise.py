@@ -231,3 +231,10 @@ def test_items_kept_together_run_in_one_worker_in_their_order():
     got = map_outcomes(lambda x: (x, os.getpid()), list(range(6)), 2, weights=[1] * 6, together=lambda x: x % 2)
     assert [x for x, _ in got] == list(range(6))
     assert len({pid for x, pid in got if x % 2}) == 1 and len({pid for x, pid in got if not x % 2}) == 1
+
+
+def test_items_kept_together_give_up_their_last_ones_while_heavier_than_a_worker_s_share():
+    from pipesched.advise.parallel import _within_share
+    weights = [8, 12, 7, 7, 1, 20, 5]  # 60 in all: 30 a worker, of 35 kept together
+    assert _within_share([[0, 1, 2, 3, 4], [5], [6]], weights, 2) == [[4], [3], [0, 1, 2], [5], [6]]
+    assert _within_share([[0, 1, 2, 3, 4], [5], [6]], weights, 1) == [[0, 1, 2, 3, 4], [5], [6]]

@@ -43,7 +43,8 @@ def map_outcomes(fn: Callable[[T], R], items: Sequence[T], workers: int, weights
     outcome. ``weights`` (predicted cost) only orders the dispatch, heaviest first, so that the
     workers finish together: a free worker takes the heaviest task left. ``together(item)``: items
     with the same key (None: none) are one task, run in their order in one worker, so that what
-    the first memoizes (a builder's programs) serves the others as in one process."""
+    the first memoizes (a builder's programs) serves the others as in one process; a task heavier
+    than a worker's even share of the weights gives up its last items (:func:`_within_share`)."""
     global _TASK
     tasks: dict[Hashable, list[int]] = {}
     for index, item in enumerate(items):
@@ -52,8 +53,8 @@ def map_outcomes(fn: Callable[[T], R], items: Sequence[T], workers: int, weights
     workers = min(workers, len(tasks))
     if workers <= 1:
         return [_outcome(fn, item) for item in items]
-    weight = (lambda task: -sum(weights[i] for i in task)) if weights is not None else (lambda task: 0)
-    order = sorted(tasks.values(), key=weight)
+    weights = weights if weights is not None else [1.0] * len(items)
+    order = sorted(_within_share(list(tasks.values()), weights, workers), key=lambda task: -sum(weights[i] for i in task))
     _TASK = (fn, items)
     try:
         # Ctrl-C reaches the terminal's whole process group: the command alone answers it (the
@@ -68,6 +69,19 @@ def map_outcomes(fn: Callable[[T], R], items: Sequence[T], workers: int, weights
         for index, outcome in zip(task, results):
             outcomes[index] = outcome
     return outcomes
+
+
+def _within_share(tasks: list[list[int]], weights: Sequence[float], workers: int) -> list[list[int]]:
+    """Tasks of items kept together, each above a worker's even share of the weight split from its
+    end, item by item, until it is within: one task longer than the others' sum would decide the
+    wall time on its own, whatever memoizing saves."""
+    share = sum(weights) / workers
+    out = []
+    for task in tasks:
+        while len(task) > 1 and sum(weights[i] for i in task) > share:
+            out.append([task.pop()])
+        out.append(task)
+    return out
 
 
 def _call(task: list[int]) -> list:
