@@ -116,7 +116,7 @@ def fill(prepared: Prepared, microbatches: int, memory_limit: float, name: str,
     lags = lags or [0] * ranks
     w_change = UNIT_CHANGE[Op.W]
     done = [-1.0] * prepared.keys + [0.0]  # when each output was made (-1: not yet)
-    waiting: dict[int, list[int]] = {}  # output key -> ranks stuck on it
+    stuck: list = [None] * (prepared.keys + 1)  # per output key: the ranks waiting for it, or None
     pos = [0] * ranks
     clock = [0.0] * ranks
     held = [0] * ranks
@@ -128,19 +128,22 @@ def fill(prepared: Prepared, microbatches: int, memory_limit: float, name: str,
     while runnable:
         r = runnable.popleft()
         program, p, c, h, queue, placed, cap = steps[r], pos[r], clock[r], held[r], pending[r], out[r], caps[r]
-        m_r, lag = most[r], lags[r]
+        m_r, lag, place = most[r], lags[r], out[r].append
         n = len(program)
         while p < n:
             action, duration, dep, lat, made, change, forward, weight = program[p]
             if forward and into_waits:
                 while h + 1 > cap and queue:  # free activations before taking more
                     w, took = queue.popleft()
-                    placed.append(w)
+                    place(w)
                     c = c + took
                     h += w_change
             t_dep = done[dep]
             if t_dep < 0:
-                waiting.setdefault(dep, []).append(r)
+                if stuck[dep] is None:
+                    stuck[dep] = [r]
+                else:
+                    stuck[dep].append(r)
                 break
             arrival = t_dep + lat
             if into_waits and queue and c < arrival - TOLERANCE:  # the wait: Ws into it
@@ -150,17 +153,18 @@ def fill(prepared: Prepared, microbatches: int, memory_limit: float, name: str,
                     if c + took > fits and not fill_partial_waits:
                         break
                     queue.popleft()
-                    placed.append(w)
+                    place(w)
                     c = c + took
                     h += w_change
             start = c if c >= arrival else arrival
             if not placed:
                 first[r] = start
             c = start + duration
-            placed.append(action)
+            place(action)
             done[made] = c  # nothing waits for a W's output (dependencies.upstream): only these
-            woken = waiting.pop(made, None)
-            if woken:
+            woken = stuck[made]
+            if woken is not None:
+                stuck[made] = None
                 runnable.extend(woken)
             h += change
             if h > m_r:
@@ -169,14 +173,14 @@ def fill(prepared: Prepared, microbatches: int, memory_limit: float, name: str,
                 queue.append(weight)
                 if not into_waits and len(queue) > lag:  # the W of the I lag places back
                     w, took = queue.popleft()
-                    placed.append(w)
+                    place(w)
                     c = c + took
                     h += w_change
             p += 1
         else:
             while queue:
                 w, took = queue.popleft()
-                placed.append(w)
+                place(w)
                 c = c + took
                 h += w_change
         pos[r], clock[r], held[r], most[r] = p, c, h, m_r
