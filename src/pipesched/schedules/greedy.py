@@ -89,7 +89,6 @@ class _GreedyRun:
         self.knobs = knobs
         held_by = stages_by_rank(placement, ranks)
         dur = durations_for(placement, ranks, costs)
-        self.dur = dur
         self.f_dur = [dur[(s, Op.F)] for s in range(stages)]
         self.i_dur = [dur[(s, Op.I)] for s in range(stages)]
         self.w_dur = [dur[(s, Op.W)] for s in range(stages)]
@@ -104,18 +103,20 @@ class _GreedyRun:
         # what the stage it comes from made, by microbatch; the delay to this stage)
         source = {kind: [None if need is None else (ends[need[1]][need[0]], latency(placement, need[0], s, costs.comm))
                          for s, need in enumerate(rule.needs[kind])] for kind in (Op.F, Op.I)}
-        self.f_source, self.i_source = source[Op.F], source[Op.I]
+        f_source, i_source = source[Op.F], source[Op.I]
         # per kind and stage: None, or (the rank of the stage waiting for this pass, the delay)
         self.wakes = {kind: [None if c is None else (placement[c], latency(placement, s, c, costs.comm))
                              for s, c in enumerate(rule.consumers[kind])] for kind in COMPUTE}
         # a forward's room: its own activation, and on a rank's earlier stages the reserve
-        self.room = [1 + (knobs.reserve if s != held_by[placement[s]][-1] else 0) for s in range(stages)]
+        room = [1 + (knobs.reserve if s != held_by[placement[s]][-1] else 0) for s in range(stages)]
         self.clock = [0.0] * ranks
         self.held = [0] * ranks
         self.pending: list[deque] = [deque() for _ in range(ranks)]
         self.out: list[list[Action]] = [[] for _ in range(ranks)]
         self.remaining = [3 * microbatches * len(h) for h in held_by]
-        self.scan = [sorted(h, reverse=knobs.later_stage_first) for h in held_by]
+        # per rank, its stages in the order a step looks at them, each with its tables' rows
+        self.scan = [[(s, i_source[s], f_source[s], room[s])
+                      for s in sorted(h, reverse=knobs.later_stage_first)] for h in held_by]
         self.heap: list[tuple[float, int, int]] = []
         self.tick = itertools.count()
 
@@ -151,75 +152,91 @@ class _GreedyRun:
         self.remaining[r] -= 1
         self.held[r] += UNIT_CHANGE[kind]
         woken = self.wakes[kind][s]
+        heap, tick = self.heap, self.tick
         if woken is not None:
-            self.wake(woken[0], end + woken[1])
-        self.wake(r, end)
+            woken_rank = woken[0]
+            at = end + woken[1]
+            heapq.heappush(heap, (max(at, self.clock[woken_rank]), next(tick), woken_rank))
+        heapq.heappush(heap, (end, next(tick), r))  # wake(r, end): the clock is end
 
     def step(self, r: int, now: float) -> None:
-        """Place one action on rank ``r`` (or schedule its next wake-up)."""
+        """Place one action on rank ``r`` (or schedule its next wake-up).
+
+        One pass over the rank's stages finds what the rules ask (in the scan order): the first
+        ready I and F, the known arrivals of backwards (for ``wait_for_backward``), the soonest
+        known arrival, and whether a blocked forward is ready."""
         knobs, pending, clock = self.knobs, self.pending[r], self.clock[r]
         next_f, next_i, m = self.next_f, self.next_i, self.m
-        f_source, i_source, room, free = self.f_source, self.i_source, self.room, self.cap[r] - self.held[r]
-        forward, input_backward = Op.F, Op.I
+        free = self.cap[r] - self.held[r]
         horizon = now + TOLERANCE
-        backs, fwds, blocked = [], [], []
-        for s in self.scan[r]:
+        backs = []  # (arrival, stage) of the backwards whose arrival is known
+        ready_b = ready_f = soonest = soonest_blocked = None
+        open_work = blocked_ready = False
+        for s, i_source, f_source, room in self.scan[r]:
             done = next_i[s]
             if done < m and done < next_f[s]:
-                source = i_source[s]
-                if source is None:
-                    backs.append((0.0, s))
-                else:
-                    t = source[0][done]
-                    backs.append((None if t is None else t + source[1], s))
+                open_work = True
+                a = 0.0 if i_source is None else i_source[0][done]
+                if a is not None:
+                    if i_source is not None:
+                        a += i_source[1]
+                    backs.append((a, s))
+                    if ready_b is None and a <= horizon:
+                        ready_b = (a, s)
+                    if soonest is None or a < soonest:
+                        soonest = a
             done = next_f[s]
             if done < m:
-                source = f_source[s]
-                if source is None:
-                    a = 0.0
-                else:
-                    t = source[0][done]
-                    a = None if t is None else t + source[1]
-                (fwds if room[s] <= free else blocked).append((a, s))
-        ready_b = [(a, s) for a, s in backs if a is not None and a <= horizon]
-        ready_f = [(a, s) for a, s in fwds if a is not None and a <= horizon]
-        order = (((input_backward, ready_b), (forward, ready_f)) if knobs.backward_first
-                 else ((forward, ready_f), (input_backward, ready_b)))
-        choice = next(((kind, ready[0]) for kind, ready in order if ready), None)
-        if choice is not None and choice[0] is forward and knobs.wait_for_backward:
-            f_end = max(clock, choice[1][0]) + self.f_dur[choice[1][1]]
-            soon = [(a, s) for a, s in backs if a is not None and now < a < f_end - TOLERANCE]
-            if soon:
-                choice = (input_backward, min(soon))  # not ready yet: handled as a wait below
-        if choice is not None and choice[1][0] <= horizon:
-            kind, (a, s) = choice
-            if pending and _w_fits(pending[0], clock, a, knobs, self.dur):
+                open_work = True
+                a = 0.0 if f_source is None else f_source[0][done]
+                if a is not None and f_source is not None:
+                    a += f_source[1]
+                if room <= free:
+                    if a is not None:
+                        if ready_f is None and a <= horizon:
+                            ready_f = (a, s)
+                        if soonest is None or a < soonest:
+                            soonest = a
+                elif a is not None:
+                    blocked_ready = blocked_ready or a <= horizon
+                    if soonest_blocked is None or a < soonest_blocked:
+                        soonest_blocked = a
+        forward, input_backward = Op.F, Op.I
+        if knobs.backward_first:
+            kind, chosen = (input_backward, ready_b) if ready_b is not None else (forward, ready_f)
+        else:
+            kind, chosen = (forward, ready_f) if ready_f is not None else (input_backward, ready_b)
+        if chosen is not None and kind is forward and knobs.wait_for_backward:
+            f_end = max(clock, chosen[0]) + self.f_dur[chosen[1]] - TOLERANCE
+            soon = min(((a, s) for a, s in backs if now < a < f_end), default=None)
+            if soon is not None:
+                kind, chosen = input_backward, soon  # not ready yet: handled as a wait below
+        if chosen is not None and chosen[0] <= horizon:
+            a, s = chosen
+            if pending and self.w_fits(pending[0], clock, a):
                 self.place(r, pending.popleft(), clock)
             else:
-                k = next_f[s] if kind is forward else next_i[s]
-                self.place(r, Action(s, kind, k), max(clock, a))
+                self.place(r, Action(s, kind, next_f[s] if kind is forward else next_i[s]), max(clock, a))
             return
-        if pending and any(a is not None and a <= horizon for a, _ in blocked):
+        if pending and blocked_ready:
             self.place(r, pending.popleft(), clock)  # a forward waits for the memory this W frees
             return
-        known = [a for a, _ in backs + fwds if a is not None]
-        if pending:
-            known += [a for a, _ in blocked if a is not None]
-        soonest = choice[1][0] if choice is not None else (min(known) if known else None)
-        only_weights_left = not backs and not fwds and not blocked
-        if pending and (soonest is None and only_weights_left
-                        or soonest is not None and _w_fits(pending[0], clock, soonest, knobs, self.dur)):
+        if chosen is not None:
+            soonest = chosen[0]
+        elif pending and soonest_blocked is not None and (soonest is None or soonest_blocked < soonest):
+            soonest = soonest_blocked
+        if pending and (soonest is None and not open_work
+                        or soonest is not None and self.w_fits(pending[0], clock, soonest)):
             self.place(r, pending.popleft(), clock)
             return
         if soonest is not None:
             self.wake(r, soonest)
 
-
-def _w_fits(w: Action, free_at: float, arrival: float, knobs: Knobs, dur) -> bool:
-    """Whether a W run at ``free_at`` fills the wait for an input arriving at ``arrival``."""
-    if free_at + dur[(w.stage, Op.W)] <= arrival + TOLERANCE:
-        return True
-    return knobs.fill_partial_gaps and free_at < arrival - TOLERANCE
+    def w_fits(self, w: Action, free_at: float, arrival: float) -> bool:
+        """Whether a W run at ``free_at`` fills the wait for an input arriving at ``arrival``."""
+        if free_at + self.w_dur[w[0]] <= arrival + TOLERANCE:
+            return True
+        return self.knobs.fill_partial_gaps and free_at < arrival - TOLERANCE
 
 
 def build_greedy(

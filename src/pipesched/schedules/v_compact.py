@@ -269,13 +269,26 @@ def _squeeze(table: Timetable, ranks: int, microbatches: int) -> Timetable:
     backward_count = [len(rank_slots[I1]) + len(rank_slots[I0]) for rank_slots in table]
     for _t, rank, kind, k in order:
         done = backward_starts[rank]
-        merged = [0] * (backward_count[rank] - len(done)) + done if kind >= W1 else ()
+        merged = _Padded(done, backward_count[rank] - len(done)) if kind >= W1 else ()
         start = max(free[rank], _inputs_slot(squeezed, rank, kind, k, ranks, merged) + 1)
         squeezed[rank][kind][k] = start
         free[rank] = start + 1
         if kind in _BACKWARDS:
             done.append(start)
     return squeezed
+
+
+class _Padded(Sequence):
+    """``[0] * pad + starts``, not copied: a W reads one entry (a copy per W was O(m^2) a rank)."""
+
+    def __init__(self, starts: list[int], pad: int) -> None:
+        self.starts, self.pad = starts, pad
+
+    def __len__(self) -> int:
+        return self.pad + len(self.starts)
+
+    def __getitem__(self, k: int) -> int:
+        return 0 if k < self.pad else self.starts[k - self.pad]
 
 
 def _programs(rank: int, ranks: int, rank_slots: list[list[int]]) -> list[Action]:
