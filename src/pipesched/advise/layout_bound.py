@@ -25,9 +25,16 @@ copies are not searched), so, with times counted from rank 0's first forward:
   member's activation budget (:meth:`.layout_costs.LayoutCosts.activation_budgets`) runs at most
   ``k_r = budget / keep`` of them (and at most ``m``) before ``c_r``: its last operation ends at
   ``max(a_r + work_r, c_r + work_r - k_r f_r)`` or later;
+- **microbatches in flight**: a forward of stage ``r`` holds its bytes until its input
+  gradient's pass ends, at least ``t_r`` later (the forwards from stage ``r`` to the last, the
+  input gradients back to ``r`` and their sends). At most ``k_r`` such intervals overlap, so
+  (intervals of at most ``k_r`` at a time split into ``k_r`` runs of disjoint ones) one run
+  holds ``ceil(m / k_r)`` of them: rank ``r`` ends at ``a_r + ceil(m / k_r) t_r`` or later, and
+  where not one forward fits (``k_r = 0``) no candidate of that variant fits;
 
 so a candidate's makespan is at least ``max_r (a_r + work_r)`` and, if it fits a member's memory,
-``max_r end_r`` with the warm-up term. A member's row adds its data-parallel collectives
+the largest over the ranks of their end with both memory terms, the lesser over a candidate's two
+variants (nothing, or every stage, recomputed: ``k_r`` from either's ``keep``). A member's row adds its data-parallel collectives
 (:mod:`.sharded_step`): rank 0's first stage is used at its first operation, so the step waits
 for that stage's all-gather (every later time shifts by at least it), and a rank's last
 operation is a ``B`` or ``W`` (every ``F`` and ``I`` of a stage is followed by its backward or
@@ -75,6 +82,7 @@ class Pipeline:
     fill: tuple[float, ...]  # a_r
     work: tuple[float, ...]  # work_r
     held_until: tuple[float, ...]  # c_r
+    round_trip: tuple[float, ...]  # t_r: from a forward of stage r to the end of its input gradient's pass
     forwards: tuple[float, ...]  # what one forward of each stage counts in work (f_r: stage r's)
 
     @property
@@ -141,8 +149,10 @@ def pipeline(costs: LayoutCosts, style: str, placement: tuple[int, ...], microba
             held.append(arrive[later[0]])
         else:  # the first input gradient back from the last stage
             held.append(arrive[-1] + forward[-1] + sum(gradient[r + 1:]) + sum(hop[r:]))
+    back = arrive[-1] + forward[-1] + sum(hop)  # the last forward's end, and every send back
+    trip = [back - arrive[r] + sum(gradient[r:]) - sum(hop[:r]) for r in range(p)]
     return Pipeline(stages, style, placement, microbatches, scale, tuple(arrive[:p]), tuple(work), tuple(held),
-                    tuple(forward))
+                    tuple(trip), tuple(forward))
 
 
 def step_bound(pipe: Pipeline, layout: ParallelLayout, costs: LayoutCosts, fabric: Fabric,
@@ -150,8 +160,11 @@ def step_bound(pipe: Pipeline, layout: ParallelLayout, costs: LayoutCosts, fabri
     """No fitting row of the member ``layout`` (``costs``: its own, at the split's layer
     assignment) for this pipeline has a step below this, ms (the module doc)."""
     stages, style = pipe.stages, pipe.style
-    ends = [min(max(a + w + more, c + w + more - k * f) for more, k in options)
-            for a, w, c, f, options in zip(pipe.fill, pipe.work, pipe.held_until, pipe.forward, _choices(costs, pipe))]
+    m = pipe.microbatches
+    ends = [min(max(a + w + more, c + w + more - k * f, a + math.ceil(m / k) * t) if k else math.inf
+                for more, k in options)
+            for a, w, c, t, f, options in zip(pipe.fill, pipe.work, pipe.held_until, pipe.round_trip, pipe.forward,
+                                              _choices(costs, pipe))]
     units = max(costs.layers_per_stage(stages, style))
     gather = gather_times(costs.gathered_bytes_per_stage(stages, style), layout, fabric, units)
     reduction = ShardedReduction(layout, fabric, replica_latency, units)
