@@ -187,9 +187,9 @@ def advise_whole_layouts(gpus: int, model: TransformerCosts, global_batch: int, 
     for key in sorted(groups, key=lambda k: bounds[k]):
         best = min((c.step_time for c in ranked), default=None)
         if best is not None and bounds[key] >= best:
-            omitted.extend(f"{_name(lay, key[3])}: cannot beat the pick: every candidate takes at least "
-                           f"{bounds[key]:.4g} ms per step (a rank's fill, work and collectives), and a searched layout "
-                           f"takes {best:.4g} ms" for lay, _ in groups[key])
+            omitted.extend(f"{_name(lay, key[3])}: cannot beat the pick: every fitting candidate takes at least "
+                           f"{bounds[key]:.4g} ms per step (a rank's fill, its work, the microbatches its memory "
+                           f"holds and the collectives), and a searched layout takes {best:.4g} ms" for lay, _ in groups[key])
         else:
             members = sorted(groups[key], key=lambda m: state_bytes(m[1]))
             rows, lines, left_out, count = _search_group(problem, key, members, *plans[key])
