@@ -13,9 +13,10 @@ searched or named with the reason it was left out:
    (:func:`~.search.advise`, steered to the memory of the member with the least state), and
    each member then prices its own collectives and per-rank memory (:mod:`.layout_rows`);
 4. **pruned by a proven bound**: groups are searched in the order of a lower bound on every
-   candidate's step (:mod:`.layout_bound`: a rank's unavoidable fill, its work, the warm-up its memory allows and the collectives a step cannot hide); once a searched
-   layout is faster than a group's bound, no candidate of that group can beat it, and its
-   members are named with the bound: they cannot beat the pick, whatever their search would find.
+   fitting candidate's step (:mod:`.layout_bound`: a rank's unavoidable fill, its work, the
+   microbatches its memory holds in flight and the collectives a step cannot hide); once a
+   searched layout is faster than a group's bound, no candidate of that group can beat it, and
+   its members are named with the bound: they cannot beat the pick, whatever their search would find.
 
 A searched group's schedules are searched in full: every family, chunk count and recomputation
 choice at the microbatch count the model's microbatch size gives (:func:`microbatch_options`),
