@@ -1,17 +1,21 @@
-"""The layout search's proven bound (advise/layout_bound.py) never exceeds the simulated makespan
-of any candidate of its group: every family, chunk count, recomputation choice and layer
-assignment, on many small models and layouts, dense and with experts split by EP. A group the
-search skips by it therefore cannot beat the pick (issue 37 items 1 and 3)."""
+"""The layout search's proven bound (advise/layout_bound.py): on many small models and layouts,
+dense and with experts split by EP, at GPU memories from too small for anything to ample, its
+makespan form is never above the simulated makespan of any candidate of its group (every family,
+chunk count, recomputation choice and layer assignment), and its step form never above the step
+of any member's fitting row (collectives and per-member memory included). A group the search
+skips by it therefore cannot beat the pick (issue 37 items 1 and 3)."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipesched.advise.estimate import Hardware, TransformerCosts
+from pipesched.advise.estimate import GB, Hardware, TransformerCosts
 from pipesched.advise.fabric import Fabric, Link
 from pipesched.advise.layout_bound import group_bound
 from pipesched.advise.layout_costs import LayoutCosts
+from pipesched.advise.layout_rows import pricer
+from pipesched.advise.layout_search import state_bytes
 from pipesched.advise.search import NoCandidateFitsError, advise
 from pipesched.advise.transformer import TransformerSpec
 from pipesched.advise.transformer_experts import Experts
@@ -20,6 +24,15 @@ from pipesched.parallel_layout import ParallelLayout
 FABRIC = Fabric(4, Link.from_gbps(100, 0.005), Link.from_gbps(10, 0.02))
 CHUNKS = 2  # the search's chunk counts up to this (the V family's 2 among them)
 SLACK = 1e-9  # the same durations summed in another order
+LATENCY = 0.05  # ms per all-reduce bucket between replicas
+
+
+def _members(spec: TransformerSpec, pp: int, tp: int, dp: int, ep: int, gpu_memory: float):
+    """Every layout of the group (dp as replicas or as shards), leanest first, as the search orders them."""
+    model = TransformerCosts(spec, pp, Hardware(tflops=100, gpu_memory=gpu_memory))
+    layouts = {ParallelLayout(pp, dp, 1, tp), ParallelLayout(pp, 1, dp, tp)}
+    members = [(lay, LayoutCosts.for_layout(model, lay, FABRIC, ep=ep)) for lay in layouts]
+    return sorted(members, key=lambda m: state_bytes(m[1]))
 
 
 @st.composite
@@ -33,24 +46,56 @@ def groups(draw):
                            experts=experts)
     tp, dp = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2]))
     ep = draw(st.sampled_from([1, dp])) if experts is not None else 1
-    model = TransformerCosts(spec, pp, Hardware(tflops=100, gpu_memory=1000))  # a limit in bytes: recompute searched
-    costs = LayoutCosts.for_layout(model, ParallelLayout(pp, 1, dp, tp), FABRIC, ep=ep)
-    return costs, draw(st.integers(1, 8))
+    ample = _members(spec, pp, tp, dp, ep, 1000.0)
+    # memory for the fullest rank's state plus some stage-microbatches' activations: from none to plenty
+    state = max(state_bytes(c) for _, c in ample)
+    keep = max(s.keep for s in ample[0][1].stage_sizes(pp, "loop", 1.0).stages)
+    held = draw(st.floats(0.0, 3.0 * pp + 2))
+    return _members(spec, pp, tp, dp, ep, (state + held * keep) / GB), draw(st.integers(1, 8))
+
+
+def _search(members, m):
+    lead = members[0][1]
+    try:
+        return advise(lead.ranks, cost_model=lead, microbatches=m, max_chunks=CHUNKS, refuse_slow=False, workers=1,
+                      price=pricer(members, FABRIC, LATENCY)).candidates
+    except NoCandidateFitsError as err:
+        return err.candidates
 
 
 @settings(max_examples=30, deadline=None)
 @given(groups())
 def test_no_candidate_of_a_group_is_faster_than_its_bound(group):
-    costs, m = group
-    bound = group_bound(costs, [m], m, CHUNKS)
-    try:
-        candidates = advise(costs.ranks, cost_model=costs, microbatches=m, max_chunks=CHUNKS,
-                            refuse_slow=False, workers=1).candidates
-    except NoCandidateFitsError as err:
-        candidates = err.candidates
+    members, m = group
+    makespan_bound = group_bound(members, [m], m, CHUNKS)
+    step_bound = group_bound(members, [m], m, CHUNKS, FABRIC, LATENCY)
+    candidates = _search(members, m)
     assert candidates
     for c in candidates:
-        assert bound <= c.makespan * (1 + SLACK), (c.label(), bound, c.makespan)
-    if costs.ep == 1:  # without hidden all-to-alls the bound is at least the mean rank's work
+        assert makespan_bound <= c.makespan * (1 + SLACK), (c.label(), makespan_bound, c.makespan)
+        for (layout, _), row in zip(members, c.priced):
+            if row.candidate.fits:
+                assert step_bound <= row.step_time * (1 + SLACK), (layout, c.label(), step_bound, row.step_time)
+    if members[0][1].ep == 1:  # without hidden all-to-alls the bound is at least the mean rank's work
         mean_work = min((1 - c.bubble_ratio) * c.makespan for c in candidates if c.recompute == "none")
-        assert bound >= mean_work * (1 - SLACK)
+        assert makespan_bound >= mean_work * (1 - SLACK)
+
+
+def test_memory_that_holds_few_forwards_raises_the_bound_and_keeps_it_below_every_fitting_row():
+    """p = 4 ranks, 8 layers (no vocabulary: every stage holds layers), 8 microbatches: a rank waiting for its second stage's first forward
+    can fill that wait only with forwards of its first stage, each holding its activations. At
+    some memory between the state alone and the state with room for 20 stage-microbatches the
+    bound rises above the same group's with ample memory, and no fitting row of any member is
+    below it there."""
+    spec = TransformerSpec(8, 1024, 512, 1, heads=8, vocab=None)
+    ample = _members(spec, 4, 1, 2, 1, 1000.0)
+    free = group_bound(ample, [8], 8, CHUNKS, FABRIC, LATENCY)
+    state = max(state_bytes(c) for _, c in ample)
+    keep = max(s.keep for s in ample[0][1].stage_sizes(4, "loop", 1.0).stages)
+    sizes = [_members(spec, 4, 1, 2, 1, (state + n / 4 * keep) / GB) for n in range(80)]
+    raised = [(group_bound(tight, [8], 8, CHUNKS, FABRIC, LATENCY), tight) for tight in sizes]
+    bound, tight = max(raised, key=lambda r: r[0])
+    assert bound > free * (1 + SLACK)
+    rows = [row for c in _search(tight, 8) for row in c.priced if row.candidate.fits]
+    assert rows
+    assert bound <= min(row.step_time for row in rows) * (1 + SLACK)

@@ -13,9 +13,10 @@ searched or named with the reason it was left out:
    (:func:`~.search.advise`, steered to the memory of the member with the least state), and
    each member then prices its own collectives and per-rank memory (:mod:`.layout_rows`);
 4. **pruned by a proven bound**: groups are searched in the order of a lower bound on every
-   candidate's step (:mod:`.layout_bound`: a rank's unavoidable fill and its work); once a searched
-   layout is faster than a group's bound, no candidate of that group can beat it, and its
-   members are named with the bound: they cannot beat the pick, whatever their search would find.
+   fitting candidate's step (:mod:`.layout_bound`: a rank's unavoidable fill, its work, the
+   microbatches its memory holds in flight and the collectives a step cannot hide); once a
+   searched layout is faster than a group's bound, no candidate of that group can beat it, and
+   its members are named with the bound: they cannot beat the pick, whatever their search would find.
 
 A searched group's schedules are searched in full: every family, chunk count and recomputation
 choice at the microbatch count the model's microbatch size gives (:func:`microbatch_options`),
@@ -179,16 +180,17 @@ def advise_whole_layouts(gpus: int, model: TransformerCosts, global_batch: int, 
             groups.setdefault((layout.pp, layout.tp, layout.dp, size, costs.ep_link), []).append((layout, costs))
     mbs = model.spec.microbatch_size
     plans = {key: _plan(problem, key, mbs, advise_options) for key in groups}
-    bounds = {key: _bound(members[0][1], *plans[key]) for key, members in groups.items()}
+    bounds = {key: _bound(sorted(members, key=lambda m: state_bytes(m[1])), problem, *plans[key])
+              for key, members in groups.items()}
     ranked: list[LayoutCandidate] = []
     searched: list[str] = []
     priced, done, total = 0, 0, sum(map(len, groups.values()))
     for key in sorted(groups, key=lambda k: bounds[k]):
         best = min((c.step_time for c in ranked), default=None)
         if best is not None and bounds[key] >= best:
-            omitted.extend(f"{_name(lay, key[3])}: cannot beat the pick: every candidate takes at least "
-                           f"{bounds[key]:.4g} ms per step (a rank's fill and work), and a searched layout "
-                           f"takes {best:.4g} ms" for lay, _ in groups[key])
+            omitted.extend(f"{_name(lay, key[3])}: cannot beat the pick: every fitting candidate takes at least "
+                           f"{bounds[key]:.4g} ms per step (a rank's fill, its work, the microbatches its memory "
+                           f"holds and the collectives), and a searched layout takes {best:.4g} ms" for lay, _ in groups[key])
         else:
             members = sorted(groups[key], key=lambda m: state_bytes(m[1]))
             rows, lines, left_out, count = _search_group(problem, key, members, *plans[key])
@@ -216,11 +218,12 @@ def _plan(problem: LayoutProblem, key: tuple, microbatch_size: int, advise_optio
     return options, plan
 
 
-def _bound(costs: LayoutCosts, options: dict, plan: BatchPlan) -> float:
-    """The group's proven bound (:mod:`.layout_bound`) over what its search tries."""
+def _bound(members: list[Member], problem: LayoutProblem, options: dict, plan: BatchPlan) -> float:
+    """The group's proven bound on its members' fitting rows (:mod:`.layout_bound`) over what its
+    search tries; ``members`` leanest first (the one its search is steered by)."""
     families = options.get("families") or registered_families()
     top = max(max(c for f in families for c in chunk_options(f, options.get("max_chunks", DEFAULT_MAX_CHUNKS))), 2)
-    return group_bound(costs, plan.options, plan.reference, top)
+    return group_bound(members, plan.options, plan.reference, top, problem.fabric, problem.replica_latency)
 
 
 def _search_group(problem: LayoutProblem, key: tuple, members: list[Member], options: dict,

@@ -62,6 +62,12 @@ class LayoutStep:
     lane: tuple[tuple[tuple[str, int, float, float], ...], ...]  # per rank: (AG|RS, stage, start, end)
 
 
+def gather_times(gathered: Sequence[float], layout: ParallelLayout, fabric: Fabric, units: int = 1) -> list[float]:
+    """Each stage's all-gather on a rank's comm lane, ms: ``units`` blocks of its ``gathered`` bytes."""
+    link = fabric.link(layout, "dp_shard")
+    return [units * all_gather_time(layout.dp_shard, b / units, link) for b in gathered]
+
+
 def layout_step(timeline: Sequence[Sequence[Span]], gathered: Sequence[float], reduced: Sequence[float],
                 layout: ParallelLayout, fabric: Fabric, microbatches: int, replica_latency: float = 0.0,
                 units: int = 1, zero1: bool = False) -> LayoutStep:
@@ -70,8 +76,7 @@ def layout_step(timeline: Sequence[Sequence[Span]], gathered: Sequence[float], r
     reduces; ``units``: FSDP units (blocks) of a stage, each gathered and reduced by a collective
     of its own (each paying the ring's latencies; see the module doc); ``zero1``: Megatron's
     distributed optimizer, whose weights stay whole without a pipeline too (gathered once a step)."""
-    shard_link = fabric.link(layout, "dp_shard")
-    gather = [units * all_gather_time(layout.dp_shard, b / units, shard_link) for b in gathered]
+    gather = gather_times(gathered, layout, fabric, units)
     reduction = ShardedReduction(layout, fabric, replica_latency, units)
     if layout.pp == 1 and layout.dp_shard > 1 and not zero1:
         return _without_pipeline(timeline[0], gather[0], reduction.time(reduced[0]), microbatches, units)
