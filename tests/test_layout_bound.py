@@ -99,3 +99,19 @@ def test_memory_that_holds_few_forwards_raises_the_bound_and_keeps_it_below_ever
     rows = [row for c in _search(tight, 8) for row in c.priced if row.candidate.fits]
     assert rows
     assert bound <= min(row.step_time for row in rows) * (1 + SLACK)
+
+
+def test_a_search_asked_for_dualpipe_is_never_pruned_by_the_one_pipeline_bound():
+    """The fill argument is one pipeline's; DualPipe's two model copies start both ends at once,
+    so a layout search that tries it (``families=``) prunes no group by the bound."""
+    from pipesched.advise.candidates import batch_plan
+    from pipesched.advise.layout_search import LayoutProblem, _bound
+    from pipesched.registry import get_family
+
+    spec = TransformerSpec(8, 1024, 512, 1, heads=8, vocab=32000)
+    members = _members(spec, 4, 1, 2, 1, 1000.0)
+    problem = LayoutProblem(8, 16, FABRIC)
+    plan = batch_plan(4, 8, None, None, 1, None)
+    one_pipeline = {"families": [get_family("1f1b")]}
+    assert _bound(members, problem, one_pipeline, plan) > 0
+    assert _bound(members, problem, {"families": [get_family("1f1b"), get_family("dualpipe")]}, plan) == 0.0

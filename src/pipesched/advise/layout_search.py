@@ -222,6 +222,8 @@ def _bound(members: list[Member], problem: LayoutProblem, options: dict, plan: B
     """The group's proven bound on its members' fitting rows (:mod:`.layout_bound`) over what its
     search tries; ``members`` leanest first (the one its search is steered by)."""
     families = options.get("families") or registered_families()
+    if any(f.parameter_copies != 1 for f in options.get("families") or ()):
+        return 0.0  # the bound's fill argument is one pipeline's: DualPipe's two copies, asked for, are never pruned
     top = max(max(c for f in families for c in chunk_options(f, options.get("max_chunks", DEFAULT_MAX_CHUNKS))), 2)
     return group_bound(members, plan.options, plan.reference, top, problem.fabric, problem.replica_latency)
 
