@@ -16,6 +16,7 @@ are in bytes per millisecond, latencies in milliseconds (the advisor's time unit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..errors import ConfigError
 from ..parallel_layout import ParallelLayout
@@ -39,6 +40,14 @@ class Link:
     def __post_init__(self) -> None:
         if not (self.bandwidth > 0 and self.bandwidth < float("inf")) or not 0 <= self.latency < float("inf"):
             raise ConfigError(f"a link needs a bandwidth above 0 and a latency of at least 0, got {self}")
+
+
+@lru_cache(maxsize=4096)
+def _spans_nodes(gpus_per_node: int, layout: ParallelLayout, dimension: str) -> bool:
+    """:meth:`Fabric.spans_nodes`, remembered: a search prices every collective of every
+    candidate on each member's links, and a group of 128 ranks of a 16,384-GPU layout costs
+    its coordinates each time (most of a whole-layout search's pricing, unremembered)."""
+    return len({rank // gpus_per_node for rank in layout.group_of(0, dimension)}) > 1
 
 
 def all_gather_time(n: int, nbytes: float, link: Link) -> float:
@@ -80,8 +89,7 @@ class Fabric:
     def spans_nodes(self, layout: ParallelLayout, dimension: str) -> bool:
         """Whether ``dimension``'s process groups reach past one node (every group of a
         dimension has the same shape, so rank 0's answers for all)."""
-        nodes = {rank // self.gpus_per_node for rank in layout.group_of(0, dimension)}
-        return len(nodes) > 1
+        return _spans_nodes(self.gpus_per_node, layout, dimension)
 
     def link(self, layout: ParallelLayout, dimension: str) -> Link:
         """The link class ``dimension``'s collectives (or, for ``pp``, its sends) run on."""

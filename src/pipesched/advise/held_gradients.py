@@ -18,9 +18,10 @@ from typing import Sequence
 from ..ops import Op
 
 
-def gradient_intervals(spans, stage_bytes: Sequence[float]) -> list[tuple[float, float, float]]:
-    """(start, end, bytes) per stage of one rank's timeline ``spans`` (action, start, end):
-    from the start of its first ``B``/``W`` to the end of its last."""
+def gradient_passes(spans) -> list[tuple[float, float, int]]:
+    """(start, end, stage) per stage of one rank's timeline ``spans`` (action, start, end): from
+    the start of its first ``B``/``W`` to the end of its last, stages in the order they start
+    (the interval a stage's gradients are held; the bytes are the caller's, per stage)."""
     first: dict[int, float] = {}
     last: dict[int, float] = {}
     for span in spans:
@@ -28,7 +29,7 @@ def gradient_intervals(spans, stage_bytes: Sequence[float]) -> list[tuple[float,
             stage = span.action.stage
             first.setdefault(stage, span.start)
             last[stage] = span.end
-    return [(first[s], last[s], stage_bytes[s]) for s in first]
+    return [(first[s], last[s], s) for s in first]
 
 
 def peak_with_gradients(curve: Sequence[tuple[float, float]], intervals: Sequence[tuple[float, float, float]]) -> float:

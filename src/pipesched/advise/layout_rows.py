@@ -10,15 +10,15 @@ without one is named with why: a verdict from every candidate of the member, nev
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Iterable, Optional, Sequence
 
 from ..memory import format_bytes
 from ..parallel_layout import ParallelLayout
 from ..simulate import SimResult
 from .estimate import GB
 from .fabric import Fabric
-from .held_gradients import gradient_intervals, peak_with_gradients
+from .held_gradients import gradient_passes, peak_with_gradients
 from .layout import LayoutCandidate
 from .layout_costs import LayoutCosts
 from .result import Candidate
@@ -26,31 +26,63 @@ from .sharded_step import layout_step
 
 
 def pricer(members: Sequence[tuple[ParallelLayout, LayoutCosts]], fabric: Fabric, replica_latency: float):
-    """The search's ``price`` hook for a group: a candidate and its simulation -> one row per member."""
+    """The search's ``price`` hook for a group: a candidate and its simulation -> one row per member.
+
+    A member's bytes depend on its candidate only through the stages' layers, so they are worked
+    out once per (layer assignment, stages, placement) for the whole search; the simulation's
+    activation curves and gradient passes are read once per candidate for all members
+    (:class:`_HeldPeaks`). A group of many members at few microbatches (Llama 3 405B on 16,384
+    GPUs) spent most of its search working them out again for every row."""
+    shapes: dict[tuple, tuple[_MemberBytes, ...]] = {}
+
     def price(c: Candidate, result: SimResult) -> tuple[LayoutCandidate, ...]:
-        return tuple(priced_row(layout, costs, c, result, fabric, replica_latency) for layout, costs in members)
+        schedule = result.schedule
+        key = (c.layer_assignment or None, schedule.stages, schedule.style)
+        if key not in shapes:
+            shapes[key] = tuple(_member_bytes(replace(costs, layer_assignment=key[0]) if key[0] else costs, *key[1:])
+                                for _, costs in members)
+        held = _HeldPeaks(result)
+        return tuple(priced_row(layout, costs.ep, mine, c, result, held, fabric, replica_latency)
+                     for (layout, costs), mine in zip(members, shapes[key]))
     return price
 
 
-def priced_row(layout: ParallelLayout, costs: LayoutCosts, c: Candidate, result: SimResult, fabric: Fabric,
-               replica_latency: float) -> LayoutCandidate:
+@dataclass(frozen=True)
+class _MemberBytes:
+    """What a member's rows of one (layer assignment, stages, placement) are priced with."""
+
+    gathered: tuple[float, ...]  # per stage: bytes all-gathered
+    reduced: tuple[float, ...]  # per stage: gradient bytes reduced (unsharded)
+    units: int  # FSDP units (blocks) of the fullest stage
+    state: tuple[float, ...]  # per rank: state bytes
+    ranks: tuple[dict, ...]  # per rank: its RankBytes' fields
+    budget: Optional[float]
+    grads_on_timeline: bool
+    zero1: bool
+
+
+def _member_bytes(member: LayoutCosts, stages: int, style: str) -> _MemberBytes:
+    return _MemberBytes(tuple(member.gathered_bytes_per_stage(stages, style)),
+                        tuple(member.reduced_bytes_per_stage(stages, style)),
+                        max(member.layers_per_stage(stages, style)), tuple(member.state_bytes(stages, style)),
+                        tuple(b.to_json() for b in member.ranks_bytes(stages, style)), member.budget_bytes(),
+                        member.grads_on_timeline, member.precision.zero1)
+
+
+def priced_row(layout: ParallelLayout, ep: int, mine: _MemberBytes, c: Candidate, result: SimResult,
+               held: "_HeldPeaks", fabric: Fabric, replica_latency: float) -> LayoutCandidate:
     """One member's row: the simulated pipeline with its collectives and its own bytes."""
-    schedule = result.schedule
-    member = replace(costs, layer_assignment=c.layer_assignment) if c.layer_assignment else costs
-    step = layout_step(result.timeline, member.gathered_bytes_per_stage(schedule.stages, schedule.style),
-                       member.reduced_bytes_per_stage(schedule.stages, schedule.style), layout, fabric,
-                       c.microbatches, replica_latency, units=max(member.layers_per_stage(schedule.stages, schedule.style)),
-                       zero1=member.precision.zero1)
-    peaks = _rank_peaks(layout, member, result)
-    held = [{**b.to_json(), "activations": a, "peak": p}
-            for b, a, p in zip(member.ranks_bytes(schedule.stages, schedule.style), result.peak_memory_bytes, peaks)]
+    step = layout_step(result.timeline, mine.gathered, mine.reduced, layout, fabric, c.microbatches, replica_latency,
+                       units=mine.units, zero1=mine.zero1)
+    peaks = _rank_peaks(mine, result, held)
+    ranks = [{**b, "activations": a, "peak": p} for b, a, p in zip(mine.ranks, result.peak_memory_bytes, peaks)]
     peak = max(peaks)
-    budget = member.budget_bytes()
-    own = replace(c, peak_memory_bytes=peak, memory_gb=peak / GB, fits=budget is None or peak <= budget, priced=())
+    own = replace(c, peak_memory_bytes=peak, memory_gb=peak / GB, fits=mine.budget is None or peak <= mine.budget,
+                  priced=())
     return LayoutCandidate(layout.pp, layout.dp_replicate, own, step.step_time, step.exposed_reduce, step.reduce_per_rank,
                            tp=layout.tp, dp_shard=layout.dp_shard, exposed_gather=step.exposed_gather,
-                           gather_per_rank=step.gather_per_rank, bytes_per_rank=tuple(held),
-                           pipeline_bubble=1 - max(result.busy) / result.makespan, ep=costs.ep)
+                           gather_per_rank=step.gather_per_rank, bytes_per_rank=tuple(ranks),
+                           pipeline_bubble=1 - max(result.busy) / result.makespan, ep=ep)
 
 
 def member_rows(index: int, candidates: Iterable[Candidate], families: Sequence[str],
@@ -84,21 +116,38 @@ def _order(row: LayoutCandidate) -> tuple:
     return (row.step_time, row.candidate.peak_memory_bytes or 0.0, row.candidate.chunks)
 
 
-def _rank_peaks(layout: ParallelLayout, member: LayoutCosts, result: SimResult) -> list[float]:
+def _rank_peaks(mine: _MemberBytes, result: SimResult, held: "_HeldPeaks") -> list[float]:
     """Each rank's peak bytes: its state plus its activations; with FSDP under pipelining the
     unsharded gradients are summed on the timeline (:mod:`.held_gradients`), not at the peak
     (ZeRO-1's gradient buffer is held the whole step: :attr:`LayoutCosts.grads_on_timeline`)."""
-    schedule = result.schedule
-    state = member.state_bytes(schedule.stages, schedule.style)
-    if not member.grads_on_timeline:
-        return [a + s for a, s in zip(result.peak_memory_bytes, state)]
-    grads = member.reduced_bytes_per_stage(schedule.stages, schedule.style)
-    peaks = []
-    for rank, constant in enumerate(state):
-        held = gradient_intervals(result.timeline[rank], grads)
-        rest = constant - sum(size for _, _, size in held)
-        peaks.append(rest + peak_with_gradients(result.memory_curve(rank, in_bytes=True), held))
-    return peaks
+    if not mine.grads_on_timeline:
+        return [a + s for a, s in zip(result.peak_memory_bytes, mine.state)]
+    return [constant - total + peak for constant, (total, peak) in zip(mine.state, held.of(mine.reduced))]
+
+
+class _HeldPeaks:
+    """One simulation's ranks under a stage's gradient bytes: per rank, the bytes of the gradients
+    it holds at some time and its activations' peak with them on the timeline. Members of a group
+    reduce the same gradients, so each set of bytes is summed on the timeline once per candidate."""
+
+    def __init__(self, result: SimResult) -> None:
+        self._result = result
+        self._ranks: list[tuple[list, list]] = []  # per rank: its gradient passes and activation curve
+        self._of: dict[tuple[float, ...], list[tuple[float, float]]] = {}
+
+    def of(self, grads: tuple[float, ...]) -> list[tuple[float, float]]:
+        """Per rank: (its held gradients' bytes, its activations' peak with them held)."""
+        if not self._ranks:
+            self._ranks = [(gradient_passes(spans), self._result.memory_curve(rank, in_bytes=True))
+                           for rank, spans in enumerate(self._result.timeline)]
+        if grads not in self._of:
+            self._of[grads] = [_held_peak(curve, [(a, b, grads[s]) for a, b, s in passes])
+                               for passes, curve in self._ranks]
+        return self._of[grads]
+
+
+def _held_peak(curve: list, intervals: list[tuple[float, float, float]]) -> tuple[float, float]:
+    return sum(size for _, _, size in intervals), peak_with_gradients(curve, intervals)
 
 
 def how_searched(microbatches: str, why: Sequence[str]) -> str:
