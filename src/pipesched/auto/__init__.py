@@ -34,11 +34,11 @@ from ..schedules.limits import SMALLEST_LIMIT, resolve_limit
 from .local import SWAP_EVALUATIONS, improve_by_swaps
 from .milp import refine
 from .recompute import leanest_recomputing_need, recomputing_candidates
-from .search import all_candidates, candidate_count, with_weights_replaced
+from .replaced import FILL_PARTIAL_WAITS, replaced_ranked
+from .search import all_candidates, candidate_count
 
 MILP_MAX_SIZE = 256  # ranks * microbatches up to which the exact refinement runs
 TOP_FOR_W_REPLACEMENT = 3  # best candidates tried again with W re-placed for the costs
-FILL_PARTIAL_WAITS = (False, True)  # ... into the waits a W fits, then into every wait
 
 
 def build_auto(
@@ -81,15 +81,8 @@ def build_auto(
     pool = _tagged(candidates, origins)
     ranked = ranked_schedules(pool, costs, limit, objective)
     stored = [item for item in ranked if schedule_recompute(item[2]) is None]
-    variants = []
-    for _, _, leader, _ in stored[:TOP_FOR_W_REPLACEMENT]:
-        for partial in FILL_PARTIAL_WAITS:
-            variant = with_weights_replaced(leader, costs, limit, fill_partial_waits=partial)
-            if variant is not None:
-                how = " + W re-placed" + (" (partial waits too)" if partial else "")
-                origins[id(variant)] = origins[id(leader)] + how
-                variants.append(variant)
-    replaced = ranked_schedules(variants, costs, limit, objective)
+    leaders = [item[2] for item in stored[:TOP_FOR_W_REPLACEMENT]]
+    replaced = replaced_ranked(leaders, stored[0][0] if stored else None, costs, limit, objective, origins)
     best = _first(ranked[:1] + replaced)  # the pool's leader wins ties with a re-placed variant
     if best is None:
         if limit < SMALLEST_LIMIT - TOLERANCE:

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Iterator, Optional
 
 from ..costs import Costs
@@ -106,17 +107,19 @@ def _knob_text(k: Knobs) -> str:
 
 
 def with_weights_replaced(
-    schedule: Schedule, costs: Costs, limit: float, fill_partial_waits: bool = False
+    schedule: Schedule, costs: Costs, limit: float, fill_partial_waits: bool = False,
+    give_up_after: float = math.inf,
 ) -> Optional[Schedule]:
     """The same forwards and input-gradient backwards, W passes put into this cost model's waits
-    (``fill_partial_waits``: also into waits shorter than a W)."""
+    (``fill_partial_waits``: also into waits shorter than a W); None when the schedule does not
+    split its backward, recomputes, or would end after ``give_up_after``."""
     if any(a.kind is Op.B for _, a in schedule.actions()) or not schedule.split_backward:
         return None
     if schedule_recompute(schedule) is not None:
         return None  # the W placement counts stored activations only
     skeleton = [[a for a in schedule.rank_actions(r) if a.kind is not Op.W] for r in range(schedule.ranks)]
     return fill_weight_passes(skeleton, schedule.placement, schedule.microbatches, costs, limit,
-                              schedule.name, fill_partial_waits=fill_partial_waits)
+                              schedule.name, fill_partial_waits=fill_partial_waits, give_up_after=give_up_after)
 
 
 def all_candidates(
