@@ -34,7 +34,7 @@ from ..schedules.limits import SMALLEST_LIMIT, resolve_limit
 from .local import SWAP_EVALUATIONS, improve_by_swaps
 from .milp import refine
 from .recompute import leanest_recomputing_need, recomputing_candidates
-from .replaced import FILL_PARTIAL_WAITS, replaced_ranked
+from .replaced import FILL_PARTIAL_WAITS, REPLACEMENT_COST, replaced_ranked
 from .search import all_candidates, candidate_count
 
 MILP_MAX_SIZE = 256  # ranks * microbatches up to which the exact refinement runs
@@ -126,12 +126,13 @@ def build(request: BuildRequest) -> Schedule:
 def search_width(ranks: int, microbatches: int, chunks: Optional[int] = None) -> int:
     """The most schedules :func:`build_auto` simulates without searching recomputation: every
     candidate (with ``chunks`` per rank, if given), the best few again with their W passes
-    re-placed, and on small instances (``MILP_MAX_SIZE``) the swaps' evaluations and the exact
-    refinement's two. A request that searches recomputation simulates
+    re-placed (each charged as ``REPLACEMENT_COST`` schedules: the W placement executes the whole
+    program before it is simulated), and on small instances (``MILP_MAX_SIZE``) the swaps'
+    evaluations and the exact refinement's two. A request that searches recomputation simulates
     :func:`~.recompute.recompute_width` more."""
 
     width = candidate_count(ranks, microbatches, chunks)
-    width += len(FILL_PARTIAL_WAITS) * TOP_FOR_W_REPLACEMENT
+    width += REPLACEMENT_COST * len(FILL_PARTIAL_WAITS) * TOP_FOR_W_REPLACEMENT
     if ranks * microbatches <= MILP_MAX_SIZE:
         width += 1 + SWAP_EVALUATIONS + 2
     return width

@@ -25,6 +25,7 @@ from .search import with_weights_replaced
 
 FILL_PARTIAL_WAITS = (False, True)  # W into the waits a W fits, then into every wait
 MARGIN = 2e-9  # relative: a makespan this far above a 10-significant-digit key ranks above it
+REPLACEMENT_COST = 2  # schedules one re-placement is charged as (planning.py): its execution, then its simulation
 
 
 def replaced_ranked(leaders: list[Schedule], best_key: Optional[tuple], costs: Costs, limit: float,

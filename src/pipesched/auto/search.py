@@ -32,6 +32,8 @@ from ..schedules.wfill import fill_weight_passes
 
 LARGE = 512  # ranks * microbatches above which fewer greedy settings are tried
 HUGE = 4096  # ... and above which only two per placement
+AUTHORS_COST = 3  # schedules the authors' heuristic is charged as: its eight runs took 1.3 CPU s at p = 64,
+# m = 512 (benchmarks/RESULTS.md, issue 37 branch zbauto-speed), a simulation of one schedule 0.45-0.54
 
 
 def loop_knobs(ranks: int, microbatches: int) -> list[Knobs]:
@@ -87,12 +89,13 @@ def handcrafted_candidates(ranks: int, microbatches: int, costs: Costs, limit: f
 def candidate_count(ranks: int, microbatches: int, chunks: Optional[int] = None) -> int:
     """The most schedules :func:`all_candidates` builds and simulates (with ``chunks`` per
     rank, if given: only the seeds and greedy placements of that count), each seed family's own
-    search included (the cost of planning grows with it: see :mod:`pipesched.planning`)."""
+    search included, the authors' heuristic as ``AUTHORS_COST`` (the cost of planning grows with
+    it: see :mod:`pipesched.planning`)."""
     seeds = sum(
         family.search_width(ranks, microbatches) if seed.programs is None else seed.width
         for family in families() for seed in family.zb_auto if chunks is None or family.default_chunks == chunks
     )
-    authors = 1  # the Zero Bubble authors' heuristic
+    authors = AUTHORS_COST  # the Zero Bubble authors' heuristic
     loop = len(loop_knobs(ranks, microbatches)) + authors if chunks in (None, 1) else 0
     v = len(v_greedy_knobs(ranks, microbatches)) if chunks in (None, 2) else 0
     return seeds + loop + v
