@@ -74,8 +74,8 @@ def test_zb_auto_at_a_chunk_count_simulates_no_more_than_its_width_at_that_count
     assert 0 < simulations[0] + placed[0] <= family.search_width(4, 80, chunks) < family.search_width(4, 80)
 
 
-MEASURED_1T = {1: 12.4, 2: 34.1}  # CPU s of zb-auto at p = 64, m = 512 under the 1T layout's costs and limit,
-# the most measured for it on the project's machine before and after issue 37's speed-up (benchmarks/RESULTS.md)
+MEASURED_1T = {1: 17.7, 2: 35.9}  # CPU s of zb-auto at p = 64, m = 512 under the 1T layout's costs and limit:
+# the most measured on the project's loaded machine, before issue 37's speed-up (benchmarks/RESULTS.md)
 
 
 def test_zb_auto_at_the_1t_size_is_predicted_above_its_measured_time_and_2_chunks_are_allowed():
