@@ -13,9 +13,11 @@ Cases (inputs in pipesched/advise/published.py):
   open (every size dividing the 256 experts and the 128 ranks);
 - ``small``: an 8-layer model on 16 GPUs, every layout (the case tests/test_advise_whole_search.py runs).
 
-    PYTHONPATH=src python benchmarks/advise_scale.py [CASE ...]
+    PYTHONPATH=src python benchmarks/advise_scale.py [--workers N] [CASE ...]
 
-For each case: CPU seconds (``time.process_time``, one process) and wall seconds, candidates simulated and priced
+``--workers``: the search's processes (default: advise/parallel.py's, two on two cores for a large group).
+For each case: CPU seconds (this process's and its workers', ``resource.getrusage``) and wall seconds,
+candidates simulated and priced
 (each for every layout of its group), layouts searched, layouts proven unable to beat the pick
 (advise/layout_bound.py), layouts left out otherwise (refused, or nothing fits), the pick, and
 where the published layout stands. A progress line on stderr every 30 s.
@@ -23,6 +25,7 @@ where the published layout stands. A progress line on stderr every 30 s.
 
 from __future__ import annotations
 
+import resource
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -72,13 +75,18 @@ class Outcome:
     published_verdict: str  # why the published layout has no row ("" when it has)
 
 
-def run_case(name: str) -> Outcome:
+def _cpu() -> float:
+    """User and system CPU of this process and of its finished workers (the search's pools)."""
+    return sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+
+
+def run_case(name: str, workers: Optional[int] = None) -> Outcome:
     run, fixed = CASES[name]
-    started, wall = time.process_time(), time.perf_counter()
+    started, wall = _cpu(), time.perf_counter()
     advice = advise_whole_layouts(run.gpus, run.model(), run.global_batch, run.fabric(), fixed=fixed,
                                   sequence_parallel=run.sequence_parallel, precision=run.precision,
-                                  layouts_done=LayoutProgress())
-    seconds, wall = time.process_time() - started, time.perf_counter() - wall
+                                  layouts_done=LayoutProgress(), workers=workers)
+    seconds, wall = _cpu() - started, time.perf_counter() - wall
     slower = sum(SLOWER in line for line in advice.skipped)
     mine = (run.layout.pp, run.layout.dp_replicate, run.layout.dp_shard, run.layout.tp)
     published = [r for r in advice.candidates if (r.pp, r.dp, r.dp_shard, r.tp, r.ep) == (*mine, run.ep)]
@@ -100,5 +108,8 @@ def report(name: str, out: Outcome) -> None:
 
 
 if __name__ == "__main__":
-    for case in sys.argv[1:] or list(CASES):
-        report(case, run_case(case))
+    args = sys.argv[1:]
+    processes = int(args.pop(args.index("--workers") + 1)) if "--workers" in args else None
+    args = [a for a in args if a != "--workers"]
+    for case in args or list(CASES):
+        report(case, run_case(case, processes))

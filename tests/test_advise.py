@@ -112,6 +112,9 @@ def test_a_limit_nothing_fits_names_the_smallest_feasible_limit():
         pytest.skip("needs a V family that honours memory limits")
     with pytest.raises(NoCandidateFitsError, match=r"smallest feasible limit is 1\b") as err:
         advise(4, 0.5, microbatches=8, families=FAST)  # families that honour limits go down to 1
+    with pytest.raises(NoCandidateFitsError) as two:  # their leanest builds, on two processes: the same
+        advise(4, 0.5, microbatches=8, families=FAST, workers=2)
+    assert str(two.value) == str(err.value) and two.value.candidates == err.value.candidates
     floor = advise(4, 1, microbatches=8, families=FAST).recommended
     assert floor.peak_memory <= 1 and floor.schedule in str(err.value)
 
@@ -198,3 +201,40 @@ def test_parallel_search_gives_the_same_ranking_as_one_process():
     one = advise(4, 4, microbatches=8, costs=SKEWED, families=FAST, workers=1).to_json()
     two = advise(4, 4, microbatches=8, costs=SKEWED, families=FAST, workers=2).to_json()
     assert one == two
+
+
+def test_large_searches_use_every_core_even_two_small_ones_one_process(monkeypatch):
+    from pipesched.advise import parallel
+    monkeypatch.setattr(parallel, "local_cores", lambda: 2)
+    assert parallel.default_workers(20, parallel.LARGE_WORK_S) == 2
+    assert parallel.default_workers(20, parallel.LARGE_WORK_S / 2) == 1
+    assert parallel.default_workers(1, 10 * parallel.LARGE_WORK_S) == 1  # one job: nothing to share
+
+
+def test_outcomes_come_back_in_the_items_order_whatever_order_the_workers_take_them():
+    from pipesched.advise.parallel import map_outcomes
+
+    def square(x: int) -> int:
+        if x == 3:
+            raise ConfigError("three")
+        return x * x
+
+    items = [1, 2, 3, 4, 5]
+    got = map_outcomes(square, items, 2, weights=[1, 5, 2, 4, 3], together=lambda x: x % 2 or None)
+    assert [g for i, g in enumerate(got) if i != 2] == [1, 4, 16, 25]
+    assert isinstance(got[2], ConfigError) and str(got[2]) == "three"
+
+
+def test_items_kept_together_run_in_one_worker_in_their_order():
+    import os
+    from pipesched.advise.parallel import map_outcomes
+    got = map_outcomes(lambda x: (x, os.getpid()), list(range(6)), 2, weights=[1] * 6, together=lambda x: x % 2)
+    assert [x for x, _ in got] == list(range(6))
+    assert len({pid for x, pid in got if x % 2}) == 1 and len({pid for x, pid in got if not x % 2}) == 1
+
+
+def test_items_kept_together_give_up_their_last_ones_while_heavier_than_a_worker_s_share():
+    from pipesched.advise.parallel import _within_share
+    weights = [8, 12, 7, 7, 1, 20, 5]  # 60 in all: 30 a worker, of 35 kept together
+    assert _within_share([[0, 1, 2, 3, 4], [5], [6]], weights, 2) == [[4], [3], [0, 1, 2], [5], [6]]
+    assert _within_share([[0, 1, 2, 3, 4], [5], [6]], weights, 1) == [[0, 1, 2, 3, 4], [5], [6]]

@@ -87,6 +87,11 @@ def test_a_family_over_the_limit_storing_activations_is_kept_recomputing_them():
     row = tight.recommended
     assert row.candidate.schedule == "interleaved-1f1b" and row.candidate.recompute == "all"
     assert row.candidate.peak_memory_bytes <= need * 0.8
+    # the retry as built runs in the worker that failed to steer (beside 1f1b's): the same advice
+    two = {"fixed": fixed, "families": _families("interleaved-1f1b", "1f1b"), "max_chunks": 2}
+    forked = advise_whole_layouts(GPUS, _model(need * 0.8 / 1e9, spec), 256, FABRIC, workers=2, **two)
+    assert any(r.candidate.schedule == "interleaved-1f1b" and r.candidate.recompute == "all" for r in forked.candidates)
+    assert forked == advise_whole_layouts(GPUS, _model(need * 0.8 / 1e9, spec), 256, FABRIC, workers=1, **two)
 
 
 def test_a_layout_is_left_out_only_when_none_of_its_candidates_fits():

@@ -32,7 +32,10 @@ MEMORY_COUNTED = {  # what a candidate's bytes count: the whole footprint where 
 
 
 class SteeredOverLimit(ConfigError):
-    """A family that honours memory limits could not get under this one."""
+    """A family that honours memory limits could not get under this one; ``as_built``: what it
+    gives built as it comes that fits (:func:`search_setting` fills it in; pickled with the error)."""
+
+    as_built: tuple = ()
 
 
 Price = Callable[[Candidate, SimResult], tuple]  # a candidate and its simulation -> Candidate.priced
@@ -46,6 +49,18 @@ def as_built(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, ob
         return evaluate(setting, ranks, plan, model, objective, steer=False, price=price)
     except PipeschedError:
         return []
+
+
+def search_setting(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str,
+                   price: Optional[Price] = None) -> list[Candidate]:
+    """The search's work for one setting, in its worker: :func:`evaluate`, and where the family
+    cannot be steered under the limit, the fitting candidates of :func:`as_built` on the error
+    it raises: the retry runs beside the other settings instead of after them, one by one."""
+    try:
+        return evaluate(setting, ranks, plan, model, objective, price=price)
+    except SteeredOverLimit as err:
+        err.as_built = tuple(c for c in as_built(setting, ranks, plan, model, objective, price) if c.fits)
+        raise
 
 
 def leanest(setting: Setting, ranks: int, plan: BatchPlan, model: CostModel, objective: str,

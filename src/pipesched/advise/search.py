@@ -22,7 +22,7 @@ from ..ranking import BASELINE, OBJECTIVES, rank_key, significant
 from ..registry import Family, families as registered_families
 from .candidates import BatchPlan, Setting, batch_plan, settings
 from .costmodel import CostModel, ScaledCosts
-from .evaluate import Price, SteeredOverLimit, as_built, evaluate, leanest
+from .evaluate import Price, SteeredOverLimit, leanest, search_setting
 from .explain import explain
 from .parallel import default_workers, map_outcomes
 from .result import Advice, Candidate
@@ -68,8 +68,8 @@ def advise(
     ``memory_limit`` is peak activations per rank in M_B units of the reference microbatch
     (``microbatch_size``, or the one ``microbatches`` gives). ``costs`` are per-microbatch at that
     size; ``cost_model`` replaces ``costs`` and ``memory_limit`` (e.g. a model description).
-    ``workers``: processes for the builds (default: the cores this process may use,
-    :func:`pipesched.environment.local_cores`, when there are 4 or more, else one).
+    ``workers``: processes for the builds (default: :func:`.parallel.default_workers`, the cores
+    this process may use when there are 4 or more or the search is large, else one).
     ``progress(work)``: a context the search runs in, given the actions it builds (a spinner).
     Searches that would take more than about a minute raise a ConfigError (:mod:`..planning`);
     ``refuse_slow=False`` does not (the layout searches, which search every layout in full).
@@ -94,16 +94,19 @@ def advise(
 
     built: list[Candidate] = []
     skipped: list[tuple[str, int, int, str]] = []
-    over_limit: list[Setting] = []  # families that could not get under the limit when steered
-    # Largest instances first, so parallel workers finish together.
+    over_limit: list[tuple[Setting, SteeredOverLimit]] = []  # families that could not get under the limit when steered
+    # Kept in this order (ties in the ranking keep it); the workers take the heaviest first (map_outcomes).
     todo = sorted(settings(family_list, plan, max_chunks), key=lambda s: -s.microbatches * s.chunks)
     if refuse_slow:
         check_search_size(ranks, plan, family_list, max_chunks)
     work = search_actions(ranks, plan, family_list, max_chunks)
+    predicted = {s: planning_seconds(s.family, ranks, s.microbatches, s.chunks) for s in todo}
+    if workers is None:
+        workers = default_workers(len(todo), sum(predicted.values()))
     with progress(work) if progress is not None else nullcontext():
         outcomes = map_outcomes(
-            lambda setting: evaluate(setting, ranks, plan, cost_model, objective, price=price), todo,
-            workers if workers is not None else default_workers(len(todo)),
+            lambda setting: search_setting(setting, ranks, plan, cost_model, objective, price=price), todo,
+            workers, [predicted[s] for s in todo], shared_programs,
         )
     seen: set[tuple[str, int, int, str]] = set()  # a family that picks its own chunks may repeat itself
 
@@ -117,15 +120,19 @@ def advise(
     for setting, outcome in zip(todo, outcomes):
         if isinstance(outcome, PipeschedError):
             if isinstance(outcome, SteeredOverLimit):
-                over_limit.append(setting)
+                over_limit.append((setting, outcome))
             skipped.append((setting.family.name, setting.chunks, setting.microbatches, str(outcome)))
             continue
         keep(outcome)
-    for setting in over_limit:  # over the limit storing activations: recomputing them may fit
-        keep([c for c in as_built(setting, ranks, plan, cost_model, objective, price) if c.fits])
+    for _, steered in over_limit:  # over the limit storing activations: recomputing them may fit
+        keep(steered.as_built)
     if not any(c.fits for c in built):  # what they need at least, for the smallest feasible limit
-        for setting in over_limit:
-            keep(leanest(setting, ranks, plan, cost_model, objective, price))
+        floors = map_outcomes(lambda setting: leanest(setting, ranks, plan, cost_model, objective, price),
+                              [s for s, _ in over_limit], workers, [predicted[s] for s, _ in over_limit])
+        for floor in floors:
+            if isinstance(floor, PipeschedError):
+                raise floor
+            keep(floor)
     if not built:
         reasons = "; ".join(f"{s} chunks={v} m={m}: {why}" for s, v, m, why in skipped[:3])
         raise ConfigError(f"no schedule could be built for ranks={ranks}: {reasons}")
@@ -152,6 +159,14 @@ def advise(
                     searched=FULL_SEARCH, time_unit=getattr(cost_model, "time_unit", ""))
     reason, notes = explain(advice)
     return replace(advice, reason=reason, notes=tuple(notes))
+
+
+def shared_programs(setting: Setting) -> Optional[tuple[int, int]]:
+    """Settings that build the same V programs (memoized: :func:`pipesched.registry.forget_builds`),
+    the V families' and zb-auto's (which seeds itself with them) at one chunk and microbatch count:
+    one worker builds them in turn, each reusing what the first built, as in one process."""
+    family = setting.family
+    return (setting.chunks, setting.microbatches) if family.placement == "v" or family.searches_chunks else None
 
 
 def check_search_size(ranks: int, plan: BatchPlan, family_list: Sequence[Family], max_chunks: int) -> float:

@@ -30,9 +30,10 @@ from ..ops import Op
 from ..costs import Costs
 from ..errors import DeadlockError
 from ..placement import loop_placement
-from ..ranking import result_key, significant
+from ..ranking import rank_key, significant
 from ..schedule import Schedule
 from ..simulate import simulate
+from .wfill import Built
 
 
 def schedule_table(microbatches: int, chunks: int, group: int) -> list[tuple[int, int]]:
@@ -101,15 +102,21 @@ def interleaved_search_width(ranks: int, microbatches: int) -> int:
 
 def pick_fastest(candidates, costs: Costs, memory_limit: float) -> Schedule:
     """The best candidate under ``costs`` by makespan (:func:`~pipesched.ranking.result_key`)
-    within ``memory_limit``, else the one least over it; skips deadlocks; earlier ones win ties."""
+    within ``memory_limit``, else the one least over it; skips deadlocks; earlier ones win ties.
+    A candidate is a :class:`Schedule`, simulated, or a :class:`~.wfill.Built`, which knows its
+    times and peak under ``costs`` (what simulation would give it)."""
     best, best_key = None, None
-    for schedule in candidates:
-        try:
-            result = simulate(schedule, costs)
-        except DeadlockError:
-            continue
-        over = max(0.0, result.max_peak_memory - memory_limit)
-        key = (significant(over), *result_key(result, "makespan"))
+    for candidate in candidates:
+        if isinstance(candidate, Built):
+            schedule, makespan, span, peak = candidate
+        else:
+            schedule = candidate
+            try:
+                result = simulate(schedule, costs)
+            except DeadlockError:
+                continue
+            makespan, span, peak = result.makespan, result.span, result.max_peak_memory
+        key = (significant(max(0.0, peak - memory_limit)), *rank_key(makespan, span, peak, "makespan"))
         if best_key is None or key < best_key:
             best, best_key = schedule, key
     if best is None:

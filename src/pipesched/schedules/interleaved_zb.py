@@ -4,8 +4,8 @@ Interleaving shrinks the warm-up bubble by ``v``; splitting the backward lets th
 (W) fill what is left. The forwards and input-gradient backwards follow the interleaved 1F1B
 table (:mod:`.interleaved`); each W then goes right after its I, or into the waits (:mod:`.wfill`),
 deferred no further than the memory limit allows (default ``p``, the same as 1F1B). Warm-up
-depth, group size and W placement are chosen by simulation under the given costs, preferring
-candidates within the limit.
+depth, group size and W placement are chosen by their times under the given costs (simulated, or
+known from the fill: :class:`~.wfill.Built`), preferring candidates within the limit.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..errors import DeadlockError
 from ..placement import loop_placement
 from ..schedule import Schedule
 from .interleaved import group_candidates, pick_fastest, rank_order
-from .wfill import fill_weight_passes
+from .wfill import fill, prepare
 
 WARMUPS_PER_HOP = (1, 2)  # forwards in flight per hop during warm-up
 W_LAGS_PER_RANK = (0, 1)  # each W right after its I, or ZB-H1's lag of one I per rank
@@ -49,33 +49,14 @@ def build(ranks: int, microbatches: int, chunks: int, costs: Costs, memory_limit
     return pick_fastest(candidates(), costs, limit)
 
 
-def _lagged(order: list[Action], lag: int) -> list[Action]:
-    """Each I followed by the W of the I ``lag`` places earlier (ZB-H1's deferral); rest at the end."""
-    out: list[Action] = []
-    done_i: list[Action] = []
-    input_backward, weight_backward = Op.I, Op.W
-    for action in order:
-        out.append(action)
-        if action.kind is input_backward:
-            done_i.append(action)
-            if len(done_i) > lag:
-                w = done_i[len(done_i) - 1 - lag]
-                out.append(Action(w.stage, weight_backward, w.microbatch))
-    out.extend(Action(i.stage, weight_backward, i.microbatch) for i in done_i[max(0, len(done_i) - lag):])
-    return out
-
-
 def _weight_placements(skeleton, placement, microbatches, costs, limit):
-    """Ways to place the Ws: after their I (now, or lagging by the rank), or into the waits."""
-    ranks = len(skeleton)
-    for lag_per_rank in W_LAGS_PER_RANK:
-        orders = tuple(tuple(_lagged(order, lag_per_rank * r)) for r, order in enumerate(skeleton))
-        yield Schedule(ranks, microbatches, placement, orders, name="interleaved-zb")
-    for partial in FILL_PARTIAL_WAITS:
+    """Ways to place the Ws: after their I (now, or lagging by the rank), or into the waits;
+    each with its times and peak (:class:`~.wfill.Built`: none needs a simulation)."""
+    prepared = prepare(skeleton, placement, costs)
+    ways = [{"lags": [lag_per_rank * r for r in range(len(skeleton))]} for lag_per_rank in W_LAGS_PER_RANK]
+    ways += [{"fill_partial_waits": partial} for partial in FILL_PARTIAL_WAITS]
+    for way in ways:
         try:
-            yield fill_weight_passes(
-                skeleton, placement, microbatches, costs, limit,
-                name="interleaved-zb", fill_partial_waits=partial,
-            )
+            yield fill(prepared, microbatches, limit, name="interleaved-zb", **way)
         except DeadlockError:
             continue

@@ -4,33 +4,202 @@ Input: each rank's forwards and input-gradient backwards in a fixed order. The r
 executed under the cost model; whenever a rank would wait for an input, it runs pending ``W``s
 that fit entirely in the wait (oldest first), and before a forward that would exceed the memory
 limit it runs ``W``s to free activations. Leftover ``W``s drain at the end. Because the program
-comes out of an execution, it is free of deadlock whenever the input order is.
+comes out of an execution, it is free of deadlock whenever the input order is, and the fill
+knows its own start and end times: the ones :func:`pipesched.simulate.simulate` computes for it
+(same rules from :mod:`pipesched.execution`, same durations, same float operations), and its
+memory peaks, so a builder choosing among fills need not simulate them (:class:`Built`). The
+same execution places the Ws at fixed lags behind their Is (ZB-H1's placement) with its times.
 
-zb-auto re-places the W passes of its best candidates and interleaved-zb of each of its
-skeletons, hundreds of thousands of actions each at large sizes: the execution therefore reads
-per-stage tables made once (:func:`_pass_table`: duration, memory change, what a pass waits for
-and its delay) and names each pass's output by an integer, not by asking the dependency rule and
-hashing an ``Op`` per action; the times are the same sums in the same order, so the schedule is too.
+For speed (interleaved-zb fills programs of 200,000 actions several times per build) the
+skeleton is first tabulated once (:func:`prepare`): each action's duration, the integer key of
+the input it waits for and of the output it makes, and the ``W`` each ``I`` leaves pending; the
+fills under each limit and wait rule (:func:`fill`) then only index lists.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from ..actions import Action
 from ..costs import Costs, durations_for
 from ..errors import DeadlockError
-from ..dependencies import OUTPUT, Output, dependencies
+from ..dependencies import OUTPUT, Output, dependency
 from ..execution import TOLERANCE, latency
 from ..memory import UNIT_CHANGE
 from ..ops import Op
 from ..placement import stages_by_rank
 from ..schedule import Schedule
+from ..validate import FINISHED
 
-_SLOT = {Output.ACTIVATION: 0, Output.INPUT_GRAD: 1, Output.WEIGHT_GRAD: 2}  # an output's key: slot + 3 * stage + stride * microbatch
-_KINDS = (Op.F, Op.I, Op.W, Op.B)
+_OUTPUTS = tuple(Output)  # an output's position numbers the keys of what was made
+
+
+class Prepared(NamedTuple):
+    """A skeleton tabulated under one placement and cost model (:func:`prepare`)."""
+
+    steps: list[list[tuple]]  # per rank, in program order: each action's (action, duration,
+    # key of the input it waits for, that input's latency, key of its output, M_B it adds,
+    # whether it is a forward, the (W, duration) an I leaves pending or None)
+    placement: tuple[int, ...]
+    keys: int  # output keys, and one more: the made-at-0 input of a pipeline's first forward
+
+
+class Built(NamedTuple):
+    """A placement of the Ws with what its execution found under the fill's costs, so that
+    choosing among them (:func:`~.interleaved.pick_fastest`) need not simulate: the makespan,
+    the longest stretch from a rank's first start to its last end, and the fullest rank's peak
+    activations in M_B (stage-microbatches held at once, each its rank's share of one M_B, as
+    :func:`pipesched.memory.unit_peak` counts them: what simulation reports)."""
+
+    schedule: Schedule
+    makespan: float
+    span: float
+    peak: float
+
+
+def fullest_peak(held_most: Sequence[int], placement: tuple[int, ...]) -> float:
+    """The fullest rank's peak in M_B from each rank's most stage-microbatches held at once."""
+    shares = [max(1, len(s)) for s in stages_by_rank(placement, len(held_most))]
+    return max((h / float(k) for h, k in zip(held_most, shares)), default=0.0)
+
+
+def prepare(skeleton: Sequence[Sequence[Action]], placement: tuple[int, ...], costs: Costs) -> Prepared:
+    """Tabulate ``skeleton`` once for every :func:`fill` of it under ``costs``."""
+    stages = len(placement)
+    table = durations_for(placement, len(skeleton), costs)
+    microbatches = 1 + max((a[2] for order in skeleton for a in order), default=0)
+    keys = stages * len(_OUTPUTS) * microbatches
+    outputs = {o: i for i, o in enumerate(_OUTPUTS)}
+
+    def key(stage: int, output: Output) -> int:  # of microbatch 0; microbatch k's is k more
+        return (stage * len(_OUTPUTS) + outputs[output]) * microbatches
+
+    by_kind = {}  # (stage, kind) -> what does not vary with the microbatch
+    for s in range(stages):
+        for kind in (Op.F, Op.I, Op.W, Op.B):
+            dep = dependency(Action(s, kind, 0), stages)
+            by_kind[(s, kind)] = (  # no input: "made" at time 0 in key ``keys`` (waits for nothing)
+                table[(s, kind)], keys if dep is None else key(dep[0], dep[1]),
+                0 if dep is None else 1, 0.0 if dep is None else latency(placement, dep[0], s, costs.comm),
+                key(s, OUTPUT[kind]), UNIT_CHANGE[kind], kind is Op.F, table[(s, Op.W)] if kind is Op.I else None,
+            )
+    weight = Op.W
+    steps = []
+    for order in skeleton:
+        rank_steps = []
+        append = rank_steps.append
+        for action in order:
+            s, kind, k = action
+            duration, dep, per_k, lat, made, change, forward, w = by_kind[(s, kind)]
+            append((action, duration, dep + per_k * k, lat, made + k, change, forward,
+                    None if w is None else (Action(s, weight, k), w)))
+        steps.append(rank_steps)
+    return Prepared(steps, tuple(placement), keys)
+
+
+def fill(prepared: Prepared, microbatches: int, memory_limit: float, name: str,
+         fill_partial_waits: bool = False, lags: Optional[Sequence[int]] = None,
+         give_up_after: float = math.inf) -> Optional[Built]:
+    """Insert every ``W`` into the F/I programs of ``prepared``; the schedule and its times.
+
+    With ``fill_partial_waits`` a pending ``W`` also starts in a wait shorter than itself (the
+    next action starts a little late, but fewer ``W``s pile up at the end).
+
+    With ``lags`` (one per rank) the ``W``s go in fixed places instead of the waits, and the
+    limit is not consulted: rank ``r`` follows each ``I`` with the ``W`` of the ``I`` ``lags[r]``
+    places earlier (ZB-H1's deferral; 0: its own), the rest at the end.
+
+    None when an action would end after ``give_up_after`` (the makespan is then above it: zb-auto
+    stops a re-placement that cannot win, :mod:`pipesched.auto.replaced`).
+    """
+    steps, placement = prepared.steps, prepared.placement
+    ranks = len(steps)
+    caps = [memory_limit * max(1, len(s)) + TOLERANCE for s in stages_by_rank(placement, ranks)]
+    into_waits = lags is None
+    lags = lags or [0] * ranks
+    w_change = UNIT_CHANGE[Op.W]
+    done = [-1.0] * prepared.keys + [0.0]  # when each output was made (-1: not yet)
+    stuck: list = [None] * (prepared.keys + 1)  # per output key: the ranks waiting for it, or None
+    pos = [0] * ranks
+    clock = [0.0] * ranks
+    held = [0] * ranks
+    first = [0.0] * ranks  # each rank's first start
+    most = [0] * ranks  # each rank's most held
+    pending: list[deque] = [deque() for _ in range(ranks)]
+    out: list[list[Action]] = [[] for _ in range(ranks)]
+    runnable = deque(range(ranks))
+    while runnable:
+        r = runnable.popleft()
+        program, p, c, h, queue, placed, cap = steps[r], pos[r], clock[r], held[r], pending[r], out[r], caps[r]
+        m_r, lag, place = most[r], lags[r], out[r].append
+        n = len(program)
+        while p < n:
+            action, duration, dep, lat, made, change, forward, weight = program[p]
+            if forward and into_waits:
+                while h + 1 > cap and queue:  # free activations before taking more
+                    w, took = queue.popleft()
+                    place(w)
+                    c = c + took
+                    h += w_change
+            t_dep = done[dep]
+            if t_dep < 0:
+                if stuck[dep] is None:
+                    stuck[dep] = [r]
+                else:
+                    stuck[dep].append(r)
+                break
+            arrival = t_dep + lat
+            if into_waits and queue and c < arrival - TOLERANCE:  # the wait: Ws into it
+                fits = arrival + TOLERANCE
+                while queue and c < arrival - TOLERANCE:
+                    w, took = queue[0]
+                    if c + took > fits and not fill_partial_waits:
+                        break
+                    queue.popleft()
+                    place(w)
+                    c = c + took
+                    h += w_change
+            start = c if c >= arrival else arrival
+            if not placed:
+                first[r] = start
+            c = start + duration
+            if c > give_up_after:
+                return None
+            place(action)
+            done[made] = c  # nothing waits for a W's output (dependencies.upstream): only these
+            woken = stuck[made]
+            if woken is not None:
+                stuck[made] = None
+                runnable.extend(woken)
+            h += change
+            if h > m_r:
+                m_r = h
+            if weight is not None:
+                queue.append(weight)
+                if not into_waits and len(queue) > lag:  # the W of the I lag places back
+                    w, took = queue.popleft()
+                    place(w)
+                    c = c + took
+                    h += w_change
+            p += 1
+        else:
+            while queue:
+                w, took = queue.popleft()
+                place(w)
+                c = c + took
+                h += w_change
+        pos[r], clock[r], held[r], most[r] = p, c, h, m_r
+    if any(c > give_up_after for c in clock):  # a W drained at the end ended after it
+        return None
+    if any(pos[r] < len(steps[r]) for r in range(ranks)):
+        raise DeadlockError(f"{name}: the forward/backward order deadlocks before W placement")
+    used = [r for r in range(ranks) if out[r]]
+    schedule = Schedule(ranks, microbatches, placement, tuple(tuple(o) for o in out), name=name)
+    schedule.derived[FINISHED] = True  # an execution of these programs finished: free of deadlock
+    return Built(schedule, max((clock[r] for r in used), default=0.0),
+                 max((clock[r] - first[r] for r in used), default=0.0), fullest_peak(most, placement))
 
 
 def fill_weight_passes(
@@ -43,106 +212,8 @@ def fill_weight_passes(
     fill_partial_waits: bool = False,
     give_up_after: float = math.inf,
 ) -> Optional[Schedule]:
-    """Insert every ``W`` into the F/I programs in ``skeleton``; return the full schedule.
-
-    With ``fill_partial_waits`` a pending ``W`` also starts in a wait shorter than itself (the
-    next action starts a little late, but fewer ``W``s pile up at the end). None when an action
-    would end after ``give_up_after`` (the schedule's makespan is then above it: the execution is
-    the simulator's, :func:`pipesched.execution.run`, with the same sums in the same order).
-    """
-    ranks = len(skeleton)
-    stride = 3 * len(placement)
-    table = _pass_table(placement, ranks, costs)
-    programs = [[_step(a, table, stride) for a in program] for program in skeleton]
-    held_cap = [memory_limit * max(1, len(s)) + TOLERANCE for s in stages_by_rank(placement, ranks)]
-    done: dict[int, float] = {}  # by the key of what each placed action made
-    waiting: dict[int, list[int]] = {}
-    pos = [0] * ranks
-    clock = [0.0] * ranks
-    held = [0] * ranks
-    pending: list[deque] = [deque() for _ in range(ranks)]
-    out: list[list[Action]] = [[] for _ in range(ranks)]
-    runnable = deque(range(ranks))
-
-    def run(r: int, step: tuple, start: float) -> None:
-        action, _, duration, change, _, _, made, weight = step
-        clock[r] = start + duration
-        if clock[r] > give_up_after:
-            raise _GaveUp
-        out[r].append(action)
-        held[r] += change
-        if weight is not None:
-            pending[r].append(weight)
-        if made >= 0:
-            done[made] = clock[r]
-            for woken in waiting.pop(made, ()):
-                runnable.append(woken)
-
-    try:
-        while runnable:
-            r = runnable.popleft()
-            program, queue = programs[r], pending[r]
-            while pos[r] < len(program):
-                step = program[pos[r]]
-                if step[1]:  # a forward: free activations first if it would exceed the limit
-                    while held[r] + 1 > held_cap[r] and queue:
-                        run(r, queue.popleft(), clock[r])
-                arrival = clock[r]
-                if step[4] >= 0:
-                    t_dep = done.get(step[4])
-                    if t_dep is None:
-                        waiting.setdefault(step[4], []).append(r)
-                        break
-                    arrival = t_dep + step[5]
-                while queue and clock[r] < arrival - TOLERANCE:
-                    if clock[r] + queue[0][2] > arrival + TOLERANCE and not fill_partial_waits:
-                        break
-                    run(r, queue.popleft(), clock[r])
-                run(r, step, max(clock[r], arrival))
-                pos[r] += 1
-            else:
-                while queue:
-                    run(r, queue.popleft(), clock[r])
-    except _GaveUp:
-        return None
-    if any(pos[r] < len(skeleton[r]) for r in range(ranks)):
-        raise DeadlockError(f"{name}: the forward/backward order deadlocks before W placement")
-    return Schedule(ranks, microbatches, placement, tuple(tuple(o) for o in out), name=name)
-
-
-def _pass_table(placement: tuple[int, ...], ranks: int, costs: Costs) -> dict:
-    """Per kind, per stage: (duration, change of the rank's held activations, key base of the
-    output it waits for or -1, that output's delay, key base of its own output or -1 when
-    nothing waits for it)."""
-    stages = len(placement)
-    durations = durations_for(placement, ranks, costs)
-    needs = dependencies(stages).needs
-    awaited = {need[1] for per_kind in needs.values() for need in per_kind if need is not None}
-    table = {}
-    for kind in _KINDS:
-        rows = []
-        for s in range(stages):
-            need = needs[kind][s]
-            wait, delay = (-1, 0.0) if need is None else (
-                _SLOT[need[1]] + 3 * need[0], latency(placement, need[0], s, costs.comm))
-            made = _SLOT[OUTPUT[kind]] + 3 * s if OUTPUT[kind] in awaited else -1
-            rows.append((durations[(s, kind)], UNIT_CHANGE[kind], wait, delay, made))
-        table[kind] = rows
-    return table
-
-
-def _step(action: Action, table: dict, stride: int) -> tuple:
-    """One action as the execution reads it: (action, is a forward, duration, memory change, key
-    it waits for or -1, delay, key it makes or -1, its W's step when it is an ``I``)."""
-    s, kind, k = action
-    duration, change, wait, delay, made = table[kind][s]
-    offset = stride * k
-    later: Optional[tuple] = None
-    if kind is Op.I:
-        later = _step(Action(s, Op.W, k), table, stride)
-    return (action, kind is Op.F, duration, change, wait + offset if wait >= 0 else -1, delay,
-            made + offset if made >= 0 else -1, later)
-
-
-class _GaveUp(Exception):
-    """An action of the execution ended after ``give_up_after``."""
+    """Insert every ``W`` into the F/I programs in ``skeleton``; return the full schedule
+    (:func:`fill` of one :func:`prepare`; None past ``give_up_after``)."""
+    built = fill(prepare(skeleton, placement, costs), microbatches, memory_limit, name, fill_partial_waits,
+                 give_up_after=give_up_after)
+    return None if built is None else built.schedule
