@@ -6,7 +6,8 @@ simulating it visits each action a few times. The work therefore grows with the 
     actions built = stages x microbatches x kinds (F+B, or F+I+W) x candidates
 
 where ``candidates`` is how many schedules a searching family builds and simulates to pick one
-(``Family.search_width``: 1 for the handcrafted families, about 30 for ``zb-auto`` at large sizes; a compacted
+(``Family.search_width``: 1 for the handcrafted families, about 40 for ``zb-auto`` at large sizes, where
+a W re-placement counts as two schedules and the authors' heuristic as three; a compacted
 V program counts as ``COMPACTION_COST`` schedules; a request that has zb-auto search recomputation
 adds its recomputing candidates, ``Family.recompute_search_width``).
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:  # the registry asks this module before it builds: type names 
 
 SECONDS_PER_ACTION = {  # CPU seconds per action built: measured (see the module doc), rounded up
     "construction": 8e-6,  # one pass, no search (measured 2-5 us; 7 us at 2M actions)
-    "search": 10e-6,  # candidates simulated and ranked (interleaved 2-4 us; zb-auto 4 us, 9 us with its MILP)
+    "search": 9e-6,  # candidates simulated and ranked (interleaved 1.4-4.4 us; zb-auto 3.0-4.6 us, MILP included)
     "greedy": 14e-6,  # the V family's list scheduler and pool (7-11 us)
 }
 MAX_PLANNING_SECONDS = 60.0  # predicted CPU time above which a request is refused

@@ -34,11 +34,11 @@ from ..schedules.limits import SMALLEST_LIMIT, resolve_limit
 from .local import SWAP_EVALUATIONS, improve_by_swaps
 from .milp import refine
 from .recompute import leanest_recomputing_need, recomputing_candidates
-from .search import all_candidates, candidate_count, with_weights_replaced
+from .replaced import FILL_PARTIAL_WAITS, REPLACEMENT_COST, replaced_ranked
+from .search import all_candidates, candidate_count
 
 MILP_MAX_SIZE = 256  # ranks * microbatches up to which the exact refinement runs
 TOP_FOR_W_REPLACEMENT = 3  # best candidates tried again with W re-placed for the costs
-FILL_PARTIAL_WAITS = (False, True)  # ... into the waits a W fits, then into every wait
 
 
 def build_auto(
@@ -81,15 +81,8 @@ def build_auto(
     pool = _tagged(candidates, origins)
     ranked = ranked_schedules(pool, costs, limit, objective)
     stored = [item for item in ranked if schedule_recompute(item[2]) is None]
-    variants = []
-    for _, _, leader, _ in stored[:TOP_FOR_W_REPLACEMENT]:
-        for partial in FILL_PARTIAL_WAITS:
-            variant = with_weights_replaced(leader, costs, limit, fill_partial_waits=partial)
-            if variant is not None:
-                how = " + W re-placed" + (" (partial waits too)" if partial else "")
-                origins[id(variant)] = origins[id(leader)] + how
-                variants.append(variant)
-    replaced = ranked_schedules(variants, costs, limit, objective)
+    leaders = [item[2] for item in stored[:TOP_FOR_W_REPLACEMENT]]
+    replaced = replaced_ranked(leaders, stored[0][0] if stored else None, costs, limit, objective, origins)
     best = _first(ranked[:1] + replaced)  # the pool's leader wins ties with a re-placed variant
     if best is None:
         if limit < SMALLEST_LIMIT - TOLERANCE:
@@ -133,12 +126,13 @@ def build(request: BuildRequest) -> Schedule:
 def search_width(ranks: int, microbatches: int, chunks: Optional[int] = None) -> int:
     """The most schedules :func:`build_auto` simulates without searching recomputation: every
     candidate (with ``chunks`` per rank, if given), the best few again with their W passes
-    re-placed, and on small instances (``MILP_MAX_SIZE``) the swaps' evaluations and the exact
-    refinement's two. A request that searches recomputation simulates
+    re-placed (each charged as ``REPLACEMENT_COST`` schedules: the W placement executes the whole
+    program before it is simulated), and on small instances (``MILP_MAX_SIZE``) the swaps'
+    evaluations and the exact refinement's two. A request that searches recomputation simulates
     :func:`~.recompute.recompute_width` more."""
 
     width = candidate_count(ranks, microbatches, chunks)
-    width += len(FILL_PARTIAL_WAITS) * TOP_FOR_W_REPLACEMENT
+    width += REPLACEMENT_COST * len(FILL_PARTIAL_WAITS) * TOP_FOR_W_REPLACEMENT
     if ranks * microbatches <= MILP_MAX_SIZE:
         width += 1 + SWAP_EVALUATIONS + 2
     return width

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Iterator, Optional
 
 from ..costs import Costs
@@ -31,6 +32,8 @@ from ..schedules.wfill import fill_weight_passes
 
 LARGE = 512  # ranks * microbatches above which fewer greedy settings are tried
 HUGE = 4096  # ... and above which only two per placement
+AUTHORS_COST = 3  # schedules the authors' heuristic is charged as: its eight runs took 1.3 CPU s at p = 64,
+# m = 512 (benchmarks/RESULTS.md, issue 37 branch zbauto-speed), a simulation of one schedule 0.45-0.54
 
 
 def loop_knobs(ranks: int, microbatches: int) -> list[Knobs]:
@@ -86,12 +89,13 @@ def handcrafted_candidates(ranks: int, microbatches: int, costs: Costs, limit: f
 def candidate_count(ranks: int, microbatches: int, chunks: Optional[int] = None) -> int:
     """The most schedules :func:`all_candidates` builds and simulates (with ``chunks`` per
     rank, if given: only the seeds and greedy placements of that count), each seed family's own
-    search included (the cost of planning grows with it: see :mod:`pipesched.planning`)."""
+    search included, the authors' heuristic as ``AUTHORS_COST`` (the cost of planning grows with
+    it: see :mod:`pipesched.planning`)."""
     seeds = sum(
         family.search_width(ranks, microbatches) if seed.programs is None else seed.width
         for family in families() for seed in family.zb_auto if chunks is None or family.default_chunks == chunks
     )
-    authors = 1  # the Zero Bubble authors' heuristic
+    authors = AUTHORS_COST  # the Zero Bubble authors' heuristic
     loop = len(loop_knobs(ranks, microbatches)) + authors if chunks in (None, 1) else 0
     v = len(v_greedy_knobs(ranks, microbatches)) if chunks in (None, 2) else 0
     return seeds + loop + v
@@ -106,17 +110,19 @@ def _knob_text(k: Knobs) -> str:
 
 
 def with_weights_replaced(
-    schedule: Schedule, costs: Costs, limit: float, fill_partial_waits: bool = False
+    schedule: Schedule, costs: Costs, limit: float, fill_partial_waits: bool = False,
+    give_up_after: float = math.inf,
 ) -> Optional[Schedule]:
     """The same forwards and input-gradient backwards, W passes put into this cost model's waits
-    (``fill_partial_waits``: also into waits shorter than a W)."""
+    (``fill_partial_waits``: also into waits shorter than a W); None when the schedule does not
+    split its backward, recomputes, or would end after ``give_up_after``."""
     if any(a.kind is Op.B for _, a in schedule.actions()) or not schedule.split_backward:
         return None
     if schedule_recompute(schedule) is not None:
         return None  # the W placement counts stored activations only
     skeleton = [[a for a in schedule.rank_actions(r) if a.kind is not Op.W] for r in range(schedule.ranks)]
     return fill_weight_passes(skeleton, schedule.placement, schedule.microbatches, costs, limit,
-                              schedule.name, fill_partial_waits=fill_partial_waits)
+                              schedule.name, fill_partial_waits=fill_partial_waits, give_up_after=give_up_after)
 
 
 def all_candidates(

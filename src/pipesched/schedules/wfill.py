@@ -18,6 +18,7 @@ fills under each limit and wait rule (:func:`fill`) then only index lists.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import NamedTuple, Optional, Sequence
 
@@ -99,7 +100,8 @@ def prepare(skeleton: Sequence[Sequence[Action]], placement: tuple[int, ...], co
 
 
 def fill(prepared: Prepared, microbatches: int, memory_limit: float, name: str,
-         fill_partial_waits: bool = False, lags: Optional[Sequence[int]] = None) -> Built:
+         fill_partial_waits: bool = False, lags: Optional[Sequence[int]] = None,
+         give_up_after: float = math.inf) -> Optional[Built]:
     """Insert every ``W`` into the F/I programs of ``prepared``; the schedule and its times.
 
     With ``fill_partial_waits`` a pending ``W`` also starts in a wait shorter than itself (the
@@ -108,6 +110,9 @@ def fill(prepared: Prepared, microbatches: int, memory_limit: float, name: str,
     With ``lags`` (one per rank) the ``W``s go in fixed places instead of the waits, and the
     limit is not consulted: rank ``r`` follows each ``I`` with the ``W`` of the ``I`` ``lags[r]``
     places earlier (ZB-H1's deferral; 0: its own), the rest at the end.
+
+    None when an action would end after ``give_up_after`` (the makespan is then above it: zb-auto
+    stops a re-placement that cannot win, :mod:`pipesched.auto.replaced`).
     """
     steps, placement = prepared.steps, prepared.placement
     ranks = len(steps)
@@ -160,6 +165,8 @@ def fill(prepared: Prepared, microbatches: int, memory_limit: float, name: str,
             if not placed:
                 first[r] = start
             c = start + duration
+            if c > give_up_after:
+                return None
             place(action)
             done[made] = c  # nothing waits for a W's output (dependencies.upstream): only these
             woken = stuck[made]
@@ -184,6 +191,8 @@ def fill(prepared: Prepared, microbatches: int, memory_limit: float, name: str,
                 c = c + took
                 h += w_change
         pos[r], clock[r], held[r], most[r] = p, c, h, m_r
+    if any(c > give_up_after for c in clock):  # a W drained at the end ended after it
+        return None
     if any(pos[r] < len(steps[r]) for r in range(ranks)):
         raise DeadlockError(f"{name}: the forward/backward order deadlocks before W placement")
     used = [r for r in range(ranks) if out[r]]
@@ -201,7 +210,10 @@ def fill_weight_passes(
     memory_limit: float,
     name: str,
     fill_partial_waits: bool = False,
-) -> Schedule:
+    give_up_after: float = math.inf,
+) -> Optional[Schedule]:
     """Insert every ``W`` into the F/I programs in ``skeleton``; return the full schedule
-    (:func:`fill` of one :func:`prepare`)."""
-    return fill(prepare(skeleton, placement, costs), microbatches, memory_limit, name, fill_partial_waits).schedule
+    (:func:`fill` of one :func:`prepare`; None past ``give_up_after``)."""
+    built = fill(prepare(skeleton, placement, costs), microbatches, memory_limit, name, fill_partial_waits,
+                 give_up_after=give_up_after)
+    return None if built is None else built.schedule

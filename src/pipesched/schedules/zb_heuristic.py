@@ -48,11 +48,13 @@ class _Run:
         self.end = [0.0] * stages
         self.level = [0.0] * stages
         self.bubble = [0.0] * stages
-        self.time: dict[tuple[int, int, int], float] = {}
+        self.most_bubble = 0.0  # max(bubble): bubbles only grow, so a running maximum is exact
+        self.times = [[[] for _ in range(stages)] for _ in KINDS]  # [kind][stage][microbatch]: end time
         self.order: list[list[tuple[int, int]]] = [[] for _ in range(stages)]
 
     def t(self, kind: int, stage: int, mb: int) -> float:
-        return self.time.get((kind, stage, mb), 0.0)  # the authors' table starts at 0
+        row = self.times[kind][stage]
+        return row[mb] if mb < len(row) else 0.0  # the authors' table starts at 0
 
     def over(self, stage: int, kind: int) -> bool:
         return self.level[stage] + self.memory[kind] > self.limit + TOLERANCE
@@ -68,8 +70,10 @@ class _Run:
             done = max(done, self.t(B, j + 1, i) + self.comm + cost)
         if self.count[j][F] > 0:
             self.bubble[j] += done - no_bubble
+            if self.bubble[j] > self.most_bubble:
+                self.most_bubble = self.bubble[j]
         self.end[j] = done
-        self.time[(kind, j, i)] = done
+        self.times[kind][j].append(done)  # the i-th of its kind on stage j
         self.level[j] += self.memory[kind]
         self.count[j][kind] += 1
         self.order[j].append((kind, i))
@@ -80,7 +84,7 @@ class _Run:
         while c[W] < c[B] and self.end[j] + self.cost[j][W] <= arrival:
             self.put(j, W)
         if c[W] < c[B] and self.end[j] < arrival:
-            if arrival - self.end[j] <= max(self.bubble) - self.bubble[j]:
+            if arrival - self.end[j] <= self.most_bubble - self.bubble[j]:
                 if no_bubble_greedy:
                     self.put(j, W)
             else:
@@ -137,7 +141,7 @@ class _Run:
             w_count += 1
         if self.end[j] + self.cost[j][F] + w_cost <= round_trip:
             return True
-        return round_trip - self.end[j] > max(self.bubble) - self.bubble[j]
+        return round_trip - self.end[j] > self.most_bubble - self.bubble[j]
 
     def steady(self, i: int, prioritize_b: bool, no_bubble_greedy: bool) -> None:
         wanted = [self.wants_forward(j, prioritize_b) for j in range(self.stages)]
