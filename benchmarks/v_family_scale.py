@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import time
 
+import pipesched.advise.search as advise_search
 from pipesched import registry
 from pipesched.advise.layout_search import advise_whole_layouts
 from pipesched.advise.published import MEGATRON_1T
@@ -37,8 +38,9 @@ def recorded_requests() -> list:
         asked.append((family, request))
         raise ConfigError("recorded, not built")
 
-    kept = registry.built, registry.check_schedule_size
+    kept = registry.built, registry.check_schedule_size, advise_search.default_workers
     registry.built, registry.check_schedule_size = record, lambda *args, **kwargs: 0.0
+    advise_search.default_workers = lambda *args, **kwargs: 1  # recorded in this process, not in workers
     try:
         run = MEGATRON_1T
         advise_whole_layouts(run.gpus, run.model(), run.global_batch, run.fabric(),
@@ -47,7 +49,7 @@ def recorded_requests() -> list:
     except ConfigError:
         pass  # every build skipped: no layout fits
     finally:
-        registry.built, registry.check_schedule_size = kept
+        registry.built, registry.check_schedule_size, advise_search.default_workers = kept
     return [(f, r) for f, r in asked if f.name in FAMILIES and r.memory_limit is not None]
 
 

@@ -15,7 +15,6 @@ import hashlib
 import sys
 import time
 
-import pipesched.advise.search as advise_search
 from pipesched import registry
 from pipesched.simulate import simulate
 from pipesched.validate import validate
@@ -23,7 +22,6 @@ from v_family_scale import recorded_requests
 
 
 def main(chunks: int) -> None:
-    advise_search.default_workers = lambda *args, **kwargs: 1  # recorded in this process, not in workers
     request = next(r for f, r in recorded_requests() if f.name == "zb-auto" and r.chunks == chunks)
     started = time.process_time()
     schedule = registry.built(registry.get_family("zb-auto"), request)
