@@ -5,10 +5,11 @@ best makespan so far is exact), and the round picks what ranking every re-placem
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
-from pipesched.auto.replaced import FILL_PARTIAL_WAITS, replaced_ranked
+from pipesched.auto.replaced import FILL_PARTIAL_WAITS, note_origin, replaced_ranked
 from pipesched.auto.search import with_weights_replaced
 from pipesched.costs import Costs
 from pipesched.registry import build_schedule
@@ -54,3 +55,17 @@ def test_the_round_picks_what_ranking_every_re_placement_picks(costs, objective)
 
     assert reference and len(kept) <= len(reference)
     assert winner(kept)[0] == winner(reference)[0] and winner(kept)[2].orders == winner(reference)[2].orders
+
+
+def test_an_origin_lives_as_long_as_its_schedule():
+    """Origins are noted by id; a freed candidate's entry goes with it, so a later schedule that
+    Python gives the same id is not labelled with the freed one's origin (a V program once came
+    out as "1f1b + W re-placed")."""
+    origins: dict = {}
+    kept, freed = build_schedule("1f1b", 2, 4), replace(build_schedule("zb-h1", 2, 4))  # a copy: builds are memoized
+    note_origin(origins, kept, "1f1b")
+    note_origin(origins, kept, "offered again")  # the first origin stays: it wins ties
+    note_origin(origins, freed, "zb-h1")
+    freed_id = id(freed)
+    del freed
+    assert origins == {id(kept): "1f1b"} and freed_id not in origins

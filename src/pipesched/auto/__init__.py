@@ -34,7 +34,7 @@ from ..schedules.limits import SMALLEST_LIMIT, resolve_limit
 from .local import SWAP_EVALUATIONS, improve_by_swaps
 from .milp import refine
 from .recompute import leanest_recomputing_need, recomputing_candidates
-from .replaced import FILL_PARTIAL_WAITS, REPLACEMENT_COST, replaced_ranked
+from .replaced import FILL_PARTIAL_WAITS, REPLACEMENT_COST, note_origin, replaced_ranked
 from .search import all_candidates, candidate_count
 
 MILP_MAX_SIZE = 256  # ranks * microbatches up to which the exact refinement runs
@@ -149,5 +149,5 @@ def _first(ranked: list):
 def _tagged(pairs, origins: dict):
     """Yield the schedules of (origin, schedule) pairs, noting each one's origin by id."""
     for origin, schedule in pairs:
-        origins.setdefault(id(schedule), origin)  # one V program offered twice: the first, which wins ties
+        note_origin(origins, schedule, origin)  # one V program offered twice: the first, which wins ties
         yield schedule

@@ -16,6 +16,7 @@ before any re-placement, an earlier re-placement before a later one):
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Optional
 
 from ..costs import Costs
@@ -44,8 +45,16 @@ def replaced_ranked(leaders: list[Schedule], best_key: Optional[tuple], costs: C
         if variant is None or any(variant.orders == seen for seen in known):
             continue
         known.append(variant.orders)
-        origins[id(variant)] = origins[id(leader)] + " + W re-placed" + (" (partial waits too)" if partial else "")
+        note_origin(origins, variant, origins[id(leader)] + " + W re-placed" + (" (partial waits too)" if partial else ""))
         ranked.extend((key, order, schedule, result)
                       for key, _, schedule, result in ranked_schedules([variant], costs, limit, objective))
     ranked.sort(key=lambda item: (item[0], item[1]))
     return ranked
+
+
+def note_origin(origins: dict, schedule: Schedule, origin: str) -> None:
+    """Note ``schedule``'s origin by id unless one is noted, for as long as it lives: the entry
+    goes with it, so a later schedule given its id is not labelled with a freed one's origin."""
+    if id(schedule) not in origins:
+        origins[id(schedule)] = origin
+        weakref.finalize(schedule, origins.pop, id(schedule), None)
