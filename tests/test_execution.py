@@ -10,8 +10,9 @@ from conftest import SRC
 import pipesched
 from pipesched.actions import B, F, I, W
 from pipesched.dependencies import Output, consumer_stage, dependency
-from pipesched.execution import MISSING, NO_DEPENDENCY, TOLERANCE, crosses_ranks, latency
+from pipesched.execution import TOLERANCE, crosses_ranks, latency
 from pipesched.execution import lower as execution_lower
+from pipesched.lowering import MISSING, NO_DEPENDENCY
 from pipesched.ops import Op
 from pipesched.runtime.program.program import lower
 
