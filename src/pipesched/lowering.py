@@ -37,6 +37,7 @@ class Program:
     paired: bool  # some rank overlaps a pair (partner holds an id)
     stage: np.ndarray = field(compare=False)  # per id, its stage and its kind's number in KINDS (codes)
     kind: np.ndarray = field(compare=False)
+    micro: np.ndarray = field(compare=False)  # per id, its microbatch
 
 
 def lower(orders: Sequence[Sequence[Slot]], placement: Sequence[int], pipelines: int = 1) -> Program:
@@ -61,9 +62,10 @@ def lower(orders: Sequence[Sequence[Slot]], placement: Sequence[int], pipelines:
         rank_ids.append(range(first, len(actions)))
     index = dict(zip(actions, range(len(actions))))  # a duplicated action keeps its last id
     stage, kind = codes(actions)
-    dep, cross = _resolve(actions, stage, kind, index, rank_of, len(placement), pipelines)
+    micro = np.fromiter(map(itemgetter(2), actions), np.int64, len(actions))
+    dep, cross = _resolve(actions, stage, kind, micro, index, rank_of, len(placement), pipelines)
     return Program(actions, rank_ids, dep, cross, rank_of, tuple(placement), index, partner, pipelines,
-                   max(partner, default=-1) >= 0, stage, kind)
+                   max(partner, default=-1) >= 0, stage, kind, micro)
 
 
 KINDS = (Op.F, Op.I, Op.W, Op.B)  # the compute kinds, numbered for arrays (another kind: len(KINDS))
@@ -84,8 +86,8 @@ def _looked_up(action: Action, index: dict, inputs: dict) -> int:
     return NO_DEPENDENCY if need is None else next((d for d in found if d is not None), MISSING)
 
 
-def _resolve(actions: Sequence[Action], stage: np.ndarray, kind: np.ndarray, index: dict, rank_of: Sequence[int],
-             stages: int, pipelines: int) -> tuple[list[int], list[bool]]:
+def _resolve(actions: Sequence[Action], stage: np.ndarray, kind: np.ndarray, micro: np.ndarray, index: dict,
+             rank_of: Sequence[int], stages: int, pipelines: int) -> tuple[list[int], list[bool]]:
     """Each action's dependency id (the first of its makers' kinds the programs hold, as
     :class:`~pipesched.dependencies.Dependencies` tabulates the rule; NO_DEPENDENCY, or MISSING
     for an input no action makes and an action on no stage) and whether it crosses ranks.
@@ -95,7 +97,6 @@ def _resolve(actions: Sequence[Action], stage: np.ndarray, kind: np.ndarray, ind
     if not n:
         return [], []
     code = {kind: c for c, kind in enumerate(KINDS)}
-    micro = np.fromiter(map(itemgetter(2), actions), np.int64, n)
     # a dense table of ids holds the actions numbered within what n actions can hold (each of a
     # pipeline's microbatches has a forward and a backward on every stage): at most ~5n ids; an
     # action on no stage waits for MISSING (validation names it), one numbered past is looked up
