@@ -7,6 +7,7 @@ asking the rule (:mod:`pipesched.dependencies`, through its tables) per action.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import repeat
 from operator import itemgetter
 from typing import Sequence
@@ -31,13 +32,18 @@ class Program:
     cross: list[bool]  # True when the dependency lives on another rank
     rank_of: list[int]  # rank of each id
     placement: tuple[int, ...]
-    index: dict  # action -> id (a duplicated action keeps its last id)
     partner: list[int]  # for an overlapped pair's forward: its backward's id (which follows); else -1
     pipelines: int  # model copies the stages form (see dependency)
     paired: bool  # some rank overlaps a pair (partner holds an id)
     stage: np.ndarray = field(compare=False)  # per id, its stage and its kind's number in KINDS (codes)
     kind: np.ndarray = field(compare=False)
     micro: np.ndarray = field(compare=False)  # per id, its microbatch
+
+    @cached_property
+    def index(self) -> dict:
+        """Action -> id (a duplicated action keeps its last id): made when first asked (the
+        validator's explanations, the runtime's gather plan), not by every lowering."""
+        return dict(zip(self.actions, range(len(self.actions))))
 
 
 def lower(orders: Sequence[Sequence[Slot]], placement: Sequence[int], pipelines: int = 1) -> Program:
@@ -60,11 +66,10 @@ def lower(orders: Sequence[Sequence[Slot]], placement: Sequence[int], pipelines:
             partner.extend([-1] * len(order))
         rank_of.extend([r] * (len(actions) - first))
         rank_ids.append(range(first, len(actions)))
-    index = dict(zip(actions, range(len(actions))))  # a duplicated action keeps its last id
     stage, kind = codes(actions)
     micro = np.fromiter(map(itemgetter(2), actions), np.int64, len(actions))
-    dep, cross = _resolve(actions, stage, kind, micro, index, rank_of, len(placement), pipelines)
-    return Program(actions, rank_ids, dep, cross, rank_of, tuple(placement), index, partner, pipelines,
+    dep, cross = _resolve(actions, stage, kind, micro, rank_of, len(placement), pipelines)
+    return Program(actions, rank_ids, dep, cross, rank_of, tuple(placement), partner, pipelines,
                    max(partner, default=-1) >= 0, stage, kind, micro)
 
 
@@ -86,7 +91,7 @@ def _looked_up(action: Action, index: dict, inputs: dict) -> int:
     return NO_DEPENDENCY if need is None else next((d for d in found if d is not None), MISSING)
 
 
-def _resolve(actions: Sequence[Action], stage: np.ndarray, kind: np.ndarray, micro: np.ndarray, index: dict,
+def _resolve(actions: Sequence[Action], stage: np.ndarray, kind: np.ndarray, micro: np.ndarray,
              rank_of: Sequence[int], stages: int, pipelines: int) -> tuple[list[int], list[bool]]:
     """Each action's dependency id (the first of its makers' kinds the programs hold, as
     :class:`~pipesched.dependencies.Dependencies` tabulates the rule; NO_DEPENDENCY, or MISSING
@@ -120,7 +125,9 @@ def _resolve(actions: Sequence[Action], stage: np.ndarray, kind: np.ndarray, mic
     dep, second = (ids[producer[row, col], makers[row, col, j], at] for j in (0, 1))
     dep = np.where(dep >= 0, dep, second)
     dep = np.where(free[row, col], NO_DEPENDENCY, np.where(dep >= 0, dep, MISSING))
-    for i in np.flatnonzero(~known & (stage >= 0) & (stage < stages) & (kind < len(KINDS))).tolist():
+    past = np.flatnonzero(~known & (stage >= 0) & (stage < stages) & (kind < len(KINDS))).tolist()
+    index = dict(zip(actions, range(n))) if past else {}  # a duplicated action keeps its last id
+    for i in past:
         dep[i] = _looked_up(actions[i], index, inputs)  # numbered past the table: its maker too
     ranks = np.asarray(rank_of, np.int64)
     cross = (dep >= 0) & (ranks[np.maximum(dep, 0)] != ranks)

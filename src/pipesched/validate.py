@@ -40,10 +40,10 @@ def check_structure(schedule: Schedule) -> None:
     placement = schedule.placement
     runs = [schedule.stage_microbatches(s) for s in range(stages)]
     program = lowered(schedule)
-    seen = program.index  # action -> id; ids grow along each rank's program
-    if len(seen) != len(program.actions) or not _placed_and_numbered(program, placement, runs):
+    if not _placed_and_numbered(program, placement, runs) or _repeats(program):
         _explain_bad_actions(schedule, program, runs)
     if not _pairs_fast_ok(program, runs):
+        seen = program.index  # action -> id; ids grow along each rank's program
         for s in range(stages):
             for k in runs[s]:
                 _check_pair(seen, placement[s], s, k)
@@ -70,6 +70,15 @@ def _placed_and_numbered(program: Program, placement: tuple[int, ...], runs: lis
     first, stop = (np.array([getattr(r, end) for r in runs], np.int64) for end in ("start", "stop"))
     return bool((np.asarray(placement, np.int64)[stage] == ranks).all()
                 and ((micro >= first[stage]) & (micro < stop[stage])).all())
+
+
+def _repeats(program: Program) -> bool:
+    """True when the programs hold some action twice (each placed and numbered: its stage, kind
+    and microbatch make one key, counted by array)."""
+    if not program.actions:
+        return False
+    key = (program.stage * (len(KINDS) + 1) + program.kind) * (int(program.micro.max()) + 1) + program.micro
+    return bool(np.bincount(key).max() > 1)
 
 
 def _pairs_fast_ok(program: Program, runs: list[range]) -> bool:
