@@ -42,7 +42,7 @@ def check_structure(schedule: Schedule) -> None:
     program = lowered(schedule)
     if not _placed_and_numbered(program, placement, runs) or _repeats(program):
         _explain_bad_actions(schedule, program, runs)
-    if not _pairs_fast_ok(program, runs):
+    if not _pairs_ok(program, runs):
         seen = program.index  # action -> id; ids grow along each rank's program
         for s in range(stages):
             for k in runs[s]:
@@ -81,23 +81,22 @@ def _repeats(program: Program) -> bool:
     return bool(np.bincount(key).max() > 1)
 
 
-def _pairs_fast_ok(program: Program, runs: list[range]) -> bool:
-    """Quick pass for the common all-split or all-full case: every pair present and ordered
-    (``runs[s]``: the microbatches stage ``s`` runs; the program holds no action twice and none
-    outside them, so its size says which case it can be). Array lookups in a table of ids by
-    (stage, kind, microbatch)."""
-    pairs, n = sum(map(len, runs)), len(program.actions)
-    if n not in (2 * pairs, 3 * pairs) or not n or (program.kind >= len(KINDS)).any():
+def _pairs_ok(program: Program, runs: list[range]) -> bool:
+    """True when every (stage, microbatch) its stage runs (``runs[s]``) has one ``F`` and either
+    one ``B`` after it or an ``I`` after it and a ``W`` after that (:func:`_check_pair`'s rules;
+    the program holds no action twice and none outside ``runs``): array lookups in a table of
+    ids by (stage, kind, microbatch), -1 where none runs."""
+    if not program.actions or (program.kind >= len(KINDS)).any():
         return False
     width = max(r.stop for r in runs)
     ids = np.full((len(runs), len(KINDS), width), -1, np.int64)
-    ids[program.stage, program.kind, program.micro] = np.arange(n)
+    ids[program.stage, program.kind, program.micro] = np.arange(len(program.actions))
     k = np.arange(width)
     ran = (k >= np.array([r.start for r in runs])[:, None]) & (k < np.array([r.stop for r in runs])[:, None])
-    f = ids[:, KINDS.index(Op.F)][ran]
-    back = ids[:, KINDS.index(Op.I if n == 3 * pairs else Op.B)][ran]
-    ordered = (f >= 0).all() and (back > f).all()
-    return bool(ordered and (n == 2 * pairs or (ids[:, KINDS.index(Op.W)][ran] > back).all()))
+    f, i, w, b = (ids[:, KINDS.index(kind)][ran] for kind in (Op.F, Op.I, Op.W, Op.B))
+    full = (b > f) & (i < 0) & (w < 0)
+    split = (b < 0) & (i > f) & (w > i)
+    return bool(((f >= 0) & (full | split)).all())
 
 
 def _explain_bad_actions(schedule: Schedule, program: Program, runs: list[range]) -> None:
