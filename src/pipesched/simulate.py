@@ -124,7 +124,7 @@ class SimResult:
 
 
 _new_tuple = tuple.__new__
-UNIT_PEAKS = "unit_peaks"  # Schedule.derived key: unit_peaks' answer
+UNIT_PEAKS = "unit_peaks"  # Schedule.derived keys (UNIT_PEAKS, recompute): unit_peaks' answer
 RUNS = "runs"  # Schedule.derived keys (RUNS, costs, recompute): (durations, starts, ends) of that run
 
 
@@ -138,11 +138,12 @@ def unit_peaks(schedule: Schedule) -> list[float]:
     """Each rank's peak activations in M_B (with the recomputation the schedule carries): order
     only, so no run is needed (what :func:`pipesched.registry.peak_memory` asks), and computed
     once per schedule object (:func:`~pipesched.memory.unit_peak` of each rank's actions)."""
-    peaks = schedule.derived.get(UNIT_PEAKS)
+    own = schedule_recompute(schedule)
+    peaks = schedule.derived.get((UNIT_PEAKS, own))
     if peaks is None:
         program = lowered(schedule)
-        peaks = schedule.derived[UNIT_PEAKS] = unit_rank_peaks(
-            program.stage, program.kind, program.rank_ids, _stages_on_rank(schedule), schedule_recompute(schedule))
+        peaks = schedule.derived[(UNIT_PEAKS, own)] = unit_rank_peaks(
+            program.stage, program.kind, program.rank_ids, _stages_on_rank(schedule), own)
     return list(peaks)
 
 
