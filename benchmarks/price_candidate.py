@@ -25,7 +25,7 @@ from pipesched.advise.published import MEGATRON_1T
 from pipesched.advise.search import NoCandidateFitsError, advise
 from pipesched.dependencies import dependency
 from pipesched.errors import PipeschedError
-from pipesched.execution import MISSING, NO_DEPENDENCY
+from pipesched.lowering import MISSING, NO_DEPENDENCY
 from pipesched.parallel_layout import ParallelLayout
 from pipesched.registry import build_schedule, families
 

@@ -10,8 +10,11 @@ from conftest import SRC
 import pipesched
 from pipesched.actions import B, F, I, W
 from pipesched.dependencies import Output, consumer_stage, dependency
-from pipesched.execution import MISSING, NO_DEPENDENCY, TOLERANCE, crosses_ranks, latency
+from pipesched.costs import program_durations
+from pipesched.errors import DeadlockError
+from pipesched.execution import TOLERANCE, crosses_ranks, latency, run
 from pipesched.execution import lower as execution_lower
+from pipesched.lowering import MISSING, NO_DEPENDENCY
 from pipesched.ops import Op
 from pipesched.runtime.program.program import lower
 
@@ -104,3 +107,24 @@ def test_one_float_tolerance_for_the_whole_package():
         if literal.search(line.split("#")[0]) and "TOLERANCE" not in line
     ]
     assert restated == [] and TOLERANCE == 1e-9
+
+
+@pytest.mark.parametrize("name, chunks", [("zb-h1", 1), ("interleaved-1f1b", 2)])
+def test_the_plain_run_and_the_run_with_gathers_time_alike(name, chunks):
+    # run() takes a tighter loop without pairs or gathers; with gathers that gather nothing it
+    # takes the general one: the same rules, so the same floats
+    schedule = pipesched.build_schedule(name, 4, 8, chunks)
+    program = schedule.program
+    costs = pipesched.Costs(F=1.0, B=1.3, W=0.7, comm=0.05, stage_overhead=0.1)
+    durations = program_durations(program, costs)
+    assert run(program, durations, costs.comm) == run(program, durations, costs.comm, [()] * len(program.actions))
+
+
+def test_both_runs_name_the_same_deadlock():
+    program = execution_lower([[F(0, 0), B(0, 0), F(0, 1), B(0, 1)], [F(1, 0), F(1, 1), B(1, 1), B(1, 0)]], (0, 1))
+    messages = []
+    for gathers in (None, [()] * len(program.actions)):
+        with pytest.raises(DeadlockError) as err:
+            run(program, [1.0] * len(program.actions), 0.0, gathers)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1] and "rank 0 waits at 0B0 for 1B0 (rank 1)" in messages[0]

@@ -14,7 +14,7 @@ PACKAGE = SRC / "pipesched"
 
 # Lowest first. A module may import from its own layer and the layers below, never above.
 LAYERS = [
-    ("core", ["errors", "ops", "gather_plan", "parallel_layout", "expert_plans", "sharded_bytes", "layout_refusals", "actions", "placement", "pipelines", "costs", "dependencies", "execution", "collector", "memory",
+    ("core", ["errors", "ops", "gather_plan", "parallel_layout", "expert_plans", "sharded_bytes", "layout_refusals", "actions", "placement", "pipelines", "costs", "dependencies", "lowering", "execution", "collector", "byte_units", "memory",
               "schedule", "ranking", "outfiles",
               "balance", "bounds", "jsontext", "units", "environment",
               # options declared once, without typer (the run's tree and the commands take them)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import pipesched
 from conftest import run_cli
 from pipesched.actions import Action
-from pipesched.memory import MemorySizes, StageMemory, levels, parse_size, peak, unit_peak
+from pipesched.memory import MemorySizes, StageMemory, level_after, levels, parse_size, peak, rank_peaks, unit_peak
 
 SPLIT = ("zb-h1", "zb-h2", "zb-v", "v-half", "v-min")
 
@@ -136,3 +136,21 @@ def test_simulate_reports_peak_bytes_when_the_activation_size_is_given():
     limited = run_cli("simulate", "zb-auto", "-p", "4", "-m", "8", "--activation-bytes", "1GiB",
                       "--activation-limit", "2GiB", "--json")
     assert json.loads(limited.stdout)["peak_memory"] == [2.0] * 4  # 2GiB over 1GiB per M_B
+
+
+@pytest.mark.parametrize("name, chunks", [("interleaved-zb", 2), ("dualpipev", 2)])
+def test_every_ranks_peak_is_its_held_amount_summed_action_by_action(name, chunks):
+    # the arrays (one running sum per rank) against the rule read one action at a time: held
+    # grows by each action's change, and a backward holds its extra above the level at its start;
+    # the same additions in the same order, so the same floats
+    schedule = pipesched.build_schedule(name, 4, 8, chunks)
+    sizes = MemorySizes(tuple(StageMemory(1e9 + 3e7 * s, 4e8 + 1e7 * s, 2e7 * (s % 2)) for s in range(schedule.stages)),
+                        (5e7,) * schedule.stages, frozenset({0, 3}), (2,) * schedule.stages).effective()
+    program = schedule.program
+    for ids, got in zip(program.rank_ids, rank_peaks(program.stage, program.kind, program.rank_ids, sizes)):
+        held, highest = 0.0, 0.0
+        for stage, kind, _k in program.actions[ids.start:ids.stop]:
+            extra = sizes[stage].extra_during(kind) if kind.is_backward else 0.0
+            during, held = held + extra, held + level_after(kind, sizes[stage])
+            highest = max(highest, during, held)
+        assert got == highest

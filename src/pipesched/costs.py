@@ -34,12 +34,14 @@ uses it directly when ``L == S``, repeats each factor when ``L`` divides ``S`` (
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Optional, Sequence
+
+import numpy as np
 
 from .bounds import check_number
 from .errors import ConfigError
 from .execution import Program, pair_durations
+from .lowering import KINDS
 from .ops import COMPUTE, Op
 from .placement import stages_by_rank
 
@@ -193,7 +195,8 @@ def program_durations(program: Program, costs: Costs, recompute: frozenset = fro
     for s in recompute:
         flat[(s, Op.I)] += flat[(s, Op.F)]
         flat[(s, Op.B)] += flat[(s, Op.F)]
-    durations = list(map(flat.__getitem__, map(itemgetter(0, 1), program.actions)))  # C loops: 10^5+ actions
-    if max(program.partner, default=-1) >= 0:
+    table = np.array([[flat[(s, kind)] for kind in KINDS] for s in range(len(program.placement))], np.float64)
+    durations = table[program.stage, program.kind].tolist()  # array lookups: 10^5+ actions
+    if program.paired:
         return pair_durations(program, durations, costs.overlap)
     return durations

@@ -15,27 +15,20 @@ and the runtime's communication plan all take these rules from here. (What memor
 takes and frees lives in the memory model.)
 
 For speed (schedules reach hundreds of thousands of actions) the programs are first lowered
-to integer ids with each action's dependency resolved once, from the rule's tables
-(:class:`~pipesched.dependencies.Dependencies`); runs then only index lists.
+to integer ids with each action's dependency resolved once (:mod:`pipesched.lowering`); runs
+then only index lists.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-from itertools import repeat
-from operator import itemgetter
 from typing import NamedTuple, Optional, Sequence
 
-import numpy as np
-
-from .actions import Action, Overlap, Slot, sub_actions
-from .dependencies import dependencies, dependency
+from .actions import Action
+from .dependencies import dependency
 from .errors import DeadlockError
-from .ops import Op
+from .lowering import MISSING, Program, lower
 
-NO_DEPENDENCY = -1
-MISSING = -2
 TOLERANCE = 1e-9  # two times (or memory levels) this close are equal: sums of floats round
 
 
@@ -57,100 +50,6 @@ def latency(placement: Sequence[int], producer: int, consumer: int, comm: float)
     return comm if crosses_ranks(placement, producer, consumer) else 0.0
 
 
-@dataclass(frozen=True)
-class Program:
-    """Per-rank programs lowered to integer ids, each with its dependency's id."""
-
-    actions: list[Action]  # by id
-    rank_ids: list[range]  # per rank, its ids in program order (consecutive)
-    dep: list[int]  # id of the dependency, NO_DEPENDENCY or MISSING
-    cross: list[bool]  # True when the dependency lives on another rank
-    rank_of: list[int]  # rank of each id
-    placement: tuple[int, ...]
-    index: dict  # action -> id (a duplicated action keeps its last id)
-    partner: list[int]  # for an overlapped pair's forward: its backward's id (which follows); else -1
-    pipelines: int  # model copies the stages form (see dependency)
-
-
-def lower(orders: Sequence[Sequence[Slot]], placement: Sequence[int], pipelines: int = 1) -> Program:
-    """Number the actions (an overlapped pair's two halves in a row) and resolve every
-    dependency to an id: the first of its makers' kinds that the programs hold (``pipelines``
-    as in :func:`~pipesched.dependencies.dependency`)."""
-    actions: list[Action] = []
-    rank_ids: list[range] = []
-    rank_of: list[int] = []
-    partner: list[int] = []
-    for r, order in enumerate(orders):
-        first = len(actions)
-        if Overlap in set(map(type, order)):
-            for entry in order:
-                parts = sub_actions(entry)
-                partner.extend([len(actions) + 1, -1] if len(parts) == 2 else [-1])
-                actions.extend(parts)
-        else:  # no pairs: the entries are the actions (the common case, without a call per action)
-            actions.extend(order)
-            partner.extend([-1] * len(order))
-        rank_of.extend([r] * (len(actions) - first))
-        rank_ids.append(range(first, len(actions)))
-    index = dict(zip(actions, range(len(actions))))  # a duplicated action keeps its last id
-    dep, cross = _resolve(actions, index, rank_of, len(placement), pipelines)
-    return Program(actions, rank_ids, dep, cross, rank_of, tuple(placement), index, partner, pipelines)
-
-
-_KINDS = (Op.F, Op.I, Op.W, Op.B)  # the compute kinds, numbered for the arrays of _resolve
-
-
-def _looked_up(action: Action, index: dict, inputs: dict) -> int:
-    """One action's dependency id found in ``index`` (action -> id), the slow way."""
-    need = inputs[action[1]][action[0]]
-    found = () if need is None else (index.get((need[0], maker, action[2])) for maker in need[1])
-    return NO_DEPENDENCY if need is None else next((d for d in found if d is not None), MISSING)
-
-
-def _resolve(actions: Sequence[Action], index: dict, rank_of: Sequence[int], stages: int,
-             pipelines: int) -> tuple[list[int], list[bool]]:
-    """Each action's dependency id (the first of its makers' kinds the programs hold, as
-    :class:`~pipesched.dependencies.Dependencies` tabulates the rule; NO_DEPENDENCY, or MISSING
-    for an input no action makes and an action on no stage) and whether it crosses ranks.
-    Array lookups in an id table of (stage, kind, microbatch): a dictionary lookup per action
-    cost most of a lowering at p = 64, m = 512."""
-    n = len(actions)
-    if not n:
-        return [], []
-    code = {kind: c for c, kind in enumerate(_KINDS)}
-    stage = np.fromiter(map(itemgetter(0), actions), np.int64, n)
-    kind = np.fromiter(map(code.get, map(itemgetter(1), actions), repeat(len(_KINDS))), np.int64, n)
-    micro = np.fromiter(map(itemgetter(2), actions), np.int64, n)
-    # a dense table of ids holds the actions numbered within what n actions can hold (each of a
-    # pipeline's microbatches has a forward and a backward on every stage): at most ~5n ids; an
-    # action on no stage waits for MISSING (validation names it), one numbered past is looked up
-    known = (stage >= 0) & (stage < stages) & (kind < len(_KINDS)) & (micro >= 0) & (micro * stages < n * pipelines)
-    row, col, at = np.where(known, stage, stages), np.where(known, kind, len(_KINDS)), np.where(known, micro, 0)
-    ids = np.full((stages + 1, len(_KINDS) + 1, int(at.max()) + 1), MISSING, np.int64)
-    ids[row, col, at] = np.arange(n)
-    ids[stages] = MISSING  # where the others were parked: no one's producer
-    # per (stage, kind): producer stage and up to two maker kinds (stage ``stages``: no producer)
-    producer = np.full((stages + 1, len(_KINDS) + 1), stages, np.int64)
-    makers = np.full((stages + 1, len(_KINDS) + 1, 2), len(_KINDS), np.int64)
-    free = np.zeros((stages + 1, len(_KINDS) + 1), bool)
-    inputs = dependencies(stages, pipelines).inputs
-    for c, k in enumerate(_KINDS):
-        for s, need in enumerate(inputs[k]):
-            if need is None:
-                free[s, c] = True
-                continue
-            producer[s, c] = need[0]
-            makers[s, c, :len(need[1])] = [code[m] for m in need[1]]
-    dep, second = (ids[producer[row, col], makers[row, col, j], at] for j in (0, 1))
-    dep = np.where(dep >= 0, dep, second)
-    dep = np.where(free[row, col], NO_DEPENDENCY, np.where(dep >= 0, dep, MISSING))
-    for i in np.flatnonzero(~known & (stage >= 0) & (stage < stages) & (kind < len(_KINDS))).tolist():
-        dep[i] = _looked_up(actions[i], index, inputs)  # numbered past the table: its maker too
-    ranks = np.asarray(rank_of, np.int64)
-    cross = (dep >= 0) & (ranks[np.maximum(dep, 0)] != ranks)
-    return dep.tolist(), cross.tolist()
-
-
 def run(program: Program, durations: Sequence[float], comm: float,
         gathers: Optional[Sequence[Sequence[tuple[int, float]]]] = None) -> tuple[list[float], list[float]]:
     """Start and end time of every action id; raises DeadlockError when ranks get stuck.
@@ -164,6 +63,8 @@ def run(program: Program, durations: Sequence[float], comm: float,
     them (the end of its previous action); an action (both halves of a pair) also waits until
     the latest gather issued for its stage has landed.
     """
+    if gathers is None and not program.paired:
+        return _run_plain(program, durations, comm)
     n = len(program.actions)
     dep, cross, partner = program.dep, program.cross, program.partner
     starts = [0.0] * n
@@ -240,6 +141,48 @@ def run(program: Program, durations: Sequence[float], comm: float,
     stuck = [r for r in range(ranks) if pos[r] < len(program.rank_ids[r])]
     if stuck:
         raise DeadlockError(_deadlock_message(program, pos, stuck))
+    return starts, ends
+
+
+def _run_plain(program: Program, durations: Sequence[float], comm: float) -> tuple[list[float], list[float]]:
+    """:func:`run` without pairs or gathers (the common case, the same rules and the same floats
+    in a tighter loop): ids taken as they come (a rank's are consecutive), and each action's
+    wait for its input read from ``ends`` alone. ``ends`` has two slots past the ids, where
+    NO_DEPENDENCY (-1) and MISSING (-2) point: one finished at 0 (``max`` with a rank's time,
+    at least 0, keeps that time) and one that never finishes (its rank stays stuck)."""
+    n = len(program.actions)
+    dep, cross = program.dep, program.cross
+    starts = [0.0] * n
+    ends = [-1.0] * n + [-1.0, 0.0]  # [n]: MISSING's (never ends), [n + 1]: NO_DEPENDENCY's (0)
+    waiting: dict[int, list[int]] = {}
+    pos = [ids.start for ids in program.rank_ids]
+    free = [0.0] * len(pos)
+    runnable = deque(range(len(pos)))
+    while runnable:
+        r = runnable.popleft()
+        i, stop, t = pos[r], program.rank_ids[r].stop, free[r]
+        while i < stop:
+            d = dep[i]
+            t_dep = ends[d]
+            if t_dep < 0:
+                waiting.setdefault(d, []).append(r)
+                break
+            if cross[i]:
+                t_dep += comm
+            if t_dep > t:
+                t = t_dep
+            starts[i] = t
+            t += durations[i]
+            ends[i] = t
+            if i in waiting:
+                runnable.extend(waiting.pop(i))
+            i += 1
+        pos[r], free[r] = i, t
+    pos = [i - ids.start for i, ids in zip(pos, program.rank_ids)]
+    stuck = [r for r, ids in enumerate(program.rank_ids) if pos[r] < len(ids)]
+    if stuck:
+        raise DeadlockError(_deadlock_message(program, pos, stuck))
+    del ends[n:]
     return starts, ends
 
 

@@ -20,12 +20,15 @@ Pure Python: no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from operator import itemgetter
 from typing import Optional, Sequence
 
+import numpy as np
+
 from .actions import Action
+from .byte_units import BYTE_UNITS, format_bytes, parse_size  # noqa: F401 - re-exported (see there)
 from .errors import ConfigError
 from .execution import TOLERANCE
+from .lowering import KINDS, codes
 from .ops import COMPUTE, Op
 
 
@@ -88,23 +91,38 @@ def _steps(size: StageMemory) -> dict[Op, tuple[float, float]]:
 
 def levels(actions: Sequence[Action], sizes: Sequence[StageMemory]) -> list[tuple[float, float]]:
     """For each action of one rank in program order: (highest held while it runs, held after)."""
-    held = 0.0
-    out = []
-    steps: dict[int, dict[Op, tuple[float, float]]] = {}
-    for stage, kind, _k in actions:
-        by_kind = steps.get(stage)
-        if by_kind is None:
-            by_kind = steps[stage] = _steps(sizes[stage])
-        extra, change = by_kind[kind]
-        during = held + extra
-        held += change
-        out.append((held if held > during else during, held))  # max(during, held), without a call
-    return out
+    high, after = _levels(*_steps_of(*codes(actions), sizes))
+    return list(zip(high.tolist(), after.tolist()))
 
 
 def peak(actions: Sequence[Action], sizes: Sequence[StageMemory]) -> float:
     """Peak held over one rank's actions in program order (0 for a rank with none)."""
-    return max(map(itemgetter(0), levels(actions, sizes)), default=0.0)
+    return rank_peaks(*codes(actions), (range(len(actions)),), sizes)[0]
+
+
+def rank_peaks(stage: np.ndarray, kind: np.ndarray, rank_ids: Sequence[range],
+               sizes: Sequence[StageMemory]) -> list[float]:
+    """Each rank's peak held (0 for a rank with none), from the stages and kinds of a lowered
+    program's actions (:func:`codes`) and each rank's ids (consecutive, in program order)."""
+    extra, change = _steps_of(stage, kind, sizes)
+    return [float(_levels(extra[ids.start:ids.stop], change[ids.start:ids.stop])[0].max()) if ids else 0.0
+            for ids in rank_ids]
+
+
+def _steps_of(stage: np.ndarray, kind: np.ndarray, sizes: Sequence[StageMemory]) -> tuple[np.ndarray, np.ndarray]:
+    """Per action, :func:`_steps`' (held above the level at its start, change): a table of the
+    stages named, asked once per stage, indexed by array (a Python step per action cost seconds)."""
+    named, row = np.unique(stage, return_inverse=True)
+    table = np.array([[_steps(sizes[s])[k] for k in KINDS] for s in named.tolist()], np.float64).reshape(-1, len(KINDS), 2)
+    return table[row, kind, 0], table[row, kind, 1]
+
+
+def _levels(extra: np.ndarray, change: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(highest held while it runs, held after) per action: the changes summed one after the
+    other from 0 (``cumsum`` adds in order, as a loop would: the same floats)."""
+    held = np.cumsum(np.concatenate(([0.0], change)))
+    during, after = held[:-1] + extra, held[1:]
+    return np.where(after > during, after, during), after
 
 
 class _Table:
@@ -129,7 +147,14 @@ def unit_sizes(stages_on_rank: float, recompute: Optional["Recompute"] = None) -
 def unit_peak(actions: Sequence[Action], stages_on_rank: float, recompute: Optional["Recompute"] = None) -> float:
     """Peak in M_B: stage-microbatches held at once (counted whole), each a ``1/stages_on_rank``
     share; a stage that ``recompute`` names keeps only its input's share until its backward."""
-    return peak(actions, unit_sizes(1.0, recompute)) / stages_on_rank
+    return unit_rank_peaks(*codes(actions), (range(len(actions)),), (stages_on_rank,), recompute)[0]
+
+
+def unit_rank_peaks(stage: np.ndarray, kind: np.ndarray, rank_ids: Sequence[range], stages_on_rank: Sequence[float],
+                    recompute: Optional["Recompute"] = None) -> list[float]:
+    """:func:`unit_peak` of every rank of a lowered program (as :func:`rank_peaks` takes it)."""
+    whole = rank_peaks(stage, kind, rank_ids, unit_sizes(1.0, recompute))
+    return [held / k for held, k in zip(whole, stages_on_rank)]
 
 
 def whole_stage_microbatches(limit: float, stages_on_rank: int) -> int:
@@ -207,44 +232,6 @@ class MemorySizes:
         blocks = self.blocks or (1,) * len(self.stages)
         return max(size.recomputed(self.inputs[s], max(blocks[s], 1)).keep / size.keep
                    for s, size in enumerate(self.stages) if size.keep > 0)
-
-
-def peak_bytes(rank_actions: Sequence[Sequence[Action]], sizes: Optional[MemorySizes]) -> Optional[tuple[float, ...]]:
-    """Peak bytes of each rank (None without sizes)."""
-    if sizes is None:
-        return None
-    table = sizes.effective()
-    return tuple(peak(actions, table) for actions in rank_actions)
-
-
-BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_size(text: str) -> Optional[float]:
-    """Bytes in ``text`` when it carries a unit (``40GiB``, ``512MiB``, ``1.5GB``, ``100B``);
-    None when it is a plain number (an M_B count). Raises ValueError naming the valid units."""
-    raw = text.strip()
-    number = raw.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
-    unit = raw[len(number):].strip() if number != raw else ""
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a size: give a number of M_B or bytes with a unit, e.g. 40GiB, 512MiB") from None
-    if not unit:
-        return None
-    factor = BYTE_UNITS.get(unit.lower())
-    if factor is None:
-        raise ValueError(f"{text!r}: unknown unit {unit!r}; use one of B, KB, MB, GB, TB, KiB, MiB, GiB, TiB")
-    return value * factor
-
-
-def format_bytes(value: float) -> str:
-    """Bytes in binary units, three significant digits (``1.25 GiB``)."""
-    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g} {unit}"
-    return f"{value:.0f} B"
 
 
 @dataclass(frozen=True)

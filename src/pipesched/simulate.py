@@ -25,7 +25,7 @@ from .collector import collector_paused
 from .costs import UNIT, Costs, as_costs, durations_for, program_durations
 from .errors import ConfigError
 from .execution import Program, Span, run
-from .memory import MemorySizes, levels, peak_bytes, schedule_recompute, unit_peak, unit_sizes
+from .memory import MemorySizes, levels, rank_peaks, schedule_recompute, unit_rank_peaks, unit_sizes
 from .ops import Op
 from .placement import stages_by_rank
 from .schedule import Schedule
@@ -124,6 +124,7 @@ class SimResult:
 
 
 _new_tuple = tuple.__new__
+UNIT_PEAKS = "unit_peaks"  # Schedule.derived keys (UNIT_PEAKS, recompute): unit_peaks' answer
 RUNS = "runs"  # Schedule.derived keys (RUNS, costs, recompute): (durations, starts, ends) of that run
 
 
@@ -133,16 +134,17 @@ def _stages_on_rank(schedule: Schedule) -> list[float]:
     return [max(1, len(s)) / schedule.pipelines for s in stages_by_rank(schedule.placement, schedule.ranks)]
 
 
-def _rank_actions(program: Program) -> list[list]:
-    """Each rank's actions in program order (a rank's ids are consecutive)."""
-    return [program.actions[ids.start:ids.stop] for ids in program.rank_ids]
-
-
 def unit_peaks(schedule: Schedule) -> list[float]:
     """Each rank's peak activations in M_B (with the recomputation the schedule carries): order
-    only, so no run is needed (what :func:`pipesched.registry.peak_memory` asks)."""
+    only, so no run is needed (what :func:`pipesched.registry.peak_memory` asks), and computed
+    once per schedule object (:func:`~pipesched.memory.unit_peak` of each rank's actions)."""
     own = schedule_recompute(schedule)
-    return [unit_peak(actions, k, own) for actions, k in zip(_rank_actions(lowered(schedule)), _stages_on_rank(schedule))]
+    peaks = schedule.derived.get((UNIT_PEAKS, own))
+    if peaks is None:
+        program = lowered(schedule)
+        peaks = schedule.derived[(UNIT_PEAKS, own)] = unit_rank_peaks(
+            program.stage, program.kind, program.rank_ids, _stages_on_rank(schedule), own)
+    return list(peaks)
 
 
 def action_durations(schedule: Schedule, costs: Costs) -> dict[tuple[int, Op], float]:
@@ -209,6 +211,7 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None, memory: Optional
         _program=program,
         _starts=starts,
         _ends=ends,
-        peak_memory_bytes=peak_bytes(_rank_actions(program), memory),
+        peak_memory_bytes=None if memory is None else tuple(
+            rank_peaks(program.stage, program.kind, program.rank_ids, memory.effective())),
         memory=memory,
     )

@@ -9,12 +9,13 @@ microbatch's backward together with that microbatch's forward of the same stage.
 
 from __future__ import annotations
 
-from operator import itemgetter
+import numpy as np
 
 from .actions import Action
 from .costs import UNIT, program_durations
 from .errors import ScheduleError
 from .execution import Program, run
+from .lowering import KINDS
 from .ops import Op
 from .schedule import Schedule
 
@@ -39,10 +40,10 @@ def check_structure(schedule: Schedule) -> None:
     placement = schedule.placement
     runs = [schedule.stage_microbatches(s) for s in range(stages)]
     program = lowered(schedule)
-    seen = program.index  # action -> id; ids grow along each rank's program
-    if len(seen) != len(program.actions) or not _placed_and_numbered(program, placement, runs):
+    if not _placed_and_numbered(program, placement, runs) or _repeats(program):
         _explain_bad_actions(schedule, program, runs)
-    if not _pairs_fast_ok(seen, runs):
+    if not _pairs_ok(program, runs):
+        seen = program.index  # action -> id; ids grow along each rank's program
         for s in range(stages):
             for k in runs[s]:
                 _check_pair(seen, placement[s], s, k)
@@ -59,46 +60,43 @@ def check_structure(schedule: Schedule) -> None:
 
 
 def _placed_and_numbered(program: Program, placement: tuple[int, ...], runs: list[range]) -> bool:
-    """True when every action names a stage on its own rank and a microbatch its stage runs:
-    per rank, over the set of stages it names and, where every stage runs the same microbatches
-    (one pipeline), the lowest and highest it names (C loops, not a Python test per action)."""
-    one_run = all(r == runs[0] for r in runs)
-    for rank, ids in enumerate(program.rank_ids):
-        actions = program.actions[ids.start:ids.stop]
-        if not all(0 <= s < len(placement) and placement[s] == rank for s in set(map(itemgetter(0), actions))):
-            return False
-        if not one_run:
-            if not all(k in runs[s] for s, _kind, k in actions):
-                return False
-        elif actions and not (runs[0].start <= min(map(itemgetter(2), actions))
-                              and max(map(itemgetter(2), actions)) < runs[0].stop):
-            return False
-    return True
-
-
-def _pairs_fast_ok(seen: dict, runs: list[range]) -> bool:
-    """Quick pass for the common all-split or all-full case: every pair present and ordered
-    (``runs[s]``: the microbatches stage ``s`` runs; ``seen`` holds no action twice and none
-    outside them, so its size says which case it can be)."""
-    pairs = sum(map(len, runs))
-    if len(seen) == 3 * pairs:
-        backward, weight = Op.I, Op.W
-    elif len(seen) == 2 * pairs:
-        backward, weight = Op.B, None
-    else:
+    """True when every action names a stage on its own rank and a microbatch its stage runs
+    (``runs[s]``, consecutive: :func:`~pipesched.pipelines.pipeline_block`); array tests over
+    the ids, not a Python test per action."""
+    stage, micro = program.stage, program.micro
+    if not ((stage >= 0) & (stage < len(placement))).all():
         return False
-    get, forward = seen.get, Op.F
-    for s, run_of_stage in enumerate(runs):
-        for k in run_of_stage:
-            f = get((s, forward, k))
-            i = get((s, backward, k))
-            if f is None or i is None or i < f:
-                return False
-            if weight is not None:
-                w = get((s, weight, k))
-                if w is None or w < i:
-                    return False
-    return True
+    ranks = np.repeat(np.arange(len(program.rank_ids)), [len(ids) for ids in program.rank_ids])
+    first, stop = (np.array([getattr(r, end) for r in runs], np.int64) for end in ("start", "stop"))
+    return bool((np.asarray(placement, np.int64)[stage] == ranks).all()
+                and ((micro >= first[stage]) & (micro < stop[stage])).all())
+
+
+def _repeats(program: Program) -> bool:
+    """True when the programs hold some action twice (each placed and numbered: its stage, kind
+    and microbatch make one key, counted by array)."""
+    if not program.actions:
+        return False
+    key = (program.stage * (len(KINDS) + 1) + program.kind) * (int(program.micro.max()) + 1) + program.micro
+    return bool(np.bincount(key).max() > 1)
+
+
+def _pairs_ok(program: Program, runs: list[range]) -> bool:
+    """True when every (stage, microbatch) its stage runs (``runs[s]``) has one ``F`` and either
+    one ``B`` after it or an ``I`` after it and a ``W`` after that (:func:`_check_pair`'s rules;
+    the program holds no action twice and none outside ``runs``): array lookups in a table of
+    ids by (stage, kind, microbatch), -1 where none runs."""
+    if not program.actions or (program.kind >= len(KINDS)).any():
+        return False
+    width = max(r.stop for r in runs)
+    ids = np.full((len(runs), len(KINDS), width), -1, np.int64)
+    ids[program.stage, program.kind, program.micro] = np.arange(len(program.actions))
+    k = np.arange(width)
+    ran = (k >= np.array([r.start for r in runs])[:, None]) & (k < np.array([r.stop for r in runs])[:, None])
+    f, i, w, b = (ids[:, KINDS.index(kind)][ran] for kind in (Op.F, Op.I, Op.W, Op.B))
+    full = (b > f) & (i < 0) & (w < 0)
+    split = (b < 0) & (i > f) & (w > i)
+    return bool(((f >= 0) & (full | split)).all())
 
 
 def _explain_bad_actions(schedule: Schedule, program: Program, runs: list[range]) -> None:

@@ -13,23 +13,25 @@ window, buffers) are held the whole step and stay a constant.
 
 from __future__ import annotations
 
+from itertools import compress
+from operator import itemgetter
 from typing import Sequence
 
 from ..ops import Op
+
+_GRADIENT_PASSES = frozenset((Op.B, Op.W))  # the passes that compute weight gradients
 
 
 def gradient_passes(spans) -> list[tuple[float, float, int]]:
     """(start, end, stage) per stage of one rank's timeline ``spans`` (action, start, end): from
     the start of its first ``B``/``W`` to the end of its last, stages in the order they start
     (the interval a stage's gradients are held; the bytes are the caller's, per stage)."""
-    first: dict[int, float] = {}
-    last: dict[int, float] = {}
-    for span in spans:
-        if span.action.kind in (Op.B, Op.W):
-            stage = span.action.stage
-            first.setdefault(stage, span.start)
-            last[stage] = span.end
-    return [(first[s], last[s], s) for s in first]
+    actions = list(map(itemgetter(0), spans))
+    passes = list(map(_GRADIENT_PASSES.__contains__, map(itemgetter(1), actions)))  # C loops: 10^5+ spans
+    stages = list(compress(map(itemgetter(0), actions), passes))
+    starts = list(compress(map(itemgetter(1), spans), passes))
+    last = dict(zip(stages, compress(map(itemgetter(2), spans), passes)))  # pairs into a dict keep the last
+    return [(starts[stages.index(s)], last[s], s) for s in dict.fromkeys(stages)]
 
 
 def peak_with_gradients(curve: Sequence[tuple[float, float]], intervals: Sequence[tuple[float, float, float]]) -> float:

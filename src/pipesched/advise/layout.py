@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from itertools import compress
+from operator import itemgetter
 from typing import Callable, Optional, Sequence
 
 from ..errors import ConfigError, PipeschedError
 from ..registry import build_schedule, get_family
 from ..execution import Span
+from ..ops import Op
 from ..simulate import simulate
 from .estimate import GB, TransformerCosts
 from .candidates import microbatch_options
@@ -57,6 +60,9 @@ class SyncedStep:
     reduce_spans: tuple[tuple[tuple[int, float, float], ...], ...]  # per rank: (stage, start, end)
 
 
+_ADDS_WEIGHT_GRADS = frozenset(kind for kind in Op if kind.adds_weight_grads)
+
+
 def gradient_sync(
     timeline: Sequence[Sequence[Span]],
     stage_bytes: Sequence[float],
@@ -71,15 +77,15 @@ def gradient_sync(
     ``closing``: what the step does once every rank's gradients are reduced (the runtime agrees
     on the loss across all ranks, which lines them up, then steps the optimizer and checks the
     weights), added after the last rank's end."""
-    ends = []
-    spans = []
+    ends, spans, last = [], [], []
     for rank_spans in timeline:
-        compute_end = max((s.end for s in rank_spans), default=0.0)
-        ready: dict[int, float] = {}
-        for span in rank_spans:
-            stage, kind, _mb = span.action
-            if kind.adds_weight_grads:  # a stage's gradients are final after its last W or B
-                ready[stage] = span.end
+        actions, span_ends = list(map(itemgetter(0), rank_spans)), list(map(itemgetter(2), rank_spans))
+        compute_end = max(span_ends, default=0.0)
+        if span_ends:
+            last.append(compute_end)  # the makespan: the latest end of any span
+        # a stage's gradients are final after its last W or B: pairs into a dict keep the last (C loops, 10^5+ spans)
+        adds = list(map(_ADDS_WEIGHT_GRADS.__contains__, map(itemgetter(1), actions)))
+        ready = dict(zip(compress(map(itemgetter(0), actions), adds), compress(span_ends, adds)))
         free = 0.0
         mine = []
         for stage, at in sorted(ready.items(), key=lambda kv: (kv[1], kv[0])):
@@ -89,7 +95,7 @@ def gradient_sync(
         spans.append(tuple(mine))
         ends.append(max(compute_end, free))
     reduced = max(ends)
-    makespan = max((s.end for rank_spans in timeline for s in rank_spans), default=0.0)
+    makespan = max(last, default=0.0)
     return SyncedStep(reduced + closing, reduced - makespan, tuple(spans))
 
 

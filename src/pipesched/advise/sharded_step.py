@@ -24,6 +24,7 @@ Ring times and link classes come from :mod:`.fabric`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Sequence
 
 from ..execution import Span
@@ -82,9 +83,8 @@ def layout_step(timeline: Sequence[Sequence[Span]], gathered: Sequence[float], r
         return _without_pipeline(timeline[0], gather[0], reduction.time(reduced[0]), microbatches, units)
     lanes, delay = [], 0.0
     for spans in timeline:
-        first_use: dict[int, float] = {}
-        for span in spans:
-            first_use.setdefault(span.action[0], span.start)
+        stages = list(map(itemgetter(0), map(itemgetter(0), spans)))  # each stage's first span, in C loops
+        first_use = {stage: spans[stages.index(stage)].start for stage in dict.fromkeys(stages)}
         free, mine = 0.0, []
         for stage, used in sorted(first_use.items(), key=lambda kv: kv[1]):
             if gather[stage] > 0:
