@@ -1,6 +1,9 @@
 """Unsharded gradients on the timeline (pipesched.advise.held_gradients): held from a stage's
 first B or W to its last, summed with the activations held at each time."""
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from pipesched.actions import Action
 from pipesched.advise.held_gradients import gradient_passes, peak_with_gradients
 from pipesched.execution import Span
@@ -17,3 +20,24 @@ def test_gradients_that_appear_after_the_activation_peak_do_not_add_to_it():
     assert peak_with_gradients(curve, [(3.0, 5.0, 3.0)]) == 4.0  # forwards first: the peak, then 1 + 3
     assert peak_with_gradients(curve, [(2.0, 5.0, 3.0)]) == 7.0  # a backward during the peak: both
     assert peak_with_gradients(curve, []) == 4.0
+
+
+def _peak_time_by_time(curve, intervals):
+    """The definition, one time at a time: the level then plus the gradients held then, in order."""
+    times = sorted({t for t, _ in curve} | {t for a, b, _ in intervals for t in (a, b)})
+    best, i, level = 0.0, 0, 0.0
+    for t in times:
+        while i < len(curve) and curve[i][0] <= t:
+            level = curve[i][1]
+            i += 1
+        best = max(best, level + sum(size for a, b, size in intervals if a <= t <= b))
+    return best
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 50), st.floats(0, 1e9)), max_size=30),
+       st.lists(st.tuples(st.floats(0, 50), st.floats(0, 20), st.floats(0, 1e9)), max_size=4))
+def test_the_peak_by_arrays_is_the_time_by_time_sum_to_the_bit(steps, raw):
+    curve = [(0.0, 0.0)] + sorted(steps, key=lambda s: s[0])  # a memory curve: times in order
+    intervals = [(a, a + length, size) for a, length, size in raw]
+    assert peak_with_gradients(curve, intervals) == _peak_time_by_time(curve, intervals)

@@ -118,3 +118,19 @@ def test_copies_and_pickles_carry_the_fields_not_the_derived_data():
         assert other == schedule
         assert "program" not in vars(other) and "derived" not in vars(other)
         assert simulate(other).makespan == simulate(schedule).makespan
+
+
+def test_a_renamed_copy_shares_what_its_programs_derived_and_simulates_the_same():
+    """The V families hand one pool's winner out under each family's name: the copy's programs
+    are the same objects, so it reuses the runs (no second simulation at p = 64, m = 512); a
+    schedule carrying ``meta`` (zb-auto's recomputation) gives a copy that derives its own."""
+    from dataclasses import replace
+
+    costs = Costs(F=1, B=2, W=1, comm=0.1)
+    zbv = replace(build_schedule("zb-v", 4, 8))  # a fresh object: builds are memoized
+    before = simulate(zbv, costs).metrics()
+    twin = zbv.renamed("v-half")
+    assert twin.name == "v-half" and twin.orders is zbv.orders and twin.derived is zbv.derived
+    assert simulate(twin, costs).metrics() == {**before, "schedule": "v-half"}
+    carried = replace(zbv, meta={"origin": "zb-v"})
+    assert carried.renamed("v-half").derived is not carried.derived

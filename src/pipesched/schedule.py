@@ -111,6 +111,17 @@ class Schedule:
         (:mod:`pipesched.validate` keeps its verdict here). Never copied to another schedule."""
         return {}
 
+    def renamed(self, name: str) -> "Schedule":
+        """The same programs under ``name``, without ``meta``. Where this one has no ``meta``
+        either, the copy shares what was derived from the programs (the lowering, the runs, the
+        validator's verdict): they describe the same orders, read the same (no) recomputation,
+        and differ only in name, so computing them again would give the same values."""
+        copy = Schedule(self.ranks, self.microbatches, self.placement, self.orders, name=name, pipelines=self.pipelines)
+        for key in ("program", "derived"):
+            if key in self.__dict__ and not self.meta:
+                copy.__dict__[key] = self.__dict__[key]
+        return copy
+
     def __getstate__(self) -> dict:
         """Pickles and copies carry the fields only: the receiver derives its own program."""
         return {f.name: getattr(self, f.name) for f in fields(self)}

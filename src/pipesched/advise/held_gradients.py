@@ -17,6 +17,8 @@ from itertools import compress
 from operator import itemgetter
 from typing import Sequence
 
+import numpy as np
+
 from ..ops import Op
 
 _GRADIENT_PASSES = frozenset((Op.B, Op.W))  # the passes that compute weight gradients
@@ -35,14 +37,19 @@ def gradient_passes(spans) -> list[tuple[float, float, int]]:
 
 
 def peak_with_gradients(curve: Sequence[tuple[float, float]], intervals: Sequence[tuple[float, float, float]]) -> float:
-    """Highest activations (``curve``: (time, bytes held from then on) steps) plus the gradients
-    held at that time (``intervals``, closed: a gradient counts at its first pass's start and
-    at its last pass's end)."""
-    times = sorted({t for t, _ in curve} | {t for a, b, _ in intervals for t in (a, b)})
-    best, i, level = 0.0, 0, 0.0
-    for t in times:
-        while i < len(curve) and curve[i][0] <= t:
-            level = curve[i][1]
-            i += 1
-        best = max(best, level + sum(size for a, b, size in intervals if a <= t <= b))
-    return best
+    """Highest activations (``curve``: (time, bytes held from then on) steps, times in order)
+    plus the gradients held at that time (``intervals``, closed: a gradient counts at its first
+    pass's start and at its last pass's end).
+
+    At every time a step or an interval's end falls on: the activation level then, plus the
+    intervals holding it added in their order (an interval not holding it adds ``0.0``, which
+    changes no float), so each sum is the one a per-time Python sum makes, by arrays."""
+    times = np.array(sorted({t for t, _ in curve} | {t for a, b, _ in intervals for t in (a, b)}))
+    steps = np.fromiter((t for t, _ in curve), float, len(curve))
+    levels = np.fromiter((level for _, level in curve), float, len(curve))
+    at = np.searchsorted(steps, times, side="right") - 1  # the last step at or before each time
+    total = np.where(at >= 0, levels[np.maximum(at, 0)], 0.0)
+    held = np.zeros(len(times))
+    for a, b, size in intervals:
+        held += np.where((a <= times) & (times <= b), size, 0.0)
+    return max(0.0, float((total + held).max(initial=0.0)))

@@ -69,6 +69,7 @@ def gradient_sync(
     cost: AllReduceCost,
     overlap: bool = True,
     closing: float = 0.0,
+    shift: float = 0.0,
 ) -> SyncedStep:
     """Add the all-reduce of each stage's gradients to a step's ``timeline`` (per rank, its spans
     from time 0: a simulation's, or a replay of measured costs); see the module doc.
@@ -76,16 +77,20 @@ def gradient_sync(
     ``overlap=False``: every reduction waits for the rank's last action (the runtime's baseline).
     ``closing``: what the step does once every rank's gradients are reduced (the runtime agrees
     on the loss across all ranks, which lines them up, then steps the optimizer and checks the
-    weights), added after the last rank's end."""
+    weights), added after the last rank's end. ``shift``: every span taken as starting that much
+    later (FSDP's first all-gathers hold the whole pipeline back): the times are those of the
+    moved spans, without copying the timeline (``max(x) + d`` is ``max(x + d)`` in floats too)."""
     ends, spans, last = [], [], []
     for rank_spans in timeline:
         actions, span_ends = list(map(itemgetter(0), rank_spans)), list(map(itemgetter(2), rank_spans))
-        compute_end = max(span_ends, default=0.0)
+        compute_end = max(span_ends) + shift if span_ends else 0.0
         if span_ends:
             last.append(compute_end)  # the makespan: the latest end of any span
         # a stage's gradients are final after its last W or B: pairs into a dict keep the last (C loops, 10^5+ spans)
         adds = list(map(_ADDS_WEIGHT_GRADS.__contains__, map(itemgetter(1), actions)))
         ready = dict(zip(compress(map(itemgetter(0), actions), adds), compress(span_ends, adds)))
+        if shift:
+            ready = {stage: at + shift for stage, at in ready.items()}
         free = 0.0
         mine = []
         for stage, at in sorted(ready.items(), key=lambda kv: (kv[1], kv[0])):

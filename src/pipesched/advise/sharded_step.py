@@ -92,8 +92,7 @@ def layout_step(timeline: Sequence[Sequence[Span]], gathered: Sequence[float], r
                 delay = max(delay, free + gather[stage] - used)
                 free += gather[stage]
         lanes.append(mine)
-    shifted = timeline if not delay else [[Span(s.action, s.start + delay, s.end + delay) for s in spans] for spans in timeline]
-    synced = gradient_sync(shifted, reduced, reduction)
+    synced = gradient_sync(timeline, reduced, reduction, shift=delay)
     lane = tuple(tuple(g) + tuple(("RS", st, a, b) for st, a, b in r) for g, r in zip(lanes, synced.reduce_spans))
     return LayoutStep(synced.step_time, delay, synced.exposed, _busiest(lane, "AG"), _busiest(lane, "RS"), lane)
 

@@ -99,11 +99,9 @@ simulated = v_programs.simulated
 
 
 def named(schedule: Schedule, name: str) -> Schedule:
-    """``schedule`` under ``name``: itself if it has that name (keeping what simulating it
-    derived), else a copy."""
-    if schedule.name == name:
-        return schedule
-    return Schedule(schedule.ranks, schedule.microbatches, schedule.placement, schedule.orders, name=name)
+    """``schedule`` under ``name``: itself if it has that name, else a copy sharing what
+    simulating it derived (:meth:`Schedule.renamed`)."""
+    return schedule if schedule.name == name else schedule.renamed(name)
 
 
 def v_candidates(
