@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 import pipesched
@@ -206,9 +208,12 @@ def test_parallel_search_gives_the_same_ranking_as_one_process():
 def test_large_searches_use_every_core_even_two_small_ones_one_process(monkeypatch):
     from pipesched.advise import parallel
     monkeypatch.setattr(parallel, "local_cores", lambda: 2)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # an earlier test in this worker may have loaded it
     assert parallel.default_workers(20, parallel.LARGE_WORK_S) == 2
     assert parallel.default_workers(20, parallel.LARGE_WORK_S / 2) == 1
     assert parallel.default_workers(1, 10 * parallel.LARGE_WORK_S) == 1  # one job: nothing to share
+    monkeypatch.setitem(sys.modules, "torch", object())
+    assert parallel.default_workers(20, 10 * parallel.LARGE_WORK_S) == 1  # no fork once torch runs threads
 
 
 def test_outcomes_come_back_in_the_items_order_whatever_order_the_workers_take_them():
