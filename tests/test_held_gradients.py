@@ -1,6 +1,7 @@
 """Unsharded gradients on the timeline (pipesched.advise.held_gradients): held from a stage's
 first B or W to its last, summed with the activations held at each time."""
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,10 +17,15 @@ def test_a_stage_holds_gradients_from_its_first_weight_pass_to_its_last():
 
 
 def test_gradients_that_appear_after_the_activation_peak_do_not_add_to_it():
-    curve = [(0.0, 0.0), (0.0, 2.0), (1.0, 4.0), (3.0, 1.0)]  # activations: peak 4 until time 3
-    assert peak_with_gradients(curve, [(3.0, 5.0, 3.0)]) == 4.0  # forwards first: the peak, then 1 + 3
-    assert peak_with_gradients(curve, [(2.0, 5.0, 3.0)]) == 7.0  # a backward during the peak: both
-    assert peak_with_gradients(curve, []) == 4.0
+    curve = _arrays([(0.0, 0.0), (0.0, 2.0), (1.0, 4.0), (3.0, 1.0)])  # activations: peak 4 until time 3
+    assert peak_with_gradients(*curve, [(3.0, 5.0, 3.0)]) == 4.0  # forwards first: the peak, then 1 + 3
+    assert peak_with_gradients(*curve, [(2.0, 5.0, 3.0)]) == 7.0  # a backward during the peak: both
+    assert peak_with_gradients(*curve, []) == 4.0
+
+
+def _arrays(curve):
+    """A memory curve's (time, level) pairs as its times and levels (``SimResult.memory_steps``)."""
+    return np.array([t for t, _ in curve], float), np.array([level for _, level in curve], float)
 
 
 def _peak_time_by_time(curve, intervals):
@@ -40,4 +46,4 @@ def _peak_time_by_time(curve, intervals):
 def test_the_peak_by_arrays_is_the_time_by_time_sum_to_the_bit(steps, raw):
     curve = [(0.0, 0.0)] + sorted(steps, key=lambda s: s[0])  # a memory curve: times in order
     intervals = [(a, a + length, size) for a, length, size in raw]
-    assert peak_with_gradients(curve, intervals) == _peak_time_by_time(curve, intervals)
+    assert peak_with_gradients(*_arrays(curve), intervals) == _peak_time_by_time(curve, intervals)

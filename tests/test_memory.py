@@ -31,7 +31,7 @@ def test_i_frees_all_but_the_stash_and_w_frees_the_stash():
     stored = [StageMemory(keep=10, stash=10)]
     lean = [StageMemory(keep=10, stash=4)]
     assert peak(actions, stored) == 10 * unit_peak(actions, 1) == 30
-    assert [after for _, after in levels(actions, lean)] == [10, 20, 14, 24, 20, 14, 8, 4, 0]
+    assert levels(actions, lean)[2].tolist() == [10, 20, 14, 24, 20, 14, 8, 4, 0]
     assert peak(actions, lean) == 24
 
 
@@ -60,7 +60,8 @@ def test_under_a_split_backward_recomputation_leaves_the_w_stash_whole():
     actions = [Action.parse(a) for a in ("0F0", "0F1", "0I0", "0W0", "0I1", "0W1")]
     (recomputed,) = MemorySizes((StageMemory(100, 80),), (5.0,), frozenset({0}), (4,)).effective()
     # I rebuilds a block (+20) after the 3 others left their stash (20 each) for their input (5)
-    assert [level for level in levels(actions, [recomputed])] == [
+    _, high, after = levels(actions, [recomputed])
+    assert list(zip(high.tolist(), after.tolist())) == [
         (20, 20), (40, 40), (40 + 20 + 3 * 15, 40 - 20 + 80), (100, 20), (20 + 65, 80), (80, 0)]
     assert peak(actions, [StageMemory(100, 80)]) == 200
 
@@ -72,6 +73,39 @@ def test_memory_curve_in_bytes_ends_where_it_started():
     for rank in range(2):
         curve = result.memory_curve(rank, in_bytes=True)
         assert curve[-1][1] == 0 and max(level for _, level in curve) == result.peak_memory_bytes[rank]
+
+
+def _curve_pass_by_pass(result, rank):
+    """The memory curve's definition, one pass at a time: a forward steps to the level after it
+    at its start; another pass first rises to its highest at its start (where that is above the
+    level so far: a recomputed backward), then steps to the level after it at its end, unless it
+    is an I that leaves the level as it was; levels floored at 0."""
+    spans = result.timeline[rank]
+    _, high, after = levels([s.action for s in spans], result.memory.effective())
+    curve = [(0.0, 0.0)]
+    for span, top, level in zip(spans, high.tolist(), after.tolist()):
+        if span.action.kind == "F":
+            curve.append((span.start, max(level, 0.0)))
+            continue
+        if top > curve[-1][1]:
+            curve.append((span.start, top))
+        if span.action.kind != "I" or level != curve[-1][1]:
+            curve.append((span.end, max(level, 0.0)))
+    return curve
+
+
+@pytest.mark.parametrize("name, chunks, recompute", [
+    ("1f1b", None, frozenset()), ("zb-h1", None, frozenset({1})), ("zb-v", None, frozenset({0, 3, 5})),
+    ("interleaved-zb", 2, frozenset(range(8))), ("v-min", None, frozenset()), ("dualpipev", None, frozenset({2})),
+])
+def test_the_memory_curve_by_arrays_is_the_pass_by_pass_curve_to_the_bit(name, chunks, recompute):
+    schedule = pipesched.build_schedule(name, 4, 8, chunks)
+    stages = schedule.stages
+    sizes = MemorySizes(tuple(StageMemory(8.0 + s, 6.0 + 0.5 * s, 1.0) for s in range(stages)), (2.0,) * stages,
+                        recompute, (3,) * stages)
+    result = pipesched.simulate(schedule, pipesched.Costs(1, 1.3, 0.7, comm=0.1), memory=sizes)
+    for rank in range(schedule.ranks):
+        assert result.memory_curve(rank, in_bytes=True) == _curve_pass_by_pass(result, rank)
 
 
 @pytest.mark.parametrize("text,value", [("40GiB", 40 * 2**30), ("512MiB", 512 * 2**20), ("1.5GB", 1.5e9),

@@ -89,10 +89,11 @@ def _steps(size: StageMemory) -> dict[Op, tuple[float, float]]:
     return {kind: (size.extra_during(kind) if kind.is_backward else 0.0, level_after(kind, size)) for kind in COMPUTE}
 
 
-def levels(actions: Sequence[Action], sizes: Sequence[StageMemory]) -> list[tuple[float, float]]:
-    """For each action of one rank in program order: (highest held while it runs, held after)."""
-    high, after = _levels(*_steps_of(*codes(actions), sizes))
-    return list(zip(high.tolist(), after.tolist()))
+def levels(actions: Sequence[Action], sizes: Sequence[StageMemory]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each action of one rank in program order, as arrays: its kind (numbered as in
+    :data:`~pipesched.lowering.KINDS`), the highest held while it runs, and the held after it."""
+    stage, kind = codes(actions)
+    return (kind, *_levels(*_steps_of(stage, kind, sizes)))
 
 
 def peak(actions: Sequence[Action], sizes: Sequence[StageMemory]) -> float:

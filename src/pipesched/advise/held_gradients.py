@@ -36,17 +36,17 @@ def gradient_passes(spans) -> list[tuple[float, float, int]]:
     return [(starts[stages.index(s)], last[s], s) for s in dict.fromkeys(stages)]
 
 
-def peak_with_gradients(curve: Sequence[tuple[float, float]], intervals: Sequence[tuple[float, float, float]]) -> float:
-    """Highest activations (``curve``: (time, bytes held from then on) steps, times in order)
-    plus the gradients held at that time (``intervals``, closed: a gradient counts at its first
-    pass's start and at its last pass's end).
+def peak_with_gradients(steps: np.ndarray, levels: np.ndarray, intervals: Sequence[tuple[float, float, float]]) -> float:
+    """Highest activations (a memory curve as arrays: from ``steps[i]`` on, ``levels[i]`` bytes
+    are held; times in order, :meth:`pipesched.simulate.SimResult.memory_steps`) plus the
+    gradients held at that time (``intervals``, closed: a gradient counts at its first pass's
+    start and at its last pass's end).
 
     At every time a step or an interval's end falls on: the activation level then, plus the
     intervals holding it added in their order (an interval not holding it adds ``0.0``, which
     changes no float), so each sum is the one a per-time Python sum makes, by arrays."""
-    times = np.array(sorted({t for t, _ in curve} | {t for a, b, _ in intervals for t in (a, b)}))
-    steps = np.fromiter((t for t, _ in curve), float, len(curve))
-    levels = np.fromiter((level for _, level in curve), float, len(curve))
+    ends = np.array([t for a, b, _ in intervals for t in (a, b)], float)
+    times = np.unique(np.concatenate((steps, ends)))
     at = np.searchsorted(steps, times, side="right") - 1  # the last step at or before each time
     total = np.where(at >= 0, levels[np.maximum(at, 0)], 0.0)
     held = np.zeros(len(times))

@@ -138,7 +138,7 @@ class _HeldPeaks:
     def of(self, grads: tuple[float, ...]) -> list[tuple[float, float]]:
         """Per rank: (its held gradients' bytes, its activations' peak with them held)."""
         if not self._ranks:
-            self._ranks = [(gradient_passes(spans), self._result.memory_curve(rank, in_bytes=True))
+            self._ranks = [(gradient_passes(spans), self._result.memory_steps(rank, in_bytes=True))
                            for rank, spans in enumerate(self._result.timeline)]
         if grads not in self._of:
             self._of[grads] = [_held_peak(curve, [(a, b, grads[s]) for a, b, s in passes])
@@ -146,8 +146,8 @@ class _HeldPeaks:
         return self._of[grads]
 
 
-def _held_peak(curve: list, intervals: list[tuple[float, float, float]]) -> tuple[float, float]:
-    return sum(size for _, _, size in intervals), peak_with_gradients(curve, intervals)
+def _held_peak(curve: tuple, intervals: list[tuple[float, float, float]]) -> tuple[float, float]:
+    return sum(size for _, _, size in intervals), peak_with_gradients(*curve, intervals)
 
 
 def how_searched(microbatches: str, why: Sequence[str]) -> str:
