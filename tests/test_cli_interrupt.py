@@ -23,11 +23,11 @@ from conftest import as_from_a_terminal, cli_env, concurrently
 
 SCRIPT = Path(sys.executable).with_name("pipesched")
 STARTED_CPU_S = 1.5  # more than the start-up's CPU time (about 0.6 s), far less than the planning's
-LONG_PLANNING = [
-    ["simulate", "v-min", "-p", "32", "-m", "256"],
-    ["compare", "-p", "32", "-m", "40"],
-    ["advise", "-p", "32", "-m", "224"],  # about 9 CPU s on 2 workers
-    ["simulate", "zb-auto", "-p", "32", "-m", "64"],
+LONG_PLANNING = [  # each 6-9 CPU s on the project's machine, four or more times the trigger
+    ["simulate", "v-min", "-p", "64", "-m", "256"],
+    ["compare", "-p", "64", "-m", "128"],
+    ["advise", "-p", "32", "-m", "224"],  # in 2 worker processes
+    ["simulate", "zb-auto", "-p", "64", "-m", "256"],
 ]
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads CPU time from /proc")
