@@ -75,8 +75,8 @@ BAD_INPUTS: list[tuple[str, str]] = [
     ("simulate --csv /dev/null", "is not a regular file"),
     ("simulate 1f1b --json --draw", "give one of them"),
     ("simulate zb-auto -p 256 -m 4096", "microbatches or fewer (about"),
-    ("simulate zb-v -p 256 -m 4096", "microbatches or fewer (about"),
-    ("simulate v-min -p 100000 -m 8", "use fewer ranks"),
+    ("simulate zb-v -p 512 -m 4096", "microbatches or fewer (about"),  # 12.6M actions in one schedule
+    ("simulate v-min -p 1000000 -m 8", "use fewer ranks"),
     # numbers the planner cannot use, empty values (issue 22)
     ("simulate 1f1b --comm 1e308", "comm must be a finite number from 0 to 1e+09"),
     ("simulate 1f1b --comm nan", "comm must be a finite number from 0 to 1e+09"),

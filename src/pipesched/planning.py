@@ -13,11 +13,12 @@ adds its recomputing candidates, ``Family.recompute_search_width``).
 
 What one action built costs depends on how the family builds (``Family.planning``, a key of
 :data:`SECONDS_PER_ACTION`): a construction writes each action once; a search over group sizes
-and placements (interleaved, zb-auto's seeds) simulates each candidate; the V family's greedy
-list scheduler scans its ranks for every action it places; zb-auto's exact refinement (a MILP,
-small instances only) is counted in its search width. Those rates were measured in CPU seconds on
+and placements (interleaved, interleaved-zb) times each candidate; zb-auto simulates its seeds
+and re-places their W passes; the V family's greedy list scheduler scans its ranks for every
+action it places; zb-auto's exact refinement (a MILP, small instances only) is counted in its
+search width. Those rates were measured in CPU seconds on
 this project's 2-core machine (``python benchmarks/planning_rates.py``; benchmarks/RESULTS.md,
-"Planning bound in seconds") and rounded up, so the time stated is an upper estimate there
+"Planning bound in seconds", re-measured in "The planning bound after the speed merges") and rounded up, so the time stated is an upper estimate there
 (``planning_rates.py --check`` holds them to it); tests/test_planning.py checks that they are in
 proportion to real builds on any machine. A request predicted above
 :data:`MAX_PLANNING_SECONDS` is refused up front, in one line naming the largest size that fits
@@ -36,9 +37,12 @@ if TYPE_CHECKING:  # the registry asks this module before it builds: type names 
     from .registry import Family
 
 SECONDS_PER_ACTION = {  # CPU seconds per action built: measured (see the module doc), rounded up
-    "construction": 8e-6,  # one pass, no search (measured 2-5 us; 7 us at 2M actions)
-    "search": 9e-6,  # candidates simulated and ranked (interleaved 1.4-4.4 us; zb-auto 3.0-4.6 us, MILP included)
-    "greedy": 14e-6,  # the V family's list scheduler and pool (7-11 us)
+    # measured at 32x256 and 64x512 with planning_rates.py (skewed costs), then at the sizes named
+    "construction": 5e-6,  # one pass, no search (1.4-3.5 us; 3.8 us for 1f1b at p = 256, m = 4096)
+    "search": 2e-6,  # candidates ranked: interleaved's group sizes, interleaved-zb's fills (0.8-1.1 us)
+    "auto": 6e-6,  # zb-auto's seeds, re-placements and, on small instances, its MILP (1.4-1.5 us; 2.5-3.9 us
+    # at the 1T layout's p = 64, m = 512 under its limit; 7 us at 8x32, the MILP's fixed cost)
+    "greedy": 9e-6,  # the V family's list scheduler and pool (3.3-4.1 us; 4.7-5.1 us in the 1T layout search)
 }
 MAX_PLANNING_SECONDS = 60.0  # predicted CPU time above which a request is refused
 MAX_ACTIONS_HELD = 12_000_000  # actions in one schedule (about 4 GB held): refused above

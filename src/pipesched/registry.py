@@ -120,7 +120,7 @@ class Family:
     # recompute_input) for (ranks, memory_limit); counted only for such requests
     recompute_search_width: Callable[[int, float], int] = no_recompute_search
     # how it builds, for the planning bound's CPU time per action (a key of
-    # pipesched.planning.SECONDS_PER_ACTION): "construction", "search" or "greedy"
+    # pipesched.planning.SECONDS_PER_ACTION): "construction", "search", "auto" or "greedy"
     planning: str = "construction"
     # False when the request alone shows the family builds one schedule, no search, for
     # (ranks, costs, memory_limit): zb-v's program is optimal at equal costs within p M_B

@@ -20,8 +20,9 @@ R = TypeVar("R")
 
 MAX_WORKERS = 8
 MIN_CPUS = 4  # two workers on two cores under load 3.5 were slower than one (benchmarks/RESULTS.md, Advisor)
-LARGE_WORK_S = 8.0  # predicted CPU seconds from which every core is used, however few: a whole-layout
-# group's settings on 2 workers take the CPU of 1 and half its critical path (RESULTS.md, issue 37 search-par)
+LARGE_WORK_S = 4.0  # predicted CPU seconds from which every core is used, however few: a whole-layout
+# group's settings on 2 workers take the CPU of 1 and half its critical path (RESULTS.md, issue 37 search-par;
+# 8 s under the planning rates before the speed merges, about twice today's)
 _TASK: Optional[tuple[Callable, Sequence]] = None
 
 

@@ -120,7 +120,7 @@ register(Family(
     searches_chunks=True,
     why="a cost-aware zero-bubble order found by search for these costs and this limit, "
         "so weight passes land exactly in the gaps the costs leave", search_width=auto.search_width,
-    recompute_search_width=recompute_width, planning="search",
+    recompute_search_width=recompute_width, planning="auto",
 ))
 register(Family(
     name="v-half",
