@@ -22,8 +22,11 @@ A searched group's schedules are searched in full: every family, chunk count and
 choice at the microbatch count the model's microbatch size gives (:func:`microbatch_options`),
 however long that takes (``layouts_done`` hears of each group's verdict). Each candidate is priced for
 every member while its simulation is at hand (:mod:`.layout_rows`), and each member keeps the
-best fitting candidate of every family, naming the families with none: a member is left out
-only when no candidate fits it. A layout's verdict never depends on how far a search went.
+best fitting candidate of every family among those builds, naming the families with none: a
+member is left out only when no candidate fits it. The builds are steered to the leanest
+member's memory, so a member holding more state may find a family's best at its own limit
+slower than that family steered to it (docs/layouts.md says by how much on the 1T layout). A
+layout's verdict never depends on how far a search went.
 
 With experts (``--experts``) and ``ep`` left open, every EP size that divides the routed experts
 and the layout's data-parallel ranks (torchtitan's convention: EP borrows ranks of ``dp_shard x
