@@ -16,14 +16,15 @@ What one action built costs depends on how the family builds (``Family.planning`
 and placements (interleaved, interleaved-zb) times each candidate; zb-auto simulates its seeds
 and re-places their W passes; the V family's greedy list scheduler scans its ranks for every
 action it places; zb-auto's exact refinement (a MILP, small instances only) is counted in its
-search width. Those rates were measured in CPU seconds on
-this project's 2-core machine (``python benchmarks/planning_rates.py``; benchmarks/RESULTS.md,
-"Planning bound in seconds", re-measured in "The planning bound after the speed merges") and rounded up, so the time stated is an upper estimate there
-(``planning_rates.py --check`` holds them to it); tests/test_planning.py checks that they are in
-proportion to real builds on any machine. A request predicted above
-:data:`MAX_PLANNING_SECONDS` is refused up front, in one line naming the largest size that fits
-and its predicted time. One schedule also holds a few hundred bytes per action: above
-:data:`MAX_ACTIONS_HELD` actions in one schedule (some GB) it is refused on memory alone.
+search width. Those rates were measured in CPU seconds on this project's 2-core machine
+(``python benchmarks/planning_rates.py``; benchmarks/RESULTS.md, "Planning bound in seconds",
+re-measured in "The planning bound after the speed merges") and rounded up, so the time stated
+is an upper estimate there (``planning_rates.py --check`` holds them to it);
+tests/test_planning.py checks that they are in proportion to real builds on any machine. A
+request predicted above :data:`MAX_PLANNING_SECONDS` is refused up front, in one line naming the
+largest size that fits and its predicted time. One schedule also holds a few hundred bytes per
+action: above :data:`MAX_ACTIONS_HELD` actions in one schedule (some GB) it is refused on memory
+alone.
 """
 
 from __future__ import annotations

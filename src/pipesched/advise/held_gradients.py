@@ -36,7 +36,8 @@ def gradient_passes(spans) -> list[tuple[float, float, int]]:
     return [(starts[stages.index(s)], last[s], s) for s in dict.fromkeys(stages)]
 
 
-def peak_with_gradients(steps: np.ndarray, levels: np.ndarray, intervals: Sequence[tuple[float, float, float]]) -> float:
+def peak_with_gradients(steps: np.ndarray, levels: np.ndarray,
+                        intervals: Sequence[tuple[float, float, float]]) -> float:
     """Highest activations (a memory curve as arrays: from ``steps[i]`` on, ``levels[i]`` bytes
     are held; times in order, :meth:`pipesched.simulate.SimResult.memory_steps`) plus the
     gradients held at that time (``intervals``, closed: a gradient counts at its first pass's
